@@ -1,0 +1,49 @@
+"""The cooldown store protocol: one shared "next eligible time" per scope.
+
+A store maps a scope (a short string such as ``"https://api.example.com:443"``) to an
+aware UTC ``datetime`` before which no worker of that scope may send. Times are
+wall-clock UTC so that processes and machines agree; the only write is an atomic
+*later-wins* extend, so a shorter cooldown never replaces a longer one.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Protocol, runtime_checkable
+
+from ..errors import ConfigurationError
+
+
+@runtime_checkable
+class CooldownStore(Protocol):
+    """Where workers share cooldowns. Implementations must be thread-safe.
+
+    Errors while talking to a backend are raised as ``CooldownStoreError``; the adapter
+    turns them into its failure policy (fail open with a local copy, or fail closed).
+    """
+
+    def get(self, scope: str) -> datetime | None:
+        """The stored eligible time (aware UTC) for ``scope``, or None if there is none.
+
+        A time in the past may be returned; callers compare it with their clock.
+        """
+        ...
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        """Atomically set ``scope``'s eligible time to the later of the stored one and
+        ``until`` (aware), and return the effective (later) time in UTC."""
+        ...
+
+
+def check_scope(scope: object) -> str:
+    """Validate a scope key: a non-empty str of at most 512 characters."""
+    if not isinstance(scope, str) or not scope or len(scope) > 512:
+        raise ConfigurationError("a cooldown scope must be a non-empty string of at most 512 characters")
+    return scope
+
+
+def check_until(until: object) -> datetime:
+    """Validate an eligible time: an aware datetime; returned in UTC."""
+    if not isinstance(until, datetime) or until.tzinfo is None or until.utcoffset() is None:
+        raise ConfigurationError("a cooldown time must be an aware datetime")
+    return until.astimezone(timezone.utc)

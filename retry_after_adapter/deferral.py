@@ -1,0 +1,167 @@
+"""The deferral: a structured "not now, but at this time" answer, and its JSON form.
+
+Times are wall-clock UTC only (nothing monotonic or process-local), so a deferral
+survives a process restart and can be resumed on another machine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any
+
+from .errors import InvalidDeferral
+
+#: Version of the JSON form written by :meth:`Deferral.to_dict`.
+FORMAT_VERSION = 1
+
+#: The reasons a call can be deferred.
+REASONS = frozenset({"deadline", "max_wait", "cooldown", "cancelled", "cooldown-unknown"})
+
+
+@dataclass(frozen=True)
+class Deferral:
+    """When a deferred call may be tried again, and why it was deferred.
+
+    - ``eligible_at``: aware UTC datetime; no attempt should be sent before it.
+    - ``delay``: seconds from the decision to ``eligible_at``.
+    - ``reason``: ``"deadline"``, ``"max_wait"``, ``"cooldown"``, ``"cancelled"`` or
+      ``"cooldown-unknown"`` (the shared store was unreachable and the adapter fails closed).
+    - ``scope``: the cooldown scope (an origin, or a hashed caller-defined key).
+    - ``attempts``: requests sent so far in the whole job (resumed calls included).
+    - ``deferrals``: deferrals so far in the job, this one included.
+    - ``status``: HTTP status of the last response, or None.
+    - ``retry_after``: the raw Retry-After value of the last response, or None.
+    - ``clock_skew``: seconds, local receipt time minus the server's Date, or None.
+    - ``started_at``: aware UTC time of the job's first attempt (for lifetime caps).
+    - ``history``: the earlier deferrals of the job, oldest first.
+    """
+
+    eligible_at: datetime
+    delay: float
+    reason: str
+    scope: str | None = None
+    attempts: int = 0
+    deferrals: int = 1
+    status: int | None = None
+    retry_after: str | None = None
+    clock_skew: float | None = None
+    started_at: datetime | None = None
+    history: tuple[Deferral, ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        _check_aware("eligible_at", self.eligible_at)
+        if self.started_at is not None:
+            _check_aware("started_at", self.started_at)
+        if self.reason not in REASONS:
+            raise InvalidDeferral(f"unknown deferral reason {self.reason!r}")
+        if not (isinstance(self.delay, (int, float)) and math.isfinite(self.delay) and self.delay >= 0):
+            raise InvalidDeferral("delay must be a finite number of seconds >= 0")
+        if not (isinstance(self.attempts, int) and self.attempts >= 0):
+            raise InvalidDeferral("attempts must be an int >= 0")
+        if not (isinstance(self.deferrals, int) and self.deferrals >= 1):
+            raise InvalidDeferral("deferrals must be an int >= 1")
+        # Normalise to UTC so equality and JSON round trips are exact.
+        object.__setattr__(self, "eligible_at", self.eligible_at.astimezone(timezone.utc))
+        if self.started_at is not None:
+            object.__setattr__(self, "started_at", self.started_at.astimezone(timezone.utc))
+
+    def chain(self) -> tuple[Deferral, ...]:
+        """Every deferral of the job, oldest first, this one last (without its history)."""
+        return self.history + (replace(self, history=()),)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (stable, versioned): times as ISO 8601 UTC strings."""
+        return {
+            "version": FORMAT_VERSION,
+            "eligible_at": _iso(self.eligible_at),
+            "delay": self.delay,
+            "reason": self.reason,
+            "scope": self.scope,
+            "attempts": self.attempts,
+            "deferrals": self.deferrals,
+            "status": self.status,
+            "retry_after": self.retry_after,
+            "clock_skew": self.clock_skew,
+            "started_at": None if self.started_at is None else _iso(self.started_at),
+            "history": [entry._flat_dict() for entry in self.history],
+        }
+
+    def _flat_dict(self) -> dict[str, Any]:
+        data = self.to_dict()
+        del data["history"], data["version"]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Deferral:
+        """Rebuild a deferral written by :meth:`to_dict`; raises ``InvalidDeferral``."""
+        if not isinstance(data, dict):
+            raise InvalidDeferral("a deferral must be a JSON object")
+        version = data.get("version")
+        if version != FORMAT_VERSION:
+            raise InvalidDeferral(f"unsupported deferral version {version!r}")
+        history = data.get("history", [])
+        if not isinstance(history, list):
+            raise InvalidDeferral("history must be a list")
+        entries = tuple(cls._from_flat(item) for item in history)
+        return replace(cls._from_flat(data), history=entries)
+
+    @classmethod
+    def _from_flat(cls, data: Any) -> Deferral:
+        if not isinstance(data, dict):
+            raise InvalidDeferral("a deferral must be a JSON object")
+        try:
+            started = data.get("started_at")
+            skew = data.get("clock_skew")
+            status = data.get("status")
+            retry_after = data.get("retry_after")
+            scope = data.get("scope")
+            delay = data["delay"]
+            if isinstance(delay, bool) or not isinstance(delay, (int, float)):
+                raise InvalidDeferral("delay must be a number")
+            if skew is not None and (isinstance(skew, bool) or not isinstance(skew, (int, float))):
+                raise InvalidDeferral("clock_skew must be a number or null")
+            if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
+                raise InvalidDeferral("status must be an int or null")
+            for name, text in (("retry_after", retry_after), ("scope", scope)):
+                if text is not None and not isinstance(text, str):
+                    raise InvalidDeferral(f"{name} must be a string or null")
+            for name in ("attempts", "deferrals"):
+                if isinstance(data[name], bool) or not isinstance(data[name], int):
+                    raise InvalidDeferral(f"{name} must be an int")
+            return cls(
+                eligible_at=_parse_iso("eligible_at", data["eligible_at"]),
+                delay=delay,
+                reason=data["reason"],
+                scope=scope,
+                attempts=data["attempts"],
+                deferrals=data["deferrals"],
+                status=status,
+                retry_after=retry_after,
+                clock_skew=skew,
+                started_at=None if started is None else _parse_iso("started_at", started),
+            )
+        except KeyError as missing:
+            raise InvalidDeferral(f"missing field {missing.args[0]!r}") from None
+
+
+def _check_aware(name: str, value: object) -> None:
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidDeferral(f"{name} must be an aware datetime")
+
+
+def _iso(value: datetime) -> str:
+    return value.astimezone(timezone.utc).isoformat()
+
+
+def _parse_iso(name: str, text: Any) -> datetime:
+    if not isinstance(text, str):
+        raise InvalidDeferral(f"{name} must be an ISO 8601 string")
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidDeferral(f"{name} is not an ISO 8601 time") from None
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidDeferral(f"{name} must carry a UTC offset")
+    return value.astimezone(timezone.utc)
