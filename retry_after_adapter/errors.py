@@ -84,3 +84,7 @@ def _preview(value: object, limit: int = 40) -> str:
 
 class InvalidDeferral(RetryAfterError, ValueError):
     """A serialised deferral (``Deferral.from_dict``) is malformed or of an unknown version."""
+
+
+class CooldownUnavailable(CooldownStoreError):
+    """The shared cooldown store is failing and the adapter was told to fail closed."""

@@ -1,0 +1,151 @@
+"""The decision: retry after a wait, defer with an eligible time, or stop.
+
+Pure: every input is a plain value (seconds as floats), nothing here reads a clock,
+draws a random number or does I/O, so every rule can be tested exactly.
+
+The rules (see the design's behaviour contract, items 3 and 4):
+
+- ``wait = max(server delay, local backoff, shared cooldown left) + jitter``, where the
+  jitter sample is already drawn from ``[0, jitter]`` by the caller: it only adds.
+- defer with reason ``"max_wait"`` when ``wait > max_wait``;
+- defer with reason ``"deadline"`` when ``elapsed + wait + attempt_reserve > deadline``;
+- equality is allowed: a wait exactly at a limit is taken.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import ConfigurationError
+
+RETRY = "retry"
+DEFER = "defer"
+STOP = "stop"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do after an attempt (or before one, for admission).
+
+    - ``action``: ``"retry"``, ``"defer"`` or ``"stop"``.
+    - ``wait``: seconds to wait before the next attempt (retry), or until the next
+      attempt becomes eligible (defer); 0 for stop.
+    - ``reason``: why it defers or stops (``None`` for retry).
+    """
+
+    action: str
+    wait: float
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One decision as the observability hook (``on_decision``) sees it.
+
+    Holds only bounded, credential-free values: ``scope`` is an origin or a hashed key,
+    never a URL path or query. ``wait`` is in seconds; ``attempt`` counts requests sent
+    in the job so far; ``status`` is the last HTTP status or None after a transport
+    error; ``server_delay`` is the parsed Retry-After in seconds, or None.
+    """
+
+    action: str
+    reason: str | None
+    wait: float
+    scope: str | None
+    status: int | None
+    attempt: int
+    server_delay: float | None = None
+
+
+def _seconds(name: str, value: float | None, *, allow_none: bool = False) -> float | None:
+    if value is None:
+        if allow_none:
+            return None
+        raise ConfigurationError(f"{name} is required")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+        raise ConfigurationError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def check_limit(name: str, value: float | None) -> float | None:
+    """Validate an optional limit in seconds (``None`` means no limit)."""
+    return _seconds(name, value, allow_none=True)
+
+
+def decide(
+    *,
+    server_delay: float | None,
+    backoff: float,
+    cooldown_left: float,
+    jitter: float,
+    elapsed: float,
+    deadline: float | None,
+    max_wait: float | None,
+    attempt_reserve: float = 0.0,
+) -> Decision:
+    """Decide the wait before a retry, or defer it.
+
+    All arguments are seconds. ``server_delay`` is the Retry-After delay (None when the
+    response had none); ``backoff`` the local backoff; ``cooldown_left`` what is left of
+    the shared cooldown; ``jitter`` the already-drawn jitter sample (>= 0); ``elapsed``
+    the time used since the call started; ``deadline`` and ``max_wait`` the caller's
+    limits (None for none); ``attempt_reserve`` the time kept for the next attempt
+    itself.
+    """
+    server = _seconds("server_delay", server_delay, allow_none=True) or 0.0
+    wait = max(
+        server,
+        _seconds("backoff", backoff) or 0.0,
+        _seconds("cooldown_left", cooldown_left) or 0.0,
+    ) + (_seconds("jitter", jitter) or 0.0)
+    return _fit(
+        wait,
+        elapsed=_seconds("elapsed", elapsed) or 0.0,
+        deadline=check_limit("deadline", deadline),
+        max_wait=check_limit("max_wait", max_wait),
+        attempt_reserve=_seconds("attempt_reserve", attempt_reserve) or 0.0,
+    )
+
+
+def admit(
+    *,
+    cooldown_left: float,
+    elapsed: float,
+    deadline: float | None,
+    max_wait: float | None,
+    attempt_reserve: float = 0.0,
+) -> Decision:
+    """Decide whether an attempt may start now, after waiting out a shared cooldown.
+
+    Returns ``retry`` with the wait (0 when there is no cooldown) or ``defer`` with
+    reason ``"cooldown"`` when the cooldown does not fit the limits, or ``"deadline"``
+    when the deadline has already passed. Seconds throughout.
+    """
+    left = _seconds("cooldown_left", cooldown_left) or 0.0
+    used = _seconds("elapsed", elapsed) or 0.0
+    limit = check_limit("deadline", deadline)
+    if limit is not None and used > limit:
+        return Decision(DEFER, left, "deadline")
+    if left <= 0:
+        return Decision(RETRY, 0.0)
+    fitted = _fit(
+        left,
+        elapsed=used,
+        deadline=limit,
+        max_wait=check_limit("max_wait", max_wait),
+        attempt_reserve=_seconds("attempt_reserve", attempt_reserve) or 0.0,
+    )
+    if fitted.action == DEFER:
+        return Decision(DEFER, left, "cooldown")
+    return fitted
+
+
+def _fit(
+    wait: float, *, elapsed: float, deadline: float | None, max_wait: float | None, attempt_reserve: float
+) -> Decision:
+    if max_wait is not None and wait > max_wait:
+        return Decision(DEFER, wait, "max_wait")
+    if deadline is not None and elapsed + wait + attempt_reserve > deadline:
+        return Decision(DEFER, wait, "deadline")
+    return Decision(RETRY, wait)
