@@ -8,7 +8,7 @@ and returns every response with ``.deferral`` (``None`` unless the call was defe
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from contextlib import suppress
 from functools import lru_cache
 from typing import Any
@@ -25,7 +25,7 @@ from .cooldown.guard import GuardedStore
 from .cooldown.memory import MemoryCooldownStore
 from .errors import ConfigurationError, CooldownUnavailable, InvalidRetryAfter, RetryDeferred
 from .header import parse_retry_after
-from .retry import COOLDOWN_STATUSES, RetryAfterRetry
+from .retry import COOLDOWN_STATUSES, DecisionHook, RetryAfterRetry, as_hooks
 
 #: The store every adapter shares unless given its own: one per process, so that one
 #: Session per thread still shares cooldowns.
@@ -144,6 +144,8 @@ class RetryAfterAdapter(HTTPAdapter):
     - ``store_failure``: ``"open"`` (default: requests go on, cooldowns kept in this
       process while the store is down) or ``"closed"`` (defer with reason
       ``"cooldown-unknown"`` while the store is down).
+    - ``on_decision``: callable(s) receiving every decision as a ``DecisionRecord``,
+      in addition to the Retry object's own hooks.
 
     Every other argument is ``HTTPAdapter``'s (``pool_connections``, ``pool_maxsize``,
     ``pool_block``).
@@ -157,9 +159,11 @@ class RetryAfterAdapter(HTTPAdapter):
         scope: str | ScopeFunction | None = None,
         raise_on_defer: bool = False,
         store_failure: str = "open",
+        on_decision: DecisionHook | Collection[DecisionHook] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.on_decision = as_hooks(on_decision)
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
         if store_failure not in ("open", "closed"):
             raise ConfigurationError("store_failure must be 'open' or 'closed'")
@@ -204,7 +208,9 @@ class RetryAfterAdapter(HTTPAdapter):
     ) -> requests.Response:
         """Send ``request`` under the retry policy; see the class docstring."""
         retry = self.max_retries
-        call = retry.call_state(scope=self.scope_for(request), store=self._store, adapter_mode=True)
+        call = retry.call_state(
+            scope=self.scope_for(request), store=self._store, adapter_mode=True, on_decision=self.on_decision
+        )
         token = CURRENT.set(call)
         try:
             try:

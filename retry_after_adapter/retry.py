@@ -50,6 +50,19 @@ def _strip_query(url: str | None) -> str | None:
     return url
 
 
+def as_hooks(on_decision: DecisionHook | Collection[DecisionHook] | None) -> tuple[DecisionHook, ...]:
+    """Normalise an ``on_decision`` argument to a tuple of callables."""
+    if on_decision is None:
+        hooks: tuple[DecisionHook, ...] = ()
+    elif callable(on_decision):
+        hooks = (on_decision,)
+    else:
+        hooks = tuple(on_decision)
+    if not all(callable(hook) for hook in hooks):
+        raise ConfigurationError("on_decision must be a callable or a collection of callables")
+    return hooks
+
+
 class RetryAfterRetry(Retry):
     """A urllib3 ``Retry`` that never shortens a server's Retry-After.
 
@@ -112,15 +125,7 @@ class RetryAfterRetry(Retry):
         if clock is not None and not isinstance(clock, Clock):
             raise ConfigurationError("clock must have now(), monotonic() and sleep(seconds, cancel)")
         self.clock: Clock = clock if clock is not None else DEFAULT_CLOCK
-        if on_decision is None:
-            hooks: tuple[DecisionHook, ...] = ()
-        elif callable(on_decision):
-            hooks = (on_decision,)
-        else:
-            hooks = tuple(on_decision)
-        if not all(callable(hook) for hook in hooks):
-            raise ConfigurationError("on_decision must be a callable or a collection of callables")
-        self.on_decision = hooks
+        self.on_decision = as_hooks(on_decision)
         self._call = _call
         #: Monotonic time (seconds) before which the next attempt must not start.
         self._plan: float | None = None
@@ -145,7 +150,12 @@ class RetryAfterRetry(Retry):
         return new
 
     def call_state(
-        self, *, scope: str | None = None, store: Any = None, adapter_mode: bool = False
+        self,
+        *,
+        scope: str | None = None,
+        store: Any = None,
+        adapter_mode: bool = False,
+        on_decision: tuple[DecisionHook, ...] = (),
     ) -> CallState:
         """A fresh per-call budget from this policy and the enclosing ``budget()``."""
         return CallState(
@@ -155,7 +165,7 @@ class RetryAfterRetry(Retry):
             attempt_reserve=self.attempt_reserve,
             max_deferrals=self.max_deferrals,
             max_lifetime=self.max_lifetime,
-            on_decision=self.on_decision,
+            on_decision=self.on_decision + on_decision if on_decision else self.on_decision,
             scope=scope,
             store=store,
             adapter_mode=adapter_mode,
