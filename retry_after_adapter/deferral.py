@@ -69,7 +69,7 @@ class Deferral:
 
     def chain(self) -> tuple[Deferral, ...]:
         """Every deferral of the job, oldest first, this one last (without its history)."""
-        return self.history + (replace(self, history=()),)
+        return (*self.history, replace(self, history=()))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (stable, versioned): times as ISO 8601 UTC strings."""
