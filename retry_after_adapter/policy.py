@@ -9,7 +9,8 @@ The rules (see the design's behaviour contract, items 3 and 4):
   jitter sample is already drawn from ``[0, jitter]`` by the caller: it only adds.
 - defer with reason ``"max_wait"`` when ``wait > max_wait``;
 - defer with reason ``"deadline"`` when ``elapsed + wait + attempt_reserve > deadline``;
-- equality is allowed: a wait exactly at a limit is taken.
+- equality is allowed: a wait exactly at a limit is taken (compared with a
+  tolerance of ``EPSILON`` seconds, so float rounding cannot defer an exact fit).
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ import math
 from dataclasses import dataclass
 
 from .errors import ConfigurationError
+
+#: Tolerance (seconds) when comparing a wait with a limit, so that float rounding
+#: (0.1 + 0.2 > 0.3) never turns an exact equality into a deferral.
+EPSILON = 1e-9
 
 RETRY = "retry"
 DEFER = "defer"
@@ -125,7 +130,7 @@ def admit(
     left = _seconds("cooldown_left", cooldown_left) or 0.0
     used = _seconds("elapsed", elapsed) or 0.0
     limit = check_limit("deadline", deadline)
-    if limit is not None and used > limit:
+    if limit is not None and used > limit + EPSILON:
         return Decision(DEFER, left, "deadline")
     if left <= 0:
         return Decision(RETRY, 0.0)
@@ -144,8 +149,8 @@ def admit(
 def _fit(
     wait: float, *, elapsed: float, deadline: float | None, max_wait: float | None, attempt_reserve: float
 ) -> Decision:
-    if max_wait is not None and wait > max_wait:
+    if max_wait is not None and wait > max_wait + EPSILON:
         return Decision(DEFER, wait, "max_wait")
-    if deadline is not None and elapsed + wait + attempt_reserve > deadline:
+    if deadline is not None and elapsed + wait + attempt_reserve > deadline + EPSILON:
         return Decision(DEFER, wait, "deadline")
     return Decision(RETRY, wait)

@@ -56,8 +56,10 @@ def as_hooks(on_decision: DecisionHook | Collection[DecisionHook] | None) -> tup
         hooks: tuple[DecisionHook, ...] = ()
     elif callable(on_decision):
         hooks = (on_decision,)
-    else:
+    elif isinstance(on_decision, Collection):
         hooks = tuple(on_decision)
+    else:
+        raise ConfigurationError("on_decision must be a callable or a collection of callables")
     if not all(callable(hook) for hook in hooks):
         raise ConfigurationError("on_decision must be a callable or a collection of callables")
     return hooks
