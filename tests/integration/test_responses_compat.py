@@ -1,0 +1,65 @@
+"""The adapter mounted in a Session that the `responses` library mocks.
+
+`responses` patches HTTPAdapter.send on the base class and emulates retries by calling
+only is_retry and increment (never sleep): our adapter calls super().send(), so it is
+mocked too, and the decision made in increment still applies.
+"""
+
+from __future__ import annotations
+
+import pytest
+import requests
+import responses
+
+from retry_after_adapter import FakeClock, MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry, RetryDeferred
+
+URL = "https://api.example.test/items"
+
+
+def session(clock: FakeClock, store: MemoryCooldownStore | None = None, **kw: object) -> requests.Session:
+    s = requests.Session()
+    retry = RetryAfterRetry(total=3, clock=clock, **kw)  # type: ignore[arg-type]
+    s.mount("https://", RetryAfterAdapter(retry, cooldown=store if store is not None else MemoryCooldownStore()))
+    return s
+
+
+@responses.activate
+def test_retry_then_success_under_responses():
+    responses.add(responses.GET, URL, status=429, headers={"Retry-After": "2"})
+    responses.add(responses.GET, URL, status=200, body="ok")
+    response = session(FakeClock()).get(URL)
+    assert response.status_code == 200 and response.text == "ok"
+    assert response.deferral is None
+    assert len(responses.calls) == 2
+
+
+@responses.activate
+def test_long_wait_defers_under_responses():
+    responses.add(responses.GET, URL, status=429, headers={"Retry-After": "300"}, body="later")
+    response = session(FakeClock(), max_wait=30).get(URL)
+    assert response.status_code == 429
+    assert response.text == "later"
+    assert response.deferral.reason == "max_wait"
+    assert response.deferral.delay == 300
+    assert len(responses.calls) == 1
+
+
+@responses.activate
+def test_invalid_header_stops_under_responses():
+    responses.add(responses.GET, URL, status=503, headers={"Retry-After": "tomorrow"})
+    response = session(FakeClock()).get(URL)
+    assert response.status_code == 503
+    assert response.stop_reason == "invalid_retry_after"
+    assert len(responses.calls) == 1
+
+
+@responses.activate
+def test_shared_cooldown_under_responses():
+    clock = FakeClock()
+    store = MemoryCooldownStore()
+    responses.add(responses.GET, URL, status=429, headers={"Retry-After": "120"})
+    assert session(clock, store, max_wait=10).get(URL).deferral.reason == "max_wait"
+    with pytest.raises(RetryDeferred) as raised:
+        session(clock, store, max_wait=10).get(URL)
+    assert raised.value.deferral.reason == "cooldown"
+    assert len(responses.calls) == 1
