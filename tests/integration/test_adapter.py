@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from datetime import timedelta
@@ -25,7 +26,7 @@ from .throttle_server import Reply, ThrottleServer, format_http_date
 
 def gaps(server: ThrottleServer) -> list[float]:
     times = [s.at for s in server.seen]
-    return [(b - a).total_seconds() for a, b in zip(times, times[1:])]
+    return [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
 
 
 def test_seconds_form_waits_exactly_the_server_delay(server, clock):

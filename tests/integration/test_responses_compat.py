@@ -11,7 +11,13 @@ import pytest
 import requests
 import responses
 
-from retry_after_adapter import FakeClock, MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry, RetryDeferred
+from retry_after_adapter import (
+    FakeClock,
+    MemoryCooldownStore,
+    RetryAfterAdapter,
+    RetryAfterRetry,
+    RetryDeferred,
+)
 
 URL = "https://api.example.test/items"
 

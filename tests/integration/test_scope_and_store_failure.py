@@ -1,0 +1,161 @@
+"""Scopes (origin, credential, callable) and the store failure policy, end to end."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+import pytest
+import requests
+
+from retry_after_adapter import (
+    CooldownStoreError,
+    FakeClock,
+    MemoryCooldownStore,
+    RetryAfterAdapter,
+    RetryAfterRetry,
+    RetryDeferred,
+)
+from retry_after_adapter.adapter import credential_scope, origin_scope
+
+from .throttle_server import Reply
+
+
+def prepared(url: str, headers: dict[str, str] | None = None) -> requests.PreparedRequest:
+    return requests.Request("GET", url, headers=headers or {}).prepare()
+
+
+@pytest.mark.parametrize(
+    ("url", "scope"),
+    [
+        ("https://API.Example.com/a?token=x", "https://api.example.com:443"),
+        ("http://example.com:8080/", "http://example.com:8080"),
+        ("http://user:pw@example.com/x", "http://example.com:80"),
+        ("http://[::1]:9000/x", "http://[::1]:9000"),
+    ],
+)
+def test_origin_scope(url, scope):
+    assert origin_scope(prepared(url)) == scope
+
+
+def test_credential_scope_hashes_the_credential():
+    a = credential_scope(prepared("https://x.test/", {"Authorization": "Bearer secret-one"}))
+    b = credential_scope(prepared("https://x.test/", {"Authorization": "Bearer secret-two"}))
+    assert a != b
+    assert a.startswith("https://x.test:443|sha256:")
+    assert "secret" not in a
+
+
+class FlakyStore:
+    """A real store that can be switched to fail, like a server going away."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryCooldownStore()
+        self.failing = False
+        self.calls = 0
+
+    def get(self, scope: str) -> datetime | None:
+        self.calls += 1
+        if self.failing:
+            raise CooldownStoreError("store unreachable")
+        return self.inner.get(scope)
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        self.calls += 1
+        if self.failing:
+            raise CooldownStoreError("store unreachable")
+        return self.inner.extend(scope, until)
+
+
+def session(clock, store, **kw) -> requests.Session:
+    s = requests.Session()
+    s.mount("http://", RetryAfterAdapter(RetryAfterRetry(total=3, clock=clock, max_wait=10), cooldown=store, **kw))
+    return s
+
+
+def test_callable_scope_per_account_and_secret_results_are_hashed(server, clock):
+    store = MemoryCooldownStore()
+    server.serve([Reply(429, {"Retry-After": "100"})])
+
+    def by_key(request: requests.PreparedRequest) -> str:
+        return "acct:" + request.headers["Authorization"]
+
+    first = session(clock, store, scope=by_key).get(server.url, headers={"Authorization": "key-AAAA"})
+    assert first.deferral.reason == "max_wait"
+    assert "key-AAAA" not in first.deferral.scope
+    assert first.deferral.scope.startswith("sha256:")
+    server.serve([Reply(200)])
+    # Another account is not held back by the first one's cooldown...
+    other = session(clock, store, scope=by_key).get(server.url, headers={"Authorization": "key-BBBB"})
+    assert other.status_code == 200
+    # ...but the same account is.
+    with pytest.raises(RetryDeferred):
+        session(clock, store, scope=by_key).get(server.url, headers={"Authorization": "key-AAAA"})
+
+
+def test_store_outage_fails_open_keeps_the_cooldown_locally_and_warns_once(server, clock, caplog):
+    store = FlakyStore()
+    store.failing = True
+    s = session(clock, store)
+    server.serve([Reply(200)])
+    with caplog.at_level(logging.WARNING, logger="retry_after_adapter"):
+        for _ in range(3):
+            assert s.get(server.url).status_code == 200
+        server.serve([Reply(429, {"Retry-After": "50"})])
+        assert s.get(server.url).deferral.reason == "max_wait"
+        # The cooldown this process learned is kept although the store is down.
+        with pytest.raises(RetryDeferred) as raised:
+            s.get(server.url)
+    assert raised.value.deferral.reason == "cooldown"
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert server.count() == 1  # serve() reset the count: only the 429, nothing after it
+
+
+def test_store_outage_fail_closed_defers_with_cooldown_unknown(server, clock):
+    store = FlakyStore()
+    s = session(clock, store, store_failure="closed")
+    server.serve([Reply(200)])
+    assert s.get(server.url).status_code == 200
+    store.failing = True
+    with pytest.raises(RetryDeferred) as raised:
+        s.get(server.url)
+    assert raised.value.deferral.reason == "cooldown-unknown"
+    assert server.count() == 1
+    store.failing = False
+    assert s.get(server.url).status_code == 200
+
+
+def test_recovered_store_is_used_again(server, clock):
+    store = FlakyStore()
+    s = session(clock, store)
+    store.failing = True
+    server.serve([Reply(200)])
+    s.get(server.url)
+    store.failing = False
+    store.inner.extend(f"http://127.0.0.1:{server.port}", clock.now() + timedelta(seconds=500))
+    with pytest.raises(RetryDeferred):
+        s.get(server.url)
+
+
+def test_cooldown_disabled_with_none(server, clock):
+    server.serve([Reply(429, {"Retry-After": "100"})])
+    s = session(clock, None)
+    assert s.get(server.url).deferral.reason == "max_wait"
+    server.serve([Reply(200)])
+    assert s.get(server.url).status_code == 200
+
+
+def test_a_post_429_still_sets_the_shared_cooldown(server, clock):
+    store = MemoryCooldownStore()
+    server.serve([Reply(429, {"Retry-After": "100"})])
+    assert session(clock, store).post(server.url, data=b"x").status_code == 429
+    with pytest.raises(RetryDeferred) as raised:
+        session(clock, store).get(server.url)
+    assert raised.value.deferral.reason == "cooldown"
+    assert server.count() == 1
+
+
+def test_fake_clock_rejects_going_backwards():
+    with pytest.raises(ValueError):
+        FakeClock().advance(-1)
