@@ -1,16 +1,92 @@
 """Retry-After and HTTP-date parsing (RFC 9110 section 10.2.3). Pure: no I/O, no clock.
 
-STUB: the real implementation is being written; the signature below is the contract.
+``parse_retry_after`` takes exactly one field value and is strict: anything RFC 9110
+does not allow raises :class:`~retry_after_adapter.errors.InvalidRetryAfter` (a
+``ValueError``) with a short ``reason``; nothing else escapes for any input.
+
+Reasons: ``type`` (not a str), ``too_long`` (over ``MAX_LENGTH`` characters before
+trimming), ``empty``, ``control`` (a control character, or a tab inside the value),
+``repeated`` (a comma list or repeated value), ``malformed``, ``zone`` (a date not in
+GMT), ``out_of_range`` (no such date or time), ``weekday`` (day name does not match the
+date), ``naive_received_at`` (``received_at`` without a UTC offset, or not a datetime),
+``needs_reference`` (an RFC 850 date given to :func:`parse_http_date` without
+``received_at``).
+
+Decisions where RFC 9110 leaves room:
+
+- delay-seconds is ASCII ``[0-9]+`` only, leading zeros allowed. Very large numbers are
+  valid: ``delay`` is capped at 10**15 seconds and ``eligible_at`` at the largest
+  representable UTC datetime.
+- Day and month names are case-sensitive, as in the grammar.
+- A day name that does not match the date's actual weekday is invalid (``weekday``).
+- Second 60 (a leap second) is accepted and read as second 59.
+- Years 1 to 9999 are representable; a date before now is simply in the past (delay 0).
+- RFC 850 two-digit years: the year with those last two digits that is not more than
+  50 years after ``received_at`` (compared to the second); a date more than 50 years
+  ahead is read as the most recent past year with those digits.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from .errors import InvalidRetryAfter
 
+__all__ = [
+    "MAX_LENGTH",
+    "RetryAfter",
+    "format_http_date",
+    "parse_http_date",
+    "parse_retry_after",
+]
+
 MAX_LENGTH = 128
+
+#: Largest delay reported, in seconds (about 31.7 million years).
+MAX_DELAY = 10**15
+
+_UTC = timezone.utc
+_FAR_FUTURE = datetime.max.replace(tzinfo=_UTC)
+_new_object = object.__new__
+
+# Delay-seconds values seen before, exactly as received (untrimmed), mapped to their
+# (delay, timedelta) pair: a handful of distinct values (1, 30, 60, 120, ...) make up
+# nearly all traffic, and validating the digits and building a timedelta cost more than
+# the rest of the seconds path. Only valid values are stored; bounded in size.
+_SECONDS: dict[str, tuple[float, timedelta | None]] = {}
+_SECONDS_CACHED = 1024
+
+_SHORT_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_LONG_DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_SHORT_DAY_NUMBER = {name: i for i, name in enumerate(_SHORT_DAYS)}
+_LONG_DAY_NUMBER = {name: i for i, name in enumerate(_LONG_DAYS)}
+_MONTH_NUMBER = {name: i for i, name in enumerate(_MONTHS, start=1)}
+
+_DIGITS = re.compile(r"[0-9]+").fullmatch
+# The shape of an IMF-fixdate, the form nearly every server sends: the fast path checks
+# this shape (names are looked up separately; re.ASCII makes \d exactly [0-9]) and
+# lets datetime.fromisoformat check the ranges. Anything else, including a value the
+# fast path turns down, goes through the full parser, which also names the reason.
+_IMF_SHAPE = re.compile(r"\w\w\w, \d\d \w\w\w \d\d\d\d \d\d:\d\d:\d\d GMT", re.ASCII).fullmatch
+_MONTH_DIGITS = {name: f"{number:02d}" for name, number in _MONTH_NUMBER.items()}
+_from_iso = datetime.fromisoformat
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]").search
+_LETTERS = re.compile(r"[A-Za-z]+").fullmatch
+# The patterns are deliberately a little looser than the grammar (any run of letters
+# or digits, an optional trailing zone) so that a near miss gets a precise reason; the
+# exact widths, names and zone are checked in Python right after the match.
+_IMF = re.compile(
+    r"([A-Za-z]+), ([0-9]+) ([A-Za-z]+) ([0-9]+) ([0-9]+):([0-9]+):([0-9]+)(?: ([^ ]*))?"
+).fullmatch
+_RFC850 = re.compile(
+    r"([A-Za-z]+), ([0-9]+)-([A-Za-z]+)-([0-9]+) ([0-9]+):([0-9]+):([0-9]+)(?: ([^ ]*))?"
+).fullmatch
+_ASCTIME = re.compile(
+    r"([A-Za-z]+) ([A-Za-z]+) ( ?[0-9]+) ([0-9]+):([0-9]+):([0-9]+) ([0-9]+)(?: ([^ ]*))?"
+).fullmatch
 
 
 @dataclass(frozen=True)
@@ -31,11 +107,280 @@ class RetryAfter:
 
 
 def parse_retry_after(value: str, *, received_at: datetime, date: str | None = None) -> RetryAfter:
-    """Parse one Retry-After field value received at ``received_at`` (aware)."""
-    if received_at.tzinfo is None or received_at.utcoffset() is None:
-        raise InvalidRetryAfter("naive received_at")
-    v = value.strip(" \t")
-    if v and v.isascii() and v.isdigit():
-        delay = float(int(v))
-        return RetryAfter(delay, received_at.astimezone(timezone.utc) + timedelta(seconds=delay), "seconds")
-    raise InvalidRetryAfter("malformed", value)
+    """Parse one Retry-After field value received at ``received_at`` (aware).
+
+    ``value`` is either delay-seconds (ASCII digits) or an HTTP-date in any of the three
+    RFC 9110 forms. ``date`` is the same response's ``Date`` header, if any: a valid one
+    is the reference a Retry-After date is measured against (so local clock skew does
+    not change the delay) and gives ``clock_skew``; an invalid or absent one is ignored
+    (the date is then measured against ``received_at``). The result's ``delay`` is in
+    seconds (never negative; a past date gives 0) and ``eligible_at`` is
+    ``received_at`` (in UTC) plus ``delay``, capped at the largest representable time.
+
+    Raises :class:`InvalidRetryAfter`, and nothing else, for a value that is not one
+    valid field value, or for a ``received_at`` that is not an aware datetime.
+    """
+    if not isinstance(received_at, datetime):
+        raise InvalidRetryAfter("naive_received_at", received_at)
+    if received_at.tzinfo is not _UTC:
+        received_at = _as_utc(received_at)
+    if not isinstance(value, str):
+        raise InvalidRetryAfter("type", value)
+    if len(value) > MAX_LENGTH:
+        raise InvalidRetryAfter("too_long", value)
+    known = _SECONDS.get(value)
+    if known is None:
+        v = value.strip(" \t")
+        if _DIGITS(v) is None:
+            return _date_result(value, v, received_at, date)
+        known = _seconds_entry(v)
+        if len(_SECONDS) < _SECONDS_CACHED:
+            _SECONDS[value] = known
+    delay, step = known
+    if step is None:
+        eligible_at = _FAR_FUTURE
+    else:
+        try:
+            eligible_at = received_at + step
+        except OverflowError:
+            eligible_at = _FAR_FUTURE
+    return _result(delay, eligible_at, "seconds", None if date is None else _clock_skew(date, received_at))
+
+
+def _seconds_entry(digits: str) -> tuple[float, timedelta | None]:
+    """``(delay, step)`` for an ASCII digit string: the delay in seconds (capped at
+    ``MAX_DELAY``) and the exact timedelta, or None when no timedelta can hold it."""
+    seconds = int(digits)  # at most MAX_LENGTH digits, far below int()'s digit limit
+    try:
+        step: timedelta | None = timedelta(0, seconds)
+    except OverflowError:
+        step = None
+    return float(min(seconds, MAX_DELAY)), step
+
+
+def _date_result(raw: str, v: str, received_at: datetime, date: str | None) -> RetryAfter:
+    """The result for an HTTP-date Retry-After ``v`` (trimmed ``raw``)."""
+    retry_date = None
+    if _IMF_SHAPE(v) is not None and v[17:19] < "24":
+        month = _MONTH_DIGITS.get(v[8:11])
+        if month is not None:
+            try:
+                # "YYYY-MM-DDTHH:MM:SS+00:00" is accepted by fromisoformat on every Python
+                # this package supports; it rejects day 31 of a 30-day month, second 60,
+                # year 0 (all sent to the full parser below).
+                retry_date = _from_iso(f"{v[12:16]}-{month}-{v[5:7]}T{v[17:25]}+00:00")
+            except ValueError:
+                pass
+            else:
+                if retry_date.weekday() != _SHORT_DAY_NUMBER.get(v[:3]):
+                    retry_date = None
+    if retry_date is None:
+        retry_date = _parse_date_value(raw, v, received_at)
+    server_date = None if date is None else _optional_date(date, received_at)
+    if server_date is None:
+        if retry_date <= received_at:
+            return _result(0.0, received_at, "date", None)
+        return _result((retry_date - received_at).total_seconds(), retry_date, "date", None)
+    skew = (received_at - server_date).total_seconds()
+    if retry_date <= server_date:
+        return _result(0.0, received_at, "date", skew)
+    wait = retry_date - server_date
+    try:
+        eligible_at = received_at + wait
+    except OverflowError:
+        eligible_at = _FAR_FUTURE
+    return _result(wait.total_seconds(), eligible_at, "date", skew)
+
+
+def _result(delay: float, eligible_at: datetime, form: str, clock_skew: float | None) -> RetryAfter:
+    """Build a :class:`RetryAfter` without the frozen dataclass's ``__init__``.
+
+    Equal in every way to ``RetryAfter(delay, eligible_at, form, clock_skew)`` (same
+    class, fields, equality and hash); it only skips the four guarded attribute writes,
+    which dominate the cost of parsing a delay-seconds value.
+    """
+    result: RetryAfter = _new_object(RetryAfter)
+    fields = result.__dict__
+    fields["delay"] = delay
+    fields["eligible_at"] = eligible_at
+    fields["form"] = form
+    fields["clock_skew"] = clock_skew
+    return result
+
+
+def parse_http_date(text: str, *, received_at: datetime | None = None) -> datetime:
+    """Parse an HTTP-date (IMF-fixdate, RFC 850 or asctime) into an aware UTC datetime.
+
+    The same strict rules as for a Retry-After date apply (length, control characters,
+    GMT only, case-sensitive names, matching weekday; surrounding spaces and tabs are
+    trimmed). ``received_at`` (aware) is the reference for an RFC 850 two-digit year;
+    without it that form raises ``InvalidRetryAfter("needs_reference")``.
+    Raises :class:`InvalidRetryAfter` and nothing else.
+    """
+    reference: datetime | None = None
+    if received_at is not None:
+        if not isinstance(received_at, datetime):
+            raise InvalidRetryAfter("naive_received_at", received_at)
+        reference = _as_utc(received_at)
+    if not isinstance(text, str):
+        raise InvalidRetryAfter("type", text)
+    if len(text) > MAX_LENGTH:
+        raise InvalidRetryAfter("too_long", text)
+    return _parse_date_value(text, text.strip(" \t"), reference)
+
+
+def format_http_date(dt: datetime) -> str:
+    """Format an aware datetime as an IMF-fixdate (``Sun, 06 Nov 1994 08:49:37 GMT``).
+
+    The time is converted to UTC and fractions of a second are dropped.
+    Raises :class:`InvalidRetryAfter` (``naive_received_at``) for a naive datetime.
+    """
+    if not isinstance(dt, datetime):
+        raise InvalidRetryAfter("naive_received_at", dt)
+    u = _as_utc(dt)
+    return (
+        f"{_SHORT_DAYS[u.weekday()]}, {u.day:02d} {_MONTHS[u.month - 1]} {u.year:04d} "
+        f"{u.hour:02d}:{u.minute:02d}:{u.second:02d} GMT"
+    )
+
+
+def _as_utc(moment: datetime) -> datetime:
+    """``moment`` in UTC; InvalidRetryAfter when it is naive or cannot be converted."""
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise InvalidRetryAfter("naive_received_at")
+    try:
+        return moment.astimezone(_UTC)
+    except (OverflowError, ValueError):
+        raise InvalidRetryAfter("out_of_range", moment) from None
+
+
+def _optional_date(text: str, reference: datetime) -> datetime | None:
+    """A response's Date header as UTC, or None when it is not a valid HTTP-date."""
+    if not isinstance(text, str) or len(text) > MAX_LENGTH:
+        return None
+    try:
+        return _parse_date_value(text, text.strip(" \t"), reference)
+    except InvalidRetryAfter:
+        return None
+
+
+def _clock_skew(date: str, received_at: datetime) -> float | None:
+    """Seconds, ``received_at`` minus a valid Date header; None when Date is invalid."""
+    server_date = _optional_date(date, received_at)
+    return None if server_date is None else (received_at - server_date).total_seconds()
+
+
+def _parse_date_value(raw: str, v: str, reference: datetime | None) -> datetime:
+    """Classify and parse a trimmed value ``v`` (``raw`` is kept for the error message).
+
+    The length has already been checked. Returns an aware UTC datetime.
+    """
+    if not v:
+        raise InvalidRetryAfter("empty", raw)
+    if _CONTROL(v) is not None:
+        raise InvalidRetryAfter("control", raw)
+    commas = v.count(",")
+    if commas == 0:
+        m = _ASCTIME(v)
+        if m is None:
+            raise InvalidRetryAfter("malformed", raw)
+        wkday, mon, day, hh, mm, ss, year, zone = m.groups()
+        if len(day) != 2 or len(year) != 4:
+            _bad_width(year, 4, raw)
+        if zone is not None:
+            raise InvalidRetryAfter("zone", raw)
+        return _build(raw, _SHORT_DAY_NUMBER, wkday, day, mon, int(year), hh, mm, ss)
+    # Exactly one comma, right after a day name, is part of the IMF-fixdate and RFC 850
+    # forms; any other comma makes a list (or a repeated field joined by the recipient).
+    if commas > 1 or _LETTERS(v[: v.index(",")]) is None:
+        raise InvalidRetryAfter("repeated", raw)
+    m = _IMF(v)
+    if m is not None:
+        wkday, day, mon, year, hh, mm, ss, zone = m.groups()
+        if len(year) != 4:
+            _bad_width(year, 4, raw)
+        if zone != "GMT":
+            raise InvalidRetryAfter("zone", raw)
+        return _build(raw, _SHORT_DAY_NUMBER, wkday, day, mon, int(year), hh, mm, ss)
+    m = _RFC850(v)
+    if m is None:
+        raise InvalidRetryAfter("malformed", raw)
+    wkday, day, mon, yy, hh, mm, ss, zone = m.groups()
+    if len(yy) != 2:
+        raise InvalidRetryAfter("malformed", raw)
+    if zone != "GMT":
+        raise InvalidRetryAfter("zone", raw)
+    if reference is None:
+        raise InvalidRetryAfter("needs_reference", raw)
+    month = _MONTH_NUMBER.get(mon)
+    if month is None or len(day) != 2 or len(hh) != 2 or len(mm) != 2 or len(ss) != 2:
+        raise InvalidRetryAfter("malformed", raw)
+    year = _rfc850_year(int(yy), (month, int(day), int(hh), int(mm), min(int(ss), 59)), reference)
+    return _build(raw, _LONG_DAY_NUMBER, wkday, day, mon, year, hh, mm, ss)
+
+
+def _bad_width(year: str, width: int, raw: str) -> None:
+    """Raise for a year of the wrong width: ``out_of_range`` past 9999, else ``malformed``."""
+    if len(year) > width and int(year) > 9999:
+        raise InvalidRetryAfter("out_of_range", raw)
+    raise InvalidRetryAfter("malformed", raw)
+
+
+def _build(
+    raw: str,
+    day_numbers: dict[str, int],
+    wkday: str,
+    day: str,
+    mon: str,
+    year: int,
+    hh: str,
+    mm: str,
+    ss: str,
+) -> datetime:
+    """Check names, widths and ranges, then build the aware UTC datetime."""
+    expected_weekday = day_numbers.get(wkday)
+    month = _MONTH_NUMBER.get(mon)
+    if (
+        expected_weekday is None
+        or month is None
+        or len(day) != 2
+        or len(hh) != 2
+        or len(mm) != 2
+        or len(ss) != 2
+    ):
+        raise InvalidRetryAfter("malformed", raw)
+    second = int(ss)
+    if second == 60:
+        second = 59  # a leap second: the instant just before the next minute
+    try:
+        # datetime rejects hour > 23, minute or second > 59, day 0, a day the month
+        # does not have (29 Feb outside leap years) and year 0.
+        moment = datetime(year, month, int(day), int(hh), int(mm), second, 0, _UTC)
+    except ValueError:
+        raise InvalidRetryAfter("out_of_range", raw) from None
+    if moment.weekday() != expected_weekday:
+        raise InvalidRetryAfter("weekday", raw)
+    return moment
+
+
+def _rfc850_year(yy: int, rest: tuple[int, int, int, int, int], reference: datetime) -> int:
+    """The full year of an RFC 850 date with two-digit year ``yy`` (RFC 9110 5.6.7).
+
+    The latest year ending in ``yy`` that is not more than 50 years after ``reference``:
+    ``rest`` is (month, day, hour, minute, second) of the date, compared to the second
+    with ``reference`` moved 50 years ahead. The result is kept within 1..9999 where
+    possible (a year that would pass 9999 is read a century earlier).
+    """
+    horizon = reference.year + 50
+    year = horizon - (horizon - yy) % 100
+    if year == horizon and rest > (
+        reference.month,
+        reference.day,
+        reference.hour,
+        reference.minute,
+        reference.second,
+    ):
+        year -= 100
+    while year > 9999:
+        year -= 100
+    return year
