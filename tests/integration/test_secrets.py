@@ -1,0 +1,321 @@
+"""No credential, cookie or query value ever appears in what the package produces.
+
+Requests carry an Authorization (Bearer, or Basic made from the URL's user info), a
+Cookie, a Proxy-Authorization, a query token and URL user info. Every deferral reason
+and every stop is triggered against a real loopback server; then the package's log
+records (DEBUG, its own logger and the root), the errors raised (str, repr, args and
+their causes), the deferrals (repr and JSON), the DecisionRecords, the metrics
+snapshot and the reprs of the adapter and retry objects are searched for each secret.
+
+urllib3's own logging is urllib3's, not ours, and is recorded here as a fact: its
+warning "Retrying (...) after connection broken by ...: <url>" ends with the request
+target *including the query string* (urllib3 1.26 and 2.x alike), and its DEBUG request
+line ('"GET /path?query HTTP/1.1" 200') does too. Applications that put secrets in
+query strings should keep the "urllib3" logger above WARNING or filter it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from retry_after_adapter import (
+    CooldownStoreError,
+    DeferralLimitExceeded,
+    FakeClock,
+    MemoryCooldownStore,
+    RetryAfterAdapter,
+    RetryAfterRetry,
+    budget,
+)
+from retry_after_adapter.metrics import Counters
+
+from .throttle_server import Reply, ThrottleServer
+
+TOKEN = "s3cr3t-token-AAA"
+COOKIE = "s3cr3t-cookie-BBB"
+QUERY = "s3cr3t-query-CCC"
+PASSWORD = "s3cr3t-pass-DDD"
+PROXY = "s3cr3t-proxy-EEE"
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+SECRETS = (
+    TOKEN,
+    COOKIE,
+    QUERY,
+    PASSWORD,
+    PROXY,
+    b64(f"user:{PASSWORD}"),  # the Basic header requests makes from the URL's user info
+    b64(f"proxyuser:{PROXY}"),
+)
+SECRET_HEADERS = {
+    "Cookie": f"session={COOKIE}",
+    "Proxy-Authorization": f"Basic {b64(f'proxyuser:{PROXY}')}",
+}
+
+
+class Bearer(requests.auth.AuthBase):
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        request.headers["Authorization"] = f"Bearer {TOKEN}"
+        return request
+
+
+class BrokenStore:
+    """A cooldown store whose backend is down."""
+
+    def get(self, scope):
+        raise CooldownStoreError("backend unreachable")
+
+    def extend(self, scope, until):
+        raise CooldownStoreError("backend unreachable")
+
+
+class Evidence:
+    """Everything the package produced during a test, flattened to text."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.records: list[object] = []
+        self.counters = Counters(by_scope=True)
+
+    def hook(self, record) -> None:
+        self.records.append(record)
+
+    def add(self, *items: object) -> None:
+        self.texts.extend(repr(item) for item in items)
+        self.texts.extend(str(item) for item in items)
+
+    def add_response(self, response: requests.Response) -> None:
+        self.add(response.deferral, response.stop_reason)
+        if response.deferral is not None:
+            self.texts.append(json.dumps(response.deferral.to_dict()))
+        retries = getattr(response.raw, "retries", None)
+        if retries is not None:
+            self.add(retries, retries.history)
+
+    def add_error(self, error: BaseException) -> None:
+        seen: set[int] = set()
+        current: BaseException | None = error
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            self.add(current, current.args)
+            deferral = getattr(current, "deferral", None)
+            if deferral is not None:
+                self.add(deferral, deferral.chain())
+                self.texts.append(json.dumps(deferral.to_dict()))
+            current = current.__cause__ or current.__context__
+
+    def call(self, send) -> object:
+        """Run ``send()`` and keep its response or error."""
+        try:
+            response = send()
+        except requests.exceptions.RequestException as exc:
+            self.add_error(exc)
+            return exc
+        except DeferralLimitExceeded as exc:
+            self.add_error(exc)
+            return exc
+        self.add_response(response)
+        return response
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def server(clock: FakeClock) -> Iterator[ThrottleServer]:
+    srv = ThrottleServer(clock).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def evidence() -> Evidence:
+    return Evidence()
+
+
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.DEBUG)  # the root logger
+    caplog.set_level(logging.DEBUG, logger="retry_after_adapter")
+    return caplog
+
+
+def secret_url(port: int, path: str = "/api") -> str:
+    return f"http://user:{PASSWORD}@127.0.0.1:{port}{path}?token={QUERY}&page=2"
+
+
+def make(evidence: Evidence, clock: FakeClock, *, bearer: bool, store=None, scope=None, **kw) -> requests.Session:
+    """A session sending every kind of secret; ``bearer`` False lets requests turn the
+    URL's user info into a Basic Authorization header instead."""
+    store_failure = kw.pop("store_failure", "open")
+    kw.setdefault("total", 2)
+    retry = RetryAfterRetry(clock=clock, **kw)
+    adapter = RetryAfterAdapter(
+        retry,
+        cooldown=store if store is not None else MemoryCooldownStore(),
+        scope=scope,
+        store_failure=store_failure,
+        on_decision=[evidence.hook, evidence.counters],
+    )
+    evidence.add(adapter, retry)
+    session = requests.Session()
+    session.trust_env = False
+    session.mount("http://", adapter)
+    session.headers.update(SECRET_HEADERS)
+    if bearer:
+        session.auth = Bearer()
+    return session
+
+
+def package_log_text(caplog: pytest.LogCaptureFixture) -> list[str]:
+    formatter = logging.Formatter("%(name)s %(levelname)s %(message)s")
+    texts = []
+    for record in caplog.records:
+        if not record.name.startswith("retry_after_adapter"):
+            continue
+        texts.append(formatter.format(record))
+        texts.append(repr(record.args))
+        texts.append(repr({k: v for k, v in vars(record).items() if k not in ("msg", "args")}))
+    return texts
+
+
+def assert_clean(texts: list[str]) -> None:
+    blob = "\n".join(texts)
+    leaked = [secret for secret in SECRETS if secret in blob]
+    assert not leaked, f"secrets leaked: {leaked}"
+
+
+@pytest.mark.parametrize("bearer", [True, False], ids=["bearer", "basic-from-url"])
+def test_no_secret_in_anything_the_package_produces(server, clock, evidence, logs, bearer):
+    store = MemoryCooldownStore()
+    port = server.port
+
+    # Deferral: max_wait (response kept), then cooldown (nothing sent).
+    server.serve([Reply(429, {"Retry-After": "120"}, b"quota")])
+    evidence.call(lambda: make(evidence, clock, bearer=bearer, store=store, max_wait=10).get(secret_url(port)))
+    evidence.call(lambda: make(evidence, clock, bearer=bearer, store=store, max_wait=10).get(secret_url(port)))
+    clock.advance(121)
+
+    # Deferral: deadline.
+    server.serve([Reply(429, {"Retry-After": "30"})])
+    evidence.call(
+        lambda: make(evidence, clock, bearer=bearer, deadline=12, max_wait=None).get(secret_url(port))
+    )
+
+    # Deferral: cancelled during the planned wait.
+    stop = threading.Event()
+    server.serve([Reply(503, {"Retry-After": "5"}), Reply(200)])
+    session = make(evidence, clock, bearer=bearer)
+    session.get_adapter("http://").on_decision += (lambda r: stop.set() if r.action == "retry" else None,)
+    with budget(cancel=stop):
+        evidence.call(lambda: session.get(secret_url(port)))
+
+    # Deferral: cooldown-unknown (the shared store is down and the adapter fails closed).
+    evidence.call(
+        lambda: make(evidence, clock, bearer=bearer, store=BrokenStore(), store_failure="closed").get(
+            secret_url(port)
+        )
+    )
+
+    # Stop: invalid Retry-After.
+    server.serve([Reply(429, {"Retry-After": "soon"})])
+    evidence.call(lambda: make(evidence, clock, bearer=bearer).get(secret_url(port)))
+
+    # Stop: exhausted, raised and returned.
+    server.serve([Reply(503, {"Retry-After": "1"})])
+    evidence.call(lambda: make(evidence, clock, bearer=bearer, total=1).get(secret_url(port)))
+    server.serve([Reply(503, {"Retry-After": "1"})])
+    evidence.call(lambda: make(evidence, clock, bearer=bearer, total=1, raise_on_status=False).get(secret_url(port)))
+
+    # Stop: not idempotent (a POST whose connection is reset after sending).
+    server.serve([Reply(action="reset")])
+    evidence.call(lambda: make(evidence, clock, bearer=bearer).post(secret_url(port), data=b"x", timeout=2))
+
+    # A GET retried after a reset (urllib3 logs its own warning about it).
+    server.serve([Reply(action="reset"), Reply(200)])
+    evidence.call(lambda: make(evidence, clock, bearer=bearer, backoff_factor=0).get(secret_url(port), timeout=2))
+
+    # Escalation: past max_deferrals.
+    server.serve([Reply(429, {"Retry-After": "600"})])
+    evidence.call(lambda: make(evidence, clock, bearer=bearer, max_deferrals=0).get(secret_url(port)))
+
+    # Connection refused: urllib3's MaxRetryError names the URL it was given.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead = closed.getsockname()[1]
+        evidence.call(lambda: make(evidence, clock, bearer=bearer, backoff_factor=0).get(secret_url(dead), timeout=2))
+
+    # The scenarios really ran: every deferral reason and every stop was reached.
+    defers = {r.reason for r in evidence.records if r.action == "defer"}
+    stops = {r.reason for r in evidence.records if r.action == "stop"}
+    assert defers == {"max_wait", "cooldown", "deadline", "cancelled", "cooldown-unknown"}
+    assert stops >= {"invalid_retry_after", "exhausted", "not_idempotent", "max_deferrals"}
+    # ... and the server did see the secrets, so there was something to leak.
+    sent = repr([(s.path, s.headers) for s in server.seen])
+    assert QUERY in sent and COOKIE in sent and (TOKEN in sent if bearer else b64(f"user:{PASSWORD}") in sent)
+
+    ours = package_log_text(logs)
+    assert len(ours) > 3 * 10  # DEBUG lines for retries and stops, INFO for deferrals
+    assert any("defer (cooldown-unknown)" in text for text in ours)
+    evidence.add(*evidence.records)
+    evidence.texts.append(json.dumps(evidence.counters.snapshot()))
+    assert_clean(evidence.texts + ours)
+
+    # urllib3's own warning is not ours: it carries the query string (recorded above).
+    warnings = [r.getMessage() for r in logs.records if "after connection broken" in r.getMessage()]
+    assert warnings and all(r.startswith("Retrying (RetryAfterRetry(") for r in warnings)
+    assert any(QUERY in w for w in warnings)
+    assert_clean([w.split("after connection broken")[0] for w in warnings])  # our repr part is clean
+
+
+def test_credential_scope_is_hashed(server, clock, evidence):
+    server.serve([Reply(429, {"Retry-After": "120"})])
+    response = make(evidence, clock, bearer=True, scope="credential", max_wait=10).get(secret_url(server.port))
+    scope = response.deferral.scope
+    assert scope.startswith(f"http://127.0.0.1:{server.port}|sha256:")
+    assert evidence.records[-1].scope == scope
+    assert_clean([scope, json.dumps(response.deferral.to_dict()), json.dumps(evidence.counters.snapshot())])
+
+
+def test_two_credentials_get_two_hashed_scopes(server, clock, evidence):
+    server.serve([Reply(429, {"Retry-After": "120"})])
+    first = make(evidence, clock, bearer=True, scope="credential", max_wait=10).get(secret_url(server.port))
+    other = make(evidence, clock, bearer=False, scope="credential", max_wait=10).get(secret_url(server.port))
+    assert first.deferral.scope != other.deferral.scope
+    assert_clean([first.deferral.scope, other.deferral.scope])
+
+
+def test_a_scope_function_returning_the_authorization_value_is_hashed(server, clock, evidence):
+    server.serve([Reply(429, {"Retry-After": "120"})])
+    session = make(
+        evidence, clock, bearer=True, scope=lambda request: request.headers["Authorization"], max_wait=10
+    )
+    response = session.get(secret_url(server.port))
+    assert response.deferral.scope.startswith("sha256:")
+    assert evidence.records[-1].scope == response.deferral.scope
+    assert list(evidence.counters.snapshot()["scopes"]) == [response.deferral.scope]
+    assert_clean([repr(response.deferral), json.dumps(evidence.counters.snapshot())])
+
+
+def test_a_scope_function_returning_the_query_value_is_hashed(server, clock, evidence):
+    server.serve([Reply(429, {"Retry-After": "120"})])
+    session = make(
+        evidence, clock, bearer=True, scope=lambda request: "tenant-" + request.url.split("token=")[1], max_wait=10
+    )
+    response = session.get(secret_url(server.port))
+    assert response.deferral.scope.startswith("sha256:")
+    assert_clean([response.deferral.scope])
