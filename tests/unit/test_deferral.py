@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import FrozenInstanceError, replace
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from retry_after_adapter import Deferral, DeferralLimitExceeded, InvalidDeferral
 from retry_after_adapter.deferral import FORMAT_VERSION, REASONS
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, 250_000, tzinfo=timezone.utc)
+RESUME_DOC = Path(__file__).resolve().parents[2] / "docs" / "resume.md"
 
 
 def chain_of_three() -> Deferral:
@@ -112,6 +115,18 @@ def test_the_documented_json_form():
         "clock_skew": -0.5,
         "started_at": "2026-03-01T12:00:00.250000+00:00",
     }
+
+
+def test_the_example_in_the_docs_is_exactly_what_to_dict_writes():
+    text = RESUME_DOC.read_text(encoding="utf-8")
+    example = json.loads(re.search(r"```json\n(.*?)```", text, re.S).group(1))
+    assert Deferral.from_dict(example).to_dict() == example
+
+
+def test_the_docs_field_table_lists_every_field():
+    text = RESUME_DOC.read_text(encoding="utf-8")
+    documented = re.findall(r"^\| `(\w+)` \|", text, re.M)
+    assert documented == list(chain_of_three().to_dict())
 
 
 def test_times_are_normalised_to_utc():
