@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import NoReturn
 
 from .errors import InvalidRetryAfter
 
@@ -246,11 +247,13 @@ def format_http_date(dt: datetime) -> str:
 
 def _as_utc(moment: datetime) -> datetime:
     """``moment`` in UTC; InvalidRetryAfter when it is naive or cannot be converted."""
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise InvalidRetryAfter("naive_received_at")
     try:
+        if moment.tzinfo is None or moment.utcoffset() is None:
+            raise InvalidRetryAfter("naive_received_at")
         return moment.astimezone(_UTC)
-    except (OverflowError, ValueError):
+    except (OverflowError, ValueError, TypeError) as exc:
+        if isinstance(exc, InvalidRetryAfter):
+            raise
         raise InvalidRetryAfter("out_of_range", moment) from None
 
 
@@ -292,7 +295,7 @@ def _parse_date_value(raw: str, v: str, reference: datetime | None) -> datetime:
         return _build(raw, _SHORT_DAY_NUMBER, wkday, day, mon, int(year), hh, mm, ss)
     # Exactly one comma, right after a day name, is part of the IMF-fixdate and RFC 850
     # forms; any other comma makes a list (or a repeated field joined by the recipient).
-    if commas > 1 or _LETTERS(v[: v.index(",")]) is None:
+    if commas > 1 or _LETTERS(v[: v.index(",")].rstrip(" \t")) is None:
         raise InvalidRetryAfter("repeated", raw)
     m = _IMF(v)
     if m is not None:
@@ -319,7 +322,7 @@ def _parse_date_value(raw: str, v: str, reference: datetime | None) -> datetime:
     return _build(raw, _LONG_DAY_NUMBER, wkday, day, mon, year, hh, mm, ss)
 
 
-def _bad_width(year: str, width: int, raw: str) -> None:
+def _bad_width(year: str, width: int, raw: str) -> NoReturn:
     """Raise for a year of the wrong width: ``out_of_range`` past 9999, else ``malformed``."""
     if len(year) > width and int(year) > 9999:
         raise InvalidRetryAfter("out_of_range", raw)
