@@ -1,0 +1,256 @@
+"""A cooldown store in Redis or Valkey, shared by processes on every machine.
+
+One key per scope (``prefix + scope``) holds the eligible time as UTC epoch
+milliseconds. The later-wins extend is a server-side Lua script: one round trip, atomic,
+touching a single key (so it works on a cluster without cross-slot operations). Each
+key expires a minute after its cooldown ends, so expired cooldowns clean themselves up.
+
+``redis`` (redis-py) is an optional dependency: this module never imports it at import
+time; only :meth:`RedisCooldownStore.from_url` does, when called.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime
+from typing import Any
+
+from ..errors import ConfigurationError, CooldownStoreError
+from .base import check_scope, check_until
+from .sqlite import from_epoch_ms, to_epoch_ms
+
+#: How long (ms) a key outlives its cooldown before Redis deletes it.
+GRACE_MS = 60_000
+
+#: KEYS[1] = the scope's key; ARGV[1] = the new time and ARGV[2] = when the key may go
+#: (both epoch ms, as decimal strings computed by the caller: no number formatting in
+#: Lua). Keeps max(stored, new); a stored value that is not a number is replaced. Returns
+#: the effective time. SET + PEXPIREAT (not SET PXAT) so old Redis and Valkey run it.
+_EXTEND_LUA = """
+local new = tonumber(ARGV[1])
+local stored = tonumber(redis.call('GET', KEYS[1]))
+if stored ~= nil and stored >= new then
+  return stored
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('PEXPIREAT', KEYS[1], ARGV[2])
+return new
+"""
+
+_INSTALL_HINT = "pip install 'retry_after_adapter[redis]'"
+
+_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+
+
+def _restore(url: str, prefix: str, client_kwargs: dict[str, Any]) -> RedisCooldownStore:
+    return RedisCooldownStore.from_url(url, prefix=prefix, **client_kwargs)
+
+
+class RedisCooldownStore:
+    """Cooldowns shared by every process on every machine through Redis or Valkey.
+
+    ``client`` is any synchronous redis-py compatible client: ``redis.Redis``,
+    ``redis.RedisCluster``, ``valkey.Valkey``... It should have short socket timeouts
+    and few retries (see :meth:`from_url`), so a store outage costs a call a second at
+    most rather than hanging it. ``prefix`` is prepended to each scope to make its key.
+
+    ``get`` is one ``GET``; ``extend`` is one ``EVALSHA`` (the script is loaded again by
+    the client after a server restart). Times are whole UTC epoch milliseconds, rounded
+    up, so machines agree and a cooldown never ends earlier than asked. Any error of
+    the client (connection refused, timeout, authentication, a wrong key type...) is
+    raised as :class:`CooldownStoreError`, whose message never contains the server's
+    URL credentials.
+    """
+
+    def __init__(self, client: Any, *, prefix: str = "retry-after:") -> None:
+        if not isinstance(prefix, str):
+            raise ConfigurationError("the Redis cooldown key prefix must be a str")
+        for method in ("get", "register_script"):
+            if not callable(getattr(client, method, None)):
+                raise ConfigurationError(
+                    f"the Redis cooldown store needs a redis-py compatible client (no {method}())"
+                )
+        self._client = client
+        self._prefix = prefix
+        self._secrets = _client_secrets(client)
+        try:
+            self._script = client.register_script(_EXTEND_LUA)  # local: no round trip
+        except Exception as exc:
+            raise self._failure("register_script", exc) from exc
+        self._url_args: tuple[str, dict[str, Any]] | None = None
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = "retry-after:",
+        socket_timeout: float = 1.0,
+        socket_connect_timeout: float = 1.0,
+        **client_kwargs: Any,
+    ) -> RedisCooldownStore:
+        """A store with its own ``redis.Redis`` client made from ``url``.
+
+        ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS) and
+        ``unix://`` as redis-py reads them; ``valkey://`` and ``valkeys://`` are read as
+        ``redis://`` and ``rediss://``. The client gets 1 s socket and connect timeouts
+        and retries a command once, at once, only after a connection error (a pooled
+        connection the server dropped), never after a timeout: an outage fails a call
+        within about the socket timeout. Other keyword arguments go to redis-py.
+
+        Needs the ``redis`` extra: ``pip install 'retry_after_adapter[redis]'``.
+        """
+        if not isinstance(url, str):
+            raise ConfigurationError("a Redis cooldown URL must be a str")
+        for name, value in (
+            ("socket_timeout", socket_timeout),
+            ("socket_connect_timeout", socket_connect_timeout),
+        ):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (math.isfinite(value) and value > 0)
+            ):
+                raise ConfigurationError(f"{name} must be a finite number of seconds > 0")
+        try:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+        except ImportError:
+            raise ConfigurationError(
+                f"the Redis cooldown store needs the redis package: {_INSTALL_HINT}"
+            ) from None
+        kwargs: dict[str, Any] = {
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": socket_connect_timeout,
+        }
+        if "retry" not in client_kwargs:
+            kwargs["retry"] = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
+        kwargs.update(client_kwargs)
+        try:
+            client = redis.Redis.from_url(_as_redis_url(url), **kwargs)
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(
+                f"invalid Redis cooldown URL {redact_url(url)!r}: {_scrub(str(exc), _url_secrets(url))}"
+            ) from None
+        store = cls(client, prefix=prefix)
+        options = dict(
+            client_kwargs, socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout
+        )
+        store._url_args = (url, options)
+        return store
+
+    @property
+    def client(self) -> Any:
+        """The underlying client."""
+        return self._client
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    def key(self, scope: str) -> str:
+        """The Redis key that holds ``scope``'s cooldown."""
+        return self._prefix + scope
+
+    def get(self, scope: str) -> datetime | None:
+        key = self.key(check_scope(scope))
+        try:
+            raw = self._client.get(key)
+        except Exception as exc:  # any client's errors: redis, valkey, cluster, socket
+            raise self._failure("get", exc) from exc
+        if raw is None:
+            return None
+        try:
+            ms = int(raw)
+        except (TypeError, ValueError):
+            raise CooldownStoreError(
+                f"the Redis cooldown key for this scope holds a value that is not a time "
+                f"(prefix {self._prefix!r})"
+            ) from None
+        return from_epoch_ms(ms)
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        key = self.key(check_scope(scope))
+        ms = to_epoch_ms(check_until(until))
+        try:
+            effective = self._script(keys=[key], args=[str(ms), str(ms + GRACE_MS)])
+        except Exception as exc:
+            raise self._failure("extend", exc) from exc
+        try:
+            return from_epoch_ms(int(effective))
+        except (TypeError, ValueError):
+            raise CooldownStoreError("the Redis cooldown script returned an unexpected reply") from None
+
+    def close(self) -> None:
+        """Close the client's connections (a client passed in is the caller's to close)."""
+        if self._url_args is not None:
+            try:
+                self._client.close()
+            except Exception as exc:
+                raise self._failure("close", exc) from exc
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A client (sockets, locks) cannot be pickled; a store made from a URL can be
+        # rebuilt from it in another process.
+        if self._url_args is None:
+            raise TypeError(
+                "a RedisCooldownStore built on a client cannot be pickled: build one in each "
+                "process, or use RedisCooldownStore.from_url() / store_from_url()"
+            )
+        url, kwargs = self._url_args
+        return (_restore, (url, self._prefix, kwargs))
+
+    def __repr__(self) -> str:
+        return f"RedisCooldownStore({type(self._client).__name__}, prefix={self._prefix!r})"
+
+    def _failure(self, operation: str, exc: BaseException) -> CooldownStoreError:
+        detail = _scrub(str(exc), self._secrets)
+        return CooldownStoreError(
+            f"the Redis cooldown store failed during {operation}: {type(exc).__name__}"
+            + (f": {detail}" if detail else "")
+        )
+
+
+def _as_redis_url(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    mapped = {"valkey": "redis", "valkeys": "rediss"}.get(scheme.lower())
+    return f"{mapped}{sep}{rest}" if mapped and sep else url
+
+
+def redact_url(url: str) -> str:
+    """``url`` for a message: no credentials (everything up to the last ``@``, so a
+    password holding ``@``, ``/`` or ``?`` is cut whole), no query, no fragment."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    if "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    rest = rest.split("?", 1)[0].split("#", 1)[0]
+    return (scheme + sep + rest)[:200]
+
+
+def _url_secrets(url: str) -> list[str]:
+    """The userinfo of ``url`` and its password part, to keep out of messages."""
+    userinfo = url.partition("://")[2].rpartition("@")[0]
+    return [part for part in (userinfo, userinfo.partition(":")[2]) if part]
+
+
+def _client_secrets(client: Any) -> list[str]:
+    """Credentials configured on a redis-py style client, to keep out of messages."""
+    found: set[str] = set()
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if isinstance(kwargs, dict):
+        value = kwargs.get("password")
+        if isinstance(value, str) and value:
+            found.add(value)
+    return sorted(found, key=len, reverse=True)
+
+
+def _scrub(text: str, secrets: list[str]) -> str:
+    for secret in sorted(secrets, key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, "***")
+    return _USERINFO.sub("***@", text)[:300]

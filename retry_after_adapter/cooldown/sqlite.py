@@ -1,0 +1,372 @@
+"""A cooldown store in one SQLite file, shared by every process on a host.
+
+Each scope is one row ``(scope TEXT PRIMARY KEY, until_ms INTEGER NOT NULL)`` holding
+the eligible time as wall-clock UTC epoch milliseconds. The later-wins extend is a
+single upsert statement (``max(stored, new)``), so it is atomic across threads and
+processes without any lock of our own.
+
+Connections are private to one thread of one process: a connection opened before a
+``fork`` is never used (nor closed) in the child, and the store pickles as its path and
+options, so it can be handed to ``spawn`` workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import TypeVar
+
+from ..errors import ConfigurationError, CooldownStoreError
+from .base import check_scope, check_until
+
+_T = TypeVar("_T")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MAX_MS = (datetime.max.replace(tzinfo=timezone.utc) - _EPOCH) // timedelta(milliseconds=1)
+_MIN_MS = (datetime.min.replace(tzinfo=timezone.utc) - _EPOCH) // timedelta(milliseconds=1)
+
+#: Rows whose time is older than this are deleted now and then by ``extend``.
+_KEEP_EXPIRED_MS = 3_600_000
+#: About one ``extend`` in this many also deletes long-expired rows.
+_SWEEP_ONE_IN = 256
+
+#: ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING`` needs SQLite 3.35.
+_HAS_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
+
+_SCHEMA = "CREATE TABLE IF NOT EXISTS cooldown (scope TEXT PRIMARY KEY, until_ms INTEGER NOT NULL)"
+_UPSERT_RETURNING = (
+    "INSERT INTO cooldown (scope, until_ms) VALUES (?, ?) "
+    "ON CONFLICT (scope) DO UPDATE SET until_ms = max(until_ms, excluded.until_ms) "
+    "RETURNING until_ms"
+)
+_SELECT = "SELECT until_ms FROM cooldown WHERE scope = ?"
+_SWEEP = "DELETE FROM cooldown WHERE until_ms < ?"
+
+
+def to_epoch_ms(until: datetime) -> int:
+    """An aware datetime as UTC epoch milliseconds, rounded *up* (never earlier)."""
+    micros = (until - _EPOCH) // timedelta(microseconds=1)
+    return -(-micros // 1000)
+
+
+def from_epoch_ms(ms: int) -> datetime:
+    """UTC epoch milliseconds as an aware UTC datetime (clamped to datetime's range)."""
+    if ms > _MAX_MS:  # datetime.max rounded up to a whole millisecond
+        return datetime.max.replace(tzinfo=timezone.utc)
+    if ms < _MIN_MS:
+        return datetime.min.replace(tzinfo=timezone.utc)
+    return _EPOCH + timedelta(milliseconds=ms)
+
+
+class _Slot:
+    """One thread's connection, held only by that thread's ``threading.local``.
+
+    When the thread ends, its slot is freed and a finalizer closes the connection, so
+    short-lived threads do not leak connections.
+    """
+
+    __slots__ = ("__weakref__", "busy_ms", "conn", "pid")
+
+    def __init__(self, conn: sqlite3.Connection, pid: int, busy_ms: int) -> None:
+        self.conn = conn
+        self.pid = pid
+        self.busy_ms = busy_ms
+
+
+#: Connections a forked child inherited: referenced forever and never closed in the child
+#: (closing could checkpoint the parent's WAL or drop locks the parent relies on).
+_INHERITED: list[sqlite3.Connection] = []
+
+
+def _release(store_ref: weakref.ref[SQLiteCooldownStore], conn: sqlite3.Connection, pid: int) -> None:
+    """A thread that used a store has ended (or the store is gone): close its connection,
+    unless this is a forked child, where the connection belongs to the parent."""
+    if os.getpid() != pid:
+        _INHERITED.append(conn)
+        return
+    store = store_ref()
+    if store is not None:
+        store._forget(conn)
+    with contextlib.suppress(sqlite3.Error):
+        conn.close()
+
+
+#: Primary SQLite result codes worth another attempt: BUSY, LOCKED, IOERR, PROTOCOL.
+_TRANSIENT_CODES = frozenset({5, 6, 10, 15})
+
+
+def _transient(exc: sqlite3.Error) -> bool:
+    """Whether another attempt may succeed (a lock, not a missing or corrupt file)."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    return code is None or (code & 0xFF) in _TRANSIENT_CODES
+
+
+#: Every live store, so a forked child gets fresh locks (a parent thread may have held one).
+_STORES: weakref.WeakSet[SQLiteCooldownStore] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_STORES):
+        store._forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _restore(path: str, timeout: float) -> SQLiteCooldownStore:
+    return SQLiteCooldownStore(path, timeout=timeout)
+
+
+class SQLiteCooldownStore:
+    """Cooldowns shared by every process and thread on one host through a SQLite file.
+
+    ``path`` is the database file (created when missing; its directory must exist). A
+    relative path is resolved against the working directory once, here. ``timeout``
+    (seconds) bounds how long one ``get`` or ``extend`` waits for a lock held by another
+    writer; past it the call raises :class:`CooldownStoreError`. No ``sqlite3`` error
+    ever leaves the store.
+
+    Times are kept in whole milliseconds; ``extend`` rounds up, so a stored cooldown
+    never ends earlier than asked. The file is in WAL mode: readers never wait for a
+    writer, and one extend is one short write transaction. Rows expired for more than
+    an hour are deleted now and then, so the file stays as small as the set of live
+    scopes. The file must be on a local disk (SQLite locking over network file systems
+    is unreliable); for several machines use :class:`RedisCooldownStore`.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
+        try:
+            text = os.fspath(path)
+        except TypeError:
+            raise ConfigurationError("the SQLite cooldown path must be a str or path-like") from None
+        if not isinstance(text, str):
+            raise ConfigurationError("the SQLite cooldown path must be a str path, not bytes")
+        if text in ("", ":memory:") or text.startswith("file:"):
+            raise ConfigurationError(
+                "the SQLite cooldown store needs a real file path that every process can open "
+                "(not ':memory:', an empty path or a 'file:' URI)"
+            )
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise ConfigurationError("the SQLite cooldown timeout must be a number of seconds")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ConfigurationError("the SQLite cooldown timeout must be a finite number of seconds > 0")
+        full = os.path.abspath(text)
+        directory = os.path.dirname(full)
+        if not os.path.isdir(directory):
+            raise ConfigurationError(
+                f"the directory of the SQLite cooldown file does not exist: {directory!r} "
+                "(create it first; the store does not create directories)"
+            )
+        if os.path.isdir(full):
+            raise ConfigurationError(f"the SQLite cooldown path is a directory: {full!r}")
+        self._path = full
+        self._timeout = float(timeout)
+        self._full_busy_ms = max(1, int(self._timeout * 1000))
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        # Every open connection this process made (one per live thread), for close().
+        self._conns: set[sqlite3.Connection] = set()
+        self._pid = os.getpid()
+        self._closed = False
+        _STORES.add(self)
+        self._run(lambda conn: None)  # open now: a bad file fails here, not on the first 429
+
+    # -- public API ---------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        """The absolute path of the database file."""
+        return self._path
+
+    @property
+    def timeout(self) -> float:
+        """How long (seconds) one call may wait for the database before it fails."""
+        return self._timeout
+
+    def get(self, scope: str) -> datetime | None:
+        check_scope(scope)
+        # fetchall(): the statement finishes here, so no read snapshot stays open.
+        rows = self._run(lambda conn: conn.execute(_SELECT, (scope,)).fetchall())
+        return from_epoch_ms(int(rows[0][0])) if rows else None
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        check_scope(scope)
+        ms = to_epoch_ms(check_until(until))
+        effective = self._run(lambda conn: self._upsert(conn, scope, ms))
+        if random.randrange(_SWEEP_ONE_IN) == 0:
+            self._sweep_quietly()
+        return from_epoch_ms(effective)
+
+    def close(self) -> None:
+        """Close this process's connections. The store cannot be used afterwards."""
+        with self._lock:
+            self._closed = True
+            conns, self._conns = self._conns, set()
+        for conn in conns:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
+    def __enter__(self) -> SQLiteCooldownStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> tuple[Callable[[str, float], SQLiteCooldownStore], tuple[str, float]]:
+        # Only the path and options travel; each process opens its own connections.
+        return (_restore, (self._path, self._timeout))
+
+    def __repr__(self) -> str:
+        return f"SQLiteCooldownStore({self._path!r}, timeout={self._timeout})"
+
+    # -- internals ----------------------------------------------------------------
+
+    def sweep(self, older_than_ms: int = _KEEP_EXPIRED_MS) -> int:
+        """Delete rows whose time is more than ``older_than_ms`` in the past; return how many.
+
+        ``extend`` calls this by itself about once in 256 calls.
+        """
+        cutoff = to_epoch_ms(datetime.now(timezone.utc)) - older_than_ms
+        return self._run(lambda conn: conn.execute(_SWEEP, (cutoff,)).rowcount)
+
+    def _sweep_quietly(self) -> None:
+        with contextlib.suppress(CooldownStoreError):  # housekeeping: the next sweep catches up
+            self.sweep()
+
+    @staticmethod
+    def _upsert(conn: sqlite3.Connection, scope: str, ms: int) -> int:
+        if _HAS_RETURNING:
+            # fetchall(): the statement (and its implicit transaction) ends here.
+            rows = conn.execute(_UPSERT_RETURNING, (scope, ms)).fetchall()
+            return int(rows[0][0])
+        return SQLiteCooldownStore._upsert_in_transaction(conn, scope, ms)
+
+    @staticmethod
+    def _upsert_in_transaction(conn: sqlite3.Connection, scope: str, ms: int) -> int:
+        """The same later-wins write for SQLite older than 3.35 (no RETURNING)."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("INSERT OR IGNORE INTO cooldown (scope, until_ms) VALUES (?, ?)", (scope, ms))
+            conn.execute("UPDATE cooldown SET until_ms = ? WHERE scope = ? AND until_ms < ?", (ms, scope, ms))
+            rows = conn.execute(_SELECT, (scope,)).fetchall()
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            raise
+        return int(rows[0][0])
+
+    def _slot(self) -> _Slot | None:
+        """This thread's slot, if it was made in this process."""
+        slot: _Slot | None = getattr(self._local, "slot", None)
+        if slot is not None and slot.pid == os.getpid():
+            return slot
+        return None
+
+    def _connection(self) -> _Slot:
+        if self._closed:
+            raise CooldownStoreError(f"the SQLite cooldown store {self._path!r} is closed")
+        slot = self._slot()
+        if slot is not None:
+            return slot
+        pid = os.getpid()
+        if self._pid != pid:  # forked without the at-fork hook (not expected on POSIX)
+            self._forked()
+        # Drop a slot inherited through fork: its finalizer sees the other pid and keeps
+        # the parent's connection open.
+        self._local.slot = None
+        conn = sqlite3.connect(
+            self._path,
+            timeout=self._timeout,
+            isolation_level=None,  # autocommit: each statement is its own transaction
+            check_same_thread=False,  # only this thread uses it; close() may run elsewhere
+        )
+        try:
+            conn.execute("PRAGMA journal_mode=WAL").fetchall()
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(_SCHEMA)
+        except BaseException:
+            conn.close()
+            raise
+        with self._lock:
+            if self._closed:
+                conn.close()
+                raise CooldownStoreError(f"the SQLite cooldown store {self._path!r} is closed")
+            self._conns.add(conn)
+        slot = _Slot(conn, pid, self._full_busy_ms)
+        weakref.finalize(slot, _release, weakref.ref(self), conn, pid)
+        self._local.slot = slot
+        return slot
+
+    def _forget(self, conn: sqlite3.Connection) -> None:
+        with self._lock:
+            self._conns.discard(conn)
+
+    def _forked(self) -> None:
+        """In a forked child: the parent's connections stay open and untouched; the
+        child opens its own on first use."""
+        self._lock = threading.Lock()  # a parent thread may have held it during fork
+        _INHERITED.extend(self._conns)
+        self._conns = set()
+        self._pid = os.getpid()
+
+    @staticmethod
+    def _set_busy(slot: _Slot, ms: int) -> None:
+        if slot.busy_ms != ms:
+            slot.conn.execute(f"PRAGMA busy_timeout = {int(ms)}")
+            slot.busy_ms = ms
+
+    def _run(self, operation: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``operation`` on this thread's connection.
+
+        Transient errors (locked, busy, I/O) are retried with a short backoff until
+        ``timeout`` has passed, each attempt waiting for locks only as long as the budget
+        has left; then, or at once for a permanent error, CooldownStoreError is raised.
+        No sqlite3 exception escapes.
+        """
+        deadline = time.monotonic() + self._timeout
+        busy_ms = self._full_busy_ms
+        pause = 0.002
+        while True:
+            try:
+                slot = self._connection()
+                self._set_busy(slot, busy_ms)
+                return operation(slot.conn)
+            except sqlite3.Error as exc:
+                self._after_error()
+                if not _transient(exc):
+                    raise self._failure(exc, waited=False) from exc
+                error = exc
+            left = deadline - time.monotonic()
+            if left > 0:
+                time.sleep(min(left, pause * (0.5 + random.random())))
+                pause = min(pause * 2, 0.05)
+                left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._failure(error, waited=True) from error
+            busy_ms = max(1, int(left * 1000))
+
+    def _after_error(self) -> None:
+        slot = self._slot()
+        with contextlib.suppress(sqlite3.Error):
+            if slot is not None and slot.conn.in_transaction:
+                slot.conn.execute("ROLLBACK")
+
+    def _failure(self, exc: sqlite3.Error, *, waited: bool) -> CooldownStoreError:
+        reason = str(exc) or type(exc).__name__
+        after = f" after trying for {self._timeout:g} s" if waited else ""
+        return CooldownStoreError(
+            f"the SQLite cooldown store {self._path!r} is unavailable ({reason}){after}"
+        )
