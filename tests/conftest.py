@@ -1,0 +1,213 @@
+"""Shared fixtures: a real ``redis-server`` on loopback, started and stopped by the tests.
+
+Without a ``redis-server`` binary the Redis tests are skipped, unless the environment
+variable ``CI`` is set (to anything but ``0``/``false``/``no``): in CI a missing server is
+a failure, so the Redis tests can never be skipped silently there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: How long a freshly started server may take to answer PING.
+START_TIMEOUT = 10.0
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def skip_or_fail(message: str) -> None:
+    """Skip outside CI; fail under CI (a missing dependency must not hide tests there)."""
+    if in_ci():
+        pytest.fail(f"{message} (CI is set, so this is an error rather than a skip)", pytrace=False)
+    pytest.skip(message)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """One ``redis-server`` process on 127.0.0.1, without persistence.
+
+    ``kill()`` (SIGKILL), ``freeze()``/``thaw()`` (SIGSTOP/SIGCONT) and ``restart()``
+    (same port, empty data) are for outage tests.
+    """
+
+    def __init__(self, binary: str, workdir: Path, extra_args: tuple[str, ...] = ()) -> None:
+        self.binary = binary
+        self.workdir = workdir
+        self.extra_args = extra_args
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        """Start on a free port (a few tries: another process may take the port first)."""
+        error = ""
+        for _ in range(5):
+            self.port = free_port()
+            try:
+                self._launch()
+                return self
+            except RuntimeError as exc:
+                error = str(exc)
+        raise RuntimeError(f"redis-server did not start: {error}")
+
+    def restart(self) -> RedisServer:
+        """Start again on the same port (after kill() or stop())."""
+        self.stop()
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                self._launch()
+                return self
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def _launch(self) -> None:
+        log = self.workdir / f"redis-{self.port}.log"
+        args = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.workdir),
+            "--logfile", str(log),
+            *self.extra_args,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = log.read_text(errors="replace")[-500:] if log.exists() else ""
+                self.proc = None
+                raise RuntimeError(f"redis-server exited at start: {tail}")
+            if self.answers_ping():
+                return
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer PING within {START_TIMEOUT} s")
+
+    def answers_ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                reply = sock.recv(64)
+        except OSError:
+            return False
+        return reply.startswith((b"+PONG", b"-NOAUTH"))
+
+    def kill(self) -> None:
+        """SIGKILL: the server dies at once, dropping every connection and all data."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+    def freeze(self) -> None:
+        """SIGSTOP: connections stay open but nothing answers (a hung server)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.thaw()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        self.proc = None
+
+
+@pytest.fixture(scope="session")
+def redis_binary() -> str:
+    path = shutil.which("redis-server")
+    if path is None:
+        skip_or_fail("redis-server not found on PATH (Debian/Ubuntu: apt-get install redis-server)")
+    assert path is not None
+    return path
+
+
+@pytest.fixture(scope="session")
+def redis_module() -> Any:
+    try:
+        import redis
+    except ImportError:
+        skip_or_fail("the redis package is not installed (pip install 'retry_after_adapter[redis]')")
+    return redis
+
+
+@pytest.fixture(scope="session")
+def redis_server(
+    redis_binary: str, redis_module: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisServer]:
+    """One server for the whole session; tests get it empty through ``redis_client``."""
+    server = RedisServer(redis_binary, tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The session server's URL; the server was started again if a test stopped it."""
+    if redis_server.proc is None or not redis_server.answers_ping():
+        redis_server.restart()
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_client(redis_url: str, redis_module: Any) -> Iterator[Any]:
+    """A client of the session server, which is FLUSHALLed before and after the test."""
+    client = redis_module.Redis.from_url(redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    client.flushall()
+    yield client
+    try:
+        client.flushall()
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def redis_factory(
+    redis_binary: str, redis_module: Any, tmp_path: Path
+) -> Iterator[Callable[..., RedisServer]]:
+    """Start extra servers of the test's own (to kill, freeze or protect with a
+    password) without disturbing the session server; all are stopped afterwards."""
+    servers: list[RedisServer] = []
+
+    def make(*extra_args: str) -> RedisServer:
+        server = RedisServer(redis_binary, tmp_path / f"redis-{len(servers)}", tuple(extra_args))
+        servers.append(server)
+        return server.start()
+
+    yield make
+    for server in servers:
+        server.stop()

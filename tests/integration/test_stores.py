@@ -1,0 +1,691 @@
+"""The cooldown stores against real backends: a SQLite file and a real redis-server.
+
+Every backend goes through the same protocol tests; then each backend's own behaviour
+(locks, expiry, outages, URLs). No mocks: the database, the server and its failures are
+real.
+"""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import random
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from retry_after_adapter.cooldown import (
+    CooldownStore,
+    MemoryCooldownStore,
+    RedisCooldownStore,
+    SQLiteCooldownStore,
+    store_from_url,
+)
+from retry_after_adapter.cooldown import sqlite as sqlite_module
+from retry_after_adapter.errors import ConfigurationError, CooldownStoreError
+
+from ..conftest import RedisServer
+
+UTC = timezone.utc
+PASSWORD = "hunter2-not-in-messages"
+
+
+def now_ms() -> datetime:
+    """Now, truncated to whole milliseconds (what every backend stores exactly)."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CooldownStore]:
+    if request.param == "memory":
+        yield MemoryCooldownStore()
+    elif request.param == "sqlite":
+        with SQLiteCooldownStore(tmp_path / "cooldown.db") as sqlite_store:
+            yield sqlite_store
+    else:
+        client = request.getfixturevalue("redis_client")
+        yield RedisCooldownStore(client, prefix="test:")
+
+
+# -- (a) the protocol, on every backend ------------------------------------------------
+
+
+def test_unknown_scope_is_none(store: CooldownStore) -> None:
+    assert store.get("https://nobody.example:443") is None
+
+
+def test_later_wins_and_extend_returns_the_effective_time(store: CooldownStore) -> None:
+    base = now_ms()
+    early, late, later = base + timedelta(seconds=5), base + timedelta(seconds=30), base + timedelta(hours=2)
+    assert store.extend("s", late) == late
+    assert store.extend("s", early) == late  # a shorter cooldown never replaces a longer one
+    assert store.get("s") == late
+    assert store.extend("s", late) == late
+    assert store.extend("s", later) == later
+    assert store.get("s") == later
+
+
+def test_scopes_are_independent(store: CooldownStore) -> None:
+    base = now_ms()
+    store.extend("a", base + timedelta(seconds=10))
+    store.extend("b", base + timedelta(seconds=20))
+    assert store.get("a") == base + timedelta(seconds=10)
+    assert store.get("b") == base + timedelta(seconds=20)
+    assert store.get("c") is None
+
+
+def test_aware_time_in_any_zone_comes_back_in_utc(store: CooldownStore) -> None:
+    instant = now_ms() + timedelta(minutes=3)
+    india = timezone(timedelta(hours=5, minutes=30))
+    effective = store.extend("zone", instant.astimezone(india))
+    stored = store.get("zone")
+    for value in (effective, stored):
+        assert value is not None
+        assert value.utcoffset() == timedelta(0)
+        assert value == instant
+
+
+def test_naive_datetime_is_refused(store: CooldownStore) -> None:
+    with pytest.raises(ConfigurationError):
+        store.extend("naive", datetime.now() + timedelta(seconds=10))
+    assert store.get("naive") is None
+
+
+@pytest.mark.parametrize("scope", ["", "x" * 513, None, 42])
+def test_bad_scope_is_refused(store: CooldownStore, scope: Any) -> None:
+    with pytest.raises(ConfigurationError):
+        store.extend(scope, now_ms() + timedelta(seconds=1))
+
+
+def test_longest_scope_is_accepted(store: CooldownStore) -> None:
+    scope = "s" * 512
+    until = now_ms() + timedelta(seconds=1)
+    assert store.extend(scope, until) == until
+    assert store.get(scope) == until
+
+
+def test_sub_millisecond_time_is_rounded_up_never_shortened(store: CooldownStore) -> None:
+    until = now_ms() + timedelta(seconds=10, microseconds=123_456)
+    effective = store.extend("round", until)
+    assert effective >= until
+    assert effective - until < timedelta(milliseconds=1)
+    assert store.get("round") == effective
+    # Asking again for the same instant never lowers what is stored.
+    assert store.extend("round", until) == effective
+
+
+def test_far_future_time_round_trips(store: CooldownStore) -> None:
+    far = datetime.max.replace(tzinfo=UTC)
+    assert store.extend("far", far) == far
+    assert store.get("far") == far
+
+
+def test_past_time_is_accepted(store: CooldownStore) -> None:
+    past = now_ms() - timedelta(minutes=5)
+    assert store.extend("past", past) == past
+    # A store may drop an expired cooldown; it never reports a later time than written.
+    assert store.get("past") in (None, past)
+
+
+# -- (c) a long cooldown is never replaced by shorter ones under contention ------------
+
+
+def test_long_cooldown_survives_threads_hammering_short_ones(store: CooldownStore) -> None:
+    base = now_ms()
+    long = base + timedelta(hours=1)
+    long_written = threading.Event()
+    failures: list[str] = []
+    threads_n, calls_per_thread = 8, 60
+
+    def hammer(seed: int) -> None:
+        rng = random.Random(seed)
+        for i in range(calls_per_thread):
+            if seed == 0 and i == calls_per_thread // 2:
+                if store.extend("quota", long) != long:
+                    failures.append("the long write did not take effect")
+                long_written.set()
+                continue
+            after_long = long_written.is_set()
+            until = base + timedelta(milliseconds=rng.randrange(1, 10_000))
+            effective = store.extend("quota", until)
+            if effective < until:
+                failures.append(f"extend returned {effective} < asked {until}")
+            if after_long and effective != long:
+                failures.append(f"after the long write, extend returned {effective}")
+            got = store.get("quota")
+            if got is None or got < effective:
+                failures.append(f"get returned {got} after extend returned {effective}")
+
+    threads = [threading.Thread(target=hammer, args=(seed,)) for seed in range(threads_n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads)
+    assert long_written.is_set()
+    assert failures == []
+    assert store.get("quota") == long
+
+
+# -- SQLite --------------------------------------------------------------------------
+
+
+def test_sqlite_missing_directory_is_a_configuration_error(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir" / "cooldown.db"
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        SQLiteCooldownStore(missing)
+    assert not missing.parent.exists()  # the store never creates directories
+
+
+@pytest.mark.parametrize("path", ["", ":memory:", "file:cooldown.db?mode=memory"])
+def test_sqlite_refuses_paths_other_processes_cannot_share(path: str) -> None:
+    with pytest.raises(ConfigurationError):
+        SQLiteCooldownStore(path)
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), True, "5"])
+def test_sqlite_refuses_bad_timeouts(tmp_path: Path, timeout: Any) -> None:
+    with pytest.raises(ConfigurationError):
+        SQLiteCooldownStore(tmp_path / "c.db", timeout=timeout)
+
+
+def test_sqlite_table_layout_and_wal_mode(tmp_path: Path) -> None:
+    path = tmp_path / "layout.db"
+    with SQLiteCooldownStore(path) as store:
+        until = now_ms() + timedelta(seconds=7)
+        store.extend("s", until)
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        columns = [(row[1], row[2], row[3], row[5]) for row in conn.execute("PRAGMA table_info(cooldown)")]
+        assert columns == [("scope", "TEXT", 0, 1), ("until_ms", "INTEGER", 1, 0)]
+        ms = conn.execute("SELECT until_ms FROM cooldown WHERE scope = 's'").fetchone()[0]
+        assert ms == int(until.timestamp() * 1000)
+    finally:
+        conn.close()
+
+
+def test_sqlite_two_store_objects_share_one_file(tmp_path: Path) -> None:
+    path = tmp_path / "shared.db"
+    with SQLiteCooldownStore(path) as first, SQLiteCooldownStore(str(path)) as second:
+        until = now_ms() + timedelta(seconds=30)
+        first.extend("s", until)
+        assert second.get("s") == until
+        assert second.extend("s", until - timedelta(seconds=1)) == until
+
+
+def test_sqlite_store_pickles_as_its_path(tmp_path: Path) -> None:
+    with SQLiteCooldownStore(tmp_path / "p.db", timeout=2.5) as store:
+        until = now_ms() + timedelta(seconds=30)
+        store.extend("s", until)
+        data = pickle.dumps(store)
+        assert b"Connection" not in data
+        with pickle.loads(data) as copy:
+            assert copy.path == store.path and copy.timeout == 2.5
+            assert copy.get("s") == until
+
+
+def test_sqlite_relative_path_is_fixed_at_construction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with SQLiteCooldownStore("rel.db") as store:
+        assert store.path == str(tmp_path / "rel.db")
+
+
+def test_sqlite_fallback_without_returning_keeps_later_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The upsert + select transaction used on SQLite older than 3.35, on the real file.
+    monkeypatch.setattr(sqlite_module, "_HAS_RETURNING", False)
+    with SQLiteCooldownStore(tmp_path / "old.db") as store:
+        base = now_ms()
+        assert store.extend("s", base + timedelta(seconds=20)) == base + timedelta(seconds=20)
+        assert store.extend("s", base + timedelta(seconds=5)) == base + timedelta(seconds=20)
+        assert store.extend("s", base + timedelta(seconds=40)) == base + timedelta(seconds=40)
+        assert store.get("s") == base + timedelta(seconds=40)
+
+
+def test_sqlite_sweep_deletes_only_long_expired_rows(tmp_path: Path) -> None:
+    with SQLiteCooldownStore(tmp_path / "sweep.db") as store:
+        now = now_ms()
+        store.extend("ancient", now - timedelta(hours=2))
+        store.extend("recent", now - timedelta(minutes=5))
+        store.extend("live", now + timedelta(minutes=5))
+        assert store.sweep() == 1
+        assert store.get("ancient") is None
+        assert store.get("recent") == now - timedelta(minutes=5)
+        assert store.get("live") == now + timedelta(minutes=5)
+
+
+def test_sqlite_extend_sweeps_now_and_then(tmp_path: Path) -> None:
+    with SQLiteCooldownStore(tmp_path / "auto.db") as store:
+        now = now_ms()
+        for i in range(50):
+            store.extend(f"old-{i}", now - timedelta(hours=3))
+        # About one extend in 256 sweeps: 3000 calls miss it with probability < 1e-5.
+        for _ in range(3000):
+            store.extend("live", now + timedelta(minutes=1))
+            if store.get("old-0") is None:
+                break
+        assert all(store.get(f"old-{i}") is None for i in range(50))
+
+
+def test_sqlite_write_lock_held_past_timeout_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "locked.db"
+    store = SQLiteCooldownStore(path, timeout=0.3)
+    before = now_ms() + timedelta(seconds=5)
+    store.extend("s", before)
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        start = time.monotonic()
+        with pytest.raises(CooldownStoreError, match="locked") as caught:
+            store.extend("s", before + timedelta(seconds=5))
+        elapsed = time.monotonic() - start
+        assert 0.25 <= elapsed < 2.0
+        assert not isinstance(caught.value, sqlite3.Error)
+        # WAL: readers do not wait for the writer.
+        assert store.get("s") == before
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    # The lock is gone: the same store works again.
+    assert store.extend("s", before + timedelta(seconds=5)) == before + timedelta(seconds=5)
+    store.close()
+
+
+def test_sqlite_database_locked_for_readers_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "exclusive.db"
+    with SQLiteCooldownStore(path) as first:
+        first.extend("s", now_ms())
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        # Exclusive locking mode: not even WAL readers may open the file meanwhile.
+        holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+        holder.execute("BEGIN EXCLUSIVE")
+        holder.execute("UPDATE cooldown SET until_ms = until_ms + 1")
+        start = time.monotonic()
+        with pytest.raises(CooldownStoreError, match="locked"):
+            SQLiteCooldownStore(path, timeout=0.3)
+        assert 0.25 <= time.monotonic() - start < 2.0
+    finally:
+        holder.close()
+    with SQLiteCooldownStore(path, timeout=0.3) as again:
+        assert again.get("s") is not None
+
+
+def test_sqlite_lock_released_within_timeout_is_waited_for(tmp_path: Path) -> None:
+    path = tmp_path / "brief.db"
+    store = SQLiteCooldownStore(path, timeout=5.0)
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    release = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        until = now_ms() + timedelta(seconds=1)
+        start = time.monotonic()
+        assert store.extend("s", until) == until
+        assert 0.2 <= time.monotonic() - start < 4.0
+    finally:
+        release.join()
+        holder.close()
+        store.close()
+
+
+def test_sqlite_file_that_is_not_a_database_fails_fast(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.db"
+    path.write_bytes(b"this is not a database, just some bytes" * 100)
+    start = time.monotonic()
+    with pytest.raises(CooldownStoreError, match="not a database"):
+        SQLiteCooldownStore(path, timeout=5.0)
+    assert time.monotonic() - start < 1.0  # a permanent error is not retried
+
+
+def test_sqlite_closed_store_refuses_calls(tmp_path: Path) -> None:
+    store = SQLiteCooldownStore(tmp_path / "closed.db")
+    store.extend("s", now_ms())
+    store.close()
+    with pytest.raises(CooldownStoreError, match="closed"):
+        store.get("s")
+    with pytest.raises(CooldownStoreError, match="closed"):
+        store.extend("s", now_ms())
+
+
+def test_sqlite_threads_each_use_their_own_connection(tmp_path: Path) -> None:
+    store = SQLiteCooldownStore(tmp_path / "threads.db")
+    seen: list[int] = []
+    barrier = threading.Barrier(4, timeout=10)
+
+    def use() -> None:
+        store.extend("s", now_ms())
+        seen.append(id(store._local.slot.conn))
+        barrier.wait()  # all four alive at once, so no id can be reused
+
+    threads = [threading.Thread(target=use) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert len(set(seen)) == 4
+    store.close()
+
+
+def test_sqlite_connections_of_ended_threads_are_closed(tmp_path: Path) -> None:
+    store = SQLiteCooldownStore(tmp_path / "churn.db")
+    for _ in range(20):
+        thread = threading.Thread(target=lambda: store.extend("s", now_ms()))
+        thread.start()
+        thread.join(timeout=10)
+    gc.collect()
+    assert len(store._conns) == 1  # only the main thread's connection is still open
+    store.close()
+
+
+# -- Redis ---------------------------------------------------------------------------
+
+
+@pytest.mark.redis
+def test_redis_key_value_and_expiry(redis_client: Any) -> None:
+    store = RedisCooldownStore(redis_client, prefix="ra:")
+    until = now_ms() + timedelta(seconds=30)
+    store.extend("https://api.example:443", until)
+    raw = redis_client.get("ra:https://api.example:443")
+    assert int(raw) == int(until.timestamp() * 1000)
+    # The key outlives the cooldown by the grace minute, then cleans itself up.
+    expire_at = time.time() * 1000 + redis_client.pttl("ra:https://api.example:443")
+    assert abs(expire_at - (int(until.timestamp() * 1000) + 60_000)) < 1000
+    # A shorter extend changes neither value nor expiry.
+    store.extend("https://api.example:443", until - timedelta(seconds=20))
+    assert int(redis_client.get("ra:https://api.example:443")) == int(until.timestamp() * 1000)
+    expire_again = time.time() * 1000 + redis_client.pttl("ra:https://api.example:443")
+    assert abs(expire_again - expire_at) < 1000
+
+
+@pytest.mark.redis
+def test_redis_long_expired_cooldown_deletes_its_key(redis_client: Any) -> None:
+    store = RedisCooldownStore(redis_client)
+    past = now_ms() - timedelta(minutes=5)
+    assert store.extend("gone", past) == past
+    assert redis_client.exists("retry-after:gone") == 0
+    assert store.get("gone") is None
+
+
+@pytest.mark.redis
+def test_redis_value_that_is_not_a_time(redis_client: Any) -> None:
+    store = RedisCooldownStore(redis_client)
+    redis_client.set("retry-after:junk", "not-a-number")
+    with pytest.raises(CooldownStoreError, match="not a time"):
+        store.get("junk")
+    until = now_ms() + timedelta(seconds=3)
+    assert store.extend("junk", until) == until  # the script replaces it
+    redis_client.lpush("retry-after:list", "x")
+    with pytest.raises(CooldownStoreError, match="ResponseError"):
+        store.extend("list", until)
+    with pytest.raises(CooldownStoreError):
+        store.get("list")
+
+
+@pytest.mark.redis
+def test_redis_script_is_reloaded_after_script_flush(redis_client: Any) -> None:
+    store = RedisCooldownStore(redis_client)
+    base = now_ms()
+    store.extend("s", base + timedelta(seconds=1))
+    redis_client.script_flush()
+    assert store.extend("s", base + timedelta(seconds=2)) == base + timedelta(seconds=2)
+
+
+@pytest.mark.redis
+def test_redis_from_url_and_valkey_scheme_reach_the_server(redis_url: str, redis_client: Any) -> None:
+    until = now_ms() + timedelta(seconds=9)
+    for url in (redis_url, redis_url.replace("redis://", "valkey://")):
+        store = store_from_url(url)
+        assert isinstance(store, RedisCooldownStore)
+        assert store.extend("u", until) == until
+        assert store.get("u") == until
+        store.close()
+    prefixed = store_from_url(redis_url + "?prefix=other%3A")
+    assert isinstance(prefixed, RedisCooldownStore) and prefixed.prefix == "other:"
+    prefixed.extend("u", until)
+    assert redis_client.exists("other:u") == 1
+    prefixed.close()
+
+
+@pytest.mark.redis
+def test_redis_store_from_url_pickles_client_store_does_not(redis_url: str, redis_client: Any) -> None:
+    store = RedisCooldownStore.from_url(redis_url, prefix="p:")
+    until = now_ms() + timedelta(seconds=9)
+    store.extend("s", until)
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy.prefix == "p:" and copy.get("s") == until
+    with pytest.raises(TypeError, match="from_url"):
+        pickle.dumps(RedisCooldownStore(redis_client))
+    store.close()
+    copy.close()
+
+
+def test_redis_store_refuses_an_object_that_is_not_a_client() -> None:
+    with pytest.raises(ConfigurationError, match="redis-py compatible"):
+        RedisCooldownStore(object())
+
+
+@pytest.mark.redis
+def test_redis_wrong_password_error_never_shows_the_password(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    server = redis_factory("--requirepass", "the-right-one")
+    store = RedisCooldownStore.from_url(f"redis://:{PASSWORD}@127.0.0.1:{server.port}/0")
+    calls: list[Callable[[], object]] = [lambda: store.get("s"), lambda: store.extend("s", now_ms())]
+    for call in calls:
+        with pytest.raises(CooldownStoreError) as caught:
+            call()
+        assert PASSWORD not in str(caught.value) and PASSWORD not in repr(caught.value)
+        assert PASSWORD not in str(caught.value.__cause__)
+    store.close()
+    good = RedisCooldownStore.from_url(f"redis://:the-right-one@127.0.0.1:{server.port}/0")
+    until = now_ms() + timedelta(seconds=1)
+    assert good.extend("s", until) == until
+    good.close()
+
+
+def _run_through_outage(store: RedisCooldownStore, outage: Callable[[], None], run_for: float) -> list[Any]:
+    """Threads call get/extend while ``outage()`` happens; returns (duration, error) per call."""
+    calls: list[tuple[float, BaseException | None]] = []
+    stop = threading.Event()
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(20_000):
+            if stop.is_set():
+                return
+            start = time.monotonic()
+            try:
+                if rng.random() < 0.5:
+                    store.extend(f"s{seed}", now_ms() + timedelta(seconds=rng.randrange(1, 60)))
+                else:
+                    store.get(f"s{seed}")
+                error = None
+            except BaseException as exc:  # everything is recorded, nothing escapes the thread
+                error = exc
+            calls.append((time.monotonic() - start, error))
+            time.sleep(0.002)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.15)
+    outage()
+    time.sleep(run_for)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(thread.is_alive() for thread in threads)
+    return calls
+
+
+def _works_again(store: RedisCooldownStore) -> None:
+    """After the server is back the store recovers (each pooled connection the server
+    dropped may fail one call first)."""
+    until = now_ms() + timedelta(seconds=42)
+    deadline = time.monotonic() + 5
+    for _ in range(50):
+        try:
+            assert store.extend("after", until) == until
+            break
+        except CooldownStoreError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    else:
+        pytest.fail("the store did not recover after the server came back")
+    assert store.get("after") == until
+
+
+@pytest.mark.redis
+def test_redis_killed_mid_run_raises_only_store_errors_then_recovers(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    server = redis_factory()
+    store = RedisCooldownStore.from_url(server.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    store.extend("warm", now_ms())
+    calls = _run_through_outage(store, server.kill, run_for=0.4)
+    errors = [error for _, error in calls if error is not None]
+    assert errors, "no call saw the outage"
+    assert all(type(error) is CooldownStoreError for error in errors), {type(e) for e in errors}
+    assert max(duration for duration, _ in calls) < 1.5
+    server.restart()
+    _works_again(store)
+    store.close()
+
+
+@pytest.mark.redis
+def test_redis_hung_server_fails_calls_within_the_socket_timeout(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    server = redis_factory()
+    store = RedisCooldownStore.from_url(server.url, socket_timeout=0.3, socket_connect_timeout=0.3)
+    store.extend("warm", now_ms())
+    try:
+        calls = _run_through_outage(store, server.freeze, run_for=0.8)
+    finally:
+        server.thaw()
+    errors = [error for _, error in calls if error is not None]
+    assert errors, "no call saw the outage"
+    assert all(type(error) is CooldownStoreError for error in errors), {type(e) for e in errors}
+    assert max(duration for duration, _ in calls) < 0.3 + 0.5  # one timeout, no retry after it
+    _works_again(store)
+    store.close()
+
+
+# -- the optional dependency ---------------------------------------------------------
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=Path.cwd()
+    )
+
+
+def test_importing_the_stores_does_not_import_redis() -> None:
+    result = _python(
+        "import sys\n"
+        "import retry_after_adapter.cooldown as c\n"
+        "assert c.RedisCooldownStore and c.store_from_url\n"
+        "print('redis' in sys.modules)\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_from_url_without_redis_names_the_extra() -> None:
+    result = _python(
+        "import sys\n"
+        "sys.modules['redis'] = None  # as if redis-py were not installed\n"
+        "from retry_after_adapter.cooldown import RedisCooldownStore, store_from_url\n"
+        "from retry_after_adapter.errors import ConfigurationError\n"
+        "for make in (RedisCooldownStore.from_url, store_from_url):\n"
+        "    try:\n"
+        "        make('redis://127.0.0.1:1/0')\n"
+        "    except ConfigurationError as exc:\n"
+        "        print(exc)\n"
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2
+    assert all("pip install 'retry_after_adapter[redis]'" in line for line in lines)
+
+
+# -- store_from_url ------------------------------------------------------------------
+
+
+def test_url_memory_gives_a_new_memory_store() -> None:
+    first, second = store_from_url("memory://"), store_from_url(" MEMORY:// ")
+    assert isinstance(first, MemoryCooldownStore) and isinstance(second, MemoryCooldownStore)
+    assert first is not second
+
+
+def test_url_sqlite_relative_and_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    relative = store_from_url("sqlite:///sub/rel.db")
+    absolute = store_from_url(f"sqlite:///{tmp_path}/abs.db?timeout=2.5")
+    assert isinstance(relative, SQLiteCooldownStore) and isinstance(absolute, SQLiteCooldownStore)
+    assert relative.path == str(tmp_path / "sub" / "rel.db")
+    assert absolute.path == str(tmp_path / "abs.db") and absolute.timeout == 2.5
+    spaced = store_from_url("sqlite:///with%20space.db")
+    assert isinstance(spaced, SQLiteCooldownStore) and spaced.path == str(tmp_path / "with space.db")
+    for store in (relative, absolute, spaced):
+        store.close()
+
+
+def test_url_sqlite_three_slashes_is_relative_and_the_error_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError, match="four slashes"):
+        store_from_url("sqlite:///var/no-such-dir/cooldown.db")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "cooldown.db",
+        "memory://somewhere",
+        "sqlite://",
+        "sqlite:///",
+        f"sqlite://user:{PASSWORD}@host/x.db",
+        "sqlite:///x.db?mode=ro",
+        "sqlite:///x.db?timeout=soon",
+        "sqlite:///x.db?timeout=-1",
+        f"redis://:{PASSWORD}@127.0.0.1:notaport/0",
+        f"redis://:a@b/{PASSWORD}?x@127.0.0.1:notaport/0",
+        f":{PASSWORD}@127.0.0.1:6379",
+        "redis://127.0.0.1:6379/cache",
+        f"rediss://admin:{PASSWORD}@[::1/0",
+        f"redis://127.0.0.1:6379/0?password={PASSWORD}&prefix=a&prefix=b",
+        f"https://user:{PASSWORD}@example.com/",
+        f"mysql://root:{PASSWORD}@db/cooldowns",
+    ],
+)
+def test_bad_urls_are_configuration_errors_without_secrets(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError) as caught:
+        store_from_url(url)
+    assert PASSWORD not in str(caught.value)
+    assert caught.value.__cause__ is None or PASSWORD not in str(caught.value.__cause__)
+
+
+def test_url_must_be_a_string() -> None:
+    with pytest.raises(ConfigurationError):
+        store_from_url(b"memory://")  # type: ignore[arg-type]
