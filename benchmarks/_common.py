@@ -1,0 +1,294 @@
+"""Shared helpers for the benchmarks: statistics, tables, JSON results, the machine
+description, and a fast loopback keep-alive HTTP server run in its own process.
+
+Every benchmark prints a table and then its JSON document (after a line ``--- JSON ---``)
+and writes the same JSON to ``benchmarks/results/<name>.json`` (or to ``--out DIR``).
+
+Run as a script, this module is that server::
+
+    python benchmarks/_common.py --serve-ok     # prints "PORT <n>", serves until killed
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_DIR = BENCH_DIR.parent
+RESULTS_DIR = BENCH_DIR / "results"
+JSON_MARKER = "--- JSON ---"
+
+# Run from a checkout without installing: make the package importable.
+if str(REPO_DIR) not in sys.path:
+    try:
+        import retry_after_adapter  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, str(REPO_DIR))
+
+
+# -- statistics ---------------------------------------------------------------------------
+
+
+def summary(values: Sequence[float]) -> dict[str, float | int]:
+    """Median, min, max and count of ``values`` (same unit as the values)."""
+    if not values:
+        return {"median": math.nan, "min": math.nan, "max": math.nan, "n": 0}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[float]:
+    """Pairwise ``a / b`` of two equally long sequences (e.g. per-block times)."""
+    return [a / b for a, b in zip(numerators, denominators, strict=True)]
+
+
+def fmt(value: float | int | None, digits: int = 3) -> str:
+    """A compact number: ints as ints, floats with ``digits`` significant decimals."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "nan"
+    if value != 0 and abs(value) < 10**-(digits):
+        return f"{value:.{digits}g}"
+    return f"{value:.{digits}f}"
+
+
+def fmt_summary(s: dict[str, Any], digits: int = 3) -> str:
+    """``median [min-max]`` of a :func:`summary`."""
+    return f"{fmt(s['median'], digits)} [{fmt(s['min'], digits)}-{fmt(s['max'], digits)}]"
+
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A plain-text (and Markdown-compatible) table."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = [f"## {title}", ""]
+    for n, row in enumerate(cells):
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+        if n == 0:
+            lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines) + "\n"
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=REPO_DIR, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.rstrip()
+
+
+def loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages (other work on the machine skews timings)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def machine() -> dict[str, Any]:
+    """Where and with what the benchmark ran: cores, CPU model, versions, UTC date, commit."""
+    import requests
+    import urllib3
+
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    status = _git("status", "--porcelain", "--", "retry_after_adapter")
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "cores": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "urllib3": urllib3.__version__,
+        "requests": requests.__version__,
+        "platform": platform.platform(),
+        "loadavg_at_end": loadavg(),
+        "commit": _git("rev-parse", "--short", "HEAD"),
+        "package_files_modified": [line[3:] for line in status.splitlines()] if status else [],
+    }
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser with the options every benchmark takes."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a tiny smoke run of a few seconds")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS_DIR,
+        help="directory for the JSON result (default: benchmarks/results)",
+    )
+    return p
+
+
+def finish(name: str, payload: dict[str, Any], tables: Sequence[str], out_dir: Path) -> Path:
+    """Print the tables and the JSON, and write the JSON to ``out_dir/<name>.json``."""
+    document = {"benchmark": name, "machine": machine(), **payload}
+    for text in tables:
+        print(text)
+    print(JSON_MARKER)
+    text = json.dumps(document, indent=2, sort_keys=False, default=str)
+    print(text)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    path.write_text(text + "\n", encoding="utf-8")
+    print(f"(written to {path})", file=sys.stderr)
+    return path
+
+
+def rss_kib() -> int:
+    """This process's resident set size in KiB (VmRSS from /proc/self/status)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+# -- a fast keep-alive server in its own process --------------------------------------------
+
+_OK_RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
+
+
+def _content_length(head: bytes) -> int:
+    lower = head.lower()
+    at = lower.find(b"\r\ncontent-length:")
+    if at < 0:
+        return 0
+    end = lower.find(b"\r\n", at + 2)
+    value = lower[at + 17 : end if end >= 0 else len(lower)]
+    return int(value.strip() or b"0")
+
+
+class _OkProtocol(asyncio.Protocol):
+    """Answers every HTTP/1.1 request on a connection with ``200 ok`` (keep-alive)."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buffer + data
+        answers = 0
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                break
+            size = end + 4 + _content_length(buf[:end])
+            if len(buf) < size:
+                break
+            buf = buf[size:]
+            answers += 1
+        self.buffer = buf
+        if answers and self.transport is not None:
+            self.transport.write(_OK_RESPONSE * answers)
+
+
+def _serve_ok() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(_OkProtocol, "127.0.0.1", 0, backlog=512)
+        port = server.sockets[0].getsockname()[1]
+        print(f"PORT {port}", flush=True)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+class ServerProcess:
+    """A loopback server started as ``python <script> <args>`` in a child process.
+
+    The child prints ``PORT <n>`` once listening; :meth:`stop` ends it (it is also
+    ended when the context manager exits). ``url`` is ``http://127.0.0.1:<n>``.
+    """
+
+    def __init__(self, script: Path, *args: str, start_timeout: float = 20.0) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), *args],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + start_timeout
+        line = ""
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if line.startswith("PORT ") or not line:
+                break
+        if not line.startswith("PORT "):
+            self.stop()
+            raise RuntimeError(f"server {script.name} did not start (got {line!r})")
+        self.port = int(line.split()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def ok_server() -> ServerProcess:
+    """The fast ``200 ok`` keep-alive server, in its own process."""
+    return ServerProcess(Path(__file__), "--serve-ok")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve-ok"]:
+        with contextlib.suppress(KeyboardInterrupt):
+            _serve_ok()
+    else:
+        print(__doc__)
+        sys.exit(2)

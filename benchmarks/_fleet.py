@@ -1,0 +1,589 @@
+"""The fleet benchmark's parts: a throttling server that enforces a quota, a fleet of
+worker threads (in one process or several) that works through a list of items, and
+the analysis of what the server saw.
+
+The server (run as ``python benchmarks/_fleet.py --serve QUOTA WINDOW``, in its own
+process; prints ``PORT <n>``) admits ``QUOTA`` requests per fixed window of ``WINDOW``
+seconds, the windows counted from the first request it receives. Past the quota it
+answers ``429`` with ``Retry-After`` = the seconds until the window resets, rounded up
+(integer delay-seconds, at least 1). A rejected request does not use up quota. It logs
+every request: the client's send time (header ``X-Sent-At``, stamped by the client just
+before the request is written), the arrival, the reply time (just before the reply is
+written), status, Retry-After, client process and item. ``GET /__log`` returns that log
+as JSON. All times are ``time.monotonic()``, which on Linux is one clock for every
+process of the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import heapq
+import json
+import math
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import requests
+
+# -- the throttling server ------------------------------------------------------------------
+
+#: Log entry fields, in order.
+LOG_FIELDS = (
+    "sent_at",
+    "checked_at",
+    "arrival",
+    "reply_at",
+    "status",
+    "retry_after",
+    "client",
+    "item",
+    "window",
+)
+
+
+class _Quota:
+    """Fixed windows of ``window`` seconds from the first request; ``quota`` per window."""
+
+    def __init__(self, quota: int, window: float) -> None:
+        self.quota = quota
+        self.window = window
+        self.t0: float | None = None
+        self.index = -1
+        self.count = 0
+        self.log: list[list[Any]] = []
+
+    def decide(self, now: float) -> tuple[int, int, int]:
+        """(status, retry_after seconds or 0, window index) for a request arriving ``now``."""
+        if self.t0 is None:
+            self.t0 = now
+        k = int((now - self.t0) // self.window)
+        if k != self.index:
+            self.index = k
+            self.count = 0
+        if self.count < self.quota:
+            self.count += 1
+            return 200, 0, k
+        reset = self.t0 + (k + 1) * self.window
+        return 429, max(1, math.ceil(reset - now)), k
+
+
+def _header(head: list[bytes], name: bytes) -> str | None:
+    for line in head[1:]:
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == name:
+            return value.strip().decode("latin-1")
+    return None
+
+
+class _ThrottleProtocol(asyncio.Protocol):
+    def __init__(self, quota: _Quota) -> None:
+        self.quota = quota
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        arrival = time.monotonic()
+        buf = self.buffer + data
+        while self.transport is not None:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                break
+            head = buf[:end].split(b"\r\n")
+            length = int(_header(head, b"content-length") or 0)
+            if len(buf) < end + 4 + length:
+                break
+            buf = buf[end + 4 + length :]
+            self._answer(head, arrival)
+        self.buffer = buf
+
+    def _answer(self, head: list[bytes], arrival: float) -> None:
+        assert self.transport is not None
+        parts = head[0].split(b" ")
+        path = parts[1] if len(parts) > 1 else b"/"
+        if path == b"/__log":
+            body = json.dumps(
+                {
+                    "t0": self.quota.t0,
+                    "quota": self.quota.quota,
+                    "window": self.quota.window,
+                    "fields": LOG_FIELDS,
+                    "log": self.quota.log,
+                }
+            ).encode()
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(body), body)
+            )
+            return
+        status, retry_after, k = self.quota.decide(arrival)
+        if status == 200:
+            reply = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+        else:
+            reply = b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: %d\r\nContent-Length: 4\r\n\r\nslow" % (
+                retry_after
+            )
+        sent = _header(head, b"x-sent-at")
+        checked = _header(head, b"x-checked-at")
+        item = _header(head, b"x-item")
+        reply_at = time.monotonic()
+        self.quota.log.append(
+            [
+                float(sent) if sent else None,
+                float(checked) if checked else None,
+                arrival,
+                reply_at,
+                status,
+                retry_after,
+                _header(head, b"x-client"),
+                int(item) if item else None,
+                k,
+            ]
+        )
+        self.transport.write(reply)
+
+
+def _serve(quota: int, window: float) -> None:
+    async def main() -> None:
+        state = _Quota(quota, window)
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: _ThrottleProtocol(state), "127.0.0.1", 0, backlog=1024)
+        print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def fetch_log(url: str) -> dict[str, Any]:
+    """The server's log (see ``LOG_FIELDS``), each entry as a dict."""
+    with requests.Session() as session:
+        data = session.get(url + "/__log", timeout=30).json()
+    fields = data["fields"]
+    data["log"] = [dict(zip(fields, entry, strict=True)) for entry in data["log"]]
+    return data
+
+
+# -- the client side --------------------------------------------------------------------------
+
+
+#: The time (monotonic) at which this thread last read a cooldown store: the adapter
+#: reads its store before every attempt, so this is when the attempt was admitted.
+_checked = threading.local()
+
+#: Times (monotonic) at which a cooldown store write of this process completed.
+STORE_WRITES: list[float] = []
+
+
+def install_send_stamp() -> None:
+    """Make every urllib3 request carry ``X-Sent-At``: ``time.monotonic()`` when it starts
+    being written, and ``X-Checked-At``: when this thread last read a recording cooldown
+    store (adapter only). Applies to every session in this process alike."""
+    from urllib3.connection import HTTPConnection
+
+    original = HTTPConnection.request
+    if getattr(original, "_bench_stamp", False):
+        return
+
+    def request(
+        self: Any, method: str, url: str, body: Any = None, headers: Any = None, *a: Any, **kw: Any
+    ) -> Any:
+        stamped = dict(headers) if headers is not None else {}
+        checked = getattr(_checked, "at", None)
+        if checked is not None:
+            stamped["X-Checked-At"] = repr(checked)
+            _checked.at = None
+        stamped["X-Sent-At"] = repr(time.monotonic())
+        return original(self, method, url, body, stamped, *a, **kw)
+
+    request._bench_stamp = True  # type: ignore[attr-defined]
+    HTTPConnection.request = request  # type: ignore[method-assign]
+
+
+SessionFactory = Callable[[], requests.Session]
+
+
+class Fleet:
+    """``threads`` workers in this process working through ``items``.
+
+    Each worker has its own Session (built by ``make_session()``). An item is done on a
+    200. A deferred item (a response with ``.deferral``, or ``RetryDeferred``) is
+    re-queued for its ``eligible_at`` and resumed from its deferral
+    (``budget(resume=...)``); any other failure is re-queued at once. Bounded by
+    ``time_limit`` seconds from the start: past it the workers stop and the items left
+    are reported as not done.
+    """
+
+    def __init__(
+        self,
+        make_session: SessionFactory,
+        url: str,
+        items: list[int],
+        threads: int,
+        client: str,
+        time_limit: float,
+        timeout: float = 30.0,
+    ) -> None:
+        self.make_session = make_session
+        self.url = url
+        self.items = items
+        self.threads = threads
+        self.client = client
+        self.time_limit = time_limit
+        self.timeout = timeout
+        self.cond = threading.Condition()
+        self.queue: list[tuple[float, int, int, Any]] = []
+        self.done = 0
+        self.calls: list[dict[str, Any]] = []
+        self.sessions: list[requests.Session] = []
+
+    def prepare(self) -> None:
+        """Build the sessions (before the clock starts)."""
+        self.sessions = [self.make_session() for _ in range(self.threads)]
+
+    def run(self, start_at: float) -> dict[str, Any]:
+        """Start at monotonic time ``start_at``; return calls, store writes and times."""
+        if not self.sessions:
+            self.prepare()
+        now = time.monotonic()
+        if start_at > now:
+            time.sleep(start_at - now)
+        STORE_WRITES.clear()
+        self.stop_at = start_at + self.time_limit
+        self.queue = [(start_at, n, item, None) for n, item in enumerate(self.items)]
+        heapq.heapify(self.queue)
+        self.seq = len(self.items)
+        workers = [threading.Thread(target=self._work, args=(s,), daemon=True) for s in self.sessions]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(self.time_limit + 60)
+        for s in self.sessions:
+            s.close()
+        ends = [c["end"] for c in self.calls if c["outcome"] == "ok"]
+        return {
+            "client": self.client,
+            "start_at": start_at,
+            "done_at": max(ends) if ends else None,
+            "items": len(self.items),
+            "done": self.done,
+            "calls": self.calls,
+            "store_writes": list(STORE_WRITES),
+        }
+
+    def _next(self) -> tuple[int, Any] | None:
+        """The next eligible item and the deferral it resumes (None for a first try)."""
+        with self.cond:
+            while True:
+                now = time.monotonic()
+                if self.done >= len(self.items) or now >= self.stop_at:
+                    self.cond.notify_all()
+                    return None
+                if self.queue and self.queue[0][0] <= now:
+                    _, _, item, resume = heapq.heappop(self.queue)
+                    return item, resume
+                wait = self.stop_at - now
+                if self.queue:
+                    wait = min(wait, self.queue[0][0] - now)
+                self.cond.wait(min(wait, 0.5))
+
+    def _put(self, item: int, eligible: float | None, deferral: Any = None) -> None:
+        with self.cond:
+            if eligible is None:
+                self.done += 1
+                if self.done >= len(self.items):
+                    self.cond.notify_all()
+                return
+            self.seq += 1
+            heapq.heappush(self.queue, (eligible, self.seq, item, deferral))
+            self.cond.notify()
+
+    def _work(self, session: requests.Session) -> None:
+        from retry_after_adapter import RetryDeferred, budget
+
+        headers = {"X-Client": self.client}
+        while True:
+            taken = self._next()
+            if taken is None:
+                return
+            item, resume = taken
+            start = time.monotonic()
+            deferral = None
+            status = None
+            try:
+                # A deferred item resumes its deferral, as the README shows: its counts
+                # carry over and nothing is sent before its eligible_at.
+                with budget(resume=resume) if resume is not None else contextlib.nullcontext():
+                    response = session.get(
+                        f"{self.url}/item/{item}",
+                        headers={**headers, "X-Item": str(item)},
+                        timeout=self.timeout,
+                    )
+                status = response.status_code
+                deferral = getattr(response, "deferral", None)
+                outcome = "ok" if status == 200 else ("deferred" if deferral is not None else "failed")
+            except RetryDeferred as exc:
+                deferral = exc.deferral
+                outcome = "deferred"
+            except requests.RequestException as exc:
+                outcome = "failed:" + type(exc).__name__
+            end = time.monotonic()
+            eligible: float | None = None
+            if outcome != "ok":
+                eligible = end
+                if deferral is not None:
+                    eligible = end + (deferral.eligible_at - datetime.now(timezone.utc)).total_seconds()
+            self.calls.append(
+                {
+                    "item": item,
+                    "start": start,
+                    "end": end,
+                    "outcome": outcome,
+                    "status": status,
+                    "reason": deferral.reason if deferral is not None else None,
+                }
+            )
+            self._put(item, eligible, deferral)
+
+
+# -- the analysis ------------------------------------------------------------------------------
+
+
+def analyse(
+    log: list[dict[str, Any]],
+    calls: list[dict[str, Any]],
+    store_writes: list[float],
+    *,
+    quota: int,
+    window: float,
+    items: int,
+    processes: int,
+    deadline: float,
+    start_at: float,
+    done_at: float | None,
+) -> dict[str, Any]:
+    """What the server saw and what the calls did, as the benchmark reports it.
+
+    - A request is *early* when its send started (``sent_at``) after a 429 was sent and
+      before the end of the cooldown that 429 announced (its reply time + Retry-After).
+    - A request is *in flight* when it is not early but a 429 was sent after its send
+      started and before it arrived: it was already on its way when the cooldown was
+      announced.
+    - An early request is *early after the store knew* when its attempt read the shared
+      cooldown store (``checked_at``) after a client had written a cooldown learned from
+      a 429 of that cooldown: the store knew, and the request went anyway (a defect).
+      Otherwise it is early in the race between a 429 and its reaching the store (it
+      was admitted before the store knew, and sent after the 429 was sent). Only the
+      adapter reads a store; for stock both are None.
+    - ``ideal_s`` = (ceil(items / quota) - 1) x window: the earliest moment at which the
+      last window needed opens, counted from the start; ``wall_s`` runs from the start
+      to the end of the last successful call.
+    """
+    q = sorted((e["reply_at"], e["reply_at"] + e["retry_after"]) for e in log if e["status"] == 429)
+    sent429 = [a for a, _ in q]
+    end_max: list[float] = []
+    running = -math.inf
+    for _, end in q:
+        running = max(running, end)
+        end_max.append(running)
+    writes = sorted(store_writes)
+
+    early = in_flight = early_known = unstamped = 0
+    early429 = in_flight429 = 0
+    windows429: set[int] = set()
+    windows_ok: set[int] = set()
+    for e in log:
+        if e["status"] == 429:
+            windows429.add(e["window"])
+        else:
+            windows_ok.add(e["window"])
+        s = e["sent_at"]
+        if s is None:
+            unstamped += 1
+            continue
+        i = bisect.bisect_right(sent429, s)
+        if i and end_max[i - 1] > s:
+            early += 1
+            early429 += e["status"] == 429
+            # The earliest 429 whose cooldown covers s: had the store learned of it (a
+            # write after that 429 was sent) before this attempt read the store?
+            first = next(a for a, end in q[:i] if end > s)
+            checked = e["checked_at"]
+            h = bisect.bisect_left(writes, first)
+            if checked is not None and h < len(writes) and writes[h] < checked:
+                early_known += 1
+            continue
+        j = bisect.bisect_right(sent429, e["arrival"])
+        if j > i and any(end > e["arrival"] for _, end in q[i:j]):
+            in_flight += 1
+            in_flight429 += e["status"] == 429
+
+    gaps = [(e["sent_at"] - e["checked_at"]) * 1e3 for e in log if e["sent_at"] and e["checked_at"]]
+    durations = [c["end"] - c["start"] for c in calls]
+    overruns = [d - deadline for d in durations if d > deadline]
+    n429 = len(q)
+    allowance = len(windows429) * processes
+    ideal = (math.ceil(items / quota) - 1) * window
+    wall = None if done_at is None else done_at - start_at
+    outcomes: dict[str, int] = {}
+    for c in calls:
+        outcomes[c["outcome"]] = outcomes.get(c["outcome"], 0) + 1
+    has_store = any(e["checked_at"] is not None for e in log)
+    return {
+        "requests": len(log),
+        "ok": sum(1 for e in log if e["status"] == 200),
+        "429": n429,
+        "429_in_flight": in_flight429,
+        "429_early": early429,
+        "429_beyond_in_flight": n429 - in_flight429,
+        "429_allowance": allowance,
+        "429_within_target": n429 - in_flight429 <= allowance,
+        "windows_with_429": len(windows429),
+        "early": early,
+        "early_after_store_knew": early_known if has_store else None,
+        "early_before_store_knew": early - early_known if has_store else None,
+        "in_flight": in_flight,
+        "check_to_send_ms": {
+            "median": statistics.median(gaps) if gaps else None,
+            "p99": sorted(gaps)[int(len(gaps) * 0.99)] if gaps else None,
+            "max": max(gaps) if gaps else None,
+        },
+        "unstamped": unstamped,
+        "calls": len(calls),
+        "outcomes": outcomes,
+        "deadline_s": deadline,
+        "overran_deadline": len(overruns),
+        "max_overrun_s": max(overruns) if overruns else 0.0,
+        "max_call_s": max(durations) if durations else 0.0,
+        "items": items,
+        "items_done": outcomes.get("ok", 0),
+        "wall_s": wall,
+        "ideal_s": ideal,
+        "wall_over_ideal": None if wall is None or ideal <= 0 else wall / ideal,
+    }
+
+
+# -- one fleet in a child process (multiprocessing spawn) ------------------------------------
+
+
+def process_main(spec: dict[str, Any], messages: Any, start: Any, start_value: Any) -> None:
+    """Entry point of a child process: build a fleet from ``spec``, report ready, wait
+    for the start signal, run, put the result on ``messages``."""
+    try:
+        install_send_stamp()
+        make = session_factory(spec["variant"], spec["deadline"], spec.get("store"), spec["attempt_reserve"])
+        fleet = Fleet(make, spec["url"], spec["items"], spec["threads"], spec["client"], spec["time_limit"])
+        fleet.prepare()
+        messages.put(("ready", spec["client"]))
+        if not start.wait(120):
+            messages.put(("error", spec["client"], "no start signal"))
+            return
+        result = fleet.run(start_value.value)
+        messages.put(("done", result))
+    except BaseException as exc:  # report, never hang the parent
+        messages.put(("error", spec["client"], f"{type(exc).__name__}: {exc}"))
+        raise
+
+
+class _Recorder:
+    """Records when this thread reads a store, and when a write completes."""
+
+    def get(self, scope: str) -> datetime | None:
+        _checked.at = time.monotonic()
+        value: datetime | None = super().get(scope)  # type: ignore[misc]
+        return value
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        value: datetime = super().extend(scope, until)  # type: ignore[misc]
+        STORE_WRITES.append(time.monotonic())
+        return value
+
+
+def make_store(store: tuple[str, str] | None) -> Any:
+    """A recording cooldown store from ``(kind, where)``: memory, sqlite (path) or redis
+    (URL). Each is a subclass of the package's store that only adds two clock reads."""
+    from retry_after_adapter import MemoryCooldownStore
+
+    if store is None or store[0] == "memory":
+
+        class Memory(_Recorder, MemoryCooldownStore):
+            pass
+
+        return Memory()
+    if store[0] == "sqlite":
+        from retry_after_adapter.cooldown import SQLiteCooldownStore
+
+        class SQLite(_Recorder, SQLiteCooldownStore):
+            pass
+
+        return SQLite(store[1])
+    if store[0] == "redis":
+        from retry_after_adapter.cooldown import RedisCooldownStore
+
+        class Redis(_Recorder, RedisCooldownStore):
+            pass
+
+        return Redis.from_url(store[1])
+    raise ValueError(f"unknown store {store!r}")
+
+
+STATUSES = (429, 502, 503, 504)
+TOTAL = 10
+
+
+def session_factory(
+    variant: str, deadline: float, store: tuple[str, str] | None, attempt_reserve: float
+) -> SessionFactory:
+    """Sessions for ``variant`` "stock" or "adapter"; adapters share one store per process.
+
+    ``deadline`` and ``attempt_reserve`` (seconds) are the adapter's; stock has neither.
+    """
+    from requests.adapters import HTTPAdapter
+    from urllib3.util.retry import Retry
+
+    from retry_after_adapter import RetryAfterAdapter, RetryAfterRetry
+
+    shared = make_store(store) if variant == "adapter" else None
+
+    def make() -> requests.Session:
+        session = requests.Session()
+        adapter: HTTPAdapter
+        if variant == "stock":
+            retry = Retry(
+                total=TOTAL, backoff_factor=0.5, status_forcelist=STATUSES, respect_retry_after_header=True
+            )
+            adapter = HTTPAdapter(max_retries=retry)
+        elif variant == "adapter":
+            policy = RetryAfterRetry(
+                total=TOTAL,
+                backoff_factor=0.5,
+                status_forcelist=STATUSES,
+                deadline=deadline,
+                attempt_reserve=attempt_reserve,
+            )
+            adapter = RetryAfterAdapter(max_retries=policy, cooldown=shared)
+        else:
+            raise ValueError(variant)
+        session.mount("http://", adapter)
+        return session
+
+    return make
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--serve":
+        with contextlib.suppress(KeyboardInterrupt):
+            _serve(int(sys.argv[2]), float(sys.argv[3]))
+    else:
+        print(__doc__)
+        sys.exit(2)

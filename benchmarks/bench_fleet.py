@@ -1,0 +1,453 @@
+"""A fleet of workers under one shared quota: stock urllib3 Retry vs RetryAfterAdapter.
+
+A throttling server on loopback (its own process) admits QUOTA requests per fixed
+window of WINDOW seconds and answers 429 with ``Retry-After`` = seconds to the window's
+reset, rounded up. Worker threads work through ITEMS items (one GET each); an item is
+done on a 200. Shapes:
+
+- (a) quota 50 per 5 s window, 200 items, deadline 3 s per call: every cooldown is longer
+  than a call may take, so the adapter defers and the item is re-queued for its
+  ``eligible_at``;
+- (b) quota 100 per 1 s window, 400 items, deadline 10 s per call: cooldowns fit the
+  deadline, so the adapter waits them out inside the call.
+
+Fleets (50 worker threads in all, each with its own Session):
+
+- stock: ``HTTPAdapter(max_retries=Retry(total=10, backoff_factor=0.5,
+  status_forcelist=(429, 502, 503, 504), respect_retry_after_header=True))``; urllib3
+  sleeps Retry-After inside the call. A call that still fails (retries exhausted) is
+  re-queued at once.
+- adapter: ``RetryAfterAdapter(max_retries=RetryAfterRetry(same, deadline=D,
+  attempt_reserve=0.2), cooldown=store)``; a deferred item is re-queued for its
+  ``eligible_at``.
+
+each as 50 threads in one process (the adapter with one in-memory store), and as 4
+processes (multiprocessing spawn, 13+13+12+12 threads, the items split evenly) sharing
+a SQLiteCooldownStore file, or a RedisCooldownStore on a redis-server this script starts
+on a free loopback port (skipped, with a message, when the binary or redis-py is
+missing). Stock shares nothing, so it has one multi-process row.
+
+Reported per run (see ``_fleet.analyse`` for the exact definitions): requests sent while
+an announced cooldown was running ("early"; a request whose send started before the 429
+was sent is "in flight" instead), calls that took longer than their deadline, 429s
+provoked beyond the in-flight ones (allowance: one per window with 429s per process),
+and wall time against the ideal (ceil(items / quota) - 1) x window. Targets for the
+adapter: early 0, overruns 0, 429s within the allowance, wall <= 1.05 x ideal. The table
+quotes medians over ``--reps`` repetitions with min-max.
+
+    python benchmarks/bench_fleet.py             # full: 3 repetitions, about 6 minutes
+    python benchmarks/bench_fleet.py --quick     # tiny shapes, about half a minute
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _common
+import _fleet
+
+SHAPES = {
+    "a": {"quota": 50, "window": 5.0, "items": 200, "deadline": 3.0},
+    "b": {"quota": 100, "window": 1.0, "items": 400, "deadline": 10.0},
+}
+QUICK_SHAPES = {
+    "a": {"quota": 10, "window": 1.0, "items": 20, "deadline": 0.5},
+    "b": {"quota": 20, "window": 1.0, "items": 40, "deadline": 3.0},
+}
+WALL_TARGET = 1.05
+FLEET_SCRIPT = Path(_fleet.__file__)
+
+
+def time_limit(shape: dict[str, Any]) -> float:
+    """Seconds a run may take before its workers stop (bounds every run)."""
+    ideal = (math.ceil(shape["items"] / shape["quota"]) - 1) * shape["window"]
+    return ideal + max(30.0, 3 * ideal)
+
+
+def throttle_server(shape: dict[str, Any]) -> _common.ServerProcess:
+    return _common.ServerProcess(FLEET_SCRIPT, "--serve", str(shape["quota"]), str(shape["window"]))
+
+
+def run_threads(shape: dict[str, Any], variant: str, threads: int, reserve: float) -> dict[str, Any]:
+    _fleet.install_send_stamp()
+    with throttle_server(shape) as server:
+        make = _fleet.session_factory(variant, shape["deadline"], ("memory", ""), reserve)
+        fleet = _fleet.Fleet(
+            make, server.url, list(range(shape["items"])), threads, str(os.getpid()), time_limit(shape)
+        )
+        fleet.prepare()
+        result = fleet.run(time.monotonic() + 0.05)
+        log = _fleet.fetch_log(server.url)["log"]
+    return _fleet.analyse(
+        log,
+        result["calls"],
+        result["store_writes"],
+        quota=shape["quota"],
+        window=shape["window"],
+        items=shape["items"],
+        processes=1,
+        deadline=shape["deadline"],
+        start_at=result["start_at"],
+        done_at=result["done_at"] if result["done"] == shape["items"] else None,
+    )
+
+
+def split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if n < total % parts else 0) for n in range(parts)]
+
+
+def run_processes(
+    shape: dict[str, Any],
+    variant: str,
+    store: tuple[str, str] | None,
+    processes: int,
+    threads: int,
+    reserve: float,
+) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    messages = ctx.Queue()
+    start = ctx.Event()
+    start_value = ctx.Value("d", 0.0)
+    items = list(range(shape["items"]))
+    limit = time_limit(shape)
+    with throttle_server(shape) as server:
+        procs = []
+        for n, count in enumerate(split(threads, processes)):
+            spec = {
+                "variant": variant,
+                "deadline": shape["deadline"],
+                "store": store,
+                "attempt_reserve": reserve,
+                "url": server.url,
+                "items": items[n::processes],
+                "threads": count,
+                "client": f"p{n}",
+                "time_limit": limit,
+            }
+            proc = ctx.Process(
+                target=_fleet.process_main, args=(spec, messages, start, start_value), daemon=True
+            )
+            proc.start()
+            procs.append(proc)
+        try:
+            ready = 0
+            while ready < processes:
+                message = messages.get(timeout=120)
+                if message[0] != "ready":
+                    raise RuntimeError(f"a fleet process failed: {message}")
+                ready += 1
+            start_value.value = time.monotonic() + 0.2
+            start.set()
+            results = []
+            while len(results) < processes:
+                message = messages.get(timeout=limit + 120)
+                if message[0] != "done":
+                    raise RuntimeError(f"a fleet process failed: {message}")
+                results.append(message[1])
+        finally:
+            for proc in procs:
+                proc.join(30)
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join(10)
+        log = _fleet.fetch_log(server.url)["log"]
+    calls = [c for r in results for c in r["calls"]]
+    writes = [w for r in results for w in r["store_writes"]]
+    complete = sum(r["done"] for r in results) == shape["items"]
+    done_at = max(r["done_at"] for r in results if r["done_at"] is not None) if complete else None
+    return _fleet.analyse(
+        log,
+        calls,
+        writes,
+        quota=shape["quota"],
+        window=shape["window"],
+        items=shape["items"],
+        processes=processes,
+        deadline=shape["deadline"],
+        start_at=start_value.value,
+        done_at=done_at,
+    )
+
+
+# -- a redis-server of our own ----------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """``redis-server`` on a free loopback port, without persistence; ``url`` to reach it."""
+
+    def __init__(self, binary: str, workdir: str) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        for _ in range(5):
+            self.port = _free_port()
+            self.proc = subprocess.Popen(
+                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                cwd=workdir,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL,
+            )
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                if _ping(self.port):
+                    self.url = f"redis://127.0.0.1:{self.port}/0"
+                    return
+                time.sleep(0.05)
+            self.stop()
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def redis_unavailable() -> str | None:
+    """Why the Redis runs are skipped, or None when they can run."""
+    if shutil.which("redis-server") is None:
+        return "no redis-server binary on PATH"
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        return "the redis package (redis-py) is not installed"
+    return None
+
+
+# -- the report -------------------------------------------------------------------------------
+
+NUMERIC = (
+    "wall_s",
+    "wall_over_ideal",
+    "early",
+    "early_after_store_knew",
+    "in_flight",
+    "429",
+    "429_beyond_in_flight",
+    "429_allowance",
+    "overran_deadline",
+    "max_overrun_s",
+    "requests",
+)
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in NUMERIC:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        out[key] = _common.summary(values) if values else None
+    return out
+
+
+def cell(s: dict[str, Any] | None, digits: int = 0) -> str:
+    if s is None:
+        return "-"
+    if s["min"] == s["max"]:
+        return _common.fmt(s["median"], digits) if digits else f"{s['median']:g}"
+    if digits:
+        return _common.fmt_summary(s, digits)
+    return f"{s['median']:g} [{s['min']:g}-{s['max']:g}]"
+
+
+def verdict(runs: list[dict[str, Any]]) -> dict[str, bool]:
+    return {
+        "early_zero": all(r["early"] == 0 for r in runs),
+        "no_overrun": all(r["overran_deadline"] == 0 for r in runs),
+        "429_within_allowance": all(r["429_within_target"] for r in runs),
+        "wall_within_1.05_ideal": all(
+            r["wall_over_ideal"] is not None and r["wall_over_ideal"] <= WALL_TARGET for r in runs
+        ),
+        "all_items_done": all(r["items_done"] == r["items"] for r in runs),
+    }
+
+
+def main() -> None:
+    p = _common.parser(__doc__ or "")
+    p.add_argument("--reps", type=int, help="repetitions (default 3; quick 1)")
+    p.add_argument("--threads", type=int, help="worker threads in all (default 50; quick 8)")
+    p.add_argument("--processes", type=int, help="processes for the shared-store runs (default 4; quick 2)")
+    p.add_argument("--shapes", default="a,b", help="comma-separated shapes to run (default a,b)")
+    p.add_argument("--modes", default="threads,sqlite,redis", help="threads, sqlite, redis (default all)")
+    p.add_argument(
+        "--attempt-reserve", type=float, default=0.2, help="the adapter's attempt_reserve in seconds (0.2)"
+    )
+    args = p.parse_args()
+    reps = args.reps or (1 if args.quick else 3)
+    threads = args.threads or (8 if args.quick else 50)
+    processes = args.processes or (2 if args.quick else 4)
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    wanted_shapes = [s for s in args.shapes.split(",") if s]
+    modes = [m for m in args.modes.split(",") if m]
+    reserve = args.attempt_reserve
+    load_at_start = _common.loadavg()
+
+    skipped: dict[str, str] = {}
+    redis_server: RedisServer | None = None
+    workdir = tempfile.mkdtemp(prefix="bench-fleet-")
+    if "redis" in modes:
+        why = redis_unavailable()
+        if why is None:
+            try:
+                redis_server = RedisServer(shutil.which("redis-server") or "redis-server", workdir)
+            except RuntimeError as exc:
+                why = str(exc)
+        if why is not None:
+            skipped["redis"] = why
+            print(f"skipping the Redis runs: {why}", flush=True)
+
+    fleets: list[tuple[str, str, Any]] = []  # (name, variant, how)
+    if "threads" in modes:
+        fleets += [
+            ("stock, 1 process", "stock", "threads"),
+            ("adapter, 1 process, memory", "adapter", "threads"),
+        ]
+    if "sqlite" in modes or "redis" in modes:
+        fleets.append((f"stock, {processes} processes", "stock", "processes"))
+    if "sqlite" in modes:
+        fleets.append((f"adapter, {processes} processes, SQLite", "adapter", "sqlite"))
+    if redis_server is not None:
+        fleets.append((f"adapter, {processes} processes, Redis", "adapter", "redis"))
+
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    try:
+        for shape_name in wanted_shapes:
+            shape = shapes[shape_name]
+            runs[shape_name] = {name: [] for name, _v, _h in fleets}
+            for rep in range(reps):
+                for n, (name, variant, how) in enumerate(fleets):
+                    if how == "threads":
+                        result = run_threads(shape, variant, threads, reserve)
+                    elif how == "processes":
+                        result = run_processes(shape, variant, None, processes, threads, reserve)
+                    elif how == "sqlite":
+                        path = os.path.join(workdir, f"cooldown-{shape_name}-{rep}-{n}.db")
+                        result = run_processes(shape, variant, ("sqlite", path), processes, threads, reserve)
+                    else:
+                        assert redis_server is not None
+                        result = run_processes(
+                            shape, variant, ("redis", redis_server.url), processes, threads, reserve
+                        )
+                    runs[shape_name][name].append(result)
+                    print(
+                        f"shape {shape_name} rep {rep + 1}/{reps} {name}: wall {result['wall_s']} s, "
+                        f"early {result['early']}, in flight {result['in_flight']}, 429 {result['429']}, "
+                        f"overran {result['overran_deadline']}",
+                        flush=True,
+                    )
+    finally:
+        if redis_server is not None:
+            redis_server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    report: dict[str, Any] = {}
+    rows = []
+    for shape_name, by_fleet in runs.items():
+        shape = shapes[shape_name]
+        stock_threads = by_fleet.get("stock, 1 process")
+        stock_procs = by_fleet.get(f"stock, {processes} processes")
+        report[shape_name] = {"shape": shape, "fleets": {}}
+        for name, results in by_fleet.items():
+            entry: dict[str, Any] = {"runs": results, "summary": summarise(results)}
+            baseline = stock_threads if "1 process" in name else stock_procs
+            if name.startswith("adapter") and baseline:
+                walls = [(r["wall_s"], b["wall_s"]) for r, b in zip(results, baseline, strict=True)]
+                entry["wall_vs_stock"] = _common.summary([a / b for a, b in walls if a and b])
+                entry["targets_met"] = verdict(results)
+            report[shape_name]["fleets"][name] = entry
+            s = entry["summary"]
+            early = cell(s["early"])
+            if s["early_after_store_knew"] is not None:
+                early += f" ({cell(s['early_after_store_knew'])} after store knew)"
+            rows.append(
+                [
+                    shape_name,
+                    name,
+                    cell(s["wall_s"], 2),
+                    cell(s["wall_over_ideal"], 3),
+                    _common.fmt_summary(entry["wall_vs_stock"], 3) if "wall_vs_stock" in entry else "-",
+                    early,
+                    cell(s["in_flight"]),
+                    f"{cell(s['429'])} / {cell(s['429_beyond_in_flight'])} / {cell(s['429_allowance'])}",
+                    f"{cell(s['overran_deadline'])} (max {cell(s['max_overrun_s'], 2)} s)",
+                    cell(s["requests"]),
+                ]
+            )
+    shape_text = "; ".join(
+        f"({k}) quota {v['quota']}/{v['window']:g} s, {v['items']} items, deadline {v['deadline']:g} s, "
+        f"ideal {(math.ceil(v['items'] / v['quota']) - 1) * v['window']:g} s"
+        for k, v in shapes.items()
+        if k in runs
+    )
+    tables = [
+        _common.table(
+            f"Fleet under a shared quota, {threads} threads, {reps} repetition(s), "
+            f"median [min-max]. {shape_text}",
+            [
+                "shape",
+                "fleet",
+                "wall s",
+                "wall / ideal",
+                "wall vs stock",
+                "early",
+                "in flight",
+                "429s: all / beyond in-flight / allowance",
+                "calls over deadline",
+                "requests",
+            ],
+            rows,
+        )
+    ]
+    for shape_name, shape_report in report.items():
+        for name, entry in shape_report["fleets"].items():
+            if "targets_met" in entry:
+                missed = [k for k, ok in entry["targets_met"].items() if not ok]
+                tables.append(
+                    f"shape {shape_name}, {name}: "
+                    + ("all targets met" if not missed else "MISSED " + ", ".join(missed))
+                )
+    tables.append("")
+    payload = {
+        "settings": {
+            "reps": reps,
+            "threads": threads,
+            "processes": processes,
+            "attempt_reserve": reserve,
+            "retry_total": _fleet.TOTAL,
+            "quick": args.quick,
+            "wall_target": WALL_TARGET,
+        },
+        "loadavg_at_start": load_at_start,
+        "skipped": skipped,
+        "shapes": report,
+    }
+    _common.finish("fleet", payload, tables, args.out)
+
+
+if __name__ == "__main__":
+    main()

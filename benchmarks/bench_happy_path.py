@@ -1,0 +1,288 @@
+"""Happy-path overhead: RetryAfterAdapter vs requests' HTTPAdapter with a stock urllib3 Retry.
+
+Every request is a GET answered ``200 ok`` by a keep-alive server on loopback that runs
+in its own process (asyncio, so its CPU does not compete for the client's GIL). Both
+sessions have equivalent settings:
+
+- stock:   ``HTTPAdapter(max_retries=Retry(total=5, backoff_factor=0.5,
+  status_forcelist=(429, 502, 503, 504)))`` (Retry-After respected, urllib3's default)
+- adapter: ``RetryAfterAdapter(max_retries=RetryAfterRetry(total=5, backoff_factor=0.5,
+  deadline=30))`` with the default (process-wide, in-memory) cooldown store
+
+Two diagnostic variants isolate parts of the adapter's per-call work: ``adapter, no
+deadline`` (no per-attempt timeout clamping) and ``adapter, no store`` (``cooldown=None``:
+no cooldown lookup before sending).
+
+Method: ``--rounds`` rounds; in each, every variant sends one block of ``--block``
+requests, in an order rotated every round (so no variant always runs first or last).
+The time of a block divided by the stock block of the same round is that round's
+ratio; the table quotes the median ratio over rounds with its min-max, and the
+per-request time (microseconds) the same way. Target: adapter median ratio <= 1.03.
+
+A component breakdown (timeit, microseconds per operation) times each piece of work
+the adapter adds to a call, and ``--profile`` adds a cProfile of both sessions listing
+the package's functions.
+
+    python benchmarks/bench_happy_path.py              # full: 20 rounds x 500 requests
+    python benchmarks/bench_happy_path.py --quick      # a few seconds
+    python benchmarks/bench_happy_path.py --profile    # adds the cProfile listing
+"""
+
+from __future__ import annotations
+
+import cProfile
+import gc
+import pstats
+import time
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+import _common
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+from urllib3.util.timeout import Timeout
+
+from retry_after_adapter import MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry
+from retry_after_adapter._call import CURRENT
+from retry_after_adapter._compat import BudgetTimeout, as_timeout
+from retry_after_adapter.adapter import DEFAULT_STORE
+
+STATUSES = (429, 502, 503, 504)
+TIMEOUT = 10.0
+TARGET = 1.03
+
+
+def stock_session() -> requests.Session:
+    session = requests.Session()
+    retry = Retry(total=5, backoff_factor=0.5, status_forcelist=STATUSES, respect_retry_after_header=True)
+    session.mount("http://", HTTPAdapter(max_retries=retry))
+    return session
+
+
+def adapter_session(*, deadline: float | None = 30.0, store: bool = True) -> requests.Session:
+    session = requests.Session()
+    retry = RetryAfterRetry(total=5, backoff_factor=0.5, status_forcelist=STATUSES, deadline=deadline)
+    if store:
+        adapter = RetryAfterAdapter(max_retries=retry)  # the default cooldown store
+    else:
+        adapter = RetryAfterAdapter(max_retries=retry, cooldown=None)
+    session.mount("http://", adapter)
+    return session
+
+
+VARIANTS: dict[str, Callable[[], requests.Session]] = {
+    "stock": stock_session,
+    "adapter": adapter_session,
+    "adapter, no deadline": lambda: adapter_session(deadline=None),
+    "adapter, no store": lambda: adapter_session(store=False),
+}
+
+
+def run_block(session: requests.Session, url: str, n: int) -> tuple[float, float]:
+    """Wall and CPU seconds (this process) for ``n`` sequential GETs, bodies read."""
+    get = session.get
+    cpu = time.process_time()
+    start = time.perf_counter()
+    for _ in range(n):
+        response = get(url, timeout=TIMEOUT)
+        if response.status_code != 200:
+            raise RuntimeError(f"unexpected status {response.status_code}")
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+def measure(url: str, rounds: int, block: int, warmup: int) -> dict[str, Any]:
+    sessions = {name: make() for name, make in VARIANTS.items()}
+    names = list(sessions)
+    for name in names:
+        run_block(sessions[name], url, warmup)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            gc.collect()
+            wall, used = run_block(sessions[name], url, block)
+            times[name].append(wall)
+            cpu[name].append(used)
+    for session in sessions.values():
+        session.close()
+    result: dict[str, Any] = {}
+    for name in names:
+        result[name] = {
+            "us_per_request": _common.summary([t / block * 1e6 for t in times[name]]),
+            "ratio_vs_stock": _common.summary(_common.ratios(times[name], times["stock"])),
+            "cpu_us_per_request": _common.summary([t / block * 1e6 for t in cpu[name]]),
+            "cpu_ratio_vs_stock": _common.summary(_common.ratios(cpu[name], cpu["stock"])),
+            "block_seconds": times[name],
+            "block_cpu_seconds": cpu[name],
+        }
+    return result
+
+
+# -- the component breakdown -------------------------------------------------------------
+
+
+def breakdown(url: str, number: int, repeat: int) -> dict[str, dict[str, float | int]]:
+    """Microseconds per operation for each piece of work the adapter adds to a call."""
+    session = adapter_session()
+    adapter = session.get_adapter(url)
+    assert isinstance(adapter, RetryAfterAdapter)
+    request = requests.Request("GET", url + "/").prepare()
+    retry = adapter.max_retries
+    scope = adapter.scope_for(request)
+    store = adapter._store
+    call = retry.call_state(scope=scope, store=store, adapter_mode=True, on_decision=adapter.on_decision)
+    response = session.get(url, timeout=TIMEOUT)
+    base_timeout = as_timeout(TIMEOUT)
+    empty_store = MemoryCooldownStore()
+
+    def set_reset() -> None:
+        CURRENT.reset(CURRENT.set(call))
+
+    def deferral_attrs() -> None:
+        response.deferral = None  # type: ignore[attr-defined]
+        response.stop_reason = None  # type: ignore[attr-defined]
+
+    ops: dict[str, Callable[[], object]] = {
+        "scope_for (origin scope)": lambda: adapter.scope_for(request),
+        "retry.call_state (CallState construction)": lambda: retry.call_state(
+            scope=scope, store=store, adapter_mode=True, on_decision=adapter.on_decision
+        ),
+        "store.get (default memory store)": lambda: DEFAULT_STORE.get(scope),
+        "store.get (empty memory store)": lambda: empty_store.get(scope),
+        "call.cooldown_left (store.get + clock.now)": call.cooldown_left,
+        "adapter._admit (wait_out: no cooldown)": lambda: adapter._admit(call),
+        "as_timeout + BudgetTimeout(...)": lambda: BudgetTimeout(as_timeout(TIMEOUT), call.remaining),
+        "BudgetTimeout.clone (per attempt)": BudgetTimeout(base_timeout, call.remaining).clone,
+        "stock: Timeout(...) (requests builds it)": lambda: Timeout(connect=TIMEOUT, read=TIMEOUT),
+        "stock: Timeout.clone (per attempt)": base_timeout.clone,
+        "CURRENT.set + CURRENT.reset (contextvar)": set_reset,
+        "response.deferral/.stop_reason set": deferral_attrs,
+        "adapter._record_final (200)": lambda: adapter._record_final(call, response),
+    }
+    out: dict[str, dict[str, float | int]] = {}
+    for name, op in ops.items():
+        samples = timeit.repeat(op, number=number, repeat=repeat)
+        out[name] = _common.summary([s / number * 1e6 for s in samples])
+    session.close()
+    return out
+
+
+def profile(url: str, n: int) -> dict[str, Any]:
+    """cProfile of ``n`` GETs per session: the package's functions, and the totals."""
+    out: dict[str, Any] = {}
+    for name, make in (("stock", stock_session), ("adapter", adapter_session)):
+        session = make()
+        run_block(session, url, 200)
+        prof = cProfile.Profile()
+        prof.enable()
+        run_block(session, url, n)
+        prof.disable()
+        session.close()
+        stats = pstats.Stats(prof)
+        rows = []
+        for (path, line, func), (_cc, calls, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+            if "retry_after_adapter" in path:
+                short = path.split("retry_after_adapter", 1)[1].lstrip("/")
+                rows.append(
+                    {
+                        "function": f"{short}:{line}({func})",
+                        "calls_per_request": calls / n,
+                        "tottime_us_per_request": tottime / n * 1e6,
+                        "cumtime_us_per_request": cumtime / n * 1e6,
+                    }
+                )
+        rows.sort(key=lambda r: -r["tottime_us_per_request"])
+        out[name] = {
+            "total_us_per_request": stats.total_tt / n * 1e6,  # type: ignore[attr-defined]
+            "package_functions": rows,
+        }
+    return out
+
+
+def main() -> None:
+    p = _common.parser(__doc__ or "")
+    p.add_argument("--rounds", type=int, help="rounds (default 20; quick 4)")
+    p.add_argument("--block", type=int, help="requests per block (default 500; quick 100)")
+    p.add_argument("--profile", action="store_true", help="add a cProfile listing of both sessions")
+    args = p.parse_args()
+    rounds = args.rounds or (4 if args.quick else 20)
+    block = args.block or (100 if args.quick else 500)
+    warmup = 50 if args.quick else 500
+
+    load_at_start = _common.loadavg()
+    with _common.ok_server() as server:
+        url = server.url + "/"
+        results = measure(url, rounds, block, warmup)
+        parts = breakdown(url, number=2000 if args.quick else 20000, repeat=3 if args.quick else 7)
+        prof = profile(url, 500 if args.quick else 5000) if args.profile else None
+
+    stock_us = results["stock"]["us_per_request"]["median"]
+    adapter_ratio = results["adapter"]["ratio_vs_stock"]["median"]
+    rows = []
+    for name, r in results.items():
+        extra_us = r["us_per_request"]["median"] - stock_us
+        rows.append(
+            [
+                name,
+                _common.fmt_summary(r["us_per_request"], 1),
+                _common.fmt_summary(r["ratio_vs_stock"], 3),
+                "" if name == "stock" else f"{extra_us:+.1f}",
+                _common.fmt_summary(r["cpu_ratio_vs_stock"], 3),
+            ]
+        )
+    tables = [
+        _common.table(
+            f"Happy path: {rounds} rounds x {block} GETs per variant (median [min-max])",
+            ["variant", "us per request (wall)", "ratio vs stock", "extra us (medians)", "CPU-time ratio"],
+            rows,
+        ),
+        _common.table(
+            "Work the adapter adds per call (timeit, us per operation, median [min-max])",
+            ["operation", "us"],
+            [[name, _common.fmt_summary(s, 3)] for name, s in parts.items()],
+        ),
+    ]
+    if prof is not None:
+        for name in ("stock", "adapter"):
+            tables.append(
+                _common.table(
+                    f"cProfile, {name}: {prof[name]['total_us_per_request']:.1f} us per request in all; "
+                    "package functions (us per request)",
+                    ["function", "calls", "tottime", "cumtime"],
+                    [
+                        [
+                            r["function"],
+                            f"{r['calls_per_request']:.2f}",
+                            f"{r['tottime_us_per_request']:.2f}",
+                            f"{r['cumtime_us_per_request']:.2f}",
+                        ]
+                        for r in prof[name]["package_functions"][:25]
+                    ],
+                )
+            )
+    verdict = "meets" if adapter_ratio <= TARGET else "MISSES"
+    tables.append(f"adapter median ratio {adapter_ratio:.3f}: {verdict} the target <= {TARGET}\n")
+    payload = {
+        "settings": {
+            "rounds": rounds,
+            "block": block,
+            "warmup": warmup,
+            "timeout": TIMEOUT,
+            "quick": args.quick,
+        },
+        "loadavg_at_start": load_at_start,
+        "target_ratio": TARGET,
+        "adapter_ratio_median": adapter_ratio,
+        "meets_target": adapter_ratio <= TARGET,
+        "variants": results,
+        "breakdown_us": parts,
+        "profile": prof,
+    }
+    _common.finish("happy_path", payload, tables, args.out)
+
+
+if __name__ == "__main__":
+    main()

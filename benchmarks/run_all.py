@@ -1,0 +1,110 @@
+"""Run every benchmark, one after the other, each in its own interpreter.
+
+Each benchmark prints its table(s) and JSON and writes ``<out>/<name>.json``; this
+script passes ``--quick`` and ``--out`` through, then prints a one-line summary per
+benchmark. A benchmark script that is not there is skipped with a message. Exits
+non-zero when any benchmark fails.
+
+    python benchmarks/run_all.py                 # everything, full size
+    python benchmarks/run_all.py --quick         # a smoke run of each
+    python benchmarks/run_all.py --only parse,memory
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import _common
+
+#: name -> (script, JSON file it writes)
+BENCHMARKS = {
+    "happy_path": ("bench_happy_path.py", "happy_path.json"),
+    "parse": ("bench_parse.py", "parse.json"),
+    "fleet": ("bench_fleet.py", "fleet.json"),
+    "memory": ("bench_memory.py", "memory.json"),
+    "stores": ("bench_stores.py", "stores.json"),
+}
+
+
+def headline(name: str, doc: dict[str, Any]) -> str:
+    """One line with the figures that matter most for ``name``."""
+    if name == "happy_path":
+        r = doc["variants"]["adapter"]["ratio_vs_stock"]
+        return f"adapter / stock per request: {_common.fmt_summary(r)} (target <= {doc['target_ratio']})"
+    if name == "parse":
+        parts = []
+        for case, r in doc["cases"].items():
+            if "target_ratio" in r:
+                parts.append(f"{case}: {_common.fmt_summary(r['ratio'])} (target <= {r['target_ratio']})")
+        return "; ".join(parts)
+    if name == "fleet":
+        parts = []
+        for shape, report in doc["shapes"].items():
+            for fleet, entry in report["fleets"].items():
+                if "targets_met" in entry:
+                    missed = [k for k, ok in entry["targets_met"].items() if not ok]
+                    parts.append(
+                        f"({shape}) {fleet}: "
+                        + ("targets met" if not missed else "missed " + ", ".join(missed))
+                    )
+        return "; ".join(parts)
+    if name == "memory":
+        return "; ".join(
+            f"{v}: {_common.fmt_summary(e['growth_kib_per_10k_calls'], 1)} KiB per 10k calls"
+            for v, e in doc["variants"].items()
+        )
+    return "done"
+
+
+def main() -> None:
+    p = _common.parser(__doc__ or "")
+    p.add_argument("--only", help="comma-separated names: " + ", ".join(BENCHMARKS))
+    args = p.parse_args()
+    names = list(BENCHMARKS) if not args.only else [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        p.error(f"unknown benchmark(s): {', '.join(unknown)}")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary: list[tuple[str, str, str]] = []
+    failed = False
+    for name in names:
+        script, result_file = BENCHMARKS[name]
+        path = _common.BENCH_DIR / script
+        if not path.exists():
+            print(f"== {name}: skipped ({script} is not there)", flush=True)
+            summary.append((name, "skipped", f"{script} is not there"))
+            continue
+        command = [sys.executable, str(path)]
+        if args.quick:
+            command.append("--quick")
+        # bench_stores.py names its output file; the others take a directory.
+        command += ["--json", str(args.out / result_file)] if name == "stores" else ["--out", str(args.out)]
+        print(f"== {name}: {' '.join(command[1:])}", flush=True)
+        started = time.monotonic()
+        rc = subprocess.run(command, check=False).returncode
+        took = time.monotonic() - started
+        if rc != 0:
+            failed = True
+            summary.append((name, f"FAILED (exit {rc})", f"{took:.0f} s"))
+            continue
+        result = args.out / result_file
+        try:
+            doc = json.loads(Path(result).read_text(encoding="utf-8"))
+            line = headline(name, doc)
+        except (OSError, ValueError, KeyError) as exc:
+            line = f"(no summary: {type(exc).__name__})"
+        summary.append((name, f"ok in {took:.0f} s", line))
+
+    print()
+    print(_common.table("Summary", ["benchmark", "status", "headline"], summary))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

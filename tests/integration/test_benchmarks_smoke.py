@@ -1,0 +1,251 @@
+"""The benchmarks' harness works: each runs with ``--quick`` as a subprocess, exits 0,
+prints its JSON after the marker line and writes the same JSON with the expected keys.
+
+These check the harness (it runs, measures what it says, reports consistently), never
+speed: no assertion depends on how fast anything is. The fleet analysis that classifies
+early and in-flight requests is also checked on hand-made server logs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+MARKER = "--- JSON ---"
+MACHINE_KEYS = {"date", "cores", "cpu", "python", "urllib3", "requests", "commit"}
+
+
+def run_quick(script: str, out: Path, *extra: str, timeout: float = 600) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick", "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=BENCH.parent,
+    )
+    assert proc.returncode == 0, (
+        f"{script} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    )
+    assert MARKER in proc.stdout, proc.stdout[-2000:]
+    tables, printed = proc.stdout.split(MARKER, 1)
+    assert "| " in tables  # a table was printed before the JSON
+    doc = json.loads(printed)
+    files = list(out.glob("*.json"))
+    assert len(files) == 1, files
+    assert json.loads(files[0].read_text(encoding="utf-8")) == doc
+    assert MACHINE_KEYS <= set(doc["machine"])
+    assert doc["machine"]["cores"] >= 1
+    return doc
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def check_summary(s: dict[str, Any], n: int | None = None) -> None:
+    assert set(s) == {"median", "min", "max", "n"}
+    assert finite(s["median"]) and s["min"] <= s["median"] <= s["max"]
+    if n is not None:
+        assert s["n"] == n
+
+
+@pytest.mark.slow
+def test_happy_path_quick(tmp_path: Path) -> None:
+    doc = run_quick("bench_happy_path.py", tmp_path, "--rounds", "2", "--block", "20")
+    assert doc["benchmark"] == "happy_path"
+    variants = doc["variants"]
+    assert {"stock", "adapter", "adapter, no deadline", "adapter, no store"} <= set(variants)
+    for r in variants.values():
+        check_summary(r["us_per_request"], 2)
+        check_summary(r["ratio_vs_stock"], 2)
+        assert len(r["block_seconds"]) == 2 and all(t > 0 for t in r["block_seconds"])
+    # Each round's stock block divided by itself: exactly 1.
+    assert variants["stock"]["ratio_vs_stock"]["median"] == 1.0
+    assert doc["adapter_ratio_median"] == variants["adapter"]["ratio_vs_stock"]["median"]
+    assert doc["meets_target"] is (doc["adapter_ratio_median"] <= doc["target_ratio"])
+    assert doc["breakdown_us"], "the component breakdown is missing"
+    for s in doc["breakdown_us"].values():
+        check_summary(s)
+
+
+@pytest.mark.slow
+def test_parse_quick(tmp_path: Path) -> None:
+    doc = run_quick("bench_parse.py", tmp_path, "--repeat", "3")
+    cases = doc["cases"]
+    assert cases['seconds "120"']["target_ratio"] == 1.0
+    assert cases["IMF-fixdate"]["target_ratio"] == 0.5
+    for r in cases.values():
+        check_summary(r["ours_us"], 3)
+        check_summary(r["stock_us"], 3)
+        check_summary(r["ratio"], 3)
+        assert r["number"] >= 1
+        if "target_ratio" in r:
+            assert r["meets_target"] is (r["ratio"]["median"] <= r["target_ratio"])
+
+
+@pytest.mark.slow
+def test_fleet_quick(tmp_path: Path) -> None:
+    doc = run_quick("bench_fleet.py", tmp_path)
+    assert set(doc["shapes"]) == {"a", "b"}
+    for shape_name, report in doc["shapes"].items():
+        fleets = report["fleets"]
+        assert "stock, 1 process" in fleets and "adapter, 1 process, memory" in fleets
+        assert any("SQLite" in name for name in fleets)
+        if "redis" not in doc["skipped"]:
+            assert any("Redis" in name for name in fleets)
+        for name, entry in fleets.items():
+            for run in entry["runs"]:
+                # Every item got exactly one 200, as the server counted it.
+                assert run["items_done"] == run["items"] == report["shape"]["items"], (name, run)
+                assert run["ok"] == run["items"], (name, run)
+                assert run["requests"] == run["ok"] + run["429"]
+                assert run["unstamped"] == 0
+                assert run["early"] + run["in_flight"] <= run["requests"]
+                assert run["429_in_flight"] + run["429_early"] <= run["429"]
+                assert finite(run["wall_s"]) and run["wall_s"] > 0
+                assert (
+                    run["ideal_s"]
+                    == (math.ceil(run["items"] / report["shape"]["quota"]) - 1) * report["shape"]["window"]
+                )
+                if name.startswith("stock"):
+                    assert run["early_after_store_knew"] is None
+                else:
+                    assert run["early_after_store_knew"] is not None
+            if name.startswith("adapter"):
+                assert set(entry["targets_met"]) >= {"early_zero", "no_overrun", "429_within_allowance"}
+        # Stock sleeps a 1 s Retry-After inside a call whose deadline is 0.5 s.
+        if shape_name == "a":
+            assert all(run["overran_deadline"] >= 1 for run in fleets["stock, 1 process"]["runs"])
+
+
+@pytest.mark.slow
+def test_memory_quick(tmp_path: Path) -> None:
+    # --quick makes 5,000 calls; fewer keep this harness check short.
+    doc = run_quick("bench_memory.py", tmp_path, "--calls", "1000")
+    assert doc["settings"]["samples"] == [100, 500, 1000]
+    for variant in ("stock", "adapter"):
+        entry = doc["variants"][variant]
+        assert set(entry["rss_kib"]) == {"0", "100", "500", "1000"}
+        for s in entry["rss_kib"].values():
+            check_summary(s, 1)
+            assert s["median"] > 1000  # KiB: a Python process with requests loaded
+        check_summary(entry["growth_kib_per_10k_calls"], 1)
+        run = entry["runs"][0]
+        expected = (run["rss_kib"]["1000"] - run["rss_kib"]["100"]) / 900 * 10_000
+        assert run["growth_kib_per_10k_calls"] == pytest.approx(expected)
+
+
+@pytest.mark.slow
+def test_run_all_runs_the_named_benchmarks(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "run_all.py"), "--quick", "--only", "parse", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [p.name for p in tmp_path.glob("*.json")] == ["parse.json"]
+    assert "| parse " in proc.stdout and "ok in" in proc.stdout
+
+
+def test_run_all_rejects_an_unknown_benchmark(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "run_all.py"), "--only", "nonsense", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "unknown benchmark" in proc.stderr
+    assert not list(tmp_path.glob("*.json"))
+
+
+# -- the fleet analysis on hand-made logs --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fleet_module() -> Any:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _fleet
+    finally:
+        sys.path.remove(str(BENCH))
+    return _fleet
+
+
+def entry(
+    sent: float, arrival: float, status: int = 200, ra: int = 0, checked: float | None = None
+) -> dict[str, Any]:
+    return {
+        "sent_at": sent,
+        "checked_at": checked,
+        "arrival": arrival,
+        "reply_at": arrival + 0.0001,
+        "status": status,
+        "retry_after": ra,
+        "client": "c",
+        "item": 0,
+        "window": 0 if arrival < 1.0 else 1,
+    }
+
+
+def test_analyse_tells_early_from_in_flight(fleet_module: Any) -> None:
+    log = [
+        entry(0.00, 0.01),  # admitted
+        entry(0.02, 0.03, 429, 1, checked=0.019),  # the announcing 429, replied at 0.0301
+        entry(0.025, 0.035, 429, 1, checked=0.024),  # sent before the 429: in flight
+        entry(0.04, 0.05, 429, 1, checked=0.031),  # sent after, admitted before the store knew
+        entry(0.06, 0.07, 429, 1, checked=0.055),  # sent after, admitted after the store knew
+        entry(1.10, 1.11, checked=1.09),  # after the cooldown (0.0301 + 1): fine
+    ]
+    out = fleet_module.analyse(
+        log,
+        calls=[
+            {"start": 0.0, "end": 0.5, "outcome": "deferred"},
+            {"start": 0.0, "end": 1.2, "outcome": "ok"},
+        ],
+        store_writes=[0.05],
+        quota=1,
+        window=1.0,
+        items=2,
+        processes=1,
+        deadline=1.0,
+        start_at=0.0,
+        done_at=1.2,
+    )
+    assert out["429"] == 4
+    assert out["in_flight"] == 1 and out["429_in_flight"] == 1
+    assert out["early"] == 2 and out["429_early"] == 2
+    assert out["early_after_store_knew"] == 1
+    assert out["early_before_store_knew"] == 1
+    assert out["429_beyond_in_flight"] == 3
+    assert out["429_allowance"] == 1 and out["429_within_target"] is False
+    assert out["overran_deadline"] == 1 and out["max_overrun_s"] == pytest.approx(0.2)
+    assert out["ideal_s"] == 1.0 and out["wall_s"] == pytest.approx(1.2)
+
+
+def test_analyse_without_a_store_reports_none_for_the_store_split(fleet_module: Any) -> None:
+    log = [entry(0.0, 0.01), entry(0.02, 0.03, 429, 1), entry(0.05, 0.06, 429, 1)]
+    out = fleet_module.analyse(
+        log,
+        calls=[],
+        store_writes=[],
+        quota=1,
+        window=1.0,
+        items=1,
+        processes=1,
+        deadline=1.0,
+        start_at=0.0,
+        done_at=None,
+    )
+    assert out["early"] == 1 and out["in_flight"] == 0
+    assert out["early_after_store_knew"] is None and out["early_before_store_knew"] is None
+    assert out["wall_s"] is None and out["wall_over_ideal"] is None
+    assert out["429_within_target"] is False  # 2 beyond in-flight, allowance 1
