@@ -616,10 +616,11 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             deadline=args.deadline,
             max_wait=args.max_wait,
         )
-        consequence = (
-            "the adapter would stop (on_invalid='stop': no retry, the response is returned with "
-            "stop_reason 'invalid_retry_after') or use local backoff (on_invalid='backoff': "
-            f"{_describe_action(fallback.action, fallback.reason, fallback.wait)})"
+        consequence = "the adapter would stop (on_invalid='stop') or use local backoff (on_invalid='backoff')"
+        details = (
+            "stop: no retry, the response is returned with stop_reason 'invalid_retry_after'; "
+            f"backoff: {_describe_action(fallback.action, fallback.reason, fallback.wait)} "
+            f"(local backoff {_secs(args.backoff)})"
         )
         if args.json:
             _print_json(
@@ -637,12 +638,14 @@ def _cmd_explain(args: argparse.Namespace) -> int:
                         "backoff": _decision_dict(fallback, received_at),
                     },
                     "consequence": consequence,
+                    "details": details,
                 }
             )
         else:
             print(f"Retry-After: {_show(value)}")
             print(f"  invalid       {exc.reason}: {_REASONS.get(exc.reason, str(exc))}")
             print(f"  consequence   {consequence}")
+            print(f"                {details}")
         return EX_FAILED
 
     decision = decide(

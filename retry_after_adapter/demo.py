@@ -551,9 +551,7 @@ def run_fleet(
     )
 
 
-def run_demo(
-    config: DemoConfig, *, progress: Callable[[str], None] | None = None
-) -> dict[str, FleetResult]:
+def run_demo(config: DemoConfig, *, progress: Callable[[str], None] | None = None) -> dict[str, FleetResult]:
     """Run the stock fleet, then the adapter fleet; results by kind."""
     return {kind: run_fleet(kind, config, progress=progress) for kind in KINDS}
 
@@ -573,7 +571,7 @@ def describe(config: DemoConfig) -> str:
         f"first with stock requests + urllib3 Retry (each worker sleeps for the Retry-After "
         f"it got itself), then with RetryAfterAdapter (one cooldown store shared by all "
         f"workers; a {config.deadline:g} s deadline per call, a call whose wait would not "
-        f"fit is deferred and its item queued again for its eligible time). \"Early\" "
+        f'fit is deferred and its item queued again for its eligible time). "Early" '
         f"counts requests that reached the server while a cooldown it had announced in a "
         f"429 was still running (requests already in flight within "
         f"{IN_FLIGHT_ALLOWANCE:g} s of the 429 are not counted)."
@@ -618,14 +616,11 @@ def format_report(results: dict[str, FleetResult], config: DemoConfig) -> str:
     hit = [LABELS[k] for k, r in results.items() if r.time_limit_hit]
     if hit:
         parts.append(
-            _wrap(
-                f"Note: {' and '.join(hit)} stopped at the {config.limit:g} s time limit with "
-                "items left."
-            )
+            _wrap(f"Note: {' and '.join(hit)} stopped at the {config.limit:g} s time limit with items left.")
         )
     parts.append(
         _wrap(
-            "Look at \"requests sent early\" and \"429s provoked\": stock workers keep "
+            'Look at "requests sent early" and "429s provoked": stock workers keep '
             "sending into a cooldown another worker was already told about, while the "
             "adapter's workers share it and send nothing early; and at the deadline row: "
             "the adapter defers instead of letting a call run over."

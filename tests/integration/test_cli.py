@@ -1,0 +1,324 @@
+"""The command line, run as a real process (``python -m retry_after_adapter``) against a
+real loopback server: exit codes, stdout/stderr split, JSON shapes, no secret leaks.
+
+The child processes use the real clock, so every scripted wait here is a deferral
+(returned at once) or at most one second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from retry_after_adapter import Deferral
+
+from .throttle_server import Reply, ThrottleServer, format_http_date
+
+SECRET = "s3cr3t-t0ken-value"
+QUERY_SECRET = "q-secret-4242"
+
+
+def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")
+    return subprocess.run(
+        [sys.executable, "-m", "retry_after_adapter", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- get
+def test_get_prints_the_body_and_exits_0(real_server: ThrottleServer) -> None:
+    real_server.serve([Reply(200, body=b"hello\n")])
+    result = run("get", real_server.url + "/ok")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "hello\n"
+    assert result.stderr == ""
+    assert real_server.count("GET") == 1
+
+
+def test_get_waits_a_retry_after_that_fits(real_server: ThrottleServer) -> None:
+    real_server.serve([Reply(429, {"Retry-After": "1"}, b"slow"), Reply(200, body=b"done")])
+    result = run("get", real_server.url + "/r", "--deadline", "5", "--max-wait", "2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "done"
+    seen = real_server.seen
+    assert len(seen) == 2
+    assert (seen[1].at - seen[0].at).total_seconds() >= 1.0
+
+
+def test_get_defers_with_json_and_exit_75(real_server: ThrottleServer) -> None:
+    real_server.serve([Reply(429, {"Retry-After": "120"}, b"quota"), Reply(200)])
+    before = datetime.now(timezone.utc)
+    result = run("get", real_server.url + "/later", "--max-wait", "5")
+    assert result.returncode == 75, result.stderr
+    data = json.loads(result.stdout)
+    deferral = Deferral.from_dict(data)
+    assert deferral.to_dict() == data
+    assert deferral.reason == "max_wait"
+    assert deferral.delay == 120.0
+    assert deferral.status == 429 and deferral.retry_after == "120"
+    assert deferral.attempts == 1
+    assert before + timedelta(seconds=119) < deferral.eligible_at < before + timedelta(seconds=125)
+    assert "deferred (max_wait)" in one_line(result.stderr)
+    assert real_server.count() == 1
+
+
+def test_get_deadline_defers_instead_of_waiting(real_server: ThrottleServer) -> None:
+    real_server.serve([Reply(503, {"Retry-After": "30"}), Reply(200)])
+    result = run("get", real_server.url + "/d", "--deadline", "10", "--max-wait", "none")
+    assert result.returncode == 75
+    assert Deferral.from_dict(json.loads(result.stdout)).reason == "deadline"
+    assert real_server.count() == 1
+
+
+def test_get_sqlite_cooldown_is_shared_between_processes(real_server: ThrottleServer, tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'cooldown.db'}"
+    real_server.serve([Reply(429, {"Retry-After": "300"}), Reply(200)])
+    first = run("get", real_server.url + "/a", "--max-wait", "5", "--cooldown", store)
+    assert first.returncode == 75
+    # A second process, another path on the same origin: deferred before sending anything.
+    second = run("get", real_server.url + "/b", "--max-wait", "5", "--cooldown", store)
+    assert second.returncode == 75, second.stderr
+    deferral = Deferral.from_dict(json.loads(second.stdout))
+    assert deferral.reason == "cooldown"
+    assert deferral.attempts == 0
+    first_eligible = Deferral.from_dict(json.loads(first.stdout)).eligible_at
+    assert abs((deferral.eligible_at - first_eligible).total_seconds()) < 1
+    assert real_server.count() == 1
+    # Without the shared store a new process knows nothing of the cooldown and sends.
+    third = run("get", real_server.url + "/c", "--max-wait", "5", "--cooldown", "memory://")
+    assert third.returncode == 0 and third.stdout == "ok"
+    assert real_server.count() == 2
+
+
+def test_get_non_2xx_prints_body_and_exits_1(real_server: ThrottleServer) -> None:
+    real_server.serve([Reply(404, body=b"no such thing")])
+    result = run("get", real_server.url + "/missing")
+    assert result.returncode == 1
+    assert result.stdout == "no such thing"
+    line = one_line(result.stderr)
+    assert "HTTP 404" in line and "stop_reason" in line
+
+
+def test_get_invalid_retry_after_stops_with_its_reason(real_server: ThrottleServer) -> None:
+    real_server.serve([Reply(429, {"Retry-After": "soon"}, b"busy"), Reply(200)])
+    result = run("get", real_server.url + "/x")
+    assert result.returncode == 1
+    assert result.stdout == "busy"
+    assert "stop_reason: invalid_retry_after" in one_line(result.stderr)
+    assert real_server.count() == 1
+
+
+def test_get_retries_used_up_exits_1_with_the_last_body(real_server: ThrottleServer) -> None:
+    real_server.serve([Reply(503, {"Retry-After": "0"}, b"down")])
+    result = run("get", real_server.url + "/x", "--retries", "2")
+    assert result.returncode == 1
+    assert result.stdout == "down"
+    assert "stop_reason: exhausted" in one_line(result.stderr)
+    assert real_server.count() == 3
+
+
+def test_get_connection_refused_exits_69_without_traceback() -> None:
+    url = f"http://127.0.0.1:{closed_port()}/x?api_key={QUERY_SECRET}"
+    result = run("get", url, "--retries", "0", "--header", f"Authorization: Bearer {SECRET}")
+    assert result.returncode == 69
+    assert result.stdout == ""
+    line = one_line(result.stderr)
+    assert "connection refused" in line
+    assert QUERY_SECRET not in line and SECRET not in line and "api_key" not in line
+
+
+def test_get_timeout_exits_69(real_server: ThrottleServer) -> None:
+    real_server.serve([Reply(action="hang")])
+    result = run("get", real_server.url + "/slow", "--timeout", "0.3", "--retries", "0")
+    assert result.returncode == 69
+    assert "timed out" in one_line(result.stderr)
+
+
+def test_secrets_never_appear_in_any_output(real_server: ThrottleServer) -> None:
+    real_server.serve([Reply(429, {"Retry-After": "600"}, b"throttled")])
+    url = f"{real_server.url}/v1/items?api_key={QUERY_SECRET}"
+    result = run(
+        "get", url, "--max-wait", "1",
+        "--header", f"Authorization: Bearer {SECRET}",
+        "-H", f"X-Api-Key: {SECRET}",
+    )  # fmt: skip
+    assert result.returncode == 75
+    # The header really was sent...
+    assert real_server.seen[0].headers["Authorization"] == f"Bearer {SECRET}"
+    # ...and neither it nor the query shows up anywhere.
+    for stream in (result.stdout, result.stderr):
+        assert SECRET not in stream
+        assert QUERY_SECRET not in stream
+    real_server.serve([Reply(404, body=b"gone")])
+    result = run("get", url, "--header", f"Authorization: Bearer {SECRET}")
+    assert result.returncode == 1
+    assert SECRET not in result.stdout + result.stderr
+    assert QUERY_SECRET not in result.stdout + result.stderr
+
+
+def test_secrets_never_appear_in_argument_errors() -> None:
+    # A mistyped option: argparse's "unrecognized arguments" would repeat the header.
+    result = run("get", "http://127.0.0.1:1/", "--headr", f"Authorization: Bearer {SECRET}")
+    assert result.returncode == 2
+    assert SECRET not in one_line(result.stderr)
+    result = run("get", f"ftp://user:{SECRET}@host/x?k={QUERY_SECRET}")
+    assert result.returncode == 2
+    line = one_line(result.stderr)
+    assert SECRET not in line and QUERY_SECRET not in line
+    result = run("get", "http://127.0.0.1:1/", "--cooldown", f"redis://:{SECRET}@127.0.0.1:bad/0")
+    assert result.returncode == 2
+    assert SECRET not in one_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["get", "http://127.0.0.1:1/", "--deadline", "-1"],
+        ["get", "http://127.0.0.1:1/", "--header", "no colon here"],
+        ["get", "not a url"],
+        ["get", "http://127.0.0.1:1/", "--cooldown", "bogus://x"],
+        ["explain", "5", "--received-at", "2026-01-01T00:00:00"],
+        ["demo", "--workers", "0"],
+        ["frobnicate"],
+        [],
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(args: list[str]) -> None:
+    result = run(*args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    line = one_line(result.stderr) if args else result.stderr.strip().splitlines()[0]
+    assert "retry-after-adapter" in line
+
+
+@pytest.mark.parametrize("command", ["demo", "get", "explain"])
+def test_each_command_has_help_with_examples(command: str) -> None:
+    result = run(command, "--help")
+    assert result.returncode == 0
+    assert "examples:" in result.stdout
+    assert f"retry-after-adapter {command}" in result.stdout
+
+
+# --------------------------------------------------------------------------- explain
+def test_explain_seconds_form_and_decision() -> None:
+    result = run("explain", "120", "--max-wait", "30", "--received-at", "2026-03-01T12:00:00Z")
+    assert result.returncode == 0
+    out = result.stdout
+    assert "delay-seconds" in out and "120 s" in out
+    assert "eligible at   2026-03-01T12:02:00+00:00" in out
+    assert "defer (max_wait)" in out
+    data = json.loads(
+        run("explain", "20", "--deadline", "10", "--elapsed", "4", "--json",
+            "--received-at", "2026-03-01T12:00:00Z").stdout
+    )  # fmt: skip
+    assert data["valid"] is True and data["form"] == "seconds" and data["delay"] == 20.0
+    assert data["decision"] == {
+        "action": "defer",
+        "reason": "deadline",
+        "wait": 20.0,
+        "eligible_at": "2026-03-01T12:00:20+00:00",
+    }
+    fits = json.loads(run("explain", "3", "--backoff", "5", "--json").stdout)
+    assert fits["decision"]["action"] == "retry" and fits["decision"]["wait"] == 5.0  # the longer wait
+
+
+def test_explain_date_form_measured_against_the_server_date() -> None:
+    server_date = datetime(2026, 10, 21, 7, 27, tzinfo=timezone.utc)
+    value = format_http_date(server_date + timedelta(seconds=60))
+    args = [
+        "explain",
+        value,
+        "--date",
+        format_http_date(server_date),
+        "--received-at",
+        "2026-10-21T07:27:03Z",
+    ]
+    text = run(*args)
+    assert text.returncode == 0
+    assert "HTTP-date" in text.stdout and "3 s ahead of the server" in text.stdout
+    assert "retry after 60 s" in text.stdout
+    data = json.loads(run(*args, "--json").stdout)
+    assert data["form"] == "date"
+    assert data["delay"] == 60.0
+    assert data["clock_skew"] == 3.0
+    assert data["eligible_at"] == "2026-10-21T07:28:03+00:00"
+    assert data["decision"]["action"] == "retry"
+
+
+def test_explain_invalid_value_exits_1_with_the_reason_and_the_consequence() -> None:
+    result = run("explain", "soon")
+    assert result.returncode == 1
+    assert result.stderr == ""
+    assert "malformed" in result.stdout
+    assert "the adapter would stop (on_invalid='stop')" in result.stdout
+    assert "use local backoff (on_invalid='backoff'" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [("-1", "malformed"), ("1, 2", "repeated"), ("Wed, 21 Oct 2026 07:28:00 CET", "zone")],
+)
+def test_explain_invalid_values_as_json(value: str, reason: str) -> None:
+    result = run("explain", value, "--json", "--backoff", "2")
+    assert result.returncode == 1
+    data = json.loads(result.stdout)
+    assert data["valid"] is False and data["reason"] == reason
+    assert data["on_invalid"]["stop"] == {"action": "stop", "reason": "invalid_retry_after"}
+    assert data["on_invalid"]["backoff"]["action"] == "retry"
+    assert data["on_invalid"]["backoff"]["wait"] == 2.0
+
+
+# --------------------------------------------------------------------------- demo
+def test_demo_small_run_table_and_json() -> None:
+    result = run(
+        "demo", "--workers", "4", "--items", "12", "--quota", "4", "--window", "1", "--json",
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)  # stdout is only the JSON document
+    stock, adapter = data["runs"]["stock"], data["runs"]["adapter"]
+    assert stock["done"] == adapter["done"] == 12
+    assert adapter["early"] == 0
+    assert adapter["overran"] == 0
+    assert adapter["worst_latency"] <= data["config"]["deadline"]
+    for run_ in (stock, adapter):
+        assert run_["requests"] >= 12
+        assert run_["requests"] >= run_["throttled"]
+        assert 0 < run_["wall_time"] < 30
+        assert not run_["time_limit_hit"]
+    # 12 items at 4 per window: every run is throttled, and stock workers ignore each
+    # other's 429s, so they provoke at least as many.
+    assert stock["throttled"] >= adapter["throttled"] >= 1
+    assert stock["early"] > 0
+    # The human report (on stderr with --json): what ran, the table, what to look at.
+    report = result.stderr
+    assert "A local HTTP server allows 4 requests per 1 s window" in report
+    assert "items done" in report and "12/12" in report
+    assert "requests sent early" in report
+    assert 'Look at "requests sent early"' in report
+    assert "items done" in report.split("Look at")[0]
