@@ -25,6 +25,7 @@ from collections.abc import Iterator
 
 import pytest
 import requests
+import urllib3
 
 from retry_after_adapter import (
     CooldownStoreError,
@@ -33,6 +34,7 @@ from retry_after_adapter import (
     MemoryCooldownStore,
     RetryAfterAdapter,
     RetryAfterRetry,
+    RetryDeferred,
     budget,
 )
 from retry_after_adapter.metrics import Counters
@@ -319,3 +321,33 @@ def test_a_scope_function_returning_the_query_value_is_hashed(server, clock, evi
     response = session.get(secret_url(server.port))
     assert response.deferral.scope.startswith("sha256:")
     assert_clean([response.deferral.scope])
+
+
+def test_plain_urllib3_errors_and_logs_hold_no_secret(server, clock, evidence, logs):
+    retry = RetryAfterRetry(total=1, clock=clock, max_wait=10, on_decision=[evidence.hook, evidence.counters])
+    http = urllib3.PoolManager(
+        retries=retry, headers={"Authorization": f"Bearer {TOKEN}", **SECRET_HEADERS}
+    )
+    scripts = [
+        [Reply(429, {"Retry-After": "120"})],  # RetryDeferred
+        [Reply(503, {"Retry-After": "1"})],  # exhausted: MaxRetryError names the URL it got
+        [Reply(429, {"Retry-After": "soon"})],  # invalid
+        [Reply(action="reset")],  # transport error, retried, then exhausted
+    ]
+    raised = []
+    for script in scripts:
+        server.serve(script)
+        with pytest.raises((RetryDeferred, urllib3.exceptions.MaxRetryError)) as info:
+            http.request("GET", secret_url(server.port))
+        raised.append(info.value)
+        evidence.add_error(info.value)
+        evidence.add(getattr(info.value, "url", None))
+    assert [type(e).__name__ for e in raised] == ["RetryDeferred"] + ["MaxRetryError"] * 3
+    assert {r.reason for r in evidence.records if r.action != "retry"} >= {
+        "max_wait",
+        "exhausted",
+        "invalid_retry_after",
+    }
+    evidence.add(retry, *evidence.records)
+    evidence.texts.append(json.dumps(evidence.counters.snapshot()))
+    assert_clean(evidence.texts + package_log_text(logs))
