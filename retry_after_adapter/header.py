@@ -55,7 +55,7 @@ _new_object = object.__new__
 # Delay-seconds values seen before, exactly as received (untrimmed), mapped to their
 # (delay, timedelta) pair: a handful of distinct values (1, 30, 60, 120, ...) make up
 # nearly all traffic, and validating the digits and building a timedelta cost more than
-# the rest of the seconds path. Only valid values are stored; bounded in size.
+# the rest of the seconds path. Only valid values are stored; emptied when full.
 _SECONDS: dict[str, tuple[float, timedelta | None]] = {}
 _SECONDS_CACHED = 1024
 
@@ -67,13 +67,18 @@ _LONG_DAY_NUMBER = {name: i for i, name in enumerate(_LONG_DAYS)}
 _MONTH_NUMBER = {name: i for i, name in enumerate(_MONTHS, start=1)}
 
 _DIGITS = re.compile(r"[0-9]+").fullmatch
-# The shape of an IMF-fixdate, the form nearly every server sends: the fast path checks
-# this shape (names are looked up separately; re.ASCII makes \d exactly [0-9]) and
-# lets datetime.fromisoformat check the ranges. Anything else, including a value the
-# fast path turns down, goes through the full parser, which also names the reason.
+# The shape of an IMF-fixdate, the form nearly every server sends (re.ASCII makes \d
+# exactly [0-9]). The fast path checks this shape, looks the "Sun, 06 Nov 1994" part up
+# in _IMF_DAYS and lets datetime.fromisoformat check the time of day. Anything else,
+# including a value the fast path turns down, goes through the full parser, which also
+# names the reason.
 _IMF_SHAPE = re.compile(r"\w\w\w, \d\d \w\w\w \d\d\d\d \d\d:\d\d:\d\d GMT", re.ASCII).fullmatch
-_MONTH_DIGITS = {name: f"{number:02d}" for name, number in _MONTH_NUMBER.items()}
 _from_iso = datetime.fromisoformat
+# "Sun, 06 Nov 1994" -> "1994-11-06T" for days already checked (names, day of month,
+# weekday). Retry-After dates cluster around today, so this stays small; emptied when
+# full, like _SECONDS.
+_IMF_DAYS: dict[str, str] = {}
+_IMF_DAYS_CACHED = 1024
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]").search
 _LETTERS = re.compile(r"[A-Za-z]+").fullmatch
 # The patterns are deliberately a little looser than the grammar (any run of letters
@@ -132,11 +137,14 @@ def parse_retry_after(value: str, *, received_at: datetime, date: str | None = N
     known = _SECONDS.get(value)
     if known is None:
         v = value.strip(" \t")
+        if _IMF_SHAPE(v) is not None:
+            return _date_result(value, v, received_at, date, _imf_fast(v))
         if _DIGITS(v) is None:
-            return _date_result(value, v, received_at, date)
+            return _date_result(value, v, received_at, date, None)
         known = _seconds_entry(v)
-        if len(_SECONDS) < _SECONDS_CACHED:
-            _SECONDS[value] = known
+        if len(_SECONDS) >= _SECONDS_CACHED:
+            _SECONDS.clear()
+        _SECONDS[value] = known
     delay, step = known
     if step is None:
         eligible_at = _FAR_FUTURE
@@ -159,22 +167,41 @@ def _seconds_entry(digits: str) -> tuple[float, timedelta | None]:
     return float(min(seconds, MAX_DELAY)), step
 
 
-def _date_result(raw: str, v: str, received_at: datetime, date: str | None) -> RetryAfter:
-    """The result for an HTTP-date Retry-After ``v`` (trimmed ``raw``)."""
-    retry_date = None
-    if _IMF_SHAPE(v) is not None and v[17:19] < "24":
-        month = _MONTH_DIGITS.get(v[8:11])
-        if month is not None:
-            try:
-                # "YYYY-MM-DDTHH:MM:SS+00:00" is accepted by fromisoformat on every Python
-                # this package supports; it rejects day 31 of a 30-day month, second 60,
-                # year 0 (all sent to the full parser below).
-                retry_date = _from_iso(f"{v[12:16]}-{month}-{v[5:7]}T{v[17:25]}+00:00")
-            except ValueError:
-                pass
-            else:
-                if retry_date.weekday() != _SHORT_DAY_NUMBER.get(v[:3]):
-                    retry_date = None
+def _imf_fast(v: str) -> datetime | None:
+    """The instant of ``v``, which has the shape of an IMF-fixdate, or None when the
+    full parser must decide (unknown names, no such day, wrong weekday, hour 24 and
+    over, second 60)."""
+    day = v[:16]
+    iso_day = _IMF_DAYS.get(day)
+    if iso_day is None:
+        month = _MONTH_NUMBER.get(v[8:11])
+        weekday = _SHORT_DAY_NUMBER.get(v[:3])
+        if month is None or weekday is None:
+            return None
+        iso_day = f"{v[12:16]}-{month:02d}-{v[5:7]}T"
+        try:
+            if _from_iso(iso_day + "00:00:00").weekday() != weekday:
+                return None
+        except ValueError:
+            return None
+        if len(_IMF_DAYS) >= _IMF_DAYS_CACHED:
+            _IMF_DAYS.clear()
+        _IMF_DAYS[day] = iso_day
+    if v[17:19] >= "24":
+        return None
+    try:
+        # "YYYY-MM-DDTHH:MM:SS+00:00" is read the same by fromisoformat on every Python
+        # this package supports; minute or second over 59 raises.
+        return _from_iso(iso_day + v[17:25] + "+00:00")
+    except ValueError:
+        return None
+
+
+def _date_result(
+    raw: str, v: str, received_at: datetime, date: str | None, retry_date: datetime | None
+) -> RetryAfter:
+    """The result for an HTTP-date Retry-After ``v`` (trimmed ``raw``); ``retry_date`` is
+    its instant when the fast path already read it."""
     if retry_date is None:
         retry_date = _parse_date_value(raw, v, received_at)
     server_date = None if date is None else _optional_date(date, received_at)
@@ -278,6 +305,10 @@ def _parse_date_value(raw: str, v: str, reference: datetime | None) -> datetime:
 
     The length has already been checked. Returns an aware UTC datetime.
     """
+    if _IMF_SHAPE(v) is not None:
+        moment = _imf_fast(v)
+        if moment is not None:
+            return moment
     if not v:
         raise InvalidRetryAfter("empty", raw)
     if _CONTROL(v) is not None:

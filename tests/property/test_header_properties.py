@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 
 from hypothesis import HealthCheck, example, given, settings
@@ -161,3 +162,50 @@ def test_a_date_is_measured_against_the_server_clock(
     except OverflowError:
         expected = FAR_FUTURE
     assert result.eligible_at == expected
+
+
+def reference_imf(text: str) -> datetime | None:
+    """A plain, slow reading of the IMF-fixdate grammar, to check the fast path against."""
+    m = re.fullmatch(
+        r"([A-Za-z]{3}), ([0-9]{2}) ([A-Za-z]{3}) ([0-9]{4}) ([0-9]{2}):([0-9]{2}):([0-9]{2}) GMT", text
+    )
+    if m is None or m[1] not in SHORT_DAYS or m[3] not in MONTHS:
+        return None
+    second = min(int(m[7]), 59) if int(m[7]) <= 60 else 99
+    try:
+        moment = datetime(
+            int(m[4]), MONTHS.index(m[3]) + 1, int(m[2]), int(m[5]), int(m[6]), second, tzinfo=UTC
+        )
+    except ValueError:
+        return None
+    return moment if SHORT_DAYS[moment.weekday()] == m[1] else None
+
+
+two_digits = st.integers(min_value=0, max_value=99).map(lambda n: f"{n:02d}")
+imf_like = st.builds(
+    "{}, {} {} {} {}:{}:{} GMT".format,
+    st.sampled_from([*SHORT_DAYS, "sun", "SUN", "Foo"]),
+    st.one_of(two_digits, st.integers(min_value=1, max_value=31).map(lambda n: f"{n:02d}")),
+    st.sampled_from([*MONTHS, "jan", "Mrz"]),
+    st.integers(min_value=0, max_value=9999).map(lambda n: f"{n:04d}"),
+    st.one_of(two_digits, st.integers(min_value=0, max_value=23).map(lambda n: f"{n:02d}")),
+    st.one_of(two_digits, st.integers(min_value=0, max_value=59).map(lambda n: f"{n:02d}")),
+    st.one_of(two_digits, st.integers(min_value=58, max_value=61).map(lambda n: f"{n:02d}")),
+)
+
+
+@SETTINGS
+@given(text=imf_like)
+def test_imf_fast_path_agrees_with_the_grammar(text: str) -> None:
+    expected = reference_imf(text)
+    try:
+        got = parse_http_date(text)
+    except InvalidRetryAfter:
+        got = None
+    assert got == expected
+    # A second reading (now from the remembered day) gives the same answer.
+    try:
+        again = parse_http_date(text)
+    except InvalidRetryAfter:
+        again = None
+    assert again == expected

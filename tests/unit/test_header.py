@@ -483,3 +483,33 @@ def test_result_is_a_frozen_retry_after() -> None:
     assert dataclasses.asdict(result)["form"] == "seconds"
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.delay = 1.0  # type: ignore[misc]
+
+
+# --- the memo tables behind the fast paths -------------------------------------------
+
+
+def test_many_distinct_values_stay_correct_and_bounded() -> None:
+    from retry_after_adapter import header
+
+    for n in range(3 * header._SECONDS_CACHED):
+        value = f" {n:05d}" if n % 2 else str(n)
+        assert parse_retry_after(value, received_at=T).eligible_at == T + timedelta(seconds=n)
+    assert len(header._SECONDS) <= header._SECONDS_CACHED
+    for days in range(3 * header._IMF_DAYS_CACHED):
+        moment = T + timedelta(days=days, seconds=days)
+        assert parse_http_date(format_http_date(moment)) == moment
+    assert len(header._IMF_DAYS) <= header._IMF_DAYS_CACHED
+
+
+def test_a_remembered_day_still_checks_the_time() -> None:
+    assert parse_http_date("Sun, 01 Mar 2026 23:59:59 GMT") == datetime(2026, 3, 1, 23, 59, 59, tzinfo=UTC)
+    for bad, reason in [
+        ("Sun, 01 Mar 2026 24:00:00 GMT", "out_of_range"),
+        ("Sun, 01 Mar 2026 23:60:00 GMT", "out_of_range"),
+        ("Sun, 01 Mar 2026 23:59:61 GMT", "out_of_range"),
+        ("Sun, 01 Mar 2026 99:99:99 GMT", "out_of_range"),
+    ]:
+        with pytest.raises(InvalidRetryAfter) as info:
+            parse_http_date(bad)
+        assert info.value.reason == reason
+    assert parse_http_date("Sun, 01 Mar 2026 23:59:60 GMT") == datetime(2026, 3, 1, 23, 59, 59, tzinfo=UTC)
