@@ -36,6 +36,8 @@ from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection
+from urllib3.connectionpool import HTTPConnectionPool
 from urllib3.util.retry import Retry
 
 from ._call import budget
@@ -48,20 +50,32 @@ from .header import format_http_date
 from .retry import RetryAfterRetry
 
 __all__ = [
+    "IN_FLIGHT_ALLOWANCE",
+    "SENT_HEADER",
+    "DelayQueue",
     "DemoConfig",
     "FleetResult",
     "QuotaServer",
     "ServerStats",
+    "describe",
     "format_report",
+    "format_table",
+    "report_json",
     "run_demo",
     "run_fleet",
+    "stamp_sends",
 ]
 
-#: Seconds after a 429 during which arriving requests are not counted as early: they
-#: were already on their way before any worker could have learned of the cooldown (the
-#: server cannot tell them apart). On loopback, with 20 worker threads and the server in
-#: one process, such requests were measured arriving up to 0.08 s after the 429.
+#: Seconds after a 429 during which requests sent are not counted as early: the 429 is
+#: still on its way to the worker (and into the shared store), so nobody could have known.
+#: On loopback with 20 worker threads in one busy process, requests sent up to 0.08 s
+#: after the server's decision were seen from workers that had checked the store before.
 IN_FLIGHT_ALLOWANCE = 0.25
+
+#: The request header in which the demo's workers stamp the moment a request is put on
+#: the wire (UTC epoch seconds), so that "sent early" is judged by the send time, not by
+#: when a busy server got round to reading the request.
+SENT_HEADER = "X-Demo-Sent-At"
 
 FORMS = ("seconds", "date")
 KINDS = ("stock", "adapter")
@@ -79,9 +93,12 @@ class Announcement:
 
 @dataclass(frozen=True)
 class Arrival:
-    """One request as the server saw it: arrival time (aware UTC), path, status, early."""
+    """One request as the server saw it: arrival and send times (aware UTC; the send time
+    is the client's ``X-Demo-Sent-At`` stamp, or the arrival time without one), path,
+    status, and whether it was sent while an announced cooldown was running."""
 
     at: datetime
+    sent_at: datetime
     path: str
     status: int
     early: bool
@@ -102,6 +119,11 @@ class _HTTPServer(ThreadingHTTPServer):
     request_queue_size = 256  # a whole fleet may connect at once
     owner: QuotaServer
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up on a response (its deadline ran out) closes the
+        # connection under the handler: expected here, not worth a traceback.
+        pass
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -121,7 +143,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(length)
-        status, headers, body, date = self.server.owner._decide(self.path)
+        status, headers, body, date = self.server.owner._decide(self.path, self.headers.get(SENT_HEADER))
         self._date = date
         self.send_response(status)
         for name, value in headers.items():
@@ -220,11 +242,15 @@ class QuotaServer:
     def _running(self, at: datetime) -> bool:
         return any(a.at + self.in_flight <= at < a.until for a in self.announcements)
 
-    def _decide(self, path: str) -> tuple[int, dict[str, str], bytes, str]:
-        """Admit or throttle one request; returns (status, headers, body, Date value)."""
+    def _decide(self, path: str, sent_stamp: str | None = None) -> tuple[int, dict[str, str], bytes, str]:
+        """Admit or throttle one request; returns (status, headers, body, Date value).
+
+        ``sent_stamp`` is the client's send time (UTC epoch seconds as text), if it gave one.
+        """
         with self._lock:
             now = self.clock.now()
-            early = self._running(now)
+            sent_at = min(now, _parse_stamp(sent_stamp) or now)
+            early = self._running(sent_at)
             stamp = now.timestamp()
             index = math.floor(stamp / self.window)
             if index != self._index:
@@ -232,7 +258,7 @@ class QuotaServer:
             date = format_http_date(now)  # truncated to the second: never after `now`
             if self._used < self.quota:
                 self._used += 1
-                self.arrivals.append(Arrival(now, path, 200, early))
+                self.arrivals.append(Arrival(now, sent_at, path, 200, early))
                 return 200, {}, b"ok " + path.encode("utf-8", "replace") + b"\n", date
             end = (index + 1) * self.window
             if self.form == "seconds":
@@ -244,12 +270,43 @@ class QuotaServer:
                 until = datetime.fromtimestamp(whole, timezone.utc)
                 value = format_http_date(until)
             self.announcements.append(Announcement(now, until))
-            self.arrivals.append(Arrival(now, path, 429, early))
+            self.arrivals.append(Arrival(now, sent_at, path, 429, early))
             body = f"quota of {self.quota} requests per {self.window:g} s exhausted\n".encode()
             return 429, {"Retry-After": value}, body, date
 
 
+def _parse_stamp(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        value = float(text)
+        return datetime.fromtimestamp(value, timezone.utc) if math.isfinite(value) else None
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
 # --------------------------------------------------------------------------- the fleet
+class _StampedConnection(HTTPConnection):
+    """A urllib3 connection that stamps each request with the moment it is sent."""
+
+    def putrequest(self, method: str, url: str, *args: Any, **kwargs: Any) -> None:
+        super().putrequest(method, url, *args, **kwargs)
+        self.putheader(SENT_HEADER, f"{time.time():.6f}")
+
+
+class _StampedPool(HTTPConnectionPool):
+    ConnectionCls = _StampedConnection
+
+
+def stamp_sends(adapter: HTTPAdapter) -> HTTPAdapter:
+    """Make ``adapter``'s plain-HTTP connections stamp their send time (``SENT_HEADER``),
+    the same way for stock and adapter runs; returns ``adapter``."""
+    classes = dict(adapter.poolmanager.pool_classes_by_scheme)
+    classes["http"] = _StampedPool
+    adapter.poolmanager.pool_classes_by_scheme = classes
+    return adapter
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     """The demo's settings (seconds throughout).
@@ -281,7 +338,7 @@ class DemoConfig:
     stock_retries: int = 3
     adapter_retries: int = 5
     attempt_reserve: float = 0.25
-    work: float = 0.2
+    work: float = 0.5
     time_limit: float | None = None
     seed: int = 7
 
@@ -304,11 +361,12 @@ class DemoConfig:
 
     @property
     def limit(self) -> float:
-        """The time limit of one run, in seconds."""
+        """The time limit of one run, in seconds: twice the windows the quota needs for
+        every item, plus one deadline (14 s with the defaults, so that even two runs cut
+        short stay under 30 s)."""
         if self.time_limit is not None:
             return self.time_limit
-        windows = math.ceil(self.items / self.quota) + 1
-        return max(10.0, 3 * windows * (self.window + 1) + self.deadline)
+        return max(5.0, 2 * math.ceil(self.items / self.quota) * self.window + self.deadline)
 
 
 @dataclass
@@ -410,7 +468,7 @@ def _stock_session(config: DemoConfig) -> requests.Session:
         backoff_factor=0.5,
     )
     session = requests.Session()
-    session.mount("http://", HTTPAdapter(max_retries=retry, pool_maxsize=1))
+    session.mount("http://", stamp_sends(HTTPAdapter(max_retries=retry, pool_maxsize=1)))
     return session
 
 
@@ -422,7 +480,8 @@ def _adapter_session(config: DemoConfig, store: MemoryCooldownStore) -> requests
         backoff_factor=0.5,
     )
     session = requests.Session()
-    session.mount("http://", RetryAfterAdapter(max_retries=retry, cooldown=store, pool_maxsize=1))
+    adapter = RetryAfterAdapter(max_retries=retry, cooldown=store, pool_maxsize=1)
+    session.mount("http://", stamp_sends(adapter))
     return session
 
 
@@ -560,21 +619,20 @@ def run_demo(config: DemoConfig, *, progress: Callable[[str], None] | None = Non
 def describe(config: DemoConfig) -> str:
     """One paragraph saying what the demo runs."""
     form = (
-        "the seconds until the window resets, rounded up"
+        "seconds until the window resets, rounded up"
         if config.form == "seconds"
-        else "the time the window resets, as an HTTP-date rounded up to the second"
+        else "when the window resets, as an HTTP-date rounded up to the second"
     )
     return (
         f"A local HTTP server allows {config.quota} requests per {config.window:g} s window, "
-        f"shared by all its clients, and answers 429 with Retry-After ({form}). "
-        f"{config.workers} worker threads fetched {config.items} items through it twice: "
-        f"first with stock requests + urllib3 Retry (each worker sleeps for the Retry-After "
-        f"it got itself), then with RetryAfterAdapter (one cooldown store shared by all "
-        f"workers; a {config.deadline:g} s deadline per call, a call whose wait would not "
-        f'fit is deferred and its item queued again for its eligible time). "Early" '
-        f"counts requests that reached the server while a cooldown it had announced in a "
-        f"429 was still running (requests already in flight within "
-        f"{IN_FLIGHT_ALLOWANCE:g} s of the 429 are not counted)."
+        f"shared by all clients; past that it answers 429 with Retry-After ({form}). "
+        f"{config.workers} worker threads fetched {config.items} items through it twice: with "
+        f"stock requests + urllib3 Retry (each worker sleeps for the Retry-After of its own "
+        f"429), then with RetryAfterAdapter (one cooldown store shared by all workers, a "
+        f"{config.deadline:g} s deadline per call; a call whose wait would not fit is deferred "
+        f"and its item queued again for its eligible time). Early = sent while a cooldown the "
+        f"server had announced in a 429 was still running (requests sent within "
+        f"{IN_FLIGHT_ALLOWANCE:g} s of that 429, before anyone could know, are not counted)."
     )
 
 
@@ -594,7 +652,6 @@ def format_table(results: dict[str, FleetResult], config: DemoConfig) -> str:
     rows: list[tuple[str, str, str]] = [
         ("items done", f"{stock.done}/{stock.items}", f"{adapter.done}/{adapter.items}"),
         ("deferrals (item queued again)", "-", str(adapter.deferrals)),
-        ("calls that gave up (retries used up)", str(stock.gave_up), str(adapter.gave_up)),
         ("requests sent", str(stock.requests), str(adapter.requests)),
         ("429s provoked", str(stock.throttled), str(adapter.throttled)),
         ("requests sent early (cooldown running)", str(stock.early), str(adapter.early)),
@@ -602,6 +659,10 @@ def format_table(results: dict[str, FleetResult], config: DemoConfig) -> str:
         ("worst call latency", seconds(stock.worst_latency), seconds(adapter.worst_latency)),
         ("wall time", seconds(stock.wall_time), seconds(adapter.wall_time)),
     ]
+    if stock.gave_up or adapter.gave_up:
+        rows.insert(2, ("calls that gave up (retries used up)", str(stock.gave_up), str(adapter.gave_up)))
+    if stock.errors or adapter.errors:
+        rows.insert(2, ("calls that failed (network errors)", str(stock.errors), str(adapter.errors)))
     head = ("", LABELS["stock"], LABELS["adapter"])
     width = max(len(r[0]) for r in rows)
     lines = [f"{head[0]:<{width}}  {head[1]:>17}  {head[2]:>17}"]
@@ -620,10 +681,9 @@ def format_report(results: dict[str, FleetResult], config: DemoConfig) -> str:
         )
     parts.append(
         _wrap(
-            'Look at "requests sent early" and "429s provoked": stock workers keep '
-            "sending into a cooldown another worker was already told about, while the "
-            "adapter's workers share it and send nothing early; and at the deadline row: "
-            "the adapter defers instead of letting a call run over."
+            'Look at "requests sent early" (stock workers send into a cooldown another worker '
+            "was told about; with the shared store none does) and at the deadline row (the "
+            "adapter defers instead of running over)."
         )
     )
     return "\n".join(parts)
