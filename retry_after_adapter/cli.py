@@ -249,9 +249,9 @@ examples:
   retry-after-adapter get https://api.example.com/v1/items \\
       --header 'Authorization: Bearer ...' --cooldown sqlite:///cooldown.db
 
-  # cron: run again at the eligible time when deferred
-  retry-after-adapter get "$URL" --deadline 20 > out.json
-  if [ $? -eq 75 ]; then jq -r .eligible_at out.json; fi
+  # a cron job: on exit 75, out holds the deferral; run again at its eligible_at
+  retry-after-adapter get "$URL" --deadline 20 --cooldown sqlite:///cooldown.db > out
+  if [ $? -eq 75 ]; then jq -r .eligible_at out; fi
 
 cooldown stores (shared between processes that spend the same quota):
   memory://              this process only (the default)
@@ -279,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the command line (all three commands)."""
     parser = _Parser(
         prog=PROG,
-        description="Obey a server's Retry-After exactly: never shortened, never slept past "
+        description="Obey a server's Retry-After exactly: never shortened, never slept past\n"
         "your deadline, shared by every worker.",
         epilog="examples:\n  retry-after-adapter demo\n  retry-after-adapter get URL --deadline 10\n"
         "  retry-after-adapter explain 120 --max-wait 30\n\n"
@@ -292,21 +292,24 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="compare stock urllib3 Retry with RetryAfterAdapter on a local throttling server",
-        description="Run a fleet of workers through a local throttling server twice: with stock "
-        "urllib3 Retry, then with RetryAfterAdapter and a shared cooldown, and print a "
+        description="Run a fleet of workers through a local throttling server twice: with stock\n"
+        "urllib3 Retry, then with RetryAfterAdapter and a shared cooldown, and print a\n"
         "side-by-side table.",
         epilog=DEMO_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    demo.add_argument("--workers", type=_count(1), default=20, help="worker threads (default 20)")
-    demo.add_argument("--items", type=_count(1), default=60, help="URLs to fetch (default 60)")
-    demo.add_argument("--quota", type=_count(1), default=20, help="requests allowed per window (default 20)")
+    demo.add_argument("--workers", type=_count(1), default=20, metavar="N", help="threads (default 20)")
+    demo.add_argument("--items", type=_count(1), default=60, metavar="N", help="URLs to fetch (default 60)")
     demo.add_argument(
-        "--window", type=_positive_seconds, default=2.0, help="quota window in seconds (default 2)"
+        "--quota", type=_count(1), default=20, metavar="N", help="requests allowed per window (default 20)"
     )
     demo.add_argument(
-        "--deadline", type=_positive_seconds, default=2.0, help="seconds each call may take (default 2)"
+        "--window", type=_positive_seconds, default=2.0, metavar="S", help="quota window, seconds (default 2)"
     )
+    demo.add_argument(
+        "--deadline", type=_positive_seconds, default=2.0, metavar="S",
+        help="seconds each call may take (default 2)",
+    )  # fmt: skip
     demo.add_argument(
         "--form", type=_form, default="seconds", metavar="{seconds,date}",
         help="Retry-After as delay-seconds or as an HTTP-date (default seconds)",
@@ -318,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     get = commands.add_parser(
         "get",
         help="fetch a URL under the policy; exit 75 with a JSON deferral when deferred",
-        description="Fetch URL with RetryAfterAdapter. On success print the body; when the server's "
+        description="Fetch URL with RetryAfterAdapter. On success print the body; when the server's\n"
         "wait does not fit the budget, print the deferral as JSON and exit 75.",
         epilog=GET_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -350,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain = commands.add_parser(
         "explain",
         help="show how a Retry-After value is parsed and what the policy would decide",
-        description="Parse a Retry-After value the way the adapter does, and show the decision "
+        description="Parse a Retry-After value the way the adapter does, and show the decision\n"
         "(retry after a wait, or defer) for the given budget.",
         epilog=EXPLAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -510,7 +513,10 @@ def _cmd_get(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     if 200 <= response.status_code < 300:
         return EX_OK
-    reason = getattr(response, "stop_reason", None) or (stops[-1] if stops else None) or "none"
+    reason = getattr(response, "stop_reason", None) or (stops[-1] if stops else None)
+    if reason is None:
+        retried = response.status_code in (retry.status_forcelist or ())
+        reason = "none" if retried else f"none; {response.status_code} is not a retried status"
     _err(f"HTTP {response.status_code} from {shown} (stop_reason: {reason})")
     return EX_FAILED
 
@@ -703,10 +709,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
                 f"{_limit(args.deadline)}"
             )
         print(f"  decision      defer ({decision.reason}): {why}")
-        print(
-            f"                the call returns at once with a deferral eligible at {decided_at.isoformat()};"
-            " nothing is sent before then"
-        )
+        when = decided_at.isoformat()
+        print(f"                the call returns at once with a deferral; nothing is sent before {when}")
     else:
         print(f"  decision      retry after {_secs(decision.wait)} (at {decided_at.isoformat()})")
     return EX_OK
