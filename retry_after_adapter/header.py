@@ -50,6 +50,8 @@ MAX_DELAY = 10**15
 
 _UTC = timezone.utc
 _FAR_FUTURE = datetime.max.replace(tzinfo=_UTC)
+_ONE_SECOND = timedelta(seconds=1)
+_MAX_DELAY_F = float(MAX_DELAY)
 _new_object = object.__new__
 
 # Delay-seconds values seen before, exactly as received (untrimmed), mapped to their
@@ -66,13 +68,14 @@ _SHORT_DAY_NUMBER = {name: i for i, name in enumerate(_SHORT_DAYS)}
 _LONG_DAY_NUMBER = {name: i for i, name in enumerate(_LONG_DAYS)}
 _MONTH_NUMBER = {name: i for i, name in enumerate(_MONTHS, start=1)}
 
-_DIGITS = re.compile(r"[0-9]+").fullmatch
 # The shape of an IMF-fixdate, the form nearly every server sends (re.ASCII makes \d
 # exactly [0-9]). The fast path checks this shape, looks the "Sun, 06 Nov 1994" part up
 # in _IMF_DAYS and lets datetime.fromisoformat check the time of day. Anything else,
 # including a value the fast path turns down, goes through the full parser, which also
 # names the reason.
 _IMF_SHAPE = re.compile(r"\w\w\w, \d\d \w\w\w \d\d\d\d \d\d:\d\d:\d\d GMT", re.ASCII).fullmatch
+# delay-seconds (ASCII digits, group 1) or the IMF-fixdate shape, told apart in one match.
+_COMMON = re.compile(r"([0-9]+)|\w\w\w, \d\d \w\w\w \d\d\d\d \d\d:\d\d:\d\d GMT", re.ASCII).fullmatch
 _from_iso = datetime.fromisoformat
 # "Sun, 06 Nov 1994" -> "1994-11-06T" for days already checked (names, day of month,
 # weekday). Retry-After dates cluster around today, so this stays small; emptied when
@@ -137,11 +140,17 @@ def parse_retry_after(value: str, *, received_at: datetime, date: str | None = N
     known = _SECONDS.get(value)
     if known is None:
         v = value.strip(" \t")
-        if _IMF_SHAPE(v) is not None:
-            return _date_result(value, v, received_at, date, _imf_fast(v))
-        if _DIGITS(v) is None:
+        m = _COMMON(v)
+        if m is None:
             return _date_result(value, v, received_at, date, None)
-        known = _seconds_entry(v)
+        if m.lastindex is None:  # the IMF-fixdate alternative
+            return _date_result(value, v, received_at, date, _imf_fast(v))
+        seconds = int(v)  # at most MAX_LENGTH digits, far below int()'s digit limit
+        delay = float(seconds) if seconds <= MAX_DELAY else _MAX_DELAY_F
+        try:
+            known = (delay, _ONE_SECOND * seconds)
+        except OverflowError:  # more days than a timedelta holds
+            known = (delay, None)
         if len(_SECONDS) >= _SECONDS_CACHED:
             _SECONDS.clear()
         _SECONDS[value] = known
@@ -153,18 +162,13 @@ def parse_retry_after(value: str, *, received_at: datetime, date: str | None = N
             eligible_at = received_at + step
         except OverflowError:
             eligible_at = _FAR_FUTURE
-    return _result(delay, eligible_at, "seconds", None if date is None else _clock_skew(date, received_at))
-
-
-def _seconds_entry(digits: str) -> tuple[float, timedelta | None]:
-    """``(delay, step)`` for an ASCII digit string: the delay in seconds (capped at
-    ``MAX_DELAY``) and the exact timedelta, or None when no timedelta can hold it."""
-    seconds = int(digits)  # at most MAX_LENGTH digits, far below int()'s digit limit
-    try:
-        step: timedelta | None = timedelta(0, seconds)
-    except OverflowError:
-        step = None
-    return float(min(seconds, MAX_DELAY)), step
+    result: RetryAfter = _new_object(RetryAfter)  # as in _result, inlined on the hottest path
+    fields = result.__dict__
+    fields["delay"] = delay
+    fields["eligible_at"] = eligible_at
+    fields["form"] = "seconds"
+    fields["clock_skew"] = None if date is None else _clock_skew(date, received_at)
+    return result
 
 
 def _imf_fast(v: str) -> datetime | None:

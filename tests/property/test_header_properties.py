@@ -15,7 +15,7 @@ UTC = timezone.utc
 FAR_FUTURE = datetime.max.replace(tzinfo=UTC)
 RECEIVED_AT = datetime(2026, 3, 1, 12, tzinfo=UTC)
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 SHORT_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 LONG_DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
