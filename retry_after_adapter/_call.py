@@ -184,9 +184,10 @@ class CallState:
         self.history: tuple[Deferral, ...] = resume.chain() if resume else ()
         self.started_at: datetime | None = resume.started_at if resume else None
         self.resume_at: datetime | None = resume.eligible_at if resume else None
-        self.last_status: int | None = None
-        self.last_retry_after: str | None = None
-        self.last_skew: float | None = None
+        # A resumed job starts from what its last deferral knew of the server.
+        self.last_status: int | None = resume.status if resume else None
+        self.last_retry_after: str | None = resume.retry_after if resume else None
+        self.last_skew: float | None = resume.clock_skew if resume else None
         self.recorded: object = None
 
     # -- time ---------------------------------------------------------------------
@@ -207,16 +208,25 @@ class CallState:
             self.started_at = self.clock.now()
 
     # -- shared cooldown ------------------------------------------------------------
-    def cooldown_left(self) -> float:
-        """Seconds until the scope's shared cooldown (and a resumed deferral) ends.
+    def cooldown_until(self) -> datetime | None:
+        """When the scope's shared cooldown (and a resumed deferral) ends, aware UTC.
 
-        May raise ``CooldownUnavailable`` when the store fails and fails closed.
+        None when neither is set. May raise ``CooldownUnavailable`` when the store fails
+        and fails closed.
         """
         until = self.resume_at
         if self.store is not None and self.scope is not None:
             stored = self.store.get(self.scope)
             if stored is not None and (until is None or stored > until):
                 until = stored
+        return until
+
+    def cooldown_left(self) -> float:
+        """Seconds until :meth:`cooldown_until` (0 when it is past or unset)."""
+        return self.seconds_until(self.cooldown_until())
+
+    def seconds_until(self, until: datetime | None) -> float:
+        """Seconds from now (wall clock) to ``until``; 0 when it is None or past."""
         if until is None:
             return 0.0
         return max(0.0, (until - self.clock.now()).total_seconds())
@@ -265,17 +275,29 @@ class CallState:
             except Exception:
                 log.exception("on_decision hook failed; the call goes on")
 
-    def deferral(self, wait: float, reason: str) -> Deferral:
-        """The deferral for a wait of ``wait`` seconds from now.
+    def deferral(self, wait: float, reason: str, until: datetime | None = None) -> Deferral:
+        """The deferral for a wait of ``wait`` seconds from now (or until ``until``).
 
-        Raises ``DeferralLimitExceeded`` past ``max_deferrals`` or the lifetime cap.
+        A deferral is never eligible before the deferral this call resumed, whatever
+        ended it (a cancel, a store outage). Raises ``DeferralLimitExceeded`` past
+        ``max_deferrals`` or the lifetime cap.
         """
         now = self.clock.now()
-        wait = wait if math.isfinite(wait) else 1e15
-        try:
-            eligible = now + timedelta(seconds=wait)
-        except OverflowError:
-            eligible = datetime.max.replace(tzinfo=now.tzinfo)
+        if until is not None:
+            eligible = until
+        else:
+            wait = wait if math.isfinite(wait) else 1e15
+            try:
+                eligible = now + timedelta(seconds=wait)
+            except OverflowError:
+                eligible = datetime.max.replace(tzinfo=now.tzinfo)
+        if self.resume_at is not None and eligible < self.resume_at:
+            eligible = self.resume_at
+        if until is not None or eligible == self.resume_at:
+            wait = max(0.0, (eligible - now).total_seconds())
+        if self.started_at is None:
+            # Deferred before any attempt was sent: the job's lifetime starts now.
+            self.started_at = now
         deferral = Deferral(
             eligible_at=eligible,
             delay=max(0.0, min(wait, 1e15)),
@@ -299,11 +321,21 @@ class CallState:
                 raise DeferralLimitExceeded(deferral, "max_lifetime")
         return deferral
 
-    def defer(self, decision: Decision, response: Any, server_delay: float | None = None) -> Exception:
-        """The exception that ends the call with a deferral (to be raised by the caller)."""
+    def defer(
+        self,
+        decision: Decision,
+        response: Any,
+        server_delay: float | None = None,
+        until: datetime | None = None,
+    ) -> Exception:
+        """The exception that ends the call with a deferral (to be raised by the caller).
+
+        ``until`` is the exact eligible time when the caller knows it (a stored cooldown),
+        so that two clock readings cannot move it.
+        """
         self.emit(decision, server_delay)
         try:
-            deferral = self.deferral(decision.wait, decision.reason or "deadline")
+            deferral = self.deferral(decision.wait, decision.reason or "deadline", until)
         except DeferralLimitExceeded:
             release(response)
             raise
@@ -338,9 +370,10 @@ def wait_out(call: CallState, target: float, response: Any) -> None:
         if left > 0 and not clock.sleep(left, cancel):
             raise call.defer(Decision(DEFER, max(0.0, target - clock.monotonic()), "cancelled"), response)
         try:
-            extra = call.cooldown_left()
+            until = call.cooldown_until()
         except CooldownUnavailable:
             raise call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, "cooldown-unknown"), response) from None
+        extra = call.seconds_until(until)
         if extra <= 0:
             return
         decision = admit(
@@ -351,10 +384,11 @@ def wait_out(call: CallState, target: float, response: Any) -> None:
             attempt_reserve=call.attempt_reserve,
         )
         if decision.action == DEFER:
-            raise call.defer(decision, response)
+            raise call.defer(decision, response, until=until)
         call.emit(Decision(decision.action, extra, "cooldown"))
         target = clock.monotonic() + extra
-    raise call.defer(Decision(DEFER, call.cooldown_left(), "cooldown"), response)
+    until = call.cooldown_until()
+    raise call.defer(Decision(DEFER, call.seconds_until(until), "cooldown"), response, until=until)
 
 
 def release(response: Any) -> None:

@@ -54,18 +54,26 @@ class Deferral:
         _check_aware("eligible_at", self.eligible_at)
         if self.started_at is not None:
             _check_aware("started_at", self.started_at)
-        if self.reason not in REASONS:
+        if not isinstance(self.reason, str) or self.reason not in REASONS:
             raise InvalidDeferral(f"unknown deferral reason {self.reason!r}")
-        if not (isinstance(self.delay, (int, float)) and math.isfinite(self.delay) and self.delay >= 0):
+        if isinstance(self.delay, bool) or not _finite(self.delay) or self.delay < 0:
             raise InvalidDeferral("delay must be a finite number of seconds >= 0")
+        if self.clock_skew is not None and (
+            isinstance(self.clock_skew, bool) or not _finite(self.clock_skew)
+        ):
+            raise InvalidDeferral("clock_skew must be a finite number of seconds or None")
+        if self.status is not None and (
+            isinstance(self.status, bool) or not isinstance(self.status, int) or not 100 <= self.status <= 999
+        ):
+            raise InvalidDeferral("status must be an HTTP status code (100-999) or None")
         if not (isinstance(self.attempts, int) and self.attempts >= 0):
             raise InvalidDeferral("attempts must be an int >= 0")
         if not (isinstance(self.deferrals, int) and self.deferrals >= 1):
             raise InvalidDeferral("deferrals must be an int >= 1")
         # Normalise to UTC so equality and JSON round trips are exact.
-        object.__setattr__(self, "eligible_at", self.eligible_at.astimezone(timezone.utc))
+        object.__setattr__(self, "eligible_at", _utc("eligible_at", self.eligible_at))
         if self.started_at is not None:
-            object.__setattr__(self, "started_at", self.started_at.astimezone(timezone.utc))
+            object.__setattr__(self, "started_at", _utc("started_at", self.started_at))
 
     def chain(self) -> tuple[Deferral, ...]:
         """Every deferral of the job, oldest first, this one last (without its history)."""
@@ -99,13 +107,17 @@ class Deferral:
         if not isinstance(data, dict):
             raise InvalidDeferral("a deferral must be a JSON object")
         version = data.get("version")
-        if version != FORMAT_VERSION:
+        if type(version) is not int or version != FORMAT_VERSION:
             raise InvalidDeferral(f"unsupported deferral version {version!r}")
         history = data.get("history", [])
         if not isinstance(history, list):
             raise InvalidDeferral("history must be a list")
         entries = tuple(cls._from_flat(item) for item in history)
-        return replace(cls._from_flat(data), history=entries)
+        deferral = replace(cls._from_flat(data), history=entries)
+        if len(entries) != deferral.deferrals - 1:
+            # An edited count would hand a job a fresh max_deferrals budget.
+            raise InvalidDeferral("history must hold exactly deferrals - 1 earlier deferrals")
+        return deferral
 
     @classmethod
     def _from_flat(cls, data: Any) -> Deferral:
@@ -120,6 +132,8 @@ class Deferral:
             delay = data["delay"]
             if isinstance(delay, bool) or not isinstance(delay, (int, float)):
                 raise InvalidDeferral("delay must be a number")
+            if not isinstance(data.get("reason"), str):
+                raise InvalidDeferral("reason must be a string")
             if skew is not None and (isinstance(skew, bool) or not isinstance(skew, (int, float))):
                 raise InvalidDeferral("clock_skew must be a number or null")
             if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
@@ -146,6 +160,22 @@ class Deferral:
             raise InvalidDeferral(f"missing field {missing.args[0]!r}") from None
 
 
+def _finite(value: object) -> bool:
+    if not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _utc(name: str, value: datetime) -> datetime:
+    try:
+        return value.astimezone(timezone.utc)
+    except OverflowError:
+        raise InvalidDeferral(f"{name} is out of range once converted to UTC") from None
+
+
 def _check_aware(name: str, value: object) -> None:
     if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
         raise InvalidDeferral(f"{name} must be an aware datetime")
@@ -164,4 +194,4 @@ def _parse_iso(name: str, text: Any) -> datetime:
         raise InvalidDeferral(f"{name} is not an ISO 8601 time") from None
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidDeferral(f"{name} must carry a UTC offset")
-    return value.astimezone(timezone.utc)
+    return _utc(name, value)

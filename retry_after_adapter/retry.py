@@ -242,7 +242,7 @@ class RetryAfterRetry(Retry):
             call.emit(Decision(STOP, 0.0, "invalid_retry_after"))
             if call.adapter_mode:
                 raise Halt(response, None, "invalid_retry_after")
-            raise MaxRetryError(_pool, url, ResponseError("invalid Retry-After header"))  # type: ignore[arg-type]
+            raise MaxRetryError(_pool, url, ResponseError("invalid Retry-After header"))
 
         try:
             new = super().increment(method, url, response, error, _pool, _stacktrace)

@@ -272,7 +272,7 @@ def test_plain_urllib3_resume_at_eligible_at_keeps_the_counts(server, clock):
     assert server.seen[1].at == d1.eligible_at
 
 
-# -- known gaps (strict xfail: a fix turns these into failures to clean up) ---------------
+# -- gaps found in review, fixed: each test keeps the fix in place -------------------------
 
 
 class BrokenStore:
@@ -285,11 +285,6 @@ class BrokenStore:
         raise CooldownStoreError("backend down")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_call.wait_out: a cancel set before admission defers with delay 0 (eligible now) "
-    "instead of the resumed eligible_at; the next resume then sends early",
-)
 def test_a_cancelled_resume_keeps_the_eligible_time(server, clock):
     server.serve([busy(30), Reply(200)])
     _, d1 = resume(clock, server.url + "/cancel", None, max_wait=10)
@@ -303,11 +298,6 @@ def test_a_cancelled_resume_keeps_the_eligible_time(server, clock):
     assert d2.eligible_at == d1.eligible_at
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_call.CallState.deferral: a 'cooldown-unknown' deferral of a resumed call is "
-    "eligible after 1 s even when the resumed eligible_at is later",
-)
 def test_a_store_outage_never_moves_eligible_at_earlier(server, clock):
     server.serve([busy(30), Reply(200)])
     _, d1 = resume(clock, server.url + "/outage", None, max_wait=10)
@@ -322,11 +312,6 @@ def test_a_store_outage_never_moves_eligible_at_earlier(server, clock):
     assert caught.value.deferral.eligible_at >= d1.eligible_at
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_call.CallState: started_at stays None while a job is only ever deferred before "
-    "sending (cooldown), so max_lifetime never fires for it",
-)
 def test_lifetime_cap_fires_for_a_job_that_never_got_to_send(server, clock):
     store = MemoryCooldownStore()
     scope = f"http://127.0.0.1:{server.port}"
@@ -349,11 +334,6 @@ class TickingClock(FakeClock):
         return super().now()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_call: the cooldown deferral is rebuilt as now + (eligible_at - earlier now), so it "
-    "moves later by the time between the two clock reads",
-)
 def test_an_early_resume_keeps_eligible_at_exactly_while_time_moves(server, clock):
     server.serve([busy(120), Reply(200)])
     _, d1 = resume(clock, server.url + "/tick", None, max_wait=10)

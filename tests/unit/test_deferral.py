@@ -204,10 +204,6 @@ def test_a_missing_version_is_refused():
         Deferral.from_dict(data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="deferral.py from_dict compares version with != 1, so true and 1.0 pass as version 1",
-)
 @pytest.mark.parametrize("version", [True, 1.0])
 def test_version_must_be_the_integer_1(version):
     with pytest.raises(InvalidDeferral):
@@ -294,7 +290,7 @@ def test_a_non_object_is_refused(data):
 # Values that escape as another exception (or are accepted) today; see the fix in
 # deferral.py described by each reason. strict=True: fixing one makes its case fail here,
 # and the case then moves to MALFORMED above.
-KNOWN_GAPS = [
+KNOWN_GAPS = [  # once accepted or crashing with a foreign error; now refused
     pytest.param("reason", ["max_wait"], id="reason-list-TypeError"),
     pytest.param("reason", {"max_wait": 1}, id="reason-dict-TypeError"),
     pytest.param("delay", 10**400, id="delay-huge-int-OverflowError"),
@@ -309,18 +305,12 @@ KNOWN_GAPS = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="deferral.py: field not fully validated (see the test id)")
 @pytest.mark.parametrize(("name", "value"), KNOWN_GAPS)
 def test_known_gaps_raise_invalid_deferral(name, value):
     with pytest.raises(InvalidDeferral):
         Deferral.from_dict(valid_dict(**{name: value}))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="deferral.py from_dict does not check len(history) == deferrals - 1, so a stored "
-    "deferral can be edited to reset its deferral count",
-)
 def test_history_must_match_the_deferral_count():
     data = valid_dict(deferrals=1)  # three deferrals claimed as one: max_deferrals would restart
     with pytest.raises(InvalidDeferral):
