@@ -98,7 +98,8 @@ def test_a_silent_server_costs_at_most_the_deadline_plus_one_clamped_timeout(rea
         session.get(real_server.url + "/hang", timeout=10)
     took = time.monotonic() - started
     # The 10 s read timeout was clamped to the 0.6 s left, not skipped and not kept.
-    assert 0.5 <= took < 0.6 + MIN_ATTEMPT_TIMEOUT + 0.4
+    # (0.8 s of slack for a loaded machine: a kept 10 s timeout would take 10 s.)
+    assert 0.5 <= took < 0.6 + MIN_ATTEMPT_TIMEOUT + 0.8
     assert raised.value.deferral.reason == "deadline"
     assert raised.value.response is None
     assert 1 <= real_server.count() <= 2
@@ -116,7 +117,7 @@ def test_retry_after_zero_repeated_is_bounded_by_attempts_and_backoff(server, cl
     # Retry-After: 0 does not turn the loop hot: the local backoff still applies.
     assert gaps(server) == stock_backoff_schedule(4, backoff_factor=0.5)
     assert max(gaps(server)) > 0
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 2.0  # the 7.5 s of backoff ran on the fake clock
 
 
 def test_a_503_storm_on_a_long_retry_after_sends_each_worker_once_then_nothing(server, clock):
@@ -300,7 +301,7 @@ def test_a_write_is_not_replayed_after_a_timeout(real_server, method):
     started = time.monotonic()
     with pytest.raises(requests.exceptions.ReadTimeout):
         make_session(None, backoff_factor=0).request(method, real_server.url + "/w", data=b"x", timeout=0.3)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 1.5
     assert real_server.count(method) == 1
 
 
@@ -310,17 +311,17 @@ def test_a_write_is_not_replayed_after_a_timeout(real_server, method):
 def test_connection_refused_is_retried_per_connect_then_raises(closed_port):
     clock = FakeClock()
     records: list[object] = []
-    session = make_session(clock, total=5, connect=2, backoff_factor=0.5, on_decision=records.append)
+    session = make_session(clock, total=5, connect=2, backoff_factor=2, on_decision=records.append)
     started = time.monotonic()
     with pytest.raises(requests.exceptions.ConnectionError):
         session.get(f"http://127.0.0.1:{closed_port}/x", timeout=2)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 2.0  # the 4 s backoff ran on the fake clock
     assert [(r.action, r.reason, r.attempt) for r in records] == [
         ("retry", None, 1),
         ("retry", None, 2),
         ("stop", "exhausted", 3),
     ]
-    assert clock.sleeps == [w for w in stock_backoff_schedule(2, backoff_factor=0.5) if w > 0]
+    assert clock.sleeps == [w for w in stock_backoff_schedule(2, backoff_factor=2) if w > 0] == [4.0]
 
 
 def test_connection_refused_defers_when_the_backoff_does_not_fit(closed_port):
