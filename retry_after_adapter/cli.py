@@ -20,9 +20,11 @@ string or its user info. Times are aware UTC, durations in seconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
+import os
 import re
 import socket
 import ssl
@@ -820,6 +822,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _err("interrupted")
         return EX_INTERRUPTED
     except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, without a flush error at exit.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EX_FAILED
+    except Exception as exc:  # one line, never a traceback (messages are scrubbed)
+        _err(f"unexpected error: {type(exc).__name__}: {exc}")
         return EX_FAILED
 
 
