@@ -148,13 +148,16 @@ def test_admit_waits_the_whole_cooldown_or_defers_exactly_when_it_does_not_fit(
 
 # -- stores: extend is monotone (later wins) -------------------------------------------
 
-BASE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+# Cooldowns that are still ahead: a store may forget one that ended (SQLite sweeps rows
+# an hour after their time, Redis expires keys a minute after), which is the same as no
+# cooldown, so "later wins" is only promised for times not yet reached.
+BASE = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(days=30)
 zones = st.sampled_from(
     [timezone.utc, timezone(timedelta(hours=5, minutes=30)), timezone(timedelta(hours=-8))]
 )
 instants = st.builds(
     lambda micros, zone: (BASE + timedelta(microseconds=micros)).astimezone(zone),
-    st.integers(min_value=-10**12, max_value=10**13),
+    st.integers(min_value=-(10**12), max_value=10**13),  # about -11.6 to +116 days
     zones,
 )
 
@@ -199,3 +202,20 @@ def sqlite_store() -> Iterator[object]:
 def test_sqlite_store_extend_keeps_the_maximum(sqlite_store, untils):
     # SQLite keeps whole milliseconds and rounds up: never earlier, at most 1 ms later.
     check_monotone(sqlite_store, f"scope-{uuid.uuid4().hex}", untils, timedelta(milliseconds=1))
+
+
+@pytest.fixture
+def redis_store(redis_url) -> Iterator[object]:
+    from retry_after_adapter.cooldown.redis import RedisCooldownStore
+
+    store = RedisCooldownStore.from_url(redis_url)
+    yield store
+    store.close()
+
+
+@pytest.mark.redis
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(untils=st.lists(instants, min_size=1, max_size=8))
+def test_redis_store_extend_keeps_the_maximum(redis_store, untils):
+    # Redis keeps whole milliseconds too, rounded up.
+    check_monotone(redis_store, f"scope-{uuid.uuid4().hex}", untils, timedelta(milliseconds=1))
