@@ -9,7 +9,7 @@ from __future__ import annotations
 from ._call import budget
 from .adapter import RetryAfterAdapter
 from .clock import Clock, FakeClock, SystemClock
-from .cooldown import CooldownStore, MemoryCooldownStore
+from .cooldown import CooldownStore, MemoryCooldownStore, RedisCooldownStore, SQLiteCooldownStore
 from .deferral import Deferral
 from .errors import (
     ConfigurationError,
@@ -25,14 +25,6 @@ from .policy import DecisionRecord
 from .retry import RetryAfterRetry
 
 __version__ = "0.1.0"
-
-
-def __getattr__(name: str) -> object:  # TEMP until the stores land
-    if name in ("SQLiteCooldownStore", "RedisCooldownStore"):
-        from . import cooldown
-
-        return getattr(cooldown, name)
-    raise AttributeError(name)
 
 __all__ = [
     "Clock",

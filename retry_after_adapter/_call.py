@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import math
+import random
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -129,6 +130,7 @@ class CallState:
         "deadline",
         "deferrals_before",
         "history",
+        "jitter",
         "last_retry_after",
         "last_skew",
         "last_status",
@@ -152,6 +154,7 @@ class CallState:
         max_wait: float | None,
         attempt_reserve: float,
         max_deferrals: int | None,
+        jitter: float = 0.0,
         max_lifetime: float | None,
         on_decision: tuple[Callable[[DecisionRecord], None], ...],
         scope: str | None = None,
@@ -173,6 +176,7 @@ class CallState:
             self.cancel = override.cancel
             resume = override.resume
         self.attempt_reserve = attempt_reserve
+        self.jitter = jitter
         self.max_deferrals = max_deferrals
         self.max_lifetime = max_lifetime
         self.on_decision = on_decision
@@ -344,6 +348,8 @@ class CallState:
         return RetryDeferred(deferral, response=response)
 
 
+_jitter_rng = random.Random()
+
 #: Seconds after which a call deferred with "cooldown-unknown" may try again.
 UNKNOWN_COOLDOWN_RETRY = 1.0
 _MAX_COOLDOWN_ROUNDS = 16
@@ -376,6 +382,9 @@ def wait_out(call: CallState, target: float, response: Any) -> None:
         extra = call.seconds_until(until)
         if extra <= 0:
             return
+        if call.jitter:
+            # Workers held back by one cooldown would all wake at its end: spread them.
+            extra += _jitter_rng.uniform(0.0, call.jitter)
         decision = admit(
             cooldown_left=extra,
             elapsed=call.elapsed(),

@@ -22,14 +22,11 @@ from ._call import CURRENT, CallState, Halt, wait_out
 from ._compat import BudgetTimeout, as_timeout, retry_arguments
 from .cooldown.base import CooldownStore
 from .cooldown.guard import GuardedStore
-from .cooldown.memory import MemoryCooldownStore
+from .cooldown.memory import DEFAULT_STORE, MemoryCooldownStore
 from .errors import ConfigurationError, CooldownUnavailable, InvalidRetryAfter, RetryDeferred
 from .header import parse_retry_after
+from .policy import DEFER, decide
 from .retry import COOLDOWN_STATUSES, DecisionHook, RetryAfterRetry, as_hooks
-
-#: The store every adapter shares unless given its own: one per process, so that one
-#: Session per thread still shares cooldowns.
-DEFAULT_STORE = MemoryCooldownStore()
 
 _DEFAULT: Any = object()
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -220,6 +217,8 @@ class RetryAfterAdapter(HTTPAdapter):
                 response = super().send(
                     request, stream=stream, timeout=timeout, verify=verify, cert=cert, proxies=proxies
                 )
+                if response.is_redirect and "Retry-After" in response.headers:
+                    self._wait_before_redirect(call, response)
             except Halt as halt:
                 return self._halted(request, halt)
             self._record_final(call, response)
@@ -235,6 +234,38 @@ class RetryAfterAdapter(HTTPAdapter):
             return
         wait_out(call, call.clock.monotonic(), None)
 
+    def _wait_before_redirect(self, call: CallState, response: requests.Response) -> None:
+        """requests follows redirects itself, calling ``send`` again at once: a 3xx's
+        Retry-After is waited out here if it fits the budget, else the call is deferred.
+        """
+        try:
+            parsed = parse_retry_after(
+                response.headers["Retry-After"],
+                received_at=call.clock.now(),
+                date=response.headers.get("Date"),
+            )
+        except InvalidRetryAfter:
+            return  # an invalid hint on a redirect: follow it as requests would
+        if parsed.delay <= 0:
+            return
+        decision = decide(
+            server_delay=parsed.delay,
+            backoff=0.0,
+            cooldown_left=0.0,
+            jitter=0.0,
+            elapsed=call.elapsed(),
+            deadline=call.deadline,
+            max_wait=call.max_wait,
+            attempt_reserve=call.attempt_reserve,
+        )
+        call.last_status = response.status_code
+        call.last_retry_after = response.headers["Retry-After"].strip(" \t")
+        call.last_skew = parsed.clock_skew
+        if decision.action == DEFER:
+            raise call.defer(decision, response.raw, parsed.delay)
+        call.emit(decision, parsed.delay)
+        wait_out(call, call.clock.monotonic() + decision.wait, response.raw)
+
     def _halted(self, request: requests.PreparedRequest, halt: Halt) -> requests.Response:
         deferral = halt.deferral
         if halt.response is None:
@@ -243,7 +274,8 @@ class RetryAfterAdapter(HTTPAdapter):
         response = self.build_response(request, halt.response)
         response.deferral = deferral  # type: ignore[attr-defined]
         response.stop_reason = halt.stop_reason  # type: ignore[attr-defined]
-        if deferral is not None and self.raise_on_defer:
+        # A deferred redirect is raised, not returned: requests would follow it at once.
+        if deferral is not None and (self.raise_on_defer or response.is_redirect):
             raise RetryDeferred(deferral, response=response, request=request) from None
         return response
 

@@ -165,6 +165,7 @@ class RetryAfterRetry(Retry):
             deadline=self.deadline,
             max_wait=self.max_wait,
             attempt_reserve=self.attempt_reserve,
+            jitter=self.jitter,
             max_deferrals=self.max_deferrals,
             max_lifetime=self.max_lifetime,
             on_decision=self.on_decision + on_decision if on_decision else self.on_decision,
@@ -277,7 +278,13 @@ class RetryAfterRetry(Retry):
             raise call.defer(decision, response, server_delay)
         call.emit(decision, server_delay)
         assert decision.action == RETRY
-        new._plan = call.clock.monotonic() + decision.wait
+        target = call.clock.monotonic() + decision.wait
+        if redirect:
+            # urllib3's PoolManager follows redirects without calling sleep(): wait here,
+            # so the redirected request never goes out before the 3xx's Retry-After.
+            wait_out(call, target, response)
+        else:
+            new._plan = target
         return new
 
     # -- the wait -----------------------------------------------------------------------
@@ -289,7 +296,8 @@ class RetryAfterRetry(Retry):
         wait_out(call, self._plan, response)
 
     def sleep_for_retry(self, response: Any) -> bool:
-        """urllib3 calls this after a redirect: the same planned wait applies."""
+        """urllib3 calls this after a redirect; the redirect's wait was already taken in
+        :meth:`increment`, so this only waits out a plan that is still pending."""
         self.sleep(response)
         return True
 

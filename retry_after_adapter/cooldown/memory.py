@@ -49,3 +49,8 @@ class MemoryCooldownStore:
 
     def __repr__(self) -> str:
         return f"MemoryCooldownStore(scopes={len(self)})"
+
+
+#: The store every adapter shares unless given its own, and what ``memory://`` names:
+#: one per process, so that one Session per thread still shares cooldowns.
+DEFAULT_STORE = MemoryCooldownStore()

@@ -1,6 +1,6 @@
 """Build a cooldown store from one URL (for configuration files and environment variables).
 
-- ``memory://``: this process only (its threads).
+- ``memory://``: this process only (its threads): the process-wide default store.
 - ``sqlite:///cooldown.db``: every process on this host. Three slashes, then the path:
   ``sqlite:///relative/cooldown.db`` is relative to the working directory,
   ``sqlite:////var/lib/app/cooldown.db`` (four slashes in all) is absolute. The
@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigurationError
 from .base import CooldownStore
-from .memory import MemoryCooldownStore
+from .memory import DEFAULT_STORE
 from .redis import RedisCooldownStore, redact_url
 from .sqlite import SQLiteCooldownStore
 
@@ -45,9 +45,9 @@ def store_from_url(text: str) -> CooldownStore:
     if scheme == "memory":
         if url.lower() != "memory://":
             raise ConfigurationError("a memory cooldown store URL is just 'memory://'")
-        # A new store for this caller. Whether memory:// should rather mean one
-        # process-wide default store is for the adapter to decide.
-        return MemoryCooldownStore()
+        # The process-wide store every adapter shares by default, so a configured
+        # memory:// and the default mean the same cooldowns.
+        return DEFAULT_STORE
     if scheme == "sqlite":
         return _sqlite(url)
     if scheme in _REDIS_SCHEMES:

@@ -626,10 +626,13 @@ def test_from_url_without_redis_names_the_extra() -> None:
 # -- store_from_url ------------------------------------------------------------------
 
 
-def test_url_memory_gives_a_new_memory_store() -> None:
+def test_url_memory_gives_the_process_default_store() -> None:
+    from retry_after_adapter.adapter import RetryAfterAdapter
+
     first, second = store_from_url("memory://"), store_from_url(" MEMORY:// ")
-    assert isinstance(first, MemoryCooldownStore) and isinstance(second, MemoryCooldownStore)
-    assert first is not second
+    assert isinstance(first, MemoryCooldownStore)
+    # memory:// names the same cooldowns every adapter shares by default.
+    assert first is second is RetryAfterAdapter().cooldown
 
 
 def test_url_sqlite_relative_and_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
