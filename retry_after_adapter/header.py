@@ -196,7 +196,7 @@ def _imf_fast(v: str) -> datetime | None:
     try:
         # "YYYY-MM-DDTHH:MM:SS+00:00" is read the same by fromisoformat on every Python
         # this package supports; minute or second over 59 raises.
-        return _from_iso(iso_day + v[17:25] + "+00:00")
+        return _from_iso(f"{iso_day}{v[17:25]}+00:00")
     except ValueError:
         return None
 
@@ -212,7 +212,13 @@ def _date_result(
     if server_date is None:
         if retry_date <= received_at:
             return _result(0.0, received_at, "date", None)
-        return _result((retry_date - received_at).total_seconds(), retry_date, "date", None)
+        result: RetryAfter = _new_object(RetryAfter)  # as in _result, inlined: the common case
+        fields = result.__dict__
+        fields["delay"] = (retry_date - received_at).total_seconds()
+        fields["eligible_at"] = retry_date
+        fields["form"] = "date"
+        fields["clock_skew"] = None
+        return result
     skew = (received_at - server_date).total_seconds()
     if retry_date <= server_date:
         return _result(0.0, received_at, "date", skew)
