@@ -63,7 +63,8 @@ class Counters:
 
     Counts (see :meth:`snapshot` for the exact shape):
 
-    - ``retries``: retries planned after a response or a transport error;
+    - ``retries``: retries planned after a response or a transport error (and waits
+      before following a redirect that carries Retry-After);
     - ``cooldown_waits``: waits for a shared cooldown before an attempt (the first
       one included), which are not retries;
     - ``deferrals`` by reason and ``stops`` by reason (fixed sets, plus ``"other"``);
