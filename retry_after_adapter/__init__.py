@@ -21,6 +21,7 @@ from .errors import (
     RetryDeferred,
 )
 from .header import RetryAfter, parse_retry_after
+from .metrics import Counters
 from .policy import DecisionRecord
 from .retry import RetryAfterRetry
 
@@ -29,6 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Clock",
     "ConfigurationError",
+    "Counters",
     "CooldownStore",
     "CooldownStoreError",
     "DecisionRecord",

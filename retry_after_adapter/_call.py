@@ -337,12 +337,12 @@ class CallState:
         ``until`` is the exact eligible time when the caller knows it (a stored cooldown),
         so that two clock readings cannot move it.
         """
-        self.emit(decision, server_delay)
         try:
             deferral = self.deferral(decision.wait, decision.reason or "deadline", until)
-        except DeferralLimitExceeded:
+        except DeferralLimitExceeded:  # recorded as a stop, not as one more deferral
             release(response)
             raise
+        self.emit(decision, server_delay)
         if self.adapter_mode:
             return Halt(response, deferral, None)
         return RetryDeferred(deferral, response=response)

@@ -122,9 +122,8 @@ def test_retry_after_zero_repeated_is_bounded_by_attempts_and_backoff(server, cl
 
 def test_a_503_storm_on_a_long_retry_after_sends_each_worker_once_then_nothing(server, clock):
     workers = 16
-    # socketserver listens with a backlog of 5: more simultaneous connects would be
-    # dropped and retransmitted by the kernel a second later. Linux takes a new backlog.
-    server.httpd.socket.listen(64)
+    # The test server listens with a backlog of 64, so 16 simultaneous connects are
+    # accepted at once (socketserver's default of 5 would cost a kernel retry).
     store = MemoryCooldownStore()
     server.serve([Reply(503, {"Retry-After": "120"})])
     results: list[object] = []
@@ -162,7 +161,6 @@ def test_a_503_storm_on_a_long_retry_after_sends_each_worker_once_then_nothing(s
 
 def test_a_503_storm_that_fits_is_bounded_by_each_workers_attempts(server, clock):
     workers, total = 12, 2
-    server.httpd.socket.listen(64)
     server.serve([Reply(503, {"Retry-After": "1"})])
     outcomes: list[object] = []
 

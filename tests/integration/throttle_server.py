@@ -22,6 +22,11 @@ def format_http_date(when: datetime) -> str:
     return when.strftime("%a, %d %b %Y %H:%M:%S GMT")
 
 
+class _Server(ThreadingHTTPServer):
+    # The default backlog of 5 makes a burst of connects wait for a kernel retry (1 s).
+    request_queue_size = 64
+
+
 @dataclass
 class Reply:
     """One scripted answer. ``action`` may be "reply", "reset" (close before any
@@ -100,7 +105,7 @@ class ThrottleServer:
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_OPTIONS = _handle
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
