@@ -30,9 +30,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Clock",
     "ConfigurationError",
-    "Counters",
     "CooldownStore",
     "CooldownStoreError",
+    "Counters",
     "DecisionRecord",
     "Deferral",
     "DeferralLimitExceeded",
