@@ -1,4 +1,5 @@
-"""Shared fixtures: a real ``redis-server`` on loopback, started and stopped by the tests.
+"""Shared fixtures: a FakeClock and a real loopback HTTP server that stamps requests with
+it, and a real ``redis-server`` on loopback, started and stopped by the tests.
 
 Without a ``redis-server`` binary the Redis tests are skipped, unless the environment
 variable ``CI`` is set (to anything but ``0``/``false``/``no``): in CI a missing server is
@@ -19,8 +20,32 @@ from typing import Any
 
 import pytest
 
+from retry_after_adapter import FakeClock
+from tests.integration.throttle_server import ThrottleServer
+
 #: How long a freshly started server may take to answer PING.
 START_TIMEOUT = 10.0
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def server(clock: FakeClock) -> Iterator[ThrottleServer]:
+    """A loopback server whose arrivals (and Date headers) follow the test's FakeClock."""
+    srv = ThrottleServer(clock).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def real_server() -> Iterator[ThrottleServer]:
+    """A loopback server on the real clock, for tests where sockets must time out."""
+    srv = ThrottleServer().start()
+    yield srv
+    srv.stop()
 
 
 def in_ci() -> bool:

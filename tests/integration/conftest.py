@@ -1,32 +1,8 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import requests
 
 from retry_after_adapter import FakeClock, MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry
-
-from .throttle_server import ThrottleServer
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def server(clock: FakeClock) -> Iterator[ThrottleServer]:
-    srv = ThrottleServer(clock).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def real_server() -> Iterator[ThrottleServer]:
-    srv = ThrottleServer().start()
-    yield srv
-    srv.stop()
 
 
 def make_session(

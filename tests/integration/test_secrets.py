@@ -21,7 +21,6 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Iterator
 
 import pytest
 import requests
@@ -39,7 +38,7 @@ from retry_after_adapter import (
 )
 from retry_after_adapter.metrics import Counters
 
-from .throttle_server import Reply, ThrottleServer
+from .throttle_server import Reply
 
 TOKEN = "s3cr3t-token-AAA"
 COOKIE = "s3cr3t-cookie-BBB"
@@ -131,17 +130,6 @@ class Evidence:
         self.add_response(response)
         return response
 
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def server(clock: FakeClock) -> Iterator[ThrottleServer]:
-    srv = ThrottleServer(clock).start()
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture

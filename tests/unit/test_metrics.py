@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -14,26 +13,13 @@ import urllib3
 from retry_after_adapter import (
     ConfigurationError,
     DecisionRecord,
-    FakeClock,
     MemoryCooldownStore,
     RetryAfterAdapter,
     RetryAfterRetry,
     RetryDeferred,
 )
 from retry_after_adapter.metrics import DEFER_REASONS, OTHER, STOP_REASONS, Counters
-from tests.integration.throttle_server import Reply, ThrottleServer
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def server(clock: FakeClock) -> Iterator[ThrottleServer]:
-    srv = ThrottleServer(clock).start()
-    yield srv
-    srv.stop()
+from tests.integration.throttle_server import Reply
 
 
 def session_with(counters, clock, store=None, scope=None, **retry_kwargs) -> requests.Session:
