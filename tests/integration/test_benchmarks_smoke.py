@@ -61,7 +61,13 @@ def test_happy_path_quick(tmp_path: Path) -> None:
     doc = run_quick("bench_happy_path.py", tmp_path, "--rounds", "2", "--block", "20", "--diagnostic")
     assert doc["benchmark"] == "happy_path"
     variants = doc["variants"]
-    assert set(variants) == {"stock", "adapter", "adapter, no deadline", "adapter, no store"}
+    assert set(variants) == {
+        "stock",
+        "adapter",
+        "stock, again (A/A control)",
+        "adapter, no deadline",
+        "adapter, no store",
+    }
     for r in variants.values():
         check_summary(r["us_per_request"], 2)
         check_summary(r["ratio_vs_stock"], 2)
