@@ -43,22 +43,20 @@ def headline(name: str, doc: dict[str, Any]) -> str:
                 parts.append(f"{case}: {_common.fmt_summary(r['ratio'])} (target <= {r['target_ratio']})")
         return "; ".join(parts)
     if name == "fleet":
-        parts = []
-        for shape, report in doc["shapes"].items():
-            for fleet, entry in report["fleets"].items():
-                if "targets_met" in entry:
-                    missed = [k for k, ok in entry["targets_met"].items() if not ok]
-                    parts.append(
-                        f"({shape}) {fleet}: "
-                        + ("targets met" if not missed else "missed " + ", ".join(missed))
-                    )
-        return "; ".join(parts)
+        met: dict[str, list[int]] = {}
+        for report in doc["shapes"].values():
+            for entry in report["fleets"].values():
+                for target, ok in entry.get("targets_met", {}).items():
+                    met.setdefault(target, [0, 0])
+                    met[target][0] += bool(ok)
+                    met[target][1] += 1
+        return "adapter fleets meeting each target: " + ", ".join(f"{t} {a}/{n}" for t, (a, n) in met.items())
     if name == "memory":
         return "; ".join(
             f"{v}: {_common.fmt_summary(e['growth_kib_per_10k_calls'], 1)} KiB per 10k calls"
             for v, e in doc["variants"].items()
         )
-    return "done"
+    return "see its table above"
 
 
 def main() -> None:
