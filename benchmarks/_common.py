@@ -159,14 +159,14 @@ def parser(description: str) -> argparse.ArgumentParser:
 def finish(name: str, payload: dict[str, Any], tables: Sequence[str], out_dir: Path) -> Path:
     """Print the tables and the JSON, and write the JSON to ``out_dir/<name>.json``."""
     document = {"benchmark": name, "machine": machine(), **payload}
-    for text in tables:
-        print(text)
-    print(JSON_MARKER)
     text = json.dumps(document, indent=2, sort_keys=False, default=str)
-    print(text)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
-    path.write_text(text + "\n", encoding="utf-8")
+    path.write_text(text + "\n", encoding="utf-8")  # first: a closed stdout must not lose it
+    for table_text in tables:
+        print(table_text)
+    print(JSON_MARKER)
+    print(text, flush=True)
     print(f"(written to {path})", file=sys.stderr)
     return path
 
