@@ -56,7 +56,7 @@ from urllib3.util.timeout import Timeout
 
 from retry_after_adapter import MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry
 from retry_after_adapter._call import CURRENT
-from retry_after_adapter._compat import BudgetTimeout, as_timeout
+from retry_after_adapter._compat import BudgetTimeout
 from retry_after_adapter.adapter import DEFAULT_STORE
 
 STATUSES = (429, 502, 503, 504)
@@ -151,7 +151,7 @@ def breakdown(url: str, number: int, repeat: int) -> dict[str, dict[str, float |
     store = adapter._store
     call = retry.call_state(scope=scope, store=store, adapter_mode=True, on_decision=adapter.on_decision)
     response = session.get(url, timeout=TIMEOUT)
-    base_timeout = as_timeout(TIMEOUT)
+    base_timeout = Timeout(connect=TIMEOUT, read=TIMEOUT)
     empty_store = MemoryCooldownStore()
 
     def set_reset() -> None:
@@ -170,7 +170,7 @@ def breakdown(url: str, number: int, repeat: int) -> dict[str, dict[str, float |
         "store.get (empty memory store)": lambda: empty_store.get(scope),
         "call.cooldown_left (store.get + clock.now)": call.cooldown_left,
         "adapter._admit (wait_out: no cooldown)": lambda: adapter._admit(call),
-        "as_timeout + BudgetTimeout(...)": lambda: BudgetTimeout(as_timeout(TIMEOUT), call.remaining),
+        "BudgetTimeout(timeout, remaining) (in adapter.send)": lambda: BudgetTimeout(TIMEOUT, call.remaining),
         "BudgetTimeout.clone (per attempt)": BudgetTimeout(base_timeout, call.remaining).clone,
         "stock: Timeout(...) (requests builds it)": lambda: Timeout(connect=TIMEOUT, read=TIMEOUT),
         "stock: Timeout.clone (per attempt)": base_timeout.clone,

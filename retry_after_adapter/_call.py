@@ -22,8 +22,8 @@ from typing import Any, Final
 from .clock import Clock
 from .cooldown.base import CooldownStore
 from .deferral import Deferral
-from .errors import ConfigurationError, DeferralLimitExceeded, RetryDeferred
-from .policy import DEFER, Decision, DecisionRecord, check_limit
+from .errors import ConfigurationError, CooldownUnavailable, DeferralLimitExceeded, RetryDeferred
+from .policy import DEFER, Decision, DecisionRecord, admit, check_limit
 
 log = logging.getLogger("retry_after_adapter")
 
@@ -364,9 +364,6 @@ def wait_out(call: CallState, target: float, response: Any) -> None:
     ends the wait at once with reason ``"cancelled"``. Raises the ending exception
     (``Halt``/``RetryDeferred``); returns when the next attempt may be sent.
     """
-    from .errors import CooldownUnavailable
-    from .policy import admit
-
     clock = call.clock
     for _ in range(_MAX_COOLDOWN_ROUNDS):
         cancel = call.cancel

@@ -63,8 +63,20 @@ class BudgetTimeout(Timeout):
     starts. ``remaining()`` returns those seconds, or None when there is no deadline.
     """
 
-    def __init__(self, base: Timeout, remaining: Callable[[], float | None]) -> None:
-        super().__init__(connect=base._connect, read=base._read, total=base.total)
+    def __init__(self, timeout: Any, remaining: Callable[[], float | None]) -> None:
+        # ``timeout`` is what requests' HTTPAdapter.send accepts: a number, None, a
+        # (connect, read) tuple or a Timeout; built in one Timeout.__init__ call.
+        if isinstance(timeout, Timeout):
+            super().__init__(connect=timeout._connect, read=timeout._read, total=timeout.total)
+        elif isinstance(timeout, tuple):
+            if len(timeout) != 2:
+                raise ValueError(
+                    f"Invalid timeout {timeout}. Pass a (connect, read) timeout tuple, "
+                    "or a single float to set both timeouts to the same value."
+                )
+            super().__init__(connect=timeout[0], read=timeout[1])
+        else:
+            super().__init__(connect=timeout, read=timeout)
         self._remaining = remaining
 
     def clone(self) -> Timeout:
@@ -74,16 +86,6 @@ class BudgetTimeout(Timeout):
         left = max(left, MIN_ATTEMPT_TIMEOUT)
         total = None if self.total is None else _clamp(self.total, left)
         return Timeout(connect=_clamp(self._connect, left), read=_clamp(self._read, left), total=total)
-
-
-def as_timeout(timeout: Any) -> Timeout:
-    """What requests' ``HTTPAdapter.send`` makes of its ``timeout`` argument."""
-    if isinstance(timeout, Timeout):
-        return timeout
-    if isinstance(timeout, tuple):
-        connect, read = timeout
-        return Timeout(connect=connect, read=read)
-    return Timeout(connect=timeout, read=timeout)
 
 
 def response_header(response: Any, name: str) -> str | None:

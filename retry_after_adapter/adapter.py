@@ -19,7 +19,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from ._call import CURRENT, CallState, Halt, wait_out
-from ._compat import BudgetTimeout, as_timeout, retry_arguments
+from ._compat import BudgetTimeout, retry_arguments
 from .cooldown.base import CooldownStore
 from .cooldown.guard import GuardedStore
 from .cooldown.memory import DEFAULT_STORE, MemoryCooldownStore
@@ -213,7 +213,7 @@ class RetryAfterAdapter(HTTPAdapter):
             try:
                 self._admit(call)
                 if call.deadline is not None:
-                    timeout = BudgetTimeout(as_timeout(timeout), call.remaining)
+                    timeout = BudgetTimeout(timeout, call.remaining)
                 response = super().send(
                     request, stream=stream, timeout=timeout, verify=verify, cert=cert, proxies=proxies
                 )
@@ -229,9 +229,20 @@ class RetryAfterAdapter(HTTPAdapter):
             CURRENT.reset(token)
 
     def _admit(self, call: CallState) -> None:
-        """Before the first attempt: wait out a fitting cooldown, or defer without sending."""
-        if call.store is None and call.resume_at is None and call.cancel is None:
-            return
+        """Before the first attempt: wait out a fitting cooldown, or defer without sending.
+
+        The common case, no cooldown stored, costs one store read and no waiting logic.
+        """
+        if call.resume_at is None and call.cancel is None:
+            if call.store is None or call.scope is None:
+                return
+            try:
+                until = call.store.get(call.scope)
+            except CooldownUnavailable:
+                pass  # wait_out reads again and applies the failure policy
+            else:
+                if until is None or until <= call.clock.now():
+                    return
         wait_out(call, call.clock.monotonic(), None)
 
     def _wait_before_redirect(self, call: CallState, response: requests.Response) -> None:
