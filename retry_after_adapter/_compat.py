@@ -36,11 +36,10 @@ MIN_ATTEMPT_TIMEOUT = 0.1
 
 def retry_arguments(retry: Retry) -> dict[str, Any]:
     """The constructor arguments that rebuild ``retry`` on this urllib3 (no history)."""
-    args = {name: getattr(retry, name) for name in _RETRY_PARAMS if hasattr(retry, name)}
-    if "method_whitelist" in args and "allowed_methods" in args:
-        # 1.26 accepts both spellings but not together.
-        del args["method_whitelist"]
-    return args
+    # 1.26 also accepts the deprecated "method_whitelist" (same value as
+    # allowed_methods; reading it warns, and passing both is an error): skip it.
+    names = _RETRY_PARAMS - {"method_whitelist"}
+    return {name: getattr(retry, name) for name in names if hasattr(retry, name)}
 
 
 def supported_retry_arguments() -> frozenset[str]:
