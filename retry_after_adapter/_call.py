@@ -23,6 +23,7 @@ from .clock import Clock
 from .cooldown.base import CooldownStore
 from .deferral import Deferral
 from .errors import ConfigurationError, CooldownUnavailable, DeferralLimitExceeded, RetryDeferred
+from .header import RetryAfter, parse_retry_after
 from .policy import DEFER, Decision, DecisionRecord, admit, check_limit
 
 log = logging.getLogger("retry_after_adapter")
@@ -234,6 +235,14 @@ class CallState:
         if until is None:
             return 0.0
         return max(0.0, (until - self.clock.now()).total_seconds())
+
+    def read_hint(self, raw: str, date: str | None) -> RetryAfter:
+        """Parse a response's Retry-After (and Date) as received now, and remember the
+        raw value and clock skew for the deferral. Raises ``InvalidRetryAfter``."""
+        parsed = parse_retry_after(raw, received_at=self.clock.now(), date=date)
+        self.last_retry_after = raw.strip(" \t")
+        self.last_skew = parsed.clock_skew
+        return parsed
 
     def extend_cooldown(self, until: datetime) -> float:
         """Advance the scope's shared cooldown to ``until`` (later wins); seconds left."""

@@ -24,7 +24,6 @@ from .cooldown.base import CooldownStore
 from .cooldown.guard import GuardedStore
 from .cooldown.memory import DEFAULT_STORE, MemoryCooldownStore
 from .errors import ConfigurationError, CooldownUnavailable, InvalidRetryAfter, RetryDeferred
-from .header import parse_retry_after
 from .policy import DEFER, decide
 from .retry import COOLDOWN_STATUSES, DecisionHook, RetryAfterRetry, as_hooks
 
@@ -250,11 +249,7 @@ class RetryAfterAdapter(HTTPAdapter):
         Retry-After is waited out here if it fits the budget, else the call is deferred.
         """
         try:
-            parsed = parse_retry_after(
-                response.headers["Retry-After"],
-                received_at=call.clock.now(),
-                date=response.headers.get("Date"),
-            )
+            parsed = call.read_hint(response.headers["Retry-After"], response.headers.get("Date"))
         except InvalidRetryAfter:
             return  # an invalid hint on a redirect: follow it as requests would
         if parsed.delay <= 0:
@@ -270,8 +265,6 @@ class RetryAfterAdapter(HTTPAdapter):
             attempt_reserve=call.attempt_reserve,
         )
         call.last_status = response.status_code
-        call.last_retry_after = response.headers["Retry-After"].strip(" \t")
-        call.last_skew = parsed.clock_skew
         if decision.action == DEFER:
             raise call.defer(decision, response.raw, parsed.delay)
         call.emit(decision, parsed.delay)
@@ -298,7 +291,7 @@ class RetryAfterAdapter(HTTPAdapter):
         if raw is None or call.store is None or call.scope is None:
             return
         try:
-            parsed = parse_retry_after(raw, received_at=call.clock.now(), date=response.headers.get("Date"))
+            parsed = call.read_hint(raw, response.headers.get("Date"))
         except InvalidRetryAfter:
             return
         with suppress(CooldownUnavailable):  # GuardedStore.extend never raises; others may

@@ -216,15 +216,11 @@ class RetryAfterRetry(Retry):
             raw = response_header(response, "Retry-After")
             if raw is not None:
                 try:
-                    parsed = parse_retry_after(
-                        raw, received_at=call.clock.now(), date=response_header(response, "Date")
-                    )
+                    parsed = call.read_hint(raw, response_header(response, "Date"))
                 except InvalidRetryAfter:
                     invalid = True
                 else:
                     server_delay = parsed.delay
-                    call.last_retry_after = raw.strip(" \t")
-                    call.last_skew = parsed.clock_skew
                     if call.last_status in COOLDOWN_STATUSES:
                         cooldown_left = call.extend_cooldown(parsed.eligible_at)
                         call.recorded = response
