@@ -55,9 +55,8 @@ from urllib3.util.retry import Retry
 from urllib3.util.timeout import Timeout
 
 from retry_after_adapter import MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry
-from retry_after_adapter._call import CURRENT
-from retry_after_adapter._compat import BudgetTimeout
-from retry_after_adapter.adapter import DEFAULT_STORE
+from retry_after_adapter.adapter import DEFAULT_STORE, RetryAfterResponse
+from retry_after_adapter.engine import Call, admit
 
 STATUSES = (429, 502, 503, 504)
 TIMEOUT = 10.0
@@ -149,34 +148,24 @@ def breakdown(url: str, number: int, repeat: int) -> dict[str, dict[str, float |
     retry = adapter.max_retries
     scope = adapter.scope_for(request)
     store = adapter._store
-    call = retry.call_state(scope=scope, store=store, adapter_mode=True, on_decision=adapter.on_decision)
+    deadline_retry = retry.new(deadline=30)
+    call = Call(retry, scope=scope, store=store, hooks=adapter.on_decision)
+    deadline_call = Call(deadline_retry, scope=scope, store=store)
     response = session.get(url, timeout=TIMEOUT)
-    base_timeout = Timeout(connect=TIMEOUT, read=TIMEOUT)
     empty_store = MemoryCooldownStore()
-
-    def set_reset() -> None:
-        CURRENT.reset(CURRENT.set(call))
-
-    def deferral_attrs() -> None:
-        response.deferral = None  # type: ignore[attr-defined]
-        response.stop_reason = None  # type: ignore[attr-defined]
 
     ops: dict[str, Callable[[], object]] = {
         "scope_for (origin scope)": lambda: adapter.scope_for(request),
-        "retry.call_state (CallState construction)": lambda: retry.call_state(
-            scope=scope, store=store, adapter_mode=True, on_decision=adapter.on_decision
+        "Call(...) (the call's state)": lambda: Call(
+            retry, scope=scope, store=store, hooks=adapter.on_decision
         ),
         "store.get (default memory store)": lambda: DEFAULT_STORE.get(scope),
         "store.get (empty memory store)": lambda: empty_store.get(scope),
-        "call.cooldown_left (store.get + clock.now)": call.cooldown_left,
-        "adapter._admit (wait_out: no cooldown)": lambda: adapter._admit(call),
-        "BudgetTimeout(timeout, remaining) (in adapter.send)": lambda: BudgetTimeout(TIMEOUT, call.remaining),
-        "BudgetTimeout.clone (per attempt)": BudgetTimeout(base_timeout, call.remaining).clone,
+        "engine.admit (no cooldown)": lambda: admit(call),
+        "call.attempt_timeout (no deadline)": lambda: call.attempt_timeout(TIMEOUT),
+        "call.attempt_timeout (deadline: one Timeout)": lambda: deadline_call.attempt_timeout(TIMEOUT),
         "stock: Timeout(...) (requests builds it)": lambda: Timeout(connect=TIMEOUT, read=TIMEOUT),
-        "stock: Timeout.clone (per attempt)": base_timeout.clone,
-        "CURRENT.set + CURRENT.reset (contextvar)": set_reset,
-        "response.deferral/.stop_reason set": deferral_attrs,
-        "adapter._record_final (200)": lambda: adapter._record_final(call, response),
+        "RetryAfterResponse.adopt (class swap)": lambda: RetryAfterResponse.adopt(response),
     }
     out: dict[str, dict[str, float | int]] = {}
     for name, op in ops.items():

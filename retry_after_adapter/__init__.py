@@ -6,26 +6,34 @@ that spends the same quota. See the README for usage.
 
 from __future__ import annotations
 
-from ._call import budget
-from .adapter import RetryAfterAdapter
+from .adapter import RetryAfterAdapter, RetryAfterResponse
 from .clock import Clock, FakeClock, SystemClock
-from .cooldown import CooldownStore, MemoryCooldownStore, RedisCooldownStore, SQLiteCooldownStore
-from .deferral import Deferral
+from .cooldown import (
+    CooldownStore,
+    MemoryCooldownStore,
+    RedisCooldownStore,
+    SQLiteCooldownStore,
+    store_from_url,
+)
+from .deferral import Deferral, deferral_of
+from .engine import budget
 from .errors import (
     ConfigurationError,
     CooldownStoreError,
     DeferralLimitExceeded,
     InvalidDeferral,
     InvalidRetryAfter,
+    MaxRetryDeferred,
     RetryAfterError,
     RetryDeferred,
 )
 from .header import RetryAfter, parse_retry_after
-from .metrics import Counters
-from .policy import DecisionRecord
+from .observe import Counters, DecisionRecord
+from .policy import Reason
+from .pool import RetryAfterPoolManager
 from .retry import RetryAfterRetry
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Clock",
@@ -39,15 +47,21 @@ __all__ = [
     "FakeClock",
     "InvalidDeferral",
     "InvalidRetryAfter",
+    "MaxRetryDeferred",
     "MemoryCooldownStore",
+    "Reason",
     "RedisCooldownStore",
     "RetryAfter",
     "RetryAfterAdapter",
     "RetryAfterError",
+    "RetryAfterPoolManager",
+    "RetryAfterResponse",
     "RetryAfterRetry",
     "RetryDeferred",
     "SQLiteCooldownStore",
     "SystemClock",
     "budget",
+    "deferral_of",
     "parse_retry_after",
+    "store_from_url",
 ]

@@ -6,12 +6,13 @@ Nothing outside this module looks at urllib3's version.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import io
 from importlib.metadata import version as _dist_version
 from typing import Any
 
+from urllib3._collections import HTTPHeaderDict
+from urllib3.response import HTTPResponse
 from urllib3.util.retry import Retry
-from urllib3.util.timeout import Timeout
 
 #: urllib3's version as a tuple of ints, e.g. (2, 7, 0).
 URLLIB3_VERSION: tuple[int, ...] = tuple(
@@ -28,12 +29,6 @@ HAS_RETRY_AFTER_MAX = "retry_after_max" in _RETRY_PARAMS
 #: The methods urllib3 treats as idempotent (GET, HEAD, PUT, DELETE, OPTIONS, TRACE).
 DEFAULT_ALLOWED_METHODS: frozenset[str] = frozenset(Retry.DEFAULT_ALLOWED_METHODS)
 
-#: The smallest socket timeout an attempt gets when its deadline is nearly used up, in
-#: seconds (a zero timeout would make the socket non-blocking). Give the policy an
-#: ``attempt_reserve`` to keep more than this for the last attempt.
-MIN_ATTEMPT_TIMEOUT = 0.1
-
-
 def retry_arguments(retry: Retry) -> dict[str, Any]:
     """The constructor arguments that rebuild ``retry`` on this urllib3 (no history)."""
     # 1.26 also accepts the deprecated "method_whitelist" (same value as
@@ -47,44 +42,20 @@ def supported_retry_arguments() -> frozenset[str]:
     return _RETRY_PARAMS
 
 
-def _clamp(value: Any, left: float) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return min(float(value), left)
-    # None (wait forever) and the "socket default" sentinel (both versions) become left.
-    return left
-
-
-class BudgetTimeout(Timeout):
-    """A Timeout whose per-attempt copy is clamped to what is left of a deadline.
-
-    urllib3 (1.26 and 2.x) calls ``clone()`` once for every attempt, retries included,
-    so each attempt's connect and read timeouts are at most the seconds left when it
-    starts. ``remaining()`` returns those seconds, or None when there is no deadline.
-    """
-
-    def __init__(self, timeout: Any, remaining: Callable[[], float | None]) -> None:
-        # ``timeout`` is what requests' HTTPAdapter.send accepts: a number, None, a
-        # (connect, read) tuple or a Timeout; built in one Timeout.__init__ call.
-        if isinstance(timeout, Timeout):
-            super().__init__(connect=timeout._connect, read=timeout._read, total=timeout.total)
-        elif isinstance(timeout, tuple):
-            if len(timeout) != 2:
-                raise ValueError(
-                    f"Invalid timeout {timeout}. Pass a (connect, read) timeout tuple, "
-                    "or a single float to set both timeouts to the same value."
-                )
-            super().__init__(connect=timeout[0], read=timeout[1])
-        else:
-            super().__init__(connect=timeout, read=timeout)
-        self._remaining = remaining
-
-    def clone(self) -> Timeout:
-        left = self._remaining()
-        if left is None:
-            return Timeout(connect=self._connect, read=self._read, total=self.total)
-        left = max(left, MIN_ATTEMPT_TIMEOUT)
-        total = None if self.total is None else _clamp(self.total, left)
-        return Timeout(connect=_clamp(self._connect, left), read=_clamp(self._read, left), total=total)
+def local_response(
+    *, status: int, reason: str, headers: dict[str, str], body: bytes, method: str | None, url: str | None
+) -> HTTPResponse:
+    """A urllib3 response built here, not received (a locally deferred 429)."""
+    return HTTPResponse(
+        body=io.BytesIO(body),
+        headers=HTTPHeaderDict({**headers, "Content-Length": str(len(body))}),
+        status=status,
+        reason=reason,
+        preload_content=False,
+        decode_content=False,
+        request_method=method,
+        request_url=url,
+    )
 
 
 def response_header(response: Any, name: str) -> str | None:

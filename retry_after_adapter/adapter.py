@@ -1,49 +1,115 @@
 """RetryAfterAdapter: a requests transport adapter that defers instead of shortening.
 
-Mount it on a ``requests.Session``; it binds a per-call budget that the
-:class:`RetryAfterRetry` reads, checks the shared cooldown before the first attempt,
-and returns every response with ``.deferral`` (``None`` unless the call was deferred).
+Mount it on a ``requests.Session``. Each ``send`` runs the engine's loop
+(:func:`retry_after_adapter.engine.run`): admission before every attempt, exactly one
+attempt through ``HTTPAdapter.send`` (urllib3 itself never retries), the policy's
+decision, then a wait or the result. Every response it returns is a
+:class:`RetryAfterResponse`, whose ``deferral`` is None unless the call was deferred.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Collection, Mapping
-from contextlib import suppress
-from functools import lru_cache
+import json
+import math
+from collections.abc import Collection, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from ._call import CURRENT, CallState, Halt, wait_out
-from ._compat import BudgetTimeout, retry_arguments
+from ._compat import local_response
 from .cooldown.base import CooldownStore
-from .cooldown.guard import GuardedStore
-from .cooldown.memory import DEFAULT_STORE, MemoryCooldownStore
-from .errors import ConfigurationError, CooldownUnavailable, InvalidRetryAfter, RetryDeferred
-from .policy import DEFER, decide
-from .retry import COOLDOWN_STATUSES, DecisionHook, RetryAfterRetry, as_hooks
+from .cooldown.guard import DEFAULT, check_store_failure, failure_layer
+from .cooldown.memory import DEFAULT_STORE
+from .deferral import Deferral
+from .engine import SINGLE_ATTEMPT, Call, Outcome, current_override, run
+from .errors import ConfigurationError, RetryDeferred
+from .observe import DecisionHook, as_hooks
+from .policy import Reason
+from .retry import RetryAfterRetry
+from .scope import ScopeFunction, credential_scope, hash_scope, origin_scope, resolve_scope, strip_query
 
-_DEFAULT: Any = object()
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-_SECRET_HEADERS = ("Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key")
-ScopeFunction = Callable[[requests.PreparedRequest], str]
+__all__ = [
+    "DEFAULT_STORE",
+    "LOCAL_HEADER",
+    "RetryAfterAdapter",
+    "RetryAfterResponse",
+    "credential_scope",
+    "hash_scope",
+    "origin_scope",
+]
+
+#: The header that marks a 429 built locally (nothing was sent); its value is the
+#: deferral's reason. The response's ``local`` attribute says the same.
+LOCAL_HEADER = "X-Local-Deferral"
+
+#: Where a call's state waits in ``PreparedRequest.hooks`` between redirect hops:
+#: requests copies a request for each hop and the copy keeps the same hooks dict.
+_CALL_KEY = "retry_after_adapter.call"
+
+
+class RetryAfterResponse(requests.Response):
+    """The ``requests.Response`` that :class:`RetryAfterAdapter` returns.
+
+    - ``deferral``: the :class:`Deferral` when the call was deferred, else None.
+    - ``stop_reason``: why the policy stopped retrying (``Reason.INVALID_RETRY_AFTER``),
+      else None.
+    - ``local``: True for a 429 built locally because the call was deferred before
+      anything was sent (its ``Retry-After`` is the whole seconds left, and it carries
+      the :data:`LOCAL_HEADER`); False for a response from the server.
+
+    ``session.get()`` is typed as returning ``requests.Response``: narrow it with
+    ``isinstance(response, RetryAfterResponse)``, or use
+    :func:`~retry_after_adapter.deferral_of`, which takes any response.
+    """
+
+    deferral: Deferral | None = None
+    stop_reason: Reason | None = None
+    local: bool = False
+
+    @classmethod
+    def adopt(cls, response: requests.Response) -> RetryAfterResponse:
+        """``response`` itself, now of this class (no copy: its body stays unread)."""
+        if not isinstance(response, cls):
+            response.__class__ = cls
+        assert isinstance(response, cls)
+        return response
+
+
+def local_429(deferral: Deferral, method: str | None, url: str | None) -> Any:
+    """A urllib3 429 built here for a call deferred before sending: ``Retry-After`` is
+    the whole seconds left (rounded up), the body the deferral's JSON, and the
+    :data:`LOCAL_HEADER` names the reason."""
+    return local_response(
+        status=429,
+        reason="Too Many Requests",
+        headers={
+            "Retry-After": str(max(0, math.ceil(deferral.delay))),
+            "Content-Type": "application/json",
+            LOCAL_HEADER: str(deferral.reason),
+        },
+        body=json.dumps(deferral.to_dict()).encode("ascii"),
+        method=method,
+        url=url,
+    )
 
 
 def default_retry() -> RetryAfterRetry:
-    """The policy an adapter uses when given none: 5 retries, backoff 0.5 s, max_wait 60 s."""
-    return RetryAfterRetry(total=5, backoff_factor=0.5)
+    """The policy an adapter uses when given none: 5 retries, backoff 0.5 s, max_wait
+    60 s, and the last response returned (not raised) when retries run out."""
+    return RetryAfterRetry(total=5, backoff_factor=0.5, raise_on_status=False)
 
 
 def as_retry_after_retry(max_retries: Any) -> RetryAfterRetry:
     """Turn an adapter's ``max_retries`` argument into a :class:`RetryAfterRetry`.
 
-    None gives :func:`default_retry`; an int ``n`` gives ``RetryAfterRetry(n)``; a stock
-    urllib3 ``Retry`` is copied with all its settings.
+    None gives :func:`default_retry`; an int ``n`` gives ``RetryAfterRetry(n,
+    raise_on_status=False)`` (so, as ``HTTPAdapter(max_retries=n)``, the last response
+    is returned); a stock urllib3 ``Retry`` is copied with all its settings.
     """
+    from ._compat import retry_arguments
+
     if max_retries is None:
         return default_retry()
     if isinstance(max_retries, RetryAfterRetry):
@@ -51,78 +117,89 @@ def as_retry_after_retry(max_retries: Any) -> RetryAfterRetry:
     if isinstance(max_retries, Retry):
         return RetryAfterRetry(**retry_arguments(max_retries))
     if isinstance(max_retries, int) and not isinstance(max_retries, bool) and max_retries >= 0:
-        return RetryAfterRetry.from_int(max_retries)  # type: ignore[return-value]
+        return RetryAfterRetry(max_retries, raise_on_status=False)
     raise ConfigurationError("max_retries must be a RetryAfterRetry, a urllib3 Retry, an int >= 0 or None")
 
 
-@lru_cache(maxsize=1024)
-def _origin(scheme: str, netloc: str) -> str:
-    parts = urlsplit(f"{scheme}://{netloc}")
-    host = (parts.hostname or "").lower()
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if port is None:
-        port = _DEFAULT_PORTS.get(scheme.lower(), 0)
-    return f"{scheme.lower()}://{host}:{port}"
+_VIEW_CLASSES: dict[type[HTTPAdapter], type[HTTPAdapter]] = {}
 
 
-def origin_scope(request: requests.PreparedRequest) -> str:
-    """The default scope: the request's origin as ``scheme://host:port``.
-
-    Any user info (``user:password@``) and the path and query are left out.
-    """
-    url = request.url or ""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise ConfigurationError("cannot derive a cooldown scope from a URL without a scheme")
-    netloc = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
-    return _origin(scheme, netloc)
-
-
-def hash_scope(text: str) -> str:
-    """A stable, non-reversible scope key for a credential-derived value."""
-    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+def _view_class(cls: type[HTTPAdapter]) -> type[HTTPAdapter]:
+    """A subclass of ``cls`` whose ``max_retries`` is one attempt, whatever the
+    instance holds: ``HTTPAdapter.send`` hands ``self.max_retries`` to urllib3, and
+    urllib3 must not loop under the engine."""
+    view = _VIEW_CLASSES.get(cls)
+    if view is None:
+        view = type(
+            f"{cls.__name__}Attempt",
+            (cls,),
+            {"max_retries": property(lambda self: SINGLE_ATTEMPT), "__module__": __name__},
+        )
+        _VIEW_CLASSES[cls] = view
+    return view
 
 
-def credential_scope(request: requests.PreparedRequest) -> str:
-    """Origin plus a hash of the request's credential (Authorization, or API key header).
+class _RequestsTransport:
+    """One attempt through ``HTTPAdapter.send`` on the adapter's one-attempt view."""
 
-    For providers whose quota is per account or per credential.
-    """
-    origin = origin_scope(request)
-    headers = request.headers
-    for name in _SECRET_HEADERS:
-        value = headers.get(name)
-        if value:
-            return f"{origin}|{hash_scope(name.lower() + ':' + value)}"
-    return origin
+    follows_redirects = False
+    __slots__ = ("cert", "method", "proxies", "request", "stream", "url", "user_timeout", "verify", "view")
 
+    def __init__(
+        self,
+        view: HTTPAdapter,
+        request: requests.PreparedRequest,
+        stream: bool,
+        timeout: Any,
+        verify: bool | str,
+        cert: Any,
+        proxies: Mapping[str, str] | None,
+    ) -> None:
+        self.view = view
+        self.request = request
+        self.stream = stream
+        self.user_timeout = timeout
+        self.verify = verify
+        self.cert = cert
+        self.proxies = proxies
+        self.method = request.method or "GET"
+        self.url = strip_query(request.url) or ""
 
-def _secrets_of(request: requests.PreparedRequest) -> list[str]:
-    found = [str(v) for name in _SECRET_HEADERS if (v := request.headers.get(name))]
-    url = request.url or ""
-    if "?" in url:
-        query = url.split("?", 1)[1].split("#", 1)[0]
-        found.extend(part.split("=", 1)[1] for part in query.split("&") if "=" in part)
-    netloc = url.partition("://")[2].split("/", 1)[0]
-    if "@" in netloc:
-        found.append(netloc.rsplit("@", 1)[0])
-    return [s for s in found if len(s) >= 4]
+    def send(self, timeout: Any) -> requests.Response:
+        return HTTPAdapter.send(
+            self.view,
+            self.request,
+            stream=self.stream,
+            timeout=timeout,
+            verify=self.verify,
+            cert=self.cert,
+            proxies=self.proxies,
+        )
 
+    def timeout(self) -> Any:
+        return self.user_timeout
 
-def _safe_scope(value: object, request: requests.PreparedRequest) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigurationError("a scope function must return a non-empty string")
-    if len(value) > 256 or any(secret in value for secret in _secrets_of(request)):
-        return hash_scope(value)
-    return value
+    @staticmethod
+    def raw(response: requests.Response) -> Any:
+        return response.raw
 
+    @staticmethod
+    def transport_error(exc: Exception) -> Exception | None:
+        if not isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout)):
+            return None
+        inner = exc.args[0] if exc.args and isinstance(exc.args[0], Exception) else exc
+        reason = getattr(inner, "reason", None)
+        return reason if isinstance(reason, Exception) else inner
 
-_NAMED_SCOPES: Mapping[str, ScopeFunction] = {"origin": origin_scope, "credential": credential_scope}
+    @staticmethod
+    def keep(response: requests.Response) -> None:
+        try:
+            response.content  # noqa: B018 - read now: the connection goes back to its pool
+        except requests.exceptions.RequestException:
+            response.close()
+
+    def follow(self, response: requests.Response, retry: Retry) -> None:  # pragma: no cover
+        raise AssertionError("requests follows redirects itself")
 
 
 class RetryAfterAdapter(HTTPAdapter):
@@ -135,23 +212,33 @@ class RetryAfterAdapter(HTTPAdapter):
     - ``scope``: ``"origin"`` (default: scheme, host and port), ``"credential"`` (origin
       plus a hash of the credential), or ``callable(request) -> str``. A returned
       scope that contains a credential or a query value is hashed before use.
-    - ``raise_on_defer``: raise :class:`RetryDeferred` instead of returning the
-      response with ``.deferral`` set.
+    - ``raise_on_defer``: raise :class:`RetryDeferred` instead of returning a response
+      with ``.deferral`` set.
     - ``store_failure``: ``"open"`` (default: requests go on, cooldowns kept in this
       process while the store is down) or ``"closed"`` (defer with reason
       ``"cooldown-unknown"`` while the store is down).
     - ``on_decision``: callable(s) receiving every decision as a ``DecisionRecord``,
-      in addition to the Retry object's own hooks.
+      in addition to the policy's own hooks.
 
     Every other argument is ``HTTPAdapter``'s (``pool_connections``, ``pool_maxsize``,
-    ``pool_block``).
+    ``pool_block``). The adapter copies, deep-copies and pickles (the default store
+    maps back to itself, SQLite to its path, Redis to its URL).
     """
+
+    __attrs__ = [
+        *HTTPAdapter.__attrs__,
+        "cooldown",
+        "scope",
+        "raise_on_defer",
+        "store_failure",
+        "on_decision",
+    ]
 
     def __init__(
         self,
         max_retries: Any = None,
         *,
-        cooldown: CooldownStore | None = _DEFAULT,
+        cooldown: CooldownStore | None = DEFAULT,
         scope: str | ScopeFunction | None = None,
         raise_on_defer: bool = False,
         store_failure: str = "open",
@@ -159,39 +246,35 @@ class RetryAfterAdapter(HTTPAdapter):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.on_decision = as_hooks(on_decision)
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
-        if store_failure not in ("open", "closed"):
-            raise ConfigurationError("store_failure must be 'open' or 'closed'")
-        if cooldown is _DEFAULT:
-            cooldown = DEFAULT_STORE
-        if cooldown is not None and not isinstance(cooldown, CooldownStore):
-            raise ConfigurationError("cooldown must be a CooldownStore (get and extend) or None")
-        self.cooldown = cooldown
-        if cooldown is None or (isinstance(cooldown, MemoryCooldownStore) and store_failure == "open"):
-            self._store: CooldownStore | None = cooldown
-        else:
-            self._store = GuardedStore(cooldown, fail_closed=store_failure == "closed")
-        self.store_failure = store_failure
-        if scope is None:
-            scope = "origin"
-        if isinstance(scope, str):
-            if scope not in _NAMED_SCOPES:
-                raise ConfigurationError("scope must be 'origin', 'credential' or a callable")
-            self._scope_fn: ScopeFunction = _NAMED_SCOPES[scope]
-            self._scope_checked = False
-        elif callable(scope):
-            self._scope_fn = scope
-            self._scope_checked = True
-        else:
-            raise ConfigurationError("scope must be 'origin', 'credential' or a callable")
-        self.scope = scope
+        self.on_decision = as_hooks(on_decision)
+        self.store_failure = check_store_failure(store_failure)
+        self.cooldown = DEFAULT_STORE if cooldown is DEFAULT else cooldown
+        self.scope = "origin" if scope is None else scope
         self.raise_on_defer = bool(raise_on_defer)
+        self._configure()
+
+    def _configure(self) -> None:
+        """Derive what is not kept when the adapter is copied or pickled."""
+        self._store = failure_layer(self.cooldown, self.store_failure)
+        self._scope_fn = resolve_scope(self.scope)
+        self._view: HTTPAdapter | None = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # type: ignore[misc]
+        self._configure()
 
     def scope_for(self, request: requests.PreparedRequest) -> str:
         """The cooldown scope of ``request`` (never a credential in clear)."""
-        value = self._scope_fn(request)
-        return _safe_scope(value, request) if self._scope_checked else value
+        return self._scope_fn(request)
+
+    def _attempt_view(self) -> HTTPAdapter:
+        view = self._view
+        if view is None:
+            view = object.__new__(_view_class(type(self)))
+            view.__dict__ = self.__dict__  # the same adapter, seen with one attempt
+            self._view = view
+        return view
 
     def send(
         self,
@@ -203,105 +286,63 @@ class RetryAfterAdapter(HTTPAdapter):
         proxies: Mapping[str, str] | None = None,
     ) -> requests.Response:
         """Send ``request`` under the retry policy; see the class docstring."""
-        retry = self.max_retries
-        call = retry.call_state(
-            scope=self.scope_for(request), store=self._store, adapter_mode=True, on_decision=self.on_decision
+        call = self._call_for(request)
+        transport = _RequestsTransport(self._attempt_view(), request, stream, timeout, verify, cert, proxies)
+        return self._result(request, call, run(call, transport))
+
+    def _call_for(self, request: requests.PreparedRequest) -> Call:
+        """A new call, or the one this request continues (a redirect hop)."""
+        hooks = request.hooks
+        entry = hooks.pop(_CALL_KEY, None) if isinstance(hooks, dict) else None
+        if entry is not None and entry[1] is not request:
+            call: Call = entry[0]
+            call.scope = self.scope_for(request)
+            call.store = self._store
+            return call
+        return Call(
+            self.max_retries,
+            scope=self.scope_for(request),
+            store=self._store,
+            hooks=self.on_decision,
+            override=current_override(),
         )
-        token = CURRENT.set(call)
-        try:
-            try:
-                self._admit(call)
-                if call.deadline is not None:
-                    timeout = BudgetTimeout(timeout, call.remaining)
-                response = super().send(
-                    request, stream=stream, timeout=timeout, verify=verify, cert=cert, proxies=proxies
-                )
-                if response.is_redirect and "Retry-After" in response.headers:
-                    self._wait_before_redirect(call, response)
-            except Halt as halt:
-                return self._halted(request, halt)
-            self._record_final(call, response)
-            response.deferral = None  # type: ignore[attr-defined]
-            response.stop_reason = None  # type: ignore[attr-defined]
-            return response
-        finally:
-            CURRENT.reset(token)
 
-    def _admit(self, call: CallState) -> None:
-        """Before the first attempt: wait out a fitting cooldown, or defer without sending.
-
-        The common case, no cooldown stored, costs one store read and no waiting logic.
-        """
-        if call.resume_at is None and call.cancel is None:
-            if call.store is None or call.scope is None:
-                return
-            try:
-                until = call.store.get(call.scope)
-            except CooldownUnavailable:
-                pass  # wait_out reads again and applies the failure policy
-            else:
-                if until is None or until <= call.clock.now():
-                    return
-        wait_out(call, call.clock.monotonic(), None)
-
-    def _wait_before_redirect(self, call: CallState, response: requests.Response) -> None:
-        """requests follows redirects itself, calling ``send`` again at once: a 3xx's
-        Retry-After is waited out here if it fits the budget, else the call is deferred.
-        """
-        try:
-            parsed = call.read_hint(response.headers["Retry-After"], response.headers.get("Date"))
-        except InvalidRetryAfter:
-            return  # an invalid hint on a redirect: follow it as requests would
-        if parsed.delay <= 0:
-            return
-        decision = decide(
-            server_delay=parsed.delay,
-            backoff=0.0,
-            cooldown_left=0.0,
-            jitter=0.0,
-            elapsed=call.elapsed(),
-            deadline=call.deadline,
-            max_wait=call.max_wait,
-            attempt_reserve=call.attempt_reserve,
-        )
-        call.last_status = response.status_code
-        if decision.action == DEFER:
-            raise call.defer(decision, response.raw, parsed.delay)
-        call.emit(decision, parsed.delay)
-        wait_out(call, call.clock.monotonic() + decision.wait, response.raw)
-
-    def _halted(self, request: requests.PreparedRequest, halt: Halt) -> requests.Response:
-        deferral = halt.deferral
-        if halt.response is None:
+    def _result(
+        self, request: requests.PreparedRequest, call: Call, outcome: Outcome[requests.Response]
+    ) -> RetryAfterResponse:
+        deferral = outcome.deferral
+        error = outcome.error
+        if error is not None:
+            if deferral is not None and isinstance(error, requests.exceptions.RequestException):
+                raise RetryDeferred.keeping(error, deferral) from error
+            raise error
+        if outcome.response is None:
             assert deferral is not None
-            raise RetryDeferred(deferral, response=None, request=request) from None
-        response = self.build_response(request, halt.response)
-        response.deferral = deferral  # type: ignore[attr-defined]
-        response.stop_reason = halt.stop_reason  # type: ignore[attr-defined]
+            if self.raise_on_defer:
+                raise RetryDeferred(deferral, response=None, request=request)
+            return self._local(request, deferral)
+        response = RetryAfterResponse.adopt(outcome.response)
+        response.deferral = deferral
+        response.stop_reason = outcome.stop_reason
+        if deferral is None:
+            if outcome.redirect and isinstance(request.hooks, dict):
+                request.hooks[_CALL_KEY] = (call, request)  # the next hop continues this call
+            return response
         # A deferred redirect is raised, not returned: requests would follow it at once.
-        if deferral is not None and (self.raise_on_defer or response.is_redirect):
-            raise RetryDeferred(deferral, response=response, request=request) from None
+        if self.raise_on_defer or outcome.redirect or (outcome.exhausted and call.policy.raise_on_status):
+            raise RetryDeferred(deferral, response=response, request=request)
         return response
 
-    def _record_final(self, call: CallState, response: requests.Response) -> None:
-        """A response that was not retried (a POST's 429, say) still sets the cooldown."""
-        if response.status_code not in COOLDOWN_STATUSES or call.recorded is response.raw:
-            return
-        raw = response.headers.get("Retry-After")
-        if raw is None or call.store is None or call.scope is None:
-            return
-        try:
-            parsed = call.read_hint(raw, response.headers.get("Date"))
-        except InvalidRetryAfter:
-            return
-        with suppress(CooldownUnavailable):  # GuardedStore.extend never raises; others may
-            call.extend_cooldown(parsed.eligible_at)
+    def _local(self, request: requests.PreparedRequest, deferral: Deferral) -> RetryAfterResponse:
+        """The 429 for a call deferred before anything was sent (no byte went out)."""
+        raw = local_429(deferral, request.method, request.url)
+        response = RetryAfterResponse.adopt(self.build_response(request, raw))
+        response.deferral = deferral
+        response.local = True
+        return response
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(max_retries={self.max_retries!r}, "
             f"cooldown={type(self.cooldown).__name__ if self.cooldown is not None else None})"
         )
-
-
-__all__ = ["DEFAULT_STORE", "RetryAfterAdapter", "credential_scope", "hash_scope", "origin_scope"]

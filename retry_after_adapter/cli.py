@@ -48,6 +48,10 @@ PROG = "retry-after-adapter"
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _METHOD = re.compile(r"[A-Z]+")
 
+#: ``get``'s default deadline in seconds: an unreachable host or a slow server costs a
+#: cron job at most this long (``--deadline none`` lifts it).
+DEFAULT_GET_DEADLINE = 10.0
+
 
 # --------------------------------------------------------------------------- redaction
 class _Redactor:
@@ -330,8 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     get.add_argument("url", metavar="URL", help="an http:// or https:// URL")
     get.add_argument(
-        "--deadline", type=_seconds_or_none, default=None, metavar="S",
-        help="seconds the whole call may take, waits included (default: none)",
+        "--deadline", type=_seconds_or_none, default=DEFAULT_GET_DEADLINE, metavar="S",
+        help=f"seconds the whole call may take, waits included (default {DEFAULT_GET_DEADLINE:g}; "
+        "'none' for no limit)",
     )  # fmt: skip
     get.add_argument(
         "--max-wait", type=_seconds_or_none, default=60.0, metavar="S",
@@ -429,8 +434,10 @@ def _cmd_get(args: argparse.Namespace) -> int:
     import requests
 
     from .adapter import DEFAULT_STORE, RetryAfterAdapter
+    from .deferral import deferral_of
     from .errors import ConfigurationError, RetryAfterError, RetryDeferred
-    from .policy import STOP, DecisionRecord
+    from .observe import DecisionRecord
+    from .policy import STOP, Reason
     from .retry import RetryAfterRetry
 
     url: str = args.url
@@ -481,6 +488,10 @@ def _cmd_get(args: argparse.Namespace) -> int:
     session.mount("https://", adapter)
     try:
         response = session.request(args.method, url, headers=headers, timeout=args.timeout)
+    except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
+        # Also when the last attempt's error carries a deferral: the server is unreachable.
+        _err(f"cannot reach {shown}: {_transport_reason(exc)}")
+        return EX_UNAVAILABLE
     except RetryDeferred as exc:
         return _print_deferral(exc.deferral)
     except requests.exceptions.InvalidURL:
@@ -489,9 +500,6 @@ def _cmd_get(args: argparse.Namespace) -> int:
     except (requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema):
         _err(f"error: not an http:// or https:// URL: {shown}")
         return EX_USAGE
-    except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
-        _err(f"cannot reach {shown}: {_transport_reason(exc)}")
-        return EX_UNAVAILABLE
     except (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError) as exc:
         _err(f"the response from {shown} broke off: {_transport_reason(exc)}")
         return EX_UNAVAILABLE
@@ -507,8 +515,8 @@ def _cmd_get(args: argparse.Namespace) -> int:
     finally:
         session.close()
 
-    deferral = getattr(response, "deferral", None)
-    if deferral is not None:
+    deferral = deferral_of(response)
+    if deferral is not None and deferral.reason != Reason.ATTEMPTS:
         return _print_deferral(deferral)
     body = response.content
     sys.stdout.buffer.write(body)
@@ -516,6 +524,8 @@ def _cmd_get(args: argparse.Namespace) -> int:
     if 200 <= response.status_code < 300:
         return EX_OK
     reason = getattr(response, "stop_reason", None) or (stops[-1] if stops else None)
+    if deferral is not None:  # retries used up: the server's next eligible time is kept
+        reason = f"retries used up; eligible again at {deferral.eligible_at.isoformat()}"
     if reason is None:
         retried = response.status_code in (retry.status_forcelist or ())
         reason = "none" if retried else f"none; {response.status_code} is not a retried status"

@@ -12,12 +12,28 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .errors import InvalidDeferral
+from .policy import DEFER_REASONS, Reason
 
 #: Version of the JSON form written by :meth:`Deferral.to_dict`.
-FORMAT_VERSION = 1
+#:
+#: The rule: a version adds reasons or optional fields, never removes or renames one,
+#: so every reader accepts every version up to its own and writes its own. Version 2
+#: added the reasons ``attempts``, ``quota`` and ``concurrency``; version 1 documents
+#: (the reasons ``deadline``, ``max_wait``, ``cooldown``, ``cancelled``,
+#: ``cooldown-unknown``) read unchanged.
+FORMAT_VERSION = 2
 
-#: The reasons a call can be deferred.
-REASONS = frozenset({"deadline", "max_wait", "cooldown", "cancelled", "cooldown-unknown"})
+#: Every version :meth:`Deferral.from_dict` reads.
+READABLE_VERSIONS = frozenset({1, 2})
+
+#: The reasons a call can be deferred, by the JSON version that introduced them.
+REASONS = frozenset(DEFER_REASONS)
+_REASONS_BY_VERSION = {
+    1: frozenset(
+        {Reason.DEADLINE, Reason.MAX_WAIT, Reason.COOLDOWN, Reason.CANCELLED, Reason.COOLDOWN_UNKNOWN}
+    ),
+    2: REASONS,
+}
 
 
 @dataclass(frozen=True)
@@ -40,7 +56,7 @@ class Deferral:
 
     eligible_at: datetime
     delay: float
-    reason: str
+    reason: Reason
     scope: str | None = None
     attempts: int = 0
     deferrals: int = 1
@@ -56,6 +72,7 @@ class Deferral:
             _check_aware("started_at", self.started_at)
         if not isinstance(self.reason, str) or self.reason not in REASONS:
             raise InvalidDeferral(f"unknown deferral reason {self.reason!r}")
+        object.__setattr__(self, "reason", Reason(self.reason))
         if isinstance(self.delay, bool) or not _finite(self.delay) or self.delay < 0:
             raise InvalidDeferral("delay must be a finite number of seconds >= 0")
         if self.clock_skew is not None and (
@@ -85,7 +102,7 @@ class Deferral:
             "version": FORMAT_VERSION,
             "eligible_at": _iso(self.eligible_at),
             "delay": self.delay,
-            "reason": self.reason,
+            "reason": str(self.reason),
             "scope": self.scope,
             "attempts": self.attempts,
             "deferrals": self.deferrals,
@@ -107,13 +124,16 @@ class Deferral:
         if not isinstance(data, dict):
             raise InvalidDeferral("a deferral must be a JSON object")
         version = data.get("version")
-        if type(version) is not int or version != FORMAT_VERSION:
+        if type(version) is not int or version not in READABLE_VERSIONS:
             raise InvalidDeferral(f"unsupported deferral version {version!r}")
         history = data.get("history", [])
         if not isinstance(history, list):
             raise InvalidDeferral("history must be a list")
         entries = tuple(cls._from_flat(item) for item in history)
         deferral = replace(cls._from_flat(data), history=entries)
+        for entry in (*entries, deferral):
+            if entry.reason not in _REASONS_BY_VERSION[version]:
+                raise InvalidDeferral(f"reason {str(entry.reason)!r} is not part of version {version}")
         if len(entries) != deferral.deferrals - 1:
             # An edited count would hand a job a fresh max_deferrals budget.
             raise InvalidDeferral("history must hold exactly deferrals - 1 earlier deferrals")
@@ -158,6 +178,41 @@ class Deferral:
             )
         except KeyError as missing:
             raise InvalidDeferral(f"missing field {missing.args[0]!r}") from None
+
+
+def deferral_of(thing: object) -> Deferral | None:
+    """The deferral carried by a response or an exception, or None.
+
+    Finds it on a response from :class:`~retry_after_adapter.RetryAfterAdapter` or
+    :class:`~retry_after_adapter.RetryAfterPoolManager` (None when the call was not
+    deferred, or the response did not come through either), on ``RetryDeferred`` and
+    ``MaxRetryDeferred``, and anywhere in an exception's chain (``__cause__``,
+    ``__context__``, ``args``, urllib3's ``reason``): the ``RetryError`` or
+    ``ConnectionError`` a *stock* ``HTTPAdapter`` raises around a deferral of
+    :class:`~retry_after_adapter.RetryAfterRetry`, for instance.
+    """
+    stack: list[object] = [thing]
+    seen: set[int] = set()
+    while stack and len(seen) < 32:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        found = getattr(current, "deferral", None)
+        if isinstance(found, Deferral):
+            return found
+        if isinstance(current, BaseException):
+            stack.extend(
+                item
+                for item in (
+                    *current.args,
+                    getattr(current, "reason", None),
+                    current.__context__,
+                    current.__cause__,
+                )
+                if isinstance(item, BaseException)
+            )
+    return None
 
 
 def _finite(value: object) -> bool:

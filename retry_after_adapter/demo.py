@@ -40,11 +40,11 @@ from urllib3.connection import HTTPConnection
 from urllib3.connectionpool import HTTPConnectionPool
 from urllib3.util.retry import Retry
 
-from ._call import budget
 from .adapter import RetryAfterAdapter
 from .clock import Clock, SystemClock
 from .cooldown.memory import MemoryCooldownStore
 from .deferral import Deferral
+from .engine import budget
 from .errors import ConfigurationError, RetryDeferred
 from .header import format_http_date
 from .retry import RetryAfterRetry

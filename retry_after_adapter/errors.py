@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from requests.exceptions import RetryError
+from requests.exceptions import RequestException, RetryError
+from urllib3.exceptions import InvalidHeader, MaxRetryError
 
 if TYPE_CHECKING:
     from .deferral import Deferral
@@ -23,8 +24,11 @@ class ConfigurationError(RetryAfterError, ValueError):
     """An argument given to the package is out of range or of the wrong kind."""
 
 
-class InvalidRetryAfter(RetryAfterError, ValueError):
+class InvalidRetryAfter(RetryAfterError, ValueError, InvalidHeader):
     """A Retry-After (or Date) value does not follow RFC 9110.
+
+    Also a ``ValueError`` and urllib3's ``InvalidHeader`` (what stock
+    ``Retry.parse_retry_after`` raises), so existing handlers keep working.
 
     ``reason`` is a short machine-readable word (``"empty"``, ``"repeated"``, ...);
     the raw value is kept only in truncated, escaped form in the message.
@@ -56,6 +60,73 @@ class RetryDeferred(RetryError, RetryAfterError):
             f"{deferral.eligible_at.isoformat()} (in {deferral.delay:.3f} s)"
         )
         super().__init__(message, response=response, request=request)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # BaseException pickles as type(*args), which this __init__ does not take.
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+    @classmethod
+    def keeping(cls, error: RequestException, deferral: Deferral) -> RetryDeferred:
+        """``error`` (what ``HTTPAdapter`` raised for the last attempt) as an exception
+        of its own class *and* a ``RetryDeferred`` carrying ``deferral``: ``except
+        requests.Timeout`` and ``except RetryDeferred`` both catch it."""
+        if isinstance(error, RetryDeferred):
+            error.deferral = deferral
+            return error
+        kind = _keeping_class(type(error))
+        kept: RetryDeferred = kind.__new__(kind)
+        RequestException.__init__(
+            kept,
+            *error.args,
+            request=getattr(error, "request", None),
+            response=getattr(error, "response", None),
+        )
+        kept.deferral = deferral
+        return kept
+
+
+def _rebuild(kind: type[RetryDeferred], args: tuple[Any, ...], state: dict[str, Any]) -> RetryDeferred:
+    error: RetryDeferred = kind.__new__(kind)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+_KEEPING: dict[type[BaseException], type[RetryDeferred]] = {}
+
+
+def _keeping_class(base: type[RequestException]) -> type[RetryDeferred]:
+    """The class ``Deferred<Base>(RetryDeferred, Base)``, made once per base and kept
+    in this module (so instances pickle by name)."""
+    kind = _KEEPING.get(base)
+    if kind is None:
+        name = f"Deferred{base.__name__}"
+        kind = type(name, (RetryDeferred, base), {"__module__": __name__, "__qualname__": name})
+        _KEEPING[base] = kind
+        globals().setdefault(name, kind)
+    return kind
+
+
+class MaxRetryDeferred(MaxRetryError, RetryAfterError):
+    """urllib3's ``MaxRetryError`` for a deferral decided inside a *stock* urllib3 loop.
+
+    Raised by :meth:`RetryAfterRetry.increment` when the policy is handed to a plain
+    ``urllib3.PoolManager`` or to a stock ``HTTPAdapter`` (as libraries that take a
+    ``retry=`` argument do): there ``requests`` turns it into the ``RetryError`` it
+    raises when retries end. ``deferral`` says when to try again; ``response`` is the
+    last urllib3 response, or None. :func:`~retry_after_adapter.deferral_of` finds it
+    in any exception chain.
+    """
+
+    def __init__(
+        self, pool: Any, url: str | None, reason: Exception | None, deferral: Deferral, response: Any = None
+    ) -> None:
+        super().__init__(pool, url or "", reason)
+        self.deferral = deferral
+        self.response = response
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (None, self.url, self.reason, self.deferral, None))
 
 
 class DeferralLimitExceeded(RetryAfterError):

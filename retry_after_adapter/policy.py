@@ -15,10 +15,24 @@ The rules (see the design's behaviour contract, items 3 and 4):
 
 from __future__ import annotations
 
+import enum
 import math
+import sys
 from dataclasses import dataclass
 
 from .errors import ConfigurationError
+
+if sys.version_info >= (3, 11):
+    from enum import StrEnum
+else:  # pragma: no cover - Python 3.10
+
+    class StrEnum(str, enum.Enum):
+        """``enum.StrEnum`` for Python 3.10: members are their string values."""
+
+        __hash__ = str.__hash__  # hash like the plain string, as StrEnum does
+
+        def __str__(self) -> str:
+            return str(self.value)
 
 #: Tolerance (seconds) when comparing a wait with a limit, so that float rounding
 #: (0.1 + 0.2 > 0.3) never turns an exact equality into a deferral.
@@ -27,6 +41,62 @@ EPSILON = 1e-9
 RETRY = "retry"
 DEFER = "defer"
 STOP = "stop"
+
+
+class Reason(StrEnum):
+    """Why a call was deferred or stopped: the one list, used by :class:`Deferral`, the
+    ``on_decision`` records, the log lines and ``Counters``. Members compare equal to
+    their strings (``Reason.MAX_WAIT == "max_wait"``), which is also their JSON form.
+    """
+
+    # -- deferrals: nothing more is sent now; a new attempt is eligible later
+    DEADLINE = "deadline"  #: the wait would end past the call's deadline
+    MAX_WAIT = "max_wait"  #: the wait is longer than ``max_wait``
+    ATTEMPTS = "attempts"  #: the retry budget ran out; eligible when the next try would be
+    COOLDOWN = "cooldown"  #: the scope's shared cooldown (or a resumed deferral) runs
+    QUOTA = "quota"  #: no quota permit within the budget
+    CONCURRENCY = "concurrency"  #: no concurrency slot within the budget
+    CANCELLED = "cancelled"  #: the caller's cancel event was set
+    COOLDOWN_UNKNOWN = "cooldown-unknown"  #: the shared store failed and fails closed
+    # -- stops: the call ends with its last response or error, nothing is deferred
+    INVALID_RETRY_AFTER = "invalid_retry_after"  #: ``on_invalid="stop"`` and a bad header
+    NOT_IDEMPOTENT = "not_idempotent"  #: the request may have reached the server
+    NOT_RETRYABLE = "not_retryable"  #: an error that another attempt cannot heal
+    MAX_DEFERRALS = "max_deferrals"  #: one more deferral than ``max_deferrals``
+    MAX_LIFETIME = "max_lifetime"  #: the job would outlive ``max_lifetime``
+
+
+#: Statuses whose valid Retry-After advances the scope's shared cooldown.
+COOLDOWN_STATUSES = frozenset({429, 503})
+
+#: Statuses a :class:`~retry_after_adapter.RetryAfterRetry` retries unless its
+#: ``status_forcelist`` says otherwise.
+DEFAULT_STATUS_FORCELIST = frozenset({429, 502, 503, 504})
+
+#: The longest single wait, in seconds, when ``max_wait`` is not given: a longer server
+#: wait defers instead of blocking the caller.
+DEFAULT_MAX_WAIT = 60.0
+
+#: The reasons a call can be deferred (``Deferral.reason``).
+DEFER_REASONS: tuple[Reason, ...] = (
+    Reason.DEADLINE,
+    Reason.MAX_WAIT,
+    Reason.ATTEMPTS,
+    Reason.COOLDOWN,
+    Reason.QUOTA,
+    Reason.CONCURRENCY,
+    Reason.CANCELLED,
+    Reason.COOLDOWN_UNKNOWN,
+)
+
+#: The reasons a call stops without deferring.
+STOP_REASONS: tuple[Reason, ...] = (
+    Reason.INVALID_RETRY_AFTER,
+    Reason.NOT_IDEMPOTENT,
+    Reason.NOT_RETRYABLE,
+    Reason.MAX_DEFERRALS,
+    Reason.MAX_LIFETIME,
+)
 
 
 @dataclass(frozen=True)
@@ -41,26 +111,7 @@ class Decision:
 
     action: str
     wait: float
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class DecisionRecord:
-    """One decision as the observability hook (``on_decision``) sees it.
-
-    Holds only bounded, credential-free values: ``scope`` is an origin or a hashed key,
-    never a URL path or query. ``wait`` is in seconds; ``attempt`` counts requests sent
-    in the job so far; ``status`` is the last HTTP status or None after a transport
-    error; ``server_delay`` is the parsed Retry-After in seconds, or None.
-    """
-
-    action: str
-    reason: str | None
-    wait: float
-    scope: str | None
-    status: int | None
-    attempt: int
-    server_delay: float | None = None
+    reason: Reason | None = None
 
 
 def _seconds(name: str, value: float | None, *, allow_none: bool = False) -> float | None:
@@ -131,7 +182,7 @@ def admit(
     used = _seconds("elapsed", elapsed) or 0.0
     limit = check_limit("deadline", deadline)
     if limit is not None and used > limit + EPSILON:
-        return Decision(DEFER, left, "deadline")
+        return Decision(DEFER, left, Reason.DEADLINE)
     if left <= 0:
         return Decision(RETRY, 0.0)
     fitted = _fit(
@@ -142,7 +193,7 @@ def admit(
         attempt_reserve=_seconds("attempt_reserve", attempt_reserve) or 0.0,
     )
     if fitted.action == DEFER:
-        return Decision(DEFER, left, "cooldown")
+        return Decision(DEFER, left, Reason.COOLDOWN)
     return fitted
 
 
@@ -150,7 +201,7 @@ def _fit(
     wait: float, *, elapsed: float, deadline: float | None, max_wait: float | None, attempt_reserve: float
 ) -> Decision:
     if max_wait is not None and wait > max_wait + EPSILON:
-        return Decision(DEFER, wait, "max_wait")
+        return Decision(DEFER, wait, Reason.MAX_WAIT)
     if deadline is not None and elapsed + wait + attempt_reserve > deadline + EPSILON:
-        return Decision(DEFER, wait, "deadline")
+        return Decision(DEFER, wait, Reason.DEADLINE)
     return Decision(RETRY, wait)

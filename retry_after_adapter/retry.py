@@ -1,95 +1,78 @@
-"""RetryAfterRetry: urllib3's retry loop, deciding with :mod:`policy` instead of sleeping.
+"""RetryAfterRetry: the retry policy, as a urllib3 ``Retry`` that never shortens a wait.
 
-urllib3 stops its retry loop only when ``increment`` raises (or ``is_retry`` is false);
-``sleep`` cannot prevent the next attempt. So the whole decision (retry after a wait,
-defer, stop) is made in :meth:`RetryAfterRetry.increment`, and :meth:`sleep` only waits
-out the planned time on the injected clock.
+The policy is a value, like urllib3's ``Retry``: ``new()`` copies it with every setting
+of ours carried along. :class:`~retry_after_adapter.RetryAfterAdapter` and
+:class:`~retry_after_adapter.RetryAfterPoolManager` read it and run the engine's loop
+(:mod:`retry_after_adapter.engine`).
+
+Handed to a *stock* urllib3 loop instead (``urllib3.PoolManager(retries=...)``, or a
+stock ``HTTPAdapter(max_retries=...)`` as libraries with a ``retry=`` argument mount
+it), it still defers instead of shortening: urllib3 stops its loop only when
+``increment`` raises, so ``increment`` runs the engine's decision step and raises
+:class:`~retry_after_adapter.MaxRetryDeferred` (a ``MaxRetryError``) for a deferral;
+``sleep`` only waits out what ``increment`` planned. There is no admission before the
+first attempt in that mode: that needs the engine.
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from types import TracebackType
 from typing import Any
 
 from urllib3.exceptions import MaxRetryError, ResponseError
 from urllib3.util.retry import Retry
 
-from ._call import CURRENT, CallState, Halt, current_override, wait_out
-from ._compat import response_header, response_status
+from ._compat import response_header
 from .clock import DEFAULT_CLOCK, Clock
-from .errors import ConfigurationError, CooldownUnavailable, InvalidRetryAfter
+from .deferral import Deferral
+from .engine import REDIRECT, Call, current_override, judge, judge_redirect, wait_until
+from .errors import ConfigurationError, MaxRetryDeferred
 from .header import parse_retry_after
-from .policy import DEFER, RETRY, STOP, Decision, DecisionRecord, check_limit, decide
+from .observe import DecisionHook, as_hooks
+from .policy import (
+    COOLDOWN_STATUSES,
+    DEFAULT_MAX_WAIT,
+    DEFAULT_STATUS_FORCELIST,
+    DEFER,
+    RETRY,
+    STOP,
+    check_limit,
+    decide,
+)
+from .scope import strip_query
 
-#: Statuses whose valid Retry-After advances the scope's shared cooldown.
-COOLDOWN_STATUSES = frozenset({429, 503})
-
-#: Retried statuses unless ``status_forcelist`` says otherwise.
-DEFAULT_STATUS_FORCELIST = frozenset({429, 502, 503, 504})
-
-#: The longest single wait, in seconds, when ``max_wait`` is not given: a longer
-#: server wait defers instead of blocking the caller.
-DEFAULT_MAX_WAIT = 60.0
+__all__ = ["COOLDOWN_STATUSES", "DEFAULT_MAX_WAIT", "DEFAULT_STATUS_FORCELIST", "RetryAfterRetry"]
 
 _ON_INVALID = ("stop", "backoff")
-_jitter_rng = random.Random()
-
-DecisionHook = Callable[[DecisionRecord], None]
-
-
-def _strip_query(url: str | None) -> str | None:
-    """The URL without its query string or fragment (they may hold credentials)."""
-    if url is None:
-        return None
-    for mark in ("?", "#"):
-        cut = url.find(mark)
-        if cut >= 0:
-            url = url[:cut]
-    return url
-
-
-def as_hooks(on_decision: DecisionHook | Collection[DecisionHook] | None) -> tuple[DecisionHook, ...]:
-    """Normalise an ``on_decision`` argument to a tuple of callables."""
-    if on_decision is None:
-        hooks: tuple[DecisionHook, ...] = ()
-    elif callable(on_decision):
-        hooks = (on_decision,)
-    elif isinstance(on_decision, Collection):
-        hooks = tuple(on_decision)
-    else:
-        raise ConfigurationError("on_decision must be a callable or a collection of callables")
-    if not all(callable(hook) for hook in hooks):
-        raise ConfigurationError("on_decision must be a callable or a collection of callables")
-    return hooks
 
 
 class RetryAfterRetry(Retry):
     """A urllib3 ``Retry`` that never shortens a server's Retry-After.
 
     Every urllib3 argument works as in ``urllib3.util.Retry`` (``total``, ``connect``,
-    ``read``, ``status``, ``backoff_factor``, ``allowed_methods``, ...), with
-    ``status_forcelist`` defaulting to 429, 502, 503, 504. Extra keyword arguments
-    (all times in seconds):
+    ``read``, ``status``, ``backoff_factor``, ``allowed_methods``, ``raise_on_status``,
+    ...), with ``status_forcelist`` defaulting to 429, 502, 503, 504. Extra keyword
+    arguments (all times in seconds):
 
-    - ``deadline``: the whole call, waits included, may take at most this long
-      (``None``: no deadline). No wait starts that would end past it.
+    - ``deadline``: the whole call, waits and redirects included, may take at most this
+      long (``None``: no deadline). No wait starts that would end past it.
     - ``max_wait``: the longest single wait (default 60; ``None``: no limit).
-    - ``jitter``: up to this many seconds are added at random to each retry wait
-      (never subtracted).
+    - ``jitter``: up to this many seconds are added at random to each wait (never
+      subtracted).
     - ``attempt_reserve``: time kept for the next attempt itself when checking that a
       wait fits the deadline.
     - ``on_invalid``: what an invalid Retry-After does: ``"stop"`` (default; no retry,
-      the response is returned) or ``"backoff"`` (treated as absent).
+      the response is returned with ``stop_reason``) or ``"backoff"`` (treated as absent).
     - ``max_deferrals`` / ``max_lifetime``: give up with ``DeferralLimitExceeded`` when
       a job would be deferred more than this many times, or would become eligible
       more than this many seconds after its first attempt.
     - ``clock``: the :class:`Clock` to read and sleep on (tests pass a ``FakeClock``).
     - ``on_decision``: a callable receiving every decision as a ``DecisionRecord``.
 
-    When a wait does not fit, the call is deferred: with the adapter, the response is
-    returned with ``.deferral`` set; with plain urllib3, ``RetryDeferred`` is raised.
+    When retries run out on a retryable outcome the call is deferred with reason
+    ``attempts`` (the eligible time the next try would have had); ``raise_on_status``
+    (default True, as in urllib3) then raises it, False returns the last response.
     """
 
     def __init__(
@@ -105,7 +88,8 @@ class RetryAfterRetry(Retry):
         max_lifetime: float | None = None,
         clock: Clock | None = None,
         on_decision: DecisionHook | Collection[DecisionHook] | None = None,
-        _call: CallState | None = None,
+        _call: Call | None = None,
+        _plan: float | None = None,
         **kwargs: Any,
     ) -> None:
         if "status_forcelist" not in kwargs and len(args) < 7:
@@ -128,11 +112,12 @@ class RetryAfterRetry(Retry):
             raise ConfigurationError("clock must have now(), monotonic() and sleep(seconds, cancel)")
         self.clock: Clock = clock if clock is not None else DEFAULT_CLOCK
         self.on_decision = as_hooks(on_decision)
+        # Stock-loop mode only: the call this Retry belongs to, and the monotonic time
+        # before which the next attempt must not start (set by increment).
         self._call = _call
-        #: Monotonic time (seconds) before which the next attempt must not start.
-        self._plan: float | None = None
+        self._plan = _plan
 
-    # -- urllib3 plumbing -------------------------------------------------------------
+    # -- the value ------------------------------------------------------------------
     def new(self, **kw: Any) -> RetryAfterRetry:
         """A copy with urllib3's counters updated; carries every extra setting along."""
         ours: dict[str, Any] = {
@@ -151,47 +136,30 @@ class RetryAfterRetry(Retry):
         new: RetryAfterRetry = super().new(**ours)
         return new
 
-    def call_state(
-        self,
-        *,
-        scope: str | None = None,
-        store: Any = None,
-        adapter_mode: bool = False,
-        on_decision: tuple[DecisionHook, ...] = (),
-    ) -> CallState:
-        """A fresh per-call budget from this policy and the enclosing ``budget()``."""
-        return CallState(
-            clock=self.clock,
-            deadline=self.deadline,
-            max_wait=self.max_wait,
-            attempt_reserve=self.attempt_reserve,
-            jitter=self.jitter,
-            max_deferrals=self.max_deferrals,
-            max_lifetime=self.max_lifetime,
-            on_decision=self.on_decision + on_decision if on_decision else self.on_decision,
-            scope=scope,
-            store=store,
-            adapter_mode=adapter_mode,
-            override=current_override(),
-        )
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_call"] = None  # a running call never travels with a copy
+        state["_plan"] = None
+        return state
 
-    def _state(self) -> CallState:
-        call = CURRENT.get()
-        if call is not None:
-            return call
-        if self._call is not None:
-            return self._call
-        # Plain urllib3: the first increment of a call starts its budget.
-        return self.call_state()
-
+    # -- Retry-After, as stock urllib3 reads it (strict, never capped) ---------------
     def parse_retry_after(self, retry_after: str) -> float:
-        """Seconds to wait for a Retry-After value (strict; never capped).
+        """Seconds to wait for a Retry-After value: an int for delay-seconds, a float
+        for an HTTP-date (as stock urllib3). Never capped.
 
-        Raises ``InvalidRetryAfter`` (a ``ValueError``) for an invalid value.
+        Raises ``InvalidRetryAfter`` (a ``ValueError`` and urllib3's ``InvalidHeader``).
         """
-        return parse_retry_after(retry_after, received_at=self.clock.now()).delay
+        parsed = parse_retry_after(retry_after, received_at=self.clock.now())
+        return int(parsed.delay) if parsed.form == "seconds" else parsed.delay
 
-    # -- the decision -------------------------------------------------------------------
+    def get_retry_after(self, response: Any) -> float | None:
+        """The response's Retry-After in seconds (see :meth:`parse_retry_after`), or None."""
+        raw = response_header(response, "Retry-After")
+        if raw is None:
+            return None
+        return self.parse_retry_after(raw)
+
+    # -- the decision, inside a stock urllib3 loop ---------------------------------
     def increment(
         self,
         method: str | None = None,
@@ -201,101 +169,97 @@ class RetryAfterRetry(Retry):
         _pool: Any = None,
         _stacktrace: TracebackType | None = None,
     ) -> RetryAfterRetry:
-        """Count the attempt, then decide: retry after a wait, defer, or stop."""
-        call = self._state()
-        call.note_attempt()
-        call.last_status = response_status(response) if response is not None else None
-        call.last_retry_after = None
-        call.last_skew = None
-        url = _strip_query(url)
+        """Count the attempt, then decide: retry after a wait, defer, or stop.
 
-        server_delay: float | None = None
-        cooldown_left: float | None = None
-        invalid = False
-        if response is not None and self.respect_retry_after_header:
-            raw = response_header(response, "Retry-After")
-            if raw is not None:
-                try:
-                    parsed = call.read_hint(raw, response_header(response, "Date"))
-                except InvalidRetryAfter:
-                    invalid = True
-                else:
-                    server_delay = parsed.delay
-                    if call.last_status in COOLDOWN_STATUSES:
-                        cooldown_left = call.extend_cooldown(parsed.eligible_at)
-                        call.recorded = response
-
-        if (
-            error is not None
-            and method is not None
-            and not self._is_method_retryable(method)
-            and not self._is_connection_error(error)
-        ):
-            # The request may have reached the server: never replay a non-idempotent one.
-            call.emit(Decision(STOP, 0.0, "not_idempotent"))
-            raise error.with_traceback(_stacktrace)
-
-        if invalid and self.on_invalid == "stop":
-            call.emit(Decision(STOP, 0.0, "invalid_retry_after"))
-            if call.adapter_mode:
-                raise Halt(response, None, "invalid_retry_after")
-            raise MaxRetryError(_pool, url, ResponseError("invalid Retry-After header"))
-
-        try:
-            new = super().increment(method, url, response, error, _pool, _stacktrace)
-        except MaxRetryError:
-            call.emit(Decision(STOP, 0.0, "exhausted"))
-            raise
-        except Exception:
-            call.emit(Decision(STOP, 0.0, "not_retryable"))
-            raise
-        if CURRENT.get() is None:
+        A deferral raises :class:`MaxRetryDeferred`; an invalid Retry-After (with
+        ``on_invalid="stop"``) raises urllib3's ``MaxRetryError``.
+        """
+        call = self._call if self._call is not None else Call(self, override=current_override())
+        call.retry = self
+        url = strip_query(url)
+        verdict = judge(call, method, url, response, error, decided=True, stacktrace=_stacktrace)
+        if verdict.action == REDIRECT:
+            # urllib3's PoolManager follows redirects without sleeping: wait here, so the
+            # redirected request never goes out before the 3xx's Retry-After.
+            new: RetryAfterRetry = super().increment(method, url, response, error, _pool, _stacktrace)
+            deferral = judge_redirect(call, verdict.server_delay)
+            if deferral is None and call.not_before is not None:
+                target = call.clock.monotonic() + call.seconds_until(call.not_before)
+                deferral = wait_until(call, target)
+            if deferral is not None:
+                raise self._deferred(_pool, url, deferral, response, error)
             new._call = call
+            new._plan = call.clock.monotonic()  # waited already: sleep_for_retry must not wait again
+            return new
+        if verdict.action == RETRY:
+            retry = verdict.retry
+            assert isinstance(retry, RetryAfterRetry)
+            retry._call = call
+            retry._plan = call.clock.monotonic() + verdict.wait
+            return retry
+        if verdict.action == DEFER:
+            assert verdict.deferral is not None
+            raise self._deferred(_pool, url, verdict.deferral, response, error)
+        if verdict.action == STOP:
+            raise MaxRetryError(_pool, url or "", ResponseError("invalid Retry-After header"))
+        if verdict.error is not None and verdict.error is not error:
+            raise verdict.error  # urllib3 re-raised it (read=False, say)
+        assert error is not None
+        raise error.with_traceback(_stacktrace)
 
-        redirect = error is None and response is not None and bool(response.get_redirect_location())
-        try:
-            if cooldown_left is None:
-                cooldown_left = call.cooldown_left()
-        except CooldownUnavailable:
-            from ._call import UNKNOWN_COOLDOWN_RETRY
-
-            raise call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, "cooldown-unknown"), response) from None
-        decision = decide(
-            server_delay=server_delay,
-            backoff=0.0 if redirect else new.get_backoff_time(),
-            cooldown_left=cooldown_left,
-            jitter=_jitter_rng.uniform(0.0, self.jitter) if self.jitter and not redirect else 0.0,
-            elapsed=call.elapsed(),
-            deadline=call.deadline,
-            max_wait=call.max_wait,
-            attempt_reserve=call.attempt_reserve,
-        )
-        if decision.action == DEFER:
-            raise call.defer(decision, response, server_delay)
-        call.emit(decision, server_delay)
-        assert decision.action == RETRY
-        target = call.clock.monotonic() + decision.wait
-        if redirect:
-            # urllib3's PoolManager follows redirects without calling sleep(): wait here,
-            # so the redirected request never goes out before the 3xx's Retry-After.
-            wait_out(call, target, response)
-        else:
-            new._plan = target
-        return new
+    @staticmethod
+    def _deferred(
+        pool: Any, url: str | None, deferral: Deferral, response: Any, error: Any
+    ) -> MaxRetryDeferred:
+        reason = error if error is not None else ResponseError(f"deferred ({deferral.reason})")
+        return MaxRetryDeferred(pool, url, reason, deferral, response)
 
     # -- the wait -----------------------------------------------------------------------
     def sleep(self, response: Any = None) -> None:
-        """Wait out the time planned by :meth:`increment` (and any shared cooldown)."""
-        call = CURRENT.get() or self._call
-        if call is None or self._plan is None:
+        """Wait out the time :meth:`increment` planned (cancellable), or, called
+        directly, at least ``response``'s Retry-After (else the backoff), on the
+        policy's clock. A wait longer than ``max_wait`` is not shortened: it raises
+        :class:`MaxRetryDeferred`."""
+        if self._plan is not None and self._call is not None:
+            deferral = wait_until(self._call, self._plan)
+            if deferral is not None:
+                raise self._deferred(None, None, deferral, response, None)
             return
-        wait_out(call, self._plan, response)
+        if self.respect_retry_after_header and response is not None and self.sleep_for_retry(response):
+            return
+        self._wait(self.get_backoff_time(), None, response)
 
-    def sleep_for_retry(self, response: Any) -> bool:
-        """urllib3 calls this after a redirect; the redirect's wait was already taken in
-        :meth:`increment`, so this only waits out a plan that is still pending."""
-        self.sleep(response)
+    def sleep_for_retry(self, response: Any = None) -> bool:
+        """Wait for ``response``'s Retry-After, as stock: True when it had one that
+        asked for a wait (waited in full, never shortened), else False."""
+        if self._plan is not None and self._call is not None:
+            self.sleep(response)
+            return True
+        seconds = self.get_retry_after(response) if response is not None else None
+        if not seconds:
+            return False
+        self._wait(float(seconds), float(seconds), response)
         return True
+
+    def _wait(self, seconds: float, server_delay: float | None, response: Any) -> None:
+        if seconds <= 0:
+            return
+        call = Call(self, override=current_override())
+        decision = decide(
+            server_delay=server_delay,
+            backoff=seconds,
+            cooldown_left=0.0,
+            jitter=0.0,
+            elapsed=0.0,
+            deadline=call.deadline,
+            max_wait=call.max_wait,
+            attempt_reserve=self.attempt_reserve,
+        )
+        if decision.action == DEFER:
+            raise self._deferred(None, None, call.defer(decision, server_delay), response, None)
+        deferral = wait_until(call, call.clock.monotonic() + decision.wait)
+        if deferral is not None:
+            raise self._deferred(None, None, deferral, response, None)
 
     def __repr__(self) -> str:
         return (

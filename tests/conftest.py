@@ -236,3 +236,18 @@ def redis_factory(
     yield make
     for server in servers:
         server.stop()
+
+
+def local_deferral(response: Any) -> Any:
+    """The deferral of a call deferred before anything was sent: the adapter returns a
+    locally built 429 (or, from a RetryAfterPoolManager, a urllib3 one) marked local."""
+    from retry_after_adapter import deferral_of
+
+    status = getattr(response, "status_code", getattr(response, "status", None))
+    assert status == 429, status
+    assert getattr(response, "local", False) is True
+    assert response.headers["X-Local-Deferral"]
+    deferral = deferral_of(response)
+    assert deferral is not None
+    assert int(response.headers["Retry-After"]) >= deferral.delay
+    return deferral

@@ -11,10 +11,34 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import datetime
+from typing import Any
 
-from ..errors import CooldownUnavailable
+from ..errors import ConfigurationError, CooldownUnavailable
 from .base import CooldownStore
 from .memory import MemoryCooldownStore
+
+#: "Not given": an adapter or pool manager without ``cooldown=`` uses the process-wide
+#: default store.
+DEFAULT: Any = type("_Default", (), {"__repr__": lambda self: "DEFAULT"})()
+
+
+def check_store_failure(value: object) -> str:
+    """Validate a ``store_failure`` argument: ``"open"`` or ``"closed"``."""
+    if value not in ("open", "closed"):
+        raise ConfigurationError("store_failure must be 'open' or 'closed'")
+    return str(value)
+
+
+def failure_layer(cooldown: object, store_failure: str) -> CooldownStore | None:
+    """The store a call talks to for ``cooldown`` (None: no sharing): a memory store
+    as it is when failing open (it cannot fail), else a :class:`GuardedStore`."""
+    if cooldown is None:
+        return None
+    if not isinstance(cooldown, CooldownStore):
+        raise ConfigurationError("cooldown must be a CooldownStore (get and extend) or None")
+    if isinstance(cooldown, MemoryCooldownStore) and store_failure == "open":
+        return cooldown
+    return GuardedStore(cooldown, fail_closed=store_failure == "closed")
 
 log = logging.getLogger("retry_after_adapter")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime, timezone
+from typing import Any
 
 from .base import check_scope, check_until
 
@@ -43,6 +44,19 @@ class MemoryCooldownStore:
         for key in [key for key, value in self._until.items() if value <= now]:
             del self._until[key]
 
+    def clear(self) -> None:
+        """Forget every cooldown (tests, and an operator lifting them)."""
+        with self._lock:
+            self._until.clear()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The default store is one per process: a copy or an unpickled one is it again.
+        # Another store travels as a copy of its entries.
+        if self is DEFAULT_STORE:
+            return (_default_store, ())
+        with self._lock:
+            return (_memory_store, (dict(self._until),))
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._until)
@@ -54,3 +68,13 @@ class MemoryCooldownStore:
 #: The store every adapter shares unless given its own, and what ``memory://`` names:
 #: one per process, so that one Session per thread still shares cooldowns.
 DEFAULT_STORE = MemoryCooldownStore()
+
+
+def _default_store() -> MemoryCooldownStore:
+    return DEFAULT_STORE
+
+
+def _memory_store(entries: dict[str, datetime]) -> MemoryCooldownStore:
+    store = MemoryCooldownStore()
+    store._until.update(entries)
+    return store

@@ -12,13 +12,18 @@ import requests
 import urllib3
 
 from retry_after_adapter import (
+    Deferral,
     FakeClock,
+    MaxRetryDeferred,
     MemoryCooldownStore,
     RetryAfterAdapter,
+    RetryAfterResponse,
     RetryAfterRetry,
     RetryDeferred,
     budget,
+    deferral_of,
 )
+from retry_after_adapter.adapter import LOCAL_HEADER
 
 from .conftest import make_session
 from .throttle_server import Reply, ThrottleServer, format_http_date
@@ -138,11 +143,23 @@ def test_two_sessions_sharing_a_store_the_second_defers_without_sending(server, 
     server.serve([Reply(429, {"Retry-After": "100"}), Reply(200)])
     first = make_session(clock, store, max_wait=10).get(server.url + "/q")
     assert first.deferral.reason == "max_wait"
+    second = make_session(clock, store, max_wait=10).get(server.url + "/other-path")
+    # Deferred before sending: a local 429, shaped like the server's, nothing sent.
+    assert isinstance(second, RetryAfterResponse) and second.local
+    assert second.status_code == 429 and second.headers["Retry-After"] == "100"
+    assert second.headers[LOCAL_HEADER] == "cooldown"
+    assert second.deferral.reason == "cooldown"
+    assert second.deferral.eligible_at == first.deferral.eligible_at
+    assert Deferral.from_dict(second.json()) == second.deferral
+    with pytest.raises(requests.exceptions.HTTPError):
+        second.raise_for_status()
+    assert server.count() == 1
+    # raise_on_defer=True raises instead, with no response: nothing was received.
+    session = requests.Session()
+    session.mount("http://", RetryAfterAdapter(RetryAfterRetry(clock=clock, max_wait=10), cooldown=store, raise_on_defer=True))
     with pytest.raises(RetryDeferred) as raised:
-        make_session(clock, store, max_wait=10).get(server.url + "/other-path")
-    assert raised.value.deferral.reason == "cooldown"
-    assert raised.value.deferral.eligible_at == first.deferral.eligible_at
-    assert raised.value.response is None
+        session.get(server.url + "/third")
+    assert raised.value.response is None and raised.value.deferral.reason == "cooldown"
     assert server.count() == 1
 
 
@@ -211,13 +228,16 @@ def test_deadline_clamps_the_attempt_timeout(real_server):
     assert time.monotonic() - started < 1.5
 
 
-def test_plain_urllib3_pool_manager_raises_retry_deferred(server, clock):
+def test_a_stock_pool_manager_with_our_retry_defers_with_a_max_retry_error(server, clock):
     server.serve([Reply(429, {"Retry-After": "90"}), Reply(200)])
     http = urllib3.PoolManager(retries=RetryAfterRetry(total=3, clock=clock, max_wait=30))
-    with pytest.raises(RetryDeferred) as raised:
+    with pytest.raises(urllib3.exceptions.MaxRetryError) as raised:
         http.request("GET", server.url + "/u")
-    assert raised.value.deferral.reason == "max_wait"
+    assert isinstance(raised.value, MaxRetryDeferred)
+    assert raised.value.deferral.reason == "max_wait" and deferral_of(raised.value) is raised.value.deferral
+    assert raised.value.response.status == 429
     assert server.count() == 1
+    assert clock.sleeps == []
 
 
 def test_plain_urllib3_retries_with_the_server_delay(server, clock):
@@ -228,14 +248,21 @@ def test_plain_urllib3_retries_with_the_server_delay(server, clock):
     assert gaps(server) == [3.0]
 
 
-def test_attempts_exhausted_follows_raise_on_status(server, clock):
-    server.serve([Reply(503, {"Retry-After": "1"})])
-    with pytest.raises(requests.exceptions.RetryError):
-        make_session(clock, total=2).get(server.url + "/x")
-    assert server.count() == 3
+def test_attempts_exhausted_keep_the_eligible_time_and_follow_raise_on_status(server, clock):
+    server.serve([Reply(429, {"Retry-After": "30"}, b"busy")])
+    with pytest.raises(requests.exceptions.RetryError) as raised:
+        make_session(clock, total=1).get(server.url + "/x")
+    assert isinstance(raised.value, RetryDeferred)
+    assert server.count() == 2
+    deferral = raised.value.deferral
+    assert deferral.reason == "attempts" and deferral.delay == 30.0 and deferral.attempts == 2
+    assert deferral.eligible_at == clock.now() + timedelta(seconds=30)
+    assert raised.value.response.status_code == 429 and raised.value.response.text == "busy"
+    clock.advance(30)
     server.serve([Reply(503, {"Retry-After": "1"})])
     response = make_session(clock, total=2, raise_on_status=False).get(server.url + "/x")
-    assert response.status_code == 503 and response.deferral is None
+    assert response.status_code == 503 and response.deferral.reason == "attempts"
+    assert response.deferral.delay == 1.0 and server.count() == 3
 
 
 def test_fake_clock_is_injectable_in_users_tests():

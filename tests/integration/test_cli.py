@@ -138,7 +138,7 @@ def test_get_retries_used_up_exits_1_with_the_last_body(real_server: ThrottleSer
     result = run("get", real_server.url + "/x", "--retries", "2")
     assert result.returncode == 1
     assert result.stdout == "down"
-    assert "stop_reason: exhausted" in one_line(result.stderr)
+    assert "stop_reason: retries used up; eligible again at" in one_line(result.stderr)
     assert real_server.count() == 3
 
 

@@ -24,9 +24,10 @@ import urllib3
 from urllib3.response import HTTPResponse
 from urllib3.util.retry import Retry
 
-from retry_after_adapter import FakeClock, MemoryCooldownStore, RetryAfterRetry, RetryDeferred
-from retry_after_adapter._compat import MIN_ATTEMPT_TIMEOUT
+from retry_after_adapter import FakeClock, MemoryCooldownStore, RetryAfterRetry, RetryDeferred, deferral_of
+from retry_after_adapter.engine import MIN_ATTEMPT_TIMEOUT
 
+from ..conftest import local_deferral
 from .conftest import make_session
 from .throttle_server import Reply, ThrottleServer
 
@@ -94,9 +95,11 @@ def test_a_silent_server_costs_at_most_the_deadline_plus_one_clamped_timeout(rea
     real_server.serve([Reply(action="hang")])
     session = make_session(None, deadline=0.6)
     started = time.monotonic()
-    with pytest.raises(RetryDeferred) as raised:
+    with pytest.raises(requests.exceptions.ReadTimeout) as raised:
         session.get(real_server.url + "/hang", timeout=10)
     took = time.monotonic() - started
+    # What HTTPAdapter raised for the last attempt, and a RetryDeferred with the time.
+    assert isinstance(raised.value, RetryDeferred)
     # The 10 s read timeout was clamped to the 0.6 s left, not skipped and not kept.
     # (0.8 s of slack for a loaded machine: a kept 10 s timeout would take 10 s.)
     assert 0.5 <= took < 0.6 + MIN_ATTEMPT_TIMEOUT + 0.8
@@ -153,9 +156,7 @@ def test_a_503_storm_on_a_long_retry_after_sends_each_worker_once_then_nothing(s
     assert 1 <= first_round <= workers  # nobody retried; late workers did not even send
     # The second round sends nothing at all: the whole origin is cooling down.
     for _ in range(workers):
-        with pytest.raises(RetryDeferred) as raised:
-            make_session(clock, store, max_wait=10).get(server.url + "/storm")
-        assert raised.value.deferral.reason == "cooldown"
+        assert local_deferral(make_session(clock, store, max_wait=10).get(server.url + "/storm")).reason == "cooldown"
     assert server.count() == first_round
 
 
@@ -314,13 +315,15 @@ def test_connection_refused_is_retried_per_connect_then_raises(closed_port):
     records: list[object] = []
     session = make_session(clock, total=5, connect=2, backoff_factor=2, on_decision=records.append)
     started = time.monotonic()
-    with pytest.raises(requests.exceptions.ConnectionError):
+    with pytest.raises(requests.exceptions.ConnectionError) as raised:
         session.get(f"http://127.0.0.1:{closed_port}/x", timeout=2)
     assert time.monotonic() - started < 2.0  # the 4 s backoff ran on the fake clock
+    # The class HTTPAdapter raises, carrying when the next try would have been.
+    assert deferral_of(raised.value).reason == "attempts" and deferral_of(raised.value).delay == 8.0
     assert [(r.action, r.reason, r.attempt) for r in records] == [
         ("retry", None, 1),
         ("retry", None, 2),
-        ("stop", "exhausted", 3),
+        ("defer", "attempts", 3),
     ]
     assert clock.sleeps == [w for w in stock_backoff_schedule(2, backoff_factor=2) if w > 0] == [4.0]
 
@@ -328,8 +331,9 @@ def test_connection_refused_is_retried_per_connect_then_raises(closed_port):
 def test_connection_refused_defers_when_the_backoff_does_not_fit(closed_port):
     clock = FakeClock()
     session = make_session(clock, total=5, backoff_factor=10, deadline=5)
-    with pytest.raises(RetryDeferred) as raised:
+    with pytest.raises(requests.exceptions.ConnectionError) as raised:
         session.get(f"http://127.0.0.1:{closed_port}/x", timeout=2)
+    assert isinstance(raised.value, RetryDeferred)
     deferral = raised.value.deferral
     assert deferral.reason == "deadline"
     assert deferral.attempts == 2 and deferral.status is None
@@ -390,7 +394,7 @@ def test_killing_the_server_mid_call_ends_in_a_connection_error(server_process):
     assert time.monotonic() - started < 2.0
     assert proc.returncode == -signal.SIGKILL
     assert records[0].status == 503 and records[0].server_delay == 1.0
-    assert records[-1].action == "stop" and records[-1].reason == "exhausted"
+    assert records[-1].action == "defer" and records[-1].reason == "attempts"
     assert all(r.status is None for r in records[1:])  # nothing answered after the kill
     assert clock.sleeps[0] == 1.0  # the server's wait was still honoured first
     assert clock.now() >= FakeClock().now() + timedelta(seconds=1)

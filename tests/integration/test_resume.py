@@ -29,11 +29,15 @@ from retry_after_adapter import (
     MemoryCooldownStore,
     RetryAfterAdapter,
     RetryAfterError,
+    RetryAfterPoolManager,
+    RetryAfterResponse,
     RetryAfterRetry,
     RetryDeferred,
     budget,
+    deferral_of,
 )
 
+from ..conftest import local_deferral
 from .conftest import make_session
 from .throttle_server import Reply, ThrottleServer
 
@@ -59,19 +63,17 @@ def resume(
     """One call of the job in a fresh Session (as a new worker would make it).
 
     Returns (response, deferral); the response is None when the call was deferred before
-    anything was sent (``RetryDeferred``).
+    anything was sent (the adapter's local 429).
     """
     retry_kwargs.setdefault("total", 5)
     retry = RetryAfterRetry(clock=clock, **retry_kwargs)
     session = requests.Session()
     session.mount("http://", RetryAfterAdapter(max_retries=retry, cooldown=store))
-    try:
-        with budget(resume=deferral):
-            response = session.get(url)
-    except RetryDeferred as exc:
-        assert exc.response is None
-        return None, exc.deferral
-    return response, response.deferral
+    with budget(resume=deferral):
+        response = session.get(url)
+    if isinstance(response, RetryAfterResponse) and response.local:
+        return None, local_deferral(response)
+    return response, deferral_of(response)
 
 
 # -- counts carry over ------------------------------------------------------------------
@@ -134,7 +136,7 @@ def test_resuming_early_sends_nothing_and_defers_again_at_the_same_time(server, 
     # A new worker: no store, an empty one (another process), or the one that saw the 429.
     chosen = {None: None, "fresh": MemoryCooldownStore(), "shared": shared}[store]
     response, d2 = resume(clock, server.url + "/early", via_json(d1), store=chosen, max_wait=10)
-    assert response is None  # deferred before sending: RetryDeferred, no response
+    assert response is None  # deferred before sending: a local 429, nothing received
     assert server.count() == 1
     assert clock.sleeps == []
     assert d2.reason == "cooldown"
@@ -256,18 +258,17 @@ def test_lifetime_cap_applies_to_an_early_resume(server, clock):
 
 
 def test_plain_urllib3_resume_at_eligible_at_keeps_the_counts(server, clock):
-    # Without the adapter there is no admission step (see the xfail below and the docs):
-    # the caller waits for eligible_at itself, and budget(resume=) carries the counts.
     server.serve([busy(30)])
     _, d1 = resume(clock, server.url + "/plain-ok", None, max_wait=10)
     advance_to(clock, d1.eligible_at)
-    pool = urllib3.PoolManager(retries=RetryAfterRetry(total=5, max_wait=10, clock=clock))
+    pool = RetryAfterPoolManager(retries=RetryAfterRetry(total=5, max_wait=10, clock=clock), cooldown=None)
     try:
-        with pytest.raises(RetryDeferred) as caught, budget(resume=via_json(d1)):
-            pool.request("GET", server.url + "/plain-ok")
+        with budget(resume=via_json(d1)):
+            response = pool.request("GET", server.url + "/plain-ok")
     finally:
         pool.clear()
-    d2 = caught.value.deferral
+    assert response.status == 429 and not getattr(response, "local", False)
+    d2 = deferral_of(response)
     assert (d2.attempts, d2.deferrals, d2.history, d2.started_at) == (2, 2, (d1,), d1.started_at)
     assert server.seen[1].at == d1.eligible_at
 
@@ -306,10 +307,10 @@ def test_a_store_outage_never_moves_eligible_at_earlier(server, clock):
     session.mount(
         "http://", RetryAfterAdapter(max_retries=retry, cooldown=BrokenStore(), store_failure="closed")
     )
-    with pytest.raises(RetryDeferred) as caught, budget(resume=via_json(d1)):
-        session.get(server.url + "/outage")
-    assert caught.value.deferral.reason == "cooldown-unknown"
-    assert caught.value.deferral.eligible_at >= d1.eligible_at
+    with budget(resume=via_json(d1)):
+        d2 = local_deferral(session.get(server.url + "/outage"))
+    assert d2.reason == "cooldown-unknown"
+    assert d2.eligible_at >= d1.eligible_at
 
 
 def test_lifetime_cap_fires_for_a_job_that_never_got_to_send(server, clock):
@@ -342,20 +343,25 @@ def test_an_early_resume_keeps_eligible_at_exactly_while_time_moves(server, cloc
     assert d2.eligible_at == d1.eligible_at
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plain urllib3 has no admission step: the Retry object first runs after the first "
-    "response, so budget(resume=) cannot hold back the first request",
-)
 def test_plain_urllib3_resume_sends_nothing_early(server, clock):
+    # RetryAfterPoolManager runs the engine: admission holds back the first request too.
     server.serve([busy(30), Reply(200)])
     _, d1 = resume(clock, server.url + "/plain", None, max_wait=10)
-    pool = urllib3.PoolManager(retries=RetryAfterRetry(total=5, max_wait=10, clock=clock))
+    pool = RetryAfterPoolManager(retries=RetryAfterRetry(total=5, max_wait=10, clock=clock), cooldown=None)
     try:
-        with pytest.raises(RetryDeferred), budget(resume=via_json(d1)):
-            pool.request("GET", server.url + "/plain")
+        with budget(resume=via_json(d1)):
+            d2 = local_deferral(pool.request("GET", server.url + "/plain"))
     finally:
         pool.clear()
+    assert d2.reason == "cooldown" and d2.eligible_at == d1.eligible_at
+    assert server.count() == 1
+    # With raise_on_defer=True it raises urllib3's MaxRetryError instead.
+    pool = RetryAfterPoolManager(
+        retries=RetryAfterRetry(total=5, max_wait=10, clock=clock), cooldown=None, raise_on_defer=True
+    )
+    with pytest.raises(urllib3.exceptions.MaxRetryError) as raised, budget(resume=via_json(d1)):
+        pool.request("GET", server.url + "/plain")
+    assert deferral_of(raised.value).reason == "cooldown"
     assert server.count() == 1
 
 
@@ -382,6 +388,7 @@ try:
     with budget(resume=Deferral.from_dict(job["deferral"])):
         response = session.get(job["url"], timeout=5)
     out["status"] = response.status_code
+    out["local"] = response.local
     out["deferral"] = response.deferral.to_dict() if response.deferral else None
 except RetryDeferred as exc:
     out["raised"] = "RetryDeferred"
@@ -481,7 +488,7 @@ def test_a_new_process_resuming_too_early_defers_without_sending(tmp_path, real_
         d1 = first_deferral_on_the_real_clock(real_server, Reply(200))
         report, _ = child.resume(real_server, d1)
     # Early, and the second left does not fit 0.5 s: deferred at once, same eligible time.
-    assert report["raised"] == "RetryDeferred"
+    assert report["local"] is True and report["status"] == 429
     d2 = Deferral.from_dict(report["deferral"])
     assert d2.reason == "cooldown"
     # Never earlier; on the real clock later by the time between two clock reads (see

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from retry_after_adapter import Deferral, DeferralLimitExceeded, InvalidDeferral, RetryAfterError
 from retry_after_adapter.deferral import FORMAT_VERSION, REASONS
+from retry_after_adapter.policy import DEFER_REASONS, Reason
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, 250_000, tzinfo=timezone.utc)
 RESUME_DOC = Path(__file__).resolve().parents[2] / "docs" / "resume.md"
@@ -95,7 +96,7 @@ def test_the_documented_json_form():
         "version", "eligible_at", "delay", "reason", "scope", "attempts", "deferrals",
         "status", "retry_after", "clock_skew", "started_at", "history",
     ]
-    assert data["version"] == FORMAT_VERSION == 1
+    assert data["version"] == FORMAT_VERSION == 2
     assert data["eligible_at"] == "2026-03-01T12:06:40.250000+00:00"
     assert data["started_at"] == "2026-03-01T12:00:00.250000+00:00"
     assert data["delay"] == 300 and data["attempts"] == 3 and data["deferrals"] == 3
@@ -191,10 +192,29 @@ def test_round_trip_property(seconds, micros, delay, attempts, earlier, reason, 
 # -- the version rule ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", [None, 0, 2, "1", [1]])
+@pytest.mark.parametrize("version", [None, 0, 3, "1", [1], True])
 def test_other_versions_are_refused(version):
     with pytest.raises(InvalidDeferral, match="version"):
         Deferral.from_dict(valid_dict(version=version))
+
+
+def test_a_version_1_document_still_reads():
+    data = valid_dict(version=1)
+    assert Deferral.from_dict(data).to_dict() == {**data, "version": FORMAT_VERSION}
+
+
+@pytest.mark.parametrize("reason", ["attempts", "quota", "concurrency"])
+def test_a_version_1_document_cannot_carry_a_reason_of_version_2(reason):
+    with pytest.raises(InvalidDeferral, match="version 1"):
+        Deferral.from_dict(valid_dict(version=1, reason=reason))
+    assert Deferral.from_dict(valid_dict(version=2, reason=reason)).reason == reason
+
+
+def test_reasons_are_one_str_enum_and_json_keeps_the_strings():
+    deferral = Deferral.from_dict(valid_dict(reason="max_wait"))
+    assert deferral.reason is Reason.MAX_WAIT and deferral.reason == "max_wait"
+    assert json.loads(json.dumps(deferral.to_dict()))["reason"] == "max_wait"
+    assert REASONS == set(DEFER_REASONS)
 
 
 def test_a_missing_version_is_refused():
@@ -319,9 +339,9 @@ def test_history_must_match_the_deferral_count():
 
 def test_invalid_deferral_is_a_package_error_and_a_value_error():
     with pytest.raises(RetryAfterError):
-        Deferral.from_dict(valid_dict(version=2))
+        Deferral.from_dict(valid_dict(version=3))
     with pytest.raises(ValueError):
-        Deferral.from_dict(valid_dict(version=2))
+        Deferral.from_dict(valid_dict(version=3))
 
 
 # -- naive datetimes and direct construction ------------------------------------------

@@ -16,9 +16,8 @@ from retry_after_adapter import (
     MemoryCooldownStore,
     RetryAfterAdapter,
     RetryAfterRetry,
-    RetryDeferred,
 )
-from retry_after_adapter.metrics import DEFER_REASONS, OTHER, STOP_REASONS, Counters
+from retry_after_adapter.observe import DEFER_REASONS, OTHER, STOP_REASONS, Counters
 from tests.integration.throttle_server import Reply
 
 
@@ -53,7 +52,10 @@ def test_a_fresh_snapshot_has_every_fixed_label_at_zero():
         "cooldown_wait_seconds": 0.0,
         "deferred_seconds": 0.0,
     }
-    assert set(snap["deferrals"]) == {"deadline", "max_wait", "cooldown", "cancelled", "cooldown-unknown", OTHER}
+    assert set(snap["deferrals"]) == {
+        "deadline", "max_wait", "attempts", "cooldown", "quota", "concurrency", "cancelled", "cooldown-unknown", OTHER,
+    }
+    assert all(type(key) is str for key in (*snap["deferrals"], *snap["stops"]))
 
 
 def test_retries_deferrals_and_stops_are_counted_through_a_real_adapter(server, clock):
@@ -67,8 +69,8 @@ def test_retries_deferrals_and_stops_are_counted_through_a_real_adapter(server, 
     server.serve([Reply(429, {"Retry-After": "120"}), Reply(200)])
     assert session.get(server.url + "/long").deferral.reason == "max_wait"
     # The same origin is now cooling down: the next call defers without sending.
-    with pytest.raises(RetryDeferred):
-        session.get(server.url + "/again")
+    local = session.get(server.url + "/again")
+    assert local.local and local.status_code == 429 and local.deferral.reason == "cooldown"
     assert server.count() == 1
 
     clock.advance(121)
@@ -82,9 +84,10 @@ def test_retries_deferrals_and_stops_are_counted_through_a_real_adapter(server, 
     snap = counters.snapshot()
     assert snap["retries"] == 2  # one after the 503 with Retry-After 2, one before exhausting
     assert snap["wait_seconds"] == 2.0
-    assert snap["deferrals"] == {**zeroed(DEFER_REASONS), "max_wait": 1, "cooldown": 1}
-    assert snap["deferred_seconds"] == 120.0 + 120.0
-    assert snap["stops"] == {**zeroed(STOP_REASONS), "invalid_retry_after": 1, "exhausted": 1}
+    # Running out of retries is a deferral too (the 503 had no Retry-After, backoff 0).
+    assert snap["deferrals"] == {**zeroed(DEFER_REASONS), "max_wait": 1, "cooldown": 1, "attempts": 1}
+    assert snap["deferred_seconds"] == 120.0 + 120.0 + 0.0
+    assert snap["stops"] == {**zeroed(STOP_REASONS), "invalid_retry_after": 1}
     assert snap["decisions"] == 2 + 2 + 2
     assert "scopes" not in snap  # scopes are never labels unless asked for
 
@@ -211,8 +214,8 @@ def test_many_workers_share_one_counters_through_real_adapters(server, clock):
         t.join(10)
     assert not errors
     snap = counters.snapshot()
-    # Each worker: 3 retries then exhausted, 4 requests in all.
-    assert snap["retries"] == 6 * 3 and snap["stops"]["exhausted"] == 6
+    # Each worker: 3 retries then out of attempts (a deferral), 4 requests in all.
+    assert snap["retries"] == 6 * 3 and snap["deferrals"]["attempts"] == 6
     assert server.count() == 6 * 4
 
 

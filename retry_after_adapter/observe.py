@@ -1,44 +1,133 @@
-"""In-process counters of retry decisions, for dashboards and alerts.
+"""Instrumentation: what the package tells the outside about its decisions.
 
-:class:`Counters` is an ``on_decision`` hook: pass an instance to
-``RetryAfterAdapter(..., on_decision=counters)`` or ``RetryAfterRetry(...,
-on_decision=counters)`` and read :meth:`Counters.snapshot` whenever you export metrics.
+- :class:`DecisionRecord`: one frozen record per decision (retry, defer, stop).
+- the ``on_decision`` hook protocol: any ``callable(DecisionRecord)``; several may be
+  given as a collection. A hook that raises is logged and ignored.
+- the ``retry_after_adapter`` logger: a DEBUG line per retry, an INFO line per deferral,
+  with structured ``extra`` fields.
+- :class:`Counters`: a ready hook that counts decisions for dashboards and alerts.
 
-Every label is bounded: actions and reasons come from fixed sets (anything else is
-counted as ``"other"``), and scopes are never labels unless asked for with
-``by_scope=True``, and even then at most ``max_scopes`` distinct scopes are kept (later
-ones are counted under ``"other"``). Scopes are origins or hashed keys, never URLs with
-paths, queries or credentials, so a snapshot is safe to publish.
-
+Every value here is bounded and credential-free: scopes are origins or hashed keys,
+never URLs with paths, queries or credentials; reasons come from :class:`Reason`.
 All durations are in seconds.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigurationError
-from .policy import DEFER, RETRY, STOP, DecisionRecord
+from .policy import DEFER, DEFER_REASONS, RETRY, STOP, STOP_REASONS, Decision, Reason
 
-__all__ = ["ACTIONS", "DEFER_REASONS", "OTHER", "STOP_REASONS", "Counters"]
+__all__ = [
+    "ACTIONS",
+    "DEFER_REASONS",
+    "OTHER",
+    "STOP_REASONS",
+    "Counters",
+    "DecisionHook",
+    "DecisionRecord",
+    "as_hooks",
+    "emit",
+]
+
+log = logging.getLogger("retry_after_adapter")
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One decision as the ``on_decision`` hooks see it.
+
+    Holds only bounded, credential-free values: ``scope`` is an origin or a hashed key,
+    never a URL path or query. ``action`` is ``"retry"``, ``"defer"`` or ``"stop"``;
+    ``reason`` a :class:`Reason` (None for a plain retry); ``wait`` is in seconds;
+    ``attempt`` counts requests sent in the job so far; ``status`` is the last HTTP
+    status or None after a transport error; ``server_delay`` is the parsed Retry-After
+    in seconds, or None.
+    """
+
+    action: str
+    reason: Reason | None
+    wait: float
+    scope: str | None
+    status: int | None
+    attempt: int
+    server_delay: float | None = None
+
+
+DecisionHook = Callable[[DecisionRecord], None]
+
+
+def as_hooks(on_decision: DecisionHook | Collection[DecisionHook] | None) -> tuple[DecisionHook, ...]:
+    """Normalise an ``on_decision`` argument to a tuple of callables."""
+    if on_decision is None:
+        hooks: tuple[DecisionHook, ...] = ()
+    elif callable(on_decision):
+        hooks = (on_decision,)
+    elif isinstance(on_decision, Collection):
+        hooks = tuple(on_decision)
+    else:
+        raise ConfigurationError("on_decision must be a callable or a collection of callables")
+    if not all(callable(hook) for hook in hooks):
+        raise ConfigurationError("on_decision must be a callable or a collection of callables")
+    return hooks
+
+
+def emit(
+    hooks: tuple[DecisionHook, ...],
+    decision: Decision,
+    *,
+    scope: str | None,
+    status: int | None,
+    attempt: int,
+    server_delay: float | None = None,
+) -> None:
+    """Log one decision and hand it to ``hooks`` (a failing hook never fails the call)."""
+    if decision.action == DEFER or log.isEnabledFor(logging.DEBUG):
+        reason = decision.reason
+        log.log(
+            logging.INFO if decision.action == DEFER else logging.DEBUG,
+            "%s%s: wait %.3f s (scope %s, status %s, attempt %d)",
+            decision.action,
+            f" ({reason})" if reason else "",
+            decision.wait,
+            scope,
+            status,
+            attempt,
+            extra={
+                "scope": scope,
+                "status": status,
+                "reason": None if reason is None else str(reason),
+                "planned_delay": decision.wait,
+                "attempt": attempt,
+                "action": decision.action,
+            },
+        )
+    if not hooks:
+        return
+    record = DecisionRecord(
+        action=decision.action,
+        reason=decision.reason,
+        wait=decision.wait,
+        scope=scope,
+        status=status,
+        attempt=attempt,
+        server_delay=server_delay,
+    )
+    for hook in hooks:
+        try:
+            hook(record)
+        except Exception:
+            log.exception("on_decision hook failed; the call goes on")
+
 
 #: The actions a decision can take.
 ACTIONS: tuple[str, ...] = (RETRY, DEFER, STOP)
-
-#: Reasons a call is deferred (see ``Deferral.reason``).
-DEFER_REASONS: tuple[str, ...] = ("deadline", "max_wait", "cooldown", "cancelled", "cooldown-unknown")
-
-#: Reasons a call stops without a further attempt.
-STOP_REASONS: tuple[str, ...] = (
-    "invalid_retry_after",
-    "exhausted",
-    "not_idempotent",
-    "not_retryable",
-    "max_deferrals",
-    "max_lifetime",
-)
 
 #: The label for a reason outside the fixed sets, or a scope past ``max_scopes``.
 OTHER = "other"
@@ -91,8 +180,9 @@ class Counters:
         self._decisions = 0
         self._retries = 0
         self._cooldown_waits = 0
-        self._deferrals = dict.fromkeys((*DEFER_REASONS, OTHER), 0)
-        self._stops = dict.fromkeys((*STOP_REASONS, OTHER), 0)
+        # Plain strings as keys: a snapshot is JSON and label material as it is.
+        self._deferrals = dict.fromkeys((*map(str, DEFER_REASONS), OTHER), 0)
+        self._stops = dict.fromkeys((*map(str, STOP_REASONS), OTHER), 0)
         self._other_actions = 0
         self._wait_seconds = 0.0
         self._cooldown_wait_seconds = 0.0

@@ -1,0 +1,713 @@
+"""The engine: the one loop that runs a call, and the one step that judges an attempt.
+
+::
+
+    call = Call(policy, scope=..., store=..., hooks=...)     # explicit state
+    while True:
+        deferral = admit(call)            # cooldown / resumed deferral: wait if it fits, else defer
+        if deferral: return Outcome(deferral=deferral)        # nothing was sent
+        response, error = transport.send(attempt_timeout(...))  # exactly one attempt
+        verdict = judge(call, ...)        # policy.py decides; counts come from urllib3's Retry
+        if verdict is RETRY: wait(verdict.wait); continue
+        return Outcome(response, error, verdict)
+
+:func:`run` is that loop, for :class:`~retry_after_adapter.RetryAfterAdapter` (each
+attempt through ``HTTPAdapter.send``) and :class:`~retry_after_adapter.RetryAfterPoolManager`
+(each attempt through ``PoolManager.urlopen``); urllib3 itself never loops there.
+:func:`judge` is also what :meth:`RetryAfterRetry.increment` runs when the policy is
+handed to a *stock* urllib3 loop, so there is one decision step whoever loops.
+
+The call's state is a :class:`Call` passed along; the only context variable is the
+set of user overrides that :func:`budget` installs. Durations are seconds (float);
+``Call.start`` is monotonic and never leaves the process; every time stored or put in
+a deferral is an aware UTC ``datetime``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+import random
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
+
+from urllib3.exceptions import MaxRetryError
+from urllib3.util.retry import Retry
+from urllib3.util.timeout import Timeout
+
+from ._compat import response_header, response_status
+from .clock import Clock
+from .cooldown.base import CooldownStore
+from .deferral import Deferral
+from .errors import ConfigurationError, CooldownUnavailable, DeferralLimitExceeded, InvalidRetryAfter
+from .header import RetryAfter, parse_retry_after
+from .observe import DecisionHook, emit
+from .policy import (
+    COOLDOWN_STATUSES,
+    DEFER,
+    RETRY,
+    STOP,
+    Decision,
+    Reason,
+    check_limit,
+    decide,
+)
+from .policy import (
+    admit as admit_decision,
+)
+from .scope import strip_query
+
+if TYPE_CHECKING:
+    from .retry import RetryAfterRetry
+
+__all__ = ["Call", "Outcome", "Transport", "Verdict", "admit", "budget", "judge", "run"]
+
+#: The smallest timeout, in seconds, an attempt gets when its deadline is nearly used
+#: up (a zero timeout would make the socket non-blocking). ``attempt_reserve`` raises it.
+MIN_ATTEMPT_TIMEOUT = 0.1
+
+#: Seconds after which a call deferred with ``cooldown-unknown`` may try again.
+UNKNOWN_COOLDOWN_RETRY = 1.0
+
+#: How often admission re-reads a cooldown that other workers keep extending.
+_MAX_ADMIT_ROUNDS = 16
+
+_jitter_rng = random.Random()
+
+
+class _SingleAttempt(Retry):
+    """urllib3's ``Retry(0, read=False)`` that names no query string in its errors."""
+
+    def increment(self, method: str | None = None, url: str | None = None, *args: Any, **kw: Any) -> Retry:  # type: ignore[override]
+        return super().increment(method, strip_query(url), *args, **kw)
+
+
+#: What urllib3 gets for each attempt the engine sends: one attempt, no retry, no
+#: redirect, read errors raised as themselves (as ``HTTPAdapter``'s default ``Retry(0,
+#: read=False)``), so each attempt fails with the error class it would have alone.
+SINGLE_ATTEMPT: Retry = _SingleAttempt(
+    0, read=False, redirect=False, raise_on_redirect=False, raise_on_status=False
+)
+
+
+# ----------------------------------------------------------------------------- budget
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = _Unset()
+
+
+@dataclass(frozen=True)
+class Override:
+    """Limits set by :func:`budget` for the calls made inside it (seconds)."""
+
+    deadline: float | _Unset | None = UNSET
+    max_wait: float | _Unset | None = UNSET
+    cancel: threading.Event | None = None
+    resume: Deferral | None = None
+
+
+_OVERRIDE: contextvars.ContextVar[Override | None] = contextvars.ContextVar(
+    "retry_after_adapter_budget", default=None
+)
+
+
+@contextmanager
+def budget(
+    *,
+    deadline: float | _Unset | None = UNSET,
+    max_wait: float | _Unset | None = UNSET,
+    cancel: threading.Event | None = None,
+    resume: Deferral | None = None,
+) -> Iterator[None]:
+    """Override the retry budget of every call made inside the ``with`` block.
+
+    - ``deadline``: seconds each call may take from its start, waits and redirects
+      included (``None`` removes the policy's deadline).
+    - ``max_wait``: the longest single wait in seconds (``None``: no limit).
+    - ``cancel``: a ``threading.Event``; setting it ends a running wait at once and the
+      call returns a deferral with reason ``"cancelled"``.
+    - ``resume``: a :class:`Deferral` this call continues: its attempt and deferral
+      counts and history carry over, and nothing is sent before its ``eligible_at``.
+
+    Unset arguments keep the value of an enclosing ``budget`` or of the policy.
+    """
+    if not isinstance(deadline, _Unset):
+        check_limit("deadline", deadline)
+    if not isinstance(max_wait, _Unset):
+        check_limit("max_wait", max_wait)
+    if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+        raise ConfigurationError("cancel must be a threading.Event (or have is_set() and wait())")
+    if resume is not None and not isinstance(resume, Deferral):
+        raise ConfigurationError("resume must be a Deferral (use Deferral.from_dict on stored JSON)")
+    outer = _OVERRIDE.get()
+    merged = Override(
+        deadline=deadline if not isinstance(deadline, _Unset) or outer is None else outer.deadline,
+        max_wait=max_wait if not isinstance(max_wait, _Unset) or outer is None else outer.max_wait,
+        cancel=cancel if cancel is not None or outer is None else outer.cancel,
+        resume=resume if resume is not None or outer is None else outer.resume,
+    )
+    token = _OVERRIDE.set(merged)
+    try:
+        yield
+    finally:
+        _OVERRIDE.reset(token)
+
+
+def current_override() -> Override | None:
+    """The overrides of the innermost enclosing :func:`budget`, or None."""
+    return _OVERRIDE.get()
+
+
+# ------------------------------------------------------------------------------- Call
+class Call:
+    """One call's state: what it may spend, what it has spent, what it knows.
+
+    Made once per ``session.send`` (redirect hops included) or ``urlopen``, and passed
+    to every step. ``retry`` holds urllib3's counters (replaced by each retry, as
+    urllib3 does); ``policy`` is the :class:`RetryAfterRetry` the call started with.
+    """
+
+    __slots__ = (
+        "attempts",
+        "cancel",
+        "clock",
+        "cooldown",
+        "deadline",
+        "deferrals_before",
+        "history",
+        "hooks",
+        "last_retry_after",
+        "last_skew",
+        "last_status",
+        "max_wait",
+        "not_before",
+        "policy",
+        "retry",
+        "scope",
+        "start",
+        "started_at",
+        "store",
+    )
+
+    def __init__(
+        self,
+        policy: RetryAfterRetry,
+        *,
+        scope: str | None = None,
+        store: CooldownStore | None = None,
+        hooks: tuple[DecisionHook, ...] = (),
+        override: Override | None = None,
+    ) -> None:
+        self.policy = policy
+        self.retry: Retry = policy
+        self.clock: Clock = policy.clock
+        self.start = self.clock.monotonic()
+        self.scope = scope
+        self.store = store
+        self.hooks = policy.on_decision + hooks if hooks else policy.on_decision
+        self.deadline: float | None = policy.deadline
+        self.max_wait: float | None = policy.max_wait
+        self.cancel: threading.Event | None = None
+        resume: Deferral | None = None
+        if override is not None:
+            if not isinstance(override.deadline, _Unset):
+                self.deadline = override.deadline
+            if not isinstance(override.max_wait, _Unset):
+                self.max_wait = override.max_wait
+            self.cancel = override.cancel
+            resume = override.resume
+        self.attempts = resume.attempts if resume else 0
+        self.deferrals_before = resume.deferrals if resume else 0
+        self.history: tuple[Deferral, ...] = resume.chain() if resume else ()
+        self.started_at: datetime | None = resume.started_at if resume else None
+        #: No attempt before this (a resumed deferral, a redirect's Retry-After).
+        self.not_before: datetime | None = resume.eligible_at if resume else None
+        #: The scope's shared cooldown as last read or written.
+        self.cooldown: datetime | None = None
+        # A resumed job starts from what its last deferral knew of the server.
+        self.last_status: int | None = resume.status if resume else None
+        self.last_retry_after: str | None = resume.retry_after if resume else None
+        self.last_skew: float | None = resume.clock_skew if resume else None
+
+    # -- time ---------------------------------------------------------------------
+    def elapsed(self) -> float:
+        """Seconds since the call started (monotonic)."""
+        return max(0.0, self.clock.monotonic() - self.start)
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline, or None without one."""
+        if self.deadline is None:
+            return None
+        return self.deadline - self.elapsed()
+
+    def seconds_until(self, until: datetime | None) -> float:
+        """Seconds from now (wall clock) to ``until``; 0 when it is None or past."""
+        if until is None:
+            return 0.0
+        return max(0.0, (until - self.clock.now()).total_seconds())
+
+    def sleep(self, seconds: float) -> bool:
+        """Wait ``seconds`` on the call's clock; False when the cancel event ended it."""
+        cancel = self.cancel
+        if cancel is not None and cancel.is_set():
+            return False
+        if seconds <= 0:
+            return True
+        return self.clock.sleep(seconds, cancel)
+
+    # -- what the server said ---------------------------------------------------------
+    def read_hint(self, raw: str, date: str | None) -> RetryAfter:
+        """Parse a response's Retry-After (and Date) as received now, and remember the
+        raw value and clock skew for a deferral. Raises ``InvalidRetryAfter``."""
+        parsed = parse_retry_after(raw, received_at=self.clock.now(), date=date)
+        self.last_retry_after = raw.strip(" \t")
+        self.last_skew = parsed.clock_skew
+        return parsed
+
+    # -- the shared store -------------------------------------------------------------
+    def read_cooldown(self) -> datetime | None:
+        """The later of the scope's stored cooldown and ``not_before`` (aware UTC).
+
+        May raise ``CooldownUnavailable`` when the store fails and fails closed.
+        """
+        stored = None
+        if self.store is not None and self.scope is not None:
+            stored = self.cooldown = self.store.get(self.scope)
+        until = self.not_before
+        if stored is not None and (until is None or stored > until):
+            return stored
+        return until
+
+    def learn_cooldown(self, until: datetime) -> None:
+        """Advance the scope's shared cooldown to ``until`` (later wins)."""
+        if self.store is None or self.scope is None:
+            self.cooldown = until if self.cooldown is None or until > self.cooldown else self.cooldown
+            return
+        try:
+            self.cooldown = self.store.extend(self.scope, until)
+        except CooldownUnavailable:
+            self.cooldown = until
+
+    # -- decisions --------------------------------------------------------------------
+    def emit(self, decision: Decision, server_delay: float | None = None) -> None:
+        """Log a decision and hand it to the ``on_decision`` hooks."""
+        emit(
+            self.hooks,
+            decision,
+            scope=self.scope,
+            status=self.last_status,
+            attempt=self.attempts,
+            server_delay=server_delay,
+        )
+
+    def defer(
+        self, decision: Decision, server_delay: float | None = None, until: datetime | None = None
+    ) -> Deferral:
+        """The deferral for ``decision`` (a wait from now, or the exact time ``until``).
+
+        A deferral is never eligible before the deferral this call resumed, whatever
+        ended it (a cancel, a store outage). Emits the decision; raises
+        ``DeferralLimitExceeded`` past ``max_deferrals`` or the lifetime cap.
+        """
+        now = self.clock.now()
+        wait = decision.wait
+        if until is not None:
+            eligible = until
+        else:
+            wait = wait if math.isfinite(wait) else 1e15
+            try:
+                eligible = now + timedelta(seconds=wait)
+            except OverflowError:
+                eligible = datetime.max.replace(tzinfo=now.tzinfo)
+        resume_at = self.history[-1].eligible_at if self.history else None
+        if resume_at is not None and eligible < resume_at:
+            eligible = resume_at
+        if until is not None or eligible == resume_at:
+            wait = max(0.0, (eligible - now).total_seconds())
+        if self.started_at is None:
+            # Deferred before any attempt was sent: the job's lifetime starts now.
+            self.started_at = now
+        reason = decision.reason or Reason.DEADLINE
+        deferral = Deferral(
+            eligible_at=eligible,
+            delay=max(0.0, min(wait, 1e15)),
+            reason=reason,
+            scope=self.scope,
+            attempts=self.attempts,
+            deferrals=self.deferrals_before + 1,
+            status=self.last_status,
+            retry_after=self.last_retry_after,
+            clock_skew=self.last_skew,
+            started_at=self.started_at,
+            history=self.history,
+        )
+        policy = self.policy
+        if policy.max_deferrals is not None and deferral.deferrals > policy.max_deferrals:
+            self.emit(Decision(STOP, 0.0, Reason.MAX_DEFERRALS))
+            raise DeferralLimitExceeded(deferral, "max_deferrals")
+        if policy.max_lifetime is not None:
+            lifetime = (eligible - self.started_at).total_seconds()
+            if lifetime > policy.max_lifetime:
+                self.emit(Decision(STOP, 0.0, Reason.MAX_LIFETIME))
+                raise DeferralLimitExceeded(deferral, "max_lifetime")
+        self.emit(Decision(DEFER, deferral.delay, reason), server_delay)
+        return deferral
+
+    def attempt_timeout(self, timeout: Any) -> Any:
+        """The timeout for the next attempt: ``timeout`` (a number, a ``(connect, read)``
+        pair, a urllib3 ``Timeout`` or None) bounded, connect and read together, by what
+        is left of the deadline, so an attempt overruns it by at most
+        ``max(MIN_ATTEMPT_TIMEOUT, attempt_reserve)`` seconds."""
+        left = self.remaining()
+        if left is None:
+            return timeout
+        left = max(left, MIN_ATTEMPT_TIMEOUT, self.policy.attempt_reserve)
+        if isinstance(timeout, Timeout):
+            connect, read, total = timeout._connect, timeout._read, timeout.total
+        elif isinstance(timeout, tuple):
+            if len(timeout) != 2:
+                raise ValueError(
+                    f"Invalid timeout {timeout}. Pass a (connect, read) timeout tuple, "
+                    "or a single float to set both timeouts to the same value."
+                )
+            connect, read, total = timeout[0], timeout[1], None
+        else:
+            connect = read = timeout
+            total = None
+        return Timeout(connect=_clamp(connect, left), read=_clamp(read, left), total=_clamp(total, left))
+
+
+def _clamp(value: Any, left: float) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return min(float(value), left)
+    # None (wait forever) and urllib3's "socket default" sentinel become what is left.
+    return left
+
+
+# ------------------------------------------------------------------------- admission
+def admit(call: Call) -> Deferral | None:
+    """Before an attempt (the first and every retry): wait out the scope's cooldown and
+    a pending ``not_before`` if that fits the budget, else defer without sending.
+
+    Returns None when the attempt may go now. The common case (nothing pending, no
+    cooldown stored) costs one store read.
+    """
+    for _ in range(_MAX_ADMIT_ROUNDS):
+        cancel = call.cancel
+        if cancel is not None and cancel.is_set():
+            return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=_pending(call))
+        try:
+            until = call.read_cooldown()
+        except CooldownUnavailable:
+            return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
+        left = call.seconds_until(until)
+        if left <= 0:
+            if call.deadline is not None and call.elapsed() > call.deadline:
+                return call.defer(Decision(DEFER, 0.0, Reason.DEADLINE))
+            return None
+        if call.policy.jitter:
+            # Workers held back by one cooldown would all wake at its end: spread them.
+            left += _jitter_rng.uniform(0.0, call.policy.jitter)
+        decision = admit_decision(
+            cooldown_left=left,
+            elapsed=call.elapsed(),
+            deadline=call.deadline,
+            max_wait=call.max_wait,
+            attempt_reserve=call.policy.attempt_reserve,
+        )
+        if decision.action == DEFER:
+            return call.defer(decision, until=until)
+        call.emit(Decision(RETRY, left, Reason.COOLDOWN))
+        if not call.sleep(left):
+            return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=until)
+    until = call.read_cooldown()
+    return call.defer(Decision(DEFER, call.seconds_until(until), Reason.COOLDOWN), until=until)
+
+
+def _pending(call: Call) -> datetime | None:
+    """The later of the known cooldown and ``not_before``, when still ahead."""
+    until = call.not_before
+    if call.cooldown is not None and (until is None or call.cooldown > until):
+        until = call.cooldown
+    return until if until is not None and until > call.clock.now() else None
+
+
+def wait_until(call: Call, target: float) -> Deferral | None:
+    """Wait until monotonic time ``target``; a cancel ends it with a deferral."""
+    if call.sleep(target - call.clock.monotonic()):
+        return None
+    return call.defer(Decision(DEFER, max(0.0, target - call.clock.monotonic()), Reason.CANCELLED))
+
+
+# ------------------------------------------------------------------------ the verdict
+RETURN = "return"  #: the outcome is final: return the response
+RAISE = "raise"  #: the outcome is final: raise the error as it is
+REDIRECT = "redirect"  #: follow the response's redirect (when the transport follows them)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What :func:`judge` decided about one attempt.
+
+    ``action`` is ``"retry"`` (wait ``wait`` seconds, then go on with counters
+    ``retry``), ``"defer"`` (``deferral``), ``"stop"`` (``reason``: return the response
+    without retrying), ``"return"``, ``"raise"`` or ``"redirect"``. ``exhausted`` says
+    the retry budget ran out (the deferral then has reason ``attempts``);
+    ``server_delay`` is the attempt's valid Retry-After in seconds, or None.
+    """
+
+    action: str
+    wait: float = 0.0
+    retry: Retry | None = None
+    deferral: Deferral | None = None
+    reason: Reason | None = None
+    exhausted: bool = False
+    server_delay: float | None = None
+    error: BaseException | None = None
+
+
+def judge(
+    call: Call,
+    method: str | None,
+    url: str | None,
+    response: Any,
+    error: Exception | None,
+    *,
+    decided: bool = False,
+    stacktrace: Any = None,
+) -> Verdict:
+    """Judge one attempt: its ``response`` (a urllib3 response) or its ``error`` (a
+    urllib3 error).
+
+    Learns from it first (the Retry-After of a 429/503 advances the shared cooldown,
+    whatever happens next), then asks urllib3's counting (``Retry.increment``) and the
+    pure :func:`~retry_after_adapter.policy.decide`. ``decided=True`` is for a stock
+    urllib3 loop, which calls only for outcomes it already chose to retry.
+    """
+    policy = call.policy
+    retry = call.retry
+    call.attempts += 1
+    if call.started_at is None:
+        call.started_at = call.clock.now()
+    status = response_status(response) if response is not None else None
+    call.last_status = status
+    call.last_retry_after = None
+    call.last_skew = None
+
+    server_delay: float | None = None
+    invalid = False
+    if response is not None and policy.respect_retry_after_header:
+        raw = response_header(response, "Retry-After")
+        if raw is not None:
+            try:
+                parsed = call.read_hint(raw, response_header(response, "Date"))
+            except InvalidRetryAfter:
+                invalid = True
+            else:
+                server_delay = parsed.delay
+                if status in COOLDOWN_STATUSES:
+                    call.learn_cooldown(parsed.eligible_at)
+
+    if error is None:
+        if response is not None and response.get_redirect_location():
+            return Verdict(REDIRECT, server_delay=server_delay)
+        if not decided and not retry.is_retry(method or "GET", status or 0, server_delay is not None):
+            return Verdict(RETURN, server_delay=server_delay)
+    else:
+        if (
+            method is not None
+            and not retry._is_method_retryable(method)
+            and not retry._is_connection_error(error)
+        ):
+            # The request may have reached the server: never replay a non-idempotent one.
+            call.emit(Decision(STOP, 0.0, Reason.NOT_IDEMPOTENT))
+            return Verdict(RAISE, reason=Reason.NOT_IDEMPOTENT, error=error)
+        if _cannot_heal(error):
+            call.emit(Decision(STOP, 0.0, Reason.NOT_RETRYABLE))
+            return Verdict(RAISE, reason=Reason.NOT_RETRYABLE, error=error)
+
+    if invalid and policy.on_invalid == "stop":
+        call.emit(Decision(STOP, 0.0, Reason.INVALID_RETRY_AFTER))
+        return Verdict(STOP, reason=Reason.INVALID_RETRY_AFTER)
+
+    exhausted = False
+    try:
+        new = Retry.increment(retry, method, url, response, error, None, stacktrace)
+    except MaxRetryError:
+        # Out of retries: still plan the next wait, so the deferral keeps the time.
+        exhausted = True
+        new = _uncounted(retry, method, url, response, error)
+    except Exception as raised:  # urllib3 re-raises errors it must not retry (read=False)
+        call.emit(Decision(STOP, 0.0, Reason.NOT_RETRYABLE))
+        return Verdict(RAISE, reason=Reason.NOT_RETRYABLE, error=raised)
+
+    decision = decide(
+        server_delay=server_delay,
+        backoff=new.get_backoff_time(),
+        cooldown_left=call.seconds_until(call.cooldown),
+        jitter=_jitter_rng.uniform(0.0, policy.jitter) if policy.jitter else 0.0,
+        elapsed=call.elapsed(),
+        deadline=call.deadline,
+        max_wait=call.max_wait,
+        attempt_reserve=policy.attempt_reserve,
+    )
+    if exhausted:
+        decision = Decision(DEFER, decision.wait, Reason.ATTEMPTS)
+    if decision.action == DEFER:
+        deferral = call.defer(decision, server_delay)
+        return Verdict(DEFER, deferral=deferral, exhausted=exhausted, server_delay=server_delay)
+    call.emit(decision, server_delay)
+    return Verdict(RETRY, wait=decision.wait, retry=new, server_delay=server_delay)
+
+
+def judge_redirect(call: Call, server_delay: float | None) -> Deferral | None:
+    """A redirect that carries a Retry-After: its wait becomes ``not_before`` for the
+    next hop (waited out by :func:`admit`), or, when it does not fit, a deferral."""
+    if not server_delay or server_delay <= 0:
+        return None
+    decision = decide(
+        server_delay=server_delay,
+        backoff=0.0,
+        cooldown_left=0.0,
+        jitter=0.0,
+        elapsed=call.elapsed(),
+        deadline=call.deadline,
+        max_wait=call.max_wait,
+        attempt_reserve=call.policy.attempt_reserve,
+    )
+    if decision.action == DEFER:
+        return call.defer(decision, server_delay)
+    call.emit(decision, server_delay)
+    until = call.clock.now() + timedelta(seconds=decision.wait)
+    if call.not_before is None or until > call.not_before:
+        call.not_before = until
+    return None
+
+
+def _uncounted(retry: Retry, method: str | None, url: str | None, response: Any, error: Any) -> Retry:
+    """``retry`` incremented without limits: for the backoff the next try would have."""
+    unlimited = retry.new(total=None, connect=None, read=None, redirect=None, status=None, other=None)
+    try:
+        return Retry.increment(unlimited, method, url, response, error)
+    except Exception:
+        return retry
+
+
+def _cannot_heal(error: BaseException) -> bool:
+    """Whether another attempt cannot succeed: a certificate that failed verification."""
+    import ssl
+
+    seen: set[int] = set()
+    stack: list[BaseException] = [error]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen or len(seen) > 16:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return True
+        if "CERTIFICATE_VERIFY_FAILED" in str(current):
+            return True
+        for nxt in (current.__cause__, current.__context__, getattr(current, "reason", None), *current.args):
+            if isinstance(nxt, BaseException):
+                stack.append(nxt)
+    return False
+
+
+# --------------------------------------------------------------------------- the loop
+R = TypeVar("R")
+
+
+class Transport(Protocol[R]):
+    """How :func:`run` sends one attempt and reads its outcome.
+
+    ``send`` sends exactly one attempt (no retry, no redirect) and returns the
+    transport's response, or raises the transport's own error. ``transport_error``
+    gives the urllib3 error behind an exception ``send`` raised when it is a transport
+    failure that a retry may heal, else None (the exception then propagates unchanged).
+    """
+
+    method: str
+    url: str
+    #: Whether :func:`run` follows redirects (plain urllib3) or returns them (requests,
+    #: which follows them with a new ``send`` that continues the same :class:`Call`).
+    follows_redirects: bool
+
+    def send(self, timeout: Any) -> R: ...
+
+    def timeout(self) -> Any: ...
+
+    def raw(self, response: R) -> Any: ...
+
+    def transport_error(self, exc: Exception) -> Exception | None: ...
+
+    def keep(self, response: R) -> None: ...
+
+    def follow(self, response: R, retry: Retry) -> None: ...
+
+
+@dataclass
+class Outcome(Generic[R]):
+    """How a call ended: the last response or error, and the deferral or stop reason."""
+
+    response: R | None = None
+    error: Exception | None = None
+    deferral: Deferral | None = None
+    stop_reason: Reason | None = None
+    exhausted: bool = False
+    redirect: bool = False
+
+
+def run(call: Call, transport: Transport[R]) -> Outcome[R]:
+    """The loop: admit, send one attempt, judge it, then wait and go on, or end."""
+    while True:
+        deferral = admit(call)
+        if deferral is not None:
+            return Outcome(deferral=deferral)
+        response: R | None = None
+        error: Exception | None = None
+        cause: Exception | None = None
+        try:
+            response = transport.send(call.attempt_timeout(transport.timeout()))
+        except Exception as exc:
+            cause = transport.transport_error(exc)
+            if cause is None:
+                raise
+            error = exc
+        raw = transport.raw(response) if response is not None else None
+        verdict = judge(call, transport.method, transport.url, raw, cause)
+        action = verdict.action
+        if action == RETRY:
+            if response is not None:
+                transport.keep(response)  # the body stays readable should a deferral follow
+            deferral = wait_until(call, call.clock.monotonic() + verdict.wait)
+            if deferral is not None:
+                return Outcome(response, error, deferral)
+            assert verdict.retry is not None
+            call.retry = verdict.retry
+            continue
+        if action == REDIRECT:
+            assert response is not None
+            deferral = judge_redirect(call, verdict.server_delay)
+            if deferral is not None or not transport.follows_redirects:
+                return Outcome(response, None, deferral, redirect=True)
+            try:
+                call.retry = Retry.increment(call.retry, transport.method, transport.url, raw)
+            except MaxRetryError:
+                return Outcome(response, redirect=True, exhausted=True)
+            transport.follow(response, call.retry)
+            continue
+        return Outcome(
+            response,
+            error,
+            verdict.deferral,
+            stop_reason=verdict.reason if action == STOP else None,
+            exhausted=verdict.exhausted,
+        )

@@ -1,0 +1,227 @@
+"""RetryAfterPoolManager: the engine for plain urllib3, without requests.
+
+A ``urllib3.PoolManager`` whose ``urlopen`` (and so ``request``) runs the engine's loop:
+admission before every attempt (the first included, so a shared cooldown and
+``budget(resume=...)`` hold back the first request too), exactly one attempt through
+``PoolManager.urlopen``, the policy's decision, then a wait or the result. Redirects
+are followed here, hop by hop, inside the one deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Collection, Mapping
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from urllib3 import PoolManager
+from urllib3.exceptions import (
+    MaxRetryError,
+    NewConnectionError,
+    ProtocolError,
+    ProxyError,
+    ResponseError,
+    SSLError,
+    TimeoutError,
+)
+from urllib3.util.retry import Retry
+
+from .adapter import as_retry_after_retry, local_429
+from .cooldown.base import CooldownStore
+from .cooldown.guard import DEFAULT, check_store_failure, failure_layer
+from .cooldown.memory import DEFAULT_STORE
+from .deferral import Deferral
+from .engine import SINGLE_ATTEMPT, Call, Outcome, current_override, run
+from .errors import MaxRetryDeferred
+from .observe import DecisionHook, as_hooks
+from .retry import RetryAfterRetry
+from .scope import RequestInfo, ScopeFunction, resolve_scope, strip_query
+
+__all__ = ["RetryAfterPoolManager"]
+
+_ABSENT: Any = object()
+_TRANSPORT_ERRORS = (TimeoutError, ProtocolError, SSLError, ProxyError, NewConnectionError)
+
+
+class _PoolTransport:
+    """One attempt through ``PoolManager.urlopen`` (no retry, no redirect followed)."""
+
+    follows_redirects = True
+
+    def __init__(
+        self, manager: RetryAfterPoolManager, method: str, url: str, redirect: bool, kw: dict[str, Any]
+    ):
+        self.manager = manager
+        self.method = method
+        self.full_url = url
+        self.url = strip_query(url) or ""
+        self.follows_redirects = redirect
+        self.kw = kw
+        self.user_timeout = kw.pop("timeout", _ABSENT)
+
+    def send(self, timeout: Any) -> Any:
+        kw = dict(self.kw)
+        if timeout is not _ABSENT:
+            kw["timeout"] = timeout
+        return PoolManager.urlopen(
+            self.manager, self.method, self.full_url, redirect=False, retries=SINGLE_ATTEMPT, **kw
+        )
+
+    def timeout(self) -> Any:
+        return self.user_timeout
+
+    @staticmethod
+    def raw(response: Any) -> Any:
+        return response
+
+    @staticmethod
+    def transport_error(exc: Exception) -> Exception | None:
+        cause = exc.reason if isinstance(exc, MaxRetryError) else exc
+        return cause if isinstance(cause, _TRANSPORT_ERRORS) else None
+
+    @staticmethod
+    def keep(response: Any) -> None:
+        with contextlib.suppress(Exception):  # a broken body: the connection is discarded
+            response.data  # noqa: B018 - read now (kept), the connection goes back to its pool
+        response.release_conn()
+
+    def follow(self, response: Any, retry: Retry) -> None:
+        """Point the next attempt at the redirect's target, as ``PoolManager.urlopen``."""
+        location = urljoin(self.full_url, response.get_redirect_location())
+        headers = dict(self.kw.get("headers") or self.manager.headers or {})
+        if response.status == 303 and self.method != "HEAD":
+            self.method = "GET"
+            self.kw["body"] = None
+            headers = {
+                k: v for k, v in headers.items() if k.lower() not in ("content-type", "content-length")
+            }
+        if _origin(location) != _origin(self.full_url):
+            remove = {name.lower() for name in retry.remove_headers_on_redirect}
+            headers = {k: v for k, v in headers.items() if k.lower() not in remove}
+        self.kw["headers"] = headers
+        response.drain_conn()
+        self.full_url = location
+        self.url = strip_query(location) or ""
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    return (parts.scheme.lower(), parts.hostname, parts.port)
+
+
+def _rebuild(kwargs: dict[str, Any]) -> RetryAfterPoolManager:
+    return RetryAfterPoolManager(**kwargs)
+
+
+class RetryAfterPoolManager(PoolManager):
+    """A ``urllib3.PoolManager`` that obeys Retry-After exactly and shares cooldowns.
+
+    - ``retries``: the policy, a :class:`RetryAfterRetry` (or an int, a stock ``Retry``,
+      None for the adapter's default); a ``retries=`` given to ``request``/``urlopen``
+      replaces it for that call, as in urllib3.
+    - ``cooldown``, ``scope``, ``raise_on_defer``, ``store_failure``, ``on_decision``:
+      as for :class:`~retry_after_adapter.RetryAfterAdapter`. A scope function receives
+      a :class:`~retry_after_adapter.scope.RequestInfo` (``method``, ``url``,
+      ``headers``).
+
+    Every other argument is ``PoolManager``'s. A deferred call returns the last
+    response with a ``deferral`` attribute (read it with
+    :func:`~retry_after_adapter.deferral_of`), or, deferred before anything was sent,
+    a locally built 429; it raises :class:`MaxRetryDeferred` (a ``MaxRetryError``)
+    after a transport error, with ``raise_on_defer=True``, and when retries run out
+    under ``raise_on_status=True``. Copies and pickles as its configuration.
+    """
+
+    def __init__(
+        self,
+        num_pools: int = 10,
+        headers: Mapping[str, str] | None = None,
+        *,
+        retries: Any = None,
+        cooldown: CooldownStore | None = DEFAULT,
+        scope: str | ScopeFunction | None = None,
+        raise_on_defer: bool = False,
+        store_failure: str = "open",
+        on_decision: DecisionHook | Collection[DecisionHook] | None = None,
+        **connection_pool_kw: Any,
+    ) -> None:
+        super().__init__(num_pools=num_pools, headers=headers, **connection_pool_kw)
+        self.retries: RetryAfterRetry = as_retry_after_retry(retries)
+        self.cooldown = DEFAULT_STORE if cooldown is DEFAULT else cooldown
+        self.store_failure = check_store_failure(store_failure)
+        self._store = failure_layer(self.cooldown, self.store_failure)
+        self.scope = "origin" if scope is None else scope
+        self._scope_fn = resolve_scope(self.scope)
+        self.raise_on_defer = bool(raise_on_defer)
+        self.on_decision = as_hooks(on_decision)
+        self._config: dict[str, Any] = dict(
+            num_pools=num_pools,
+            headers=None if headers is None else dict(headers),
+            retries=self.retries,
+            cooldown=self.cooldown,
+            scope=self.scope,
+            raise_on_defer=self.raise_on_defer,
+            store_failure=self.store_failure,
+            on_decision=self.on_decision,
+            **connection_pool_kw,
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pools hold sockets and locks: a copy or an unpickled manager is a new one
+        # with the same configuration (and the same store, for a shallow copy).
+        return (_rebuild, (self._config,))
+
+    def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> Any:  # type: ignore[override]
+        """Open ``url`` under the retry policy; see the class docstring."""
+        retries = kw.pop("retries", None)
+        policy = self.retries if retries is None else as_retry_after_retry(retries)
+        headers = kw.get("headers") or self.headers or {}
+        call = Call(
+            policy,
+            scope=self._scope_fn(RequestInfo(method, url, headers)),
+            store=self._store,
+            hooks=self.on_decision,
+            override=current_override(),
+        )
+        transport = _PoolTransport(self, method, url, redirect, kw)
+        return self._result(transport, call, run(call, transport))
+
+    def _result(self, transport: _PoolTransport, call: Call, outcome: Outcome[Any]) -> Any:
+        deferral = outcome.deferral
+        error = outcome.error
+        url = transport.url
+        if error is not None:
+            if deferral is not None:
+                reason = error.reason if isinstance(error, MaxRetryError) else error
+                raise MaxRetryDeferred(None, url, reason, deferral) from error
+            raise error
+        response = outcome.response
+        if response is None:
+            assert deferral is not None
+            if self.raise_on_defer:
+                raise MaxRetryDeferred(None, url, ResponseError(f"deferred ({deferral.reason})"), deferral)
+            return self._local(transport, deferral)
+        if outcome.redirect and outcome.exhausted and deferral is None:
+            if call.retry.raise_on_redirect:
+                response.drain_conn()
+                raise MaxRetryError(None, url, ResponseError("too many redirects"))  # type: ignore[arg-type]
+            return response
+        response.deferral = deferral
+        response.stop_reason = outcome.stop_reason
+        if deferral is not None and (
+            self.raise_on_defer or (outcome.exhausted and call.policy.raise_on_status)
+        ):
+            raise MaxRetryDeferred(
+                None, url, ResponseError(f"deferred ({deferral.reason})"), deferral, response
+            )
+        return response
+
+    @staticmethod
+    def _local(transport: _PoolTransport, deferral: Deferral) -> Any:
+        response = local_429(deferral, transport.method, transport.url)
+        if transport.kw.get("preload_content", True):
+            response.data  # noqa: B018 - as urllib3 does for preload_content=True
+        response.deferral = deferral
+        response.stop_reason = None
+        response.local = True
+        return response
