@@ -227,7 +227,7 @@ class Call:
         self.deferrals_before = resume.deferrals if resume else 0
         self.history: tuple[Deferral, ...] = resume.chain() if resume else ()
         self.started_at: datetime | None = resume.started_at if resume else None
-        #: No attempt before this (a resumed deferral, a redirect's Retry-After).
+        #: No attempt before this: the eligible time of the deferral this call resumes.
         self.not_before: datetime | None = resume.eligible_at if resume else None
         #: The scope's shared cooldown as last read or written.
         self.cooldown: datetime | None = None
@@ -568,8 +568,8 @@ def judge(
 
 
 def judge_redirect(call: Call, server_delay: float | None) -> Deferral | None:
-    """A redirect that carries a Retry-After: its wait becomes ``not_before`` for the
-    next hop (waited out by :func:`admit`), or, when it does not fit, a deferral."""
+    """A redirect that carries a Retry-After: wait it out before the next hop if it
+    fits the budget; else (or when cancelled) the deferral."""
     if not server_delay or server_delay <= 0:
         return None
     decision = decide(
@@ -585,10 +585,7 @@ def judge_redirect(call: Call, server_delay: float | None) -> Deferral | None:
     if decision.action == DEFER:
         return call.defer(decision, server_delay)
     call.emit(decision, server_delay)
-    until = call.clock.now() + timedelta(seconds=decision.wait)
-    if call.not_before is None or until > call.not_before:
-        call.not_before = until
-    return None
+    return wait_until(call, call.clock.monotonic() + decision.wait)
 
 
 def _uncounted(retry: Retry, method: str | None, url: str | None, response: Any, error: Any) -> Retry:
@@ -667,12 +664,14 @@ class Outcome(Generic[R]):
 
 def run(call: Call, transport: Transport[R]) -> Outcome[R]:
     """The loop: admit, send one attempt, judge it, then wait and go on, or end."""
+    response: R | None = None
+    error: Exception | None = None
     while True:
         deferral = admit(call)
         if deferral is not None:
-            return Outcome(deferral=deferral)
-        response: R | None = None
-        error: Exception | None = None
+            # Before a retry: the last attempt's response (its body kept) or error ends it.
+            return Outcome(response, error, deferral)
+        response = error = None
         cause: Exception | None = None
         try:
             response = transport.send(call.attempt_timeout(transport.timeout()))
@@ -703,6 +702,7 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
             except MaxRetryError:
                 return Outcome(response, redirect=True, exhausted=True)
             transport.follow(response, call.retry)
+            response = None  # drained: a deferral before the next hop has no response
             continue
         return Outcome(
             response,

@@ -183,9 +183,6 @@ class RetryAfterRetry(Retry):
             # redirected request never goes out before the 3xx's Retry-After.
             new: RetryAfterRetry = super().increment(method, url, response, error, _pool, _stacktrace)
             deferral = judge_redirect(call, verdict.server_delay)
-            if deferral is None and call.not_before is not None:
-                target = call.clock.monotonic() + call.seconds_until(call.not_before)
-                deferral = wait_until(call, target)
             if deferral is not None:
                 raise self._deferred(_pool, url, deferral, response, error)
             new._call = call

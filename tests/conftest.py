@@ -48,6 +48,18 @@ def real_server() -> Iterator[ThrottleServer]:
     srv.stop()
 
 
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A port with a bound but not listening socket: connecting is refused (and the
+    port cannot be taken by anyone else while the test runs)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        sock.close()
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 

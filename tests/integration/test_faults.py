@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -47,18 +46,6 @@ def stock_backoff_schedule(retries: int, **kwargs: object) -> list[float]:
     return waits
 
 
-def refused_port() -> Iterator[int]:
-    """A port with a bound but not listening socket: connecting is refused (and the
-    port cannot be taken by anyone else while the test runs)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        sock.close()
-
-
-closed_port = pytest.fixture(refused_port)
 
 
 # -- connection resets ------------------------------------------------------------------
