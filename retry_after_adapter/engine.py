@@ -459,7 +459,7 @@ class Verdict:
     ``action`` is ``"retry"`` (wait ``wait`` seconds, then go on with counters
     ``retry``), ``"defer"`` (``deferral``), ``"stop"`` (``reason``: return the response
     without retrying), ``"return"``, ``"raise"`` or ``"redirect"``. ``exhausted`` says
-    the retry budget ran out (the deferral then has reason ``attempts``);
+    the retry budget ran out (``limit``; the deferral then has reason ``attempts``);
     ``server_delay`` is the attempt's valid Retry-After in seconds, or None.
     """
 
@@ -468,9 +468,15 @@ class Verdict:
     retry: Retry | None = None
     deferral: Deferral | None = None
     reason: Reason | None = None
-    exhausted: bool = False
     server_delay: float | None = None
     error: BaseException | None = None
+    #: urllib3's own ``MaxRetryError`` when the retry budget ran out (its ``reason``
+    #: says why: "too many 503 error responses", the last transport error...).
+    limit: MaxRetryError | None = None
+
+    @property
+    def exhausted(self) -> bool:
+        return self.limit is not None
 
 
 def judge(
@@ -537,12 +543,12 @@ def judge(
         call.emit(Decision(STOP, 0.0, Reason.INVALID_RETRY_AFTER))
         return Verdict(STOP, reason=Reason.INVALID_RETRY_AFTER)
 
-    exhausted = False
+    limit: MaxRetryError | None = None
     try:
         new = Retry.increment(retry, method, url, response, error, None, stacktrace)
-    except MaxRetryError:
+    except MaxRetryError as out_of_retries:
         # Out of retries: still plan the next wait, so the deferral keeps the time.
-        exhausted = True
+        limit = out_of_retries
         new = _uncounted(retry, method, url, response, error)
     except Exception as raised:  # urllib3 re-raises errors it must not retry (read=False)
         call.emit(Decision(STOP, 0.0, Reason.NOT_RETRYABLE))
@@ -558,11 +564,11 @@ def judge(
         max_wait=call.max_wait,
         attempt_reserve=policy.attempt_reserve,
     )
-    if exhausted:
+    if limit is not None:
         decision = Decision(DEFER, decision.wait, Reason.ATTEMPTS)
     if decision.action == DEFER:
         deferral = call.defer(decision, server_delay)
-        return Verdict(DEFER, deferral=deferral, exhausted=exhausted, server_delay=server_delay)
+        return Verdict(DEFER, deferral=deferral, server_delay=server_delay, limit=limit)
     call.emit(decision, server_delay)
     return Verdict(RETRY, wait=decision.wait, retry=new, server_delay=server_delay)
 
@@ -660,6 +666,8 @@ class Outcome(Generic[R]):
     stop_reason: Reason | None = None
     exhausted: bool = False
     redirect: bool = False
+    #: urllib3's ``MaxRetryError`` for an exhausted budget (see :class:`Verdict`).
+    limit: MaxRetryError | None = None
 
 
 def run(call: Call, transport: Transport[R]) -> Outcome[R]:
@@ -710,4 +718,5 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
             verdict.deferral,
             stop_reason=verdict.reason if action == STOP else None,
             exhausted=verdict.exhausted,
+            limit=verdict.limit,
         )

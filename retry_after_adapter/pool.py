@@ -211,9 +211,9 @@ class RetryAfterPoolManager(PoolManager):
         if deferral is not None and (
             self.raise_on_defer or (outcome.exhausted and call.policy.raise_on_status)
         ):
-            raise MaxRetryDeferred(
-                None, url, ResponseError(f"deferred ({deferral.reason})"), deferral, response
-            )
+            limit = outcome.limit  # out of retries: urllib3's own reason
+            why = limit.reason if limit is not None else ResponseError(f"deferred ({deferral.reason})")
+            raise MaxRetryDeferred(None, url, why, deferral, response)
         return response
 
     @staticmethod

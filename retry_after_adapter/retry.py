@@ -196,7 +196,9 @@ class RetryAfterRetry(Retry):
             return retry
         if verdict.action == DEFER:
             assert verdict.deferral is not None
-            raise self._deferred(_pool, url, verdict.deferral, response, error)
+            # Out of retries: urllib3's own reason ("too many 503 error responses").
+            why = verdict.limit.reason if verdict.limit is not None else error
+            raise self._deferred(_pool, url, verdict.deferral, response, why)
         if verdict.action == STOP:
             raise MaxRetryError(_pool, url or "", ResponseError("invalid Retry-After header"))
         if verdict.error is not None and verdict.error is not error:

@@ -7,6 +7,7 @@ mocked too, and the decision made in increment still applies.
 
 from __future__ import annotations
 
+import pytest
 import requests
 import responses
 
@@ -15,6 +16,7 @@ from retry_after_adapter import (
     MemoryCooldownStore,
     RetryAfterAdapter,
     RetryAfterRetry,
+    RetryDeferred,
 )
 from tests.conftest import local_deferral
 
@@ -67,3 +69,25 @@ def test_shared_cooldown_under_responses():
     raised_deferral = local_deferral(session(clock, store, max_wait=10).get(URL))
     assert raised_deferral.reason == "cooldown"
     assert len(responses.calls) == 1
+
+
+@responses.activate
+def test_each_attempt_is_mocked_once_and_waits_run_on_the_injected_clock():
+    # responses emulates retries from adapter.max_retries; the engine hands urllib3 (and
+    # so responses) one attempt at a time, so there is one retry loop, not two.
+    clock = FakeClock()
+    responses.add(responses.GET, URL, status=503, headers={"Retry-After": "4"})
+    responses.add(responses.GET, URL, status=503, headers={"Retry-After": "6"})
+    responses.add(responses.GET, URL, status=200, body="ok")
+    response = session(clock).get(URL)
+    assert response.text == "ok" and len(responses.calls) == 3
+    assert clock.sleeps == [4.0, 6.0]
+
+
+@responses.activate
+def test_exhaustion_under_responses_keeps_the_time():
+    responses.add(responses.GET, URL, status=429, headers={"Retry-After": "30"})
+    with pytest.raises(RetryDeferred) as raised:
+        session(FakeClock(), max_wait=60).get(URL)
+    assert raised.value.deferral.reason == "attempts" and raised.value.deferral.delay == 30
+    assert len(responses.calls) == 4  # the first attempt and total=3 retries
