@@ -322,8 +322,10 @@ class RetryAfterAdapter(HTTPAdapter):
                 raise RetryDeferred(deferral, response=None, request=request)
             return self._local(request, deferral)
         response = RetryAfterResponse.adopt(outcome.response)
-        response.deferral = deferral
-        response.stop_reason = outcome.stop_reason
+        if deferral is not None:
+            response.deferral = deferral
+        if outcome.stop_reason is not None:
+            response.stop_reason = outcome.stop_reason
         if deferral is None:
             if outcome.redirect and isinstance(request.hooks, dict):
                 request.hooks[_CALL_KEY] = (call, request)  # the next hop continues this call

@@ -174,27 +174,20 @@ class Call:
     urllib3 does); ``policy`` is the :class:`RetryAfterRetry` the call started with.
     """
 
-    __slots__ = (
-        "attempts",
-        "cancel",
-        "clock",
-        "cooldown",
-        "deadline",
-        "deferrals_before",
-        "history",
-        "hooks",
-        "last_retry_after",
-        "last_skew",
-        "last_status",
-        "max_wait",
-        "not_before",
-        "policy",
-        "retry",
-        "scope",
-        "start",
-        "started_at",
-        "store",
-    )
+    # Class-level defaults: a call that resumes nothing and meets no cooldown (most
+    # calls) never writes these, which keeps a call's set-up cheap.
+    cancel: threading.Event | None = None
+    attempts = 0
+    deferrals_before = 0
+    history: tuple[Deferral, ...] = ()
+    started_at: datetime | None = None
+    #: No attempt before this: the eligible time of the deferral this call resumes.
+    not_before: datetime | None = None
+    #: The scope's shared cooldown as last read or written.
+    cooldown: datetime | None = None
+    last_status: int | None = None
+    last_retry_after: str | None = None
+    last_skew: float | None = None
 
     def __init__(
         self,
@@ -214,27 +207,25 @@ class Call:
         self.hooks = policy.on_decision + hooks if hooks else policy.on_decision
         self.deadline: float | None = policy.deadline
         self.max_wait: float | None = policy.max_wait
-        self.cancel: threading.Event | None = None
-        resume: Deferral | None = None
-        if override is not None:
-            if not isinstance(override.deadline, _Unset):
-                self.deadline = override.deadline
-            if not isinstance(override.max_wait, _Unset):
-                self.max_wait = override.max_wait
-            self.cancel = override.cancel
-            resume = override.resume
-        self.attempts = resume.attempts if resume else 0
-        self.deferrals_before = resume.deferrals if resume else 0
-        self.history: tuple[Deferral, ...] = resume.chain() if resume else ()
-        self.started_at: datetime | None = resume.started_at if resume else None
-        #: No attempt before this: the eligible time of the deferral this call resumes.
-        self.not_before: datetime | None = resume.eligible_at if resume else None
-        #: The scope's shared cooldown as last read or written.
-        self.cooldown: datetime | None = None
+        if override is None:
+            return
+        if not isinstance(override.deadline, _Unset):
+            self.deadline = override.deadline
+        if not isinstance(override.max_wait, _Unset):
+            self.max_wait = override.max_wait
+        self.cancel = override.cancel
+        resume = override.resume
+        if resume is None:
+            return
+        self.attempts = resume.attempts
+        self.deferrals_before = resume.deferrals
+        self.history = resume.chain()
+        self.started_at = resume.started_at
+        self.not_before = resume.eligible_at
         # A resumed job starts from what its last deferral knew of the server.
-        self.last_status: int | None = resume.status if resume else None
-        self.last_retry_after: str | None = resume.retry_after if resume else None
-        self.last_skew: float | None = resume.clock_skew if resume else None
+        self.last_status = resume.status
+        self.last_retry_after = resume.retry_after
+        self.last_skew = resume.clock_skew
 
     # -- time ---------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -369,6 +360,11 @@ class Call:
         if left is None:
             return timeout
         left = max(left, MIN_ATTEMPT_TIMEOUT, self.policy.attempt_reserve)
+        if type(timeout) in (int, float):  # the common case: one number for both
+            if timeout + timeout <= left:
+                return timeout  # connect + read already fit: nothing to bound
+            value = timeout if timeout < left else left
+            return Timeout(connect=value, read=value, total=left)
         if isinstance(timeout, Timeout):
             connect, read, total = timeout._connect, timeout._read, timeout.total
         elif isinstance(timeout, tuple):
@@ -479,6 +475,9 @@ class Verdict:
         return self.limit is not None
 
 
+_FINAL = Verdict(RETURN)
+
+
 def judge(
     call: Call,
     method: str | None,
@@ -500,9 +499,21 @@ def judge(
     policy = call.policy
     retry = call.retry
     call.attempts += 1
+    status = response_status(response) if response is not None else None
+    if (
+        not decided
+        and status is not None
+        and error is None
+        and status < 300
+        and status not in _HINTED_STATUSES
+        and not retry.is_retry(method or "GET", status)
+    ):
+        # The happy path: a final answer that no rule retries or learns from (not a
+        # redirect, no status whose Retry-After counts): nothing to parse or plan.
+        call.last_status = status
+        return _FINAL
     if call.started_at is None:
         call.started_at = call.clock.now()
-    status = response_status(response) if response is not None else None
     call.last_status = status
     call.last_retry_after = None
     call.last_skew = None
@@ -571,6 +582,10 @@ def judge(
         return Verdict(DEFER, deferral=deferral, server_delay=server_delay, limit=limit)
     call.emit(decision, server_delay)
     return Verdict(RETRY, wait=decision.wait, retry=new, server_delay=server_delay)
+
+
+#: Statuses whose Retry-After matters even when not retried (urllib3's and ours).
+_HINTED_STATUSES = frozenset(Retry.RETRY_AFTER_STATUS_CODES) | COOLDOWN_STATUSES
 
 
 def judge_redirect(call: Call, server_delay: float | None) -> Deferral | None:

@@ -96,8 +96,8 @@ def credential_scope(request: Any) -> str:
 
 def strip_query(url: str | None) -> str | None:
     """The URL without its query string or fragment (they may hold credentials)."""
-    if url is None:
-        return None
+    if url is None or ("?" not in url and "#" not in url):
+        return url
     for mark in ("?", "#"):
         cut = url.find(mark)
         if cut >= 0:

@@ -284,3 +284,31 @@ def test_the_pool_manager_raises_max_retry_error_on_exhaustion_and_after_transpo
         manager.request("GET", f"http://127.0.0.1:{closed_port}/x", timeout=1)
     assert isinstance(raised.value.reason, urllib3.exceptions.NewConnectionError)
     assert deferral_of(raised.value).reason == "attempts"
+
+
+class CountingStore(MemoryCooldownStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets = 0
+        self.extends = 0
+
+    def get(self, scope):
+        self.gets += 1
+        return super().get(scope)
+
+    def extend(self, scope, until):
+        self.extends += 1
+        return super().extend(scope, until)
+
+
+def test_the_success_path_costs_one_store_read_and_no_write(server, clock):
+    store = CountingStore()
+    server.serve([Reply(200)])
+    session = make_session(clock, store)
+    for _ in range(5):
+        assert session.get(server.url + "/ok").status_code == 200
+    assert (store.gets, store.extends) == (5, 0)
+    # A retry reads again before its attempt (admission before every attempt).
+    server.serve([Reply(503, {"Retry-After": "1"}), Reply(200)])
+    session.get(server.url + "/retry")
+    assert (store.gets, store.extends) == (7, 1)
