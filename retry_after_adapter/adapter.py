@@ -296,12 +296,12 @@ class RetryAfterAdapter(HTTPAdapter):
         entry = hooks.pop(_CALL_KEY, None) if isinstance(hooks, dict) else None
         if entry is not None and entry[1] is not request:
             call: Call = entry[0]
-            call.scope = self.scope_for(request)
+            call.scope = self._scope_fn(request)
             call.store = self._store
             return call
         return Call(
             self.max_retries,
-            scope=self.scope_for(request),
+            scope=self._scope_fn(request),
             store=self._store,
             hooks=self.on_decision,
             override=current_override(),

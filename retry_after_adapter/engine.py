@@ -39,7 +39,7 @@ from urllib3.exceptions import MaxRetryError
 from urllib3.util.retry import Retry
 from urllib3.util.timeout import Timeout
 
-from ._compat import response_header, response_status
+from ._compat import response_header
 from .clock import Clock
 from .cooldown.base import CooldownStore
 from .deferral import Deferral
@@ -160,9 +160,9 @@ def budget(
         _OVERRIDE.reset(token)
 
 
-def current_override() -> Override | None:
-    """The overrides of the innermost enclosing :func:`budget`, or None."""
-    return _OVERRIDE.get()
+#: ``current_override()``: the overrides of the innermost enclosing :func:`budget`, or
+#: None (the context variable's own ``get``: no Python frame on the hot path).
+current_override = _OVERRIDE.get
 
 
 # ------------------------------------------------------------------------------- Call
@@ -356,10 +356,12 @@ class Call:
         pair, a urllib3 ``Timeout`` or None) bounded, connect and read together, by what
         is left of the deadline, so an attempt overruns it by at most
         ``max(MIN_ATTEMPT_TIMEOUT, attempt_reserve)`` seconds."""
-        left = self.remaining()
-        if left is None:
+        deadline = self.deadline
+        if deadline is None:
             return timeout
-        left = max(left, MIN_ATTEMPT_TIMEOUT, self.policy.attempt_reserve)
+        left = max(
+            deadline - (self.clock.monotonic() - self.start), MIN_ATTEMPT_TIMEOUT, self.policy.attempt_reserve
+        )
         if type(timeout) in (int, float):  # the common case: one number for both
             if timeout + timeout <= left:
                 return timeout  # connect + read already fit: nothing to bound
@@ -395,6 +397,16 @@ def admit(call: Call) -> Deferral | None:
     Returns None when the attempt may go now. The common case (nothing pending, no
     cooldown stored) costs one store read.
     """
+    if call.cancel is None and call.not_before is None and call.store is not None and call.scope is not None:
+        try:
+            stored = call.cooldown = call.store.get(call.scope)
+        except CooldownUnavailable:
+            pass  # the rounds below read again and apply the failure policy
+        else:
+            if (stored is None or stored <= call.clock.now()) and (
+                call.deadline is None or call.clock.monotonic() - call.start <= call.deadline
+            ):
+                return None  # the happy path: nothing to wait for (one store read)
     for _ in range(_MAX_ADMIT_ROUNDS):
         cancel = call.cancel
         if cancel is not None and cancel.is_set():
@@ -499,7 +511,9 @@ def judge(
     policy = call.policy
     retry = call.retry
     call.attempts += 1
-    status = response_status(response) if response is not None else None
+    status = getattr(response, "status", None)
+    if not isinstance(status, int):
+        status = None
     if (
         not decided
         and status is not None
