@@ -48,9 +48,11 @@ from retry_after_adapter import (
     Deferral,
     DeferralLimitExceeded,
     RetryAfterAdapter,
+    RetryAfterResponse,
     RetryAfterRetry,
     RetryDeferred,
     budget,
+    deferral_of,
 )
 
 SCHEMA = """
@@ -255,16 +257,20 @@ def run_job(session: requests.Session, db: sqlite3.Connection, job: Job, log: An
         finish(db, job, "failed", f"gave up after {len(exc.chain)} deferrals ({exc.limit})", exc.deferral)
         log(f"{label}: gave up, chain of {len(exc.chain)} deferrals ({exc.limit})")
         return
-    except RetryDeferred as exc:  # deferred before anything was sent
+    except RetryDeferred as exc:  # the last attempt failed in transport: try again later
         requeue(db, job, exc.deferral)
-        log(f"{label}: deferred before sending ({exc.deferral.reason}), due in {exc.deferral.delay:.2f} s")
+        log(f"{label}: {type(exc).__name__} ({exc.deferral.reason}), due in {exc.deferral.delay:.2f} s")
         return
     except requests.RequestException as exc:
         finish(db, job, "failed", type(exc).__name__)
         log(f"{label}: failed ({type(exc).__name__})")
         return
-    deferral = response.deferral  # type: ignore[attr-defined]
-    if deferral is not None:
+    deferral = deferral_of(response)
+    if isinstance(response, RetryAfterResponse) and response.local:  # nothing was sent
+        assert deferral is not None
+        requeue(db, job, deferral)
+        log(f"{label}: deferred before sending ({deferral.reason}), due in {deferral.delay:.2f} s")
+    elif deferral is not None:
         requeue(db, job, deferral)
         log(
             f"{label}: HTTP {response.status_code}, deferral {deferral.deferrals} "

@@ -700,7 +700,21 @@ class Outcome(Generic[R]):
 
 
 def run(call: Call, transport: Transport[R]) -> Outcome[R]:
-    """The loop: admit, send one attempt, judge it, then wait and go on, or end."""
+    """The loop: admit, send one attempt, judge it, then wait and go on, or end.
+
+    ``DeferralLimitExceeded`` ends the call with no result: the last response is read
+    and its connection given back to the pool first.
+    """
+    state: list[R | None] = [None]
+    try:
+        return _loop(call, transport, state)
+    except DeferralLimitExceeded:
+        if state[0] is not None:
+            transport.keep(state[0])
+        raise
+
+
+def _loop(call: Call, transport: Transport[R], last: list[R | None]) -> Outcome[R]:
     response: R | None = None
     error: Exception | None = None
     while True:
@@ -717,6 +731,7 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
             if cause is None:
                 raise
             error = exc
+        last[0] = response
         raw = transport.raw(response) if response is not None else None
         verdict = judge(call, transport.method, transport.url, raw, cause)
         action = verdict.action

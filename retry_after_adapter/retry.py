@@ -16,6 +16,7 @@ first attempt in that mode: that needs the engine.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection
 from types import TracebackType
 from typing import Any
@@ -27,7 +28,7 @@ from ._compat import response_header
 from .clock import DEFAULT_CLOCK, Clock
 from .deferral import Deferral
 from .engine import REDIRECT, Call, current_override, judge, judge_redirect, wait_until
-from .errors import ConfigurationError, MaxRetryDeferred
+from .errors import ConfigurationError, DeferralLimitExceeded, MaxRetryDeferred
 from .header import parse_retry_after
 from .observe import DecisionHook, as_hooks
 from .policy import (
@@ -177,7 +178,13 @@ class RetryAfterRetry(Retry):
         call = self._call if self._call is not None else Call(self, override=current_override())
         call.retry = self
         url = strip_query(url)
-        verdict = judge(call, method, url, response, error, decided=True, stacktrace=_stacktrace)
+        try:
+            verdict = judge(call, method, url, response, error, decided=True, stacktrace=_stacktrace)
+        except DeferralLimitExceeded:
+            if response is not None:  # give the connection back before giving up
+                with contextlib.suppress(Exception):
+                    response.drain_conn()
+            raise
         if verdict.action == REDIRECT:
             # urllib3's PoolManager follows redirects without sleeping: wait here, so the
             # redirected request never goes out before the 3xx's Retry-After.
