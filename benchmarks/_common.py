@@ -242,9 +242,11 @@ class ServerProcess:
     ended when the context manager exits). ``url`` is ``http://127.0.0.1:<n>``.
     """
 
-    def __init__(self, script: Path, *args: str, start_timeout: float = 20.0) -> None:
+    def __init__(self, script: Path | str, *args: str, start_timeout: float = 20.0) -> None:
+        # A Path is a script; a str is a module, run with ``python -m``.
+        head = [str(script)] if isinstance(script, Path) else ["-m", script]
         self.proc = subprocess.Popen(
-            [sys.executable, str(script), *args],
+            [sys.executable, *head, *args],
             stdout=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,
@@ -258,7 +260,7 @@ class ServerProcess:
                 break
         if not line.startswith("PORT "):
             self.stop()
-            raise RuntimeError(f"server {script.name} did not start (got {line!r})")
+            raise RuntimeError(f"server {script} did not start (got {line!r})")
         self.port = int(line.split()[1])
         self.url = f"http://127.0.0.1:{self.port}"
 

@@ -2,28 +2,25 @@
 worker threads (in one process or several) that works through a list of items, and
 the analysis of what the server saw.
 
-The server (run as ``python benchmarks/_fleet.py --serve QUOTA WINDOW``, in its own
-process; prints ``PORT <n>``) admits ``QUOTA`` requests per fixed window of ``WINDOW``
-seconds, the windows counted from the first request it receives. Past the quota it
-answers ``429`` with ``Retry-After`` = the seconds until the window resets, rounded up
-(integer delay-seconds, at least 1). A rejected request does not use up quota. It logs
-every request: the client's send time (header ``X-Sent-At``, stamped by the client just
-before the request is written), the arrival, the reply time (just before the reply is
-written), status, Retry-After, client process and item. ``GET /__log`` returns that log
-as JSON. All times are ``time.monotonic()``, which on Linux is one clock for every
-process of the host.
+The server is the project's one ``QuotaServer`` (``retry_after_adapter.demo``), run in
+its own process (``python -m retry_after_adapter.demo --serve QUOTA WINDOW``; prints
+``PORT <n>``). It admits ``QUOTA`` requests per fixed window of ``WINDOW`` seconds, the
+windows counted from the first request it receives. Past the quota it answers ``429``
+with ``Retry-After`` = the seconds until the window resets, rounded up (integer
+delay-seconds, at least 1). A rejected request does not use up quota. It logs every
+request: the client's send time (header ``X-Sent-At``, stamped by the client just
+before the request is written), the arrival, the reply time, status, Retry-After, client
+process and item. ``GET /__log`` returns that log as JSON. All times are
+``time.monotonic()``, which on Linux is one clock for every process of the host.
 """
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import contextlib
 import heapq
-import json
 import math
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -32,137 +29,16 @@ from typing import Any
 
 import requests
 
-# -- the throttling server ------------------------------------------------------------------
+from retry_after_adapter import demo
 
-#: Log entry fields, in order.
-LOG_FIELDS = (
-    "sent_at",
-    "checked_at",
-    "arrival",
-    "reply_at",
-    "status",
-    "retry_after",
-    "client",
-    "item",
-    "window",
-)
+# -- the throttling server: the project's one QuotaServer -----------------------------------
 
+#: Log entry fields, in order (see ``retry_after_adapter.demo.LOG_FIELDS``).
+LOG_FIELDS = demo.LOG_FIELDS
 
-class _Quota:
-    """Fixed windows of ``window`` seconds from the first request; ``quota`` per window."""
-
-    def __init__(self, quota: int, window: float) -> None:
-        self.quota = quota
-        self.window = window
-        self.t0: float | None = None
-        self.index = -1
-        self.count = 0
-        self.log: list[list[Any]] = []
-
-    def decide(self, now: float) -> tuple[int, int, int]:
-        """(status, retry_after seconds or 0, window index) for a request arriving ``now``."""
-        if self.t0 is None:
-            self.t0 = now
-        k = int((now - self.t0) // self.window)
-        if k != self.index:
-            self.index = k
-            self.count = 0
-        if self.count < self.quota:
-            self.count += 1
-            return 200, 0, k
-        reset = self.t0 + (k + 1) * self.window
-        return 429, max(1, math.ceil(reset - now)), k
-
-
-def _header(head: list[bytes], name: bytes) -> str | None:
-    for line in head[1:]:
-        key, _, value = line.partition(b":")
-        if key.strip().lower() == name:
-            return value.strip().decode("latin-1")
-    return None
-
-
-class _ThrottleProtocol(asyncio.Protocol):
-    def __init__(self, quota: _Quota) -> None:
-        self.quota = quota
-        self.buffer = b""
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        arrival = time.monotonic()
-        buf = self.buffer + data
-        while self.transport is not None:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                break
-            head = buf[:end].split(b"\r\n")
-            length = int(_header(head, b"content-length") or 0)
-            if len(buf) < end + 4 + length:
-                break
-            buf = buf[end + 4 + length :]
-            self._answer(head, arrival)
-        self.buffer = buf
-
-    def _answer(self, head: list[bytes], arrival: float) -> None:
-        assert self.transport is not None
-        parts = head[0].split(b" ")
-        path = parts[1] if len(parts) > 1 else b"/"
-        if path == b"/__log":
-            body = json.dumps(
-                {
-                    "t0": self.quota.t0,
-                    "quota": self.quota.quota,
-                    "window": self.quota.window,
-                    "fields": LOG_FIELDS,
-                    "log": self.quota.log,
-                }
-            ).encode()
-            self.transport.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                % (len(body), body)
-            )
-            return
-        status, retry_after, k = self.quota.decide(arrival)
-        if status == 200:
-            reply = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-        else:
-            reply = b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: %d\r\nContent-Length: 4\r\n\r\nslow" % (
-                retry_after
-            )
-        sent = _header(head, b"x-sent-at")
-        checked = _header(head, b"x-checked-at")
-        item = _header(head, b"x-item")
-        reply_at = time.monotonic()
-        self.quota.log.append(
-            [
-                float(sent) if sent else None,
-                float(checked) if checked else None,
-                arrival,
-                reply_at,
-                status,
-                retry_after,
-                _header(head, b"x-client"),
-                int(item) if item else None,
-                k,
-            ]
-        )
-        self.transport.write(reply)
-
-
-def _serve(quota: int, window: float) -> None:
-    async def main() -> None:
-        state = _Quota(quota, window)
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: _ThrottleProtocol(state), "127.0.0.1", 0, backlog=1024)
-        print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
-        async with server:
-            await server.serve_forever()
-
-    asyncio.run(main())
+#: How a fleet benchmark starts its server: in its own process, windows from the first
+#: request (``python -m retry_after_adapter.demo --serve QUOTA WINDOW``).
+SERVER_MODULE = "retry_after_adapter.demo"
 
 
 def fetch_log(url: str) -> dict[str, Any]:
@@ -578,12 +454,3 @@ def session_factory(
         return session
 
     return make
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--serve":
-        with contextlib.suppress(KeyboardInterrupt):
-            _serve(int(sys.argv[2]), float(sys.argv[3]))
-    else:
-        print(__doc__)
-        sys.exit(2)

@@ -51,7 +51,6 @@ import statistics
 import subprocess
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import _common
@@ -66,7 +65,6 @@ QUICK_SHAPES = {
     "b": {"quota": 20, "window": 1.0, "items": 40, "deadline": 3.0},
 }
 WALL_TARGET = 1.05
-FLEET_SCRIPT = Path(_fleet.__file__)
 
 
 def time_limit(shape: dict[str, Any]) -> float:
@@ -76,7 +74,7 @@ def time_limit(shape: dict[str, Any]) -> float:
 
 
 def throttle_server(shape: dict[str, Any]) -> _common.ServerProcess:
-    return _common.ServerProcess(FLEET_SCRIPT, "--serve", str(shape["quota"]), str(shape["window"]))
+    return _common.ServerProcess(_fleet.SERVER_MODULE, "--serve", str(shape["quota"]), str(shape["window"]))
 
 
 def run_threads(shape: dict[str, Any], variant: str, threads: int, reserve: float) -> dict[str, Any]:

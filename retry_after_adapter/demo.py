@@ -78,6 +78,17 @@ IN_FLIGHT_ALLOWANCE = 0.25
 SENT_HEADER = "X-Demo-Sent-At"
 
 FORMS = ("seconds", "date")
+ALIGNS = ("epoch", "first")
+
+#: The fields of each entry of :attr:`QuotaServer.log` (and of ``GET /__log``), in
+#: order. Times are ``time.monotonic()`` seconds, one clock for every process of a
+#: Linux host: ``sent_at`` and ``checked_at`` are the client's ``X-Sent-At`` and
+#: ``X-Checked-At`` stamps (None without them), ``arrival`` and ``reply_at`` the
+#: server's; ``retry_after`` is the delay-seconds sent (0 for a 200); ``client`` and
+#: ``item`` the ``X-Client`` and ``X-Item`` headers; ``window`` the window's index.
+LOG_FIELDS = (
+    "sent_at", "checked_at", "arrival", "reply_at", "status", "retry_after", "client", "item", "window",
+)  # fmt: skip
 KINDS = ("stock", "adapter")
 LABELS = {"stock": "stock Retry", "adapter": "RetryAfterAdapter"}
 
@@ -140,10 +151,15 @@ class _Handler(BaseHTTPRequestHandler):
         return self._date or format_http_date(self.server.owner.clock.now())
 
     def do_GET(self) -> None:
+        arrival = time.monotonic()
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(length)
-        status, headers, body, date = self.server.owner._decide(self.path, self.headers.get(SENT_HEADER))
+        headers: dict[str, str]
+        if self.path == "/__log":
+            status, headers, body, date = 200, {}, self.server.owner.log_json().encode(), None
+        else:
+            status, headers, body, date = self.server.owner._decide(self.path, self.headers, arrival)
         self._date = date
         self.send_response(status)
         for name, value in headers.items():
@@ -168,9 +184,18 @@ class QuotaServer:
     - ``clock``: where the server reads the time (a real clock unless given).
     - ``in_flight``: seconds after a 429 during which arriving requests are not counted
       as early (they were already on their way).
+    - ``align``: ``"epoch"`` (default: windows aligned to the server clock, as above) or
+      ``"first"``: windows counted from the first request, on the monotonic clock (the
+      benchmarks' fleets, whose processes share that clock).
 
-    Only requests that are let through count against the quota. Use as a context manager,
-    or call :meth:`start` and :meth:`stop`.
+    Only requests that are let through count against the quota. Every request is also
+    recorded in :attr:`log` (fields :data:`LOG_FIELDS`), served as JSON at ``GET
+    /__log`` (so a server in another process can be read). Use as a context manager, or
+    call :meth:`start` and :meth:`stop`; ``python -m retry_after_adapter.demo --serve
+    QUOTA WINDOW`` runs one (``align="first"``) in its own process and prints ``PORT <n>``.
+
+    This is the one quota server of the project: the demo, the benchmarks' fleets, the
+    README's examples and the tests use it.
     """
 
     def __init__(
@@ -181,6 +206,7 @@ class QuotaServer:
         form: str = "seconds",
         clock: Clock | None = None,
         in_flight: float = IN_FLIGHT_ALLOWANCE,
+        align: str = "epoch",
     ) -> None:
         if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
             raise ConfigurationError("quota must be an int >= 1")
@@ -188,6 +214,14 @@ class QuotaServer:
             raise ConfigurationError("window must be a number of seconds > 0")
         if form not in FORMS:
             raise ConfigurationError("form must be 'seconds' or 'date'")
+        if align not in ALIGNS:
+            raise ConfigurationError("align must be 'epoch' or 'first'")
+        if align == "first" and form != "seconds":
+            raise ConfigurationError("windows from the first request announce delay-seconds only")
+        self.align = align
+        #: Every request, as a list of :data:`LOG_FIELDS`.
+        self.log: list[list[Any]] = []
+        self._t0: float | None = None
         self.quota = quota
         self.window = float(window)
         self.form = form
@@ -242,37 +276,80 @@ class QuotaServer:
     def _running(self, at: datetime) -> bool:
         return any(a.at + self.in_flight <= at < a.until for a in self.announcements)
 
-    def _decide(self, path: str, sent_stamp: str | None = None) -> tuple[int, dict[str, str], bytes, str]:
+    def log_json(self) -> str:
+        """The request log as JSON: ``t0`` (monotonic start of window 0 with
+        ``align="first"``), ``quota``, ``window``, ``fields`` and ``log``."""
+        with self._lock:
+            data = {"t0": self._t0, "quota": self.quota, "window": self.window, "fields": LOG_FIELDS}
+            return json.dumps({**data, "log": self.log})
+
+    def _decide(
+        self, path: str, headers: Any = None, arrival: float | None = None
+    ) -> tuple[int, dict[str, str], bytes, str]:
         """Admit or throttle one request; returns (status, headers, body, Date value).
 
-        ``sent_stamp`` is the client's send time (UTC epoch seconds as text), if it gave one.
+        ``headers`` are the request's (for the clients' stamps), ``arrival`` its arrival
+        on the monotonic clock.
         """
+        get = headers.get if headers is not None else (lambda name: None)
+        mono = time.monotonic() if arrival is None else arrival
         with self._lock:
             now = self.clock.now()
-            sent_at = min(now, _parse_stamp(sent_stamp) or now)
+            sent_at = min(now, _parse_stamp(get(SENT_HEADER)) or now)
             early = self._running(sent_at)
             stamp = now.timestamp()
-            index = math.floor(stamp / self.window)
+            if self.align == "first":
+                if self._t0 is None:
+                    self._t0 = mono
+                index = math.floor((mono - self._t0) / self.window)
+                left = self._t0 + (index + 1) * self.window - mono
+            else:
+                index = math.floor(stamp / self.window)
+                left = (index + 1) * self.window - stamp
             if index != self._index:
                 self._index, self._used = index, 0
             date = format_http_date(now)  # truncated to the second: never after `now`
             if self._used < self.quota:
                 self._used += 1
                 self.arrivals.append(Arrival(now, sent_at, path, 200, early))
+                self._record(get, mono, 200, 0, index)
                 return 200, {}, b"ok " + path.encode("utf-8", "replace") + b"\n", date
-            end = (index + 1) * self.window
+            delay = max(1, math.ceil(left))
             if self.form == "seconds":
-                delay = max(1, math.ceil(end - stamp))
                 until = now + timedelta(seconds=delay)
                 value = str(delay)
             else:
-                whole = max(math.ceil(end), math.floor(stamp) + 1)
+                whole = max(math.ceil(stamp + left), math.floor(stamp) + 1)
                 until = datetime.fromtimestamp(whole, timezone.utc)
                 value = format_http_date(until)
             self.announcements.append(Announcement(now, until))
             self.arrivals.append(Arrival(now, sent_at, path, 429, early))
+            self._record(get, mono, 429, delay, index)
             body = f"quota of {self.quota} requests per {self.window:g} s exhausted\n".encode()
             return 429, {"Retry-After": value}, body, date
+
+    def _record(self, get: Callable[[str], Any], arrival: float, status: int, delay: int, index: int) -> None:
+        sent, checked, item = get("X-Sent-At"), get("X-Checked-At"), get("X-Item")
+        self.log.append(
+            [
+                _number(sent),
+                _number(checked),
+                arrival,
+                time.monotonic(),
+                status,
+                delay,
+                get("X-Client"),
+                int(item) if item and item.isdigit() else None,
+                index,
+            ]
+        )
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
 
 
 def _parse_stamp(text: str | None) -> datetime | None:
@@ -697,3 +774,25 @@ def report_json(results: dict[str, FleetResult], config: DemoConfig) -> str:
         "runs": {kind: result.to_dict() for kind, result in results.items()},
     }
     return json.dumps(data, indent=2, sort_keys=True)
+
+
+def serve(quota: int, window: float) -> None:
+    """Run a :class:`QuotaServer` (``align="first"``) until terminated, after printing
+    ``PORT <n>``: the benchmarks' fleets start it in its own process this way."""
+    import signal
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with QuotaServer(quota, window, align="first") as server:
+        print(f"PORT {server.port}", flush=True)
+        while not stop.wait(1.0):
+            pass
+
+
+if __name__ == "__main__":  # python -m retry_after_adapter.demo --serve QUOTA WINDOW
+    import sys
+
+    if len(sys.argv) == 4 and sys.argv[1] == "--serve":
+        serve(int(sys.argv[2]), float(sys.argv[3]))
+    else:
+        sys.exit("usage: python -m retry_after_adapter.demo --serve QUOTA WINDOW")

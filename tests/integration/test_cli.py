@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -322,3 +323,20 @@ def test_demo_small_run_table_and_json() -> None:
     assert "requests sent early" in report
     assert 'Look at "requests sent early"' in report
     assert "items done" in report.split("Look at")[0]
+
+
+def test_get_has_a_documented_default_deadline() -> None:
+    from retry_after_adapter.cli import DEFAULT_GET_DEADLINE, build_parser
+
+    assert build_parser().parse_args(["get", "http://127.0.0.1/x"]).deadline == DEFAULT_GET_DEADLINE == 10.0
+    assert "default 10" in run("get", "--help").stdout
+    assert "| `--deadline S` | 10 |" in (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+
+
+def test_get_on_an_unreachable_host_returns_within_the_deadline() -> None:
+    # Without a deadline the default policy would back off 0 + 1 + 2 + 4 + 8 s.
+    started = time.monotonic()
+    result = run("get", f"http://127.0.0.1:{closed_port()}/x", "--deadline", "0.8")
+    took = time.monotonic() - started
+    assert result.returncode == 69 and "connection refused" in one_line(result.stderr)
+    assert took < 0.8 + 1.5  # the interpreter's start-up, and slack for a loaded machine

@@ -1,0 +1,86 @@
+"""The project's one quota server (``retry_after_adapter.demo.QuotaServer``): the demo,
+the benchmarks' fleets and the README run on it, so its rules are pinned here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import requests
+
+from retry_after_adapter import ConfigurationError, FakeClock
+from retry_after_adapter.demo import LOG_FIELDS, QuotaServer
+
+
+def test_epoch_windows_on_the_injected_clock():
+    clock = FakeClock(start=datetime(2026, 1, 1, 0, 0, 55, tzinfo=timezone.utc))
+    with QuotaServer(2, 60, clock=clock) as server:
+        statuses = [requests.get(server.url + f"/{n}", timeout=5) for n in range(3)]
+        assert [r.status_code for r in statuses] == [200, 200, 429]
+        assert statuses[2].headers["Retry-After"] == "5"  # the window ends at 00:01:00
+        clock.advance(5)
+        assert requests.get(server.url + "/next", timeout=5).status_code == 200
+        stats = server.stats()
+        assert (stats.requests, stats.ok, stats.throttled) == (4, 3, 1)
+
+
+def test_date_form_announces_the_window_end_as_an_http_date():
+    clock = FakeClock(start=datetime(2026, 1, 1, 0, 0, 55, tzinfo=timezone.utc))
+    with QuotaServer(1, 60, clock=clock, form="date") as server:
+        requests.get(server.url, timeout=5)
+        throttled = requests.get(server.url, timeout=5)
+        assert throttled.headers["Retry-After"] == "Thu, 01 Jan 2026 00:01:00 GMT"
+
+
+def test_windows_from_the_first_request_and_the_log():
+    with QuotaServer(1, 120, align="first") as server:
+        requests.get(server.url + "/a", headers={"X-Sent-At": "12.5", "X-Client": "p1", "X-Item": "7"}, timeout=5)
+        second = requests.get(server.url + "/b", timeout=5)
+        assert second.status_code == 429 and 119 <= int(second.headers["Retry-After"]) <= 120
+        data = requests.get(server.url + "/__log", timeout=5).json()
+    assert data["fields"] == list(LOG_FIELDS) and data["quota"] == 1 and data["window"] == 120
+    first, throttled = (dict(zip(data["fields"], entry)) for entry in data["log"])
+    assert (first["sent_at"], first["client"], first["item"], first["status"]) == (12.5, "p1", 7, 200)
+    assert throttled["status"] == 429 and throttled["retry_after"] == int(second.headers["Retry-After"])
+    assert first["window"] == throttled["window"] == 0 and first["arrival"] <= first["reply_at"]
+
+
+def test_it_runs_in_its_own_process_for_the_benchmarks():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retry_after_adapter.demo", "--serve", "1", "60"],
+        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("PORT ")
+        url = f"http://127.0.0.1:{int(line.split()[1])}"
+        assert [requests.get(url, timeout=5).status_code for _ in range(2)] == [200, 429]
+        assert len(json.loads(requests.get(url + "/__log", timeout=5).text)["log"]) == 2
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert proc.returncode == 0  # SIGTERM ends it cleanly
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"quota": 0}, {"window": 0}, {"form": "weeks"}, {"align": "noon"}, {"align": "first", "form": "date"}]
+)
+def test_bad_settings_are_configuration_errors(kwargs):
+    args = {"quota": 1, "window": 1.0, **kwargs}
+    with pytest.raises(ConfigurationError):
+        QuotaServer(**args)
+
+
+def test_a_cooldown_announced_is_running_for_later_senders():
+    clock = FakeClock(start=datetime(2026, 1, 1, 0, 0, 0, tzinfo=timezone.utc))
+    with QuotaServer(1, 60, clock=clock) as server:
+        requests.get(server.url, timeout=5)
+        requests.get(server.url, timeout=5)
+        assert server.cooldown_running(clock.now() + timedelta(seconds=1))
+        assert not server.cooldown_running(clock.now() + timedelta(seconds=61))
