@@ -322,6 +322,9 @@ class RetryAfterAdapter(HTTPAdapter):
                 raise RetryDeferred(deferral, response=None, request=request)
             return self._local(request, deferral)
         response = RetryAfterResponse.adopt(outcome.response)
+        # The adapter, not its one-attempt view: requests' auth handlers (digest) send
+        # their follow-up through response.connection, and that must run the engine too.
+        response.connection = self
         if deferral is not None:
             response.deferral = deferral
         if outcome.stop_reason is not None:
@@ -332,6 +335,7 @@ class RetryAfterAdapter(HTTPAdapter):
             return response
         # A deferred redirect is raised, not returned: requests would follow it at once.
         if self.raise_on_defer or outcome.redirect or (outcome.exhausted and call.policy.raise_on_status):
+            _RequestsTransport.keep(response)  # its body stays readable, its connection pooled
             raise RetryDeferred(deferral, response=response, request=request)
         return response
 

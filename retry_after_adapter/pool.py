@@ -213,6 +213,7 @@ class RetryAfterPoolManager(PoolManager):
         ):
             limit = outcome.limit  # out of retries: urllib3's own reason
             why = limit.reason if limit is not None else ResponseError(f"deferred ({deferral.reason})")
+            _PoolTransport.keep(response)  # its body stays readable, its connection pooled
             raise MaxRetryDeferred(None, url, why, deferral, response)
         return response
 

@@ -38,7 +38,7 @@ redis.call('PEXPIREAT', KEYS[1], ARGV[2])
 return new
 """
 
-_INSTALL_HINT = "pip install 'retry_after_adapter[redis]'"
+_INSTALL_HINT = "pip install 'retry_after_adapter[redis]' (from a checkout: pip install -e '.[redis]')"
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 
@@ -99,7 +99,8 @@ class RedisCooldownStore:
         connection the server dropped), never after a timeout: an outage fails a call
         within about the socket timeout. Other keyword arguments go to redis-py.
 
-        Needs the ``redis`` extra: ``pip install 'retry_after_adapter[redis]'``.
+        Needs the ``redis`` extra: ``pip install 'retry_after_adapter[redis]'`` (from a
+        checkout, ``pip install -e '.[redis]'``).
         """
         if not isinstance(url, str):
             raise ConfigurationError("a Redis cooldown URL must be a str")

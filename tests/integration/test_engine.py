@@ -312,3 +312,25 @@ def test_the_success_path_costs_one_store_read_and_no_write(server, clock):
     server.serve([Reply(503, {"Retry-After": "1"}), Reply(200)])
     session.get(server.url + "/retry")
     assert (store.gets, store.extends) == (7, 1)
+
+
+def test_a_redis_adapter_pickles_as_its_url():
+    pytest.importorskip("redis")
+    from retry_after_adapter import RedisCooldownStore
+
+    store = RedisCooldownStore.from_url("redis://127.0.0.1:6399/3", prefix="app:")  # no connection made
+    again = pickle.loads(pickle.dumps(RetryAfterAdapter(cooldown=store)))
+    assert isinstance(again.cooldown, RedisCooldownStore)
+    assert again.cooldown.prefix == "app:" and again.cooldown.client.connection_pool.connection_kwargs["db"] == 3
+
+
+def test_a_follow_up_sent_through_response_connection_runs_the_policy(server, clock):
+    # requests' HTTPDigestAuth answers a 401 with r.connection.send(prepared): that must
+    # be the adapter itself (its policy, its store), not the one-attempt view it sends on.
+    session = make_session(clock)
+    server.serve([Reply(401), Reply(503, {"Retry-After": "2"}), Reply(200, body=b"in")])
+    first = session.get(server.url + "/auth")
+    adapter = session.get_adapter(server.url)
+    assert first.connection is adapter
+    again = first.connection.send(first.request.copy())
+    assert again.text == "in" and clock.sleeps == [2.0]

@@ -218,7 +218,9 @@ def test_a_read_error_on_a_method_not_allowed_is_raised_as_itself(make):
 
 
 def test_remove_headers_on_redirect(make):
-    assert make().remove_headers_on_redirect == {"authorization", "proxy-authorization", "cookie"}
+    # As this urllib3 has it (2.2.2 and 1.26.19 added Proxy-Authorization).
+    expected = {name.lower() for name in Retry.DEFAULT_REMOVE_HEADERS_ON_REDIRECT}
+    assert {"authorization", "cookie"} <= make().remove_headers_on_redirect == expected
     assert make(remove_headers_on_redirect=["X-API-Secret"]).remove_headers_on_redirect == {"x-api-secret"}
 
 
