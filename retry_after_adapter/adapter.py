@@ -16,6 +16,7 @@ from typing import Any
 
 import requests
 from requests.adapters import HTTPAdapter
+from urllib3.exceptions import HTTPError, MaxRetryError
 from urllib3.util.retry import Retry
 
 from ._compat import local_response
@@ -185,11 +186,15 @@ class _RequestsTransport:
 
     @staticmethod
     def transport_error(exc: Exception) -> Exception | None:
+        """The urllib3 failure behind what ``HTTPAdapter.send`` raised, or None when it
+        carries none (a ConnectionError raised by a mock such as ``responses`` for an
+        unmatched URL, say): that cannot heal, and propagates unchanged."""
         if not isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout)):
             return None
-        inner = exc.args[0] if exc.args and isinstance(exc.args[0], Exception) else exc
-        reason = getattr(inner, "reason", None)
-        return reason if isinstance(reason, Exception) else inner
+        inner = exc.args[0] if exc.args else None
+        if isinstance(inner, MaxRetryError):
+            inner = inner.reason
+        return inner if isinstance(inner, (HTTPError, OSError)) else None
 
     @staticmethod
     def keep(response: requests.Response) -> None:

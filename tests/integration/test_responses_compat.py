@@ -91,3 +91,13 @@ def test_exhaustion_under_responses_keeps_the_time():
         session(FakeClock(), max_wait=60).get(URL)
     assert raised.value.deferral.reason == "attempts" and raised.value.deferral.delay == 30
     assert len(responses.calls) == 4  # the first attempt and total=3 retries
+
+
+@responses.activate
+def test_an_unmatched_url_under_responses_is_not_retried():
+    # responses raises ConnectionError("Connection refused by Responses ...") for a URL
+    # it has no mock for: no urllib3 failure behind it, so nothing to retry.
+    with pytest.raises(requests.exceptions.ConnectionError) as raised:
+        session(FakeClock()).get(URL + "/unmatched")
+    assert "Connection refused by Responses" in str(raised.value)
+    assert len(responses.calls) == 1
