@@ -122,6 +122,48 @@ def as_retry_after_retry(max_retries: Any) -> RetryAfterRetry:
     raise ConfigurationError("max_retries must be a RetryAfterRetry, a urllib3 Retry, an int >= 0 or None")
 
 
+class SharedSettings:
+    """What :class:`RetryAfterAdapter` and :class:`~retry_after_adapter.RetryAfterPoolManager`
+    share: the cooldown store and its failure policy, the scope, ``raise_on_defer`` and
+    the ``on_decision`` hooks, and the call each request starts."""
+
+    cooldown: CooldownStore | None
+    scope: str | ScopeFunction
+    raise_on_defer: bool
+    store_failure: str
+    on_decision: tuple[DecisionHook, ...]
+
+    def _share(
+        self,
+        cooldown: CooldownStore | None,
+        scope: str | ScopeFunction | None,
+        raise_on_defer: bool,
+        store_failure: str,
+        on_decision: DecisionHook | Collection[DecisionHook] | None,
+    ) -> None:
+        self.on_decision = as_hooks(on_decision)
+        self.store_failure = check_store_failure(store_failure)
+        self.cooldown = DEFAULT_STORE if cooldown is DEFAULT else cooldown
+        self.scope = "origin" if scope is None else scope
+        self.raise_on_defer = bool(raise_on_defer)
+        self._derive()
+
+    def _derive(self) -> None:
+        """Derive what is not kept when the owner is copied or pickled."""
+        self._store = failure_layer(self.cooldown, self.store_failure)
+        self._scope_fn = resolve_scope(self.scope)
+
+    def _call(self, policy: RetryAfterRetry, request: Any) -> Call:
+        """A new call of ``request`` under ``policy`` and the enclosing ``budget()``."""
+        return Call(
+            policy,
+            scope=self._scope_fn(request),
+            store=self._store,
+            hooks=self.on_decision,
+            override=current_override(),
+        )
+
+
 _VIEW_CLASSES: dict[type[HTTPAdapter], type[HTTPAdapter]] = {}
 
 
@@ -207,7 +249,7 @@ class _RequestsTransport:
         raise AssertionError("requests follows redirects itself")
 
 
-class RetryAfterAdapter(HTTPAdapter):
+class RetryAfterAdapter(SharedSettings, HTTPAdapter):
     """An ``HTTPAdapter`` that obeys Retry-After exactly and shares cooldowns.
 
     - ``max_retries``: a :class:`RetryAfterRetry` (or an int, a stock ``Retry``, None).
@@ -252,22 +294,15 @@ class RetryAfterAdapter(HTTPAdapter):
     ) -> None:
         super().__init__(**kwargs)
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
-        self.on_decision = as_hooks(on_decision)
-        self.store_failure = check_store_failure(store_failure)
-        self.cooldown = DEFAULT_STORE if cooldown is DEFAULT else cooldown
-        self.scope = "origin" if scope is None else scope
-        self.raise_on_defer = bool(raise_on_defer)
-        self._configure()
+        self._share(cooldown, scope, raise_on_defer, store_failure, on_decision)
 
-    def _configure(self) -> None:
-        """Derive what is not kept when the adapter is copied or pickled."""
-        self._store = failure_layer(self.cooldown, self.store_failure)
-        self._scope_fn = resolve_scope(self.scope)
+    def _derive(self) -> None:
+        super()._derive()
         self._view: HTTPAdapter | None = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[misc]
-        self._configure()
+        self._derive()
 
     def scope_for(self, request: requests.PreparedRequest) -> str:
         """The cooldown scope of ``request`` (never a credential in clear)."""
@@ -304,13 +339,7 @@ class RetryAfterAdapter(HTTPAdapter):
             call.scope = self._scope_fn(request)
             call.store = self._store
             return call
-        return Call(
-            self.max_retries,
-            scope=self._scope_fn(request),
-            store=self._store,
-            hooks=self.on_decision,
-            override=current_override(),
-        )
+        return self._call(self.max_retries, request)
 
     def _result(
         self, request: requests.PreparedRequest, call: Call, outcome: Outcome[requests.Response]

@@ -26,16 +26,15 @@ from urllib3.exceptions import (
 )
 from urllib3.util.retry import Retry
 
-from .adapter import as_retry_after_retry, local_429
+from .adapter import SharedSettings, as_retry_after_retry, local_429
 from .cooldown.base import CooldownStore
-from .cooldown.guard import DEFAULT, check_store_failure, failure_layer
-from .cooldown.memory import DEFAULT_STORE
+from .cooldown.guard import DEFAULT
 from .deferral import Deferral
-from .engine import SINGLE_ATTEMPT, Call, Outcome, current_override, run
+from .engine import SINGLE_ATTEMPT, Call, Outcome, run
 from .errors import MaxRetryDeferred
-from .observe import DecisionHook, as_hooks
+from .observe import DecisionHook
 from .retry import RetryAfterRetry
-from .scope import RequestInfo, ScopeFunction, resolve_scope, strip_query
+from .scope import RequestInfo, ScopeFunction, strip_query
 
 __all__ = ["RetryAfterPoolManager"]
 
@@ -113,7 +112,7 @@ def _rebuild(kwargs: dict[str, Any]) -> RetryAfterPoolManager:
     return RetryAfterPoolManager(**kwargs)
 
 
-class RetryAfterPoolManager(PoolManager):
+class RetryAfterPoolManager(SharedSettings, PoolManager):
     """A ``urllib3.PoolManager`` that obeys Retry-After exactly and shares cooldowns.
 
     - ``retries``: the policy, a :class:`RetryAfterRetry` (or an int, a stock ``Retry``,
@@ -147,13 +146,7 @@ class RetryAfterPoolManager(PoolManager):
     ) -> None:
         super().__init__(num_pools=num_pools, headers=headers, **connection_pool_kw)
         self.retries: RetryAfterRetry = as_retry_after_retry(retries)
-        self.cooldown = DEFAULT_STORE if cooldown is DEFAULT else cooldown
-        self.store_failure = check_store_failure(store_failure)
-        self._store = failure_layer(self.cooldown, self.store_failure)
-        self.scope = "origin" if scope is None else scope
-        self._scope_fn = resolve_scope(self.scope)
-        self.raise_on_defer = bool(raise_on_defer)
-        self.on_decision = as_hooks(on_decision)
+        self._share(cooldown, scope, raise_on_defer, store_failure, on_decision)
         self._config: dict[str, Any] = dict(
             num_pools=num_pools,
             headers=None if headers is None else dict(headers),
@@ -175,14 +168,7 @@ class RetryAfterPoolManager(PoolManager):
         """Open ``url`` under the retry policy; see the class docstring."""
         retries = kw.pop("retries", None)
         policy = self.retries if retries is None else as_retry_after_retry(retries)
-        headers = kw.get("headers") or self.headers or {}
-        call = Call(
-            policy,
-            scope=self._scope_fn(RequestInfo(method, url, headers)),
-            store=self._store,
-            hooks=self.on_decision,
-            override=current_override(),
-        )
+        call = self._call(policy, RequestInfo(method, url, kw.get("headers") or self.headers or {}))
         transport = _PoolTransport(self, method, url, redirect, kw)
         return self._result(transport, call, run(call, transport))
 
