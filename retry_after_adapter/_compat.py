@@ -65,8 +65,3 @@ def response_header(response: Any, name: str) -> str | None:
         return None
     value = headers.get(name)
     return None if value is None else str(value)
-
-
-def response_status(response: Any) -> int | None:
-    status = getattr(response, "status", None)
-    return status if isinstance(status, int) else None

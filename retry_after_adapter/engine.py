@@ -232,12 +232,6 @@ class Call:
         """Seconds since the call started (monotonic)."""
         return max(0.0, self.clock.monotonic() - self.start)
 
-    def remaining(self) -> float | None:
-        """Seconds left before the deadline, or None without one."""
-        if self.deadline is None:
-            return None
-        return self.deadline - self.elapsed()
-
     def seconds_until(self, until: datetime | None) -> float:
         """Seconds from now (wall clock) to ``until``; 0 when it is None or past."""
         if until is None:
@@ -705,62 +699,56 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
     ``DeferralLimitExceeded`` ends the call with no result: the last response is read
     and its connection given back to the pool first.
     """
-    state: list[R | None] = [None]
-    try:
-        return _loop(call, transport, state)
-    except DeferralLimitExceeded:
-        if state[0] is not None:
-            transport.keep(state[0])
-        raise
-
-
-def _loop(call: Call, transport: Transport[R], last: list[R | None]) -> Outcome[R]:
     response: R | None = None
     error: Exception | None = None
-    while True:
-        deferral = admit(call)
-        if deferral is not None:
-            # Before a retry: the last attempt's response (its body kept) or error ends it.
-            return Outcome(response, error, deferral)
-        response = error = None
-        cause: Exception | None = None
-        try:
-            response = transport.send(call.attempt_timeout(transport.timeout()))
-        except Exception as exc:
-            cause = transport.transport_error(exc)
-            if cause is None:
-                raise
-            error = exc
-        last[0] = response
-        raw = transport.raw(response) if response is not None else None
-        verdict = judge(call, transport.method, transport.url, raw, cause)
-        action = verdict.action
-        if action == RETRY:
-            if response is not None:
-                transport.keep(response)  # the body stays readable should a deferral follow
-            deferral = wait_until(call, call.clock.monotonic() + verdict.wait)
+    try:
+        while True:
+            deferral = admit(call)
             if deferral is not None:
+                # Before a retry: the last attempt's response (its body kept) or error ends it.
                 return Outcome(response, error, deferral)
-            assert verdict.retry is not None
-            call.retry = verdict.retry
-            continue
-        if action == REDIRECT:
-            assert response is not None
-            deferral = judge_redirect(call, verdict.server_delay)
-            if deferral is not None or not transport.follows_redirects:
-                return Outcome(response, None, deferral, redirect=True)
+            response = error = None
+            cause: Exception | None = None
             try:
-                call.retry = Retry.increment(call.retry, transport.method, transport.url, raw)
-            except MaxRetryError:
-                return Outcome(response, redirect=True, exhausted=True)
-            transport.follow(response, call.retry)
-            response = None  # drained: a deferral before the next hop has no response
-            continue
-        return Outcome(
-            response,
-            error,
-            verdict.deferral,
-            stop_reason=verdict.reason if action == STOP else None,
-            exhausted=verdict.exhausted,
-            limit=verdict.limit,
-        )
+                response = transport.send(call.attempt_timeout(transport.timeout()))
+            except Exception as exc:
+                cause = transport.transport_error(exc)
+                if cause is None:
+                    raise
+                error = exc
+            raw = transport.raw(response) if response is not None else None
+            verdict = judge(call, transport.method, transport.url, raw, cause)
+            action = verdict.action
+            if action == RETRY:
+                if response is not None:
+                    transport.keep(response)  # the body stays readable should a deferral follow
+                deferral = wait_until(call, call.clock.monotonic() + verdict.wait)
+                if deferral is not None:
+                    return Outcome(response, error, deferral)
+                assert verdict.retry is not None
+                call.retry = verdict.retry
+                continue
+            if action == REDIRECT:
+                assert response is not None
+                deferral = judge_redirect(call, verdict.server_delay)
+                if deferral is not None or not transport.follows_redirects:
+                    return Outcome(response, None, deferral, redirect=True)
+                try:
+                    call.retry = Retry.increment(call.retry, transport.method, transport.url, raw)
+                except MaxRetryError:
+                    return Outcome(response, redirect=True, exhausted=True)
+                transport.follow(response, call.retry)
+                response = None  # drained: a deferral before the next hop has no response
+                continue
+            return Outcome(
+                response,
+                error,
+                verdict.deferral,
+                stop_reason=verdict.reason if action == STOP else None,
+                exhausted=verdict.exhausted,
+                limit=verdict.limit,
+            )
+    except DeferralLimitExceeded:
+        if response is not None:
+            transport.keep(response)
+        raise
