@@ -29,6 +29,7 @@ HAS_RETRY_AFTER_MAX = "retry_after_max" in _RETRY_PARAMS
 #: The methods urllib3 treats as idempotent (GET, HEAD, PUT, DELETE, OPTIONS, TRACE).
 DEFAULT_ALLOWED_METHODS: frozenset[str] = frozenset(Retry.DEFAULT_ALLOWED_METHODS)
 
+
 def retry_arguments(retry: Retry) -> dict[str, Any]:
     """The constructor arguments that rebuild ``retry`` on this urllib3 (no history)."""
     # 1.26 also accepts the deprecated "method_whitelist" (same value as

@@ -41,7 +41,7 @@ from urllib3.util.timeout import Timeout
 
 from ._compat import response_header
 from .clock import Clock
-from .cooldown.base import CooldownStore
+from .cooldown.guard import Shared
 from .deferral import Deferral
 from .errors import ConfigurationError, CooldownUnavailable, DeferralLimitExceeded, InvalidRetryAfter
 from .header import RetryAfter, parse_retry_after
@@ -188,13 +188,15 @@ class Call:
     last_status: int | None = None
     last_retry_after: str | None = None
     last_skew: float | None = None
+    #: A store operation failed during this call: it does not touch the store again.
+    store_failed = False
 
     def __init__(
         self,
         policy: RetryAfterRetry,
         *,
         scope: str | None = None,
-        store: CooldownStore | None = None,
+        store: Shared | None = None,
         hooks: tuple[DecisionHook, ...] = (),
         override: Override | None = None,
     ) -> None:
@@ -257,6 +259,12 @@ class Call:
         return parsed
 
     # -- the shared store -------------------------------------------------------------
+    def store_time_left(self) -> float | None:
+        """Seconds the call may still spend (on a store operation); None: no deadline."""
+        if self.deadline is None:
+            return None
+        return self.deadline - self.elapsed()
+
     def read_cooldown(self) -> datetime | None:
         """The later of the scope's stored cooldown and ``not_before`` (aware UTC).
 
@@ -264,7 +272,7 @@ class Call:
         """
         stored = None
         if self.store is not None and self.scope is not None:
-            stored = self.cooldown = self.store.get(self.scope)
+            stored = self.cooldown = self.store.read(self.scope, self)
         until = self.not_before
         if stored is not None and (until is None or stored > until):
             return stored
@@ -275,10 +283,7 @@ class Call:
         if self.store is None or self.scope is None:
             self.cooldown = until if self.cooldown is None or until > self.cooldown else self.cooldown
             return
-        try:
-            self.cooldown = self.store.extend(self.scope, until)
-        except CooldownUnavailable:
-            self.cooldown = until
+        self.cooldown = self.store.learn(self.scope, until, self)
 
     # -- decisions --------------------------------------------------------------------
     def emit(self, decision: Decision, server_delay: float | None = None) -> None:
@@ -393,7 +398,7 @@ def admit(call: Call) -> Deferral | None:
     """
     if call.cancel is None and call.not_before is None and call.store is not None and call.scope is not None:
         try:
-            stored = call.cooldown = call.store.get(call.scope)
+            stored = call.cooldown = call.store.read(call.scope, call)
         except CooldownUnavailable:
             pass  # the rounds below read again and apply the failure policy
         else:

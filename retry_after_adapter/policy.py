@@ -34,6 +34,7 @@ else:  # pragma: no cover - Python 3.10
         def __str__(self) -> str:
             return str(self.value)
 
+
 #: Tolerance (seconds) when comparing a wait with a limit, so that float rounding
 #: (0.1 + 0.2 > 0.3) never turns an exact equality into a deferral.
 EPSILON = 1e-9

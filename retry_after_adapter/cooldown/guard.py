@@ -1,25 +1,71 @@
-"""The store failure policy: a shared store that fails never crashes a call.
+"""The store failure layer: one per store object in a process, shared by every adapter,
+session and pool manager that uses that store.
 
-:class:`GuardedStore` wraps any :class:`CooldownStore`. Every cooldown is also kept in a
-local in-process copy, so while the shared store is unreachable a cooldown this process
-learned is never forgotten and never shortened. One warning is logged when an outage
-starts and one line when it ends, not one per request.
+:class:`StoreGuard` sits between the calls and a shared store (SQLite, Redis, or your
+own). It gives every process one answer to "what if the store fails?":
+
+- **One local copy.** Every cooldown read from or written to the store is mirrored in
+  memory. While the store answers, it is authoritative (an operator's ``clear`` lifts
+  a cooldown for everyone); while it fails, the local copy answers (fail open), and a
+  cooldown learned then is kept, later-wins, never shortened.
+- **Write-back.** A cooldown learned while the store failed is *pending*; when the store
+  answers again, every pending cooldown is written to it (later-wins), so the other
+  processes and hosts hold back too. A store that reports it was replaced under us (a
+  SQLite file deleted or swapped: its ``generation`` changes) gets the whole local copy
+  written back.
+- **Bounded operations and a circuit breaker.** One operation takes at most the store's
+  own timeout (``timeout``, seconds; see :data:`STORE_TIMEOUT`) and never more than the
+  call has left; an operation that fails or times out opens the breaker: the store is
+  skipped for a back-off interval (0.5 s, doubling to 30 s) and then tried by one probe,
+  so no call pays a store timeout twice and a hung store costs a fleet one timeout per
+  interval, not one per request.
+- **One health state and one warning per outage** (a WARNING when it starts, an INFO
+  line when it ends), with hysteresis: a store that fails again within
+  :data:`QUIET_PERIOD` of recovering continues the same outage, and the line that ends
+  it waits until the store has stayed healthy for that long, so a flapping store logs
+  a few lines a minute at most.
+
+Whether a call goes on (``store_failure="open"``) or defers with ``cooldown-unknown``
+(``"closed"``) while the store fails is each adapter's own choice; the guard is shared.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import math
+import os
 import threading
+import time
+import weakref
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from ..errors import ConfigurationError, CooldownUnavailable
+from ..errors import ConfigurationError, CooldownStoreError, CooldownUnavailable
 from .base import CooldownStore
 from .memory import MemoryCooldownStore
+
+_T = TypeVar("_T")
+
+#: Seconds one store operation may take when the store does not say (a store says with
+#: a ``timeout`` attribute: :class:`~retry_after_adapter.SQLiteCooldownStore` waits
+#: 0.25 s for a lock by default, :class:`~retry_after_adapter.RedisCooldownStore` built
+#: from a URL 0.1 s to connect plus 0.1 s for a reply).
+STORE_TIMEOUT = 0.25
+#: The first back-off (seconds) of the circuit breaker after a failure; it doubles on
+#: each failed probe up to :data:`BREAKER_MAX`, and resets when the store answers.
+BREAKER_FIRST = 0.5
+BREAKER_MAX = 30.0
+#: Seconds of health that end an outage that flapped, and within which a new failure
+#: after a recovery continues the same outage (no new warning).
+QUIET_PERIOD = 30.0
 
 #: "Not given": an adapter or pool manager without ``cooldown=`` uses the process-wide
 #: default store.
 DEFAULT: Any = type("_Default", (), {"__repr__": lambda self: "DEFAULT"})()
+
+log = logging.getLogger("retry_after_adapter")
 
 
 def check_store_failure(value: object) -> str:
@@ -29,88 +75,412 @@ def check_store_failure(value: object) -> str:
     return str(value)
 
 
-def failure_layer(cooldown: object, store_failure: str) -> CooldownStore | None:
-    """The store a call talks to for ``cooldown`` (None: no sharing): a memory store
-    as it is when failing open (it cannot fail), else a :class:`GuardedStore`."""
+class CallBudget(Protocol):
+    """What the guard needs of a call: how long it may still wait (seconds, None for
+    no deadline), and whether a store operation already failed during it."""
+
+    store_failed: bool
+
+    def store_time_left(self) -> float | None: ...
+
+
+class Shared(Protocol):
+    """What the engine talks to: a store behind this adapter's failure policy."""
+
+    def read(self, scope: str, call: CallBudget | None = None) -> datetime | None:
+        """The scope's eligible time; raises CooldownUnavailable when failing closed."""
+        ...
+
+    def learn(self, scope: str, until: datetime, call: CallBudget | None = None) -> datetime:
+        """Advance the scope's eligible time to ``until`` (later wins); never raises."""
+        ...
+
+
+class Direct:
+    """A store that cannot fail (in memory): used as it is."""
+
+    __slots__ = ("store",)
+
+    def __init__(self, store: CooldownStore) -> None:
+        self.store = store
+
+    def read(self, scope: str, call: CallBudget | None = None) -> datetime | None:
+        return self.store.get(scope)
+
+    def learn(self, scope: str, until: datetime, call: CallBudget | None = None) -> datetime:
+        return self.store.extend(scope, until)
+
+    def __repr__(self) -> str:
+        return f"Direct({self.store!r})"
+
+
+class Guarded:
+    """A store's process-wide :class:`StoreGuard` under one adapter's failure policy."""
+
+    __slots__ = ("fail_closed", "guard")
+
+    def __init__(self, guard: StoreGuard, *, fail_closed: bool) -> None:
+        self.guard = guard
+        self.fail_closed = fail_closed
+
+    def read(self, scope: str, call: CallBudget | None = None) -> datetime | None:
+        return self.guard.get(scope, fail_closed=self.fail_closed, call=call)
+
+    def learn(self, scope: str, until: datetime, call: CallBudget | None = None) -> datetime:
+        return self.guard.extend(scope, until, call=call)
+
+    def __repr__(self) -> str:
+        return f"Guarded({self.guard.inner!r}, fail_closed={self.fail_closed})"
+
+
+def failure_layer(cooldown: object, store_failure: str) -> Shared | None:
+    """What a call talks to for ``cooldown`` (None: no sharing): a memory store as it
+    is (it cannot fail), any other store through its process-wide guard."""
     if cooldown is None:
         return None
     if not isinstance(cooldown, CooldownStore):
         raise ConfigurationError("cooldown must be a CooldownStore (get and extend) or None")
-    if isinstance(cooldown, MemoryCooldownStore) and store_failure == "open":
-        return cooldown
-    return GuardedStore(cooldown, fail_closed=store_failure == "closed")
-
-log = logging.getLogger("retry_after_adapter")
+    if isinstance(cooldown, MemoryCooldownStore):
+        return Direct(cooldown)
+    return Guarded(guard_of(cooldown), fail_closed=store_failure == "closed")
 
 
-class GuardedStore:
-    """Fail-open (default) or fail-closed wrapper around a shared store.
+# ------------------------------------------------------------------ one guard per store
+_GUARD_ATTR = "_retry_after_guard"
+_REGISTRY_LOCK = threading.Lock()
+#: Guards of stores that take no attribute (``__slots__``): kept for the process's life.
+_PINNED: dict[int, StoreGuard] = {}
+_GUARDS: weakref.WeakSet[StoreGuard] = weakref.WeakSet()
 
-    - fail open: on a store error ``get`` returns the local copy and ``extend`` keeps
-      the time locally; requests go on.
-    - fail closed (``fail_closed=True``): ``get`` raises :class:`CooldownUnavailable`
-      while the store fails, and the adapter defers with reason ``"cooldown-unknown"``.
+
+def guard_of(store: CooldownStore) -> StoreGuard:
+    """The process-wide :class:`StoreGuard` of ``store`` (made on first use).
+
+    The guard lives as long as the store object: a new Session or adapter on the same
+    store object finds the same local copy and health state.
     """
-
-    def __init__(self, inner: CooldownStore, *, fail_closed: bool = False) -> None:
-        self.inner = inner
-        self.fail_closed = fail_closed
-        self._local = MemoryCooldownStore()
-        self._lock = threading.Lock()
-        self._down = False
-        self.outages = 0
-
-    def get(self, scope: str) -> datetime | None:
-        local = self._local.get(scope)
+    guard = getattr(store, _GUARD_ATTR, None)
+    if isinstance(guard, StoreGuard) and guard.inner is store:
+        return guard
+    pinned = _PINNED.get(id(store))
+    if pinned is not None and pinned.inner is store:
+        return pinned
+    with _REGISTRY_LOCK:
+        guard = getattr(store, _GUARD_ATTR, None)
+        if isinstance(guard, StoreGuard) and guard.inner is store:
+            return guard
+        guard = StoreGuard(store)
         try:
-            remote = self.inner.get(scope)
+            setattr(store, _GUARD_ATTR, guard)
+        except (AttributeError, TypeError):
+            _PINNED[id(store)] = guard  # holds the store, so its id stays unique
+        return guard
+
+
+def _no_guard() -> None:
+    return None
+
+
+def _declared_timeout(store: object) -> float | None:
+    value = getattr(store, "timeout", None)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not (math.isfinite(value) and value > 0):
+        return None
+    return float(value)
+
+
+class StoreGuard:
+    """The failure layer of one store object in this process (see the module)."""
+
+    def __init__(self, inner: CooldownStore) -> None:
+        self.inner = inner
+        #: The local copy: what the store said, and what was learned while it failed.
+        self.local = MemoryCooldownStore()
+        #: Scopes learned while the store failed, not yet written back.
+        self._pending: set[str] = set()
+        self._lock = threading.Lock()
+        #: The guard's own clock (seconds, monotonic): breaker and log timing.
+        self.monotonic: Callable[[], float] = time.monotonic
+        self._native = _declared_timeout(inner)
+        #: Bound (seconds) of one operation: the store's own timeout, else STORE_TIMEOUT.
+        self.timeout = self._native if self._native is not None else STORE_TIMEOUT
+        self._generation = getattr(inner, "generation", None)
+        #: Goes up when a write-back starts and ends, and when the whole local copy is
+        #: marked for one: an answer read across those moments is not mirrored down.
+        self._epoch = 0
+        self._open_until = 0.0  # the breaker is open until then (0: closed)
+        self._backoff = BREAKER_FIRST
+        self._probing = False
+        self._down = False
+        self._announced = False  # an outage warning is outstanding
+        self._relapsed = False  # ...and the store failed again soon after recovering
+        self._since = 0.0  # when the announced outage started
+        self._last_failure = -math.inf
+        self._last_recovery_line = -math.inf
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Outages announced with a warning; failed operations; cooldowns written back.
+        self.outages = 0
+        self.failures = 0
+        self.written_back = 0
+        _GUARDS.add(self)
+
+    # -- the two operations --------------------------------------------------------
+    def get(
+        self, scope: str, *, fail_closed: bool = False, call: CallBudget | None = None
+    ) -> datetime | None:
+        """The scope's eligible time: the store's answer (plus a pending local one), or
+        while the store fails the local copy (fail open) or CooldownUnavailable."""
+        if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
+            return self._fallback(scope, fail_closed)
+        epoch = self._epoch
+        try:
+            remote = self._bounded(self.inner.get, (scope,), call)
         except Exception as exc:
-            self._failed(exc)
-            if self.fail_closed:
-                raise CooldownUnavailable("the shared cooldown store is unavailable") from None
-            return local
-        self._healthy()
-        if remote is None or (local is not None and local > remote):
-            return local
+            self._failed(exc, call)
+            return self._fallback(scope, fail_closed)
+        wrote = False
+        if self._down or self._announced or self._generation is not None:
+            wrote = self._answered()
+        local = self.local.get(scope)
+        if wrote or epoch != self._epoch or (self._pending and scope in self._pending):
+            # The answer predates a write-back (or the scope's time is still pending).
+            return local if remote is None or (local is not None and local > remote) else remote
+        if remote != local:
+            self.local._replace(scope, remote)
         return remote
 
-    def extend(self, scope: str, until: datetime) -> datetime:
-        local = self._local.extend(scope, until)
-        try:
-            remote = self.inner.extend(scope, until)
-        except Exception as exc:
-            self._failed(exc)
+    def extend(self, scope: str, until: datetime, *, call: CallBudget | None = None) -> datetime:
+        """Advance the scope's eligible time (later wins) in the store and the local
+        copy; while the store fails, keep it locally and write it back on recovery."""
+        local = self.local.extend(scope, until)
+        if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
+            self._keep(scope)
             return local
-        self._healthy()
+        try:
+            # A pending local time is written along: it is at least as late.
+            remote = self._bounded(self.inner.extend, (scope, local), call)
+        except Exception as exc:
+            self._failed(exc, call)
+            self._keep(scope)
+            return local
+        if self._down or self._announced or self._generation is not None:
+            self._answered()
+        with self._lock:
+            if self.local.get(scope) == local:
+                self._pending.discard(scope)
+        if remote > local:
+            self.local._replace(scope, remote)
         return max(local, remote)
 
+    # -- health ----------------------------------------------------------------------
     @property
     def down(self) -> bool:
-        """Whether the last store operation failed."""
+        """Whether the store's last operation failed (its breaker is open)."""
         return self._down
 
-    def _failed(self, exc: BaseException) -> None:
+    @property
+    def pending(self) -> int:
+        """How many cooldowns learned during an outage wait to be written back."""
+        return len(self._pending)
+
+    def write_back(self) -> int:
+        """Write every pending cooldown to the store now; return how many were written.
+        Raises CooldownStoreError if the store fails (the rest stay pending)."""
         with self._lock:
-            if self._down:
-                return
+            scopes = list(self._pending)
+            self._epoch += 1
+        try:
+            return self._write(scopes)
+        finally:
+            with self._lock:
+                self._epoch += 1
+
+    def _write(self, scopes: list[str]) -> int:
+        written = 0
+        for scope in scopes:
+            until = self.local.get(scope)
+            if until is not None:
+                try:
+                    self.inner.extend(scope, until)
+                except CooldownStoreError:
+                    raise
+                except Exception as exc:
+                    raise CooldownStoreError(
+                        f"writing back a cooldown failed: {type(exc).__name__}"
+                    ) from None
+            with self._lock:
+                if self.local.get(scope) == until:
+                    self._pending.discard(scope)
+            written += 1
+        self.written_back += written
+        return written
+
+    # -- internals -------------------------------------------------------------------
+    def _fallback(self, scope: str, fail_closed: bool) -> datetime | None:
+        if fail_closed:
+            raise CooldownUnavailable("the shared cooldown store is unavailable")
+        return self.local.get(scope)
+
+    def _keep(self, scope: str) -> None:
+        with self._lock:
+            self._pending.add(scope)
+
+    def _may_try(self, call: CallBudget | None) -> bool:
+        """Whether this operation may touch the store while the breaker is open: only
+        one probe once the back-off has passed, and never twice in one call."""
+        if call is not None and call.store_failed:
+            return False
+        if self.monotonic() < self._open_until:
+            return False
+        with self._lock:
+            if self._probing or not self._open_until:
+                return not self._probing
+            self._probing = True
+            return True
+
+    def _bounded(self, operation: Callable[..., _T], args: tuple[Any, ...], call: CallBudget | None) -> _T:
+        """Run ``operation`` within the store's timeout and what the call has left.
+
+        A store that bounds itself (``timeout`` declared, within what is left) is called
+        directly; otherwise the operation runs on a helper thread and is abandoned (its
+        effect, if any, later-wins) when the bound passes."""
+        limit = self.timeout
+        left = call.store_time_left() if call is not None else None
+        if left is not None and left < limit:
+            limit = max(0.0, left)
+        elif self._native is not None:
+            return operation(*args)
+        executor = self._executor
+        if executor is None:
+            with self._lock:
+                executor = self._executor
+                if executor is None:
+                    executor = self._executor = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=8, thread_name_prefix="retry-after-store"
+                    )
+        future = executor.submit(operation, *args)
+        try:
+            return future.result(timeout=limit)
+        except concurrent.futures.TimeoutError:
+            raise CooldownStoreError(
+                f"the cooldown store {type(self.inner).__name__} did not answer within {limit:.3g} s"
+            ) from None
+
+    def _failed(self, exc: BaseException, call: CallBudget | None) -> None:
+        if call is not None:
+            call.store_failed = True
+        now = self.monotonic()
+        with self._lock:
+            self.failures += 1
+            self._last_failure = now
+            self._probing = False
+            self._open_until = now + self._backoff
+            self._backoff = min(self._backoff * 2, BREAKER_MAX)
             self._down = True
+            if self._announced:
+                return
+            self._announced = True
+            if now - self._last_recovery_line < QUIET_PERIOD:
+                self._relapsed = True  # the outage that just ended goes on: no new line
+                return
+            self._relapsed = False
+            self._since = now
             self.outages += 1
+        name = type(self.inner).__name__
         log.warning(
-            "cooldown store %s failed (%s); %s until it recovers",
-            type(self.inner).__name__,
+            "cooldown store %s failed (%s); cooldowns are kept in this process and written "
+            "back when it recovers; it is skipped for %.3g s at a time until then",
+            name,
             type(exc).__name__,
-            "deferring calls" if self.fail_closed else "keeping cooldowns in this process",
-            extra={"store": type(self.inner).__name__, "error": type(exc).__name__},
+            BREAKER_FIRST,
+            extra={"store": name, "error": type(exc).__name__},
         )
 
-    def _healthy(self) -> None:
-        if not self._down:
-            return
+    def _answered(self) -> bool:
+        """The store answered: close the breaker, write back, maybe end the outage.
+        Returns whether cooldowns were written back (the answer may predate them)."""
+        wrote = False
+        if self._generation is not None:
+            generation = getattr(self.inner, "generation", None)
+            if generation != self._generation:
+                wrote = self._replaced(generation)
+        if not self._down and not self._announced:
+            return wrote
+        now = self.monotonic()
         with self._lock:
-            if not self._down:
-                return
+            was_down = self._down
             self._down = False
-        log.info("cooldown store %s recovered", type(self.inner).__name__)
+            self._open_until = 0.0
+            self._backoff = BREAKER_FIRST
+            self._probing = False
+        if was_down and self._pending:
+            try:
+                wrote = self.write_back() > 0 or wrote
+            except CooldownStoreError as exc:
+                self._failed(exc, None)
+                return True
+        with self._lock:
+            if not self._announced or (self._relapsed and now - self._last_failure < QUIET_PERIOD):
+                return wrote
+            self._announced = False
+            self._relapsed = False
+            self._last_recovery_line = now
+            lasted = now - self._since
+            failures = self.failures
+            written = self.written_back
+        log.info(
+            "cooldown store %s recovered after %.3g s (%d failed operations so far; "
+            "%d cooldowns written back so far)",
+            type(self.inner).__name__,
+            lasted,
+            failures,
+            written,
+            extra={"store": type(self.inner).__name__},
+        )
+        return wrote
+
+    def _replaced(self, generation: object) -> bool:
+        """The store lost its data under us (a SQLite file deleted or replaced): warn
+        once, and write the whole local copy back."""
+        with self._lock:
+            if generation == self._generation:
+                return False
+            self._generation = generation
+            self._epoch += 1
+            self._pending.update(self.local.entries())
+        log.warning(
+            "cooldown store %s was replaced under this process (%s); writing back the %d "
+            "cooldowns this process knows",
+            type(self.inner).__name__,
+            getattr(self.inner, "replaced_reason", "its data is gone"),
+            len(self._pending),
+            extra={"store": type(self.inner).__name__},
+        )
+        try:
+            self.write_back()
+        except CooldownStoreError as exc:
+            self._failed(exc, None)
+        return True
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._executor = None
+        self._probing = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A guard belongs to one process: a pickled or copied store gets its own.
+        return (_no_guard, ())
 
     def __repr__(self) -> str:
-        return f"GuardedStore({self.inner!r}, fail_closed={self.fail_closed})"
+        state = "down" if self._down else "healthy"
+        return f"StoreGuard({self.inner!r}, {state}, pending={len(self._pending)})"
+
+
+def _after_fork_in_child() -> None:
+    for guard in list(_GUARDS):
+        guard._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -2,31 +2,40 @@
 
 from __future__ import annotations
 
+import heapq
 import threading
 from datetime import datetime, timezone
 from typing import Any
 
 from .base import check_scope, check_until
 
-#: Past this many scopes, entries already expired are swept on the next extend.
-_SWEEP_AT = 4096
+#: Expired entries are dropped only while the store holds at least this many scopes, so
+#: a small store never forgets a time (tests on a fake clock keep theirs).
+_EXPIRE_AT = 4096
+#: At most this many heap entries are looked at per ``extend``: expiry is spread over
+#: the writes, never one long pause under the lock.
+_EXPIRE_PER_EXTEND = 64
 
 
 class MemoryCooldownStore:
     """Cooldowns shared by every thread of one process.
 
-    ``get`` and ``extend`` take one lock for a dict lookup: no I/O. Expired entries are
-    swept when the store holds more than a few thousand scopes, so memory stays bounded
-    by the number of live scopes.
+    ``get`` is one dict lookup, without the lock (a single dict read is atomic).
+    ``extend`` takes the lock for a dict write and a heap push: O(log n) in the number
+    of scopes. Entries are expired from the heap's top, a few per ``extend``, once the
+    store holds more than a few thousand scopes, so memory stays bounded by the live
+    scopes and no call ever scans the whole store.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._until: dict[str, datetime] = {}
+        #: (eligible time, scope) of every write; entries a later write replaced are
+        #: skipped when they surface.
+        self._heap: list[tuple[datetime, str]] = []
 
     def get(self, scope: str) -> datetime | None:
-        with self._lock:
-            return self._until.get(scope)
+        return self._until.get(scope)
 
     def extend(self, scope: str, until: datetime) -> datetime:
         check_scope(scope)
@@ -35,31 +44,67 @@ class MemoryCooldownStore:
             current = self._until.get(scope)
             if current is not None and current >= until:
                 return current
-            if len(self._until) >= _SWEEP_AT:
-                self._sweep(datetime.now(timezone.utc))
-            self._until[scope] = until
+            self._put_locked(scope, until)
             return until
 
-    def _sweep(self, now: datetime) -> None:
-        for key in [key for key, value in self._until.items() if value <= now]:
-            del self._until[key]
+    def entries(self) -> dict[str, datetime]:
+        """A copy of every stored scope and its time (expired ones not yet dropped
+        included)."""
+        with self._lock:
+            return dict(self._until)
 
     def clear(self) -> None:
         """Forget every cooldown (tests, and an operator lifting them)."""
         with self._lock:
             self._until.clear()
+            self._heap.clear()
+
+    def delete(self, scope: str) -> bool:
+        """Forget ``scope``'s cooldown (an operator lifting it); True if there was one."""
+        with self._lock:
+            return self._until.pop(scope, None) is not None
+
+    # -- for the failure layer's local copy -------------------------------------------
+    def _replace(self, scope: str, until: datetime | None) -> None:
+        """Set ``scope`` to exactly ``until`` (None: forget it): the mirror of what the
+        shared store said, which is authoritative while it answers."""
+        with self._lock:
+            if until is None:
+                self._until.pop(scope, None)
+            elif self._until.get(scope) != until:
+                self._put_locked(scope, until)
+
+    def _put_locked(self, scope: str, until: datetime) -> None:
+        self._until[scope] = until
+        heap = self._heap
+        heapq.heappush(heap, (until, scope))
+        if len(self._until) >= _EXPIRE_AT:
+            self._expire_locked(datetime.now(timezone.utc))
+        if len(heap) > 4 * len(self._until) + _EXPIRE_AT:
+            # Mostly replaced entries (one scope written many times): rebuilding costs
+            # O(n) once per 3n writes, O(1) amortized.
+            self._heap = [(value, key) for key, value in self._until.items()]
+            heapq.heapify(self._heap)
+
+    def _expire_locked(self, now: datetime) -> None:
+        heap = self._heap
+        until = self._until
+        for _ in range(_EXPIRE_PER_EXTEND):
+            if not heap or heap[0][0] > now:
+                return
+            when, scope = heapq.heappop(heap)
+            if until.get(scope) == when:
+                del until[scope]
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The default store is one per process: a copy or an unpickled one is it again.
         # Another store travels as a copy of its entries.
         if self is DEFAULT_STORE:
             return (_default_store, ())
-        with self._lock:
-            return (_memory_store, (dict(self._until),))
+        return (_memory_store, (self.entries(),))
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._until)
+        return len(self._until)
 
     def __repr__(self) -> str:
         return f"MemoryCooldownStore(scopes={len(self)})"
@@ -76,5 +121,6 @@ def _default_store() -> MemoryCooldownStore:
 
 def _memory_store(entries: dict[str, datetime]) -> MemoryCooldownStore:
     store = MemoryCooldownStore()
-    store._until.update(entries)
+    for scope, until in entries.items():
+        store.extend(scope, until)
     return store

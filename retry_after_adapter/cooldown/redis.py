@@ -20,6 +20,9 @@ from ..errors import ConfigurationError, CooldownStoreError
 from .base import check_scope, check_until
 from .sqlite import from_epoch_ms, to_epoch_ms
 
+#: The default connect and reply timeouts (seconds) of a client made by ``from_url``.
+DEFAULT_SOCKET_TIMEOUT = 0.1
+
 #: How long (ms) a key outlives its cooldown before Redis deletes it.
 GRACE_MS = 60_000
 
@@ -41,6 +44,7 @@ return new
 _INSTALL_HINT = "pip install 'retry_after_adapter[redis]' (from a checkout: pip install -e '.[redis]')"
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+_GLOB_SPECIAL = re.compile(r"[*?\[\]\\]")
 
 
 def _restore(url: str, prefix: str, client_kwargs: dict[str, Any]) -> RedisCooldownStore:
@@ -52,8 +56,12 @@ class RedisCooldownStore:
 
     ``client`` is any synchronous redis-py compatible client: ``redis.Redis``,
     ``redis.RedisCluster``, ``valkey.Valkey``... It should have short socket timeouts
-    and few retries (see :meth:`from_url`), so a store outage costs a call a second at
-    most rather than hanging it. ``prefix`` is prepended to each scope to make its key.
+    and few retries (see :meth:`from_url`), so a store outage costs a call a fraction
+    of a second rather than hanging it. ``prefix`` is prepended to each scope to make
+    its key. ``timeout`` (seconds) is how long one operation can take at most; by
+    default it is read from a ``redis.Redis`` client's connect and socket timeouts. A
+    store without a known bound has each operation run on a helper thread of the
+    failure layer, bounded there (a little slower).
 
     ``get`` is one ``GET``; ``extend`` is one ``EVALSHA`` (the script is loaded again by
     the client after a server restart). Times are whole UTC epoch milliseconds, rounded
@@ -63,9 +71,15 @@ class RedisCooldownStore:
     URL credentials.
     """
 
-    def __init__(self, client: Any, *, prefix: str = "retry-after:") -> None:
+    def __init__(self, client: Any, *, prefix: str = "retry-after:", timeout: float | None = None) -> None:
         if not isinstance(prefix, str):
             raise ConfigurationError("the Redis cooldown key prefix must be a str")
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not (math.isfinite(timeout) and timeout > 0)
+        ):
+            raise ConfigurationError("the Redis cooldown timeout must be a finite number of seconds > 0")
         for method in ("get", "register_script"):
             if not callable(getattr(client, method, None)):
                 raise ConfigurationError(
@@ -73,6 +87,7 @@ class RedisCooldownStore:
                 )
         self._client = client
         self._prefix = prefix
+        self._timeout = float(timeout) if timeout is not None else _client_timeout(client)
         self._secrets = _client_secrets(client)
         try:
             self._script = client.register_script(_EXTEND_LUA)  # local: no round trip
@@ -86,18 +101,20 @@ class RedisCooldownStore:
         url: str,
         *,
         prefix: str = "retry-after:",
-        socket_timeout: float = 1.0,
-        socket_connect_timeout: float = 1.0,
+        socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
+        socket_connect_timeout: float = DEFAULT_SOCKET_TIMEOUT,
         **client_kwargs: Any,
     ) -> RedisCooldownStore:
         """A store with its own ``redis.Redis`` client made from ``url``.
 
         ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS) and
         ``unix://`` as redis-py reads them; ``valkey://`` and ``valkeys://`` are read as
-        ``redis://`` and ``rediss://``. The client gets 1 s socket and connect timeouts
-        and retries a command once, at once, only after a connection error (a pooled
-        connection the server dropped), never after a timeout: an outage fails a call
-        within about the socket timeout. Other keyword arguments go to redis-py.
+        ``redis://`` and ``rediss://``. The client gets 0.1 s socket and connect timeouts
+        (a Redis on the same network answers in about a millisecond) and retries a
+        command once, at once, only after a connection error (a pooled connection the
+        server dropped), never after a timeout: a hung or unreachable server fails an
+        operation within about 0.2 s, and the failure layer then skips it for a while.
+        Other keyword arguments go to redis-py.
 
         Needs the ``redis`` extra: ``pip install 'retry_after_adapter[redis]'`` (from a
         checkout, ``pip install -e '.[redis]'``).
@@ -148,6 +165,12 @@ class RedisCooldownStore:
         return self._client
 
     @property
+    def timeout(self) -> float | None:
+        """The most (seconds) one operation can take: connect plus reply timeouts, or
+        what was given; None when unknown."""
+        return self._timeout
+
+    @property
     def prefix(self) -> str:
         return self._prefix
 
@@ -183,6 +206,32 @@ class RedisCooldownStore:
             return from_epoch_ms(int(effective))
         except (TypeError, ValueError):
             raise CooldownStoreError("the Redis cooldown script returned an unexpected reply") from None
+
+    def delete(self, scope: str) -> bool:
+        """Remove ``scope``'s cooldown (an operator lifting it); True if there was one."""
+        key = self.key(check_scope(scope))
+        try:
+            return bool(self._client.delete(key))
+        except Exception as exc:
+            raise self._failure("delete", exc) from exc
+
+    def entries(self) -> dict[str, datetime]:
+        """Every scope under this store's prefix and its eligible time (SCAN, so it
+        does not block the server; a key changed meanwhile may be missed or stale)."""
+        pattern = _GLOB_SPECIAL.sub(r"\\\g<0>", self._prefix) + "*"
+        found: dict[str, datetime] = {}
+        try:
+            keys = list(self._client.scan_iter(match=pattern, count=1000))
+            for key in keys:
+                raw = self._client.get(key)  # one key at a time: no cross-slot MGET on a cluster
+                name = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+                try:
+                    found[name[len(self._prefix) :]] = from_epoch_ms(int(raw))
+                except (TypeError, ValueError):
+                    continue  # gone meanwhile, or not a time: not a cooldown
+        except Exception as exc:
+            raise self._failure("entries", exc) from exc
+        return found
 
     def close(self) -> None:
         """Close the client's connections (a client passed in is the caller's to close)."""
@@ -236,6 +285,23 @@ def _url_secrets(url: str) -> list[str]:
     """The userinfo of ``url`` and its password part, to keep out of messages."""
     userinfo = url.partition("://")[2].rpartition("@")[0]
     return [part for part in (userinfo, userinfo.partition(":")[2]) if part]
+
+
+def _client_timeout(client: Any) -> float | None:
+    """Connect plus socket timeout of a redis-py style client's pool, if both are set."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    if not isinstance(kwargs, dict):
+        return None
+    reply = kwargs.get("socket_timeout")
+    connect = kwargs.get("socket_connect_timeout", reply)
+    if connect is None:
+        connect = reply
+    total = 0.0
+    for value in (reply, connect):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            return None
+        total += float(value)
+    return total
 
 
 def _client_secrets(client: Any) -> list[str]:

@@ -49,6 +49,8 @@ _UPSERT_RETURNING = (
 )
 _SELECT = "SELECT until_ms FROM cooldown WHERE scope = ?"
 _SWEEP = "DELETE FROM cooldown WHERE until_ms < ?"
+_DELETE = "DELETE FROM cooldown WHERE scope = ?"
+_ALL = "SELECT scope, until_ms FROM cooldown ORDER BY until_ms DESC"
 
 
 def to_epoch_ms(until: datetime) -> int:
@@ -66,19 +68,50 @@ def from_epoch_ms(ms: int) -> datetime:
     return _EPOCH + timedelta(milliseconds=ms)
 
 
+#: The default lock wait (seconds) of one operation: far below a second, so a store
+#: that is locked or stuck costs a call little (the failure layer then skips it).
+DEFAULT_TIMEOUT = 0.25
+
+_HEADER = b"SQLite format 3\x00"
+
+
+def _file_state(path: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """``((device, inode), (mtime ns, size))`` of ``path``, or ``(None, None)`` when
+    it does not exist (or cannot be examined)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None, None
+    return (st.st_dev, st.st_ino), (st.st_mtime_ns, st.st_size)
+
+
+def _looks_like_sqlite(path: str) -> bool:
+    """Whether ``path`` is empty (SQLite writes its header on first use) or starts with
+    the SQLite header."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_HEADER))
+    except OSError:
+        return True  # gone again: the next operation notices
+    return head == b"" or head == _HEADER
+
+
 class _Slot:
     """One thread's connection, held only by that thread's ``threading.local``.
 
     When the thread ends, its slot is freed and a finalizer closes the connection, so
-    short-lived threads do not leak connections.
+    short-lived threads do not leak connections. ``generation`` is the store's
+    generation the connection was opened in: a file deleted or replaced since makes the
+    thread reopen.
     """
 
-    __slots__ = ("__weakref__", "busy_ms", "conn", "pid")
+    __slots__ = ("__weakref__", "busy_ms", "conn", "generation", "pid")
 
-    def __init__(self, conn: sqlite3.Connection, pid: int, busy_ms: int) -> None:
+    def __init__(self, conn: sqlite3.Connection, pid: int, busy_ms: int, generation: int) -> None:
         self.conn = conn
         self.pid = pid
         self.busy_ms = busy_ms
+        self.generation = generation
 
 
 #: Connections a forked child inherited: referenced forever and never closed in the child
@@ -133,9 +166,17 @@ class SQLiteCooldownStore:
 
     ``path`` is the database file (created when missing; its directory must exist). A
     relative path is resolved against the working directory once, here. ``timeout``
-    (seconds) bounds how long one ``get`` or ``extend`` waits for a lock held by another
-    writer; past it the call raises :class:`CooldownStoreError`. No ``sqlite3`` error
-    ever leaves the store.
+    (seconds, default 0.25) bounds how long one ``get`` or ``extend`` waits for a lock
+    held by another writer; past it the call raises :class:`CooldownStoreError`. No
+    ``sqlite3`` error ever leaves the store.
+
+    Every operation first compares the file's identity (device and inode) with the one
+    it opened: a file deleted or replaced under running workers (old connections would
+    keep the deleted inode while new ones made a fresh file: a split store) is noticed,
+    every thread reopens the file at the path, and ``generation`` goes up, so the
+    failure layer warns once and writes its cooldowns back. A file whose content is no
+    longer a SQLite database raises :class:`CooldownStoreError` (the failure policy
+    applies) until it is replaced or deleted.
 
     Times are kept in whole milliseconds; ``extend`` rounds up, so a stored cooldown
     never ends earlier than asked. The file is in WAL mode: readers never wait for a
@@ -145,7 +186,7 @@ class SQLiteCooldownStore:
     is unreliable); for several machines use :class:`RedisCooldownStore`.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 5.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = DEFAULT_TIMEOUT) -> None:
         try:
             text = os.fspath(path)
         except TypeError:
@@ -179,6 +220,12 @@ class SQLiteCooldownStore:
         self._conns: set[sqlite3.Connection] = set()
         self._pid = os.getpid()
         self._closed = False
+        #: Bumped when the file at the path is found deleted or replaced.
+        self._generation = 0
+        self._ident: tuple[int, int] | None = None
+        self._version: tuple[int, int] | None = None
+        self._bad = False
+        self.replaced_reason = ""
         _STORES.add(self)
         self._run(lambda conn: None)  # open now: a bad file fails here, not on the first 429
 
@@ -194,6 +241,11 @@ class SQLiteCooldownStore:
         """How long (seconds) one call may wait for the database before it fails."""
         return self._timeout
 
+    @property
+    def generation(self) -> int:
+        """How many times this process found the file deleted or replaced (and reopened)."""
+        return self._generation
+
     def get(self, scope: str) -> datetime | None:
         check_scope(scope)
         # fetchall(): the statement finishes here, so no read snapshot stays open.
@@ -207,6 +259,17 @@ class SQLiteCooldownStore:
         if random.randrange(_SWEEP_ONE_IN) == 0:
             self._sweep_quietly()
         return from_epoch_ms(effective)
+
+    def delete(self, scope: str) -> bool:
+        """Remove ``scope``'s cooldown (an operator lifting it); True if there was one."""
+        check_scope(scope)
+        return bool(self._run(lambda conn: conn.execute(_DELETE, (scope,)).rowcount))
+
+    def entries(self) -> dict[str, datetime]:
+        """Every stored scope and its eligible time (long-expired rows are swept now and
+        then, so a few past times may be among them)."""
+        rows = self._run(lambda conn: conn.execute(_ALL).fetchall())
+        return {str(scope): from_epoch_ms(int(ms)) for scope, ms in rows}
 
     def close(self) -> None:
         """Close this process's connections. The store cannot be used afterwards."""
@@ -278,9 +341,15 @@ class SQLiteCooldownStore:
     def _connection(self) -> _Slot:
         if self._closed:
             raise CooldownStoreError(f"the SQLite cooldown store {self._path!r} is closed")
+        self._check_file()
         slot = self._slot()
         if slot is not None:
-            return slot
+            if slot.generation == self._generation:
+                return slot
+            self._forget(slot.conn)
+            with contextlib.suppress(sqlite3.Error):
+                slot.conn.close()
+            self._local.slot = None
         pid = os.getpid()
         if self._pid != pid:  # forked without the at-fork hook (not expected on POSIX)
             self._forked()
@@ -305,10 +374,40 @@ class SQLiteCooldownStore:
                 conn.close()
                 raise CooldownStoreError(f"the SQLite cooldown store {self._path!r} is closed")
             self._conns.add(conn)
-        slot = _Slot(conn, pid, self._full_busy_ms)
+            generation = self._generation
+            if self._ident is None:
+                self._ident, self._version = _file_state(self._path)
+        slot = _Slot(conn, pid, self._full_busy_ms, generation)
         weakref.finalize(slot, _release, weakref.ref(self), conn, pid)
         self._local.slot = slot
         return slot
+
+    def _check_file(self) -> None:
+        """Notice a file deleted or replaced (a new generation: every thread reopens)
+        or overwritten with something that is not a database (raise)."""
+        ident, version = _file_state(self._path)
+        if ident != self._ident or version != self._version:
+            with self._lock:
+                ident, version = _file_state(self._path)
+                if ident != self._ident and (self._ident is not None or ident is not None):
+                    if self._ident is not None:  # a first open (None) is not a replacement
+                        self._generation += 1
+                        self.replaced_reason = (
+                            "the database file was deleted"
+                            if ident is None
+                            else "the database file was replaced"
+                        )
+                    self._ident = None  # set again when a connection opens the new file
+                    self._bad = False
+                if version != self._version:
+                    self._version = version
+                    was_bad = self._bad
+                    self._bad = ident is not None and not _looks_like_sqlite(self._path)
+                    if was_bad and not self._bad:  # a database again: reopen and write back
+                        self._generation += 1
+                        self.replaced_reason = "the database file was replaced"
+        if self._bad:
+            raise sqlite3.DatabaseError("file is not a database")
 
     def _forget(self, conn: sqlite3.Connection) -> None:
         with self._lock:

@@ -4,7 +4,7 @@
 - ``sqlite:///cooldown.db``: every process on this host. Three slashes, then the path:
   ``sqlite:///relative/cooldown.db`` is relative to the working directory,
   ``sqlite:////var/lib/app/cooldown.db`` (four slashes in all) is absolute. The
-  directory must exist. Option: ``?timeout=2.5`` (seconds to wait for a lock).
+  directory must exist. Option: ``?timeout=0.5`` (seconds to wait for a lock; default 0.25).
 - ``redis://[[user]:password@]host[:port][/db]``: every process on every machine. Also
   ``rediss://`` (TLS), ``valkey://`` and ``valkeys://`` (read as ``redis://`` and
   ``rediss://``). redis-py's query options are passed on, and ``?prefix=...`` sets the
@@ -21,7 +21,7 @@ from ..errors import ConfigurationError
 from .base import CooldownStore
 from .memory import DEFAULT_STORE
 from .redis import RedisCooldownStore, redact_url
-from .sqlite import SQLiteCooldownStore
+from .sqlite import DEFAULT_TIMEOUT, SQLiteCooldownStore
 
 _REDIS_SCHEMES = ("redis", "rediss", "valkey", "valkeys")
 
@@ -70,7 +70,7 @@ def _sqlite(url: str) -> SQLiteCooldownStore:
             "a SQLite cooldown URL needs a file path: sqlite:///relative.db or sqlite:////absolute/path.db"
         )
     path = unquote(parts.path[1:])
-    timeout = 5.0
+    timeout = DEFAULT_TIMEOUT
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         if name != "timeout":
             raise ConfigurationError(f"unknown SQLite cooldown URL option {name!r} (only 'timeout')")

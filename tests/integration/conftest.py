@@ -14,5 +14,8 @@ def make_session(
     retry_kwargs.setdefault("total", 5)
     retry = RetryAfterRetry(clock=clock, **retry_kwargs)  # type: ignore[arg-type]
     session = requests.Session()
-    session.mount("http://", RetryAfterAdapter(max_retries=retry, cooldown=store if store is not None else MemoryCooldownStore()))
+    session.mount(
+        "http://",
+        RetryAfterAdapter(max_retries=retry, cooldown=store if store is not None else MemoryCooldownStore()),
+    )
     return session

@@ -156,7 +156,10 @@ def test_two_sessions_sharing_a_store_the_second_defers_without_sending(server, 
     assert server.count() == 1
     # raise_on_defer=True raises instead, with no response: nothing was received.
     session = requests.Session()
-    session.mount("http://", RetryAfterAdapter(RetryAfterRetry(clock=clock, max_wait=10), cooldown=store, raise_on_defer=True))
+    session.mount(
+        "http://",
+        RetryAfterAdapter(RetryAfterRetry(clock=clock, max_wait=10), cooldown=store, raise_on_defer=True),
+    )
     with pytest.raises(RetryDeferred) as raised:
         session.get(server.url + "/third")
     assert raised.value.response is None and raised.value.deferral.reason == "cooldown"

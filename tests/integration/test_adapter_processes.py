@@ -41,7 +41,10 @@ else:
 def run_worker(url: str, store_url: str, max_wait: float) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", WORKER, url, store_url, str(max_wait)],
-        capture_output=True, text=True, timeout=30, check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     )
     return json.loads(done.stdout)
 

@@ -94,7 +94,10 @@ def test_the_same_prepared_request_sent_twice_starts_a_fresh_call(server, clock)
 
 def test_max_retries_zero_returns_the_503_as_http_adapter_does(server):
     server.serve([Reply(503, {"Retry-After": "2"}, b"down")])
-    for adapter in (RetryAfterAdapter(max_retries=0, cooldown=None), requests.adapters.HTTPAdapter(max_retries=0)):
+    for adapter in (
+        RetryAfterAdapter(max_retries=0, cooldown=None),
+        requests.adapters.HTTPAdapter(max_retries=0),
+    ):
         session = requests.Session()
         session.mount("http://", adapter)
         response = session.get(server.url + "/z")
@@ -109,7 +112,9 @@ def test_max_retries_zero_returns_the_503_as_http_adapter_does(server):
 def test_the_exhausted_deferral_includes_backoff_and_cooldown(server, clock):
     store = MemoryCooldownStore()
     server.serve([Reply(503)])  # no Retry-After: the next try would be after the backoff
-    response = make_session(clock, store, total=2, backoff_factor=1, raise_on_status=False).get(server.url + "/b")
+    response = make_session(clock, store, total=2, backoff_factor=1, raise_on_status=False).get(
+        server.url + "/b"
+    )
     assert response.deferral.reason == "attempts"
     assert clock.sleeps == [2.0]  # urllib3's backoff: 0 after the first error, then 2
     assert response.deferral.delay == 4.0  # and 4 s after the third
@@ -205,8 +210,14 @@ def test_adapters_and_sessions_copy_deepcopy_and_pickle(server):
         assert adapter.max_retries.total == 2 and adapter.max_retries.max_wait == 10
         assert local_deferral(other.get(server.url + "/p")).reason == "cooldown"
     assert server.count() == 1
-    for adapter in (copy.copy(session.get_adapter(server.url)), pickle.loads(pickle.dumps(session.get_adapter(server.url)))):
-        assert local_deferral(adapter.send(requests.Request("GET", server.url + "/p").prepare())).reason == "cooldown"
+    for adapter in (
+        copy.copy(session.get_adapter(server.url)),
+        pickle.loads(pickle.dumps(session.get_adapter(server.url))),
+    ):
+        assert (
+            local_deferral(adapter.send(requests.Request("GET", server.url + "/p").prepare())).reason
+            == "cooldown"
+        )
 
 
 def test_a_sqlite_adapter_pickles_as_its_path(tmp_path):
@@ -241,7 +252,9 @@ def test_the_pool_manager_copies_and_pickles(server):
 def test_the_pool_manager_admits_before_the_first_request(server, clock):
     store = MemoryCooldownStore()
     server.serve([Reply(429, {"Retry-After": "100"}, b"busy")])
-    manager = RetryAfterPoolManager(retries=RetryAfterRetry(total=3, clock=clock, max_wait=10), cooldown=store)
+    manager = RetryAfterPoolManager(
+        retries=RetryAfterRetry(total=3, clock=clock, max_wait=10), cooldown=store
+    )
     first = manager.request("GET", server.url + "/u")
     assert first.status == 429 and first.data == b"busy" and deferral_of(first).reason == "max_wait"
     second = manager.request("GET", server.url + "/u")
@@ -266,14 +279,18 @@ def test_the_pool_manager_strips_credentials_on_a_cross_host_redirect(server):
     try:
         server.serve([Reply(302, {"Location": other.url.replace("127.0.0.1", "localhost") + "/there"})])
         manager = RetryAfterPoolManager(cooldown=None)
-        response = manager.request("GET", server.url + "/here", headers={"Authorization": "Bearer t0ken", "X-Keep": "1"})
+        response = manager.request(
+            "GET", server.url + "/here", headers={"Authorization": "Bearer t0ken", "X-Keep": "1"}
+        )
         assert response.status == 200
         assert "Authorization" not in other.seen[0].headers and other.seen[0].headers["X-Keep"] == "1"
     finally:
         other.stop()
 
 
-def test_the_pool_manager_raises_max_retry_error_on_exhaustion_and_after_transport_errors(server, closed_port):
+def test_the_pool_manager_raises_max_retry_error_on_exhaustion_and_after_transport_errors(
+    server, closed_port
+):
     server.serve([Reply(503, {"Retry-After": "1"})])
     manager = RetryAfterPoolManager(retries=RetryAfterRetry(total=1, clock=FakeClock()), cooldown=None)
     with pytest.raises(urllib3.exceptions.MaxRetryError) as raised:
@@ -321,7 +338,9 @@ def test_a_redis_adapter_pickles_as_its_url():
     store = RedisCooldownStore.from_url("redis://127.0.0.1:6399/3", prefix="app:")  # no connection made
     again = pickle.loads(pickle.dumps(RetryAfterAdapter(cooldown=store)))
     assert isinstance(again.cooldown, RedisCooldownStore)
-    assert again.cooldown.prefix == "app:" and again.cooldown.client.connection_pool.connection_kwargs["db"] == 3
+    assert (
+        again.cooldown.prefix == "app:" and again.cooldown.client.connection_pool.connection_kwargs["db"] == 3
+    )
 
 
 def test_a_follow_up_sent_through_response_connection_runs_the_policy(server, clock):

@@ -32,7 +32,9 @@ def run_example(*args: str, timeout: float = 30) -> tuple[subprocess.CompletedPr
 
 def rows(db: Path) -> list[tuple[str, str, float, str | None, str | None]]:
     with closing(sqlite3.connect(db)) as conn:
-        return conn.execute("SELECT url, state, eligible_at, deferral_json, note FROM jobs ORDER BY id").fetchall()
+        return conn.execute(
+            "SELECT url, state, eligible_at, deferral_json, note FROM jobs ORDER BY id"
+        ).fetchall()
 
 
 def test_job_queue_demo_runs_standalone():

@@ -46,8 +46,6 @@ def stock_backoff_schedule(retries: int, **kwargs: object) -> list[float]:
     return waits
 
 
-
-
 # -- connection resets ------------------------------------------------------------------
 
 
@@ -143,7 +141,10 @@ def test_a_503_storm_on_a_long_retry_after_sends_each_worker_once_then_nothing(s
     assert 1 <= first_round <= workers  # nobody retried; late workers did not even send
     # The second round sends nothing at all: the whole origin is cooling down.
     for _ in range(workers):
-        assert local_deferral(make_session(clock, store, max_wait=10).get(server.url + "/storm")).reason == "cooldown"
+        assert (
+            local_deferral(make_session(clock, store, max_wait=10).get(server.url + "/storm")).reason
+            == "cooldown"
+        )
     assert server.count() == first_round
 
 

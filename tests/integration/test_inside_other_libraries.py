@@ -16,8 +16,12 @@ github = pytest.importorskip("github", reason="PyGithub is a test dependency: pi
 
 
 def test_pygithub_gets_the_retry_error_stock_raises_with_the_deferral_inside(real_server):
-    real_server.serve([Reply(429, {"Retry-After": "120", "Content-Type": "application/json"}, b'{"message": "slow down"}')])
-    client = github.Github(base_url=real_server.url + "/api/v3", retry=RetryAfterRetry(total=3, max_wait=5), timeout=5)
+    real_server.serve(
+        [Reply(429, {"Retry-After": "120", "Content-Type": "application/json"}, b'{"message": "slow down"}')]
+    )
+    client = github.Github(
+        base_url=real_server.url + "/api/v3", retry=RetryAfterRetry(total=3, max_wait=5), timeout=5
+    )
     started = time.monotonic()
     with pytest.raises(requests.exceptions.RetryError) as raised:
         client.get_user("octocat").login  # the request is lazy: reading an attribute sends it
@@ -35,7 +39,9 @@ def test_pygithub_waits_out_a_retry_after_that_fits(real_server):
             Reply(200, {"Content-Type": "application/json"}, b'{"login": "octocat", "id": 1}'),
         ]
     )
-    client = github.Github(base_url=real_server.url + "/api/v3", retry=RetryAfterRetry(total=3, max_wait=5), timeout=5)
+    client = github.Github(
+        base_url=real_server.url + "/api/v3", retry=RetryAfterRetry(total=3, max_wait=5), timeout=5
+    )
     assert client.get_user("octocat").login == "octocat"
     seen = real_server.seen
     assert len(seen) == 2 and (seen[1].at - seen[0].at).total_seconds() >= 1.0

@@ -37,7 +37,9 @@ def test_date_form_announces_the_window_end_as_an_http_date():
 
 def test_windows_from_the_first_request_and_the_log():
     with QuotaServer(1, 120, align="first") as server:
-        requests.get(server.url + "/a", headers={"X-Sent-At": "12.5", "X-Client": "p1", "X-Item": "7"}, timeout=5)
+        requests.get(
+            server.url + "/a", headers={"X-Sent-At": "12.5", "X-Client": "p1", "X-Item": "7"}, timeout=5
+        )
         second = requests.get(server.url + "/b", timeout=5)
         assert second.status_code == 429 and 119 <= int(second.headers["Retry-After"]) <= 120
         data = requests.get(server.url + "/__log", timeout=5).json()
@@ -51,7 +53,9 @@ def test_windows_from_the_first_request_and_the_log():
 def test_it_runs_in_its_own_process_for_the_benchmarks():
     proc = subprocess.Popen(
         [sys.executable, "-m", "retry_after_adapter.demo", "--serve", "1", "60"],
-        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -69,7 +73,8 @@ def test_it_runs_in_its_own_process_for_the_benchmarks():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"quota": 0}, {"window": 0}, {"form": "weeks"}, {"align": "noon"}, {"align": "first", "form": "date"}]
+    "kwargs",
+    [{"quota": 0}, {"window": 0}, {"form": "weeks"}, {"align": "noon"}, {"align": "first", "form": "date"}],
 )
 def test_bad_settings_are_configuration_errors(kwargs):
     args = {"quota": 1, "window": 1.0, **kwargs}

@@ -26,7 +26,9 @@ URL = "https://api.example.test/items"
 def session(clock: FakeClock, store: MemoryCooldownStore | None = None, **kw: object) -> requests.Session:
     s = requests.Session()
     retry = RetryAfterRetry(total=3, clock=clock, **kw)  # type: ignore[arg-type]
-    s.mount("https://", RetryAfterAdapter(retry, cooldown=store if store is not None else MemoryCooldownStore()))
+    s.mount(
+        "https://", RetryAfterAdapter(retry, cooldown=store if store is not None else MemoryCooldownStore())
+    )
     return s
 
 

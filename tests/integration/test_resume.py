@@ -434,7 +434,9 @@ class ChildProcess:
             self.process.kill()
         self.process.communicate()
 
-    def resume(self, server: ThrottleServer, deferral: Deferral) -> tuple[dict[str, Any], list[tuple[float, int]]]:
+    def resume(
+        self, server: ThrottleServer, deferral: Deferral
+    ) -> tuple[dict[str, Any], list[tuple[float, int]]]:
         """Hand over the JSON file; sample (time, server count) until the child reports."""
         job_file = self.tmp_path / "job.json"
         job = {"url": server.url + "/x", "deferral": deferral.to_dict()}

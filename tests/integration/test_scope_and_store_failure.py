@@ -16,6 +16,7 @@ from retry_after_adapter import (
     RetryAfterRetry,
 )
 from retry_after_adapter.adapter import credential_scope, origin_scope
+from retry_after_adapter.cooldown.guard import BREAKER_FIRST, guard_of
 
 from ..conftest import local_deferral
 from .throttle_server import Reply
@@ -68,8 +69,13 @@ class FlakyStore:
 
 
 def session(clock, store, **kw) -> requests.Session:
+    if isinstance(store, FlakyStore):
+        # The store's failure layer times its circuit breaker on the test's clock.
+        guard_of(store).monotonic = clock.monotonic
     s = requests.Session()
-    s.mount("http://", RetryAfterAdapter(RetryAfterRetry(total=3, clock=clock, max_wait=10), cooldown=store, **kw))
+    s.mount(
+        "http://", RetryAfterAdapter(RetryAfterRetry(total=3, clock=clock, max_wait=10), cooldown=store, **kw)
+    )
     return s
 
 
@@ -120,6 +126,9 @@ def test_store_outage_fail_closed_defers_with_cooldown_unknown(server, clock):
     assert raised_deferral.reason == "cooldown-unknown"
     assert server.count() == 1
     store.failing = False
+    # The breaker skips the store for its back-off; then one probe finds it healthy.
+    assert local_deferral(s.get(server.url)).reason == "cooldown-unknown"
+    clock.advance(BREAKER_FIRST)
     assert s.get(server.url).status_code == 200
 
 
@@ -130,6 +139,7 @@ def test_recovered_store_is_used_again(server, clock):
     server.serve([Reply(200)])
     s.get(server.url)
     store.failing = False
+    clock.advance(BREAKER_FIRST)
     store.inner.extend(f"http://127.0.0.1:{server.port}", clock.now() + timedelta(seconds=500))
     local_deferral(s.get(server.url))
 

@@ -131,7 +131,6 @@ class Evidence:
         return response
 
 
-
 @pytest.fixture
 def evidence() -> Evidence:
     return Evidence()
@@ -148,7 +147,9 @@ def secret_url(port: int, path: str = "/api") -> str:
     return f"http://user:{PASSWORD}@127.0.0.1:{port}{path}?token={QUERY}&page=2"
 
 
-def make(evidence: Evidence, clock: FakeClock, *, bearer: bool, store=None, scope=None, **kw) -> requests.Session:
+def make(
+    evidence: Evidence, clock: FakeClock, *, bearer: bool, store=None, scope=None, **kw
+) -> requests.Session:
     """A session sending every kind of secret; ``bearer`` False lets requests turn the
     URL's user info into a Basic Authorization header instead."""
     store_failure = kw.pop("store_failure", "open")
@@ -196,8 +197,12 @@ def test_no_secret_in_anything_the_package_produces(server, clock, evidence, log
 
     # Deferral: max_wait (response kept), then cooldown (nothing sent).
     server.serve([Reply(429, {"Retry-After": "120"}, b"quota")])
-    evidence.call(lambda: make(evidence, clock, bearer=bearer, store=store, max_wait=10).get(secret_url(port)))
-    evidence.call(lambda: make(evidence, clock, bearer=bearer, store=store, max_wait=10).get(secret_url(port)))
+    evidence.call(
+        lambda: make(evidence, clock, bearer=bearer, store=store, max_wait=10).get(secret_url(port))
+    )
+    evidence.call(
+        lambda: make(evidence, clock, bearer=bearer, store=store, max_wait=10).get(secret_url(port))
+    )
     clock.advance(121)
 
     # Deferral: deadline.
@@ -229,7 +234,9 @@ def test_no_secret_in_anything_the_package_produces(server, clock, evidence, log
     server.serve([Reply(503, {"Retry-After": "1"})])
     evidence.call(lambda: make(evidence, clock, bearer=bearer, total=1).get(secret_url(port)))
     server.serve([Reply(503, {"Retry-After": "1"})])
-    evidence.call(lambda: make(evidence, clock, bearer=bearer, total=1, raise_on_status=False).get(secret_url(port)))
+    evidence.call(
+        lambda: make(evidence, clock, bearer=bearer, total=1, raise_on_status=False).get(secret_url(port))
+    )
 
     # Stop: not idempotent (a POST whose connection is reset after sending).
     server.serve([Reply(action="reset")])
@@ -237,7 +244,9 @@ def test_no_secret_in_anything_the_package_produces(server, clock, evidence, log
 
     # A GET retried after a reset (urllib3 logs its own warning about it).
     server.serve([Reply(action="reset"), Reply(200)])
-    evidence.call(lambda: make(evidence, clock, bearer=bearer, backoff_factor=0).get(secret_url(port), timeout=2))
+    evidence.call(
+        lambda: make(evidence, clock, bearer=bearer, backoff_factor=0).get(secret_url(port), timeout=2)
+    )
 
     # Escalation: past max_deferrals.
     server.serve([Reply(429, {"Retry-After": "600"})])
@@ -247,7 +256,9 @@ def test_no_secret_in_anything_the_package_produces(server, clock, evidence, log
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         dead = closed.getsockname()[1]
-        evidence.call(lambda: make(evidence, clock, bearer=bearer, backoff_factor=0).get(secret_url(dead), timeout=2))
+        evidence.call(
+            lambda: make(evidence, clock, bearer=bearer, backoff_factor=0).get(secret_url(dead), timeout=2)
+        )
 
     # The scenarios really ran: every deferral reason and every stop was reached.
     defers = {r.reason for r in evidence.records if r.action == "defer"}
@@ -272,7 +283,9 @@ def test_no_secret_in_anything_the_package_produces(server, clock, evidence, log
 
 def test_credential_scope_is_hashed(server, clock, evidence):
     server.serve([Reply(429, {"Retry-After": "120"})])
-    response = make(evidence, clock, bearer=True, scope="credential", max_wait=10).get(secret_url(server.port))
+    response = make(evidence, clock, bearer=True, scope="credential", max_wait=10).get(
+        secret_url(server.port)
+    )
     scope = response.deferral.scope
     assert scope.startswith(f"http://127.0.0.1:{server.port}|sha256:")
     assert evidence.records[-1].scope == scope
@@ -302,7 +315,11 @@ def test_a_scope_function_returning_the_authorization_value_is_hashed(server, cl
 def test_a_scope_function_returning_the_query_value_is_hashed(server, clock, evidence):
     server.serve([Reply(429, {"Retry-After": "120"})])
     session = make(
-        evidence, clock, bearer=True, scope=lambda request: "tenant-" + request.url.split("token=")[1], max_wait=10
+        evidence,
+        clock,
+        bearer=True,
+        scope=lambda request: "tenant-" + request.url.split("token=")[1],
+        max_wait=10,
     )
     response = session.get(secret_url(server.port))
     assert response.deferral.scope.startswith("sha256:")
@@ -311,9 +328,7 @@ def test_a_scope_function_returning_the_query_value_is_hashed(server, clock, evi
 
 def test_plain_urllib3_errors_and_logs_hold_no_secret(server, clock, evidence, logs):
     retry = RetryAfterRetry(total=1, clock=clock, max_wait=10, on_decision=[evidence.hook, evidence.counters])
-    http = urllib3.PoolManager(
-        retries=retry, headers={"Authorization": f"Bearer {TOKEN}", **SECRET_HEADERS}
-    )
+    http = urllib3.PoolManager(retries=retry, headers={"Authorization": f"Bearer {TOKEN}", **SECRET_HEADERS})
     scripts = [
         [Reply(429, {"Retry-After": "120"})],  # MaxRetryDeferred (max_wait)
         [Reply(503, {"Retry-After": "1"})],  # out of attempts: MaxRetryDeferred names the URL it got
@@ -328,7 +343,12 @@ def test_plain_urllib3_errors_and_logs_hold_no_secret(server, clock, evidence, l
         raised.append(info.value)
         evidence.add_error(info.value)
         evidence.add(getattr(info.value, "url", None))
-    assert [type(e).__name__ for e in raised] == ["MaxRetryDeferred", "MaxRetryDeferred", "MaxRetryError", "MaxRetryDeferred"]
+    assert [type(e).__name__ for e in raised] == [
+        "MaxRetryDeferred",
+        "MaxRetryDeferred",
+        "MaxRetryError",
+        "MaxRetryDeferred",
+    ]
     assert {r.reason for r in evidence.records if r.action != "retry"} >= {
         "max_wait",
         "attempts",

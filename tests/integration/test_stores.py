@@ -74,6 +74,19 @@ def test_later_wins_and_extend_returns_the_effective_time(store: CooldownStore) 
     assert store.get("s") == later
 
 
+def test_entries_list_and_delete_lifts_one_scope(store: Any) -> None:
+    base = now_ms()
+    store.extend("a", base + timedelta(seconds=10))
+    store.extend("b*[x]", base + timedelta(seconds=20))  # glob characters are literal
+    assert store.entries() == {"a": base + timedelta(seconds=10), "b*[x]": base + timedelta(seconds=20)}
+    assert store.delete("b*[x]") is True
+    assert store.delete("b*[x]") is False
+    assert store.get("b*[x]") is None
+    assert store.get("a") == base + timedelta(seconds=10)
+    # Lifted, a scope starts again from nothing: later-wins applies to new cooldowns only.
+    assert store.extend("b*[x]", base + timedelta(seconds=1)) == base + timedelta(seconds=1)
+
+
 def test_scopes_are_independent(store: CooldownStore) -> None:
     base = now_ms()
     store.extend("a", base + timedelta(seconds=10))
@@ -694,3 +707,39 @@ def test_bad_urls_are_configuration_errors_without_secrets(
 def test_url_must_be_a_string() -> None:
     with pytest.raises(ConfigurationError):
         store_from_url(b"memory://")  # type: ignore[arg-type]
+
+
+# -- the memory store's expiry ----------------------------------------------------------
+
+
+def test_memory_store_expires_past_entries_from_its_heap_never_live_ones() -> None:
+    from retry_after_adapter.cooldown import memory
+
+    store = MemoryCooldownStore()
+    past = datetime.now(UTC) - timedelta(hours=1)
+    future = datetime.now(UTC) + timedelta(hours=1)
+    for i in range(memory._EXPIRE_AT):
+        store.extend(f"old{i}", past + timedelta(microseconds=i))
+    for i in range(100):
+        store.extend(f"live{i}", future)
+    # Each extend past the threshold drops a bounded batch of expired entries.
+    for i in range(memory._EXPIRE_AT // memory._EXPIRE_PER_EXTEND + 1):
+        store.extend(f"new{i}", future)
+    # Expired entries went until the store was back under the threshold; no live one did.
+    assert len(store) <= memory._EXPIRE_AT
+    assert sum(key.startswith("old") for key in store.entries()) < memory._EXPIRE_AT - 100
+    assert all(store.get(f"live{i}") == future for i in range(100))
+    assert all(store.get(f"new{i}") == future for i in range(10))
+    # One scope written over and over does not grow the heap without bound.
+    for i in range(50_000):
+        store.extend("hot", future + timedelta(microseconds=i))
+    assert len(store._heap) <= 4 * len(store) + memory._EXPIRE_AT + 1
+
+
+def test_memory_store_under_the_threshold_keeps_even_past_times() -> None:
+    store = MemoryCooldownStore()
+    past = datetime(2020, 1, 1, tzinfo=UTC)  # a FakeClock's "now" is often in the past
+    store.extend("s", past)
+    for i in range(100):
+        store.extend(f"x{i}", past)
+    assert store.get("s") == past

@@ -7,7 +7,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-USERS_TESTS = '''
+USERS_TESTS = """
 import requests
 import responses
 
@@ -46,7 +46,7 @@ def test_waits_run_on_the_fake_clock(fake_clock):
 
 def test_fake_retry_is_on_the_fake_clock(fake_retry, fake_clock):
     assert fake_retry(total=1).clock is fake_clock
-'''
+"""
 
 
 def test_the_plugin_gives_each_test_a_fresh_default_store(pytester: pytest.Pytester) -> None:

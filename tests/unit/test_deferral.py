@@ -93,8 +93,18 @@ def test_the_documented_json_form():
     # The exact form of docs/resume.md: a change here is a format change (new version).
     data = chain_of_three().to_dict()
     assert list(data) == [
-        "version", "eligible_at", "delay", "reason", "scope", "attempts", "deferrals",
-        "status", "retry_after", "clock_skew", "started_at", "history",
+        "version",
+        "eligible_at",
+        "delay",
+        "reason",
+        "scope",
+        "attempts",
+        "deferrals",
+        "status",
+        "retry_after",
+        "clock_skew",
+        "started_at",
+        "history",
     ]
     assert data["version"] == FORMAT_VERSION == 2
     assert data["eligible_at"] == "2026-03-01T12:06:40.250000+00:00"

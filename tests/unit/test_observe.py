@@ -53,7 +53,15 @@ def test_a_fresh_snapshot_has_every_fixed_label_at_zero():
         "deferred_seconds": 0.0,
     }
     assert set(snap["deferrals"]) == {
-        "deadline", "max_wait", "attempts", "cooldown", "quota", "concurrency", "cancelled", "cooldown-unknown", OTHER,
+        "deadline",
+        "max_wait",
+        "attempts",
+        "cooldown",
+        "quota",
+        "concurrency",
+        "cancelled",
+        "cooldown-unknown",
+        OTHER,
     }
     assert all(type(key) is str for key in (*snap["deferrals"], *snap["stops"]))
 

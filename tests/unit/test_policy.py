@@ -10,8 +10,14 @@ from retry_after_adapter.policy import DEFER, RETRY, Decision, admit, decide
 
 def d(**kw: float | None) -> Decision:
     args: dict[str, float | None] = dict(
-        server_delay=None, backoff=0.0, cooldown_left=0.0, jitter=0.0, elapsed=0.0,
-        deadline=None, max_wait=None, attempt_reserve=0.0,
+        server_delay=None,
+        backoff=0.0,
+        cooldown_left=0.0,
+        jitter=0.0,
+        elapsed=0.0,
+        deadline=None,
+        max_wait=None,
+        attempt_reserve=0.0,
     )
     args.update(kw)
     return decide(**args)  # type: ignore[arg-type]

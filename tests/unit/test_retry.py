@@ -12,12 +12,29 @@ from retry_after_adapter.adapter import as_retry_after_retry
 
 def make() -> RetryAfterRetry:
     return RetryAfterRetry(
-        total=4, deadline=30, max_wait=10, jitter=0.5, attempt_reserve=1.5, on_invalid="backoff",
-        max_deferrals=3, max_lifetime=3600, clock=FakeClock(), backoff_factor=0.25,
+        total=4,
+        deadline=30,
+        max_wait=10,
+        jitter=0.5,
+        attempt_reserve=1.5,
+        on_invalid="backoff",
+        max_deferrals=3,
+        max_lifetime=3600,
+        clock=FakeClock(),
+        backoff_factor=0.25,
     )
 
 
-EXTRA = ("deadline", "max_wait", "jitter", "attempt_reserve", "on_invalid", "max_deferrals", "max_lifetime", "clock")
+EXTRA = (
+    "deadline",
+    "max_wait",
+    "jitter",
+    "attempt_reserve",
+    "on_invalid",
+    "max_deferrals",
+    "max_lifetime",
+    "clock",
+)
 
 
 def test_new_carries_every_extra_setting():
@@ -62,8 +79,16 @@ def test_parse_retry_after_is_strict():
 
 @pytest.mark.parametrize(
     "kw",
-    [{"deadline": -1}, {"max_wait": "x"}, {"jitter": -0.1}, {"on_invalid": "retry"},
-     {"max_deferrals": -1}, {"max_deferrals": 1.5}, {"clock": object()}, {"on_decision": 5}],
+    [
+        {"deadline": -1},
+        {"max_wait": "x"},
+        {"jitter": -0.1},
+        {"on_invalid": "retry"},
+        {"max_deferrals": -1},
+        {"max_deferrals": 1.5},
+        {"clock": object()},
+        {"on_decision": 5},
+    ],
 )
 def test_bad_arguments_raise_configuration_error(kw):
     with pytest.raises(ConfigurationError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-USERS_CODE = '''
+USERS_CODE = """
 from __future__ import annotations
 
 from datetime import datetime
@@ -45,14 +45,20 @@ def plain(url: str) -> float | None:
 def reason_text(error: urllib3.exceptions.MaxRetryError) -> str | None:
     found = deferral_of(error)
     return None if found is None else str(found.reason)
-'''
+"""
 
 
 def test_users_code_passes_mypy_strict(tmp_path):
     api = pytest.importorskip("mypy.api", reason="mypy is a dev dependency: pip install -e '.[dev]'")
     (tmp_path / "users_code.py").write_text(USERS_CODE, encoding="utf-8")
     stdout, stderr, status = api.run(
-        ["--strict", "--no-incremental", "--cache-dir", str(tmp_path / ".mypy"), str(tmp_path / "users_code.py")]
+        [
+            "--strict",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp_path / ".mypy"),
+            str(tmp_path / "users_code.py"),
+        ]
     )
     assert status == 0, stdout + stderr
 
@@ -62,5 +68,7 @@ def test_a_plain_response_has_no_deferral_attribute_for_mypy(tmp_path):
     api = pytest.importorskip("mypy.api", reason="mypy is a dev dependency: pip install -e '.[dev]'")
     code = "import requests\nr = requests.get('https://x.test')\nprint(r.deferral)\n"
     (tmp_path / "bad.py").write_text(code, encoding="utf-8")
-    stdout, _, status = api.run(["--strict", "--no-incremental", "--cache-dir", str(tmp_path / ".mypy"), str(tmp_path / "bad.py")])
-    assert status == 1 and "has no attribute \"deferral\"" in stdout
+    stdout, _, status = api.run(
+        ["--strict", "--no-incremental", "--cache-dir", str(tmp_path / ".mypy"), str(tmp_path / "bad.py")]
+    )
+    assert status == 1 and 'has no attribute "deferral"' in stdout

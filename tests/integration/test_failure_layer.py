@@ -1,0 +1,477 @@
+"""The store failure layer with real parts: a real redis-server that is killed and
+restarted, a socket that accepts and never answers (a hung Redis), SQLite files deleted
+or replaced under running workers, and a real HTTP server on loopback.
+
+Calls run on a FakeClock started at the real time (stores keep wall-clock times, and
+Redis expires keys on its own clock); the guard's breaker and log timing follow the
+same fake clock where a test needs them to pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from retry_after_adapter import (
+    CooldownStoreError,
+    FakeClock,
+    MemoryCooldownStore,
+    RedisCooldownStore,
+    RetryAfterAdapter,
+    RetryAfterRetry,
+    SQLiteCooldownStore,
+    budget,
+)
+from retry_after_adapter.cooldown.guard import BREAKER_FIRST, QUIET_PERIOD, guard_of
+
+from ..conftest import RedisServer, local_deferral
+from .throttle_server import Reply, ThrottleServer
+
+UTC = timezone.utc
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(start=datetime.now(UTC))
+
+
+@pytest.fixture
+def server(clock: FakeClock) -> Iterator[ThrottleServer]:
+    srv = ThrottleServer(clock).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def black_hole() -> Iterator[int]:
+    """A port that accepts TCP connections and never answers on them: a hung server."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    listener.settimeout(0.05)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            held.append(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(2)
+        for conn in held:
+            conn.close()
+        listener.close()
+
+
+def session(clock: Any, store: Any, **kw: Any) -> requests.Session:
+    retry = RetryAfterRetry(total=3, clock=clock, max_wait=1, backoff_factor=0)
+    s = requests.Session()
+    s.mount("http://", RetryAfterAdapter(retry, cooldown=store, **kw))
+    return s
+
+
+def scope_of(server: ThrottleServer) -> str:
+    return f"http://127.0.0.1:{server.port}"
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "retry_after_adapter" and r.levelno == logging.WARNING]
+
+
+def recoveries_of(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "retry_after_adapter" and "recovered" in r.getMessage()]
+
+
+def read_in_another_process(store_url: str, scope: str) -> str:
+    """The scope's stored time as a fresh process sees it (ISO string, or "None")."""
+    code = (
+        "import sys; from retry_after_adapter import store_from_url; "
+        "v = store_from_url(sys.argv[1]).get(sys.argv[2]); print(v.isoformat() if v else None)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, store_url, scope], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+# -- one guard per store object ------------------------------------------------------
+
+
+def test_every_adapter_on_one_store_object_shares_one_guard(tmp_path: Path) -> None:
+    store = SQLiteCooldownStore(tmp_path / "c.db")
+    adapters = [RetryAfterAdapter(cooldown=store) for _ in range(3)]
+    guards = {id(a._store.guard) for a in adapters}  # type: ignore[union-attr]
+    assert guards == {id(guard_of(store))}
+    # A copy or an unpickled adapter gets the guard of its own store object.
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(adapters[0]))
+    assert copy._store.guard is guard_of(copy.cooldown)  # type: ignore[union-attr]
+    assert copy._store.guard is not guard_of(store)  # type: ignore[union-attr]
+
+
+# -- Redis killed: one Session per thread -------------------------------------------
+
+
+@pytest.mark.redis
+def test_one_session_per_thread_through_a_killed_redis_sends_nothing_inside_a_known_cooldown(
+    redis_factory: Callable[..., RedisServer], server: ThrottleServer, clock: FakeClock, caplog: Any
+) -> None:
+    redis = redis_factory()
+    store = RedisCooldownStore.from_url(redis.url)
+    guard = guard_of(store)
+    guard.monotonic = clock.monotonic
+    server.serve([Reply(200)])
+    sessions = [session(clock, store) for _ in range(32)]
+    assert all(s.get(server.url).status_code == 200 for s in sessions)  # healthy: warm
+    redis.kill()
+    server.serve([Reply(429, {"Retry-After": "5"})])
+    with caplog.at_level(logging.INFO, logger="retry_after_adapter"):
+        first = sessions[0].get(server.url)
+        assert first.status_code == 429 and first.deferral.reason == "max_wait"
+        assert server.count() == 1
+        outcomes: list[str] = []
+
+        def worker(s: requests.Session) -> None:
+            for _ in range(5):
+                outcomes.append(local_deferral(s.get(server.url)).reason)
+
+        threads = [threading.Thread(target=worker, args=(s,)) for s in sessions]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    # 160 calls in 32 threads, none sent: the cooldown one thread learned holds all back.
+    assert server.count() == 1
+    assert outcomes == ["cooldown"] * 160
+    assert len(warnings_of(caplog)) == 1  # one outage, one warning, for all 32 adapters
+    assert guard.pending == 1
+
+    # Redis comes back empty; the next operation after the breaker's back-off probes it,
+    # finds it healthy and writes the cooldown back: another process now holds back too.
+    redis.restart()
+    clock.advance(BREAKER_FIRST)
+    with caplog.at_level(logging.INFO, logger="retry_after_adapter"):
+        local_deferral(sessions[5].get(server.url))
+    assert guard.pending == 0 and not guard.down
+    seen = read_in_another_process(redis.url, scope_of(server))
+    assert seen != "None"
+    assert datetime.fromisoformat(seen) >= clock.now() + timedelta(seconds=5) - timedelta(seconds=1)
+    assert len(recoveries_of(caplog)) == 1
+    assert server.count() == 1
+    store.close()
+
+
+@pytest.mark.redis
+def test_warnings_are_counted_per_outage_across_eight_adapters(
+    redis_factory: Callable[..., RedisServer], server: ThrottleServer, clock: FakeClock, caplog: Any
+) -> None:
+    redis = redis_factory()
+    store = RedisCooldownStore.from_url(redis.url)
+    guard_of(store).monotonic = clock.monotonic
+    server.serve([Reply(200)])
+    sessions = [session(clock, store) for _ in range(8)]
+    with caplog.at_level(logging.INFO, logger="retry_after_adapter"):
+        for outage in range(2):
+            redis.kill()
+            for _ in range(3):
+                for s in sessions:
+                    assert s.get(server.url).status_code == 200  # fail open: requests go on
+                clock.advance(BREAKER_FIRST)
+            redis.restart()
+            clock.advance(60)
+            for s in sessions:
+                assert s.get(server.url).status_code == 200
+            assert len(warnings_of(caplog)) == outage + 1
+            assert len(recoveries_of(caplog)) == outage + 1
+            clock.advance(QUIET_PERIOD)  # healthy for a while: the next failure is news
+    store.close()
+
+
+class FlakyStore:
+    """A store whose every other operation fails (a half-broken network path)."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryCooldownStore()
+        self.n = 0
+        self.timeout = 0.1
+
+    def get(self, scope: str) -> datetime | None:
+        self.n += 1
+        if self.n % 2:
+            raise CooldownStoreError("flap")
+        return self.inner.get(scope)
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        return self.inner.extend(scope, until)
+
+
+def test_a_flapping_store_logs_a_few_lines_a_minute(
+    server: ThrottleServer, clock: FakeClock, caplog: Any
+) -> None:
+    store = FlakyStore()
+    guard_of(store).monotonic = clock.monotonic
+    s = session(clock, store)
+    server.serve([Reply(200)])
+    with caplog.at_level(logging.INFO, logger="retry_after_adapter"):
+        for _ in range(600):  # five minutes: an operation every half second, half of them fail
+            s.get(server.url)
+            clock.advance(0.5)
+    lines = warnings_of(caplog) + recoveries_of(caplog)
+    assert store.n >= 300  # the store was tried again and again, not given up on
+    assert 1 <= len(warnings_of(caplog)) and len(lines) <= 5 * 3, [r.getMessage() for r in lines]
+    # Once it stops flapping, one line says so.
+    store.n = 1  # the next get succeeds... and all after it
+    store.get = store.inner.get  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, logger="retry_after_adapter"):
+        for _ in range(3):
+            clock.advance(QUIET_PERIOD)
+            s.get(server.url)
+    assert not guard_of(store).down
+    assert recoveries_of(caplog)[-1].getMessage().startswith("cooldown store FlakyStore recovered")
+
+
+# -- a hung Redis: the breaker and the call's budget ----------------------------------
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("store_failure", ["open", "closed"])
+def test_a_black_hole_redis_under_budget_deadline_0_3_returns_within_0_35_s(
+    black_hole: int, real_server: ThrottleServer, store_failure: str
+) -> None:
+    store = RedisCooldownStore.from_url(f"redis://127.0.0.1:{black_hole}/0")
+    real_server.serve([Reply(429, {"Retry-After": "1"})])
+    s = requests.Session()
+    s.mount(
+        "http://", RetryAfterAdapter(RetryAfterRetry(total=3), cooldown=store, store_failure=store_failure)
+    )
+    took = []
+    reasons = []
+    for _ in range(3):
+        started = time.monotonic()
+        with budget(deadline=0.3):
+            response = s.get(real_server.url)
+        took.append(time.monotonic() - started)
+        assert response.deferral is not None
+        reasons.append(response.deferral.reason)
+    assert max(took) <= 0.35, took
+    # The first call paid one store timeout; the breaker spared the next ones.
+    assert took[1] < 0.05 and took[2] < 0.05, took
+    if store_failure == "open":
+        # Sent once; the 429's cooldown, kept locally, holds back the next calls.
+        assert reasons == ["deadline", "cooldown", "cooldown"]
+        assert real_server.count() == 1
+    else:
+        assert reasons == ["cooldown-unknown"] * 3
+        assert real_server.count() == 0
+
+
+@pytest.mark.redis
+def test_a_black_hole_redis_costs_a_call_without_a_deadline_one_store_timeout(
+    black_hole: int, real_server: ThrottleServer
+) -> None:
+    store = RedisCooldownStore.from_url(f"redis://127.0.0.1:{black_hole}/0")
+    assert store.timeout == pytest.approx(0.2)
+    real_server.serve([Reply(200)])
+    s = requests.Session()
+    s.mount("http://", RetryAfterAdapter(RetryAfterRetry(total=0), cooldown=store))
+    started = time.monotonic()
+    assert s.get(real_server.url).status_code == 200
+    assert time.monotonic() - started < 0.2 + 0.1
+
+
+def test_a_store_without_a_declared_timeout_is_bounded_on_a_helper_thread(
+    real_server: ThrottleServer,
+) -> None:
+    class Hung:
+        """A store of the user's own that hangs (no ``timeout`` attribute)."""
+
+        release = threading.Event()
+
+        def get(self, scope: str) -> datetime | None:
+            self.release.wait(5)
+            return None
+
+        def extend(self, scope: str, until: datetime) -> datetime:
+            self.release.wait(5)
+            return until
+
+    store = Hung()
+    real_server.serve([Reply(200)])
+    s = requests.Session()
+    s.mount("http://", RetryAfterAdapter(RetryAfterRetry(total=0), cooldown=store))
+    try:
+        started = time.monotonic()
+        with budget(deadline=0.3):
+            assert s.get(real_server.url).status_code == 200  # fail open after 0.25 s
+        assert time.monotonic() - started < 0.3 + 0.05
+        assert guard_of(store).down
+        started = time.monotonic()
+        with budget(deadline=0.3):
+            assert s.get(real_server.url).status_code == 200  # the breaker skips it
+        assert time.monotonic() - started < 0.05
+    finally:
+        Hung.release.set()
+
+
+# -- SQLite files deleted or replaced mid-run -----------------------------------------
+
+
+def _remove_database(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            os.unlink(f"{path}{suffix}")
+        except FileNotFoundError:
+            pass
+
+
+def test_sqlite_deleted_under_running_workers_is_reopened_and_written_back(
+    tmp_path: Path, server: ThrottleServer, clock: FakeClock, caplog: Any
+) -> None:
+    path = tmp_path / "cooldown.db"
+    store = SQLiteCooldownStore(path)
+    server.serve([Reply(200)])
+    sessions = [session(clock, store) for _ in range(8)]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def worker(s: requests.Session) -> None:
+        while not stop.is_set():
+            try:
+                s.get(server.url)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+            time.sleep(0.002)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in sessions]
+    for t in threads:
+        t.start()
+    try:
+        server.serve([Reply(429, {"Retry-After": "30"}), Reply(200)])
+        deadline = time.monotonic() + 5
+        while store.get(scope_of(server)) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # requests already in flight when the cooldown was learned land
+        sent = server.count()
+        time.sleep(0.2)
+        assert server.count() == sent  # the cooldown holds every worker back
+        with caplog.at_level(logging.WARNING, logger="retry_after_adapter"):
+            _remove_database(path)
+            time.sleep(0.3)  # the workers go on against the missing file
+        assert server.count() == sent  # nothing sent inside the cooldown
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert not errors
+    replaced = [r for r in warnings_of(caplog) if "replaced under this process" in r.getMessage()]
+    assert len(replaced) == 1, [r.getMessage() for r in warnings_of(caplog)]
+    assert store.generation == 1
+    # The new file holds the cooldown again: a process that opens it now holds back too.
+    assert path.exists()
+    assert read_in_another_process(f"sqlite:///{path}", scope_of(server)) != "None"
+    store.close()
+
+
+@pytest.mark.parametrize("store_failure", ["open", "closed"])
+def test_sqlite_overwritten_with_garbage_follows_the_failure_policy(
+    tmp_path: Path, server: ThrottleServer, clock: FakeClock, store_failure: str
+) -> None:
+    path = tmp_path / "cooldown.db"
+    store = SQLiteCooldownStore(path)
+    guard_of(store).monotonic = clock.monotonic
+    sessions = [session(clock, store, store_failure=store_failure) for _ in range(4)]
+    server.serve([Reply(200)])
+    for s in sessions:
+        assert s.get(server.url).status_code == 200  # every thread of the process opened it
+    server.serve([Reply(429, {"Retry-After": "30"})])
+    assert sessions[0].get(server.url).deferral.reason == "max_wait"
+    sent = server.count()
+    # Overwritten in place (same inode): cached pages would still read fine.
+    with open(path, "r+b") as f:
+        f.write(b"this is not a database, it is garbage" * 200)
+    for s in sessions:
+        reason = local_deferral(s.get(server.url)).reason
+        assert reason == ("cooldown" if store_failure == "open" else "cooldown-unknown")
+    assert server.count() == sent
+    # Replaced by a fresh database: reopened, and the local copy written back.
+    os.unlink(path)
+    clock.advance(BREAKER_FIRST)
+    assert local_deferral(sessions[1].get(server.url)).reason == "cooldown"
+    assert read_in_another_process(f"sqlite:///{path}", scope_of(server)) != "None"
+    store.close()
+
+
+def test_sqlite_replaced_by_another_database_is_reopened(tmp_path: Path) -> None:
+    path = tmp_path / "cooldown.db"
+    store = SQLiteCooldownStore(path)
+    until = datetime.now(UTC) + timedelta(seconds=60)
+    guard = guard_of(store)
+    guard.extend("s", until)
+    other = tmp_path / "other.db"
+    SQLiteCooldownStore(other).close()
+    os.replace(other, path)  # an operator restores an (empty) database file
+    assert guard.get("s") is not None
+    assert store.generation == 1
+    assert SQLiteCooldownStore(path).get("s") is not None  # written back
+
+
+def test_sqlite_directory_renamed_away_fails_open_then_recovers(tmp_path: Path) -> None:
+    directory = tmp_path / "d"
+    directory.mkdir()
+    store = SQLiteCooldownStore(directory / "cooldown.db")
+    guard = guard_of(store)
+    fake = FakeClock()
+    guard.monotonic = fake.monotonic
+    until = datetime.now(UTC) + timedelta(seconds=60)
+    directory.rename(tmp_path / "moved")
+    guard.extend("s", until)  # the file is gone and cannot be made again: kept locally
+    assert guard.down and guard.pending == 1
+    assert guard.get("s") == until.replace(microsecond=until.microsecond)
+    (tmp_path / "moved").rename(directory)
+    fake.advance(BREAKER_FIRST)
+    assert guard.get("s") is not None
+    assert not guard.down and guard.pending == 0
+    assert SQLiteCooldownStore(directory / "cooldown.db").get("s") is not None
+
+
+def test_sqlite_identity_check_is_cheap_when_nothing_changed(tmp_path: Path) -> None:
+    store = SQLiteCooldownStore(tmp_path / "c.db")
+    store.extend("s", datetime.now(UTC))
+    generation = store.generation
+    for _ in range(100):
+        store.get("s")
+    assert store.generation == generation == 0
+
+
+def test_an_operator_clear_is_seen_by_a_running_process_while_the_store_answers(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    store = SQLiteCooldownStore(path)
+    guard = guard_of(store)
+    guard.extend("s", datetime.now(UTC) + timedelta(hours=1))
+    assert guard.get("s") is not None
+    assert SQLiteCooldownStore(path).delete("s")  # another process lifts it
+    assert guard.get("s") is None
+    assert guard.local.get("s") is None  # the local copy follows the store
