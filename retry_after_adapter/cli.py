@@ -8,6 +8,8 @@ Commands:
   exits 75, so a cron job can reschedule at ``eligible_at``.
 - ``explain VALUE``: show how a Retry-After value is parsed and what the policy would
   decide.
+- ``status --cooldown URL``: list the cooldowns a shared store holds.
+- ``clear SCOPE --cooldown URL``: lift one scope's stored cooldown.
 
 Exit codes: 0 success; 1 failure (a non-2xx final response, an invalid Retry-After in
 ``explain``); 2 bad arguments; 69 (EX_UNAVAILABLE) the server could not be reached;
@@ -51,6 +53,9 @@ _METHOD = re.compile(r"[A-Z]+")
 #: ``get``'s default deadline in seconds: an unreachable host or a slow server costs a
 #: cron job at most this long (``--deadline none`` lifts it).
 DEFAULT_GET_DEADLINE = 10.0
+
+#: ``explain``'s and ``get``'s bound on one Retry-After (the policy's default, a day).
+DEFAULT_MAX_RETRY_AFTER = 86_400.0
 
 
 # --------------------------------------------------------------------------- redaction
@@ -281,6 +286,18 @@ defer when the wait exceeds --max-wait, or when elapsed + wait exceeds --deadlin
 """
 
 
+STATUS_EPILOG = """\
+examples:
+  retry-after-adapter status --cooldown sqlite:///cooldown.db
+  retry-after-adapter status --cooldown redis://localhost:6379/0 --json
+  retry-after-adapter clear https://api.example.com:443 --cooldown sqlite:///cooldown.db
+
+A scope from a scope function shows as its hash (sha256:...): clear it by that name.
+A process whose store is failing keeps its own copy of a cooldown until the store
+answers again; then the store's word (cleared) holds.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the command line (all three commands)."""
     parser = _Parser(
@@ -378,6 +395,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="longest single wait in seconds (default 60; 'none' for no limit)",
     )  # fmt: skip
     explain.add_argument(
+        "--max-retry-after", type=_seconds_or_none, default=DEFAULT_MAX_RETRY_AFTER, metavar="S",
+        help=f"longest Retry-After obeyed; a longer one is rejected like an invalid value "
+        f"(default {DEFAULT_MAX_RETRY_AFTER:g}; 'none' for no bound)",
+    )  # fmt: skip
+    explain.add_argument(
         "--elapsed", type=_seconds, default=0.0, metavar="S",
         help="seconds the call has used already (default 0)",
     )  # fmt: skip
@@ -390,6 +412,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="when the response was received, ISO 8601 with offset (default: now)",
     )  # fmt: skip
     explain.add_argument("--json", action="store_true", help="print the explanation as JSON")
+
+    status = commands.add_parser(
+        "status",
+        help="list the cooldowns a shared store holds (scope, eligible time, seconds left)",
+        description="List the cooldowns stored in a shared SQLite or Redis store: the operator's\n"
+        "view of who is held back, and until when.",
+        epilog=STATUS_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    status.add_argument("--cooldown", required=True, metavar="URL", help="sqlite:///file or redis://host")
+    status.add_argument("--all", action="store_true", help="include cooldowns that have already ended")
+    status.add_argument("--json", action="store_true", help="print the cooldowns as JSON")
+
+    clear = commands.add_parser(
+        "clear",
+        help="lift one scope's stored cooldown",
+        description="Remove one scope's cooldown from a shared store (after an absurd or mistaken\n"
+        "Retry-After, say). Processes whose store answers see it at their next attempt.",
+        epilog=STATUS_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    clear.add_argument("scope", metavar="SCOPE", help="the scope, exactly as 'status' shows it")
+    clear.add_argument("--cooldown", required=True, metavar="URL", help="sqlite:///file or redis://host")
     return parser
 
 
@@ -604,7 +649,7 @@ def _transport_reason(exc: BaseException) -> str:
 def _cmd_explain(args: argparse.Namespace) -> int:
     from .errors import InvalidRetryAfter
     from .header import parse_http_date, parse_retry_after
-    from .policy import DEFER, decide
+    from .policy import DEFER, TOO_LONG, beyond_bound, decide
 
     value: str = args.value
     received_at: datetime = args.received_at or datetime.now(timezone.utc)
@@ -614,6 +659,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         "max_wait": args.max_wait,
         "elapsed": args.elapsed,
         "backoff": args.backoff,
+        "max_retry_after": args.max_retry_after,
     }
     date_valid: bool | None = None
     if args.date is not None:
@@ -624,7 +670,10 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             date_valid = False
     try:
         parsed = parse_retry_after(value, received_at=received_at, date=args.date)
+        if beyond_bound(parsed.delay, args.max_retry_after):
+            raise InvalidRetryAfter(TOO_LONG, value)
     except InvalidRetryAfter as exc:
+        stop_reason = "retry_after_too_long" if exc.reason == TOO_LONG else "invalid_retry_after"
         fallback = decide(
             server_delay=None,
             backoff=args.backoff,
@@ -636,7 +685,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         )
         consequence = "the adapter would stop (on_invalid='stop') or use local backoff (on_invalid='backoff')"
         details = (
-            "stop: no retry, the response is returned with stop_reason 'invalid_retry_after'; "
+            f"stop: no retry, the response is returned with stop_reason '{stop_reason}'; "
             f"backoff: {_describe_action(fallback.action, fallback.reason, fallback.wait)} "
             f"(local backoff {_secs(args.backoff)})"
         )
@@ -652,7 +701,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
                     "date_valid": date_valid,
                     "policy": policy,
                     "on_invalid": {
-                        "stop": {"action": "stop", "reason": "invalid_retry_after"},
+                        "stop": {"action": "stop", "reason": stop_reason},
                         "backoff": _decision_dict(fallback, received_at),
                     },
                     "consequence": consequence,
@@ -729,6 +778,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 _REASONS = {
+    "beyond_max": "the wait is longer than --max-retry-after: rejected, never obeyed or shortened",
     "empty": "the value is empty",
     "too_long": "the value is longer than 128 characters",
     "control": "the value contains a control character",
@@ -791,6 +841,93 @@ def _print_json(data: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+# --------------------------------------------------------------------------- status, clear
+def _shared_store(text: str) -> tuple[Any, int]:
+    """The store ``--cooldown`` names for ``status`` and ``clear``, or (after an error
+    message) None and the exit code: not a shared store, or unavailable."""
+    from .errors import ConfigurationError, CooldownStoreError
+
+    if text.strip().lower().startswith("memory:"):
+        _err("error: --cooldown: memory:// lives inside one process; use sqlite:// or redis://")
+        return None, EX_USAGE
+    try:
+        return _store(text, None), EX_OK
+    except (ConfigurationError, ImportError) as exc:
+        _err(f"error: --cooldown: {exc}")
+        return None, EX_USAGE
+    except CooldownStoreError as exc:
+        _err(f"error: {exc}")
+        return None, EX_UNAVAILABLE
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from .errors import CooldownStoreError
+
+    store, code = _shared_store(args.cooldown)
+    if store is None:
+        return code
+    try:
+        entries = store.entries()
+    except CooldownStoreError as exc:
+        _err(f"error: {exc}")
+        return EX_UNAVAILABLE
+    now = datetime.now(timezone.utc)
+    rows = sorted(
+        ((scope, until) for scope, until in entries.items() if args.all or until > now),
+        key=lambda row: (row[1], row[0]),
+        reverse=True,
+    )
+    if args.json:
+        _print_json(
+            {
+                "now": now.isoformat(),
+                "cooldowns": [
+                    {
+                        "scope": scope,
+                        "eligible_at": until.isoformat(),
+                        "seconds_left": round(max(0.0, (until - now).total_seconds()), 3),
+                    }
+                    for scope, until in rows
+                ],
+            }
+        )
+        return EX_OK
+    if not rows:
+        print("no cooldown is running" if not args.all else "no cooldown is stored")
+        return EX_OK
+    width = max(len("scope"), *(len(scope) for scope, _ in rows))
+    print(f"{'scope':<{width}}  {'eligible at (UTC)':<32}  left")
+    for scope, until in rows:
+        left = max(0.0, (until - now).total_seconds())
+        shown = f"{left:.1f} s" if left else "ended"
+        print(f"{scope:<{width}}  {until.isoformat():<32}  {shown}")
+    return EX_OK
+
+
+def _cmd_clear(args: argparse.Namespace) -> int:
+    from .errors import ConfigurationError, CooldownStoreError
+
+    store, code = _shared_store(args.cooldown)
+    if store is None:
+        return code
+    scope: str = args.scope
+    try:
+        until = store.get(scope)
+        removed = store.delete(scope)
+    except ConfigurationError as exc:
+        _err(f"error: {exc}")
+        return EX_USAGE
+    except CooldownStoreError as exc:
+        _err(f"error: {exc}")
+        return EX_UNAVAILABLE
+    if not removed:
+        _err(f"no cooldown is stored for {scope}")
+        return EX_FAILED
+    ran = f" (it ran until {until.isoformat()})" if until is not None else ""
+    print(f"cleared the cooldown of {scope}{ran}")
+    return EX_OK
+
+
 # --------------------------------------------------------------------------- main
 class _ScrubFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
@@ -822,7 +959,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging()
     parser = build_parser()
     args = parser.parse_args(arguments)
-    handlers = {"demo": _cmd_demo, "get": _cmd_get, "explain": _cmd_explain}
+    handlers = {
+        "demo": _cmd_demo,
+        "get": _cmd_get,
+        "explain": _cmd_explain,
+        "status": _cmd_status,
+        "clear": _cmd_clear,
+    }
     if args.command is None:
         parser.print_help(sys.stderr)
         return EX_USAGE

@@ -51,8 +51,10 @@ from .policy import (
     DEFER,
     RETRY,
     STOP,
+    TOO_LONG,
     Decision,
     Reason,
+    beyond_bound,
     check_limit,
     decide,
 )
@@ -252,10 +254,13 @@ class Call:
     # -- what the server said ---------------------------------------------------------
     def read_hint(self, raw: str, date: str | None) -> RetryAfter:
         """Parse a response's Retry-After (and Date) as received now, and remember the
-        raw value and clock skew for a deferral. Raises ``InvalidRetryAfter``."""
+        raw value and clock skew for a deferral. Raises ``InvalidRetryAfter``, also for
+        a delay beyond the policy's ``max_retry_after`` (reason ``"beyond_max"``)."""
         parsed = parse_retry_after(raw, received_at=self.clock.now(), date=date)
         self.last_retry_after = raw.strip(" \t")
         self.last_skew = parsed.clock_skew
+        if beyond_bound(parsed.delay, self.policy.max_retry_after):
+            raise InvalidRetryAfter(TOO_LONG, raw)
         return parsed
 
     # -- the shared store -------------------------------------------------------------
@@ -532,14 +537,16 @@ def judge(
     call.last_skew = None
 
     server_delay: float | None = None
-    invalid = False
+    invalid: Reason | None = None
     if response is not None and policy.respect_retry_after_header:
         raw = response_header(response, "Retry-After")
         if raw is not None:
             try:
                 parsed = call.read_hint(raw, response_header(response, "Date"))
-            except InvalidRetryAfter:
-                invalid = True
+            except InvalidRetryAfter as bad:
+                invalid = (
+                    Reason.RETRY_AFTER_TOO_LONG if bad.reason == TOO_LONG else Reason.INVALID_RETRY_AFTER
+                )
             else:
                 server_delay = parsed.delay
                 if status in COOLDOWN_STATUSES:
@@ -563,9 +570,9 @@ def judge(
             call.emit(Decision(STOP, 0.0, Reason.NOT_RETRYABLE))
             return Verdict(RAISE, reason=Reason.NOT_RETRYABLE, error=error)
 
-    if invalid and policy.on_invalid == "stop":
-        call.emit(Decision(STOP, 0.0, Reason.INVALID_RETRY_AFTER))
-        return Verdict(STOP, reason=Reason.INVALID_RETRY_AFTER)
+    if invalid is not None and policy.on_invalid == "stop":
+        call.emit(Decision(STOP, 0.0, invalid))
+        return Verdict(STOP, reason=invalid)
 
     limit: MaxRetryError | None = None
     try:

@@ -61,6 +61,8 @@ class Reason(StrEnum):
     COOLDOWN_UNKNOWN = "cooldown-unknown"  #: the shared store failed and fails closed
     # -- stops: the call ends with its last response or error, nothing is deferred
     INVALID_RETRY_AFTER = "invalid_retry_after"  #: ``on_invalid="stop"`` and a bad header
+    #: ``on_invalid="stop"`` and a Retry-After longer than ``max_retry_after``
+    RETRY_AFTER_TOO_LONG = "retry_after_too_long"
     NOT_IDEMPOTENT = "not_idempotent"  #: the request may have reached the server
     NOT_RETRYABLE = "not_retryable"  #: an error that another attempt cannot heal
     MAX_DEFERRALS = "max_deferrals"  #: one more deferral than ``max_deferrals``
@@ -78,6 +80,11 @@ DEFAULT_STATUS_FORCELIST = frozenset({429, 502, 503, 504})
 #: wait defers instead of blocking the caller.
 DEFAULT_MAX_WAIT = 60.0
 
+#: The longest Retry-After, in seconds, obeyed when ``max_retry_after`` is not given:
+#: one day, enough for a daily quota. A longer one (twenty nines, a date in 9999) is
+#: rejected like an invalid value: never obeyed, never shortened, never stored.
+DEFAULT_MAX_RETRY_AFTER = 86_400.0
+
 #: The reasons a call can be deferred (``Deferral.reason``).
 DEFER_REASONS: tuple[Reason, ...] = (
     Reason.DEADLINE,
@@ -93,6 +100,7 @@ DEFER_REASONS: tuple[Reason, ...] = (
 #: The reasons a call stops without deferring.
 STOP_REASONS: tuple[Reason, ...] = (
     Reason.INVALID_RETRY_AFTER,
+    Reason.RETRY_AFTER_TOO_LONG,
     Reason.NOT_IDEMPOTENT,
     Reason.NOT_RETRYABLE,
     Reason.MAX_DEFERRALS,
@@ -128,6 +136,16 @@ def _seconds(name: str, value: float | None, *, allow_none: bool = False) -> flo
 def check_limit(name: str, value: float | None) -> float | None:
     """Validate an optional limit in seconds (``None`` means no limit)."""
     return _seconds(name, value, allow_none=True)
+
+
+#: ``InvalidRetryAfter.reason`` of a value longer than ``max_retry_after``.
+TOO_LONG = "beyond_max"
+
+
+def beyond_bound(delay: float, max_retry_after: float | None) -> bool:
+    """Whether a server's delay (seconds) is longer than the bound an operator accepts
+    from one header (``None``: no bound)."""
+    return max_retry_after is not None and delay > max_retry_after + EPSILON
 
 
 def decide(

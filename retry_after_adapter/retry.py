@@ -28,16 +28,19 @@ from ._compat import response_header
 from .clock import DEFAULT_CLOCK, Clock
 from .deferral import Deferral
 from .engine import REDIRECT, Call, current_override, judge, judge_redirect, wait_until
-from .errors import ConfigurationError, DeferralLimitExceeded, MaxRetryDeferred
+from .errors import ConfigurationError, DeferralLimitExceeded, InvalidRetryAfter, MaxRetryDeferred
 from .header import parse_retry_after
 from .observe import DecisionHook, as_hooks
 from .policy import (
     COOLDOWN_STATUSES,
+    DEFAULT_MAX_RETRY_AFTER,
     DEFAULT_MAX_WAIT,
     DEFAULT_STATUS_FORCELIST,
     DEFER,
     RETRY,
     STOP,
+    TOO_LONG,
+    beyond_bound,
     check_limit,
     decide,
 )
@@ -65,6 +68,10 @@ class RetryAfterRetry(Retry):
       wait fits the deadline.
     - ``on_invalid``: what an invalid Retry-After does: ``"stop"`` (default; no retry,
       the response is returned with ``stop_reason``) or ``"backoff"`` (treated as absent).
+    - ``max_retry_after``: the longest Retry-After obeyed (default 86400, one day;
+      ``None``: no bound). A longer one is rejected like an invalid value (stop reason
+      ``retry_after_too_long``): never obeyed, never shortened, never stored as a
+      cooldown, so one absurd header cannot shut a host out for every worker.
     - ``max_deferrals`` / ``max_lifetime``: give up with ``DeferralLimitExceeded`` when
       a job would be deferred more than this many times, or would become eligible
       more than this many seconds after its first attempt.
@@ -85,6 +92,7 @@ class RetryAfterRetry(Retry):
         jitter: float = 0.0,
         attempt_reserve: float = 0.0,
         on_invalid: str = "stop",
+        max_retry_after: float | None = DEFAULT_MAX_RETRY_AFTER,
         max_deferrals: int | None = None,
         max_lifetime: float | None = None,
         clock: Clock | None = None,
@@ -104,6 +112,7 @@ class RetryAfterRetry(Retry):
         if on_invalid not in _ON_INVALID:
             raise ConfigurationError(f"on_invalid must be 'stop' or 'backoff', got {on_invalid!r}")
         self.on_invalid = on_invalid
+        self.max_retry_after = check_limit("max_retry_after", max_retry_after)
         if max_deferrals is not None and (
             isinstance(max_deferrals, bool) or not isinstance(max_deferrals, int) or max_deferrals < 0
         ):
@@ -127,6 +136,7 @@ class RetryAfterRetry(Retry):
             "jitter": self.jitter,
             "attempt_reserve": self.attempt_reserve,
             "on_invalid": self.on_invalid,
+            "max_retry_after": self.max_retry_after,
             "max_deferrals": self.max_deferrals,
             "max_lifetime": self.max_lifetime,
             "clock": self.clock,
@@ -148,9 +158,12 @@ class RetryAfterRetry(Retry):
         """Seconds to wait for a Retry-After value: an int for delay-seconds, a float
         for an HTTP-date (as stock urllib3). Never capped.
 
-        Raises ``InvalidRetryAfter`` (a ``ValueError`` and urllib3's ``InvalidHeader``).
+        Raises ``InvalidRetryAfter`` (a ``ValueError`` and urllib3's ``InvalidHeader``),
+        also for a value longer than ``max_retry_after`` (reason ``"beyond_max"``).
         """
         parsed = parse_retry_after(retry_after, received_at=self.clock.now())
+        if beyond_bound(parsed.delay, self.max_retry_after):
+            raise InvalidRetryAfter(TOO_LONG, retry_after)
         return int(parsed.delay) if parsed.form == "seconds" else parsed.delay
 
     def get_retry_after(self, response: Any) -> float | None:

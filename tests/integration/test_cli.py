@@ -340,3 +340,65 @@ def test_get_on_an_unreachable_host_returns_within_the_deadline() -> None:
     took = time.monotonic() - started
     assert result.returncode == 69 and "connection refused" in one_line(result.stderr)
     assert took < 0.8 + 1.5  # the interpreter's start-up, and slack for a loaded machine
+
+
+# --------------------------------------------------------------------------- status, clear
+def test_status_lists_running_cooldowns_and_clear_lifts_one(
+    real_server: ThrottleServer, tmp_path: Path
+) -> None:
+    db = f"sqlite:///{tmp_path / 'cooldown.db'}"
+    real_server.serve([Reply(429, {"Retry-After": "600"})])
+    assert run("get", real_server.url + "/x", "--cooldown", db).returncode == 75
+    scope = f"http://127.0.0.1:{real_server.port}"
+    listed = run("status", "--cooldown", db, "--json")
+    assert listed.returncode == 0, listed.stderr
+    cooldowns = json.loads(listed.stdout)["cooldowns"]
+    assert [c["scope"] for c in cooldowns] == [scope]
+    assert 590 < cooldowns[0]["seconds_left"] <= 600
+    table = run("status", "--cooldown", db)
+    assert scope in table.stdout and "eligible at (UTC)" in table.stdout
+    # The operator lifts it: the next get is sent (and answered) at once.
+    cleared = run("clear", scope, "--cooldown", db)
+    assert cleared.returncode == 0, cleared.stderr
+    assert f"cleared the cooldown of {scope}" in cleared.stdout
+    assert json.loads(run("status", "--cooldown", db, "--json").stdout)["cooldowns"] == []
+    assert run("clear", scope, "--cooldown", db).returncode == 1  # nothing left to clear
+    real_server.serve([Reply(200, body=b"ok\n")])
+    assert run("get", real_server.url + "/x", "--cooldown", db).returncode == 0
+    assert real_server.count() == 1
+
+
+@pytest.mark.redis
+def test_status_and_clear_on_redis(redis_url: str, redis_client: object) -> None:
+    from retry_after_adapter import RedisCooldownStore
+
+    store = RedisCooldownStore.from_url(redis_url)
+    store.extend("https://api.example.com:443", datetime.now(timezone.utc) + timedelta(seconds=60))
+    listed = json.loads(run("status", "--cooldown", redis_url, "--json").stdout)["cooldowns"]
+    assert [c["scope"] for c in listed] == ["https://api.example.com:443"]
+    assert run("clear", "https://api.example.com:443", "--cooldown", redis_url).returncode == 0
+    assert store.get("https://api.example.com:443") is None
+    store.close()
+
+
+def test_status_refuses_the_in_process_memory_store() -> None:
+    result = run("status", "--cooldown", "memory://")
+    assert result.returncode == 2
+    assert "lives inside one process" in one_line(result.stderr)
+
+
+def test_status_of_an_unreachable_store_exits_69(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database" * 100)
+    result = run("status", "--cooldown", f"sqlite:///{garbage}")
+    assert result.returncode == 69, result.stderr
+    assert "is not a database" in one_line(result.stderr)
+
+
+def test_explain_rejects_an_absurd_retry_after_and_names_the_bound() -> None:
+    result = run("explain", "99999999999999999999", "--json")
+    assert result.returncode == 1
+    doc = json.loads(result.stdout)
+    assert doc["reason"] == "beyond_max"
+    assert doc["on_invalid"]["stop"]["reason"] == "retry_after_too_long"
+    assert run("explain", "99999999999999999999", "--max-retry-after", "none").returncode == 0

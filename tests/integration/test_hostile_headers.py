@@ -22,12 +22,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from itertools import pairwise
+from typing import Any
 
 import pytest
 import requests
 
 from retry_after_adapter import FakeClock, MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry
 from retry_after_adapter.header import MAX_LENGTH, format_http_date
+from retry_after_adapter.policy import DEFAULT_MAX_RETRY_AFTER
 
 try:
     from tests.unit.retry_after_corpus import CORPUS, INVALID, RECEIVED_AT
@@ -145,8 +147,8 @@ def raw_server() -> Iterator[RawServer]:
     srv.close()
 
 
-def session_for(clock: FakeClock, on_invalid: str = "stop") -> requests.Session:
-    retry = RetryAfterRetry(total=3, backoff_factor=BACKOFF_FACTOR, on_invalid=on_invalid, clock=clock)
+def session_for(clock: FakeClock, on_invalid: str = "stop", **kw: Any) -> requests.Session:
+    retry = RetryAfterRetry(total=3, backoff_factor=BACKOFF_FACTOR, on_invalid=on_invalid, clock=clock, **kw)
     session = requests.Session()
     session.mount("http://", RetryAfterAdapter(retry, cooldown=MemoryCooldownStore()))
     return session
@@ -210,8 +212,15 @@ def test_corpus_value_from_a_real_server(raw_server, value, verdict, mode):
         assert gaps(raw_server) == [0.0, 2 * BACKOFF_FACTOR]
         return
 
+    if verdict > DEFAULT_MAX_RETRY_AFTER:
+        # Valid, but longer than the default bound: rejected with its own reason...
+        raw_server.script(clock, [busy(raw), OK])
+        response = session_for(clock).get(raw_server.url + "/bound")
+        assert response.status_code == 503 and response.stop_reason == "retry_after_too_long"
+        assert response.deferral is None and raw_server.count() == 1 and clock.sleeps == []
+    # ...and without a bound, obeyed: never shortened.
     raw_server.script(clock, [busy(raw), OK])
-    response = session_for(clock).get(raw_server.url + "/valid")
+    response = session_for(clock, max_retry_after=None).get(raw_server.url + "/valid")
     eligible = expected_eligible(verdict)
     if verdict <= MAX_WAIT:
         assert response.status_code == 200 and response.deferral is None
