@@ -28,10 +28,11 @@ from .errors import (
     RetryDeferred,
 )
 from .header import RetryAfter, parse_retry_after
-from .observe import Counters, DecisionRecord
+from .observe import Counters, DecisionRecord, redact_urllib3_logs
 from .policy import Reason
 from .pool import RetryAfterPoolManager
 from .retry import RetryAfterRetry
+from .scope import public_scope
 
 __version__ = "0.2.0"
 
@@ -63,5 +64,7 @@ __all__ = [
     "budget",
     "deferral_of",
     "parse_retry_after",
+    "public_scope",
+    "redact_urllib3_logs",
     "store_from_url",
 ]

@@ -6,6 +6,8 @@
 - the ``retry_after_adapter`` logger: a DEBUG line per retry, an INFO line per deferral,
   with structured ``extra`` fields.
 - :class:`Counters`: a ready hook that counts decisions for dashboards and alerts.
+- :func:`redact_urllib3_logs`: an opt-in filter that masks query values and URL user
+  info in what urllib3 itself logs.
 
 Every value here is bounded and credential-free: scopes are origins or hashed keys,
 never URLs with paths, queries or credentials; reasons come from :class:`Reason`.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -32,8 +35,11 @@ __all__ = [
     "Counters",
     "DecisionHook",
     "DecisionRecord",
+    "RedactingFilter",
     "as_hooks",
     "emit",
+    "redact",
+    "redact_urllib3_logs",
 ]
 
 log = logging.getLogger("retry_after_adapter")
@@ -275,3 +281,85 @@ class Counters:
                 f"deferrals={sum(self._deferrals.values())}, stops={sum(self._stops.values())}, "
                 f"by_scope={self.by_scope})"
             )
+
+
+# ------------------------------------------------------------- other libraries' logs
+#: The loggers :func:`redact_urllib3_logs` filters (and any ``urllib3.*`` logger that
+#: exists when it is called).
+REDACTED_LOGGERS = (
+    "urllib3",
+    "urllib3.connectionpool",
+    "urllib3.connection",
+    "urllib3.poolmanager",
+    "urllib3.response",
+    "urllib3.util.retry",
+    "urllib3.util.ssl_",
+    "requests",
+)
+
+_QUERY = re.compile(r"\?([^\s#'\"<>)\]]*)")
+_USERINFO_IN_URL = re.compile(r"(?<=://)[^/@\s'\"<>]+@")
+
+
+def _mask_query(match: re.Match[str]) -> str:
+    params = match.group(1).split("&")
+    masked = [p.split("=", 1)[0] + "=***" if "=" in p else ("***" if p else "") for p in params]
+    return "?" + "&".join(masked)
+
+
+def redact(text: str) -> str:
+    """``text`` with every query value (``?token=abc&page=2`` becomes
+    ``?token=***&page=***``) and every URL's user info (``https://***@host``) masked."""
+    if "?" in text:
+        text = _QUERY.sub(_mask_query, text)
+    if "@" in text:
+        text = _USERINFO_IN_URL.sub("***@", text)
+    return text
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that masks query values and URL user info in a record's
+    message, its traceback text and its stack text (see :func:`redact`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string: leave it to the handler to report
+            return True
+        clean = redact(message)
+        if clean != message:
+            record.msg = clean
+            record.args = None
+        if record.exc_info:
+            if not record.exc_text:
+                record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None  # handlers that read the exception itself see nothing
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True
+
+
+_INSTALLED = RedactingFilter()
+
+
+def redact_urllib3_logs() -> RedactingFilter:
+    """Mask query values and URL user info in every record urllib3 (and requests) logs.
+
+    urllib3 prints the request target *with its query string* at DEBUG
+    (``"GET /items?token=... HTTP/1.1" 200``) and, when it retries on its own, at
+    WARNING. One call installs a :class:`RedactingFilter` on those loggers (idempotent);
+    returns it, so ``logging.getLogger(name).removeFilter(f)`` undoes it.
+    """
+    names = set(REDACTED_LOGGERS)
+    names.update(
+        name
+        for name, logger in logging.Logger.manager.loggerDict.items()
+        if name.startswith("urllib3.") and isinstance(logger, logging.Logger)
+    )
+    for name in sorted(names):
+        logger = logging.getLogger(name)
+        if _INSTALLED not in logger.filters:
+            logger.addFilter(_INSTALLED)
+    return _INSTALLED

@@ -1,9 +1,12 @@
 """Scopes: which requests share one cooldown (and, later, one quota).
 
 A scope is a short string: by default the request's origin (``scheme://host:port``).
-``"credential"`` adds a hash of the request's credential; a callable may return
-anything, and whatever it returns is hashed when it contains credential material, so
-a scope is always safe to store, log, put in a deferral or use as a metric label.
+``"credential"`` adds a hash of the request's credential. What a scope *function*
+returns is hashed (``sha256:...``) before it is stored, logged, put in a deferral or
+used as a metric label, since it is easily built from a token or an account key.
+Wrap the function in :func:`public_scope` to keep its results readable; even then a
+result that contains any credential material of the request (a header's token or
+cookie value, a query value, URL user info, or a long enough piece of one) is hashed.
 
 A scope function takes a request object with ``.url`` (str) and ``.headers`` (a
 mapping): a ``requests.PreparedRequest`` in the adapter, a :class:`RequestInfo` in
@@ -12,21 +15,25 @@ mapping): a ``requests.PreparedRequest`` in the adapter, a :class:`RequestInfo` 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 from .errors import ConfigurationError
 
 __all__ = [
+    "PublicScope",
     "RequestInfo",
     "ScopeFunction",
     "credential_scope",
     "hash_scope",
     "origin_scope",
+    "public_scope",
     "resolve_scope",
     "strip_query",
 ]
@@ -105,29 +112,120 @@ def strip_query(url: str | None) -> str | None:
     return url
 
 
+#: Header names (lower case) whose values are credentials, besides ``_SECRET_HEADERS``.
+_SECRET_NAME_PARTS = ("auth", "token", "key", "secret", "session", "password", "cookie", "signature")
+#: Pieces of a credential shorter than this are too common to look for.
+_MIN_PIECE = 4
+#: A scope sharing this many consecutive characters with a credential is hashed.
+_WINDOW = 8
+
+
+def _secret_header(name: str) -> bool:
+    lowered = name.lower()
+    return any(part in lowered for part in _SECRET_NAME_PARTS)
+
+
+def _pieces(value: str) -> set[str]:
+    """A credential value and its parts: ``Bearer abc`` gives ``abc``; a cookie header
+    its values; Basic credentials their decoded ``user:password`` and password."""
+    found = {value}
+    for word in value.replace(",", " ").split():
+        found.add(word)
+        if "=" in word:
+            found.add(word.split("=", 1)[1].rstrip(";"))
+    for crumb in value.split(";"):
+        if "=" in crumb:
+            found.add(crumb.split("=", 1)[1].strip())
+    scheme, _, rest = value.strip().partition(" ")
+    if scheme.lower() == "basic" and rest:
+        try:
+            decoded = base64.b64decode(rest.strip(), validate=True).decode("utf-8", "replace")
+        except (ValueError, binascii.Error):
+            decoded = ""
+        if decoded:
+            found.update({decoded, decoded.partition(":")[2]})
+    return found
+
+
 def _secrets_of(request: Any) -> list[str]:
-    """Credential material of ``request``: secret header values, query values, userinfo."""
+    """Credential material of ``request``: credential header values and their parts,
+    query values (raw and decoded), and URL user info (whole and its password)."""
     headers = request.headers or {}
-    found = [str(v) for name in _SECRET_HEADERS if (v := headers.get(name))]
+    found: set[str] = set()
+    try:
+        items = list(headers.items())
+    except Exception:  # a mapping without items(): the well-known names only
+        items = [(name, headers.get(name)) for name in _SECRET_HEADERS]
+    for name, value in items:
+        if value and (name in _SECRET_HEADERS or _secret_header(str(name))):
+            found |= _pieces(str(value))
     url = request.url or ""
     if "?" in url:
         query = url.split("?", 1)[1].split("#", 1)[0]
         for part in query.split("&"):
-            if "=" in part:
-                value = part.split("=", 1)[1]
-                found.extend({value, unquote(value)})
+            value = part.split("=", 1)[1] if "=" in part else part
+            found.update({value, unquote(value), unquote_plus(value)})
     netloc = url.partition("://")[2].split("/", 1)[0]
     if "@" in netloc:
-        found.append(netloc.rsplit("@", 1)[0])
-    return [s for s in found if len(s) >= 4]
+        userinfo = netloc.rsplit("@", 1)[0]
+        password = userinfo.partition(":")[2]
+        found.update({userinfo, unquote(userinfo), password, unquote(password)})
+    return sorted((s for s in found if len(s) >= _MIN_PIECE), key=len, reverse=True)
+
+
+def holds_credential(text: str, request: Any) -> bool:
+    """Whether ``text`` contains credential material of ``request``: a whole piece (at
+    least 4 characters), or 8 consecutive characters of a longer one."""
+    for secret in _secrets_of(request):
+        if secret in text:
+            return True
+        if len(secret) > _WINDOW and len(text) >= _WINDOW:
+            for start in range(len(secret) - _WINDOW + 1):
+                if secret[start : start + _WINDOW] in text:
+                    return True
+    return False
+
+
+def _valid(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError("a scope function must return a non-empty string")
+    return value
 
 
 def _checked(value: object, request: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigurationError("a scope function must return a non-empty string")
-    if len(value) > 256 or any(secret in value for secret in _secrets_of(request)):
-        return hash_scope(value)
-    return value
+    """A public scope function's result: in clear unless it is long or holds any
+    credential material of the request."""
+    text = _valid(value)
+    if len(text) > 256 or holds_credential(text, request):
+        return hash_scope(text)
+    return text
+
+
+class PublicScope:
+    """A scope function whose results may be shown in clear (see :func:`public_scope`)."""
+
+    __slots__ = ("function",)
+
+    def __init__(self, function: ScopeFunction) -> None:
+        if not callable(function):
+            raise ConfigurationError("public_scope needs a callable(request) -> str")
+        self.function = function
+
+    def __call__(self, request: Any) -> str:
+        return self.function(request)
+
+    def __repr__(self) -> str:
+        return f"public_scope({self.function!r})"
+
+
+def public_scope(function: ScopeFunction) -> PublicScope:
+    """Mark a scope function's results as safe to show: they are stored, logged and
+    put in deferrals and metric labels as returned (``"tenant-42"``), not hashed.
+
+    A result that holds any credential material of the request is still hashed, so a
+    mistake cannot leak a token: ``scope=public_scope(lambda r: r.headers["X-Tenant"])``.
+    """
+    return PublicScope(function)
 
 
 _NAMED_SCOPES: Mapping[str, ScopeFunction] = {"origin": origin_scope, "credential": credential_scope}
@@ -135,18 +233,26 @@ _NAMED_SCOPES: Mapping[str, ScopeFunction] = {"origin": origin_scope, "credentia
 
 def resolve_scope(scope: str | ScopeFunction | None) -> Callable[[Any], str]:
     """The function that gives a request's scope for an adapter's ``scope`` argument:
-    ``"origin"`` (or None), ``"credential"``, or a callable whose result is checked."""
+    ``"origin"`` (or None), ``"credential"``, a callable (its result hashed), or a
+    :func:`public_scope` (its result in clear unless it holds credential material)."""
     if scope is None:
         return origin_scope
     if isinstance(scope, str):
         if scope not in _NAMED_SCOPES:
             raise ConfigurationError("scope must be 'origin', 'credential' or a callable")
         return _NAMED_SCOPES[scope]
-    if callable(scope):
-        user = scope
+    if isinstance(scope, PublicScope):
+        public = scope.function
 
         def checked(request: Any) -> str:
-            return _checked(user(request), request)
+            return _checked(public(request), request)
 
         return checked
+    if callable(scope):
+        private = scope
+
+        def hashed(request: Any) -> str:
+            return hash_scope(_valid(private(request)))
+
+        return hashed
     raise ConfigurationError("scope must be 'origin', 'credential' or a callable")

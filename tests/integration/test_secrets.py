@@ -7,11 +7,12 @@ records (DEBUG, its own logger and the root), the errors raised (str, repr, args
 their causes), the deferrals (repr and JSON), the DecisionRecords, the metrics
 snapshot and the reprs of the adapter and retry objects are searched for each secret.
 
-urllib3's own logging is urllib3's, not ours, and is recorded here as a fact: its
-warning "Retrying (...) after connection broken by ...: <url>" ends with the request
-target *including the query string* (urllib3 1.26 and 2.x alike), and its DEBUG request
-line ('"GET /path?query HTTP/1.1" 200') does too. Applications that put secrets in
-query strings should keep the "urllib3" logger above WARNING or filter it.
+urllib3's own logging prints the request target *including the query string*: its
+DEBUG request line ('"GET /path?query HTTP/1.1" 200'), and when it retries by itself
+its warning "Retrying (...) after connection broken by ...: <url>" (1.26 and 2.x
+alike). ``redact_urllib3_logs()`` masks those; the tests here install it and then
+search every logger's records, urllib3's included (and check that without it urllib3
+does print the query, so the search can fail).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import logging
 import socket
 import threading
+from collections.abc import Iterator
 
 import pytest
 import requests
@@ -34,9 +36,13 @@ from retry_after_adapter import (
     RetryAfterAdapter,
     RetryAfterRetry,
     RetryDeferred,
+    SQLiteCooldownStore,
     budget,
+    public_scope,
+    redact_urllib3_logs,
 )
 from retry_after_adapter.observe import Counters
+from retry_after_adapter.scope import hash_scope
 
 from .throttle_server import Reply
 
@@ -137,10 +143,22 @@ def evidence() -> Evidence:
 
 
 @pytest.fixture
-def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """Every logger's records at DEBUG, with the redaction filter installed."""
     caplog.set_level(logging.DEBUG)  # the root logger
     caplog.set_level(logging.DEBUG, logger="retry_after_adapter")
-    return caplog
+    installed = redact_urllib3_logs()
+    yield caplog
+    for name in logging.Logger.manager.loggerDict:
+        logger = logging.getLogger(name)
+        if installed in logger.filters:
+            logger.removeFilter(installed)
+
+
+def all_log_text(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Every record of every logger, formatted with its traceback (as a handler would)."""
+    formatter = logging.Formatter("%(name)s %(levelname)s %(message)s")
+    return [formatter.format(record) for record in caplog.records]
 
 
 def secret_url(port: int, path: str = "/api") -> str:
@@ -275,6 +293,9 @@ def test_no_secret_in_anything_the_package_produces(server, clock, evidence, log
     evidence.add(*evidence.records)
     evidence.texts.append(json.dumps(evidence.counters.snapshot()))
     assert_clean(evidence.texts + ours)
+    everything = all_log_text(logs)
+    assert any(r.name.startswith("urllib3") for r in logs.records)  # urllib3 did log
+    assert_clean(everything)
 
     # urllib3 no longer retries under the engine, so its own "Retrying (...) after
     # connection broken" warning, which named the query string, is never logged.
@@ -357,3 +378,64 @@ def test_plain_urllib3_errors_and_logs_hold_no_secret(server, clock, evidence, l
     evidence.add(retry, *evidence.records)
     evidence.texts.append(json.dumps(evidence.counters.snapshot()))
     assert_clean(evidence.texts + package_log_text(logs))
+    assert_clean(all_log_text(logs))
+
+
+def test_stock_urllib3_retrying_by_itself_logs_no_secret_with_the_filter(server, logs):
+    http = urllib3.PoolManager(retries=urllib3.Retry(total=2, backoff_factor=0))
+    server.serve([Reply(action="reset"), Reply(200)])
+    assert http.request("GET", secret_url(server.port)).status == 200
+    warned = [r for r in logs.records if "after connection broken" in r.getMessage()]
+    assert warned and "token=***" in warned[0].getMessage()
+    assert any('"GET /api?token=***&page=*** HTTP/1.1" 200' in r.getMessage() for r in logs.records)
+    assert_clean(all_log_text(logs))
+
+
+def test_without_the_filter_urllib3_does_print_the_query(server, caplog):
+    caplog.set_level(logging.DEBUG)
+    http = urllib3.PoolManager(retries=urllib3.Retry(total=2, backoff_factor=0))
+    server.serve([Reply(action="reset"), Reply(200)])
+    http.request("GET", secret_url(server.port))
+    assert QUERY in "\n".join(r.getMessage() for r in caplog.records)
+
+
+PARTIAL_SCOPES = {
+    "bearer token": lambda r: "acct:" + r.headers["Authorization"].split()[1],
+    "part of the token": lambda r: "acct-" + r.headers["Authorization"].split()[1][:10],
+    "cookie value": lambda r: "c:" + r.headers["Cookie"].split("=", 1)[1],
+    "decoded query value": lambda r: "q:" + r.url.split("token=")[1].split("&")[0],
+    "url password": lambda r: "u:" + PASSWORD,
+    "proxy credentials": lambda r: "p:" + base64.b64decode(r.headers["Proxy-Authorization"][6:]).decode(),
+}
+
+
+@pytest.mark.parametrize("public", [False, True], ids=["callable", "public_scope"])
+@pytest.mark.parametrize("name", list(PARTIAL_SCOPES))
+def test_a_scope_holding_part_of_a_credential_is_never_shown(
+    server, clock, evidence, logs, tmp_path, name, public
+):
+    function = PARTIAL_SCOPES[name]
+    store = SQLiteCooldownStore(tmp_path / "c.db")
+    server.serve([Reply(429, {"Retry-After": "120"})])
+    scope = public_scope(function) if public else function
+    response = make(evidence, clock, bearer=True, store=store, scope=scope, max_wait=10).get(
+        secret_url(server.port)
+    )
+    deferral = response.deferral
+    assert deferral.scope.startswith("sha256:")
+    assert list(store.entries()) == [deferral.scope]  # the store key is the hash too
+    assert evidence.records[-1].scope == deferral.scope
+    shown = [repr(deferral), json.dumps(deferral.to_dict()), json.dumps(evidence.counters.snapshot())]
+    assert_clean([*shown, *store.entries(), *all_log_text(logs)])
+
+
+def test_a_public_scope_without_credential_material_stays_readable(server, clock, evidence):
+    server.serve([Reply(429, {"Retry-After": "120"})])
+    tenant = public_scope(lambda request: "tenant-" + request.headers["X-Tenant"])
+    session = make(evidence, clock, bearer=True, scope=tenant, max_wait=10)
+    response = session.get(secret_url(server.port), headers={"X-Tenant": "42"})
+    assert response.deferral.scope == "tenant-42"
+    # The same function, not marked public, is hashed (stable across processes).
+    plain = make(evidence, clock, bearer=True, scope=tenant.function, max_wait=10)
+    hashed = plain.get(secret_url(server.port), headers={"X-Tenant": "42"}).deferral.scope
+    assert hashed == hash_scope("tenant-42")

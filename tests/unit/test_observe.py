@@ -16,6 +16,7 @@ from retry_after_adapter import (
     MemoryCooldownStore,
     RetryAfterAdapter,
     RetryAfterRetry,
+    public_scope,
 )
 from retry_after_adapter.observe import DEFER_REASONS, OTHER, STOP_REASONS, Counters
 from tests.integration.throttle_server import Reply
@@ -133,7 +134,8 @@ def test_a_far_future_retry_after_keeps_the_totals_finite(server, clock):
 
 def test_by_scope_is_capped_and_overflows_into_other(server, clock):
     counters = Counters(by_scope=True, max_scopes=3)
-    session = session_with(counters, clock, scope=lambda request: request.headers["X-Tenant"], max_wait=5)
+    tenant = public_scope(lambda request: request.headers["X-Tenant"])  # labels in clear
+    session = session_with(counters, clock, scope=tenant, max_wait=5)
     server.serve([Reply(429, {"Retry-After": "60"})])
     for tenant in ("t1", "t2", "t3", "t4", "t5"):
         response = session.get(server.url + "/q", headers={"X-Tenant": tenant})
