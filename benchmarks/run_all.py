@@ -28,6 +28,7 @@ BENCHMARKS = {
     "fleet": ("bench_fleet.py", "fleet.json"),
     "memory": ("bench_memory.py", "memory.json"),
     "stores": ("bench_stores.py", "stores.json"),
+    "memory_store": ("bench_memory_store.py", "memory_store.json"),
 }
 
 
@@ -55,6 +56,12 @@ def headline(name: str, doc: dict[str, Any]) -> str:
         return "; ".join(
             f"{v}: {_common.fmt_summary(e['growth_kib_per_10k_calls'], 1)} KiB per 10k calls"
             for v, e in doc["variants"].items()
+        )
+    if name == "memory_store":
+        v = doc["variants"]["memory store"]
+        return (
+            f"{doc['scopes']:,} scopes: {_common.fmt_summary(v['extends_per_s'], 0)} extends/s, "
+            f"get p99 {_common.fmt_summary(v['get_p99_us'], 2)} us"
         )
     return "see its table above"
 

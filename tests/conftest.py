@@ -263,3 +263,15 @@ def local_deferral(response: Any) -> Any:
     assert deferral is not None
     assert int(response.headers["Retry-After"]) >= deferral.delay
     return deferral
+
+
+def remove_log_redaction() -> None:
+    """Take the filter ``redact_urllib3_logs()`` installed off every logger again."""
+    import logging
+
+    from retry_after_adapter.observe import RedactingFilter
+
+    for name in list(logging.Logger.manager.loggerDict):
+        logger = logging.getLogger(name)
+        for f in [f for f in logger.filters if isinstance(f, RedactingFilter)]:
+            logger.removeFilter(f)

@@ -255,3 +255,17 @@ def test_analyse_without_a_store_reports_none_for_the_store_split(fleet_module: 
     assert out["early_after_store_knew"] is None and out["early_before_store_knew"] is None
     assert out["wall_s"] is None and out["wall_over_ideal"] is None
     assert out["429_within_target"] is False  # 2 beyond in-flight, allowance 1
+
+
+@pytest.mark.slow
+def test_memory_store_quick(tmp_path: Path) -> None:
+    doc = run_quick("bench_memory_store.py", tmp_path, "--scopes", "20000")
+    assert doc["scopes"] == 20000
+    assert set(doc["variants"]) == {"memory store", "0.2 store", "dict + lock"}
+    for entry in doc["variants"].values():
+        check_summary(entry["extends_per_s"], 1)
+        check_summary(entry["get_p99_us"], 1)
+        assert entry["runs"][0]["gets"] > 0
+    ours, old = doc["variants"]["memory store"], doc["variants"]["0.2 store"]
+    # The scan under the lock is what the heap removed: far fewer extends per second.
+    assert ours["extends_per_s"]["median"] > 10 * old["extends_per_s"]["median"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,9 +23,17 @@ import requests
 import urllib3
 from urllib3.response import HTTPResponse
 from urllib3.util.retry import Retry
+from urllib3.util.timeout import Timeout
 
-from retry_after_adapter import FakeClock, MemoryCooldownStore, RetryAfterRetry, RetryDeferred, deferral_of
-from retry_after_adapter.engine import MIN_ATTEMPT_TIMEOUT
+from retry_after_adapter import (
+    FakeClock,
+    MemoryCooldownStore,
+    RetryAfterAdapter,
+    RetryAfterRetry,
+    RetryDeferred,
+    deferral_of,
+)
+from retry_after_adapter.engine import MIN_ATTEMPT_TIMEOUT, Call
 
 from ..conftest import local_deferral
 from .conftest import make_session
@@ -91,6 +100,59 @@ def test_a_silent_server_costs_at_most_the_deadline_plus_one_clamped_timeout(rea
     assert raised.value.deferral.reason == "deadline"
     assert raised.value.response is None
     assert 1 <= real_server.count() <= 2
+
+
+@pytest.fixture
+def connect_hangs() -> Iterator[int]:
+    """A port whose accept queue is full: a new connect gets no answer (its SYN is
+    dropped) until the client gives up."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(3):
+        filler = socket.socket()
+        filler.setblocking(False)
+        try:
+            filler.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(filler)
+    time.sleep(0.05)
+    yield port
+    for filler in fillers:
+        filler.close()
+    listener.close()
+
+
+@pytest.mark.parametrize("timeout", [10, (10, 10)], ids=["one-number", "connect-read-pair"])
+def test_an_attempt_overruns_the_deadline_by_at_most_attempt_reserve(connect_hangs, real_server, timeout):
+    reserve = 0.2
+    session = requests.Session()
+    retry = RetryAfterRetry(total=3, deadline=0.5, attempt_reserve=reserve, backoff_factor=0)
+    session.mount("http://", RetryAfterAdapter(retry))
+    overruns = []
+    for url in (f"http://127.0.0.1:{connect_hangs}/", real_server.url + "/hang"):
+        real_server.serve([Reply(action="hang")])
+        started = time.monotonic()
+        with pytest.raises(requests.exceptions.Timeout) as raised:
+            session.get(url, timeout=timeout)
+        overruns.append(time.monotonic() - started - 0.5)
+        assert raised.value.deferral.reason == "deadline"
+    # Connect and read share what is left (urllib3's Timeout(total=...)), so neither a
+    # hung connect nor a hung read takes the 10 s, nor both the time left each.
+    assert max(overruns) <= reserve + 0.1, overruns  # 0.1 s of scheduling slack
+
+
+def test_the_attempt_timeout_bounds_connect_and_read_together() -> None:
+    clock = FakeClock()
+    call = Call(RetryAfterRetry(deadline=2.0, clock=clock))
+    clock.advance(0.5)
+    bounded = call.attempt_timeout((10, 10))
+    assert isinstance(bounded, Timeout)
+    assert bounded.total == pytest.approx(1.5)
+    assert call.attempt_timeout(0.5) == 0.5  # 0.5 + 0.5 fits in 1.5: passed through
 
 
 # -- Retry-After: 0, storms ----------------------------------------------------------------

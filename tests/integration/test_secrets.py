@@ -44,6 +44,7 @@ from retry_after_adapter import (
 from retry_after_adapter.observe import Counters
 from retry_after_adapter.scope import hash_scope
 
+from ..conftest import remove_log_redaction
 from .throttle_server import Reply
 
 TOKEN = "s3cr3t-token-AAA"
@@ -147,12 +148,9 @@ def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]
     """Every logger's records at DEBUG, with the redaction filter installed."""
     caplog.set_level(logging.DEBUG)  # the root logger
     caplog.set_level(logging.DEBUG, logger="retry_after_adapter")
-    installed = redact_urllib3_logs()
+    redact_urllib3_logs()
     yield caplog
-    for name in logging.Logger.manager.loggerDict:
-        logger = logging.getLogger(name)
-        if installed in logger.filters:
-            logger.removeFilter(installed)
+    remove_log_redaction()
 
 
 def all_log_text(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -392,6 +390,7 @@ def test_stock_urllib3_retrying_by_itself_logs_no_secret_with_the_filter(server,
 
 
 def test_without_the_filter_urllib3_does_print_the_query(server, caplog):
+    remove_log_redaction()
     caplog.set_level(logging.DEBUG)
     http = urllib3.PoolManager(retries=urllib3.Retry(total=2, backoff_factor=0))
     server.serve([Reply(action="reset"), Reply(200)])
