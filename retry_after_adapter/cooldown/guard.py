@@ -16,14 +16,15 @@ own). It gives every process one answer to "what if the store fails?":
 - **Bounded operations and a circuit breaker.** One operation takes at most the store's
   own timeout (``timeout``, seconds; see :data:`STORE_TIMEOUT`) and never more than the
   call has left; an operation that fails or times out opens the breaker: the store is
-  skipped for a back-off interval (0.5 s, doubling to 30 s) and then tried by one probe,
+  skipped for a back-off interval (0.5 s, doubling to 5 s; kept at 0.5 s while cooldowns
+  wait to be written back) and then tried by one probe,
   so no call pays a store timeout twice and a hung store costs a fleet one timeout per
   interval, not one per request.
 - **One health state and one warning per outage** (a WARNING when it starts, an INFO
-  line when it ends), with hysteresis: a store that fails again within
-  :data:`QUIET_PERIOD` of recovering continues the same outage, and the line that ends
-  it waits until the store has stayed healthy for that long, so a flapping store logs
-  a few lines a minute at most.
+  line once the store has answered for :data:`SETTLE` seconds without a failure), with
+  hysteresis: a store that fails again within :data:`QUIET_PERIOD` of recovering
+  continues the same outage, and the line that ends it waits until the store has
+  stayed healthy for that long, so a flapping store logs a few lines a minute at most.
 
 Whether a call goes on (``store_failure="open"``) or defers with ``cooldown-unknown``
 (``"closed"``) while the store fails is each adapter's own choice; the guard is shared.
@@ -54,12 +55,18 @@ _T = TypeVar("_T")
 #: from a URL 0.1 s to connect plus 0.1 s for a reply).
 STORE_TIMEOUT = 0.25
 #: The first back-off (seconds) of the circuit breaker after a failure; it doubles on
-#: each failed probe up to :data:`BREAKER_MAX`, and resets when the store answers.
+#: each failed probe up to :data:`BREAKER_MAX` (:data:`BREAKER_MAX_PENDING` while
+#: cooldowns wait to be written back: other processes do not know them yet), and resets
+#: when the store answers.
 BREAKER_FIRST = 0.5
-BREAKER_MAX = 30.0
+BREAKER_MAX = 5.0
+BREAKER_MAX_PENDING = 0.5
 #: Seconds of health that end an outage that flapped, and within which a new failure
 #: after a recovery continues the same outage (no new warning).
 QUIET_PERIOD = 30.0
+#: Seconds without a failure before the line that ends an outage is logged (operations
+#: that were in flight when the store broke can still succeed after the first failure).
+SETTLE = 1.0
 
 #: "Not given": an adapter or pool manager without ``cooldown=`` uses the process-wide
 #: default store.
@@ -177,6 +184,14 @@ def guard_of(store: CooldownStore) -> StoreGuard:
         return guard
 
 
+class _OutOfTime(Exception):
+    """A store operation was cut short by the call's own deadline, not the store's."""
+
+
+#: Less than this (seconds) left in a call: the store is not asked at all.
+_TOO_LITTLE = 0.001
+
+
 def _no_guard() -> None:
     return None
 
@@ -206,8 +221,9 @@ class StoreGuard:
         #: Bound (seconds) of one operation: the store's own timeout, else STORE_TIMEOUT.
         self.timeout = self._native if self._native is not None else STORE_TIMEOUT
         self._generation = getattr(inner, "generation", None)
-        #: Goes up when a write-back starts and ends, and when the whole local copy is
-        #: marked for one: an answer read across those moments is not mirrored down.
+        #: Goes up at every write (local first, then the store), when a write-back
+        #: starts and ends, and when the whole local copy is marked for one: an answer
+        #: read across those moments is not mirrored down.
         self._epoch = 0
         self._open_until = 0.0  # the breaker is open until then (0: closed)
         self._backoff = BREAKER_FIRST
@@ -236,6 +252,9 @@ class StoreGuard:
         epoch = self._epoch
         try:
             remote = self._bounded(self.inner.get, (scope,), call)
+        except _OutOfTime:
+            self._gave_up(call)
+            return self.local.get(scope)
         except Exception as exc:
             self._failed(exc, call)
             return self._fallback(scope, fail_closed)
@@ -254,15 +273,19 @@ class StoreGuard:
         """Advance the scope's eligible time (later wins) in the store and the local
         copy; while the store fails, keep it locally and write it back on recovery."""
         local = self.local.extend(scope, until)
+        # Pending until the store confirms it: a read that raced this write must not
+        # mirror the store's older answer over it.
+        self._keep(scope)
         if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
-            self._keep(scope)
             return local
         try:
             # A pending local time is written along: it is at least as late.
             remote = self._bounded(self.inner.extend, (scope, local), call)
+        except _OutOfTime:
+            self._gave_up(call)  # still pending: the next operation writes it
+            return local
         except Exception as exc:
             self._failed(exc, call)
-            self._keep(scope)
             return local
         if self._down or self._announced or self._generation is not None:
             self._answered()
@@ -301,6 +324,7 @@ class StoreGuard:
         for scope in scopes:
             until = self.local.get(scope)
             if until is not None:
+                written += 1
                 try:
                     self.inner.extend(scope, until)
                 except CooldownStoreError:
@@ -312,7 +336,6 @@ class StoreGuard:
             with self._lock:
                 if self.local.get(scope) == until:
                     self._pending.discard(scope)
-            written += 1
         self.written_back += written
         return written
 
@@ -325,6 +348,7 @@ class StoreGuard:
     def _keep(self, scope: str) -> None:
         with self._lock:
             self._pending.add(scope)
+            self._epoch += 1
 
     def _may_try(self, call: CallBudget | None) -> bool:
         """Whether this operation may touch the store while the breaker is open: only
@@ -347,8 +371,11 @@ class StoreGuard:
         effect, if any, later-wins) when the bound passes."""
         limit = self.timeout
         left = call.store_time_left() if call is not None else None
-        if left is not None and left < limit:
-            limit = max(0.0, left)
+        by_call = left is not None and left < limit
+        if by_call:
+            if left is None or left < _TOO_LITTLE:
+                raise _OutOfTime  # no time to ask: not the store's fault
+            limit = left
         elif self._native is not None:
             return operation(*args)
         executor = self._executor
@@ -363,9 +390,19 @@ class StoreGuard:
         try:
             return future.result(timeout=limit)
         except concurrent.futures.TimeoutError:
+            if by_call:
+                raise _OutOfTime from None  # the call ran out first: no verdict on the store
             raise CooldownStoreError(
                 f"the cooldown store {type(self.inner).__name__} did not answer within {limit:.3g} s"
             ) from None
+
+    def _gave_up(self, call: CallBudget | None) -> None:
+        """The call ran out of time before the store answered: it does not ask again,
+        and the store is not judged (a probe it was making is released)."""
+        if call is not None:
+            call.store_failed = True
+        with self._lock:
+            self._probing = False
 
     def _failed(self, exc: BaseException, call: CallBudget | None) -> None:
         if call is not None:
@@ -376,7 +413,8 @@ class StoreGuard:
             self._last_failure = now
             self._probing = False
             self._open_until = now + self._backoff
-            self._backoff = min(self._backoff * 2, BREAKER_MAX)
+            cap = BREAKER_MAX_PENDING if self._pending else BREAKER_MAX
+            self._backoff = min(self._backoff * 2, cap)
             self._down = True
             if self._announced:
                 return
@@ -421,7 +459,8 @@ class StoreGuard:
                 self._failed(exc, None)
                 return True
         with self._lock:
-            if not self._announced or (self._relapsed and now - self._last_failure < QUIET_PERIOD):
+            settle = QUIET_PERIOD if self._relapsed else SETTLE
+            if not self._announced or now - self._last_failure < settle:
                 return wrote
             self._announced = False
             self._relapsed = False

@@ -382,6 +382,14 @@ class SQLiteCooldownStore:
         self._local.slot = slot
         return slot
 
+    def _moved(self) -> bool:
+        """Whether the file at the path is no longer the one opened (an operation on
+        the old one then fails, for example read-only because its WAL was deleted)."""
+        slot = self._slot()
+        if slot is not None and slot.generation != self._generation:
+            return True  # another thread found the file replaced: reopen and try again
+        return self._ident is not None and _file_state(self._path)[0] != self._ident
+
     def _check_file(self) -> None:
         """Notice a file deleted or replaced (a new generation: every thread reopens)
         or overwritten with something that is not a database (raise)."""
@@ -445,9 +453,9 @@ class SQLiteCooldownStore:
                 return operation(slot.conn)
             except sqlite3.Error as exc:
                 self._after_error()
-                if not _transient(exc):
+                if not _transient(exc) and not self._moved():
                     raise self._failure(exc, waited=False) from exc
-                error = exc
+                error = exc  # a lock, or a file replaced under this connection: again
             left = deadline - time.monotonic()
             if left > 0:
                 time.sleep(min(left, pause * (0.5 + random.random())))

@@ -179,6 +179,10 @@ def test_one_session_per_thread_through_a_killed_redis_sends_nothing_inside_a_kn
     seen = read_in_another_process(redis.url, scope_of(server))
     assert seen != "None"
     assert datetime.fromisoformat(seen) >= clock.now() + timedelta(seconds=5) - timedelta(seconds=1)
+    assert len(recoveries_of(caplog)) == 0  # the line waits for a second of health
+    clock.advance(1)
+    with caplog.at_level(logging.INFO, logger="retry_after_adapter"):
+        local_deferral(sessions[6].get(server.url))
     assert len(recoveries_of(caplog)) == 1
     assert server.count() == 1
     store.close()
@@ -475,3 +479,63 @@ def test_an_operator_clear_is_seen_by_a_running_process_while_the_store_answers(
     assert SQLiteCooldownStore(path).delete("s")  # another process lifts it
     assert guard.get("s") is None
     assert guard.local.get("s") is None  # the local copy follows the store
+
+
+class GatedStore:
+    """A store whose reads and writes each wait for a gate after reaching the backend:
+    for the races between one thread's read and another's write."""
+
+    timeout = 2.0
+
+    def __init__(self, fail_writes: bool) -> None:
+        self.inner = MemoryCooldownStore()
+        self.read_gate = threading.Event()
+        self.reading = threading.Event()
+        self.write_gate = threading.Event()
+        self.writing = threading.Event()
+        self.fail_writes = fail_writes
+
+    def get(self, scope: str) -> datetime | None:
+        value = self.inner.get(scope)  # read now...
+        self.reading.set()
+        self.read_gate.wait(5)  # ...answer later
+        return value
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        self.writing.set()
+        self.write_gate.wait(5)
+        if self.fail_writes:
+            raise CooldownStoreError("down")
+        return self.inner.extend(scope, until)
+
+
+@pytest.mark.parametrize("write_fails", [True, False], ids=["write-fails", "write-lands"])
+def test_a_read_in_flight_never_erases_a_cooldown_written_meanwhile(write_fails: bool) -> None:
+    store = GatedStore(write_fails)
+    guard = guard_of(store)
+    until = datetime.now(UTC) + timedelta(seconds=30)
+    answers: list[datetime | None] = []
+    reader = threading.Thread(target=lambda: answers.append(guard.get("s")))
+    writer = threading.Thread(target=lambda: guard.extend("s", until))  # a 429 learned
+    reader.start()
+    assert store.reading.wait(5)  # the store has answered "nothing"; it has not arrived
+    writer.start()
+    assert store.writing.wait(5)  # the write is on its way to the store
+    if write_fails:
+        store.read_gate.set()  # the stale answer arrives before the write fails
+        reader.join(5)
+        store.write_gate.set()
+    else:
+        store.write_gate.set()  # the write lands, then the stale answer arrives
+        writer.join(5)
+        store.read_gate.set()
+        reader.join(5)
+    writer.join(5)
+    assert answers == [until]  # the read does not hide the write it raced
+    assert guard.local.get("s") == until  # and the local copy keeps it
+    if write_fails:
+        assert guard.pending == 1  # to be written back
+        store.fail_writes = False
+        guard.monotonic = lambda: time.monotonic() + 60  # past the breaker's back-off
+        assert guard.get("s") == until
+        assert store.inner.get("s") == until and guard.pending == 0

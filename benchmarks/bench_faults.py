@@ -1,0 +1,435 @@
+"""Store faults under load, with real parts: how many requests go out inside a cooldown
+the fleet already knows, how long a call takes with a hung store, how many warnings
+one outage logs.
+
+Every run uses real threads, one ``requests.Session`` (and so one adapter) per thread,
+a loopback HTTP server that answers 429 with ``Retry-After`` once armed and counts the
+requests that arrive while that cooldown runs ("inside"), a real ``redis-server`` that
+is killed and restarted, a socket that accepts and never answers (a hung Redis), and
+SQLite files that are overwritten, deleted or moved away under the workers. Stock
+urllib3 has no shared store, so each scenario is compared with the same fleet on the
+package's process-wide memory store (the floor: nothing can fail there).
+
+    python benchmarks/bench_faults.py            # every scenario, about a minute
+    python benchmarks/bench_faults.py --quick    # shorter phases
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import _common
+import requests
+
+from retry_after_adapter import (
+    RedisCooldownStore,
+    RetryAfterAdapter,
+    RetryAfterRetry,
+    SQLiteCooldownStore,
+    budget,
+)
+from retry_after_adapter.cooldown.memory import DEFAULT_STORE
+
+COOLDOWN = 5  # seconds: the Retry-After the server announces once armed
+#: Requests admitted before the 429 reached the store may still arrive this long after
+#: it (32 threads on a small machine); later arrivals were sent by a worker that knew.
+GRACE = 0.25
+HUNG = "hung Redis: seconds per call (first call, then the next four)"
+
+
+class CountingServer:
+    """200 until armed; then one 429 with ``Retry-After: COOLDOWN``; counts what
+    arrives while that cooldown runs."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.armed = False
+        self.until = 0.0
+        self.fired_at = 0.0
+        self.inside = 0
+        self.inside_late = 0  # arrived more than GRACE after the 429 went out
+        self.total = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                now = time.monotonic()
+                with outer.lock:
+                    outer.total += 1
+                    if now < outer.until:
+                        outer.inside += 1
+                        outer.inside_late += now > outer.fired_at + GRACE
+                    fire = outer.armed
+                    if fire:
+                        outer.armed = False
+                        outer.until = now + COOLDOWN
+                        outer.fired_at = now
+                if fire:
+                    body = b"slow down"
+                    self.send_response(429)
+                    self.send_header("Retry-After", str(COOLDOWN))
+                else:
+                    body = b"ok"
+                    self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 128
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a client whose deadline passed hung up: not the server's problem
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/item"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def arm(self) -> None:
+        with self.lock:
+            self.armed = True
+            self.until = 0.0
+            self.inside = 0
+            self.inside_late = 0
+
+    def wait_fired(self, timeout: float = 5.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self.lock:
+                if not self.armed:
+                    return
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.warnings = 0
+        self.recoveries = 0
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING or "recovered" in record.getMessage():
+            self.lines.append(record.getMessage()[:120])
+        if record.levelno >= logging.WARNING:
+            self.warnings += 1
+        elif "recovered" in record.getMessage():
+            self.recoveries += 1
+
+
+@contextmanager
+def counted_warnings() -> Iterator[Warnings]:
+    handler = Warnings()
+    logger = logging.getLogger("retry_after_adapter")
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+
+
+class Fleet:
+    """``threads`` threads, one Session each, calling under ``budget(deadline)`` until
+    stopped."""
+
+    def __init__(self, url: str, store: Any, threads: int, store_failure: str = "open") -> None:
+        self.url = url
+        self.errors: dict[str, int] = {}
+        self.stop = threading.Event()
+        self.sessions = []
+        for _ in range(threads):
+            s = requests.Session()
+            retry = RetryAfterRetry(total=0, max_wait=1, backoff_factor=0)
+            s.mount("http://", RetryAfterAdapter(retry, cooldown=store, store_failure=store_failure))
+            self.sessions.append(s)
+        self.threads = [threading.Thread(target=self._run, args=(s,), daemon=True) for s in self.sessions]
+
+    def _run(self, session: requests.Session) -> None:
+        while not self.stop.is_set():
+            try:
+                with budget(deadline=0.2):
+                    session.get(self.url, timeout=1)
+            except Exception as exc:
+                name = type(exc).__name__
+                self.errors[name] = self.errors.get(name, 0) + 1
+            time.sleep(0.001)
+
+    def __enter__(self) -> Fleet:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(10)
+
+
+class Redis:
+    def __init__(self, workdir: str) -> None:
+        self.binary = shutil.which("redis-server")
+        self.workdir = workdir
+        self.port = _common_free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        assert self.binary is not None
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", self.workdir]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+
+def _common_free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def inside_cooldown(server: CountingServer, store: Any, threads: int, fault: Callable[[], None],
+                    seconds: float, store_failure: str = "open") -> dict[str, Any]:  # fmt: skip
+    """Warm the fleet, apply ``fault``, arm one 429, count what is sent inside it."""
+    with counted_warnings() as logs, Fleet(server.url, store, threads, store_failure) as fleet:
+        time.sleep(0.3)
+        fault()
+        time.sleep(0.1)
+        server.arm()
+        server.wait_fired()
+        time.sleep(seconds)
+        inside, late = server.inside, server.inside_late
+    return {
+        "inside": inside,
+        "inside_after_grace": late,
+        "warnings": logs.warnings,
+        "recoveries": logs.recoveries,
+        "lines": logs.lines,
+        "errors": fleet.errors,
+    }
+
+
+SECOND_PROCESS = """
+import sys, time, requests
+from retry_after_adapter import RetryAfterAdapter, RetryAfterRetry, store_from_url
+s = requests.Session()
+retry = RetryAfterRetry(total=0, max_wait=1)
+s.mount("http://", RetryAfterAdapter(retry, cooldown=store_from_url(sys.argv[1])))
+sent = 0
+end = float(sys.argv[3])  # wall clock: when the cooldown ends
+while time.time() < end:
+    r = s.get(sys.argv[2])
+    sent += not getattr(r, "local", False)
+    time.sleep(0.002)
+print(sent)
+"""
+
+
+def restart_run(server: CountingServer, tmp: str, threads: int) -> dict[str, Any]:
+    """Redis killed; a 429 learned during the outage; Redis restarted (empty) 2.5 s
+    after the kill while the fleet goes on; a second process starts at once."""
+    redis = Redis(tmp)
+    redis.start()
+    store = RedisCooldownStore.from_url(redis.url)
+    scope = f"http://127.0.0.1:{server.httpd.server_address[1]}"
+    checker = RedisCooldownStore.from_url(redis.url)
+    with counted_warnings() as logs, Fleet(server.url, store, threads):
+        time.sleep(0.3)
+        redis.kill()
+        killed = time.monotonic()
+        server.arm()
+        server.wait_fired()
+        time.sleep(max(0.0, killed + 2.5 - time.monotonic()))
+        redis.start()
+        restarted = time.monotonic()
+        left = str(time.time() + server.until - time.monotonic())  # the cooldown's end, wall clock
+        second = subprocess.Popen(
+            [sys.executable, "-c", SECOND_PROCESS, redis.url, server.url, left],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        appeared = None
+        while time.monotonic() < server.until:
+            try:
+                if checker.get(scope) is not None:
+                    appeared = time.monotonic() - restarted
+                    break
+            except Exception:
+                pass
+            time.sleep(0.01)
+        out, _ = second.communicate(timeout=60)
+        inside = server.inside
+    redis.kill()
+    store.close()
+    return {
+        "key_written_back_after_restart_s": appeared,
+        "second_process_sent_inside": int(out.strip() or -1),
+        "inside": inside,
+        "warnings": logs.warnings,
+        "recoveries": logs.recoveries,
+        "lines": logs.lines,
+    }
+
+
+def main() -> None:
+    p = _common.parser(__doc__ or "")
+    args = p.parse_args()
+    seconds = 1.0 if args.quick else 3.0
+    threads = 32
+    results: dict[str, Any] = {}
+    server = CountingServer()
+    tmp = tempfile.mkdtemp(prefix="faults-")
+    try:
+        DEFAULT_STORE.clear()
+        results["memory store (floor)"] = inside_cooldown(
+            server, DEFAULT_STORE, threads, lambda: None, seconds
+        )
+
+        have_redis = shutil.which("redis-server") is not None
+        if have_redis:
+            redis = Redis(tmp)
+            redis.start()
+            store = RedisCooldownStore.from_url(redis.url)
+            results["Redis killed, 32 threads"] = inside_cooldown(server, store, threads, redis.kill, seconds)
+            store.close()
+            results["Redis killed, restarted 2.5 s later"] = restart_run(server, tmp, threads)
+
+        # A hung Redis: a socket that accepts and never answers.
+        hole = socket.socket()
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(256)
+        held: list[socket.socket] = []
+        threading.Thread(
+            target=lambda: [held.append(hole.accept()[0]) for _ in range(1000)], daemon=True
+        ).start()
+        hole_url = f"redis://127.0.0.1:{hole.getsockname()[1]}/0"
+        timings: dict[str, list[float]] = {}
+        for name, deadline, failure in (
+            ("budget(deadline=0.3), fail open", 0.3, "open"),
+            ("budget(deadline=0.3), fail closed", 0.3, "closed"),
+            ("no deadline, fail open", None, "open"),
+        ):
+            hung = RedisCooldownStore.from_url(hole_url)  # a fresh store: its own breaker
+            s = requests.Session()
+            s.mount(
+                "http://", RetryAfterAdapter(RetryAfterRetry(total=0), cooldown=hung, store_failure=failure)
+            )
+            took = []
+            for _ in range(5):
+                started = time.monotonic()
+                with budget(deadline=deadline):
+                    s.get(server.url)
+                took.append(time.monotonic() - started)
+            timings[name] = took
+        results[HUNG] = timings
+        hole.close()
+
+        # SQLite faults, 32 threads in this process.
+        for name, failure, fault in (
+            ("SQLite overwritten with garbage, fail open", "open", "garbage"),
+            ("SQLite overwritten with garbage, fail closed", "closed", "garbage"),
+            ("SQLite deleted (with -wal, -shm)", "open", "delete"),
+            ("SQLite directory renamed away", "open", "rename"),
+        ):
+            directory = os.path.join(tmp, name.replace(" ", "_").replace(",", ""))
+            os.mkdir(directory)
+            path = os.path.join(directory, "cooldown.db")
+            store = SQLiteCooldownStore(path)
+
+            def apply(fault: str = fault, path: str = path, directory: str = directory) -> None:
+                if fault == "garbage":
+                    with open(path, "r+b") as f:
+                        f.write(b"garbage!" * 4096)
+                elif fault == "delete":
+                    for suffix in ("", "-wal", "-shm"):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(path + suffix)
+                else:
+                    os.rename(directory, directory + "-moved")
+
+            results[name] = inside_cooldown(server, store, threads, apply, seconds, failure)
+            store.close()
+    finally:
+        server.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    rows = []
+    for name, r in results.items():
+        if "inside_after_grace" in r:
+            errors = ", ".join(f"{k} {v}" for k, v in r["errors"].items()) or "0"
+            rows.append((name, r["inside"], r["inside_after_grace"], r["warnings"], r["recoveries"], errors))
+    tables = [
+        _common.table(
+            f"Requests sent inside a known {COOLDOWN} s cooldown ({threads} threads, one Session each)",
+            [
+                "scenario",
+                "inside",
+                f"inside, sent > {GRACE} s after the 429",
+                "warnings",
+                "recovery lines",
+                "errors raised to callers",
+            ],
+            rows,
+        ),
+        _common.table(
+            "A hung Redis (accepts, never answers): seconds per call",
+            ["variant", "first call", "next four (max)"],
+            [
+                (name, f"{t[0]:.3f}", f"{max(t[1:]):.3f}")
+                for name, t in results[
+                    "hung Redis: seconds per call (first call, then the next four)"
+                ].items()
+            ],
+        ),
+    ]
+    _common.finish(
+        "faults", {"cooldown_s": COOLDOWN, "threads": threads, "results": results}, tables, args.out
+    )
+
+
+if __name__ == "__main__":
+    main()
