@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -46,8 +47,9 @@ from retry_after_adapter.cooldown.memory import DEFAULT_STORE
 COOLDOWN = 5  # seconds: the Retry-After the server announces once armed
 #: Requests admitted before the 429 reached the store may still arrive this long after
 #: it (32 threads on a small machine); later arrivals were sent by a worker that knew.
-GRACE = 0.25
+GRACE = 0.5
 HUNG = "hung Redis: seconds per call (first call, then the next four)"
+CONTENTION = "SQLite contention: 8 processes x 16 threads doing only store operations"
 
 
 class CountingServer:
@@ -156,7 +158,7 @@ def counted_warnings() -> Iterator[Warnings]:
 
 
 class Fleet:
-    """``threads`` threads, one Session each, calling under ``budget(deadline)`` until
+    """``threads`` threads, one Session each, calling under ``budget(deadline=1)`` until
     stopped."""
 
     def __init__(self, url: str, store: Any, threads: int, store_failure: str = "open") -> None:
@@ -174,8 +176,8 @@ class Fleet:
     def _run(self, session: requests.Session) -> None:
         while not self.stop.is_set():
             try:
-                with budget(deadline=0.2):
-                    session.get(self.url, timeout=1)
+                with budget(deadline=1.0):
+                    session.get(self.url, timeout=2)
             except Exception as exc:
                 name = type(exc).__name__
                 self.errors[name] = self.errors.get(name, 0) + 1
@@ -315,6 +317,73 @@ def restart_run(server: CountingServer, tmp: str, threads: int) -> dict[str, Any
     }
 
 
+def _contention_worker(path: str, threads: int, seconds: float, reads: float, out: Any) -> None:
+    import random
+
+    from retry_after_adapter.cooldown.guard import guard_of
+
+    guard = guard_of(SQLiteCooldownStore(path))
+    raised = [0]
+    worst = [0.0]
+    done = [0]
+
+    def run() -> None:
+        rng = random.Random()
+        end = time.monotonic() + seconds
+        base = datetime.now(timezone.utc)
+        while time.monotonic() < end:
+            scope = f"scope{rng.randrange(16)}"
+            t0 = time.monotonic()
+            try:
+                if rng.random() < reads:
+                    guard.get(scope)
+                else:
+                    guard.extend(scope, base + timedelta(seconds=rng.random() * 60))
+            except Exception:
+                raised[0] += 1
+            worst[0] = max(worst[0], time.monotonic() - t0)
+            done[0] += 1
+
+    pool = [threading.Thread(target=run) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    out.put(
+        {
+            "ops": done[0],
+            "raised": raised[0],
+            "worst_s": worst[0],
+            "busy": guard.busy,
+            "outages": guard.outages,
+        }
+    )
+
+
+def contention(tmp: str, processes: int, threads: int, seconds: float, reads: float) -> dict[str, Any]:
+    """``processes`` x ``threads`` doing nothing but store operations on one SQLite file."""
+    import multiprocessing
+
+    path = os.path.join(tmp, f"contention-{reads}.db")
+    SQLiteCooldownStore(path).close()
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    args = (path, threads, seconds, reads, out)
+    procs = [ctx.Process(target=_contention_worker, args=args) for _ in range(processes)]
+    for proc in procs:
+        proc.start()
+    parts = [out.get(timeout=120) for _ in procs]
+    for proc in procs:
+        proc.join(30)
+    return {
+        "ops": sum(p["ops"] for p in parts),
+        "raised": sum(p["raised"] for p in parts),
+        "busy_fallbacks": sum(p["busy"] for p in parts),
+        "outages": sum(p["outages"] for p in parts),
+        "worst_op_s": max(p["worst_s"] for p in parts),
+    }
+
+
 def main() -> None:
     p = _common.parser(__doc__ or "")
     args = p.parse_args()
@@ -348,18 +417,27 @@ def main() -> None:
         ).start()
         hole_url = f"redis://127.0.0.1:{hole.getsockname()[1]}/0"
         timings: dict[str, list[float]] = {}
-        for name, deadline, failure in (
-            ("budget(deadline=0.3), fail open", 0.3, "open"),
-            ("budget(deadline=0.3), fail closed", 0.3, "closed"),
-            ("no deadline, fail open", None, "open"),
+        for name, deadline, failure, throttled in (
+            ("budget(deadline=0.3), fail open", 0.3, "open", False),
+            ("budget(deadline=0.3), fail closed", 0.3, "closed", False),
+            ("no deadline, fail open", None, "open", False),
+            ("a 429 each call, budget(deadline=0.3)", 0.3, "open", True),
+            ("a 429 each call, no deadline", None, "open", True),
         ):
             hung = RedisCooldownStore.from_url(hole_url)  # a fresh store: its own breaker
             s = requests.Session()
             s.mount(
-                "http://", RetryAfterAdapter(RetryAfterRetry(total=0), cooldown=hung, store_failure=failure)
+                "http://",
+                RetryAfterAdapter(
+                    RetryAfterRetry(total=0, raise_on_status=False, max_wait=1),
+                    cooldown=hung,
+                    store_failure=failure,
+                ),
             )
             took = []
             for _ in range(5):
+                if throttled:
+                    server.arm()
                 started = time.monotonic()
                 with budget(deadline=deadline):
                     s.get(server.url)
@@ -393,6 +471,10 @@ def main() -> None:
 
             results[name] = inside_cooldown(server, store, threads, apply, seconds, failure)
             store.close()
+
+        results[CONTENTION] = {
+            f"{int(reads * 100)} % reads": contention(tmp, 8, 16, seconds + 2, reads) for reads in (0.5, 0.99)
+        }
     finally:
         server.close()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -402,33 +484,34 @@ def main() -> None:
         if "inside_after_grace" in r:
             errors = ", ".join(f"{k} {v}" for k, v in r["errors"].items()) or "0"
             rows.append((name, r["inside"], r["inside_after_grace"], r["warnings"], r["recoveries"], errors))
+    headers = ["scenario", "inside", f"> {GRACE} s after the 429", "warnings", "recovery lines", "raised (*)"]
     tables = [
         _common.table(
-            f"Requests sent inside a known {COOLDOWN} s cooldown ({threads} threads, one Session each)",
-            [
-                "scenario",
-                "inside",
-                f"inside, sent > {GRACE} s after the 429",
-                "warnings",
-                "recovery lines",
-                "errors raised to callers",
-            ],
+            f"Requests sent inside a known {COOLDOWN} s cooldown ({threads} threads, one Session each; "
+            "(*) errors raised to callers: the 429's own RetryDeferred, and read timeouts of calls whose "
+            "1 s deadline passed)",
+            headers,
             rows,
         ),
         _common.table(
             "A hung Redis (accepts, never answers): seconds per call",
             ["variant", "first call", "next four (max)"],
-            [
-                (name, f"{t[0]:.3f}", f"{max(t[1:]):.3f}")
-                for name, t in results[
-                    "hung Redis: seconds per call (first call, then the next four)"
-                ].items()
-            ],
+            [(name, f"{t[0]:.3f}", f"{max(t[1:]):.3f}") for name, t in results[HUNG].items()],
         ),
     ]
-    _common.finish(
-        "faults", {"cooldown_s": COOLDOWN, "threads": threads, "results": results}, tables, args.out
-    )
+    if CONTENTION in results:
+        tables.append(
+            _common.table(
+                CONTENTION,
+                ["mix", "operations", "raised", "busy, fell back once", "outages announced", "slowest s"],
+                [
+                    (mix, r["ops"], r["raised"], r["busy_fallbacks"], r["outages"], f"{r['worst_op_s']:.3f}")
+                    for mix, r in results[CONTENTION].items()
+                ],
+            )
+        )
+    payload = {"cooldown_s": COOLDOWN, "threads": threads, "grace_s": GRACE, "results": results}
+    _common.finish("faults", payload, tables, args.out)
 
 
 if __name__ == "__main__":

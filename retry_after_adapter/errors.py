@@ -41,7 +41,16 @@ class InvalidRetryAfter(RetryAfterError, ValueError, InvalidHeader):
 
 
 class CooldownStoreError(RetryAfterError):
-    """A cooldown store could not be read or written (unreachable, locked, corrupt)."""
+    """A cooldown store could not be read or written (unreachable, locked, corrupt).
+
+    ``busy`` is True when the store works but was locked by other writers past its
+    timeout (contention): the failure layer then falls back for that one operation and
+    opens its circuit breaker only when several in a row are busy.
+    """
+
+    def __init__(self, *args: object, busy: bool = False) -> None:
+        super().__init__(*args)
+        self.busy = busy
 
 
 class RetryDeferred(RetryError, RetryAfterError):

@@ -64,6 +64,9 @@ BREAKER_MAX_PENDING = 0.5
 #: Seconds of health that end an outage that flapped, and within which a new failure
 #: after a recovery continues the same outage (no new warning).
 QUIET_PERIOD = 30.0
+#: Busy answers in a row (locks held by other writers past the store's timeout, with no
+#: success in between) that open the breaker; fewer only make that operation fall back.
+BUSY_RUN = 8
 #: Seconds without a failure before the line that ends an outage is logged (operations
 #: that were in flight when the store broke can still succeed after the first failure).
 SETTLE = 1.0
@@ -235,8 +238,14 @@ class StoreGuard:
         self._last_failure = -math.inf
         self._last_recovery_line = -math.inf
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        #: Outages announced with a warning; failed operations; cooldowns written back.
+        #: Outages announced with a warning; failed operations; cooldowns written back;
+        #: operations that found the store busy (locked by other writers).
         self.outages = 0
+        self.busy = 0
+        self._busy_run = 0
+        #: A write was kept locally while the store was not down (busy, or the call ran
+        #: out of time): the next success writes it back.
+        self._stranded = False
         self.failures = 0
         self.written_back = 0
         _GUARDS.add(self)
@@ -259,8 +268,12 @@ class StoreGuard:
             self._failed(exc, call)
             return self._fallback(scope, fail_closed)
         wrote = False
+        if self._busy_run:
+            self._busy_run = 0
         if self._down or self._announced or self._generation is not None:
             wrote = self._answered()
+        if self._stranded:
+            wrote = self._flush() or wrote
         local = self.local.get(scope)
         if wrote or epoch != self._epoch or (self._pending and scope in self._pending):
             # The answer predates a write-back (or the scope's time is still pending).
@@ -287,8 +300,12 @@ class StoreGuard:
         except Exception as exc:
             self._failed(exc, call)
             return local
+        if self._busy_run:
+            self._busy_run = 0
         if self._down or self._announced or self._generation is not None:
             self._answered()
+        if self._stranded:
+            self._flush()
         with self._lock:
             if self.local.get(scope) == local:
                 self._pending.discard(scope)
@@ -403,11 +420,33 @@ class StoreGuard:
             call.store_failed = True
         with self._lock:
             self._probing = False
+            if self._pending:
+                self._stranded = True
+
+    def _flush(self) -> bool:
+        """Write back what was kept locally while the store was not down."""
+        self._stranded = False
+        try:
+            return self.write_back() > 0
+        except CooldownStoreError as exc:
+            self._stranded = True
+            self._failed(exc, None)
+            return True
 
     def _failed(self, exc: BaseException, call: CallBudget | None) -> None:
         if call is not None:
             call.store_failed = True
         now = self.monotonic()
+        if getattr(exc, "busy", False) and not self._down:
+            # Contention (a lock held past the timeout) while the store otherwise
+            # answers: this operation falls back; only a run of them opens the breaker.
+            with self._lock:
+                self.busy += 1
+                self._busy_run += 1
+                if self._busy_run < BUSY_RUN:
+                    self._probing = False
+                    self._stranded = True
+                    return
         with self._lock:
             self.failures += 1
             self._last_failure = now

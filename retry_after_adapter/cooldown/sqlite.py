@@ -96,6 +96,21 @@ def _looks_like_sqlite(path: str) -> bool:
     return head == b"" or head == _HEADER
 
 
+def _intact(path: str, timeout: float) -> bool:
+    """Whether SQLite's quick integrity check passes on ``path`` (a fresh connection)."""
+    try:
+        conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+    except sqlite3.Error:
+        return False
+    try:
+        rows = conn.execute("PRAGMA quick_check").fetchall()
+        return rows == [("ok",)]
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+
+
 class _Slot:
     """One thread's connection, held only by that thread's ``threading.local``.
 
@@ -411,6 +426,8 @@ class SQLiteCooldownStore:
                     self._version = version
                     was_bad = self._bad
                     self._bad = ident is not None and not _looks_like_sqlite(self._path)
+                    if was_bad and not self._bad and not _intact(self._path, self._timeout):
+                        self._bad = True  # the header came back (a checkpoint), the rest did not
                     if was_bad and not self._bad:  # a database again: reopen and write back
                         self._generation += 1
                         self.replaced_reason = "the database file was replaced"
@@ -475,5 +492,6 @@ class SQLiteCooldownStore:
         reason = str(exc) or type(exc).__name__
         after = f" after trying for {self._timeout:g} s" if waited else ""
         return CooldownStoreError(
-            f"the SQLite cooldown store {self._path!r} is unavailable ({reason}){after}"
+            f"the SQLite cooldown store {self._path!r} is unavailable ({reason}){after}",
+            busy=waited,  # locks held by other writers past the timeout: contention
         )

@@ -269,3 +269,23 @@ def test_memory_store_quick(tmp_path: Path) -> None:
     ours, old = doc["variants"]["memory store"], doc["variants"]["0.2 store"]
     # The scan under the lock is what the heap removed: far fewer extends per second.
     assert ours["extends_per_s"]["median"] > 10 * old["extends_per_s"]["median"]
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_faults_quick(tmp_path: Path, redis_binary: str) -> None:
+    doc = run_quick("bench_faults.py", tmp_path)
+    results = doc["results"]
+    # The harness: every scenario ran and reported (the figures are the benchmark's to
+    # show; the behaviour is asserted in tests/integration/test_failure_layer.py).
+    assert {"memory store (floor)", "SQLite deleted (with -wal, -shm)"} <= set(results)
+    for name, r in results.items():
+        if "inside_after_grace" in r:
+            assert 0 <= r["inside_after_grace"] <= r["inside"], (name, r)
+            assert r["warnings"] <= 2, (name, r["lines"])
+    restart = results["Redis killed, restarted 2.5 s later"]
+    assert restart["key_written_back_after_restart_s"] is not None
+    for name, took in results["hung Redis: seconds per call (first call, then the next four)"].items():
+        assert took[0] <= 0.35 and max(took[1:]) < 0.1, (name, took)
+    for mix in results["SQLite contention: 8 processes x 16 threads doing only store operations"].values():
+        assert mix["raised"] == 0

@@ -539,3 +539,39 @@ def test_a_read_in_flight_never_erases_a_cooldown_written_meanwhile(write_fails:
         guard.monotonic = lambda: time.monotonic() + 60  # past the breaker's back-off
         assert guard.get("s") == until
         assert store.inner.get("s") == until and guard.pending == 0
+
+
+def test_sqlite_lock_contention_falls_back_per_operation_and_a_stuck_lock_opens_the_breaker(
+    tmp_path: Path, caplog: Any
+) -> None:
+    import sqlite3
+
+    from retry_after_adapter.cooldown.guard import BUSY_RUN
+
+    path = tmp_path / "c.db"
+    store = SQLiteCooldownStore(path, timeout=0.01)
+    guard = guard_of(store)
+    base = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=60)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
+    with caplog.at_level(logging.WARNING, logger="retry_after_adapter"):
+        for i in range(BUSY_RUN - 1):
+            # Each write waits 0.01 s for the lock, then is kept locally (pending).
+            assert guard.extend(f"s{i}", base) == base
+        assert not guard.down and guard.busy == BUSY_RUN - 1 and not warnings_of(caplog)
+        assert guard.pending == BUSY_RUN - 1
+        holder.execute("ROLLBACK")
+        guard.extend("s0", base)  # a success in between: contention, not an outage...
+        assert all(store.get(f"s{i}") == base for i in range(BUSY_RUN - 1))  # ...and written back
+        assert guard.pending == 0
+        holder.execute("BEGIN EXCLUSIVE")
+        for i in range(BUSY_RUN):
+            guard.extend(f"t{i}", base)
+        assert guard.down  # a lock that stays held is an outage: the breaker opens
+        assert len(warnings_of(caplog)) == 1
+    holder.execute("ROLLBACK")
+    holder.close()
+    guard.monotonic = lambda: time.monotonic() + 60  # past the back-off: one probe
+    assert guard.get("t0") == base
+    assert not guard.down and guard.pending == 0
+    assert store.get("t7") == base and store.get("s6") == base  # all written back
