@@ -114,6 +114,11 @@ class CountingServer:
             self.inside = 0
             self.inside_late = 0
 
+    def disarm(self) -> None:
+        """Forget an arm that never fired (nothing reached the server)."""
+        with self.lock:
+            self.armed = False
+
     def wait_fired(self, timeout: float = 5.0) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -237,6 +242,7 @@ def _common_free_port() -> int:
 def inside_cooldown(server: CountingServer, store: Any, threads: int, fault: Callable[[], None],
                     seconds: float, store_failure: str = "open") -> dict[str, Any]:  # fmt: skip
     """Warm the fleet, apply ``fault``, arm one 429, count what is sent inside it."""
+    server.disarm()
     with counted_warnings() as logs, Fleet(server.url, store, threads, store_failure) as fleet:
         time.sleep(0.3)
         fault()
@@ -245,7 +251,10 @@ def inside_cooldown(server: CountingServer, store: Any, threads: int, fault: Cal
         server.wait_fired()
         time.sleep(seconds)
         inside, late = server.inside, server.inside_late
+        fired = not server.armed
+    server.disarm()
     return {
+        "429_sent": fired,
         "inside": inside,
         "inside_after_grace": late,
         "warnings": logs.warnings,
@@ -444,6 +453,7 @@ def main() -> None:
                 took.append(time.monotonic() - started)
             timings[name] = took
         results[HUNG] = timings
+        server.disarm()
         hole.close()
 
         # SQLite faults, 32 threads in this process.

@@ -29,6 +29,7 @@ BENCHMARKS = {
     "memory": ("bench_memory.py", "memory.json"),
     "stores": ("bench_stores.py", "stores.json"),
     "memory_store": ("bench_memory_store.py", "memory_store.json"),
+    "faults": ("bench_faults.py", "faults.json"),
 }
 
 

@@ -34,7 +34,7 @@ from .pool import RetryAfterPoolManager
 from .retry import RetryAfterRetry
 from .scope import public_scope
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "Clock",
