@@ -39,30 +39,6 @@ class Store(Protocol):
     def extend(self, scope: str, until: datetime) -> datetime: ...
 
 
-class Store02:
-    """Version 0.2's MemoryCooldownStore expiry, verbatim in behaviour."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._until: dict[str, datetime] = {}
-
-    def get(self, scope: str) -> datetime | None:
-        with self._lock:
-            return self._until.get(scope)
-
-    def extend(self, scope: str, until: datetime) -> datetime:
-        with self._lock:
-            current = self._until.get(scope)
-            if current is not None and current >= until:
-                return current
-            if len(self._until) >= 4096:
-                now = datetime.now(timezone.utc)
-                for key in [key for key, value in self._until.items() if value <= now]:
-                    del self._until[key]
-            self._until[scope] = until
-            return until
-
-
 class DictAndLock:
     """The floor: a dict under a lock, nothing expired."""
 
@@ -79,6 +55,23 @@ class DictAndLock:
             current = self._until.get(scope)
             if current is not None and current >= until:
                 return current
+            self._until[scope] = until
+            return until
+
+
+class Store02(DictAndLock):
+    """Version 0.2's MemoryCooldownStore: the floor plus, past 4,096 scopes, a scan of
+    the whole dict under the lock on every extend."""
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        with self._lock:
+            current = self._until.get(scope)
+            if current is not None and current >= until:
+                return current
+            if len(self._until) >= 4096:
+                now = datetime.now(timezone.utc)
+                for key in [key for key, value in self._until.items() if value <= now]:
+                    del self._until[key]
             self._until[scope] = until
             return until
 
