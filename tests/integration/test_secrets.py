@@ -385,7 +385,8 @@ def test_stock_urllib3_retrying_by_itself_logs_no_secret_with_the_filter(server,
     assert http.request("GET", secret_url(server.port)).status == 200
     warned = [r for r in logs.records if "after connection broken" in r.getMessage()]
     assert warned and "token=***" in warned[0].getMessage()
-    assert any('"GET /api?token=***&page=*** HTTP/1.1" 200' in r.getMessage() for r in logs.records)
+    # The request line ('"GET /api?token=***&page=*** HTTP/1.1" 200'; 2.2 prints "HTTP/11").
+    assert any('"GET /api?token=***&page=*** HTTP/1' in r.getMessage() for r in logs.records)
     assert_clean(all_log_text(logs))
 
 
