@@ -31,6 +31,7 @@ from .header import RetryAfter, parse_retry_after
 from .observe import Counters, DecisionRecord, redact_urllib3_logs
 from .policy import Reason
 from .pool import RetryAfterPoolManager
+from .quota import Quota
 from .retry import RetryAfterRetry
 from .scope import public_scope
 
@@ -50,6 +51,7 @@ __all__ = [
     "InvalidRetryAfter",
     "MaxRetryDeferred",
     "MemoryCooldownStore",
+    "Quota",
     "Reason",
     "RedisCooldownStore",
     "RetryAfter",

@@ -21,13 +21,14 @@ from urllib3.util.retry import Retry
 
 from ._compat import local_response
 from .cooldown.base import CooldownStore
-from .cooldown.guard import DEFAULT, check_store_failure, failure_layer
+from .cooldown.guard import DEFAULT, check_store_failure, failure_layer, supports_quota
 from .cooldown.memory import DEFAULT_STORE
 from .deferral import Deferral
 from .engine import SINGLE_ATTEMPT, Call, Outcome, current_override, run
 from .errors import ConfigurationError, RetryDeferred
 from .observe import DecisionHook, as_hooks
 from .policy import Reason
+from .quota import Quota
 from .retry import RetryAfterRetry
 from .scope import ScopeFunction, credential_scope, hash_scope, origin_scope, resolve_scope, strip_query
 
@@ -132,6 +133,7 @@ class SharedSettings:
     raise_on_defer: bool
     store_failure: str
     on_decision: tuple[DecisionHook, ...]
+    quota: Quota | None = None
 
     def _share(
         self,
@@ -140,12 +142,25 @@ class SharedSettings:
         raise_on_defer: bool,
         store_failure: str,
         on_decision: DecisionHook | Collection[DecisionHook] | None,
+        quota: Quota | None = None,
     ) -> None:
         self.on_decision = as_hooks(on_decision)
         self.store_failure = check_store_failure(store_failure)
         self.cooldown = DEFAULT_STORE if cooldown is DEFAULT else cooldown
         self.scope = "origin" if scope is None else scope
         self.raise_on_defer = bool(raise_on_defer)
+        if quota is not None:
+            if not isinstance(quota, Quota):
+                raise ConfigurationError("quota must be a Quota(limit, per=seconds) or None")
+            if self.cooldown is None:
+                raise ConfigurationError("a quota is shared through a store: cooldown= must not be None")
+            if not supports_quota(self.cooldown):
+                name = type(self.cooldown).__name__
+                raise ConfigurationError(
+                    f"a quota needs a store that can take permits (acquire()); {name} cannot: "
+                    "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
+                )
+        self.quota = quota
         self._derive()
 
     def _derive(self) -> None:
@@ -155,13 +170,16 @@ class SharedSettings:
 
     def _call(self, policy: RetryAfterRetry, request: Any) -> Call:
         """A new call of ``request`` under ``policy`` and the enclosing ``budget()``."""
-        return Call(
+        call = Call(
             policy,
             scope=self._scope_fn(request),
             store=self._store,
             hooks=self.on_decision,
             override=current_override(),
         )
+        if self.quota is not None:
+            call.quota = self.quota
+        return call
 
 
 _VIEW_CLASSES: dict[type[HTTPAdapter], type[HTTPAdapter]] = {}
@@ -266,6 +284,10 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
       ``"cooldown-unknown"`` while the store is down).
     - ``on_decision``: callable(s) receiving every decision as a ``DecisionRecord``,
       in addition to the policy's own hooks.
+    - ``quota``: a :class:`Quota` (``Quota(100, per=1)``): at most that many requests
+      sent in any interval of that many seconds per scope, by every worker sharing the
+      store; a permit is taken before each attempt, retries included, and a call that
+      cannot get one within its budget defers with reason ``"quota"``.
 
     Every other argument is ``HTTPAdapter``'s (``pool_connections``, ``pool_maxsize``,
     ``pool_block``). The adapter copies, deep-copies and pickles (the default store
@@ -279,6 +301,7 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         "raise_on_defer",
         "store_failure",
         "on_decision",
+        "quota",
     ]
 
     def __init__(
@@ -290,11 +313,12 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         raise_on_defer: bool = False,
         store_failure: str = "open",
         on_decision: DecisionHook | Collection[DecisionHook] | None = None,
+        quota: Quota | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
-        self._share(cooldown, scope, raise_on_defer, store_failure, on_decision)
+        self._share(cooldown, scope, raise_on_defer, store_failure, on_decision, quota)
 
     def _derive(self) -> None:
         super()._derive()

@@ -61,6 +61,7 @@ from .policy import (
 from .policy import (
     admit as admit_decision,
 )
+from .quota import Quota, QuotaHint, read_quota
 from .scope import strip_query
 
 if TYPE_CHECKING:
@@ -192,6 +193,8 @@ class Call:
     last_skew: float | None = None
     #: A store operation failed during this call: it does not touch the store again.
     store_failed = False
+    #: The scope's quota: a permit is taken before every attempt.
+    quota: Quota | None = None
 
     def __init__(
         self,
@@ -262,6 +265,27 @@ class Call:
         if beyond_bound(parsed.delay, self.policy.max_retry_after):
             raise InvalidRetryAfter(TOO_LONG, raw)
         return parsed
+
+    def read_quota(self, response: Any) -> QuotaHint | None:
+        """Read the quota a response announces; when nothing is left and a reset is
+        ahead (within ``max_retry_after``), advance the shared cooldown to the reset.
+        Malformed quota fields are ignored."""
+        headers = getattr(response, "headers", None)
+        if headers is None or (
+            headers.get("RateLimit") is None and headers.get("X-RateLimit-Remaining") is None
+        ):
+            return None
+        now = self.clock.now()
+        date = response_header(response, "Date")
+        hint = read_quota(lambda name: response_header(response, name), received_at=now, date=date)
+        if (
+            hint is not None
+            and hint.exhausted
+            and hint.reset is not None
+            and not beyond_bound(hint.reset, self.policy.max_retry_after)
+        ):
+            self.learn_cooldown(now + timedelta(seconds=hint.reset))
+        return hint
 
     # -- the shared store -------------------------------------------------------------
     def store_time_left(self) -> float | None:
@@ -396,10 +420,11 @@ def _clamp(value: Any, left: float) -> float:
 # ------------------------------------------------------------------------- admission
 def admit(call: Call) -> Deferral | None:
     """Before an attempt (the first and every retry): wait out the scope's cooldown and
-    a pending ``not_before`` if that fits the budget, else defer without sending.
+    a pending ``not_before``, then take a quota permit when the call has a quota, if
+    that fits the budget; else defer without sending (``cooldown``, ``quota``).
 
     Returns None when the attempt may go now. The common case (nothing pending, no
-    cooldown stored) costs one store read.
+    cooldown stored, no quota) costs one store read.
     """
     if call.cancel is None and call.not_before is None and call.store is not None and call.scope is not None:
         try:
@@ -410,7 +435,14 @@ def admit(call: Call) -> Deferral | None:
             if (stored is None or stored <= call.clock.now()) and (
                 call.deadline is None or call.clock.monotonic() - call.start <= call.deadline
             ):
-                return None  # the happy path: nothing to wait for (one store read)
+                if call.quota is None:
+                    return None  # the happy path: nothing to wait for (one store read)
+                try:
+                    eligible = _permit(call)
+                except CooldownUnavailable:
+                    return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
+                if eligible is None:
+                    return None  # with a quota: one read and one permit
     for _ in range(_MAX_ADMIT_ROUNDS):
         cancel = call.cancel
         if cancel is not None and cancel.is_set():
@@ -420,10 +452,20 @@ def admit(call: Call) -> Deferral | None:
         except CooldownUnavailable:
             return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
         left = call.seconds_until(until)
+        why = Reason.COOLDOWN
         if left <= 0:
             if call.deadline is not None and call.elapsed() > call.deadline:
                 return call.defer(Decision(DEFER, 0.0, Reason.DEADLINE))
-            return None
+            if call.quota is None:
+                return None
+            try:
+                until = _permit(call)
+            except CooldownUnavailable:
+                return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
+            if until is None:
+                return None
+            left = call.seconds_until(until)
+            why = Reason.QUOTA
         if call.policy.jitter:
             # Workers held back by one cooldown would all wake at its end: spread them.
             left += _jitter_rng.uniform(0.0, call.policy.jitter)
@@ -435,12 +477,21 @@ def admit(call: Call) -> Deferral | None:
             attempt_reserve=call.policy.attempt_reserve,
         )
         if decision.action == DEFER:
+            if decision.reason == Reason.COOLDOWN:
+                decision = Decision(DEFER, decision.wait, why)
             return call.defer(decision, until=until)
-        call.emit(Decision(RETRY, left, Reason.COOLDOWN))
+        call.emit(Decision(RETRY, left, why))
         if not call.sleep(left):
             return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=until)
     until = call.read_cooldown()
     return call.defer(Decision(DEFER, call.seconds_until(until), Reason.COOLDOWN), until=until)
+
+
+def _permit(call: Call) -> datetime | None:
+    """Take the call's quota permit now (None: granted), or when one may be taken."""
+    quota = call.quota
+    assert quota is not None and call.store is not None and call.scope is not None
+    return call.store.take(call.scope, quota.limit, quota.window, call.clock.now(), call)
 
 
 def _pending(call: Call) -> datetime | None:
@@ -526,9 +577,11 @@ def judge(
         and status not in _HINTED_STATUSES
         and not retry.is_retry(method or "GET", status)
     ):
-        # The happy path: a final answer that no rule retries or learns from (not a
-        # redirect, no status whose Retry-After counts): nothing to parse or plan.
+        # The happy path: a final answer that no rule retries (not a redirect, no
+        # status whose Retry-After counts): nothing to parse or plan but its quota.
         call.last_status = status
+        if policy.quota_headers:
+            call.read_quota(response)
         return _FINAL
     if call.started_at is None:
         call.started_at = call.clock.now()
@@ -549,8 +602,10 @@ def judge(
                 )
             else:
                 server_delay = parsed.delay
-                if status in COOLDOWN_STATUSES:
+                if status in policy.cooldown_statuses:
                     call.learn_cooldown(parsed.eligible_at)
+    if response is not None and policy.quota_headers:
+        call.read_quota(response)  # nothing left: a shared cooldown until the reset
 
     if error is None:
         if response is not None and response.get_redirect_location():

@@ -44,6 +44,9 @@ __all__ = [
 
 log = logging.getLogger("retry_after_adapter")
 
+#: Reasons of a ``retry`` record that is a wait before an attempt, not a retry.
+_ADMISSION_WAITS = frozenset({"cooldown", "quota", "concurrency"})
+
 
 @dataclass(frozen=True)
 class DecisionRecord:
@@ -160,8 +163,8 @@ class Counters:
 
     - ``retries``: retries planned after a response or a transport error (and waits
       before following a redirect that carries Retry-After);
-    - ``cooldown_waits``: waits for a shared cooldown before an attempt (the first
-      one included), which are not retries;
+    - ``cooldown_waits``: waits before an attempt (the first one included) for a
+      shared cooldown or a quota permit, which are not retries;
     - ``deferrals`` by reason and ``stops`` by reason (fixed sets, plus ``"other"``);
     - ``wait_seconds``: total planned wait before retries; ``cooldown_wait_seconds``:
       total planned cooldown waits; ``deferred_seconds``: total delay of deferrals
@@ -203,7 +206,7 @@ class Counters:
         with self._lock:
             self._decisions += 1
             if action == RETRY:
-                if reason == "cooldown":
+                if reason in _ADMISSION_WAITS:
                     self._cooldown_waits += 1
                     self._cooldown_wait_seconds += wait
                 else:

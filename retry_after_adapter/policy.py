@@ -69,8 +69,11 @@ class Reason(StrEnum):
     MAX_LIFETIME = "max_lifetime"  #: the job would outlive ``max_lifetime``
 
 
-#: Statuses whose valid Retry-After advances the scope's shared cooldown.
-COOLDOWN_STATUSES = frozenset({429, 503})
+#: Statuses whose valid Retry-After advances the scope's shared cooldown by default:
+#: 429 and 503 (RFC 9110, RFC 6585), and 403 and 413, which providers send with
+#: Retry-After for secondary rate limits (GitHub) and oversized bursts. A status in
+#: this set sets the cooldown even when it is not retried.
+COOLDOWN_STATUSES = frozenset({403, 413, 429, 503})
 
 #: Statuses a :class:`~retry_after_adapter.RetryAfterRetry` retries unless its
 #: ``status_forcelist`` says otherwise.

@@ -33,6 +33,7 @@ from .deferral import Deferral
 from .engine import SINGLE_ATTEMPT, Call, Outcome, run
 from .errors import MaxRetryDeferred
 from .observe import DecisionHook
+from .quota import Quota
 from .retry import RetryAfterRetry
 from .scope import RequestInfo, ScopeFunction, strip_query
 
@@ -142,11 +143,12 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         raise_on_defer: bool = False,
         store_failure: str = "open",
         on_decision: DecisionHook | Collection[DecisionHook] | None = None,
+        quota: Quota | None = None,
         **connection_pool_kw: Any,
     ) -> None:
         super().__init__(num_pools=num_pools, headers=headers, **connection_pool_kw)
         self.retries: RetryAfterRetry = as_retry_after_retry(retries)
-        self._share(cooldown, scope, raise_on_defer, store_failure, on_decision)
+        self._share(cooldown, scope, raise_on_defer, store_failure, on_decision, quota)
         self._config: dict[str, Any] = dict(
             num_pools=num_pools,
             headers=None if headers is None else dict(headers),
@@ -156,6 +158,7 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
             raise_on_defer=self.raise_on_defer,
             store_failure=self.store_failure,
             on_decision=self.on_decision,
+            quota=self.quota,
             **connection_pool_kw,
         )
 

@@ -68,6 +68,11 @@ class RetryAfterRetry(Retry):
       wait fits the deadline.
     - ``on_invalid``: what an invalid Retry-After does: ``"stop"`` (default; no retry,
       the response is returned with ``stop_reason``) or ``"backoff"`` (treated as absent).
+    - ``cooldown_statuses``: statuses whose Retry-After sets the scope's shared cooldown
+      (default 403, 413, 429, 503), retried or not.
+    - ``quota_headers``: read what the server says is left of its quota (IETF
+      ``RateLimit``, ``X-RateLimit-*``; default True): nothing left with a reset ahead
+      sets the shared cooldown until the reset, before any 429.
     - ``max_retry_after``: the longest Retry-After obeyed (default 86400, one day;
       ``None``: no bound). A longer one is rejected like an invalid value (stop reason
       ``retry_after_too_long``): never obeyed, never shortened, never stored as a
@@ -93,6 +98,8 @@ class RetryAfterRetry(Retry):
         attempt_reserve: float = 0.0,
         on_invalid: str = "stop",
         max_retry_after: float | None = DEFAULT_MAX_RETRY_AFTER,
+        cooldown_statuses: Collection[int] = COOLDOWN_STATUSES,
+        quota_headers: bool = True,
         max_deferrals: int | None = None,
         max_lifetime: float | None = None,
         clock: Clock | None = None,
@@ -113,6 +120,8 @@ class RetryAfterRetry(Retry):
             raise ConfigurationError(f"on_invalid must be 'stop' or 'backoff', got {on_invalid!r}")
         self.on_invalid = on_invalid
         self.max_retry_after = check_limit("max_retry_after", max_retry_after)
+        self.cooldown_statuses = _statuses(cooldown_statuses)
+        self.quota_headers = bool(quota_headers)
         if max_deferrals is not None and (
             isinstance(max_deferrals, bool) or not isinstance(max_deferrals, int) or max_deferrals < 0
         ):
@@ -137,6 +146,8 @@ class RetryAfterRetry(Retry):
             "attempt_reserve": self.attempt_reserve,
             "on_invalid": self.on_invalid,
             "max_retry_after": self.max_retry_after,
+            "cooldown_statuses": self.cooldown_statuses,
+            "quota_headers": self.quota_headers,
             "max_deferrals": self.max_deferrals,
             "max_lifetime": self.max_lifetime,
             "clock": self.clock,
@@ -286,3 +297,14 @@ class RetryAfterRetry(Retry):
             f"redirect={self.redirect}, status={self.status}, deadline={self.deadline}, "
             f"max_wait={self.max_wait})"
         )
+
+
+def _statuses(value: object) -> frozenset[int]:
+    """Validate ``cooldown_statuses``: a collection of HTTP status codes (100-599)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Collection):
+        raise ConfigurationError("cooldown_statuses must be a collection of status codes")
+    statuses = frozenset(value)
+    for status in statuses:
+        if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+            raise ConfigurationError(f"cooldown_statuses holds {status!r}, not a status code (100-599)")
+    return statuses

@@ -40,7 +40,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from ..errors import ConfigurationError, CooldownStoreError, CooldownUnavailable
@@ -105,6 +105,13 @@ class Shared(Protocol):
         """Advance the scope's eligible time to ``until`` (later wins); never raises."""
         ...
 
+    def take(
+        self, scope: str, limit: int, per: float, now: datetime, call: CallBudget | None = None
+    ) -> datetime | None:
+        """Take a quota permit (None: granted) or say when one may be; raises
+        CooldownUnavailable when failing closed."""
+        ...
+
 
 class Direct:
     """A store that cannot fail (in memory): used as it is."""
@@ -119,6 +126,11 @@ class Direct:
 
     def learn(self, scope: str, until: datetime, call: CallBudget | None = None) -> datetime:
         return self.store.extend(scope, until)
+
+    def take(
+        self, scope: str, limit: int, per: float, now: datetime, call: CallBudget | None = None
+    ) -> datetime | None:
+        return _acquirer(self.store)(scope, limit, per, now)
 
     def __repr__(self) -> str:
         return f"Direct({self.store!r})"
@@ -139,8 +151,28 @@ class Guarded:
     def learn(self, scope: str, until: datetime, call: CallBudget | None = None) -> datetime:
         return self.guard.extend(scope, until, call=call)
 
+    def take(
+        self, scope: str, limit: int, per: float, now: datetime, call: CallBudget | None = None
+    ) -> datetime | None:
+        return self.guard.acquire(scope, limit, per, now, fail_closed=self.fail_closed, call=call)
+
     def __repr__(self) -> str:
         return f"Guarded({self.guard.inner!r}, fail_closed={self.fail_closed})"
+
+
+def _acquirer(store: object) -> Callable[[str, int, float, datetime], datetime | None]:
+    acquire = getattr(store, "acquire", None)
+    if not callable(acquire):
+        raise ConfigurationError(
+            f"a quota needs a store that can take permits (acquire()); {type(store).__name__} cannot: "
+            "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
+        )
+    return acquire  # type: ignore[no-any-return]
+
+
+def supports_quota(store: object) -> bool:
+    """Whether ``store`` can take quota permits (an ``acquire`` method)."""
+    return callable(getattr(store, "acquire", None))
 
 
 def failure_layer(cooldown: object, store_failure: str) -> Shared | None:
@@ -193,6 +225,9 @@ class _OutOfTime(Exception):
 
 #: Less than this (seconds) left in a call: the store is not asked at all.
 _TOO_LITTLE = 0.001
+#: A quota permit the store could not answer for (busy, or the call's time ran out) is
+#: "not yet": asked again after this long, never granted locally while the store is up.
+_PERMIT_RETRY = timedelta(milliseconds=20)
 
 
 def _no_guard() -> None:
@@ -312,6 +347,45 @@ class StoreGuard:
         if remote > local:
             self.local._replace(scope, remote)
         return max(local, remote)
+
+    def acquire(
+        self,
+        scope: str,
+        limit: int,
+        per: float,
+        now: datetime,
+        *,
+        fail_closed: bool = False,
+        call: CallBudget | None = None,
+    ) -> datetime | None:
+        """Take a quota permit in the store; while it fails, in the local copy (limits
+        kept in this process: fail open) or CooldownUnavailable (fail closed)."""
+        if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
+            return self._local_permit(scope, limit, per, now, fail_closed)
+        try:
+            eligible = self._bounded(_acquirer(self.inner), (scope, limit, per, now), call)
+        except ConfigurationError:
+            raise
+        except _OutOfTime:
+            self._gave_up(call)
+            return now + _PERMIT_RETRY  # no answer in time: not a permit (never over-admit)
+        except Exception as exc:
+            self._failed(exc, call)
+            if not self._down:
+                return now + _PERMIT_RETRY  # busy: ask again shortly, never admit locally
+            return self._local_permit(scope, limit, per, now, fail_closed)
+        if self._busy_run:
+            self._busy_run = 0
+        if self._down or self._announced or self._generation is not None:
+            self._answered()
+        return eligible
+
+    def _local_permit(
+        self, scope: str, limit: int, per: float, now: datetime, fail_closed: bool
+    ) -> datetime | None:
+        if fail_closed:
+            raise CooldownUnavailable("the shared cooldown store is unavailable")
+        return self.local.acquire(scope, limit, per, now)
 
     # -- health ----------------------------------------------------------------------
     @property
@@ -434,10 +508,11 @@ class StoreGuard:
             return True
 
     def _failed(self, exc: BaseException, call: CallBudget | None) -> None:
-        if call is not None:
-            call.store_failed = True
+        busy = getattr(exc, "busy", False) and not self._down
+        if call is not None and not busy:
+            call.store_failed = True  # a busy store may be asked again in this call
         now = self.monotonic()
-        if getattr(exc, "busy", False) and not self._down:
+        if busy:
             # Contention (a lock held past the timeout) while the store otherwise
             # answers: this operation falls back; only a run of them opens the breaker.
             with self._lock:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import threading
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .base import check_scope, check_until
@@ -33,6 +34,8 @@ class MemoryCooldownStore:
         #: (eligible time, scope) of every write; entries a later write replaced are
         #: skipped when they surface.
         self._heap: list[tuple[datetime, str]] = []
+        #: Quota permits: per scope, the times of the permits granted, oldest first.
+        self._permits: dict[str, list[datetime]] = {}
 
     def get(self, scope: str) -> datetime | None:
         return self._until.get(scope)
@@ -47,6 +50,23 @@ class MemoryCooldownStore:
             self._put_locked(scope, until)
             return until
 
+    def acquire(self, scope: str, limit: int, per: float, now: datetime) -> datetime | None:
+        """Take a quota permit at ``now`` for ``scope``: granted (None) when fewer than
+        ``limit`` were granted in the ``per`` seconds before ``now``; else nothing is
+        taken and the time the oldest of them leaves the window is returned."""
+        check_scope(scope)
+        now = check_until(now)
+        window = timedelta(seconds=per)
+        with self._lock:
+            log = self._permits.setdefault(scope, [])
+            cut = bisect.bisect_right(log, now - window)
+            if cut:
+                del log[:cut]
+            if len(log) < limit:
+                bisect.insort(log, now)
+                return None
+            return log[-limit] + window
+
     def entries(self) -> dict[str, datetime]:
         """A copy of every stored scope and its time (expired ones not yet dropped
         included)."""
@@ -58,6 +78,7 @@ class MemoryCooldownStore:
         with self._lock:
             self._until.clear()
             self._heap.clear()
+            self._permits.clear()
 
     def delete(self, scope: str) -> bool:
         """Forget ``scope``'s cooldown (an operator lifting it); True if there was one."""

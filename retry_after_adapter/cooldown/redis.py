@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 from datetime import datetime
 from typing import Any
 
@@ -39,6 +40,25 @@ end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('PEXPIREAT', KEYS[1], ARGV[2])
 return new
+"""
+
+#: KEYS[1] = the scope's permit set (a sorted set, score = epoch ms); ARGV = now, the
+#: window and the limit (ms, ms, count) and a unique member. Drops permits older than
+#: the window, grants one if fewer than the limit remain (returns -1), else returns
+#: when the limit-th newest leaves the window (epoch ms). One key: cluster-safe.
+_ACQUIRE_LUA = """
+local now = tonumber(ARGV[1])
+local per = tonumber(ARGV[2])
+local limit = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - per)
+local count = redis.call('ZCARD', KEYS[1])
+if count < limit then
+  redis.call('ZADD', KEYS[1], now, ARGV[4])
+  redis.call('PEXPIRE', KEYS[1], per + 1000)
+  return -1
+end
+local edge = redis.call('ZREVRANGE', KEYS[1], limit - 1, limit - 1, 'WITHSCORES')
+return tonumber(edge[2]) + per
 """
 
 _INSTALL_HINT = "pip install 'retry_after_adapter[redis]' (from a checkout: pip install -e '.[redis]')"
@@ -91,6 +111,7 @@ class RedisCooldownStore:
         self._secrets = _client_secrets(client)
         try:
             self._script = client.register_script(_EXTEND_LUA)  # local: no round trip
+            self._acquire_script = client.register_script(_ACQUIRE_LUA)
         except Exception as exc:
             raise self._failure("register_script", exc) from exc
         self._url_args: tuple[str, dict[str, Any]] | None = None
@@ -206,6 +227,23 @@ class RedisCooldownStore:
             return from_epoch_ms(int(effective))
         except (TypeError, ValueError):
             raise CooldownStoreError("the Redis cooldown script returned an unexpected reply") from None
+
+    def acquire(self, scope: str, limit: int, per: float, now: datetime) -> datetime | None:
+        """Take a quota permit at ``now`` (see ``MemoryCooldownStore.acquire``): one
+        ``EVALSHA`` on the key ``prefix + "quota:" + scope``."""
+        key = self._prefix + "quota:" + check_scope(scope)
+        now_ms = to_epoch_ms(check_until(now))
+        per_ms = max(1, math.ceil(per * 1000))
+        member = f"{now_ms}-{secrets.token_hex(6)}"
+        try:
+            edge = self._acquire_script(keys=[key], args=[str(now_ms), str(per_ms), str(limit), member])
+        except Exception as exc:
+            raise self._failure("acquire", exc) from exc
+        try:
+            value = int(edge)
+        except (TypeError, ValueError):
+            raise CooldownStoreError("the Redis quota script returned an unexpected reply") from None
+        return None if value < 0 else from_epoch_ms(value)
 
     def delete(self, scope: str) -> bool:
         """Remove ``scope``'s cooldown (an operator lifting it); True if there was one."""

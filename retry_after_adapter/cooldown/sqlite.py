@@ -42,6 +42,11 @@ _SWEEP_ONE_IN = 256
 _HAS_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 _SCHEMA = "CREATE TABLE IF NOT EXISTS cooldown (scope TEXT PRIMARY KEY, until_ms INTEGER NOT NULL)"
+#: Quota permits: one row per permit granted, kept for one window.
+_PERMIT_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS permit (scope TEXT NOT NULL, at_ms INTEGER NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS permit_scope_at ON permit (scope, at_ms)",
+)
 _UPSERT_RETURNING = (
     "INSERT INTO cooldown (scope, until_ms) VALUES (?, ?) "
     "ON CONFLICT (scope) DO UPDATE SET until_ms = max(until_ms, excluded.until_ms) "
@@ -275,6 +280,34 @@ class SQLiteCooldownStore:
             self._sweep_quietly()
         return from_epoch_ms(effective)
 
+    def acquire(self, scope: str, limit: int, per: float, now: datetime) -> datetime | None:
+        """Take a quota permit at ``now`` (see ``MemoryCooldownStore.acquire``): one
+        immediate transaction, so every process on the host agrees."""
+        check_scope(scope)
+        now_ms = to_epoch_ms(check_until(now))
+        per_ms = max(1, math.ceil(per * 1000))
+        eligible = self._run(lambda conn: self._take(conn, scope, limit, per_ms, now_ms))
+        return None if eligible is None else from_epoch_ms(eligible)
+
+    @staticmethod
+    def _take(conn: sqlite3.Connection, scope: str, limit: int, per_ms: int, now_ms: int) -> int | None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("DELETE FROM permit WHERE scope = ? AND at_ms <= ?", (scope, now_ms - per_ms))
+            rows = conn.execute(
+                "SELECT at_ms FROM permit WHERE scope = ? ORDER BY at_ms DESC LIMIT 1 OFFSET ?",
+                (scope, limit - 1),
+            ).fetchall()
+            if not rows:
+                conn.execute("INSERT INTO permit (scope, at_ms) VALUES (?, ?)", (scope, now_ms))
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            raise
+        return int(rows[0][0]) + per_ms if rows else None
+
     def delete(self, scope: str) -> bool:
         """Remove ``scope``'s cooldown (an operator lifting it); True if there was one."""
         check_scope(scope)
@@ -381,6 +414,8 @@ class SQLiteCooldownStore:
             conn.execute("PRAGMA journal_mode=WAL").fetchall()
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(_SCHEMA)
+            for statement in _PERMIT_SCHEMA:
+                conn.execute(statement)
         except BaseException:
             conn.close()
             raise

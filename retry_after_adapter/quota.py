@@ -1,0 +1,234 @@
+"""Quota headers: what a server says is left of its quota. Pure: no I/O, no clock.
+
+Two families are read:
+
+- the IETF fields of draft-ietf-httpapi-ratelimit-headers, Structured Fields parsed by
+  the maintained ``http-sf`` library (never by hand):
+  ``RateLimit: "default";r=0;t=30`` (a List; each item's ``r`` is what remains and
+  ``t`` the seconds until the quota resets) and ``RateLimit-Policy:
+  "default";q=100;w=60`` (``q`` requests per ``w`` seconds). The Dictionary form of
+  the earlier drafts (``RateLimit: limit=100, remaining=0, reset=30``) is read too.
+- the de facto ``X-RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` (epoch seconds, as
+  GitHub sends, or seconds from now) and ``-Reset-After`` (seconds, decimals allowed,
+  as Discord sends).
+
+A field that is malformed (not the grammar, a negative or non-ASCII number, a value
+over 64 characters, a repeated field that disagrees) is ignored, as the draft says:
+never fatal, and never read as 0. An epoch reset is measured against the response's
+own ``Date`` when that is valid (so a skewed local clock does not matter), else
+against the receipt time given by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import http_sf
+
+from .errors import ConfigurationError, InvalidRetryAfter
+from .header import parse_http_date
+
+__all__ = ["Quota", "QuotaHint", "read_quota"]
+
+#: A quota field longer than this (characters) is ignored.
+MAX_FIELD = 256
+#: An ``X-RateLimit-*`` value longer than this is ignored.
+MAX_NUMBER = 64
+#: An ``X-RateLimit-Reset`` at least this large is an epoch time (2001-09-09), smaller
+#: is seconds from now (no API announces a window of 31 years).
+EPOCH_THRESHOLD = 1_000_000_000
+
+_INTEGER = re.compile(r"[0-9]{1,18}", re.ASCII).fullmatch
+_DECIMAL = re.compile(r"[0-9]{1,18}(?:\.[0-9]{1,9})?", re.ASCII).fullmatch
+_UTC = timezone.utc
+
+#: ``get(name)``: a response's header value (repeated fields joined by ", "), or None.
+HeaderGetter = Callable[[str], "str | None"]
+
+
+@dataclass(frozen=True)
+class Quota:
+    """At most ``limit`` requests sent in any interval of ``per`` seconds, by every
+    worker that shares the store and the scope.
+
+    A sliding log, not a token bucket: before each attempt (retries too) a worker takes
+    a permit atomically in the store; the permit is granted when fewer than ``limit``
+    were granted in the last ``per`` seconds. So neither a fixed-window nor a
+    sliding-window provider quota of the same size is ever exceeded by admissions (the
+    network may still reorder requests by a few milliseconds).
+    """
+
+    limit: int
+    per: float
+    #: Seconds added to the window: a permit is taken a little before the request
+    #: reaches the server, and the server counts arrivals. With ``margin`` at least the
+    #: time from admission to arrival, the server never sees more than ``limit`` in any
+    #: ``per`` seconds.
+    margin: float = 0.05
+
+    @property
+    def window(self) -> float:
+        """Seconds a permit counts against the limit: ``per + margin``."""
+        return self.per + self.margin
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
+            raise ConfigurationError("Quota limit must be an int >= 1")
+        if (
+            isinstance(self.per, bool)
+            or not isinstance(self.per, (int, float))
+            or not (math.isfinite(self.per) and self.per > 0)
+        ):
+            raise ConfigurationError("Quota per must be a finite number of seconds > 0")
+        if (
+            isinstance(self.margin, bool)
+            or not isinstance(self.margin, (int, float))
+            or not (math.isfinite(self.margin) and self.margin >= 0)
+        ):
+            raise ConfigurationError("Quota margin must be a finite number of seconds >= 0")
+
+
+@dataclass(frozen=True)
+class QuotaHint:
+    """What a response said of its quota (None: it did not say, or said it badly).
+
+    - ``remaining``: requests left before the quota resets.
+    - ``reset``: seconds from the response until it resets.
+    - ``limit`` / ``window``: the policy, requests per ``window`` seconds.
+    - ``source``: ``"ratelimit"`` (IETF fields) or ``"x-ratelimit"``.
+    """
+
+    remaining: int | None
+    reset: float | None
+    limit: int | None = None
+    window: float | None = None
+    source: str = "ratelimit"
+
+    @property
+    def exhausted(self) -> bool:
+        """Nothing left, and a reset still ahead: hold every worker back until then."""
+        return self.remaining == 0 and self.reset is not None and self.reset > 0
+
+
+def read_quota(get: HeaderGetter, *, received_at: datetime, date: str | None = None) -> QuotaHint | None:
+    """The quota a response announces, from its IETF fields if valid, else from its
+    ``X-RateLimit-*`` fields; None when neither says anything usable.
+
+    ``received_at`` (aware) is when the response arrived, the reference for an epoch
+    reset when the response has no valid ``Date``.
+    """
+    hint = _ietf(get)
+    if hint is not None:
+        return hint
+    return _x_ratelimit(get, received_at=received_at, date=date)
+
+
+# --------------------------------------------------------------------------- IETF
+def _sf(raw: str | None, kind: str) -> Any:
+    if raw is None or len(raw) > MAX_FIELD:
+        return None
+    try:
+        return http_sf.parse(raw.encode("ascii"), tltype=kind)
+    except (http_sf.StructuredFieldError, UnicodeEncodeError, ValueError, KeyError):
+        return None
+
+
+def _count(value: object) -> int | None:
+    """A Structured Fields Integer that is a count (>= 0); bool is not one."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _ietf(get: HeaderGetter) -> QuotaHint | None:
+    raw = get("RateLimit")
+    remaining: int | None = None
+    reset: int | None = None
+    name: object = None
+    items = _sf(raw, "list")
+    if items:
+        # One item per policy: the tightest one governs (nothing left wins, then the
+        # fewest left); an item without a valid r says nothing.
+        for value, params in items:
+            r, t = _count(params.get("r")), _count(params.get("t"))
+            if r is None:
+                continue
+            if remaining is None or r < remaining or (r == remaining and (t or 0) > (reset or 0)):
+                remaining, reset, name = r, t, value
+    if remaining is None:
+        # The earlier drafts' Dictionary: "limit=100, remaining=0, reset=30", or the
+        # short "r=0;t=30" (t a parameter of r, or a member of its own).
+        legacy = _sf(raw, "dictionary")
+        if legacy:
+            for key, reset_key in (("remaining", "reset"), ("r", "t")):
+                entry = legacy.get(key)
+                r = _count(entry[0]) if isinstance(entry, tuple) else None
+                if r is not None:
+                    t = _count(entry[1].get(reset_key))
+                    remaining, reset = r, t if t is not None else _count(_member(legacy, reset_key))
+                    break
+    if remaining is None:
+        return None
+    limit, window = _policy(get("RateLimit-Policy"), name)
+    return QuotaHint(remaining, None if reset is None else float(reset), limit, window, "ratelimit")
+
+
+def _member(dictionary: Any, key: str) -> object:
+    entry = dictionary.get(key)
+    return entry[0] if isinstance(entry, tuple) else None
+
+
+def _policy(raw: str | None, name: object) -> tuple[int | None, float | None]:
+    """``(q, w)`` of the policy named like the governing ``RateLimit`` item, else of
+    the first valid one."""
+    items = _sf(raw, "list")
+    first: tuple[int | None, float | None] = (None, None)
+    for value, params in items or ():
+        q, w = _count(params.get("q")), _count(params.get("w"))
+        if q is None and isinstance(value, int) and not isinstance(value, bool):
+            q = _count(value)  # an earlier draft: RateLimit-Policy: 100;w=60
+        if q is None or not w:
+            continue
+        if name is not None and value == name:
+            return q, float(w)
+        if first[0] is None:
+            first = (q, float(w))
+    return first
+
+
+# --------------------------------------------------------------------- X-RateLimit
+def _number(raw: str | None, *, decimals: bool = False) -> float | None:
+    if raw is None:
+        return None
+    text = raw.strip(" \t")
+    if len(text) > MAX_NUMBER or not (_DECIMAL if decimals else _INTEGER)(text):
+        return None
+    return float(text)
+
+
+def _x_ratelimit(get: HeaderGetter, *, received_at: datetime, date: str | None) -> QuotaHint | None:
+    left = _number(get("X-RateLimit-Remaining"))
+    if left is None:
+        return None
+    reset = _number(get("X-RateLimit-Reset-After"), decimals=True)
+    if reset is None:
+        at = _number(get("X-RateLimit-Reset"), decimals=True)
+        if at is not None:
+            reset = max(0.0, at - _epoch_now(received_at, date)) if at >= EPOCH_THRESHOLD else at
+    limit = _number(get("X-RateLimit-Limit"))
+    return QuotaHint(int(left), reset, None if limit is None else int(limit), None, "x-ratelimit")
+
+
+def _epoch_now(received_at: datetime, date: str | None) -> float:
+    """The response's own time as epoch seconds: its valid ``Date``, else receipt."""
+    if date is not None:
+        try:
+            return parse_http_date(date, received_at=received_at).timestamp()
+        except InvalidRetryAfter:
+            pass
+    return received_at.astimezone(_UTC).timestamp()

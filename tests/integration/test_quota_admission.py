@@ -1,0 +1,182 @@
+"""Quota admission (``Quota(limit, per=...)``) with real parts: the adapter against a
+real loopback server, every store, and real processes sharing one SQLite file while
+the server counts arrivals."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from retry_after_adapter import (
+    ConfigurationError,
+    FakeClock,
+    MemoryCooldownStore,
+    Quota,
+    RetryAfterAdapter,
+    RetryAfterPoolManager,
+    RetryAfterRetry,
+    SQLiteCooldownStore,
+)
+
+from ..conftest import local_deferral
+from .throttle_server import Reply, ThrottleServer
+
+UTC = timezone.utc
+
+
+def session(clock: Any, store: Any, quota: Quota, **kw: Any) -> requests.Session:
+    kw.setdefault("total", 2)
+    s = requests.Session()
+    s.mount("http://", RetryAfterAdapter(RetryAfterRetry(clock=clock, **kw), cooldown=store, quota=quota))
+    return s
+
+
+def test_a_quota_admits_limit_requests_then_defers_with_the_exact_time(
+    server: ThrottleServer, clock: FakeClock
+) -> None:
+    store = MemoryCooldownStore()
+    quota = Quota(3, per=10, margin=0)
+    server.serve([Reply(200)])
+    start = clock.now()
+    sessions = [session(clock, store, quota, max_wait=1) for _ in range(4)]
+    assert [s.get(server.url).status_code for s in sessions[:3]] == [200, 200, 200]
+    deferral = local_deferral(sessions[3].get(server.url))  # nothing sent
+    assert deferral.reason == "quota"
+    assert deferral.eligible_at == start + timedelta(seconds=10)
+    assert server.count() == 3
+    clock.advance(10)
+    assert sessions[3].get(server.url).status_code == 200
+
+
+def test_a_quota_wait_that_fits_is_waited_out(server: ThrottleServer, clock: FakeClock) -> None:
+    store = MemoryCooldownStore()
+    quota = Quota(2, per=5, margin=0)
+    server.serve([Reply(200)])
+    s = session(clock, store, quota, max_wait=10)
+    assert [s.get(server.url).status_code for _ in range(3)] == [200, 200, 200]
+    assert clock.sleeps == [5.0]
+    gaps = [(b.at - a.at).total_seconds() for a, b in zip(server.seen, server.seen[1:], strict=False)]
+    assert gaps == [0.0, 5.0]
+
+
+def test_retries_take_permits_too(server: ThrottleServer, clock: FakeClock) -> None:
+    store = MemoryCooldownStore()
+    server.serve([Reply(503, {"Retry-After": "1"}), Reply(503, {"Retry-After": "1"}), Reply(200)])
+    response = session(clock, store, Quota(2, per=60, margin=0), max_wait=5).get(server.url)
+    assert response.deferral is not None and response.deferral.reason == "quota"  # the third attempt
+    assert server.count() == 2
+
+
+def test_the_pool_manager_takes_permits(server: ThrottleServer, clock: FakeClock) -> None:
+    pool = RetryAfterPoolManager(
+        retries=RetryAfterRetry(total=0, clock=clock, max_wait=1), cooldown=MemoryCooldownStore(),
+        quota=Quota(1, per=30, margin=0),
+    )  # fmt: skip
+    server.serve([Reply(200)])
+    assert pool.request("GET", server.url).status == 200
+    assert local_deferral(pool.request("GET", server.url)).reason == "quota"
+    assert server.count() == 1
+
+
+def test_a_quota_needs_a_store_that_takes_permits() -> None:
+    class OldStore:
+        def get(self, scope: str) -> datetime | None:
+            return None
+
+        def extend(self, scope: str, until: datetime) -> datetime:
+            return until
+
+    with pytest.raises(ConfigurationError, match="acquire"):
+        RetryAfterAdapter(cooldown=OldStore(), quota=Quota(1, per=1))
+    with pytest.raises(ConfigurationError):
+        RetryAfterAdapter(cooldown=None, quota=Quota(1, per=1))
+    RetryAfterAdapter(cooldown=OldStore())  # a store that predates quotas still works for cooldowns
+    for bad in ({"limit": 0, "per": 1}, {"limit": 1, "per": 0}, {"limit": 1, "per": 1, "margin": -1}):
+        with pytest.raises(ConfigurationError):
+            Quota(**bad)
+
+
+# -- the stores: the sliding log ------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param == "memory":
+        return MemoryCooldownStore()
+    if request.param == "sqlite":
+        return SQLiteCooldownStore(tmp_path / "q.db")
+    from retry_after_adapter import RedisCooldownStore
+
+    return RedisCooldownStore(request.getfixturevalue("redis_client"), prefix="qtest:")
+
+
+def test_every_store_grants_at_most_limit_in_any_window(store: Any) -> None:
+    base = datetime.now(UTC).replace(microsecond=0)
+    granted = []
+    for i in range(40):  # one attempt every 0.25 s for 10 s, quota 3 per 2 s
+        now = base + timedelta(milliseconds=250 * i)
+        if store.acquire("s", 3, 2.0, now) is None:
+            granted.append(now)
+    for i, at in enumerate(granted):
+        within = [t for t in granted[i:] if t < at + timedelta(seconds=2)]
+        assert len(within) <= 3
+    assert len(granted) == 15  # 3 at 0, 0.25, 0.5; then 3 more every 2 s: never fewer
+    refused = store.acquire("s", 3, 2.0, granted[-1])
+    assert refused == granted[-3] + timedelta(seconds=2)  # when the oldest of the 3 leaves
+    assert store.acquire("other", 3, 2.0, granted[-1]) is None  # scopes are independent
+
+
+# -- real processes on one SQLite file, counted by the server --------------------------
+
+
+def _worker(url: str, path: str, seconds: float, threads: int) -> None:
+    # 64 threads in 8 processes on a small machine: between a permit and the server
+    # seeing the request, the interpreter lock can hold a thread back ~0.2 s. The
+    # margin covers that, so the server's own count stays within the quota.
+    quota = Quota(100, per=1, margin=0.25)
+    store = SQLiteCooldownStore(path)
+    stop = time.monotonic() + seconds
+
+    def run() -> None:
+        s = requests.Session()
+        s.mount(
+            "http://", RetryAfterAdapter(RetryAfterRetry(total=0, max_wait=0.5), cooldown=store, quota=quota)
+        )
+        while time.monotonic() < stop:
+            s.get(url, timeout=5)
+
+    pool = [threading.Thread(target=run) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+
+
+@pytest.mark.slow
+def test_eight_processes_of_eight_threads_never_exceed_the_quota_at_the_server(
+    real_server: ThrottleServer, tmp_path: Path
+) -> None:
+    path = str(tmp_path / "quota.db")
+    SQLiteCooldownStore(path).close()
+    real_server.serve([Reply(200)])
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(real_server.url, path, 2.5, 8)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    arrivals = sorted(s.at for s in real_server.seen)
+    assert len(arrivals) >= 150  # the quota was the limit, not the machine
+    worst = max(
+        sum(1 for t in arrivals[i : i + 200] if t < at + timedelta(seconds=1))
+        for i, at in enumerate(arrivals)
+    )
+    assert worst <= 100, worst
