@@ -357,7 +357,9 @@ def process_main(spec: dict[str, Any], messages: Any, start: Any, start_value: A
     for the start signal, run, put the result on ``messages``."""
     try:
         install_send_stamp()
-        make = session_factory(spec["variant"], spec["deadline"], spec.get("store"), spec["attempt_reserve"])
+        make = session_factory(
+            spec["variant"], spec["deadline"], spec.get("store"), spec["attempt_reserve"], spec.get("quota")
+        )
         fleet = Fleet(make, spec["url"], spec["items"], spec["threads"], spec["client"], spec["time_limit"])
         fleet.prepare()
         messages.put(("ready", spec["client"]))
@@ -418,18 +420,24 @@ TOTAL = 10
 
 
 def session_factory(
-    variant: str, deadline: float, store: tuple[str, str] | None, attempt_reserve: float
+    variant: str,
+    deadline: float,
+    store: tuple[str, str] | None,
+    attempt_reserve: float,
+    quota: tuple[int, float] | None = None,
 ) -> SessionFactory:
-    """Sessions for ``variant`` "stock" or "adapter"; adapters share one store per process.
+    """Sessions for ``variant`` "stock", "adapter" or "adapter+quota" (the adapter told
+    the server's quota, ``(limit, per seconds)``); adapters share one store per process.
 
     ``deadline`` and ``attempt_reserve`` (seconds) are the adapter's; stock has neither.
     """
     from requests.adapters import HTTPAdapter
     from urllib3.util.retry import Retry
 
-    from retry_after_adapter import RetryAfterAdapter, RetryAfterRetry
+    from retry_after_adapter import Quota, RetryAfterAdapter, RetryAfterRetry
 
-    shared = make_store(store) if variant == "adapter" else None
+    shared = make_store(store) if variant.startswith("adapter") else None
+    told = Quota(quota[0], per=quota[1]) if variant == "adapter+quota" and quota else None
 
     def make() -> requests.Session:
         session = requests.Session()
@@ -439,7 +447,7 @@ def session_factory(
                 total=TOTAL, backoff_factor=0.5, status_forcelist=STATUSES, respect_retry_after_header=True
             )
             adapter = HTTPAdapter(max_retries=retry)
-        elif variant == "adapter":
+        elif variant.startswith("adapter"):
             policy = RetryAfterRetry(
                 total=TOTAL,
                 backoff_factor=0.5,
@@ -447,7 +455,7 @@ def session_factory(
                 deadline=deadline,
                 attempt_reserve=attempt_reserve,
             )
-            adapter = RetryAfterAdapter(max_retries=policy, cooldown=shared)
+            adapter = RetryAfterAdapter(max_retries=policy, cooldown=shared, quota=told)
         else:
             raise ValueError(variant)
         session.mount("http://", adapter)

@@ -80,7 +80,8 @@ def throttle_server(shape: dict[str, Any]) -> _common.ServerProcess:
 def run_threads(shape: dict[str, Any], variant: str, threads: int, reserve: float) -> dict[str, Any]:
     _fleet.install_send_stamp()
     with throttle_server(shape) as server:
-        make = _fleet.session_factory(variant, shape["deadline"], ("memory", ""), reserve)
+        told = (shape["quota"], shape["window"])
+        make = _fleet.session_factory(variant, shape["deadline"], ("memory", ""), reserve, told)
         fleet = _fleet.Fleet(
             make, server.url, list(range(shape["items"])), threads, str(os.getpid()), time_limit(shape)
         )
@@ -127,6 +128,7 @@ def run_processes(
                 "deadline": shape["deadline"],
                 "store": store,
                 "attempt_reserve": reserve,
+                "quota": (shape["quota"], shape["window"]),
                 "url": server.url,
                 "items": items[n::processes],
                 "threads": count,
@@ -326,13 +328,16 @@ def main() -> None:
         fleets += [
             ("stock, 1 process", "stock", "threads"),
             ("adapter, 1 process, memory", "adapter", "threads"),
+            ("adapter + Quota, 1 process, memory", "adapter+quota", "threads"),
         ]
     if "sqlite" in modes or "redis" in modes:
         fleets.append((f"stock, {processes} processes", "stock", "processes"))
     if "sqlite" in modes:
         fleets.append((f"adapter, {processes} processes, SQLite", "adapter", "sqlite"))
+        fleets.append((f"adapter + Quota, {processes} processes, SQLite", "adapter+quota", "sqlite"))
     if redis_server is not None:
         fleets.append((f"adapter, {processes} processes, Redis", "adapter", "redis"))
+        fleets.append((f"adapter + Quota, {processes} processes, Redis", "adapter+quota", "redis"))
 
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     try:
