@@ -21,7 +21,7 @@ from urllib3.util.retry import Retry
 
 from ._compat import local_response
 from .cooldown.base import CooldownStore
-from .cooldown.guard import DEFAULT, check_store_failure, failure_layer, supports_quota
+from .cooldown.guard import DEFAULT, check_store_failure, failure_layer, supports_leases, supports_quota
 from .cooldown.memory import DEFAULT_STORE
 from .deferral import Deferral
 from .engine import SINGLE_ATTEMPT, Call, Outcome, current_override, run
@@ -123,6 +123,10 @@ def as_retry_after_retry(max_retries: Any) -> RetryAfterRetry:
     raise ConfigurationError("max_retries must be a RetryAfterRetry, a urllib3 Retry, an int >= 0 or None")
 
 
+#: Seconds a concurrency slot is held at most when its worker never gives it back.
+DEFAULT_LEASE_TTL = 60.0
+
+
 class SharedSettings:
     """What :class:`RetryAfterAdapter` and :class:`~retry_after_adapter.RetryAfterPoolManager`
     share: the cooldown store and its failure policy, the scope, ``raise_on_defer`` and
@@ -134,6 +138,8 @@ class SharedSettings:
     store_failure: str
     on_decision: tuple[DecisionHook, ...]
     quota: Quota | None = None
+    max_concurrency: int | None = None
+    lease_ttl: float = DEFAULT_LEASE_TTL
 
     def _share(
         self,
@@ -143,6 +149,8 @@ class SharedSettings:
         store_failure: str,
         on_decision: DecisionHook | Collection[DecisionHook] | None,
         quota: Quota | None = None,
+        max_concurrency: int | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
     ) -> None:
         self.on_decision = as_hooks(on_decision)
         self.store_failure = check_store_failure(store_failure)
@@ -161,6 +169,26 @@ class SharedSettings:
                     "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
                 )
         self.quota = quota
+        if max_concurrency is not None:
+            if (
+                isinstance(max_concurrency, bool)
+                or not isinstance(max_concurrency, int)
+                or max_concurrency < 1
+            ):
+                raise ConfigurationError("max_concurrency must be an int >= 1 or None")
+            if self.cooldown is None or not supports_leases(self.cooldown):
+                raise ConfigurationError(
+                    "max_concurrency needs a store that holds leases (lease() and release()): "
+                    "MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
+                )
+        if (
+            isinstance(lease_ttl, bool)
+            or not isinstance(lease_ttl, (int, float))
+            or not (math.isfinite(lease_ttl) and lease_ttl > 0)
+        ):
+            raise ConfigurationError("lease_ttl must be a finite number of seconds > 0")
+        self.max_concurrency = max_concurrency
+        self.lease_ttl = float(lease_ttl)
         self._derive()
 
     def _derive(self) -> None:
@@ -179,6 +207,8 @@ class SharedSettings:
         )
         if self.quota is not None:
             call.quota = self.quota
+        if self.max_concurrency is not None:
+            call.concurrency = (self.max_concurrency, self.lease_ttl)
         return call
 
 
@@ -289,6 +319,11 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
       store; a permit is taken before each attempt, retries included, and a call that
       cannot get one within its budget defers with reason ``"quota"``.
 
+    - ``max_concurrency``: at most this many attempts of a scope on the wire at once,
+      across every worker sharing the store; a slot is a lease of ``lease_ttl`` seconds
+      (default 60), given back when the attempt ends, so a killed worker's slot comes
+      back by itself. No slot within the budget: defer with reason ``"concurrency"``.
+
     Every other argument is ``HTTPAdapter``'s (``pool_connections``, ``pool_maxsize``,
     ``pool_block``). The adapter copies, deep-copies and pickles (the default store
     maps back to itself, SQLite to its path, Redis to its URL).
@@ -302,6 +337,8 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         "store_failure",
         "on_decision",
         "quota",
+        "max_concurrency",
+        "lease_ttl",
     ]
 
     def __init__(
@@ -314,11 +351,15 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         store_failure: str = "open",
         on_decision: DecisionHook | Collection[DecisionHook] | None = None,
         quota: Quota | None = None,
+        max_concurrency: int | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
-        self._share(cooldown, scope, raise_on_defer, store_failure, on_decision, quota)
+        self._share(
+            cooldown, scope, raise_on_defer, store_failure, on_decision, quota, max_concurrency, lease_ttl
+        )
 
     def _derive(self) -> None:
         super()._derive()

@@ -29,6 +29,7 @@ import contextvars
 import math
 import random
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -195,6 +196,10 @@ class Call:
     store_failed = False
     #: The scope's quota: a permit is taken before every attempt.
     quota: Quota | None = None
+    #: ``(slots, lease seconds)``: a concurrency slot is held during every attempt.
+    concurrency: tuple[int, float] | None = None
+    #: The slot this call holds while an attempt is on the wire.
+    lease_token: str | None = None
 
     def __init__(
         self,
@@ -487,6 +492,51 @@ def admit(call: Call) -> Deferral | None:
     return call.defer(Decision(DEFER, call.seconds_until(until), Reason.COOLDOWN), until=until)
 
 
+#: Seconds between looks for a free concurrency slot while waiting for one.
+SLOT_POLL = 0.05
+
+
+def admit_slot(call: Call) -> Deferral | None:
+    """Take a concurrency slot for the next attempt (``max_concurrency``), waiting for
+    one while that fits the budget (looking every ``SLOT_POLL`` seconds), else defer
+    with reason ``concurrency`` (eligible when the earliest lease held expires, by when
+    a slot is free at the latest). None: the slot is held (``call.lease_token``)."""
+    assert call.concurrency is not None and call.store is not None and call.scope is not None
+    slots, ttl = call.concurrency
+    token = uuid.uuid4().hex
+    waited = 0.0
+    while True:
+        try:
+            busy_until = call.store.hold(call.scope, slots, ttl, call.clock.now(), token, call)
+        except CooldownUnavailable:
+            return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
+        if busy_until is None:
+            call.lease_token = token
+            return None
+        step = min(SLOT_POLL, max(call.seconds_until(busy_until), 0.001))
+        decision = admit_decision(
+            cooldown_left=waited + step,
+            elapsed=call.elapsed(),
+            deadline=call.deadline,
+            max_wait=call.max_wait,
+            attempt_reserve=call.policy.attempt_reserve,
+        )
+        if decision.action == DEFER or (call.max_wait is not None and waited + step > call.max_wait):
+            left = call.seconds_until(busy_until)
+            return call.defer(Decision(DEFER, left, Reason.CONCURRENCY), until=busy_until)
+        if not call.sleep(step):
+            return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=busy_until)
+        waited += step
+
+
+def release_slot(call: Call) -> None:
+    """Give the call's concurrency slot back (the attempt has ended)."""
+    token = call.lease_token
+    if token is not None and call.store is not None and call.scope is not None:
+        call.lease_token = None
+        call.store.free(call.scope, token)
+
+
 def _permit(call: Call) -> datetime | None:
     """Take the call's quota permit now (None: granted), or when one may be taken."""
     quota = call.quota
@@ -771,6 +821,8 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
     try:
         while True:
             deferral = admit(call)
+            if deferral is None and call.concurrency is not None and call.store is not None:
+                deferral = admit_slot(call)
             if deferral is not None:
                 # Before a retry: the last attempt's response (its body kept) or error ends it.
                 return Outcome(response, error, deferral)
@@ -783,6 +835,9 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
                 if cause is None:
                     raise
                 error = exc
+            finally:
+                if call.lease_token is not None:
+                    release_slot(call)
             raw = transport.raw(response) if response is not None else None
             verdict = judge(call, transport.method, transport.url, raw, cause)
             action = verdict.action

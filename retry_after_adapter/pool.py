@@ -144,11 +144,15 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         store_failure: str = "open",
         on_decision: DecisionHook | Collection[DecisionHook] | None = None,
         quota: Quota | None = None,
+        max_concurrency: int | None = None,
+        lease_ttl: float = 60.0,
         **connection_pool_kw: Any,
     ) -> None:
         super().__init__(num_pools=num_pools, headers=headers, **connection_pool_kw)
         self.retries: RetryAfterRetry = as_retry_after_retry(retries)
-        self._share(cooldown, scope, raise_on_defer, store_failure, on_decision, quota)
+        self._share(
+            cooldown, scope, raise_on_defer, store_failure, on_decision, quota, max_concurrency, lease_ttl
+        )
         self._config: dict[str, Any] = dict(
             num_pools=num_pools,
             headers=None if headers is None else dict(headers),
@@ -159,6 +163,8 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
             store_failure=self.store_failure,
             on_decision=self.on_decision,
             quota=self.quota,
+            max_concurrency=self.max_concurrency,
+            lease_ttl=self.lease_ttl,
             **connection_pool_kw,
         )
 

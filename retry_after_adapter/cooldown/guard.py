@@ -112,6 +112,17 @@ class Shared(Protocol):
         CooldownUnavailable when failing closed."""
         ...
 
+    def hold(
+        self, scope: str, limit: int, ttl: float, now: datetime, token: str, call: CallBudget | None = None
+    ) -> datetime | None:
+        """Take a concurrency slot (None: granted) or say by when one is free; raises
+        CooldownUnavailable when failing closed."""
+        ...
+
+    def free(self, scope: str, token: str) -> None:
+        """Give a concurrency slot back; never raises (an unreleased lease expires)."""
+        ...
+
 
 class Direct:
     """A store that cannot fail (in memory): used as it is."""
@@ -131,6 +142,14 @@ class Direct:
         self, scope: str, limit: int, per: float, now: datetime, call: CallBudget | None = None
     ) -> datetime | None:
         return _acquirer(self.store)(scope, limit, per, now)
+
+    def hold(
+        self, scope: str, limit: int, ttl: float, now: datetime, token: str, call: CallBudget | None = None
+    ) -> datetime | None:
+        return self.store.lease(scope, limit, ttl, now, token)  # type: ignore[attr-defined, no-any-return]
+
+    def free(self, scope: str, token: str) -> None:
+        self.store.release(scope, token)  # type: ignore[attr-defined]
 
     def __repr__(self) -> str:
         return f"Direct({self.store!r})"
@@ -156,6 +175,14 @@ class Guarded:
     ) -> datetime | None:
         return self.guard.acquire(scope, limit, per, now, fail_closed=self.fail_closed, call=call)
 
+    def hold(
+        self, scope: str, limit: int, ttl: float, now: datetime, token: str, call: CallBudget | None = None
+    ) -> datetime | None:
+        return self.guard.lease(scope, limit, ttl, now, token, fail_closed=self.fail_closed, call=call)
+
+    def free(self, scope: str, token: str) -> None:
+        self.guard.release(scope, token)
+
     def __repr__(self) -> str:
         return f"Guarded({self.guard.inner!r}, fail_closed={self.fail_closed})"
 
@@ -173,6 +200,11 @@ def _acquirer(store: object) -> Callable[[str, int, float, datetime], datetime |
 def supports_quota(store: object) -> bool:
     """Whether ``store`` can take quota permits (an ``acquire`` method)."""
     return callable(getattr(store, "acquire", None))
+
+
+def supports_leases(store: object) -> bool:
+    """Whether ``store`` can hold concurrency slots (``lease`` and ``release``)."""
+    return callable(getattr(store, "lease", None)) and callable(getattr(store, "release", None))
 
 
 def failure_layer(cooldown: object, store_failure: str) -> Shared | None:
@@ -379,6 +411,57 @@ class StoreGuard:
         if self._down or self._announced or self._generation is not None:
             self._answered()
         return eligible
+
+    def lease(
+        self,
+        scope: str,
+        limit: int,
+        ttl: float,
+        now: datetime,
+        token: str,
+        *,
+        fail_closed: bool = False,
+        call: CallBudget | None = None,
+    ) -> datetime | None:
+        """Take a concurrency slot in the store; while it fails, in the local copy (the
+        cap kept in this process: fail open) or CooldownUnavailable (fail closed)."""
+        inner: Any = self.inner
+        if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
+            return self._local_lease(scope, limit, ttl, now, token, fail_closed)
+        try:
+            earliest: datetime | None = self._bounded(inner.lease, (scope, limit, ttl, now, token), call)
+        except _OutOfTime:
+            self._gave_up(call)
+            return now + _PERMIT_RETRY  # no answer in time: not a slot
+        except Exception as exc:
+            self._failed(exc, call)
+            if not self._down:
+                return now + _PERMIT_RETRY  # busy: ask again shortly
+            return self._local_lease(scope, limit, ttl, now, token, fail_closed)
+        if self._busy_run:
+            self._busy_run = 0
+        if self._down or self._announced or self._generation is not None:
+            self._answered()
+        return earliest
+
+    def release(self, scope: str, token: str) -> None:
+        """Give a slot back, in the store and locally; a failure is ignored (the lease
+        expires by itself)."""
+        self.local.release(scope, token)
+        if self._open_until:
+            return
+        inner: Any = self.inner
+        try:
+            self._bounded(inner.release, (scope, token), None)
+        except Exception as exc:  # the lease expires by itself
+            log.debug("releasing a concurrency slot failed: %s", type(exc).__name__)
+
+    def _local_lease(
+        self, scope: str, limit: int, ttl: float, now: datetime, token: str, fail_closed: bool
+    ) -> datetime | None:
+        if fail_closed:
+            raise CooldownUnavailable("the shared cooldown store is unavailable")
+        return self.local.lease(scope, limit, ttl, now, token)
 
     def _local_permit(
         self, scope: str, limit: int, per: float, now: datetime, fail_closed: bool

@@ -36,6 +36,8 @@ class MemoryCooldownStore:
         self._heap: list[tuple[datetime, str]] = []
         #: Quota permits: per scope, the times of the permits granted, oldest first.
         self._permits: dict[str, list[datetime]] = {}
+        #: Concurrency leases: per scope, token -> when the lease expires.
+        self._leases: dict[str, dict[str, datetime]] = {}
 
     def get(self, scope: str) -> datetime | None:
         return self._until.get(scope)
@@ -67,6 +69,28 @@ class MemoryCooldownStore:
                 return None
             return log[-limit] + window
 
+    def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> datetime | None:
+        """Take one of ``limit`` concurrency slots of ``scope`` for ``ttl`` seconds as
+        ``token``: granted (None), or the time the earliest held lease expires (a slot
+        is free by then at the latest). Expired leases (a killed worker's) free theirs."""
+        check_scope(scope)
+        now = check_until(now)
+        with self._lock:
+            held = self._leases.setdefault(scope, {})
+            for key in [key for key, expires in held.items() if expires <= now]:
+                del held[key]
+            if len(held) < limit:
+                held[token] = now + timedelta(seconds=ttl)
+                return None
+            return min(held.values())
+
+    def release(self, scope: str, token: str) -> None:
+        """Give ``token``'s slot of ``scope`` back (nothing if it expired meanwhile)."""
+        with self._lock:
+            held = self._leases.get(scope)
+            if held is not None:
+                held.pop(token, None)
+
     def entries(self) -> dict[str, datetime]:
         """A copy of every stored scope and its time (expired ones not yet dropped
         included)."""
@@ -79,6 +103,7 @@ class MemoryCooldownStore:
             self._until.clear()
             self._heap.clear()
             self._permits.clear()
+            self._leases.clear()
 
     def delete(self, scope: str) -> bool:
         """Forget ``scope``'s cooldown (an operator lifting it); True if there was one."""

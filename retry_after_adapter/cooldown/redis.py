@@ -61,6 +61,21 @@ local edge = redis.call('ZREVRANGE', KEYS[1], limit - 1, limit - 1, 'WITHSCORES'
 return tonumber(edge[2]) + per
 """
 
+#: KEYS[1] = the scope's lease set (score = expiry, epoch ms); ARGV = now (ms), the
+#: lease's ttl (ms), the limit and the token. Drops expired leases, grants one if fewer
+#: than the limit are held (-1), else returns the earliest expiry.
+_LEASE_LUA = """
+local now = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[4])
+  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) + 1000)
+  return -1
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return tonumber(first[2])
+"""
+
 _INSTALL_HINT = "pip install 'retry_after_adapter[redis]' (from a checkout: pip install -e '.[redis]')"
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
@@ -112,6 +127,7 @@ class RedisCooldownStore:
         try:
             self._script = client.register_script(_EXTEND_LUA)  # local: no round trip
             self._acquire_script = client.register_script(_ACQUIRE_LUA)
+            self._lease_script = client.register_script(_LEASE_LUA)
         except Exception as exc:
             raise self._failure("register_script", exc) from exc
         self._url_args: tuple[str, dict[str, Any]] | None = None
@@ -244,6 +260,30 @@ class RedisCooldownStore:
         except (TypeError, ValueError):
             raise CooldownStoreError("the Redis quota script returned an unexpected reply") from None
         return None if value < 0 else from_epoch_ms(value)
+
+    def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> datetime | None:
+        """Take a concurrency slot (see ``MemoryCooldownStore.lease``): one ``EVALSHA``
+        on the key ``prefix + "lease:" + scope``."""
+        key = self._prefix + "lease:" + check_scope(scope)
+        now_ms = to_epoch_ms(check_until(now))
+        ttl_ms = max(1, math.ceil(ttl * 1000))
+        try:
+            first = self._lease_script(keys=[key], args=[str(now_ms), str(ttl_ms), str(limit), token])
+        except Exception as exc:
+            raise self._failure("lease", exc) from exc
+        try:
+            value = int(first)
+        except (TypeError, ValueError):
+            raise CooldownStoreError("the Redis lease script returned an unexpected reply") from None
+        return None if value < 0 else from_epoch_ms(value)
+
+    def release(self, scope: str, token: str) -> None:
+        """Give a concurrency slot back (one ``ZREM``)."""
+        key = self._prefix + "lease:" + check_scope(scope)
+        try:
+            self._client.zrem(key, token)
+        except Exception as exc:
+            raise self._failure("release", exc) from exc
 
     def delete(self, scope: str) -> bool:
         """Remove ``scope``'s cooldown (an operator lifting it); True if there was one."""

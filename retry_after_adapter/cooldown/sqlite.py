@@ -46,6 +46,8 @@ _SCHEMA = "CREATE TABLE IF NOT EXISTS cooldown (scope TEXT PRIMARY KEY, until_ms
 _PERMIT_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS permit (scope TEXT NOT NULL, at_ms INTEGER NOT NULL)",
     "CREATE INDEX IF NOT EXISTS permit_scope_at ON permit (scope, at_ms)",
+    "CREATE TABLE IF NOT EXISTS lease (scope TEXT NOT NULL, token TEXT NOT NULL, "
+    "expires_ms INTEGER NOT NULL, PRIMARY KEY (scope, token))",
 )
 _UPSERT_RETURNING = (
     "INSERT INTO cooldown (scope, until_ms) VALUES (?, ?) "
@@ -55,6 +57,7 @@ _UPSERT_RETURNING = (
 _SELECT = "SELECT until_ms FROM cooldown WHERE scope = ?"
 _SWEEP = "DELETE FROM cooldown WHERE until_ms < ?"
 _DELETE = "DELETE FROM cooldown WHERE scope = ?"
+_RELEASE = "DELETE FROM lease WHERE scope = ? AND token = ?"
 _ALL = "SELECT scope, until_ms FROM cooldown ORDER BY until_ms DESC"
 
 
@@ -307,6 +310,43 @@ class SQLiteCooldownStore:
                     conn.execute("ROLLBACK")
             raise
         return int(rows[0][0]) + per_ms if rows else None
+
+    def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> datetime | None:
+        """Take a concurrency slot (see ``MemoryCooldownStore.lease``): one immediate
+        transaction, so every process on the host agrees."""
+        check_scope(scope)
+        now_ms = to_epoch_ms(check_until(now))
+        ttl_ms = max(1, math.ceil(ttl * 1000))
+        earliest = self._run(lambda conn: self._hold(conn, scope, limit, ttl_ms, now_ms, token))
+        return None if earliest is None else from_epoch_ms(earliest)
+
+    @staticmethod
+    def _hold(
+        conn: sqlite3.Connection, scope: str, limit: int, ttl_ms: int, now_ms: int, token: str
+    ) -> int | None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("DELETE FROM lease WHERE scope = ? AND expires_ms <= ?", (scope, now_ms))
+            rows = conn.execute(
+                "SELECT count(*), min(expires_ms) FROM lease WHERE scope = ?", (scope,)
+            ).fetchall()
+            count, earliest = int(rows[0][0]), rows[0][1]
+            if count < limit:
+                conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, token, now_ms + ttl_ms))
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            raise
+        return None if count < limit else int(earliest)
+
+    def release(self, scope: str, token: str) -> None:
+        """Give a concurrency slot back."""
+        check_scope(scope)
+        self._run(
+            lambda conn: conn.execute("DELETE FROM lease WHERE scope = ? AND token = ?", (scope, token))
+        )
 
     def delete(self, scope: str) -> bool:
         """Remove ``scope``'s cooldown (an operator lifting it); True if there was one."""

@@ -1,0 +1,209 @@
+"""Concurrency caps (``max_concurrency``) with real parts: a loopback server that
+counts the requests it holds at once, threads, real processes on one SQLite file, and
+a worker killed while it holds a slot."""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from retry_after_adapter import (
+    ConfigurationError,
+    FakeClock,
+    MemoryCooldownStore,
+    RetryAfterAdapter,
+    RetryAfterRetry,
+    SQLiteCooldownStore,
+)
+
+from ..conftest import local_deferral
+from .throttle_server import Reply, ThrottleServer
+
+UTC = timezone.utc
+
+
+class HoldingServer:
+    """Answers 200 after ``hold`` seconds and records the most requests it held at once."""
+
+    def __init__(self, hold: float) -> None:
+        self.lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+        self.total = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                with outer.lock:
+                    outer.now += 1
+                    outer.total += 1
+                    outer.most = max(outer.most, outer.now)
+                time.sleep(hold)
+                with outer.lock:
+                    outer.now -= 1
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            request_queue_size = 128
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/x"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def holding() -> Iterator[HoldingServer]:
+    server = HoldingServer(0.03)
+    yield server
+    server.close()
+
+
+def test_threads_never_exceed_the_cap(holding: HoldingServer) -> None:
+    store = MemoryCooldownStore()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        s = requests.Session()
+        s.mount("http://", RetryAfterAdapter(RetryAfterRetry(total=0), cooldown=store, max_concurrency=2))
+        for _ in range(4):
+            try:
+                assert s.get(holding.url, timeout=5).status_code == 200
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    assert holding.total == 32
+    assert holding.most == 2  # the cap, reached and never exceeded
+    scope = f"http://127.0.0.1:{holding.httpd.server_address[1]}"
+    assert store._leases[scope] == {}  # every slot was given back
+
+
+def _process(url: str, path: str, threads: int) -> None:
+    store = SQLiteCooldownStore(path)
+
+    def run() -> None:
+        s = requests.Session()
+        s.mount(
+            "http://",
+            RetryAfterAdapter(RetryAfterRetry(total=0, max_wait=10), cooldown=store, max_concurrency=3),
+        )
+        for _ in range(3):
+            s.get(url, timeout=10)
+
+    pool = [threading.Thread(target=run) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+
+
+@pytest.mark.slow
+def test_processes_sharing_sqlite_never_exceed_the_cap(holding: HoldingServer, tmp_path: Path) -> None:
+    path = str(tmp_path / "slots.db")
+    SQLiteCooldownStore(path).close()
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_process, args=(holding.url, path, 4)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert holding.total == 48
+    assert holding.most <= 3
+
+
+def test_a_killed_workers_slot_comes_back_after_its_lease(tmp_path: Path) -> None:
+    path = tmp_path / "slots.db"
+    store = SQLiteCooldownStore(path)
+    code = (
+        "import os, signal, sys\n"
+        "from datetime import datetime, timezone\n"
+        "from retry_after_adapter import SQLiteCooldownStore\n"
+        "s = SQLiteCooldownStore(sys.argv[1])\n"
+        "assert s.lease('scope', 1, 0.5, datetime.now(timezone.utc), 'worker') is None\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(path)], timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    busy_until = store.lease("scope", 1, 5, datetime.now(UTC), "me")
+    assert busy_until is not None  # the dead worker still holds the only slot...
+    time.sleep(max(0.0, (busy_until - datetime.now(UTC)).total_seconds()) + 0.01)
+    assert store.lease("scope", 1, 5, datetime.now(UTC), "me") is None  # ...until its lease ran out
+
+
+def test_no_slot_within_the_budget_defers_with_reason_concurrency(
+    server: ThrottleServer, clock: FakeClock
+) -> None:
+    store = MemoryCooldownStore()
+    scope = f"http://127.0.0.1:{server.port}"
+    assert store.lease(scope, 1, 30, clock.now(), "someone else") is None  # the only slot, taken
+    server.serve([Reply(200)])
+    s = requests.Session()
+    retry = RetryAfterRetry(total=0, clock=clock, max_wait=0.2)
+    s.mount("http://", RetryAfterAdapter(retry, cooldown=store, max_concurrency=1))
+    deferral = local_deferral(s.get(server.url))
+    assert deferral.reason == "concurrency"
+    assert deferral.eligible_at == clock.now() + timedelta(seconds=30) - timedelta(seconds=sum(clock.sleeps))
+    assert server.count() == 0
+    store.release(scope, "someone else")
+    assert s.get(server.url).status_code == 200
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def test_every_shared_store_holds_and_releases_slots(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if kind == "sqlite":
+        store: Any = SQLiteCooldownStore(tmp_path / "s.db")
+    else:
+        from retry_after_adapter import RedisCooldownStore
+
+        store = RedisCooldownStore(request.getfixturevalue("redis_client"), prefix="ltest:")
+    now = datetime.now(UTC).replace(microsecond=0)
+    assert store.lease("s", 2, 10, now, "a") is None
+    assert store.lease("s", 2, 10, now, "b") is None
+    assert store.lease("s", 2, 10, now, "c") == now + timedelta(seconds=10)
+    store.release("s", "a")
+    assert store.lease("s", 2, 10, now, "c") is None
+    assert store.lease("s", 2, 10, now + timedelta(seconds=11), "d") is None  # b and c expired
+
+
+def test_max_concurrency_is_checked() -> None:
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ConfigurationError):
+            RetryAfterAdapter(max_concurrency=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError):
+        RetryAfterAdapter(max_concurrency=2, lease_ttl=0)
+    with pytest.raises(ConfigurationError):
+        RetryAfterAdapter(cooldown=None, max_concurrency=2)
