@@ -426,8 +426,9 @@ def session_factory(
     attempt_reserve: float,
     quota: tuple[int, float] | None = None,
 ) -> SessionFactory:
-    """Sessions for ``variant`` "stock", "adapter" or "adapter+quota" (the adapter told
-    the server's quota, ``(limit, per seconds)``); adapters share one store per process.
+    """Sessions for ``variant`` "stock", "adapter", "adapter+quota" (the adapter told
+    the server's quota, ``(limit, per seconds)``) or "adapter+cap8" (the adapter with
+    ``max_concurrency=8``, no quota information); adapters share one store per process.
 
     ``deadline`` and ``attempt_reserve`` (seconds) are the adapter's; stock has neither.
     """
@@ -455,7 +456,8 @@ def session_factory(
                 deadline=deadline,
                 attempt_reserve=attempt_reserve,
             )
-            adapter = RetryAfterAdapter(max_retries=policy, cooldown=shared, quota=told)
+            cap = 8 if variant == "adapter+cap8" else None
+            adapter = RetryAfterAdapter(max_retries=policy, cooldown=shared, quota=told, max_concurrency=cap)
         else:
             raise ValueError(variant)
         session.mount("http://", adapter)

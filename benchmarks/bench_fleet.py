@@ -329,6 +329,7 @@ def main() -> None:
             ("stock, 1 process", "stock", "threads"),
             ("adapter, 1 process, memory", "adapter", "threads"),
             ("adapter + Quota, 1 process, memory", "adapter+quota", "threads"),
+            ("adapter, max_concurrency=8, 1 process, memory", "adapter+cap8", "threads"),
         ]
     if "sqlite" in modes or "redis" in modes:
         fleets.append((f"stock, {processes} processes", "stock", "processes"))

@@ -529,6 +529,15 @@ def admit_slot(call: Call) -> Deferral | None:
         waited += step
 
 
+def _cooled_meanwhile(call: Call) -> bool:
+    """Whether the scope's cooldown runs now (read again after waiting for a slot)."""
+    try:
+        until = call.read_cooldown()
+    except CooldownUnavailable:
+        return True  # admit() applies the failure policy on the next round
+    return until is not None and until > call.clock.now()
+
+
 def release_slot(call: Call) -> None:
     """Give the call's concurrency slot back (the attempt has ended)."""
     token = call.lease_token
@@ -823,6 +832,9 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
             deferral = admit(call)
             if deferral is None and call.concurrency is not None and call.store is not None:
                 deferral = admit_slot(call)
+                if deferral is None and _cooled_meanwhile(call):
+                    release_slot(call)  # a cooldown was learned while waiting for the slot
+                    continue
             if deferral is not None:
                 # Before a retry: the last attempt's response (its body kept) or error ends it.
                 return Outcome(response, error, deferral)
