@@ -140,6 +140,7 @@ class SharedSettings:
     quota: Quota | None = None
     max_concurrency: int | None = None
     lease_ttl: float = DEFAULT_LEASE_TTL
+    max_waiting: int | None = None
 
     def _share(
         self,
@@ -151,6 +152,7 @@ class SharedSettings:
         quota: Quota | None = None,
         max_concurrency: int | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
+        max_waiting: int | None = None,
     ) -> None:
         self.on_decision = as_hooks(on_decision)
         self.store_failure = check_store_failure(store_failure)
@@ -187,8 +189,13 @@ class SharedSettings:
             or not (math.isfinite(lease_ttl) and lease_ttl > 0)
         ):
             raise ConfigurationError("lease_ttl must be a finite number of seconds > 0")
+        if max_waiting is not None and (
+            isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0
+        ):
+            raise ConfigurationError("max_waiting must be an int >= 0 or None")
         self.max_concurrency = max_concurrency
         self.lease_ttl = float(lease_ttl)
+        self.max_waiting = max_waiting
         self._derive()
 
     def _derive(self) -> None:
@@ -209,6 +216,8 @@ class SharedSettings:
             call.quota = self.quota
         if self.max_concurrency is not None:
             call.concurrency = (self.max_concurrency, self.lease_ttl)
+        if self.max_waiting is not None:
+            call.max_waiting = self.max_waiting
         return call
 
 
@@ -323,6 +332,9 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
       across every worker sharing the store; a slot is a lease of ``lease_ttl`` seconds
       (default 60), given back when the attempt ends, so a killed worker's slot comes
       back by itself. No slot within the budget: defer with reason ``"concurrency"``.
+    - ``max_waiting``: at most this many calls of a scope wait (for a cooldown, a
+      permit or a slot) in this process; the next one defers at once with the reason
+      it would have waited for, instead of tying up a worker.
 
     Every other argument is ``HTTPAdapter``'s (``pool_connections``, ``pool_maxsize``,
     ``pool_block``). The adapter copies, deep-copies and pickles (the default store
@@ -339,6 +351,7 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         "quota",
         "max_concurrency",
         "lease_ttl",
+        "max_waiting",
     ]
 
     def __init__(
@@ -353,12 +366,21 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         quota: Quota | None = None,
         max_concurrency: int | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
+        max_waiting: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
         self._share(
-            cooldown, scope, raise_on_defer, store_failure, on_decision, quota, max_concurrency, lease_ttl
+            cooldown,
+            scope,
+            raise_on_defer,
+            store_failure,
+            on_decision,
+            quota,
+            max_concurrency,
+            lease_ttl,
+            max_waiting,
         )
 
     def _derive(self) -> None:

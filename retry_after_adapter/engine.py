@@ -200,6 +200,9 @@ class Call:
     concurrency: tuple[int, float] | None = None
     #: The slot this call holds while an attempt is on the wire.
     lease_token: str | None = None
+    #: At most this many calls of a scope wait before an attempt in this process.
+    max_waiting: int | None = None
+    queued = False
 
     def __init__(
         self,
@@ -485,8 +488,14 @@ def admit(call: Call) -> Deferral | None:
             if decision.reason == Reason.COOLDOWN:
                 decision = Decision(DEFER, decision.wait, why)
             return call.defer(decision, until=until)
-        call.emit(Decision(RETRY, left, why))
-        if not call.sleep(left):
+        if not _queue(call):  # max_waiting calls already wait on this scope here
+            return call.defer(Decision(DEFER, left, why), until=until)
+        try:
+            call.emit(Decision(RETRY, left, why))
+            slept = call.sleep(left)
+        finally:
+            _unqueue(call)
+        if not slept:
             return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=until)
     until = call.read_cooldown()
     return call.defer(Decision(DEFER, call.seconds_until(until), Reason.COOLDOWN), until=until)
@@ -524,9 +533,59 @@ def admit_slot(call: Call) -> Deferral | None:
         if decision.action == DEFER or (call.max_wait is not None and waited + step > call.max_wait):
             left = call.seconds_until(busy_until)
             return call.defer(Decision(DEFER, left, Reason.CONCURRENCY), until=busy_until)
-        if not call.sleep(step):
+        if not _queue(call):
+            return call.defer(
+                Decision(DEFER, call.seconds_until(busy_until), Reason.CONCURRENCY), until=busy_until
+            )
+        try:
+            slept = call.sleep(step)
+        finally:
+            _unqueue(call)
+        if not slept:
             return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=busy_until)
         waited += step
+
+
+#: Calls waiting before an attempt, per (bound, scope), in this process.
+_WAITING: dict[tuple[int, str], int] = {}
+_WAITING_LOCK = threading.Lock()
+
+
+def _queue(call: Call) -> bool:
+    """Count the call as waiting on its scope; False (not counted) when ``max_waiting``
+    calls already wait there: it defers at once instead of tying up a worker."""
+    bound = call.max_waiting
+    if bound is None or call.scope is None:
+        return True
+    key = _waiting_key(call)
+    with _WAITING_LOCK:
+        waiting = _WAITING.get(key, 0)
+        if waiting >= bound:
+            return False
+        _WAITING[key] = waiting + 1
+    call.queued = True
+    return True
+
+
+def _waiting_key(call: Call) -> tuple[int, str]:
+    """The store object behind the call's view (shared by every adapter on it), and
+    the scope."""
+    view = call.store
+    underlying = getattr(view, "store", None) or getattr(view, "guard", None) or view
+    return id(underlying), call.scope or ""
+
+
+def _unqueue(call: Call) -> None:
+    if not call.queued or call.scope is None:
+        return
+    call.queued = False
+    key = _waiting_key(call)
+    with _WAITING_LOCK:
+        waiting = _WAITING.get(key, 0) - 1
+        if waiting > 0:
+            _WAITING[key] = waiting
+        else:
+            _WAITING.pop(key, None)
 
 
 def _cooled_meanwhile(call: Call) -> bool:

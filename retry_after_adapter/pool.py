@@ -146,12 +146,21 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         quota: Quota | None = None,
         max_concurrency: int | None = None,
         lease_ttl: float = 60.0,
+        max_waiting: int | None = None,
         **connection_pool_kw: Any,
     ) -> None:
         super().__init__(num_pools=num_pools, headers=headers, **connection_pool_kw)
         self.retries: RetryAfterRetry = as_retry_after_retry(retries)
         self._share(
-            cooldown, scope, raise_on_defer, store_failure, on_decision, quota, max_concurrency, lease_ttl
+            cooldown,
+            scope,
+            raise_on_defer,
+            store_failure,
+            on_decision,
+            quota,
+            max_concurrency,
+            lease_ttl,
+            max_waiting,
         )
         self._config: dict[str, Any] = dict(
             num_pools=num_pools,
@@ -165,6 +174,7 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
             quota=self.quota,
             max_concurrency=self.max_concurrency,
             lease_ttl=self.lease_ttl,
+            max_waiting=self.max_waiting,
             **connection_pool_kw,
         )
 

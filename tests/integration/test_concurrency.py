@@ -207,3 +207,30 @@ def test_max_concurrency_is_checked() -> None:
         RetryAfterAdapter(max_concurrency=2, lease_ttl=0)
     with pytest.raises(ConfigurationError):
         RetryAfterAdapter(cooldown=None, max_concurrency=2)
+
+
+def test_max_waiting_bounds_the_calls_queued_on_a_scope(real_server: ThrottleServer) -> None:
+    store = MemoryCooldownStore()
+    scope = f"http://127.0.0.1:{real_server.port}"
+    store.extend(scope, datetime.now(UTC) + timedelta(seconds=0.4))  # everyone waits 0.4 s
+    real_server.serve([Reply(200)])
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        s = requests.Session()
+        s.mount(
+            "http://", RetryAfterAdapter(RetryAfterRetry(total=0, max_wait=5), cooldown=store, max_waiting=2)
+        )
+        response = s.get(real_server.url)
+        with lock:
+            outcomes.append("sent" if not getattr(response, "local", False) else response.deferral.reason)
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)  # the first two are waiting when the others arrive
+    for t in threads:
+        t.join(10)
+    assert sorted(outcomes) == ["cooldown"] * 4 + ["sent"] * 2
+    assert real_server.count() == 2
