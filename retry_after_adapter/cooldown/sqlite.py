@@ -20,7 +20,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import TypeVar
 
@@ -102,6 +102,21 @@ def _looks_like_sqlite(path: str) -> bool:
     except OSError:
         return True  # gone again: the next operation notices
     return head == b"" or head == _HEADER
+
+
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction taken at once (``BEGIN IMMEDIATE``): committed when the
+    block ends, rolled back when it raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        raise
 
 
 def _intact(path: str, timeout: float) -> bool:
@@ -294,8 +309,7 @@ class SQLiteCooldownStore:
 
     @staticmethod
     def _take(conn: sqlite3.Connection, scope: str, limit: int, per_ms: int, now_ms: int) -> int | None:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _immediate(conn):
             conn.execute("DELETE FROM permit WHERE scope = ? AND at_ms <= ?", (scope, now_ms - per_ms))
             rows = conn.execute(
                 "SELECT at_ms FROM permit WHERE scope = ? ORDER BY at_ms DESC LIMIT 1 OFFSET ?",
@@ -303,12 +317,6 @@ class SQLiteCooldownStore:
             ).fetchall()
             if not rows:
                 conn.execute("INSERT INTO permit (scope, at_ms) VALUES (?, ?)", (scope, now_ms))
-            conn.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-            raise
         return int(rows[0][0]) + per_ms if rows else None
 
     def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> datetime | None:
@@ -324,8 +332,7 @@ class SQLiteCooldownStore:
     def _hold(
         conn: sqlite3.Connection, scope: str, limit: int, ttl_ms: int, now_ms: int, token: str
     ) -> int | None:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _immediate(conn):
             conn.execute("DELETE FROM lease WHERE scope = ? AND expires_ms <= ?", (scope, now_ms))
             rows = conn.execute(
                 "SELECT count(*), min(expires_ms) FROM lease WHERE scope = ?", (scope,)
@@ -333,12 +340,6 @@ class SQLiteCooldownStore:
             count, earliest = int(rows[0][0]), rows[0][1]
             if count < limit:
                 conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, token, now_ms + ttl_ms))
-            conn.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-            raise
         return None if count < limit else int(earliest)
 
     def release(self, scope: str, token: str) -> None:
@@ -406,17 +407,10 @@ class SQLiteCooldownStore:
     @staticmethod
     def _upsert_in_transaction(conn: sqlite3.Connection, scope: str, ms: int) -> int:
         """The same later-wins write for SQLite older than 3.35 (no RETURNING)."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _immediate(conn):
             conn.execute("INSERT OR IGNORE INTO cooldown (scope, until_ms) VALUES (?, ?)", (scope, ms))
             conn.execute("UPDATE cooldown SET until_ms = ? WHERE scope = ? AND until_ms < ?", (ms, scope, ms))
             rows = conn.execute(_SELECT, (scope,)).fetchall()
-            conn.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(sqlite3.Error):
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-            raise
         return int(rows[0][0])
 
     def _slot(self) -> _Slot | None:
