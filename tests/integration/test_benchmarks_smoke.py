@@ -17,6 +17,9 @@ from typing import Any
 
 import pytest
 
+#: Every test here runs a benchmark; tox's urllib3 matrix leaves them to the main run.
+pytestmark = pytest.mark.bench
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 MARKER = "--- JSON ---"
 MACHINE_KEYS = {"date", "cores", "cpu", "python", "urllib3", "requests", "commit"}
