@@ -26,7 +26,7 @@ from urllib3.exceptions import (
 )
 from urllib3.util.retry import Retry
 
-from .adapter import SharedSettings, as_retry_after_retry, local_429
+from .adapter import DEFAULT_LEASE_TTL, SharedSettings, as_retry_after_retry, local_429
 from .cooldown.base import CooldownStore
 from .cooldown.guard import DEFAULT
 from .deferral import Deferral
@@ -145,7 +145,7 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         on_decision: DecisionHook | Collection[DecisionHook] | None = None,
         quota: Quota | None = None,
         max_concurrency: int | None = None,
-        lease_ttl: float = 60.0,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
         max_waiting: int | None = None,
         **connection_pool_kw: Any,
     ) -> None:

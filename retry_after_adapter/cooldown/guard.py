@@ -334,13 +334,7 @@ class StoreGuard:
         except Exception as exc:
             self._failed(exc, call)
             return self._fallback(scope, fail_closed)
-        wrote = False
-        if self._busy_run:
-            self._busy_run = 0
-        if self._down or self._announced or self._generation is not None:
-            wrote = self._answered()
-        if self._stranded:
-            wrote = self._flush() or wrote
+        wrote = self._succeeded()
         local = self.local.get(scope)
         if wrote or epoch != self._epoch or (self._pending and scope in self._pending):
             # The answer predates a write-back (or the scope's time is still pending).
@@ -367,12 +361,7 @@ class StoreGuard:
         except Exception as exc:
             self._failed(exc, call)
             return local
-        if self._busy_run:
-            self._busy_run = 0
-        if self._down or self._announced or self._generation is not None:
-            self._answered()
-        if self._stranded:
-            self._flush()
+        self._succeeded()
         with self._lock:
             if self.local.get(scope) == local:
                 self._pending.discard(scope)
@@ -392,25 +381,8 @@ class StoreGuard:
     ) -> datetime | None:
         """Take a quota permit in the store; while it fails, in the local copy (limits
         kept in this process: fail open) or CooldownUnavailable (fail closed)."""
-        if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
-            return self._local_permit(scope, limit, per, now, fail_closed)
-        try:
-            eligible = self._bounded(_acquirer(self.inner), (scope, limit, per, now), call)
-        except ConfigurationError:
-            raise
-        except _OutOfTime:
-            self._gave_up(call)
-            return now + _PERMIT_RETRY  # no answer in time: not a permit (never over-admit)
-        except Exception as exc:
-            self._failed(exc, call)
-            if not self._down:
-                return now + _PERMIT_RETRY  # busy: ask again shortly, never admit locally
-            return self._local_permit(scope, limit, per, now, fail_closed)
-        if self._busy_run:
-            self._busy_run = 0
-        if self._down or self._announced or self._generation is not None:
-            self._answered()
-        return eligible
+        args = (scope, limit, per, now)
+        return self._admission(_acquirer(self.inner), self.local.acquire, args, now, fail_closed, call)
 
     def lease(
         self,
@@ -426,23 +398,35 @@ class StoreGuard:
         """Take a concurrency slot in the store; while it fails, in the local copy (the
         cap kept in this process: fail open) or CooldownUnavailable (fail closed)."""
         inner: Any = self.inner
+        args = (scope, limit, ttl, now, token)
+        return self._admission(inner.lease, self.local.lease, args, now, fail_closed, call)
+
+    def _admission(
+        self,
+        remote: Callable[..., datetime | None],
+        local: Callable[..., datetime | None],
+        args: tuple[Any, ...],
+        now: datetime,
+        fail_closed: bool,
+        call: CallBudget | None,
+    ) -> datetime | None:
+        """A permit or a slot: None when granted, else when to ask again. While the store
+        is down, ``local`` answers (fail open) or CooldownUnavailable (fail closed); a
+        store that is up but busy, or a call out of time, never grants one locally."""
         if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
-            return self._local_lease(scope, limit, ttl, now, token, fail_closed)
+            return self._local_admission(local, args, fail_closed)
         try:
-            earliest: datetime | None = self._bounded(inner.lease, (scope, limit, ttl, now, token), call)
+            answer = self._bounded(remote, args, call)
         except _OutOfTime:
             self._gave_up(call)
-            return now + _PERMIT_RETRY  # no answer in time: not a slot
+            return now + _PERMIT_RETRY  # no answer in time: not granted (never over-admit)
         except Exception as exc:
             self._failed(exc, call)
             if not self._down:
-                return now + _PERMIT_RETRY  # busy: ask again shortly
-            return self._local_lease(scope, limit, ttl, now, token, fail_closed)
-        if self._busy_run:
-            self._busy_run = 0
-        if self._down or self._announced or self._generation is not None:
-            self._answered()
-        return earliest
+                return now + _PERMIT_RETRY  # busy: ask again shortly, never admit locally
+            return self._local_admission(local, args, fail_closed)
+        self._succeeded()
+        return answer
 
     def release(self, scope: str, token: str) -> None:
         """Give a slot back, in the store and locally; a failure is ignored (the lease
@@ -456,19 +440,13 @@ class StoreGuard:
         except Exception as exc:  # the lease expires by itself
             log.debug("releasing a concurrency slot failed: %s", type(exc).__name__)
 
-    def _local_lease(
-        self, scope: str, limit: int, ttl: float, now: datetime, token: str, fail_closed: bool
+    @staticmethod
+    def _local_admission(
+        local: Callable[..., datetime | None], args: tuple[Any, ...], fail_closed: bool
     ) -> datetime | None:
         if fail_closed:
             raise CooldownUnavailable("the shared cooldown store is unavailable")
-        return self.local.lease(scope, limit, ttl, now, token)
-
-    def _local_permit(
-        self, scope: str, limit: int, per: float, now: datetime, fail_closed: bool
-    ) -> datetime | None:
-        if fail_closed:
-            raise CooldownUnavailable("the shared cooldown store is unavailable")
-        return self.local.acquire(scope, limit, per, now)
+        return local(*args)
 
     # -- health ----------------------------------------------------------------------
     @property
@@ -569,6 +547,20 @@ class StoreGuard:
             raise CooldownStoreError(
                 f"the cooldown store {type(self.inner).__name__} did not answer within {limit:.3g} s"
             ) from None
+
+    def _succeeded(self) -> bool:
+        """The store answered an operation: end a busy run, close the breaker, write
+        back what waits (an outage's cooldowns, or writes kept while it was busy), maybe
+        end the outage. Returns whether anything was written back (an answer read
+        before that may predate it). Cheap when the store is healthy."""
+        if self._busy_run:
+            self._busy_run = 0
+        wrote = False
+        if self._down or self._announced or self._generation is not None:
+            wrote = self._answered()
+        if self._stranded:
+            wrote = self._flush() or wrote
+        return wrote
 
     def _gave_up(self, call: CallBudget | None) -> None:
         """The call ran out of time before the store answered: it does not ask again,

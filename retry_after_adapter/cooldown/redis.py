@@ -251,15 +251,7 @@ class RedisCooldownStore:
         now_ms = to_epoch_ms(check_until(now))
         per_ms = max(1, math.ceil(per * 1000))
         member = f"{now_ms}-{secrets.token_hex(6)}"
-        try:
-            edge = self._acquire_script(keys=[key], args=[str(now_ms), str(per_ms), str(limit), member])
-        except Exception as exc:
-            raise self._failure("acquire", exc) from exc
-        try:
-            value = int(edge)
-        except (TypeError, ValueError):
-            raise CooldownStoreError("the Redis quota script returned an unexpected reply") from None
-        return None if value < 0 else from_epoch_ms(value)
+        return self._admission("acquire", self._acquire_script, key, [now_ms, per_ms, limit, member])
 
     def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> datetime | None:
         """Take a concurrency slot (see ``MemoryCooldownStore.lease``): one ``EVALSHA``
@@ -267,14 +259,18 @@ class RedisCooldownStore:
         key = self._prefix + "lease:" + check_scope(scope)
         now_ms = to_epoch_ms(check_until(now))
         ttl_ms = max(1, math.ceil(ttl * 1000))
+        return self._admission("lease", self._lease_script, key, [now_ms, ttl_ms, limit, token])
+
+    def _admission(self, operation: str, script: Any, key: str, args: list[object]) -> datetime | None:
+        """Run a permit or slot script: -1 is "granted" (None), else an epoch-ms time."""
         try:
-            first = self._lease_script(keys=[key], args=[str(now_ms), str(ttl_ms), str(limit), token])
+            reply = script(keys=[key], args=[str(arg) for arg in args])
         except Exception as exc:
-            raise self._failure("lease", exc) from exc
+            raise self._failure(operation, exc) from exc
         try:
-            value = int(first)
+            value = int(reply)
         except (TypeError, ValueError):
-            raise CooldownStoreError("the Redis lease script returned an unexpected reply") from None
+            raise CooldownStoreError(f"the Redis {operation} script returned an unexpected reply") from None
         return None if value < 0 else from_epoch_ms(value)
 
     def release(self, scope: str, token: str) -> None:
