@@ -73,13 +73,20 @@ def time_limit(shape: dict[str, Any]) -> float:
     return ideal + max(30.0, 3 * ideal)
 
 
-def throttle_server(shape: dict[str, Any]) -> _common.ServerProcess:
-    return _common.ServerProcess(_fleet.SERVER_MODULE, "--serve", str(shape["quota"]), str(shape["window"]))
+def throttle_server(shape: dict[str, Any], headers: str | None = None) -> _common.ServerProcess:
+    """The quota server in its own process; ``headers``: the quota headers it sends
+    (None, "ietf", "x-ratelimit")."""
+    told = [headers] if headers else []
+    return _common.ServerProcess(
+        _fleet.SERVER_MODULE, "--serve", str(shape["quota"]), str(shape["window"]), *told
+    )
 
 
-def run_threads(shape: dict[str, Any], variant: str, threads: int, reserve: float) -> dict[str, Any]:
+def run_threads(
+    shape: dict[str, Any], variant: str, threads: int, reserve: float, headers: str | None = None
+) -> dict[str, Any]:
     _fleet.install_send_stamp()
-    with throttle_server(shape) as server:
+    with throttle_server(shape, headers) as server:
         told = (shape["quota"], shape["window"])
         make = _fleet.session_factory(variant, shape["deadline"], ("memory", ""), reserve, told)
         fleet = _fleet.Fleet(
@@ -113,6 +120,7 @@ def run_processes(
     processes: int,
     threads: int,
     reserve: float,
+    headers: str | None = None,
 ) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     messages = ctx.Queue()
@@ -120,7 +128,7 @@ def run_processes(
     start_value = ctx.Value("d", 0.0)
     items = list(range(shape["items"]))
     limit = time_limit(shape)
-    with throttle_server(shape) as server:
+    with throttle_server(shape, headers) as server:
         procs = []
         for n, count in enumerate(split(threads, processes)):
             spec = {
@@ -323,41 +331,49 @@ def main() -> None:
             skipped["redis"] = why
             print(f"skipping the Redis runs: {why}", flush=True)
 
-    fleets: list[tuple[str, str, Any]] = []  # (name, variant, how)
+    # (name, variant, how, the quota headers the server sends)
+    fleets: list[tuple[str, str, str, str | None]] = []
     if "threads" in modes:
         fleets += [
-            ("stock, 1 process", "stock", "threads"),
-            ("adapter, 1 process, memory", "adapter", "threads"),
-            ("adapter + Quota, 1 process, memory", "adapter+quota", "threads"),
-            ("adapter, max_concurrency=8, 1 process, memory", "adapter+cap8", "threads"),
+            ("stock, 1 process", "stock", "threads", None),
+            ("adapter, 1 process, memory", "adapter", "threads", None),
+            ("adapter, IETF RateLimit headers, 1 process, memory", "adapter", "threads", "ietf"),
+            ("adapter, X-RateLimit headers, 1 process, memory", "adapter", "threads", "x-ratelimit"),
+            ("adapter + Quota, 1 process, memory", "adapter+quota", "threads", None),
+            ("adapter, max_concurrency=8, 1 process, memory", "adapter+cap8", "threads", None),
         ]
     if "sqlite" in modes or "redis" in modes:
-        fleets.append((f"stock, {processes} processes", "stock", "processes"))
-    if "sqlite" in modes:
-        fleets.append((f"adapter, {processes} processes, SQLite", "adapter", "sqlite"))
-        fleets.append((f"adapter + Quota, {processes} processes, SQLite", "adapter+quota", "sqlite"))
-    if redis_server is not None:
-        fleets.append((f"adapter, {processes} processes, Redis", "adapter", "redis"))
-        fleets.append((f"adapter + Quota, {processes} processes, Redis", "adapter+quota", "redis"))
+        fleets.append((f"stock, {processes} processes", "stock", "processes", None))
+    for mode, label in (("sqlite", "SQLite"), ("redis", "Redis")):
+        if mode not in modes or (mode == "redis" and redis_server is None):
+            continue
+        fleets += [
+            (f"adapter, {processes} processes, {label}", "adapter", mode, None),
+            (f"adapter, IETF RateLimit headers, {processes} processes, {label}", "adapter", mode, "ietf"),
+            (f"adapter + Quota, {processes} processes, {label}", "adapter+quota", mode, None),
+            (f"adapter, max_concurrency=8, {processes} processes, {label}", "adapter+cap8", mode, None),
+        ]
 
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     try:
         for shape_name in wanted_shapes:
             shape = shapes[shape_name]
-            runs[shape_name] = {name: [] for name, _v, _h in fleets}
+            runs[shape_name] = {name: [] for name, _v, _h, _q in fleets}
             for rep in range(reps):
-                for n, (name, variant, how) in enumerate(fleets):
+                for n, (name, variant, how, headers) in enumerate(fleets):
                     if how == "threads":
-                        result = run_threads(shape, variant, threads, reserve)
+                        result = run_threads(shape, variant, threads, reserve, headers)
                     elif how == "processes":
-                        result = run_processes(shape, variant, None, processes, threads, reserve)
+                        result = run_processes(shape, variant, None, processes, threads, reserve, headers)
                     elif how == "sqlite":
                         path = os.path.join(workdir, f"cooldown-{shape_name}-{rep}-{n}.db")
-                        result = run_processes(shape, variant, ("sqlite", path), processes, threads, reserve)
+                        result = run_processes(
+                            shape, variant, ("sqlite", path), processes, threads, reserve, headers
+                        )
                     else:
                         assert redis_server is not None
                         result = run_processes(
-                            shape, variant, ("redis", redis_server.url), processes, threads, reserve
+                            shape, variant, ("redis", redis_server.url), processes, threads, reserve, headers
                         )
                     runs[shape_name][name].append(result)
                     print(

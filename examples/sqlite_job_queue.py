@@ -223,9 +223,7 @@ def finish(db: sqlite3.Connection, job: Job, state: str, note: str, last: Deferr
     with transaction(db):
         db.execute("UPDATE jobs SET state = ?, note = ? WHERE id = ?", (state, note, job.id))
         if last is not None:
-            db.execute(
-                "UPDATE jobs SET deferral_json = ? WHERE id = ?", (json.dumps(last.to_dict()), job.id)
-            )
+            db.execute("UPDATE jobs SET deferral_json = ? WHERE id = ?", (json.dumps(last.to_dict()), job.id))
 
 
 # -- the worker ---------------------------------------------------------------------

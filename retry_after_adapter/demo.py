@@ -79,6 +79,9 @@ SENT_HEADER = "X-Demo-Sent-At"
 
 FORMS = ("seconds", "date")
 ALIGNS = ("epoch", "first")
+#: What a :class:`QuotaServer` says of its quota on every response (``quota_headers``):
+#: nothing, the IETF fields, or GitHub's and Discord's ``X-RateLimit-*``.
+QUOTA_HEADERS = (None, "ietf", "x-ratelimit")
 
 #: The fields of each entry of :attr:`QuotaServer.log` (and of ``GET /__log``), in
 #: order. Times are ``time.monotonic()`` seconds, one clock for every process of a
@@ -138,6 +141,9 @@ class _HTTPServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out as two writes: without this, a kept-alive body waits
+    # for the client's delayed ACK (40 ms on Linux).
+    disable_nagle_algorithm = True
     server: _HTTPServer
     _date: str | None = None
 
@@ -187,6 +193,11 @@ class QuotaServer:
     - ``align``: ``"epoch"`` (default: windows aligned to the server clock, as above) or
       ``"first"``: windows counted from the first request, on the monotonic clock (the
       benchmarks' fleets, whose processes share that clock).
+    - ``quota_headers``: what every response says of the quota: None (nothing),
+      ``"ietf"`` (``RateLimit-Policy: "default";q=Q;w=W`` and ``RateLimit:
+      "default";r=R;t=T``, T the whole seconds to the reset, rounded up) or
+      ``"x-ratelimit"`` (``X-RateLimit-Limit``, ``-Remaining``, ``-Reset`` as epoch
+      seconds with milliseconds and ``-Reset-After`` in seconds, as Discord sends).
 
     Only requests that are let through count against the quota. Every request is also
     recorded in :attr:`log` (fields :data:`LOG_FIELDS`), served as JSON at ``GET
@@ -207,6 +218,7 @@ class QuotaServer:
         clock: Clock | None = None,
         in_flight: float = IN_FLIGHT_ALLOWANCE,
         align: str = "epoch",
+        quota_headers: str | None = None,
     ) -> None:
         if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
             raise ConfigurationError("quota must be an int >= 1")
@@ -218,6 +230,9 @@ class QuotaServer:
             raise ConfigurationError("align must be 'epoch' or 'first'")
         if align == "first" and form != "seconds":
             raise ConfigurationError("windows from the first request announce delay-seconds only")
+        if quota_headers not in QUOTA_HEADERS:
+            raise ConfigurationError("quota_headers must be None, 'ietf' or 'x-ratelimit'")
+        self.quota_headers = quota_headers
         self.align = align
         #: Every request, as a list of :data:`LOG_FIELDS`.
         self.log: list[list[Any]] = []
@@ -313,7 +328,8 @@ class QuotaServer:
                 self._used += 1
                 self.arrivals.append(Arrival(now, sent_at, path, 200, early))
                 self._record(get, mono, 200, 0, index)
-                return 200, {}, b"ok " + path.encode("utf-8", "replace") + b"\n", date
+                told = self._announce(stamp, left)
+                return 200, told, b"ok " + path.encode("utf-8", "replace") + b"\n", date
             delay = max(1, math.ceil(left))
             if self.form == "seconds":
                 until = now + timedelta(seconds=delay)
@@ -326,7 +342,26 @@ class QuotaServer:
             self.arrivals.append(Arrival(now, sent_at, path, 429, early))
             self._record(get, mono, 429, delay, index)
             body = f"quota of {self.quota} requests per {self.window:g} s exhausted\n".encode()
-            return 429, {"Retry-After": value}, body, date
+            return 429, {"Retry-After": value, **self._announce(stamp, left)}, body, date
+
+    def _announce(self, stamp: float, left: float) -> dict[str, str]:
+        """The quota headers of a response decided at epoch ``stamp``, ``left`` seconds
+        before the window resets (the lock is held)."""
+        kind = self.quota_headers
+        if kind is None:
+            return {}
+        remaining = self.quota - self._used
+        if kind == "ietf":
+            return {
+                "RateLimit-Policy": f'"default";q={self.quota};w={math.ceil(self.window)}',
+                "RateLimit": f'"default";r={remaining};t={max(1, math.ceil(left))}',
+            }
+        return {
+            "X-RateLimit-Limit": str(self.quota),
+            "X-RateLimit-Remaining": str(remaining),
+            "X-RateLimit-Reset": f"{math.ceil((stamp + left) * 1000) / 1000:.3f}",
+            "X-RateLimit-Reset-After": f"{math.ceil(left * 1000) / 1000:.3f}",
+        }
 
     def _record(self, get: Callable[[str], Any], arrival: float, status: int, delay: int, index: int) -> None:
         sent, checked, item = get("X-Sent-At"), get("X-Checked-At"), get("X-Item")
@@ -776,23 +811,24 @@ def report_json(results: dict[str, FleetResult], config: DemoConfig) -> str:
     return json.dumps(data, indent=2, sort_keys=True)
 
 
-def serve(quota: int, window: float) -> None:
+def serve(quota: int, window: float, quota_headers: str | None = None) -> None:
     """Run a :class:`QuotaServer` (``align="first"``) until terminated, after printing
     ``PORT <n>``: the benchmarks' fleets start it in its own process this way."""
     import signal
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with QuotaServer(quota, window, align="first") as server:
+    with QuotaServer(quota, window, align="first", quota_headers=quota_headers) as server:
         print(f"PORT {server.port}", flush=True)
         while not stop.wait(1.0):
             pass
 
 
-if __name__ == "__main__":  # python -m retry_after_adapter.demo --serve QUOTA WINDOW
+if __name__ == "__main__":  # python -m retry_after_adapter.demo --serve QUOTA WINDOW [HEADERS]
     import sys
 
-    if len(sys.argv) == 4 and sys.argv[1] == "--serve":
-        serve(int(sys.argv[2]), float(sys.argv[3]))
+    told = sys.argv[4:]
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "--serve" and told in ([], ["ietf"], ["x-ratelimit"]):
+        serve(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] if len(sys.argv) == 5 else None)
     else:
-        sys.exit("usage: python -m retry_after_adapter.demo --serve QUOTA WINDOW")
+        sys.exit("usage: python -m retry_after_adapter.demo --serve QUOTA WINDOW [ietf|x-ratelimit]")

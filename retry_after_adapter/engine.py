@@ -25,6 +25,7 @@ a deferral is an aware UTC ``datetime``.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import math
 import random
@@ -42,6 +43,7 @@ from urllib3.util.timeout import Timeout
 
 from ._compat import response_header
 from .clock import Clock
+from .cooldown.allowance import SAME_WINDOW
 from .cooldown.guard import Shared
 from .deferral import Deferral
 from .errors import ConfigurationError, CooldownUnavailable, DeferralLimitExceeded, InvalidRetryAfter
@@ -203,6 +205,8 @@ class Call:
     #: At most this many calls of a scope wait before an attempt in this process.
     max_waiting: int | None = None
     queued = False
+    #: The admission number of the attempt on the wire (``admit``), for quota headers.
+    admission: int | None = None
 
     def __init__(
         self,
@@ -287,12 +291,22 @@ class Call:
         date = response_header(response, "Date")
         hint = read_quota(lambda name: response_header(response, name), received_at=now, date=date)
         if (
-            hint is not None
-            and hint.exhausted
-            and hint.reset is not None
-            and not beyond_bound(hint.reset, self.policy.max_retry_after)
+            hint is None
+            or hint.reset is None
+            or hint.remaining is None
+            or hint.reset <= 0
+            or beyond_bound(hint.reset, self.policy.max_retry_after)
         ):
-            self.learn_cooldown(now + timedelta(seconds=hint.reset))
+            return hint
+        until = now + timedelta(seconds=hint.reset)
+        if hint.exhausted:
+            self.learn_cooldown(until)
+        if self.store is not None and self.scope is not None and self.store.admits:
+            # At most `remaining` more before the reset, across every worker: the store
+            # takes off what was admitted after this attempt (its admission number).
+            seq = self.admission
+            remaining = hint.remaining if seq is not None else _left_unseen(self, hint, until)
+            self.store.allow(self.scope, remaining, until, now, seq, hint.limit, hint.window, self)
         return hint
 
     # -- the shared store -------------------------------------------------------------
@@ -434,23 +448,26 @@ def admit(call: Call) -> Deferral | None:
     Returns None when the attempt may go now. The common case (nothing pending, no
     cooldown stored, no quota) costs one store read.
     """
-    if call.cancel is None and call.not_before is None and call.store is not None and call.scope is not None:
-        try:
-            stored = call.cooldown = call.store.read(call.scope, call)
-        except CooldownUnavailable:
-            pass  # the rounds below read again and apply the failure policy
-        else:
-            if (stored is None or stored <= call.clock.now()) and (
-                call.deadline is None or call.clock.monotonic() - call.start <= call.deadline
-            ):
-                if call.quota is None:
+    store, scope = call.store, call.scope
+    if call.cancel is None and call.not_before is None and store is not None and scope is not None:
+        if call.deadline is not None and call.clock.monotonic() - call.start > call.deadline:
+            pass  # out of time: the rounds below defer with reason "deadline"
+        elif not _gated(call):
+            try:
+                stored = call.cooldown = store.read(scope, call)
+            except CooldownUnavailable:
+                pass  # the rounds below read again and apply the failure policy
+            else:
+                if stored is None or stored <= call.clock.now():
                     return None  # the happy path: nothing to wait for (one store read)
-                try:
-                    eligible = _permit(call)
-                except CooldownUnavailable:
-                    return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
-                if eligible is None:
-                    return None  # with a quota: one read and one permit
+        else:
+            try:
+                wait = _permit(call)
+            except CooldownUnavailable:
+                pass  # the rounds below apply the failure policy
+            else:
+                if wait is None:
+                    return None  # nothing to wait for, a permit taken: one store operation
     for _ in range(_MAX_ADMIT_ROUNDS):
         cancel = call.cancel
         if cancel is not None and cancel.is_set():
@@ -464,7 +481,7 @@ def admit(call: Call) -> Deferral | None:
         if left <= 0:
             if call.deadline is not None and call.elapsed() > call.deadline:
                 return call.defer(Decision(DEFER, 0.0, Reason.DEADLINE))
-            if call.quota is None:
+            if not _gated(call):
                 return None
             try:
                 until = _permit(call)
@@ -473,7 +490,8 @@ def admit(call: Call) -> Deferral | None:
             if until is None:
                 return None
             left = call.seconds_until(until)
-            why = Reason.QUOTA
+            if call.cooldown is None or until != call.cooldown:
+                why = Reason.QUOTA  # else a cooldown learned meanwhile: wait for it
         if call.policy.jitter:
             # Workers held back by one cooldown would all wake at its end: spread them.
             left += _jitter_rng.uniform(0.0, call.policy.jitter)
@@ -571,8 +589,10 @@ def _waiting_key(call: Call) -> tuple[int, str]:
     """The store object behind the call's view (shared by every adapter on it), and
     the scope."""
     view = call.store
-    underlying = getattr(view, "store", None) or getattr(view, "guard", None) or view
-    return id(underlying), call.scope or ""
+    underlying = getattr(view, "store", None)  # a Direct view's store (an empty one is falsy)
+    if underlying is None:
+        underlying = getattr(view, "guard", None)
+    return id(view if underlying is None else underlying), call.scope or ""
 
 
 def _unqueue(call: Call) -> None:
@@ -606,10 +626,104 @@ def release_slot(call: Call) -> None:
 
 
 def _permit(call: Call) -> datetime | None:
-    """Take the call's quota permit now (None: granted), or when one may be taken."""
+    """Admit the next attempt now: None when it may go (a quota permit and one of the
+    server's announced allowance taken), else when to ask again (the cooldown's end if
+    one runs, which ``call.cooldown`` then holds). One store operation where the store
+    admits in one (``admit``), else a read and a permit."""
+    store, scope = call.store, call.scope
+    assert store is not None and scope is not None
     quota = call.quota
-    assert quota is not None and call.store is not None and call.scope is not None
-    return call.store.take(call.scope, quota.limit, quota.window, call.clock.now(), call)
+    now = call.clock.now()
+    if store.admits:
+        limit, per = (quota.limit, quota.window) if quota is not None else (None, None)
+        cooldown, wait, call.admission = store.admit(scope, now, limit, per, call)
+        call.cooldown = cooldown
+        return wait
+    assert quota is not None
+    cooldown = call.cooldown = store.read(scope, call)
+    if cooldown is not None and cooldown > now:
+        return cooldown
+    return store.take(scope, quota.limit, quota.window, now, call)
+
+
+# ------------------------------------------------------------ the announced allowance
+class _Meter:
+    """One scope's attempts in this process: how many are on the wire, and when the
+    last ones were sent (epoch seconds), for quota headers the store did not count."""
+
+    __slots__ = ("in_flight", "sent")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.sent: collections.deque[float] = collections.deque(maxlen=_SENT_KEPT)
+
+    def sent_since(self, start: float) -> int:
+        """Attempts sent at or after ``start`` (epoch seconds), at most ``_SENT_KEPT``."""
+        count = 0
+        for at in reversed(self.sent):
+            if at < start:
+                break
+            count += 1
+        return count
+
+
+#: Send times kept per scope (for the first window a server announces).
+_SENT_KEPT = 4096
+
+
+def _left_unseen(call: Call, hint: QuotaHint, until: datetime) -> int:
+    """What is left of an announced quota when the store did not count the answered
+    attempt (the first window a store sees of a scope): ``remaining`` less the attempts
+    still on the wire here (the server did not count them yet, though it may have
+    counted some whose answers are not read yet: an underestimate). With the server's
+    limit known: the limit less what this process sent in the window, if more (exact
+    for one process; no more than ``remaining``)."""
+    assert hint.remaining is not None
+    meter = _meter(call)
+    estimate = hint.remaining - meter.in_flight
+    if hint.limit:
+        # The window began at most `window` before the reset, which is rounded up: a
+        # second more is counted (what was sent in the previous window, if anything).
+        start = (until - timedelta(seconds=hint.window + SAME_WINDOW)).timestamp() if hint.window else 0.0
+        estimate = max(estimate, min(hint.limit - meter.sent_since(start), hint.remaining))
+    return estimate
+
+
+#: Per (store, scope) in this process: attempts on the wire (counted by :func:`run`).
+_METERS: dict[tuple[int, str], _Meter] = {}
+_METERS_LOCK = threading.Lock()
+#: Beyond this many scopes, idle meters are dropped.
+_MAX_METERS = 4096
+
+
+def _meter(call: Call) -> _Meter:
+    key = _waiting_key(call)
+    meter = _METERS.get(key)
+    if meter is None:
+        with _METERS_LOCK:
+            meter = _METERS.get(key)
+            if meter is None:
+                if len(_METERS) >= _MAX_METERS:
+                    for old in [k for k, m in _METERS.items() if not m.in_flight]:
+                        del _METERS[old]
+                meter = _METERS[key] = _Meter()
+    return meter
+
+
+def _gated(call: Call) -> bool:
+    """Whether admission takes something before each attempt: a quota permit, or one
+    of the allowance the server announced (any worker may have read its headers)."""
+    if call.quota is not None:
+        return True
+    store = call.store
+    return call.policy.quota_headers and store is not None and store.admits
+
+
+def _sending(meter: _Meter, step: int, at: float = 0.0) -> None:
+    with _METERS_LOCK:
+        meter.in_flight += step
+        if step > 0:
+            meter.sent.append(at)
 
 
 def _pending(call: Call) -> datetime | None:
@@ -899,6 +1013,11 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
                 return Outcome(response, error, deferral)
             response = error = None
             cause: Exception | None = None
+            meter = None
+            store = call.store
+            if call.policy.quota_headers and store is not None and store.admits and call.scope is not None:
+                meter = _meter(call)  # the attempts on the wire, for the quota headers
+                _sending(meter, 1, call.clock.now().timestamp())
             try:
                 response = transport.send(call.attempt_timeout(transport.timeout()))
             except Exception as exc:
@@ -907,6 +1026,8 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
                     raise
                 error = exc
             finally:
+                if meter is not None:
+                    _sending(meter, -1)
                 if call.lease_token is not None:
                     release_slot(call)
             raw = transport.raw(response) if response is not None else None

@@ -123,14 +123,47 @@ class Shared(Protocol):
         """Give a concurrency slot back; never raises (an unreleased lease expires)."""
         ...
 
+    #: Whether the store has ``admit`` and ``allow`` (else the two below are not called).
+    admits: bool
+
+    def admit(
+        self,
+        scope: str,
+        now: datetime,
+        limit: int | None = None,
+        per: float | None = None,
+        call: CallBudget | None = None,
+    ) -> tuple[datetime | None, datetime | None, int | None]:
+        """The cooldown; None (admitted: a permit and one of the allowance taken) or
+        when to ask again; and the attempt's admission number (for ``allow``) or None.
+        One store operation; raises CooldownUnavailable when failing closed."""
+        ...
+
+    def allow(
+        self,
+        scope: str,
+        remaining: int,
+        until: datetime,
+        now: datetime,
+        seq: int | None = None,
+        limit: int | None = None,
+        window: float | None = None,
+        call: CallBudget | None = None,
+    ) -> None:
+        """Record that the server allows ``remaining`` more requests until ``until``
+        (``limit`` per ``window`` seconds, when it said), in answer to the attempt
+        admitted as ``seq``."""
+        ...
+
 
 class Direct:
     """A store that cannot fail (in memory): used as it is."""
 
-    __slots__ = ("store",)
+    __slots__ = ("admits", "store")
 
     def __init__(self, store: CooldownStore) -> None:
         self.store = store
+        self.admits = supports_admit(store)
 
     def read(self, scope: str, call: CallBudget | None = None) -> datetime | None:
         return self.store.get(scope)
@@ -148,6 +181,29 @@ class Direct:
     ) -> datetime | None:
         return self.store.lease(scope, limit, ttl, now, token)  # type: ignore[attr-defined, no-any-return]
 
+    def admit(
+        self,
+        scope: str,
+        now: datetime,
+        limit: int | None = None,
+        per: float | None = None,
+        call: CallBudget | None = None,
+    ) -> tuple[datetime | None, datetime | None, int | None]:
+        return self.store.admit(scope, now, limit, per)  # type: ignore[attr-defined, no-any-return]
+
+    def allow(
+        self,
+        scope: str,
+        remaining: int,
+        until: datetime,
+        now: datetime,
+        seq: int | None = None,
+        limit: int | None = None,
+        window: float | None = None,
+        call: CallBudget | None = None,
+    ) -> None:
+        self.store.allow(scope, remaining, until, now, seq, limit, window)  # type: ignore[attr-defined]
+
     def free(self, scope: str, token: str) -> None:
         self.store.release(scope, token)  # type: ignore[attr-defined]
 
@@ -158,11 +214,12 @@ class Direct:
 class Guarded:
     """A store's process-wide :class:`StoreGuard` under one adapter's failure policy."""
 
-    __slots__ = ("fail_closed", "guard")
+    __slots__ = ("admits", "fail_closed", "guard")
 
     def __init__(self, guard: StoreGuard, *, fail_closed: bool) -> None:
         self.guard = guard
         self.fail_closed = fail_closed
+        self.admits = supports_admit(guard.inner)
 
     def read(self, scope: str, call: CallBudget | None = None) -> datetime | None:
         return self.guard.get(scope, fail_closed=self.fail_closed, call=call)
@@ -179,6 +236,29 @@ class Guarded:
         self, scope: str, limit: int, ttl: float, now: datetime, token: str, call: CallBudget | None = None
     ) -> datetime | None:
         return self.guard.lease(scope, limit, ttl, now, token, fail_closed=self.fail_closed, call=call)
+
+    def admit(
+        self,
+        scope: str,
+        now: datetime,
+        limit: int | None = None,
+        per: float | None = None,
+        call: CallBudget | None = None,
+    ) -> tuple[datetime | None, datetime | None, int | None]:
+        return self.guard.admit(scope, now, limit, per, fail_closed=self.fail_closed, call=call)
+
+    def allow(
+        self,
+        scope: str,
+        remaining: int,
+        until: datetime,
+        now: datetime,
+        seq: int | None = None,
+        limit: int | None = None,
+        window: float | None = None,
+        call: CallBudget | None = None,
+    ) -> None:
+        self.guard.allow(scope, remaining, until, now, seq, limit, window, call=call)
 
     def free(self, scope: str, token: str) -> None:
         self.guard.release(scope, token)
@@ -200,6 +280,12 @@ def _acquirer(store: object) -> Callable[[str, int, float, datetime], datetime |
 def supports_quota(store: object) -> bool:
     """Whether ``store`` can take quota permits (an ``acquire`` method)."""
     return callable(getattr(store, "acquire", None))
+
+
+def supports_admit(store: object) -> bool:
+    """Whether ``store`` admits in one operation (``admit``) and records the server's
+    announced allowance (``allow``): quota headers spread ``remaining`` over workers."""
+    return callable(getattr(store, "admit", None)) and callable(getattr(store, "allow", None))
 
 
 def supports_leases(store: object) -> bool:
@@ -400,6 +486,83 @@ class StoreGuard:
         inner: Any = self.inner
         args = (scope, limit, ttl, now, token)
         return self._admission(inner.lease, self.local.lease, args, now, fail_closed, call)
+
+    def admit(
+        self,
+        scope: str,
+        now: datetime,
+        limit: int | None = None,
+        per: float | None = None,
+        *,
+        fail_closed: bool = False,
+        call: CallBudget | None = None,
+    ) -> tuple[datetime | None, datetime | None, int | None]:
+        """Admission for one attempt in one store operation (``admit``): the cooldown
+        (mirrored as :meth:`get` does), the quota permit and the announced allowance.
+        While the store is down, the local copy admits (fail open; its admission
+        numbers are not the store's, so none is returned) or CooldownUnavailable; busy
+        or out of time: "ask again shortly"."""
+        args = (scope, now, limit, per)
+        if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
+            return self._local_admit(args, fail_closed)
+        epoch = self._epoch
+        inner: Any = self.inner
+        try:
+            remote, wait, seq = self._bounded(inner.admit, args, call)
+        except _OutOfTime:
+            self._gave_up(call)
+            return self.local.get(scope), now + _PERMIT_RETRY, None
+        except Exception as exc:
+            self._failed(exc, call)
+            if not self._down:
+                return self.local.get(scope), now + _PERMIT_RETRY, None
+            return self._local_admit(args, fail_closed)
+        wrote = self._succeeded()
+        local = self.local.get(scope)
+        if wrote or epoch != self._epoch or (self._pending and scope in self._pending):
+            if local is not None and (remote is None or local > remote):
+                return local, (local if local > now else wait), seq
+            return remote, wait, seq
+        if remote != local:
+            self.local._replace(scope, remote)
+        return remote, wait, seq
+
+    def _local_admit(
+        self, args: tuple[Any, ...], fail_closed: bool
+    ) -> tuple[datetime | None, datetime | None, int | None]:
+        if fail_closed:
+            raise CooldownUnavailable("the shared cooldown store is unavailable")
+        cooldown, wait, _ = self.local.admit(*args)
+        return cooldown, wait, None
+
+    def allow(
+        self,
+        scope: str,
+        remaining: int,
+        until: datetime,
+        now: datetime,
+        seq: int | None = None,
+        limit: int | None = None,
+        window: float | None = None,
+        *,
+        call: CallBudget | None = None,
+    ) -> None:
+        """Record the server's announced allowance locally and in the store (a failure
+        leaves it local: it ends by itself at the reset). The local copy counts its
+        own admissions (during an outage), so it is given no admission number."""
+        self.local.allow(scope, remaining, until, now, None, limit, window)
+        if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
+            return
+        inner: Any = self.inner
+        try:
+            self._bounded(inner.allow, (scope, remaining, until, now, seq, limit, window), call)
+        except _OutOfTime:
+            self._gave_up(call)
+            return
+        except Exception as exc:
+            self._failed(exc, call)
+            return
+        self._succeeded()
 
     def _admission(
         self,

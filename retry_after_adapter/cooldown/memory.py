@@ -8,6 +8,7 @@ import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance
 from .base import check_scope, check_until
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
@@ -38,6 +39,8 @@ class MemoryCooldownStore:
         self._permits: dict[str, list[datetime]] = {}
         #: Concurrency leases: per scope, token -> when the lease expires.
         self._leases: dict[str, dict[str, datetime]] = {}
+        #: What servers announced, per scope (see ``Allowance``).
+        self._allowance: dict[str, Allowance] = {}
 
     def get(self, scope: str) -> datetime | None:
         return self._until.get(scope)
@@ -58,16 +61,85 @@ class MemoryCooldownStore:
         taken and the time the oldest of them leaves the window is returned."""
         check_scope(scope)
         now = check_until(now)
-        window = timedelta(seconds=per)
         with self._lock:
-            log = self._permits.setdefault(scope, [])
-            cut = bisect.bisect_right(log, now - window)
-            if cut:
-                del log[:cut]
-            if len(log) < limit:
-                bisect.insort(log, now)
-                return None
-            return log[-limit] + window
+            return self._permit_locked(scope, limit, per, now)
+
+    def _permit_locked(self, scope: str, limit: int, per: float, now: datetime) -> datetime | None:
+        window = timedelta(seconds=per)
+        log = self._permits.setdefault(scope, [])
+        cut = bisect.bisect_right(log, now - window)
+        if cut:
+            del log[:cut]
+        if len(log) < limit:
+            bisect.insort(log, now)
+            return None
+        return log[-limit] + window
+
+    def allow(
+        self,
+        scope: str,
+        remaining: int,
+        until: datetime,
+        now: datetime,
+        seq: int | None = None,
+        limit: int | None = None,
+        window: float | None = None,
+    ) -> None:
+        """Record that the server allows ``remaining`` more requests of ``scope`` until
+        ``until`` (``limit`` per ``window`` seconds when it said so), in answer to the
+        attempt admitted as ``seq`` (see ``allowance.merge_allowance``)."""
+        check_scope(scope)
+        until = check_until(until)
+        now = check_until(now)
+        with self._lock:
+            merged = merge_allowance(self._allowance.get(scope), remaining, until, now, seq, limit, window)
+            if merged is not None:
+                self._allowance[scope] = merged
+                if len(self._allowance) > _EXPIRE_AT:
+                    stale = now - timedelta(seconds=ALLOWANCE_KEPT)
+                    for key in [k for k, record in self._allowance.items() if record.until <= stale]:
+                        del self._allowance[key]
+
+    def admit(
+        self, scope: str, now: datetime, limit: int | None = None, per: float | None = None
+    ) -> tuple[datetime | None, datetime | None, int | None]:
+        """Admission for one attempt at ``now``, atomically: the scope's cooldown, then
+        its quota permit (``limit`` per ``per`` seconds, when given) and what the server
+        announced is left.
+
+        Returns ``(cooldown, not_before, seq)``: the stored cooldown (may be past); None
+        when the attempt may go (a permit and one of the allowance taken), else when to
+        ask again (nothing taken; a running cooldown takes nothing either); and the
+        attempt's admission number once the scope's quota headers are counted (for
+        ``allow``), else None."""
+        if limit is None and scope not in self._allowance:
+            # Nothing to take (the common case): as lock-free as ``get``.
+            cooldown = self._until.get(scope)
+            return cooldown, (cooldown if cooldown is not None and cooldown > now else None), None
+        check_scope(scope)
+        now = check_until(now)
+        with self._lock:
+            cooldown = self._until.get(scope)
+            if cooldown is not None and cooldown > now:
+                return cooldown, cooldown, None
+            record = self._allowance.get(scope)
+            if record is not None:
+                rolled, wait = admit_allowance(record, now)
+                if wait is not None:
+                    self._allowance[scope] = rolled
+                    return cooldown, wait, None
+            if limit is not None and per is not None:
+                refused = self._permit_locked(scope, limit, per, now)
+                if refused is not None:
+                    return cooldown, refused, None
+            if record is None:
+                return cooldown, None, None
+            self._allowance[scope] = rolled
+            return cooldown, None, rolled.admitted - 1
+
+    def allowance(self, scope: str) -> Allowance | None:
+        """The scope's allowance record (see ``allowance.Allowance``), or None."""
+        return self._allowance.get(scope)
 
     def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> datetime | None:
         """Take one of ``limit`` concurrency slots of ``scope`` for ``ttl`` seconds as
@@ -104,6 +176,7 @@ class MemoryCooldownStore:
             self._heap.clear()
             self._permits.clear()
             self._leases.clear()
+            self._allowance.clear()
 
     def delete(self, scope: str) -> bool:
         """Forget ``scope``'s cooldown (an operator lifting it); True if there was one."""

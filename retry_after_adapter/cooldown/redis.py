@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import ConfigurationError, CooldownStoreError
+from .allowance import ALLOWANCE_KEPT, SAME_WINDOW
 from .base import check_scope, check_until
 from .sqlite import from_epoch_ms, to_epoch_ms
 
@@ -45,7 +46,7 @@ return new
 #: KEYS[1] = the scope's permit set (a sorted set, score = epoch ms); ARGV = now, the
 #: window and the limit (ms, ms, count) and a unique member. Drops permits older than
 #: the window, grants one if fewer than the limit remain (returns -1), else returns
-#: when the limit-th newest leaves the window (epoch ms). One key: cluster-safe.
+#: when the limit-th newest leaves the window (epoch ms).
 _ACQUIRE_LUA = """
 local now = tonumber(ARGV[1])
 local per = tonumber(ARGV[2])
@@ -60,6 +61,135 @@ end
 local edge = redis.call('ZREVRANGE', KEYS[1], limit - 1, limit - 1, 'WITHSCORES')
 return tonumber(edge[2]) + per
 """
+
+#: The allowance rules of ``allowance.py`` in Lua, shared by the two scripts below. The
+#: hash has r (left), a (as of admission), u (until, epoch ms, kept as the decimal
+#: string it came as), n (admitted), l (limit, 0: unknown), w (window ms, 0: unknown)
+#: and x ("1": exact). ``roll`` starts the server's next window past the reset.
+_ALLOWANCE_LUA = """
+local function load(key)
+  local h = redis.call('HMGET', key, 'r', 'a', 'u', 'n', 'l', 'w', 'x')
+  if h[4] == false then return nil end
+  return {r = tonumber(h[1]), a = tonumber(h[2]), u = tonumber(h[3]), n = tonumber(h[4]),
+          l = tonumber(h[5]) or 0, w = tonumber(h[6]) or 0, x = h[7] == '1'}
+end
+local function save(key, rec, kept)
+  redis.call('HSET', key, 'r', rec.r, 'a', rec.a, 'u', string.format('%d', rec.u), 'n', rec.n,
+             'l', rec.l, 'w', rec.w, 'x', rec.x and '1' or '0')
+  redis.call('PEXPIREAT', key, rec.u + kept)
+end
+local function roll(rec, now)
+  if rec.u > now or rec.l <= 0 then return false end
+  if rec.w <= 0 then
+    if rec.x then return false end
+    rec.r = rec.l
+    rec.a = rec.n
+    rec.x = true
+    return true
+  end
+  local periods = math.floor((now - rec.u) / rec.w) + 1
+  rec.u = rec.u + periods * rec.w
+  rec.r = rec.l
+  rec.a = rec.n
+  rec.x = true
+  return true
+end
+"""
+
+#: Admission for one attempt, atomically (``MemoryCooldownStore.admit``). KEYS = the
+#: cooldown key, the permit set, the allowance hash, all in one cluster slot; ARGV =
+#: now (ms), the window (ms, 0: no quota), the limit, a unique member, "1" to read the
+#: cooldown from KEYS[1] ("0": the caller read it), and how long (ms) an allowance
+#: outlives its reset. Returns {cooldown or -1, -1 when admitted or when to ask again,
+#: the admission number or -1}.
+_ADMIT_LUA = (
+    _ALLOWANCE_LUA
+    + """
+local now = tonumber(ARGV[1])
+local cooldown = -1
+if ARGV[5] == '1' then
+  local stored = tonumber(redis.call('GET', KEYS[1]))
+  if stored ~= nil then
+    if stored > now then return {stored, stored, -1} end
+    cooldown = stored
+  end
+end
+local rec = load(KEYS[3])
+if rec ~= nil then
+  local rolled = roll(rec, now)
+  if rec.u > now and rec.r - (rec.n - rec.a) <= 0 then
+    if rolled then save(KEYS[3], rec, tonumber(ARGV[6])) end
+    return {cooldown, rec.u, -1}
+  end
+end
+local per = tonumber(ARGV[2])
+if per > 0 then
+  local limit = tonumber(ARGV[3])
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - per)
+  if redis.call('ZCARD', KEYS[2]) >= limit then
+    local edge = redis.call('ZREVRANGE', KEYS[2], limit - 1, limit - 1, 'WITHSCORES')
+    return {cooldown, tonumber(edge[2]) + per, -1}
+  end
+  redis.call('ZADD', KEYS[2], now, ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], per + 1000)
+end
+if rec == nil then return {cooldown, -1, -1} end
+rec.n = rec.n + 1
+save(KEYS[3], rec, tonumber(ARGV[6]))
+return {cooldown, -1, rec.n - 1}
+"""
+)
+
+#: KEYS[1] = the allowance hash; ARGV = remaining, until, now (epoch ms), the
+#: answered attempt's admission number (-1: none), the limit and the window (ms; 0:
+#: not said), the same-window tolerance and how long a record outlives its reset (ms).
+#: ``allowance.merge_allowance`` in Lua.
+_ALLOW_LUA = (
+    _ALLOWANCE_LUA
+    + """
+local remaining = math.max(0, tonumber(ARGV[1]))
+local untl, now, seq = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local lim, win, same, kept = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+if untl <= now then return 0 end
+local rec = load(KEYS[1])
+if rec ~= nil then
+  if lim <= 0 then lim = rec.l end
+  if win <= 0 then win = rec.w end
+  local gap = untl - rec.u
+  if win <= 0 and gap > same and now - rec.u < gap / 2 then win = math.floor(gap / 1000 + 0.5) * 1000 end
+  roll(rec, now)
+end
+local count = 0
+if rec ~= nil then count = rec.n end
+local at = count
+if seq >= 0 then at = math.min(seq + 1, count) end
+if rec ~= nil and rec.u <= now and rec.x and lim > 0 then
+  local left = math.min(remaining, rec.r - (rec.n - rec.a))
+  save(KEYS[1], {r = left, a = count, u = untl, n = count, l = lim, w = win, x = true}, kept)
+  return 1
+end
+if rec == nil or rec.u <= now then
+  save(KEYS[1], {r = remaining, a = at, u = untl, n = count, l = lim, w = win, x = false}, kept)
+  return 1
+end
+local gap = untl - rec.u
+if gap > same then
+  save(KEYS[1], {r = remaining, a = at, u = untl, n = count, l = lim, w = win, x = false}, kept)
+  return 1
+end
+if gap < -same then return 0 end
+if untl < rec.u then rec.u = untl end
+rec.l = lim
+rec.w = win
+if lim > 0 then at = count end
+if not rec.x and remaining - (count - at) < rec.r - (rec.n - rec.a) then
+  rec.r = remaining
+  rec.a = at
+end
+save(KEYS[1], rec, kept)
+return 1
+"""
+)
 
 #: KEYS[1] = the scope's lease set (score = expiry, epoch ms); ARGV = now (ms), the
 #: lease's ttl (ms), the limit and the token. Drops expired leases, grants one if fewer
@@ -128,6 +258,8 @@ class RedisCooldownStore:
             self._script = client.register_script(_EXTEND_LUA)  # local: no round trip
             self._acquire_script = client.register_script(_ACQUIRE_LUA)
             self._lease_script = client.register_script(_LEASE_LUA)
+            self._admit_script = client.register_script(_ADMIT_LUA)
+            self._allow_script = client.register_script(_ALLOW_LUA)
         except Exception as exc:
             raise self._failure("register_script", exc) from exc
         self._url_args: tuple[str, dict[str, Any]] | None = None
@@ -244,19 +376,87 @@ class RedisCooldownStore:
         except (TypeError, ValueError):
             raise CooldownStoreError("the Redis cooldown script returned an unexpected reply") from None
 
+    def companion(self, scope: str, name: str) -> str:
+        """The key of ``scope``'s ``name`` record ("quota", "allowance", "lease"): hash
+        tagged so that it lives in the cluster slot of the scope's cooldown key (the
+        cooldown key unchanged: ``{prefix + scope}name``)."""
+        tag, _ = _slot_string(self.key(scope))
+        return "{" + tag + "}" + name
+
     def acquire(self, scope: str, limit: int, per: float, now: datetime) -> datetime | None:
         """Take a quota permit at ``now`` (see ``MemoryCooldownStore.acquire``): one
-        ``EVALSHA`` on the key ``prefix + "quota:" + scope``."""
-        key = self._prefix + "quota:" + check_scope(scope)
+        ``EVALSHA`` on the scope's "quota" key (:meth:`companion`)."""
+        key = self.companion(check_scope(scope), "quota")
         now_ms = to_epoch_ms(check_until(now))
         per_ms = max(1, math.ceil(per * 1000))
         member = f"{now_ms}-{secrets.token_hex(6)}"
         return self._admission("acquire", self._acquire_script, key, [now_ms, per_ms, limit, member])
 
+    def admit(
+        self, scope: str, now: datetime, limit: int | None = None, per: float | None = None
+    ) -> tuple[datetime | None, datetime | None, int | None]:
+        """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
+        the quota permit and the announced allowance in one ``EVALSHA``, the keys in one
+        cluster slot. (A scope whose key has a ``}`` that Redis would not read as a hash
+        tag has its cooldown read by a ``GET`` before: two round trips.)"""
+        key = self.key(check_scope(scope))
+        when = check_until(now)
+        now_ms = to_epoch_ms(when)
+        per_ms = max(1, math.ceil(per * 1000)) if limit is not None and per is not None else 0
+        _, together = _slot_string(key)
+        stored = None if together else self.get(scope)
+        if stored is not None and stored > when:
+            return stored, stored, None
+        allowance = self.companion(scope, "allowance")
+        keys = [key if together else allowance, self.companion(scope, "quota"), allowance]
+        member = f"{now_ms}-{secrets.token_hex(6)}"
+        args = [now_ms, per_ms, limit or 0, member, "1" if together else "0", int(ALLOWANCE_KEPT * 1000)]
+        try:
+            reply = self._admit_script(keys=keys, args=[str(arg) for arg in args])
+        except Exception as exc:
+            raise self._failure("admit", exc) from exc
+        try:
+            cooldown, wait, seq = int(reply[0]), int(reply[1]), int(reply[2])
+        except (TypeError, ValueError, IndexError):
+            raise CooldownStoreError("the Redis admit script returned an unexpected reply") from None
+        return (
+            (None if cooldown < 0 else from_epoch_ms(cooldown)) if together else stored,
+            None if wait < 0 else from_epoch_ms(wait),
+            None if seq < 0 else seq,
+        )
+
+    def allow(
+        self,
+        scope: str,
+        remaining: int,
+        until: datetime,
+        now: datetime,
+        seq: int | None = None,
+        limit: int | None = None,
+        window: float | None = None,
+    ) -> None:
+        """Record the server's announced allowance (see ``MemoryCooldownStore.allow``):
+        one ``EVALSHA`` on the scope's "allowance" key."""
+        key = self.companion(check_scope(scope), "allowance")
+        args = [
+            int(remaining),
+            to_epoch_ms(check_until(until)),
+            to_epoch_ms(check_until(now)),
+            -1 if seq is None else int(seq),
+            int(limit) if limit else 0,
+            round(window * 1000) if window else 0,
+            int(SAME_WINDOW * 1000),
+            int(ALLOWANCE_KEPT * 1000),
+        ]
+        try:
+            self._allow_script(keys=[key], args=[str(arg) for arg in args])
+        except Exception as exc:
+            raise self._failure("allow", exc) from exc
+
     def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> datetime | None:
         """Take a concurrency slot (see ``MemoryCooldownStore.lease``): one ``EVALSHA``
-        on the key ``prefix + "lease:" + scope``."""
-        key = self._prefix + "lease:" + check_scope(scope)
+        on the scope's "lease" key."""
+        key = self.companion(check_scope(scope), "lease")
         now_ms = to_epoch_ms(check_until(now))
         ttl_ms = max(1, math.ceil(ttl * 1000))
         return self._admission("lease", self._lease_script, key, [now_ms, ttl_ms, limit, token])
@@ -275,7 +475,7 @@ class RedisCooldownStore:
 
     def release(self, scope: str, token: str) -> None:
         """Give a concurrency slot back (one ``ZREM``)."""
-        key = self._prefix + "lease:" + check_scope(scope)
+        key = self.companion(check_scope(scope), "lease")
         try:
             self._client.zrem(key, token)
         except Exception as exc:
@@ -335,6 +535,20 @@ class RedisCooldownStore:
             f"the Redis cooldown store failed during {operation}: {type(exc).__name__}"
             + (f": {detail}" if detail else "")
         )
+
+
+def _slot_string(key: str) -> tuple[str, bool]:
+    """What Redis Cluster hashes of ``key`` (its hash tag, else the whole key), with a
+    tag free of braces for the scope's other keys, and whether ``{tag}...`` keys share
+    the cooldown key's slot (False only for a key whose ``}`` is not part of a tag)."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end], True
+    if "}" in key:
+        return key.replace("}", ""), False
+    return key, True
 
 
 def _as_redis_url(url: str) -> str:

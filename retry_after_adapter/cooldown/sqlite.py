@@ -25,6 +25,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TypeVar
 
 from ..errors import ConfigurationError, CooldownStoreError
+from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance
 from .base import check_scope, check_until
 
 _T = TypeVar("_T")
@@ -48,6 +49,10 @@ _PERMIT_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS permit_scope_at ON permit (scope, at_ms)",
     "CREATE TABLE IF NOT EXISTS lease (scope TEXT NOT NULL, token TEXT NOT NULL, "
     "expires_ms INTEGER NOT NULL, PRIMARY KEY (scope, token))",
+    # What servers announced (``allowance.Allowance``, one column per field).
+    "CREATE TABLE IF NOT EXISTS allowance (scope TEXT PRIMARY KEY, remaining INTEGER NOT NULL, "
+    "at_n INTEGER NOT NULL, until_ms INTEGER NOT NULL, n INTEGER NOT NULL, lim INTEGER NOT NULL, "
+    "window_ms INTEGER NOT NULL, exact INTEGER NOT NULL)",
 )
 _UPSERT_RETURNING = (
     "INSERT INTO cooldown (scope, until_ms) VALUES (?, ?) "
@@ -59,6 +64,8 @@ _SWEEP = "DELETE FROM cooldown WHERE until_ms < ?"
 _DELETE = "DELETE FROM cooldown WHERE scope = ?"
 _RELEASE = "DELETE FROM lease WHERE scope = ? AND token = ?"
 _ALL = "SELECT scope, until_ms FROM cooldown ORDER BY until_ms DESC"
+#: The cooldown, and whether an announced allowance runs (without a write transaction).
+_PEEK = "SELECT (SELECT until_ms FROM cooldown WHERE scope = ?), (SELECT n FROM allowance WHERE scope = ?)"
 
 
 def to_epoch_ms(until: datetime) -> int:
@@ -310,14 +317,122 @@ class SQLiteCooldownStore:
     @staticmethod
     def _take(conn: sqlite3.Connection, scope: str, limit: int, per_ms: int, now_ms: int) -> int | None:
         with _immediate(conn):
-            conn.execute("DELETE FROM permit WHERE scope = ? AND at_ms <= ?", (scope, now_ms - per_ms))
-            rows = conn.execute(
-                "SELECT at_ms FROM permit WHERE scope = ? ORDER BY at_ms DESC LIMIT 1 OFFSET ?",
-                (scope, limit - 1),
-            ).fetchall()
-            if not rows:
-                conn.execute("INSERT INTO permit (scope, at_ms) VALUES (?, ?)", (scope, now_ms))
-        return int(rows[0][0]) + per_ms if rows else None
+            return SQLiteCooldownStore._permit(conn, scope, limit, per_ms, now_ms)
+
+    @staticmethod
+    def _permit(conn: sqlite3.Connection, scope: str, limit: int, per_ms: int, now_ms: int) -> int | None:
+        """Inside a write transaction: take a permit (None), or when one may be (ms)."""
+        conn.execute("DELETE FROM permit WHERE scope = ? AND at_ms <= ?", (scope, now_ms - per_ms))
+        rows = conn.execute(
+            "SELECT at_ms FROM permit WHERE scope = ? ORDER BY at_ms DESC LIMIT 1 OFFSET ?",
+            (scope, limit - 1),
+        ).fetchall()
+        if rows:
+            return int(rows[0][0]) + per_ms
+        conn.execute("INSERT INTO permit (scope, at_ms) VALUES (?, ?)", (scope, now_ms))
+        return None
+
+    def allow(
+        self,
+        scope: str,
+        remaining: int,
+        until: datetime,
+        now: datetime,
+        seq: int | None = None,
+        limit: int | None = None,
+        window: float | None = None,
+    ) -> None:
+        """Record the server's announced allowance (see ``MemoryCooldownStore.allow``):
+        one immediate transaction."""
+        check_scope(scope)
+        until = check_until(until)
+        now = check_until(now)
+
+        def allow(conn: sqlite3.Connection) -> None:
+            with _immediate(conn):
+                current = self._allowance_row(conn, scope)
+                merged = merge_allowance(current, int(remaining), until, now, seq, limit, window)
+                if merged is not None:
+                    self._put_allowance(conn, scope, merged)
+                stale = to_epoch_ms(now) - int(ALLOWANCE_KEPT * 1000)
+                conn.execute("DELETE FROM allowance WHERE until_ms <= ? AND scope != ?", (stale, scope))
+
+        self._run(allow)
+
+    @staticmethod
+    def _allowance_row(conn: sqlite3.Connection, scope: str) -> Allowance | None:
+        rows = conn.execute(
+            "SELECT remaining, at_n, until_ms, n, lim, window_ms, exact FROM allowance WHERE scope = ?",
+            (scope,),
+        ).fetchall()
+        if not rows:
+            return None
+        left, at, until, count, lim, window, exact = (int(v) for v in rows[0])
+        return Allowance(left, at, from_epoch_ms(until), count, lim, window / 1000, bool(exact))
+
+    @staticmethod
+    def _put_allowance(conn: sqlite3.Connection, scope: str, record: Allowance) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO allowance VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                scope,
+                record.left,
+                record.at,
+                to_epoch_ms(record.until),
+                record.admitted,
+                record.limit,
+                round(record.window * 1000),
+                int(record.exact),
+            ),
+        )
+
+    def admit(
+        self, scope: str, now: datetime, limit: int | None = None, per: float | None = None
+    ) -> tuple[datetime | None, datetime | None, int | None]:
+        """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
+        the quota permit and the announced allowance in one transaction (a plain read
+        while the scope has neither a quota nor an allowance record)."""
+        check_scope(scope)
+        now = check_until(now)
+        now_ms = to_epoch_ms(now)
+        per_ms = max(1, math.ceil(per * 1000)) if limit is not None and per is not None else None
+
+        def admit(conn: sqlite3.Connection) -> tuple[int | None, int | None, int | None]:
+            if per_ms is None:
+                # No quota: a plain read, unless the scope's admissions are counted.
+                rows = conn.execute(_PEEK, (scope, scope)).fetchall()
+                cooldown = None if rows[0][0] is None else int(rows[0][0])
+                if cooldown is not None and cooldown > now_ms:
+                    return cooldown, cooldown, None
+                if rows[0][1] is None:
+                    return cooldown, None, None
+            with _immediate(conn):
+                rows = conn.execute(_SELECT, (scope,)).fetchall()
+                cooldown = int(rows[0][0]) if rows else None
+                if cooldown is not None and cooldown > now_ms:
+                    return cooldown, cooldown, None
+                record = self._allowance_row(conn, scope)
+                if record is not None:
+                    rolled, wait = admit_allowance(record, now)
+                    if wait is not None:
+                        if rolled != record:
+                            self._put_allowance(conn, scope, rolled)
+                        return cooldown, to_epoch_ms(wait), None
+                if limit is not None and per_ms is not None:
+                    refused = self._permit(conn, scope, limit, per_ms, now_ms)
+                    if refused is not None:
+                        return cooldown, refused, None
+                if record is None:
+                    return cooldown, None, None
+                self._put_allowance(conn, scope, rolled)
+            return cooldown, None, rolled.admitted - 1
+
+        cooldown, wait, seq = self._run(admit)
+        return (
+            None if cooldown is None else from_epoch_ms(cooldown),
+            None if wait is None else from_epoch_ms(wait),
+            seq,
+        )
 
     def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> datetime | None:
         """Take a concurrency slot (see ``MemoryCooldownStore.lease``): one immediate

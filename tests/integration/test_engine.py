@@ -313,6 +313,10 @@ class CountingStore(MemoryCooldownStore):
         self.gets += 1
         return super().get(scope)
 
+    def admit(self, scope, now, limit=None, per=None):
+        self.gets += 1  # admission: the cooldown read (and the allowance) in one operation
+        return super().admit(scope, now, limit, per)
+
     def extend(self, scope, until):
         self.extends += 1
         return super().extend(scope, until)

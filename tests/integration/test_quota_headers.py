@@ -37,11 +37,7 @@ def travels(headers: dict[str, str]) -> bool:
     return headers.get("Date", DATE) == DATE
 
 
-CASES = [
-    pytest.param(headers, expected, id=name)
-    for name, headers, expected in CORPUS
-    if travels(headers)
-]
+CASES = [pytest.param(headers, expected, id=name) for name, headers, expected in CORPUS if travels(headers)]
 
 
 @pytest.mark.parametrize(("headers", "expected"), CASES)
@@ -82,7 +78,9 @@ def test_cooldown_statuses_are_configurable(server: ThrottleServer, clock: FakeC
     assert server.count() == 2
 
 
-def test_a_429_without_retry_after_waits_for_the_announced_reset(server: ThrottleServer, clock: FakeClock) -> None:
+def test_a_429_without_retry_after_waits_for_the_announced_reset(
+    server: ThrottleServer, clock: FakeClock
+) -> None:
     store = MemoryCooldownStore()
     server.serve([Reply(429, {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "30"})])
     response = session(clock, store).get(server.url)
@@ -96,7 +94,9 @@ def test_a_quota_header_never_shortens_a_retry_after(server: ThrottleServer, clo
     server.serve([Reply(429, {"Retry-After": "60", "RateLimit": '"d";r=0;t=5'})])
     response = session(clock, store).get(server.url)
     assert response.deferral.eligible_at == RECEIVED_AT + timedelta(seconds=60)
-    assert local_deferral(session(clock, store).get(server.url)).eligible_at == RECEIVED_AT + timedelta(seconds=60)
+    assert local_deferral(session(clock, store).get(server.url)).eligible_at == RECEIVED_AT + timedelta(
+        seconds=60
+    )
 
 
 def test_quota_headers_can_be_ignored(server: ThrottleServer, clock: FakeClock) -> None:

@@ -31,13 +31,15 @@ class _Server(ThreadingHTTPServer):
 class Reply:
     """One scripted answer. ``action`` may be "reply", "reset" (close before any
     response), "reset_body" (send headers, then close mid-body) or "hang" (never answer
-    until the server stops)."""
+    until the server stops). ``gate``: the reply waits until this event is set (at most
+    5 s), so the request stays in flight meanwhile."""
 
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b"ok"
     action: str = "reply"
     raw_headers: list[tuple[str, str]] | None = None
+    gate: threading.Event | None = None
 
 
 @dataclass
@@ -79,6 +81,8 @@ class ThrottleServer:
                 body = self.rfile.read(length) if length else b""
                 seen = Seen(self.command, self.path, dict(self.headers), server.clock.now(), body)
                 reply = server._next(seen)
+                if reply.gate is not None:
+                    reply.gate.wait(5)
                 if reply.action == "reset":
                     self.close_connection = True
                     self.connection.close()

@@ -68,7 +68,11 @@ CORPUS: list[tuple[str, dict[str, str], Expected]] = [
     ("x-reset-after-wins", {XR: "0", XA: "2", XT: str(EPOCH + 30)}, (0, 2.0)),
     ("x-spaces", {XR: " 0 ", XT: "\t30\t"}, (0, 30.0)),
     ("x-with-limit", {XR: "0", XT: "30", XL: "60"}, (0, 30.0)),
-    ("x-epoch-against-the-date", {XR: "0", XT: str(EPOCH + 130), "Date": "Sun, 01 Mar 2026 12:01:40 GMT"}, (0, 30.0)),
+    (
+        "x-epoch-against-the-date",
+        {XR: "0", XT: str(EPOCH + 130), "Date": "Sun, 01 Mar 2026 12:01:40 GMT"},
+        (0, 30.0),
+    ),
     ("x-decimal-delta", {XR: "0", XT: "1.5"}, (0, 1.5)),
     ("x-leading-zeros", {XR: "00", XT: "30"}, (0, 30.0)),
     ("x-bad-date-uses-receipt", {XR: "0", XT: str(EPOCH + 30), "Date": "yesterday"}, (0, 30.0)),

@@ -1,0 +1,133 @@
+"""What a server announced is left of its quota, kept per scope in a store. Pure: no
+I/O, no clock (every function is given ``now``).
+
+A response's quota headers say ``remaining`` requests are left until a reset. The
+store keeps one :class:`Allowance` record per scope and counts every admission of
+the scope from the first announcement on, so that:
+
+- an announcement answers one attempt (its admission number ``seq``): the server
+  counted it and, in admission order, none admitted after it; those are taken off;
+- once the server's limit and window are known (IETF ``q`` and ``w``; the window of
+  ``X-RateLimit-*`` is learned from two consecutive resets), each new window starts at
+  the reset with the whole limit, counted exactly by admissions: a sole client then
+  never sends more than the limit in one of the server's windows, and the burst at a
+  reset never overshoots;
+- the reset kept for a window is the earliest announced: servers round the seconds
+  up, so each announcement is a bound on the real reset and the earliest is tightest.
+
+The store applies :func:`admit_allowance` and :func:`merge_allowance` atomically (the
+Redis store runs the same rules in a server-side script).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+from typing import NamedTuple
+
+#: Two announced resets of one scope within this many seconds are the same window
+#: (delta-seconds are whole seconds: one window's resets differ by less than 1 s).
+SAME_WINDOW = 1.0
+#: Seconds a record outlives its reset: the admission count goes on, so the next
+#: window's announcements are exact too.
+ALLOWANCE_KEPT = 3600.0
+
+
+class Allowance(NamedTuple):
+    """One scope's allowance: ``left`` requests as of admission ``at``, until
+    ``until``; ``admitted``: admissions so far; the server's ``limit`` per ``window``
+    seconds (0 when unknown); ``exact``: the window was started at its reset with the
+    whole limit (announcements then only move its reset)."""
+
+    left: int
+    at: int
+    until: datetime
+    admitted: int
+    limit: int = 0
+    window: float = 0.0
+    exact: bool = False
+
+    @property
+    def remaining(self) -> int:
+        """What is left now (may be <= 0)."""
+        return self.left - (self.admitted - self.at)
+
+
+def roll(record: Allowance, now: datetime) -> Allowance:
+    """The record as of ``now``. Past its reset with a known limit: the server's next
+    window, with the whole limit from this admission on; its end is the next reset when
+    the window is known, else unknown until an answer says (the record's reset stays
+    past, so nothing is held back, but the window's admissions are counted: ``exact``).
+    Otherwise unchanged."""
+    if record.until > now or record.limit <= 0:
+        return record
+    if record.window <= 0:
+        if record.exact:
+            return record  # already counting since the reset
+        return record._replace(left=record.limit, at=record.admitted, exact=True)
+    periods = math.floor((now - record.until).total_seconds() / record.window) + 1
+    until = record.until + timedelta(seconds=periods * record.window)
+    return record._replace(left=record.limit, at=record.admitted, until=until, exact=True)
+
+
+def admit_allowance(record: Allowance, now: datetime) -> tuple[Allowance, datetime | None]:
+    """One admission at ``now``: the record to keep (rolled, the admission counted when
+    granted) and None (granted) or the reset to wait for (nothing counted)."""
+    record = roll(record, now)
+    if record.until > now and record.remaining <= 0:
+        return record, record.until
+    return record._replace(admitted=record.admitted + 1), None
+
+
+def merge_allowance(
+    current: Allowance | None,
+    remaining: int,
+    until: datetime,
+    now: datetime,
+    seq: int | None = None,
+    limit: int | None = None,
+    window: float | None = None,
+) -> Allowance | None:
+    """The record to keep after a response said ``remaining`` are left until ``until``
+    (the server's ``limit`` per ``window`` seconds when it said so), in answer to the
+    attempt admitted as ``seq`` (None: admitted before counting started, ``remaining``
+    then holds as of now). None: keep ``current`` as it is.
+
+    - a reset already past: nothing to learn;
+    - no live record, or a later window: the new window;
+    - an earlier window (a late answer from before a reset): ignored;
+    - the same window: the earlier reset; and, unless the window is exact, the fewer
+      of what the record and the answer leave.
+    """
+    if until <= now:
+        return None
+    lim = limit if limit is not None and limit > 0 else (current.limit if current is not None else 0)
+    win = window if window is not None and window > 0 else (current.window if current is not None else 0.0)
+    if current is not None:
+        gap = (until - current.until).total_seconds()
+        if not win and gap > SAME_WINDOW and (now - current.until).total_seconds() < gap / 2:
+            win = round(gap)  # the first answer of the window right after: its length
+        current = roll(current, now)
+    count = current.admitted if current is not None else 0
+    left = max(0, remaining)
+    at = count if seq is None else min(seq + 1, count)
+    if current is not None and current.until <= now and current.exact and lim:
+        # The first answer of a window whose start was counted: exact from here on.
+        return Allowance(min(left, current.remaining), count, until, count, lim, win, exact=True)
+    if current is None or current.until <= now:
+        return Allowance(left, at, until, count, lim, win)
+    gap = (until - current.until).total_seconds()
+    if gap > SAME_WINDOW:
+        return Allowance(left, at, until, count, lim, win)
+    if gap < -SAME_WINDOW:
+        return None
+    merged = current._replace(until=min(current.until, until), limit=lim, window=win)
+    if lim:
+        # The record counts every admission of the window: an answer lowers it only
+        # when the server counted more than that (someone else spends the quota too).
+        # Taking off admissions since the answered one would count twice those the
+        # server saw first (requests overtake each other on the way).
+        at = count
+    if not current.exact and left - (count - at) < current.remaining:
+        merged = merged._replace(left=left, at=at)
+    return None if merged == current else merged
