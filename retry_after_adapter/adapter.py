@@ -21,6 +21,7 @@ from urllib3.util.retry import Retry
 
 from ._compat import local_response
 from .cooldown.base import CooldownStore
+from .cooldown.freshness import Freshness
 from .cooldown.guard import DEFAULT, check_store_failure, failure_layer, supports_leases, supports_quota
 from .cooldown.memory import DEFAULT_STORE
 from .deferral import Deferral
@@ -202,6 +203,19 @@ class SharedSettings:
         """Derive what is not kept when the owner is copied or pickled."""
         self._store = failure_layer(self.cooldown, self.store_failure)
         self._scope_fn = resolve_scope(self.scope)
+
+    def freshness(self, target: str) -> Freshness | None:
+        """The freshness of a scope, or of the scope of a URL (``target`` with ``://``,
+        scoped as a GET of it would be): its last success, last error class and next
+        eligible time, as every worker sharing the store noted them (None: nothing
+        known, or no store)."""
+        from .scope import RequestInfo
+
+        store = self._store
+        if store is None or not store.notes:
+            return None
+        scope = self._scope_fn(RequestInfo("GET", target, {})) if "://" in target else target
+        return store.freshness(scope)
 
     def _call(self, policy: RetryAfterRetry, request: Any) -> Call:
         """A new call of ``request`` under ``policy`` and the enclosing ``budget()``."""

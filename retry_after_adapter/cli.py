@@ -861,6 +861,7 @@ def _shared_store(text: str) -> tuple[Any, int]:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    from .cooldown.freshness import Freshness
     from .errors import CooldownStoreError
 
     store, code = _shared_store(args.cooldown)
@@ -868,13 +869,21 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return code
     try:
         entries = store.entries()
+        fresh: dict[str, Freshness] = store.freshness_entries() if hasattr(store, "freshness_entries") else {}
     except CooldownStoreError as exc:
         _err(f"error: {exc}")
         return EX_UNAVAILABLE
     now = datetime.now(timezone.utc)
+    for scope, until in entries.items():
+        fresh.setdefault(scope, Freshness(next_eligible=until))
+    epoch = datetime.min.replace(tzinfo=timezone.utc)
     rows = sorted(
-        ((scope, until) for scope, until in entries.items() if args.all or until > now),
-        key=lambda row: (row[1], row[0]),
+        (
+            (scope, record)
+            for scope, record in fresh.items()
+            if args.all or (record.next_eligible is not None and record.next_eligible > now)
+        ),
+        key=lambda row: (row[1].next_eligible or epoch, row[1].last_success or epoch, row[0]),
         reverse=True,
     )
     if args.json:
@@ -884,24 +893,54 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 "cooldowns": [
                     {
                         "scope": scope,
-                        "eligible_at": until.isoformat(),
-                        "seconds_left": round(max(0.0, (until - now).total_seconds()), 3),
+                        "eligible_at": _iso(record.next_eligible),
+                        "seconds_left": round(max(0.0, (record.next_eligible - now).total_seconds()), 3)
+                        if record.next_eligible is not None
+                        else 0.0,
+                        "last_success": _iso(record.last_success),
+                        "seconds_since_success": None
+                        if record.last_success is None
+                        else round(record.seconds_since_success(now) or 0.0, 3),
+                        "last_error": record.last_error,
+                        "last_error_at": _iso(record.last_error_at),
                     }
-                    for scope, until in rows
+                    for scope, record in rows
                 ],
             }
         )
         return EX_OK
     if not rows:
-        print("no cooldown is running" if not args.all else "no cooldown is stored")
+        print("no cooldown is running" if not args.all else "nothing is stored")
         return EX_OK
     width = max(len("scope"), *(len(scope) for scope, _ in rows))
-    print(f"{'scope':<{width}}  {'eligible at (UTC)':<32}  left")
-    for scope, until in rows:
-        left = max(0.0, (until - now).total_seconds())
-        shown = f"{left:.1f} s" if left else "ended"
-        print(f"{scope:<{width}}  {until.isoformat():<32}  {shown}")
+    print(f"{'scope':<{width}}  {'eligible at (UTC)':<25}  {'left':<8}  {'last success':<14}  last error")
+    for scope, record in rows:
+        until = record.next_eligible
+        left = max(0.0, (until - now).total_seconds()) if until is not None else 0.0
+        shown = f"{left:.1f} s" if left else ("ended" if until is not None else "-")
+        eligible = until.isoformat(timespec="seconds") if until is not None else "-"
+        since = record.seconds_since_success(now)
+        success = "never" if since is None else f"{_ago(since)} ago"
+        error = "-"
+        if record.last_error is not None and record.last_error_at is not None:
+            error = f"{record.last_error}, {_ago(max(0.0, (now - record.last_error_at).total_seconds()))} ago"
+        print(f"{scope:<{width}}  {eligible:<25}  {shown:<8}  {success:<14}  {error}")
     return EX_OK
+
+
+def _iso(when: datetime | None) -> str | None:
+    return None if when is None else when.isoformat()
+
+
+def _ago(seconds: float) -> str:
+    """A duration for a person: 4.2 s, 12 min, 3.5 h, 2.0 d."""
+    if seconds < 90:
+        return f"{seconds:.1f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
 
 
 def _cmd_clear(args: argparse.Namespace) -> int:

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import collections
 import contextvars
+import logging
 import math
 import random
 import threading
 import uuid
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ from urllib3.util.timeout import Timeout
 from ._compat import response_header
 from .clock import Clock
 from .cooldown.allowance import SAME_WINDOW
+from .cooldown.freshness import INVALID_HEADER, SERVER_ERROR, SUCCESS, SUCCESS_EVERY, THROTTLED, TRANSPORT
 from .cooldown.guard import Shared
 from .deferral import Deferral
 from .errors import ConfigurationError, CooldownUnavailable, DeferralLimitExceeded, InvalidRetryAfter
@@ -83,6 +86,7 @@ UNKNOWN_COOLDOWN_RETRY = 1.0
 _MAX_ADMIT_ROUNDS = 16
 
 _jitter_rng = random.Random()
+log = logging.getLogger("retry_after_adapter")
 
 
 class _SingleAttempt(Retry):
@@ -648,14 +652,16 @@ def _permit(call: Call) -> datetime | None:
 
 # ------------------------------------------------------------ the announced allowance
 class _Meter:
-    """One scope's attempts in this process: how many are on the wire, and when the
-    last ones were sent (epoch seconds), for quota headers the store did not count."""
+    """One scope's attempts in this process: how many are on the wire, when the last
+    ones were sent (epoch seconds; for quota headers the store did not count), and
+    when (monotonic) a success was last noted in the store."""
 
-    __slots__ = ("in_flight", "sent")
+    __slots__ = ("in_flight", "noted", "sent")
 
     def __init__(self) -> None:
         self.in_flight = 0
         self.sent: collections.deque[float] = collections.deque(maxlen=_SENT_KEPT)
+        self.noted = -math.inf
 
     def sent_since(self, start: float) -> int:
         """Attempts sent at or after ``start`` (epoch seconds), at most ``_SENT_KEPT``."""
@@ -689,25 +695,51 @@ def _left_unseen(call: Call, hint: QuotaHint, until: datetime) -> int:
     return estimate
 
 
-#: Per (store, scope) in this process: attempts on the wire (counted by :func:`run`).
-_METERS: dict[tuple[int, str], _Meter] = {}
+#: Per store object (a memory store, or a store's guard) and scope, in this process.
+_METERS: weakref.WeakKeyDictionary[object, dict[str, _Meter]] = weakref.WeakKeyDictionary()
 _METERS_LOCK = threading.Lock()
-#: Beyond this many scopes, idle meters are dropped.
+#: Beyond this many scopes of one store, idle meters are dropped.
 _MAX_METERS = 4096
 
 
 def _meter(call: Call) -> _Meter:
-    key = _waiting_key(call)
-    meter = _METERS.get(key)
+    view = call.store
+    underlying = getattr(view, "store", None)
+    if underlying is None:
+        underlying = getattr(view, "guard", view)
+    scope = call.scope or ""
+    meters = _METERS.get(underlying)
+    meter = meters.get(scope) if meters is not None else None
     if meter is None:
         with _METERS_LOCK:
-            meter = _METERS.get(key)
+            meters = _METERS.setdefault(underlying, {})
+            meter = meters.get(scope)
             if meter is None:
-                if len(_METERS) >= _MAX_METERS:
-                    for old in [k for k, m in _METERS.items() if not m.in_flight]:
-                        del _METERS[old]
-                meter = _METERS[key] = _Meter()
+                if len(meters) >= _MAX_METERS:
+                    for old in [k for k, m in meters.items() if not m.in_flight]:
+                        del meters[old]
+                meter = meters[scope] = _Meter()
     return meter
+
+
+def _note(call: Call, outcome: str) -> None:
+    """Note the attempt's outcome in the scope's freshness record (a success at most
+    once per ``SUCCESS_EVERY`` seconds per scope in this process)."""
+    store, scope = call.store, call.scope
+    if store is None or scope is None or not store.notes:
+        return
+    if not outcome:
+        return  # a client error (404...): says nothing of the integration's health
+    if outcome == SUCCESS:
+        meter = _meter(call)
+        now = call.clock.monotonic()
+        if now - meter.noted < SUCCESS_EVERY:
+            return
+        meter.noted = now
+    try:
+        store.note(scope, outcome, call.clock.now(), call)
+    except Exception as exc:  # freshness is news: never a reason to fail a call
+        log.debug("noting freshness failed: %s", type(exc).__name__)
 
 
 def _gated(call: Call) -> bool:
@@ -814,6 +846,7 @@ def judge(
         call.last_status = status
         if policy.quota_headers:
             call.read_quota(response)
+        _note(call, SUCCESS)
         return _FINAL
     if call.started_at is None:
         call.started_at = call.clock.now()
@@ -838,6 +871,7 @@ def judge(
                     call.learn_cooldown(parsed.eligible_at)
     if response is not None and policy.quota_headers:
         call.read_quota(response)  # nothing left: a shared cooldown until the reset
+    _note(call, _outcome(status, error, invalid, server_delay, policy.cooldown_statuses))
 
     if error is None:
         if response is not None and response.get_redirect_location():
@@ -889,6 +923,25 @@ def judge(
         return Verdict(DEFER, deferral=deferral, server_delay=server_delay, limit=limit)
     call.emit(decision, server_delay)
     return Verdict(RETRY, wait=decision.wait, retry=new, server_delay=server_delay)
+
+
+def _outcome(
+    status: int | None,
+    error: BaseException | None,
+    invalid: Reason | None,
+    server_delay: float | None,
+    cooldown_statuses: frozenset[int],
+) -> str:
+    """The freshness class of one attempt."""
+    if error is not None or status is None:
+        return TRANSPORT
+    if invalid is not None:
+        return INVALID_HEADER
+    if status == 429 or (status in cooldown_statuses and server_delay is not None):
+        return THROTTLED
+    if status >= 500:
+        return SERVER_ERROR
+    return SUCCESS if status < 400 else ""
 
 
 #: Statuses whose Retry-After matters even when not retried (urllib3's and ours).

@@ -22,6 +22,7 @@ import re
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from .errors import ConfigurationError
@@ -175,11 +176,19 @@ class Counters:
     distinct scopes (default 100); decisions of further scopes are added to ``"other"``.
     A call deferred past ``max_deferrals`` or ``max_lifetime`` is counted as a deferral
     and then as a stop with that reason, since the policy reports both decisions.
+
+    ``freshness=store`` (a store that keeps freshness records: every store of this
+    package) adds ``"seconds_since_success"``: per scope, seconds since the last
+    success any worker sharing the store noted, read from the store at each snapshot,
+    for the ``max_scopes`` most recently successful scopes (bounded labels).
     """
 
-    def __init__(self, *, by_scope: bool = False, max_scopes: int = 100) -> None:
+    def __init__(self, *, by_scope: bool = False, max_scopes: int = 100, freshness: Any = None) -> None:
         if isinstance(max_scopes, bool) or not isinstance(max_scopes, int) or max_scopes < 0:
             raise ConfigurationError(f"max_scopes must be an int >= 0, got {max_scopes!r}")
+        if freshness is not None and not callable(getattr(freshness, "freshness_entries", None)):
+            raise ConfigurationError("freshness must be a store that keeps freshness records, or None")
+        self.freshness = freshness
         self.by_scope = bool(by_scope)
         self.max_scopes = max_scopes
         self._lock = threading.Lock()
@@ -251,10 +260,13 @@ class Counters:
               "cooldown_wait_seconds": float,
               "deferred_seconds": float,
               "scopes": {scope: {"retry": int, "defer": int, "stop": int, "other": int}},
+              "seconds_since_success": {scope: float},
             }
 
         ``"scopes"`` is present only with ``by_scope=True``; ``"other"`` there collects
         the scopes past ``max_scopes``, and ``"none"`` decisions made without a scope.
+        ``"seconds_since_success"`` is present only with ``freshness=``; a store that
+        fails leaves it empty (never raises).
         """
         with self._lock:
             data: dict[str, Any] = {
@@ -270,7 +282,21 @@ class Counters:
             }
             if self.by_scope:
                 data["scopes"] = {scope: dict(counts) for scope, counts in self._scopes.items()}
+        if self.freshness is not None:
+            data["seconds_since_success"] = self._since_success()
         return data
+
+    def _since_success(self) -> dict[str, float]:
+        try:
+            entries = self.freshness.freshness_entries()
+        except Exception:  # a snapshot never fails on a store outage
+            return {}
+        now = datetime.now(timezone.utc)
+        known = sorted(
+            ((record.last_success, scope) for scope, record in entries.items() if record.last_success),
+            reverse=True,
+        )[: self.max_scopes]
+        return {scope: round(max(0.0, (now - when).total_seconds()), 3) for when, scope in known}
 
     def reset(self) -> None:
         """Set every count back to zero (and forget the scopes seen)."""

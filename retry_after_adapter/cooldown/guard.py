@@ -45,6 +45,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..errors import ConfigurationError, CooldownStoreError, CooldownUnavailable
 from .base import CooldownStore
+from .freshness import Freshness
 from .memory import MemoryCooldownStore
 
 _T = TypeVar("_T")
@@ -125,6 +126,16 @@ class Shared(Protocol):
 
     #: Whether the store has ``admit`` and ``allow`` (else the two below are not called).
     admits: bool
+    #: Whether the store keeps freshness records (else ``note`` is not called).
+    notes: bool
+
+    def note(self, scope: str, outcome: str, at: datetime, call: CallBudget | None = None) -> None:
+        """Note a success or an error class of the scope; never raises."""
+        ...
+
+    def freshness(self, scope: str) -> Freshness | None:
+        """The scope's freshness (None: nothing known)."""
+        ...
 
     def admit(
         self,
@@ -159,11 +170,18 @@ class Shared(Protocol):
 class Direct:
     """A store that cannot fail (in memory): used as it is."""
 
-    __slots__ = ("admits", "store")
+    __slots__ = ("admits", "notes", "store")
 
     def __init__(self, store: CooldownStore) -> None:
         self.store = store
         self.admits = supports_admit(store)
+        self.notes = supports_freshness(store)
+
+    def note(self, scope: str, outcome: str, at: datetime, call: CallBudget | None = None) -> None:
+        self.store.note(scope, outcome, at)  # type: ignore[attr-defined]
+
+    def freshness(self, scope: str) -> Freshness | None:
+        return self.store.freshness(scope)  # type: ignore[attr-defined, no-any-return]
 
     def read(self, scope: str, call: CallBudget | None = None) -> datetime | None:
         return self.store.get(scope)
@@ -214,12 +232,19 @@ class Direct:
 class Guarded:
     """A store's process-wide :class:`StoreGuard` under one adapter's failure policy."""
 
-    __slots__ = ("admits", "fail_closed", "guard")
+    __slots__ = ("admits", "fail_closed", "guard", "notes")
 
     def __init__(self, guard: StoreGuard, *, fail_closed: bool) -> None:
         self.guard = guard
         self.fail_closed = fail_closed
         self.admits = supports_admit(guard.inner)
+        self.notes = supports_freshness(guard.inner)
+
+    def note(self, scope: str, outcome: str, at: datetime, call: CallBudget | None = None) -> None:
+        self.guard.note(scope, outcome, at, call=call)
+
+    def freshness(self, scope: str) -> Freshness | None:
+        return self.guard.freshness(scope)
 
     def read(self, scope: str, call: CallBudget | None = None) -> datetime | None:
         return self.guard.get(scope, fail_closed=self.fail_closed, call=call)
@@ -286,6 +311,11 @@ def supports_admit(store: object) -> bool:
     """Whether ``store`` admits in one operation (``admit``) and records the server's
     announced allowance (``allow``): quota headers spread ``remaining`` over workers."""
     return callable(getattr(store, "admit", None)) and callable(getattr(store, "allow", None))
+
+
+def supports_freshness(store: object) -> bool:
+    """Whether ``store`` keeps freshness records (``note`` and ``freshness``)."""
+    return callable(getattr(store, "note", None)) and callable(getattr(store, "freshness", None))
 
 
 def supports_leases(store: object) -> bool:
@@ -602,6 +632,36 @@ class StoreGuard:
             self._bounded(inner.release, (scope, token), None)
         except Exception as exc:  # the lease expires by itself
             log.debug("releasing a concurrency slot failed: %s", type(exc).__name__)
+
+    def note(self, scope: str, outcome: str, at: datetime, *, call: CallBudget | None = None) -> None:
+        """Note a success or an error class locally and in the store; a failure is
+        ignored (freshness is news, never a reason to fail a call)."""
+        self.local.note(scope, outcome, at)
+        if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
+            return
+        inner: Any = self.inner
+        try:
+            self._bounded(inner.note, (scope, outcome, at), call)
+        except _OutOfTime:
+            self._gave_up(call)
+            return
+        except Exception as exc:
+            self._failed(exc, call)
+            return
+        self._succeeded()
+
+    def freshness(self, scope: str) -> Freshness | None:
+        """The scope's freshness from the store; while it fails, this process's copy."""
+        inner: Any = self.inner
+        if not self._open_until:
+            try:
+                answer: Freshness | None = self._bounded(inner.freshness, (scope,), None)
+            except Exception as exc:
+                self._failed(exc, None)
+            else:
+                self._succeeded()
+                return answer
+        return self.local.freshness(scope)
 
     @staticmethod
     def _local_admission(

@@ -5,11 +5,13 @@ from __future__ import annotations
 import bisect
 import heapq
 import threading
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance
 from .base import check_scope, check_until
+from .freshness import Freshness, check_outcome, merge_note
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
 #: a small store never forgets a time (tests on a fake clock keep theirs).
@@ -41,6 +43,8 @@ class MemoryCooldownStore:
         self._leases: dict[str, dict[str, datetime]] = {}
         #: What servers announced, per scope (see ``Allowance``).
         self._allowance: dict[str, Allowance] = {}
+        #: Freshness per scope (see ``freshness.Freshness``; next_eligible not kept).
+        self._fresh: dict[str, Freshness] = {}
 
     def get(self, scope: str) -> datetime | None:
         return self._until.get(scope)
@@ -137,6 +141,31 @@ class MemoryCooldownStore:
             self._allowance[scope] = rolled
             return cooldown, None, rolled.admitted - 1
 
+    def note(self, scope: str, outcome: str, at: datetime) -> None:
+        """Note a success or an error class of ``scope`` at ``at`` (later wins)."""
+        check_scope(scope)
+        check_outcome(outcome)
+        at = check_until(at)
+        with self._lock:
+            self._fresh[scope] = merge_note(self._fresh.get(scope), outcome, at)
+
+    def freshness(self, scope: str) -> Freshness | None:
+        """The scope's freshness, its cooldown as ``next_eligible`` (None: nothing known)."""
+        record = self._fresh.get(scope)
+        cooldown = self._until.get(scope)
+        if record is None and cooldown is None:
+            return None
+        return replace(record or Freshness(), next_eligible=cooldown)
+
+    def freshness_entries(self) -> dict[str, Freshness]:
+        """Every scope's freshness (see :meth:`freshness`)."""
+        with self._lock:
+            scopes = set(self._fresh) | set(self._until)
+            return {
+                scope: replace(self._fresh.get(scope) or Freshness(), next_eligible=self._until.get(scope))
+                for scope in scopes
+            }
+
     def allowance(self, scope: str) -> Allowance | None:
         """The scope's allowance record (see ``allowance.Allowance``), or None."""
         return self._allowance.get(scope)
@@ -177,6 +206,7 @@ class MemoryCooldownStore:
             self._permits.clear()
             self._leases.clear()
             self._allowance.clear()
+            self._fresh.clear()
 
     def delete(self, scope: str) -> bool:
         """Forget ``scope``'s cooldown (an operator lifting it); True if there was one."""

@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import ConfigurationError, CooldownStoreError
 from .allowance import ALLOWANCE_KEPT, SAME_WINDOW
 from .base import check_scope, check_until
+from .freshness import Freshness, check_outcome
 from .sqlite import from_epoch_ms, to_epoch_ms
 
 #: The default connect and reply timeouts (seconds) of a client made by ``from_url``.
@@ -206,6 +207,25 @@ local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return tonumber(first[2])
 """
 
+#: KEYS[1] = the scope's freshness hash (s = last success, e = last error class, t =
+#: its time; epoch ms); ARGV = the outcome, its time (ms) and how long (ms) the record
+#: is kept after its last note. Later news wins.
+_NOTE_LUA = """
+local at = tonumber(ARGV[2])
+if ARGV[1] == 'success' then
+  local s = tonumber(redis.call('HGET', KEYS[1], 's'))
+  if s == nil or at > s then redis.call('HSET', KEYS[1], 's', ARGV[2]) end
+else
+  local t = tonumber(redis.call('HGET', KEYS[1], 't'))
+  if t == nil or at >= t then redis.call('HSET', KEYS[1], 'e', ARGV[1], 't', ARGV[2]) end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+#: Milliseconds a freshness record is kept after its last note (30 days).
+FRESHNESS_KEPT_MS = 30 * 24 * 3600 * 1000
+
 _INSTALL_HINT = "pip install 'retry_after_adapter[redis]' (from a checkout: pip install -e '.[redis]')"
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
@@ -260,6 +280,7 @@ class RedisCooldownStore:
             self._lease_script = client.register_script(_LEASE_LUA)
             self._admit_script = client.register_script(_ADMIT_LUA)
             self._allow_script = client.register_script(_ALLOW_LUA)
+            self._note_script = client.register_script(_NOTE_LUA)
         except Exception as exc:
             raise self._failure("register_script", exc) from exc
         self._url_args: tuple[str, dict[str, Any]] | None = None
@@ -453,6 +474,44 @@ class RedisCooldownStore:
         except Exception as exc:
             raise self._failure("allow", exc) from exc
 
+    def note(self, scope: str, outcome: str, at: datetime) -> None:
+        """Note a success or an error class (see ``MemoryCooldownStore.note``): one
+        ``EVALSHA`` on the scope's "fresh" key."""
+        key = self.companion(check_scope(scope), "fresh")
+        args = [check_outcome(outcome), str(to_epoch_ms(check_until(at))), str(FRESHNESS_KEPT_MS)]
+        try:
+            self._note_script(keys=[key], args=args)
+        except Exception as exc:
+            raise self._failure("note", exc) from exc
+
+    def freshness(self, scope: str) -> Freshness | None:
+        """The scope's freshness (see ``MemoryCooldownStore.freshness``)."""
+        key = self.companion(check_scope(scope), "fresh")
+        try:
+            fields = self._client.hmget(key, ["s", "e", "t"])
+        except Exception as exc:
+            raise self._failure("freshness", exc) from exc
+        until = self.get(scope)
+        if all(value is None for value in fields) and until is None:
+            return None
+        return _freshness(fields, until)
+
+    def freshness_entries(self) -> dict[str, Freshness]:
+        """Every scope's freshness under this prefix (SCAN, as :meth:`entries`)."""
+        found = {scope: Freshness(next_eligible=until) for scope, until in self.entries().items()}
+        pattern = "{" + _GLOB_SPECIAL.sub(r"\\\g<0>", self._prefix) + "*}fresh"
+        try:
+            for raw in self._client.scan_iter(match=pattern, count=1000):
+                name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+                scope = name[1 + len(self._prefix) : -len("}fresh")]
+                if not scope or self.companion(scope, "fresh") != name:
+                    continue
+                fields = self._client.hmget(name, ["s", "e", "t"])
+                found[scope] = _freshness(fields, found.get(scope, Freshness()).next_eligible)
+        except Exception as exc:
+            raise self._failure("freshness", exc) from exc
+        return found
+
     def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> datetime | None:
         """Take a concurrency slot (see ``MemoryCooldownStore.lease``): one ``EVALSHA``
         on the scope's "lease" key."""
@@ -535,6 +594,20 @@ class RedisCooldownStore:
             f"the Redis cooldown store failed during {operation}: {type(exc).__name__}"
             + (f": {detail}" if detail else "")
         )
+
+
+def _freshness(fields: list[Any], until: datetime | None) -> Freshness:
+    """A freshness hash's (s, e, t) fields as a Freshness."""
+
+    def when(raw: Any) -> datetime | None:
+        try:
+            return None if raw is None else from_epoch_ms(int(raw))
+        except (TypeError, ValueError):
+            return None
+
+    success, error, error_at = fields
+    text = error.decode("ascii", "replace") if isinstance(error, bytes) else error
+    return Freshness(when(success), None if text is None else str(text), when(error_at), until)
 
 
 def _slot_string(key: str) -> tuple[str, bool]:

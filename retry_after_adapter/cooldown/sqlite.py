@@ -27,6 +27,7 @@ from typing import TypeVar
 from ..errors import ConfigurationError, CooldownStoreError
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance
 from .base import check_scope, check_until
+from .freshness import Freshness, check_outcome, merge_note
 
 _T = TypeVar("_T")
 
@@ -53,6 +54,9 @@ _PERMIT_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS allowance (scope TEXT PRIMARY KEY, remaining INTEGER NOT NULL, "
     "at_n INTEGER NOT NULL, until_ms INTEGER NOT NULL, n INTEGER NOT NULL, lim INTEGER NOT NULL, "
     "window_ms INTEGER NOT NULL, exact INTEGER NOT NULL)",
+    # Freshness (``freshness.Freshness``): the last success, the last error class and when.
+    "CREATE TABLE IF NOT EXISTS freshness (scope TEXT PRIMARY KEY, success_ms INTEGER, error TEXT, "
+    "error_ms INTEGER)",
 )
 _UPSERT_RETURNING = (
     "INSERT INTO cooldown (scope, until_ms) VALUES (?, ?) "
@@ -64,6 +68,11 @@ _SWEEP = "DELETE FROM cooldown WHERE until_ms < ?"
 _DELETE = "DELETE FROM cooldown WHERE scope = ?"
 _RELEASE = "DELETE FROM lease WHERE scope = ? AND token = ?"
 _ALL = "SELECT scope, until_ms FROM cooldown ORDER BY until_ms DESC"
+#: Freshness rows with their cooldown.
+_FRESH = (
+    "SELECT f.scope, f.success_ms, f.error, f.error_ms, c.until_ms FROM freshness f "
+    "LEFT JOIN cooldown c ON c.scope = f.scope"
+)
 #: The cooldown, and whether an announced allowance runs (without a write transaction).
 _PEEK = "SELECT (SELECT until_ms FROM cooldown WHERE scope = ?), (SELECT n FROM allowance WHERE scope = ?)"
 
@@ -88,6 +97,16 @@ def from_epoch_ms(ms: int) -> datetime:
 DEFAULT_TIMEOUT = 0.25
 
 _HEADER = b"SQLite format 3\x00"
+
+
+def _freshness_row(row: tuple[object, ...]) -> Freshness:
+    """A ``_FRESH`` row as a Freshness."""
+    _, success, error, error_at, until = row
+
+    def when(ms: object) -> datetime | None:
+        return None if ms is None else from_epoch_ms(int(str(ms)))
+
+    return Freshness(when(success), None if error is None else str(error), when(error_at), when(until))
 
 
 def _file_state(path: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
@@ -433,6 +452,46 @@ class SQLiteCooldownStore:
             None if wait is None else from_epoch_ms(wait),
             seq,
         )
+
+    def note(self, scope: str, outcome: str, at: datetime) -> None:
+        """Note a success or an error class (see ``MemoryCooldownStore.note``): one
+        immediate transaction."""
+        check_scope(scope)
+        check_outcome(outcome)
+        at = check_until(at)
+
+        def note(conn: sqlite3.Connection) -> None:
+            with _immediate(conn):
+                rows = conn.execute(_FRESH + " WHERE f.scope = ?", (scope,)).fetchall()
+                merged = merge_note(_freshness_row(rows[0]) if rows else None, outcome, at)
+                conn.execute(
+                    "INSERT OR REPLACE INTO freshness VALUES (?, ?, ?, ?)",
+                    (
+                        scope,
+                        None if merged.last_success is None else to_epoch_ms(merged.last_success),
+                        merged.last_error,
+                        None if merged.last_error_at is None else to_epoch_ms(merged.last_error_at),
+                    ),
+                )
+
+        self._run(note)
+
+    def freshness(self, scope: str) -> Freshness | None:
+        """The scope's freshness (see ``MemoryCooldownStore.freshness``)."""
+        check_scope(scope)
+        rows = self._run(lambda conn: conn.execute(_FRESH + " WHERE f.scope = ?", (scope,)).fetchall())
+        if rows:
+            return _freshness_row(rows[0])
+        until = self.get(scope)
+        return None if until is None else Freshness(next_eligible=until)
+
+    def freshness_entries(self) -> dict[str, Freshness]:
+        """Every scope's freshness (see ``MemoryCooldownStore.freshness``)."""
+        rows = self._run(lambda conn: conn.execute(_FRESH).fetchall())
+        found = {str(row[0]): _freshness_row(row) for row in rows}
+        for scope, until in self.entries().items():
+            found.setdefault(scope, Freshness(next_eligible=until))
+        return found
 
     def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> datetime | None:
         """Take a concurrency slot (see ``MemoryCooldownStore.lease``): one immediate
