@@ -17,10 +17,15 @@ or point it at your own URLs (each ``--url`` is one job)::
     python examples/sqlite_job_queue.py --url http://127.0.0.1:8000/a --url http://127.0.0.1:8000/b
 
 The job table (``--db``, a temporary file by default) has the columns ``id``, ``url``,
-``state`` (``queued``, ``running``, ``done``, ``failed``), ``eligible_at`` (Unix
+``key``, ``state`` (``queued``, ``running``, ``done``, ``failed``), ``eligible_at`` (Unix
 seconds, UTC), ``deferral_json`` (the last deferral, or NULL) and ``note``. Given an
 existing ``--db`` that still holds unfinished jobs, the worker carries on with them
 instead of adding new ones: that is a restart, and the stored deferrals keep the counts.
+
+Redundant jobs are coalesced: there is at most one pending (queued or running) job per
+``key`` (by default the URL), enforced by a partial unique index, so a poller that
+enqueues the same resource again while it is throttled adds nothing; the pending job
+keeps its eligible time and its deferral. (Seed 003: "coalesce redundant jobs".)
 """
 
 from __future__ import annotations
@@ -59,12 +64,17 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id            INTEGER PRIMARY KEY,
     url           TEXT NOT NULL,
+    key           TEXT,
     state         TEXT NOT NULL DEFAULT 'queued',
     eligible_at   REAL NOT NULL,
     deferral_json TEXT,
     note          TEXT
 )
 """
+#: One pending job per key: a second one for the same resource is coalesced into it.
+ONE_PENDING_PER_KEY = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS one_pending_per_key ON jobs (key) WHERE state IN ('queued', 'running')"
+)
 
 #: Paths served by the demo server, and how many 429s each answers before a 200.
 DEMO_PLAN: dict[str, float] = {
@@ -73,6 +83,8 @@ DEMO_PLAN: dict[str, float] = {
     "/reports/c": 2,  # two deferrals, then done
     "/reports/d": math.inf,  # never ready: given up after max_deferrals
 }
+#: The demo's poller asks for these again while they are pending: coalesced, not added.
+DEMO_REPEATS = ("/reports/b", "/reports/c")
 
 #: The demo server's Retry-After, in seconds.
 DEMO_RETRY_AFTER = 1
@@ -156,6 +168,10 @@ class Job:
 def open_db(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, timeout=10, isolation_level=None)  # explicit transactions
     db.execute(SCHEMA)
+    columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+    if "key" not in columns:  # a table made by an earlier version of this example
+        db.execute("ALTER TABLE jobs ADD COLUMN key TEXT")
+    db.execute(ONE_PENDING_PER_KEY)
     return db
 
 
@@ -171,12 +187,18 @@ def transaction(db: sqlite3.Connection) -> Iterator[None]:
     db.execute("COMMIT")
 
 
-def add_jobs(db: sqlite3.Connection, urls: Sequence[str]) -> None:
+def add_jobs(db: sqlite3.Connection, urls: Sequence[str]) -> int:
+    """Queue one job per URL, keyed by the URL; returns how many were coalesced into a
+    job already pending for the same key (and so not added)."""
+    added = 0
     with transaction(db):
-        db.executemany(
-            "INSERT INTO jobs (url, state, eligible_at) VALUES (?, 'queued', ?)",
-            [(url, time.time()) for url in urls],
-        )
+        for url in urls:
+            cursor = db.execute(
+                "INSERT OR IGNORE INTO jobs (url, key, state, eligible_at) VALUES (?, ?, 'queued', ?)",
+                (url, url, time.time()),
+            )
+            added += cursor.rowcount
+    return len(urls) - added
 
 
 def unfinished(db: sqlite3.Connection) -> int:
@@ -344,7 +366,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     log(f"carrying on with {unfinished(db)} unfinished jobs from {db_path.name}")
                 else:
                     urls = args.url or [demo.url + path for path in DEMO_PLAN]  # type: ignore[union-attr]
-                    add_jobs(db, urls)
+                    coalesced = add_jobs(db, urls)
+                    if demo is not None:  # the poller asks again for two pending reports
+                        coalesced += add_jobs(db, [demo.url + path for path in DEMO_REPEATS])
+                    if coalesced:
+                        log(f"coalesced {coalesced} redundant jobs into the ones pending for the same URL")
                 session = make_session(args.max_deferrals, args.max_wait)
                 finished = work(db, session, args.time_limit, log)
                 counts = report(db, log)

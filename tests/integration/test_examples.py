@@ -49,8 +49,26 @@ def test_job_queue_demo_runs_standalone():
     assert "job 4 /reports/d: gave up, chain of 3 deferrals (max_deferrals)" in out
     assert out.count("/reports/d: HTTP 429, deferral") == 2  # deferrals 1 and 2 were returned
     assert "server: 9 requests, 0 before their eligible time" in out
+    assert "coalesced 2 redundant jobs" in out  # the poller's repeats added no request
     assert "summary: 3 done, 1 failed" in out
     assert done.stderr == ""
+
+
+def test_redundant_jobs_for_one_resource_are_coalesced_while_pending(tmp_path, real_server):
+    real_server.serve([Reply(429, {"Retry-After": "1"}, b"busy"), Reply(200, body=b"ok")])
+    db = tmp_path / "jobs.sqlite3"
+    url = real_server.url + "/report"
+    other = real_server.url + "/other"
+    done, _ = run_example("--url", url, "--url", url, "--url", other, "--url", url, "--db", str(db))
+    assert done.returncode == 0, done.stderr
+    assert "coalesced 2 redundant jobs" in done.stdout
+    assert [(row[0], row[1]) for row in rows(db)] == [(url, "done"), (other, "done")]
+    assert real_server.count() == 3  # /report deferred once then done, /other done
+    # Once done, the same resource may be queued again: only pending jobs coalesce.
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute("INSERT INTO jobs (url, key, state, eligible_at) VALUES (?, ?, 'queued', 0)", (url, url))
+        conn.commit()
+        assert conn.execute("SELECT count(*) FROM jobs WHERE key = ?", (url,)).fetchone()[0] == 2
 
 
 def test_job_queue_survives_a_restart_and_never_sends_early(tmp_path, real_server):
