@@ -250,6 +250,108 @@ def redis_factory(
         server.stop()
 
 
+class RedisCluster:
+    """A real 3-node Redis Cluster on 127.0.0.1 (three masters, no replicas), made with
+    ``redis-cli --cluster create``; its data lives and dies with the test session."""
+
+    NODES = 3
+
+    def __init__(self, binary: str, workdir: Path) -> None:
+        self.servers = [
+            RedisServer(
+                binary,
+                workdir / f"node-{n}",
+                (
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ),
+            )
+            for n in range(self.NODES)
+        ]
+
+    @property
+    def ports(self) -> list[int]:
+        return [server.port for server in self.servers]
+
+    def start(self) -> RedisCluster:
+        for server in self.servers:
+            server.start()
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            self.stop()
+            raise RuntimeError("redis-cli not found (it comes with redis-server)")
+        created = subprocess.run(
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{port}" for port in self.ports),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if created.returncode != 0:
+            self.stop()
+            raise RuntimeError(
+                f"redis-cli --cluster create failed: {created.stdout[-300:]} {created.stderr[-300:]}"
+            )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            states = [
+                subprocess.run(
+                    [cli, "-p", str(port), "cluster", "info"], capture_output=True, text=True, timeout=5
+                ).stdout
+                for port in self.ports
+            ]
+            if all("cluster_state:ok" in state for state in states):
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("the Redis Cluster did not reach cluster_state:ok within 30 s")
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(
+    redis_binary: str, redis_module: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisCluster]:
+    """One 3-node cluster for the session (started on first use)."""
+    try:
+        cluster = RedisCluster(redis_binary, tmp_path_factory.mktemp("cluster")).start()
+    except RuntimeError as exc:
+        skip_or_fail(str(exc))
+        raise
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def cluster_client(redis_cluster: RedisCluster, redis_module: Any) -> Iterator[Any]:
+    """A ``redis.RedisCluster`` client of the session cluster, emptied before and after."""
+    from redis.cluster import RedisCluster as Client
+
+    client = Client(
+        host="127.0.0.1", port=redis_cluster.ports[0], socket_timeout=2.0, socket_connect_timeout=2.0
+    )
+    client.flushall()
+    yield client
+    try:
+        client.flushall()
+    finally:
+        client.close()
+
+
 def local_deferral(response: Any) -> Any:
     """The deferral of a call deferred before anything was sent: the adapter returns a
     locally built 429 (or, from a RetryAfterPoolManager, a urllib3 one) marked local."""

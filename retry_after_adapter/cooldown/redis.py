@@ -208,10 +208,11 @@ return tonumber(first[2])
 """
 
 #: KEYS[1] = the scope's freshness hash (s = last success, e = last error class, t =
-#: its time; epoch ms); ARGV = the outcome, its time (ms) and how long (ms) the record
-#: is kept after its last note. Later news wins.
+#: its time; epoch ms; k = the scope); ARGV = the outcome, its time (ms), how long (ms)
+#: the record is kept after its last note, and the scope. Later news wins.
 _NOTE_LUA = """
 local at = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'k', ARGV[4])
 if ARGV[1] == 'success' then
   local s = tonumber(redis.call('HGET', KEYS[1], 's'))
   if s == nil or at > s then redis.call('HSET', KEYS[1], 's', ARGV[2]) end
@@ -400,9 +401,14 @@ class RedisCooldownStore:
     def companion(self, scope: str, name: str) -> str:
         """The key of ``scope``'s ``name`` record ("quota", "allowance", "lease"): hash
         tagged so that it lives in the cluster slot of the scope's cooldown key (the
-        cooldown key unchanged: ``{prefix + scope}name``)."""
-        tag, _ = _slot_string(self.key(scope))
-        return "{" + tag + "}" + name
+        cooldown key unchanged: ``{prefix + scope}name``, or for a key with a hash tag of
+        its own ``{tag}name:`` and the key)."""
+        key = self.key(scope)
+        tag, _ = _slot_string(key)
+        if tag == key:
+            return "{" + key + "}" + name
+        # The key's own hash tag: the key follows, so that prefixes never share a key.
+        return "{" + tag + "}" + name + ":" + key
 
     def acquire(self, scope: str, limit: int, per: float, now: datetime) -> datetime | None:
         """Take a quota permit at ``now`` (see ``MemoryCooldownStore.acquire``): one
@@ -478,7 +484,7 @@ class RedisCooldownStore:
         """Note a success or an error class (see ``MemoryCooldownStore.note``): one
         ``EVALSHA`` on the scope's "fresh" key."""
         key = self.companion(check_scope(scope), "fresh")
-        args = [check_outcome(outcome), str(to_epoch_ms(check_until(at))), str(FRESHNESS_KEPT_MS)]
+        args = [check_outcome(outcome), str(to_epoch_ms(check_until(at))), str(FRESHNESS_KEPT_MS), scope]
         try:
             self._note_script(keys=[key], args=args)
         except Exception as exc:
@@ -499,14 +505,16 @@ class RedisCooldownStore:
     def freshness_entries(self) -> dict[str, Freshness]:
         """Every scope's freshness under this prefix (SCAN, as :meth:`entries`)."""
         found = {scope: Freshness(next_eligible=until) for scope, until in self.entries().items()}
-        pattern = "{" + _GLOB_SPECIAL.sub(r"\\\g<0>", self._prefix) + "*}fresh"
+        prefix = _GLOB_SPECIAL.sub(r"\\\g<0>", self._prefix)
+        patterns = ("{" + prefix + "*}fresh", "{*}fresh:" + prefix + "*")
         try:
-            for raw in self._client.scan_iter(match=pattern, count=1000):
-                name = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-                scope = name[1 + len(self._prefix) : -len("}fresh")]
-                if not scope or self.companion(scope, "fresh") != name:
-                    continue
-                fields = self._client.hmget(name, ["s", "e", "t"])
+            for raw in (
+                key for pattern in patterns for key in self._client.scan_iter(match=pattern, count=1000)
+            ):
+                *fields, name = self._client.hmget(raw, ["s", "e", "t", "k"])
+                scope = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
+                if not scope or self.companion(scope, "fresh") != _text(raw):
+                    continue  # not a record of this store (another prefix that matched)
                 found[scope] = _freshness(fields, found.get(scope, Freshness()).next_eligible)
         except Exception as exc:
             raise self._failure("freshness", exc) from exc
@@ -594,6 +602,10 @@ class RedisCooldownStore:
             f"the Redis cooldown store failed during {operation}: {type(exc).__name__}"
             + (f": {detail}" if detail else "")
         )
+
+
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
 def _freshness(fields: list[Any], until: datetime | None) -> Freshness:

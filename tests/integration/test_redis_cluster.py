@@ -1,0 +1,88 @@
+"""The Redis store on a real 3-node Redis Cluster (started by the fixture): every key of
+a scope lives in its cooldown key's slot, so admission (cooldown + quota + announced
+allowance) is one script on one node, and scopes spread over the nodes all work."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import requests
+
+from retry_after_adapter import FakeClock, Quota, RedisCooldownStore, RetryAfterAdapter, RetryAfterRetry
+
+from ..conftest import local_deferral
+from .throttle_server import Reply, ThrottleServer
+
+pytestmark = pytest.mark.redis
+
+UTC = timezone.utc
+#: Ahead of the real clock: Redis expires keys by its own clock.
+NOW = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)
+SCOPES = [f"https://api{n}.example.com:443" for n in range(24)] + ["h:3f2a9c", "odd{tag}scope", "brace}only"]
+
+
+@pytest.fixture
+def store(cluster_client: Any) -> RedisCooldownStore:
+    return RedisCooldownStore(cluster_client, prefix="ra:")
+
+
+def test_every_key_of_a_scope_is_in_the_slot_of_its_cooldown_key(
+    store: RedisCooldownStore, cluster_client: Any
+) -> None:
+    for scope in SCOPES[:-1]:
+        slot = cluster_client.keyslot(store.key(scope))
+        for name in ("quota", "allowance", "lease", "fresh"):
+            assert cluster_client.keyslot(store.companion(scope, name)) == slot, (scope, name)
+
+
+def test_scopes_spread_over_the_nodes(store: RedisCooldownStore, cluster_client: Any) -> None:
+    nodes = {cluster_client.get_node_from_key(store.key(scope)).port for scope in SCOPES}
+    assert len(nodes) == 3  # the tests below touch every node
+
+
+def test_cooldowns_permits_allowances_leases_and_freshness_on_the_cluster(store: RedisCooldownStore) -> None:
+    for scope in SCOPES:
+        assert store.extend(scope, NOW + timedelta(seconds=5)) == NOW + timedelta(seconds=5)
+        assert store.admit(scope, NOW)[1] == NOW + timedelta(seconds=5)  # cooling: nothing taken
+        later = NOW + timedelta(seconds=6)
+        assert [store.admit(scope, later, 2, 10.0)[1] for _ in range(3)] == [
+            None,
+            None,
+            later + timedelta(seconds=10),
+        ]
+        store.allow(scope, 1, later + timedelta(seconds=30), later)
+        assert store.admit(scope, later)[1] is None
+        assert store.admit(scope, later)[1] == later + timedelta(seconds=30)
+        assert store.lease(scope, 1, 30.0, NOW, "a") is None
+        assert store.lease(scope, 1, 30.0, NOW, "b") == NOW + timedelta(seconds=30)
+        store.release(scope, "a")
+        assert store.lease(scope, 1, 30.0, NOW, "b") is None
+        store.note(scope, "throttled", NOW)
+        assert store.freshness(scope).last_error == "throttled"
+    assert set(store.entries()) == set(SCOPES)  # SCAN over every node
+    assert {s for s, f in store.freshness_entries().items() if f.last_error} >= set(SCOPES[:-1])
+
+
+def test_the_adapter_shares_a_cooldown_and_a_quota_through_the_cluster(
+    server: ThrottleServer, cluster_client: Any
+) -> None:
+    clock = FakeClock(start=NOW)
+    store = RedisCooldownStore(cluster_client, prefix="ra:", timeout=2.0)
+
+    def session(**kw: Any) -> requests.Session:
+        s = requests.Session()
+        policy = RetryAfterRetry(clock=clock, total=0, max_wait=0.0, raise_on_status=False)
+        s.mount("http://", RetryAfterAdapter(policy, cooldown=store, **kw))
+        return s
+
+    server.serve([Reply(429, {"Retry-After": "30"}), Reply(200)])
+    session().get(server.url)
+    held = local_deferral(session().get(server.url))  # another worker: nothing sent
+    assert held.reason == "cooldown" and held.eligible_at == NOW + timedelta(seconds=30)
+    clock.advance(30)
+    quota = Quota(2, per=60)
+    assert [session(quota=quota).get(server.url).status_code for _ in range(2)] == [200, 200]
+    assert local_deferral(session(quota=quota).get(server.url)).reason == "quota"
+    assert server.count() == 3
