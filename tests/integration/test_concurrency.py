@@ -109,8 +109,16 @@ def test_threads_never_exceed_the_cap(holding: HoldingServer) -> None:
     assert store._leases[scope] == {}  # every slot was given back
 
 
-def _process(url: str, path: str, threads: int) -> None:
-    store = SQLiteCooldownStore(path)
+def _shared(kind: str, where: str) -> Any:
+    if kind == "sqlite":
+        return SQLiteCooldownStore(where)
+    from retry_after_adapter import RedisCooldownStore
+
+    return RedisCooldownStore.from_url(where, prefix="slots:")
+
+
+def _process(url: str, kind: str, where: str, threads: int) -> None:
+    store = _shared(kind, where)
 
     def run() -> None:
         s = requests.Session()
@@ -128,12 +136,23 @@ def _process(url: str, path: str, threads: int) -> None:
         t.join()
 
 
+def _where(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if kind == "sqlite":
+        path = str(tmp_path / "slots.db")
+        SQLiteCooldownStore(path).close()
+        return path
+    request.getfixturevalue("redis_client")  # emptied before and after
+    return str(request.getfixturevalue("redis_url"))
+
+
 @pytest.mark.slow
-def test_processes_sharing_sqlite_never_exceed_the_cap(holding: HoldingServer, tmp_path: Path) -> None:
-    path = str(tmp_path / "slots.db")
-    SQLiteCooldownStore(path).close()
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def test_processes_sharing_a_store_never_exceed_the_cap(
+    holding: HoldingServer, tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    where = _where(kind, tmp_path, request)
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_process, args=(holding.url, path, 4)) for _ in range(4)]
+    procs = [ctx.Process(target=_process, args=(holding.url, kind, where, 4)) for _ in range(4)]
     for p in procs:
         p.start()
     for p in procs:
@@ -143,18 +162,22 @@ def test_processes_sharing_sqlite_never_exceed_the_cap(holding: HoldingServer, t
     assert holding.most <= 3
 
 
-def test_a_killed_workers_slot_comes_back_after_its_lease(tmp_path: Path) -> None:
-    path = tmp_path / "slots.db"
-    store = SQLiteCooldownStore(path)
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def test_a_killed_workers_slot_comes_back_after_its_lease(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    where = _where(kind, tmp_path, request)
+    store = _shared(kind, where)
     code = (
         "import os, signal, sys\n"
         "from datetime import datetime, timezone\n"
-        "from retry_after_adapter import SQLiteCooldownStore\n"
-        "s = SQLiteCooldownStore(sys.argv[1])\n"
+        "from retry_after_adapter import RedisCooldownStore, SQLiteCooldownStore\n"
+        "kind, where = sys.argv[1], sys.argv[2]\n"
+        "s = SQLiteCooldownStore(where) if kind == 'sqlite' else RedisCooldownStore.from_url(where, prefix='slots:')\n"
         "assert s.lease('scope', 1, 0.5, datetime.now(timezone.utc), 'worker') is None\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code, str(path)], timeout=60)
+    done = subprocess.run([sys.executable, "-c", code, kind, where], timeout=60)
     assert done.returncode == -signal.SIGKILL
     busy_until = store.lease("scope", 1, 5, datetime.now(UTC), "me")
     assert busy_until is not None  # the dead worker still holds the only slot...

@@ -575,3 +575,39 @@ def test_sqlite_lock_contention_falls_back_per_operation_and_a_stuck_lock_opens_
     assert guard.get("t0") == base
     assert not guard.down and guard.pending == 0
     assert store.get("t7") == base and store.get("s6") == base  # all written back
+
+
+# -- quotas and concurrency caps through a Redis outage ---------------------------------
+
+
+@pytest.mark.redis
+def test_a_redis_outage_keeps_the_quota_and_the_cap_in_this_process_when_failing_open(
+    redis_factory: Callable[..., RedisServer], server: ThrottleServer, clock: FakeClock
+) -> None:
+    from retry_after_adapter import Quota
+
+    redis = redis_factory()
+    store = RedisCooldownStore.from_url(redis.url)
+    guard_of(store).monotonic = clock.monotonic
+    server.serve([Reply(200)])
+
+    def adapter_session(failure: str) -> requests.Session:
+        s = requests.Session()
+        policy = RetryAfterRetry(clock=clock, total=0, max_wait=0.0, raise_on_status=False)
+        mounted = RetryAfterAdapter(
+            policy, cooldown=store, quota=Quota(3, per=60), max_concurrency=2, store_failure=failure
+        )
+        s.mount("http://", mounted)
+        return s
+
+    assert adapter_session("open").get(server.url).status_code == 200  # one permit, in Redis
+    redis.kill()
+    # Fail open: the local copy admits, with the same limits, in this process.
+    results = [adapter_session("open").get(server.url) for _ in range(4)]
+    assert [r.status_code for r in results[:3]] == [200, 200, 200]
+    assert local_deferral(results[3]).reason == "quota"  # the local quota holds too
+    assert server.count() == 4
+    # Fail closed: nothing is admitted without the shared store.
+    assert local_deferral(adapter_session("closed").get(server.url)).reason == "cooldown-unknown"
+    assert server.count() == 4
+    store.close()
