@@ -52,7 +52,9 @@ def run_worker(url: str, store_url: str, max_wait: float) -> dict:
 def store_urls(tmp_path: Path, request: pytest.FixtureRequest) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/cooldown.db"
-    return request.getfixturevalue("redis_url")
+    # Timeouts for a loaded machine: the 0.1 s default is for outages, which these
+    # tests do not stage (a timed-out read fails open, and sends early).
+    return request.getfixturevalue("redis_url") + "?socket_timeout=2&socket_connect_timeout=2"
 
 
 @pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])

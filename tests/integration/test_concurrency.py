@@ -114,7 +114,7 @@ def _shared(kind: str, where: str) -> Any:
         return SQLiteCooldownStore(where)
     from retry_after_adapter import RedisCooldownStore
 
-    return RedisCooldownStore.from_url(where, prefix="slots:")
+    return RedisCooldownStore.from_url(where, prefix="slots:", socket_timeout=2.0, socket_connect_timeout=2.0)
 
 
 def _process(url: str, kind: str, where: str, threads: int) -> None:

@@ -141,7 +141,7 @@ def _shared(kind: str, where: str) -> Any:
         return SQLiteCooldownStore(where)
     from retry_after_adapter import RedisCooldownStore
 
-    return RedisCooldownStore.from_url(where, prefix="q8x8:")
+    return RedisCooldownStore.from_url(where, prefix="q8x8:", socket_timeout=2.0, socket_connect_timeout=2.0)
 
 
 def _worker(url: str, kind: str, where: str, seconds: float, threads: int) -> None:
