@@ -54,7 +54,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 from urllib3.util.timeout import Timeout
 
-from retry_after_adapter import MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry
+from retry_after_adapter import MemoryCooldownStore, Quota, RetryAfterAdapter, RetryAfterRetry
 from retry_after_adapter.adapter import DEFAULT_STORE, RetryAfterResponse
 from retry_after_adapter.engine import Call, admit
 
@@ -70,10 +70,16 @@ def stock_session() -> requests.Session:
     return session
 
 
-def adapter_session(*, deadline: float | None = 30.0, store: bool = True) -> requests.Session:
+def adapter_session(
+    *, deadline: float | None = 30.0, store: bool = True, admission: bool = False
+) -> requests.Session:
     session = requests.Session()
     retry = RetryAfterRetry(total=5, backoff_factor=0.5, status_forcelist=STATUSES, deadline=deadline)
-    if store:
+    if admission:
+        # A quota and a concurrency cap that never bind: what taking a permit and a
+        # slot (and giving the slot back) costs on every attempt.
+        adapter = RetryAfterAdapter(max_retries=retry, quota=Quota(1_000_000, per=1.0), max_concurrency=8)
+    elif store:
         adapter = RetryAfterAdapter(max_retries=retry)  # the default cooldown store
     else:
         adapter = RetryAfterAdapter(max_retries=retry, cooldown=None)
@@ -86,6 +92,7 @@ def adapter_session(*, deadline: float | None = 30.0, store: bool = True) -> req
 VARIANTS: dict[str, Callable[[], requests.Session]] = {
     "stock": stock_session,
     "adapter": adapter_session,
+    "adapter + Quota + max_concurrency": lambda: adapter_session(admission=True),
     "stock, again (A/A control)": stock_session,
 }
 DIAGNOSTIC_VARIANTS: dict[str, Callable[[], requests.Session]] = {

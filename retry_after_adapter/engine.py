@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import collections
 import contextvars
+import itertools
 import logging
 import math
+import os
 import random
+import secrets
 import threading
-import uuid
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -211,6 +213,10 @@ class Call:
     queued = False
     #: The admission number of the attempt on the wire (``admit``), for quota headers.
     admission: int | None = None
+    #: The scope's ``_Meter`` in this process, once looked up.
+    meter: _Meter | None = None
+    #: Seconds the last ``admit_slot`` waited for a slot (0: granted at once).
+    slot_waited = 0.0
 
     def __init__(
         self,
@@ -534,8 +540,8 @@ def admit_slot(call: Call) -> Deferral | None:
     a slot is free at the latest). None: the slot is held (``call.lease_token``)."""
     assert call.concurrency is not None and call.store is not None and call.scope is not None
     slots, ttl = call.concurrency
-    token = uuid.uuid4().hex
-    waited = 0.0
+    token = _lease_token()
+    waited = call.slot_waited = 0.0
     while True:
         try:
             busy_until = call.store.hold(call.scope, slots, ttl, call.clock.now(), token, call)
@@ -566,6 +572,27 @@ def admit_slot(call: Call) -> Deferral | None:
         if not slept:
             return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=busy_until)
         waited += step
+        call.slot_waited = waited
+
+
+class _Tokens:
+    """Lease tokens unique across processes and hosts: a random prefix per process
+    (drawn again in a forked child) and a counter; cheaper than a UUID per attempt."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.prefix = secrets.token_hex(8) + "-"
+        self.counter = itertools.count()
+
+    def __call__(self) -> str:
+        return self.prefix + str(next(self.counter))
+
+
+_lease_token = _Tokens()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_lease_token.reset)
 
 
 #: Calls waiting before an attempt, per (bound, scope), in this process.
@@ -703,6 +730,14 @@ _MAX_METERS = 4096
 
 
 def _meter(call: Call) -> _Meter:
+    meter = call.meter
+    if meter is not None:
+        return meter
+    meter = call.meter = _find_meter(call)
+    return meter
+
+
+def _find_meter(call: Call) -> _Meter:
     view = call.store
     underlying = getattr(view, "store", None)
     if underlying is None:
@@ -1058,7 +1093,7 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
             deferral = admit(call)
             if deferral is None and call.concurrency is not None and call.store is not None:
                 deferral = admit_slot(call)
-                if deferral is None and _cooled_meanwhile(call):
+                if deferral is None and call.slot_waited and _cooled_meanwhile(call):
                     release_slot(call)  # a cooldown was learned while waiting for the slot
                     continue
             if deferral is not None:

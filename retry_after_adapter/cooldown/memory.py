@@ -75,7 +75,10 @@ class MemoryCooldownStore:
         if cut:
             del log[:cut]
         if len(log) < limit:
-            bisect.insort(log, now)
+            if not log or now >= log[-1]:
+                log.append(now)  # the usual order: no search
+            else:
+                bisect.insort(log, now)
             return None
         return log[-limit] + window
 

@@ -67,6 +67,7 @@ def test_happy_path_quick(tmp_path: Path) -> None:
     assert set(variants) == {
         "stock",
         "adapter",
+        "adapter + Quota + max_concurrency",
         "stock, again (A/A control)",
         "adapter, no deadline",
         "adapter, no store",
