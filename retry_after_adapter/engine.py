@@ -215,8 +215,10 @@ class Call:
     admission: int | None = None
     #: The scope's ``_Meter`` in this process, once looked up.
     meter: _Meter | None = None
-    #: Seconds the last ``admit_slot`` waited for a slot (0: granted at once).
+    #: Seconds this attempt has waited for a concurrency slot (0: none so far).
     slot_waited = 0.0
+    #: The last admission was refused only for want of a concurrency slot.
+    slot_busy = False
 
     def __init__(
         self,
@@ -478,7 +480,9 @@ def admit(call: Call) -> Deferral | None:
             else:
                 if wait is None:
                     return None  # nothing to wait for, a permit taken: one store operation
-    for _ in range(_MAX_ADMIT_ROUNDS):
+    rounds = 0
+    while rounds < _MAX_ADMIT_ROUNDS:
+        rounds += 1
         cancel = call.cancel
         if cancel is not None and cancel.is_set():
             return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=_pending(call))
@@ -499,6 +503,13 @@ def admit(call: Call) -> Deferral | None:
                 return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
             if until is None:
                 return None
+            if call.slot_busy:
+                # Only a concurrency slot is missing: look again shortly (not a round).
+                deferral = _wait_for_slot(call, until)
+                if deferral is not None:
+                    return deferral
+                rounds -= 1
+                continue
             left = call.seconds_until(until)
             if call.cooldown is None or until != call.cooldown:
                 why = Reason.QUOTA  # else a cooldown learned meanwhile: wait for it
@@ -534,14 +545,12 @@ SLOT_POLL = 0.05
 
 
 def admit_slot(call: Call) -> Deferral | None:
-    """Take a concurrency slot for the next attempt (``max_concurrency``), waiting for
-    one while that fits the budget (looking every ``SLOT_POLL`` seconds), else defer
-    with reason ``concurrency`` (eligible when the earliest lease held expires, by when
-    a slot is free at the latest). None: the slot is held (``call.lease_token``)."""
+    """Take a concurrency slot for the next attempt (``max_concurrency``) from a store
+    that cannot admit in one operation (no ``admit``), waiting for one while that fits
+    the budget (see :func:`_wait_for_slot`). None: the slot is held (``call.lease_token``)."""
     assert call.concurrency is not None and call.store is not None and call.scope is not None
     slots, ttl = call.concurrency
     token = _lease_token()
-    waited = call.slot_waited = 0.0
     while True:
         try:
             busy_until = call.store.hold(call.scope, slots, ttl, call.clock.now(), token, call)
@@ -550,29 +559,41 @@ def admit_slot(call: Call) -> Deferral | None:
         if busy_until is None:
             call.lease_token = token
             return None
-        step = min(SLOT_POLL, max(call.seconds_until(busy_until), 0.001))
-        decision = admit_decision(
-            cooldown_left=waited + step,
-            elapsed=call.elapsed(),
-            deadline=call.deadline,
-            max_wait=call.max_wait,
-            attempt_reserve=call.policy.attempt_reserve,
+        deferral = _wait_for_slot(call, busy_until)
+        if deferral is not None:
+            return deferral
+
+
+def _wait_for_slot(call: Call, busy_until: datetime) -> Deferral | None:
+    """Every slot is held until ``busy_until`` at the latest: wait ``SLOT_POLL`` seconds
+    (or less) before looking again, while the whole wait for a slot fits the budget
+    (``call.slot_waited`` adds up); else the deferral with reason ``concurrency``,
+    eligible when the earliest lease expires (by when a slot is free at the latest)."""
+    step = min(SLOT_POLL, max(call.seconds_until(busy_until), 0.001))
+    waited = call.slot_waited
+    decision = admit_decision(
+        cooldown_left=waited + step,
+        elapsed=call.elapsed(),
+        deadline=call.deadline,
+        max_wait=call.max_wait,
+        attempt_reserve=call.policy.attempt_reserve,
+    )
+    if decision.action == DEFER or (call.max_wait is not None and waited + step > call.max_wait):
+        return call.defer(
+            Decision(DEFER, call.seconds_until(busy_until), Reason.CONCURRENCY), until=busy_until
         )
-        if decision.action == DEFER or (call.max_wait is not None and waited + step > call.max_wait):
-            left = call.seconds_until(busy_until)
-            return call.defer(Decision(DEFER, left, Reason.CONCURRENCY), until=busy_until)
-        if not _queue(call):
-            return call.defer(
-                Decision(DEFER, call.seconds_until(busy_until), Reason.CONCURRENCY), until=busy_until
-            )
-        try:
-            slept = call.sleep(step)
-        finally:
-            _unqueue(call)
-        if not slept:
-            return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=busy_until)
-        waited += step
-        call.slot_waited = waited
+    if not _queue(call):
+        return call.defer(
+            Decision(DEFER, call.seconds_until(busy_until), Reason.CONCURRENCY), until=busy_until
+        )
+    try:
+        slept = call.sleep(step)
+    finally:
+        _unqueue(call)
+    if not slept:
+        return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=busy_until)
+    call.slot_waited = waited + step
+    return None
 
 
 class _Tokens:
@@ -657,23 +678,33 @@ def release_slot(call: Call) -> None:
 
 
 def _permit(call: Call) -> datetime | None:
-    """Admit the next attempt now: None when it may go (a quota permit and one of the
-    server's announced allowance taken), else when to ask again (the cooldown's end if
-    one runs, which ``call.cooldown`` then holds). One store operation where the store
-    admits in one (``admit``), else a read and a permit."""
+    """Admit the next attempt now: None when it may go (a quota permit, one of the
+    server's announced allowance and a concurrency slot taken, as the call needs), else
+    when to ask again (the cooldown's end if one runs, which ``call.cooldown`` then
+    holds; ``call.slot_busy`` when only a slot is missing). One store operation where
+    the store admits in one (``admit``), else a read and a permit."""
     store, scope = call.store, call.scope
     assert store is not None and scope is not None
     quota = call.quota
     now = call.clock.now()
+    call.slot_busy = False
     if store.admits:
         limit, per = (quota.limit, quota.window) if quota is not None else (None, None)
-        cooldown, wait, call.admission = store.admit(scope, now, limit, per, call)
-        call.cooldown = cooldown
-        return wait
-    assert quota is not None
+        lease = None
+        if call.concurrency is not None and call.lease_token is None:
+            lease = (call.concurrency[0], call.concurrency[1], _lease_token())
+        answer = store.admit(scope, now, limit, per, lease, call)
+        call.cooldown = answer.cooldown
+        call.admission = answer.seq
+        call.slot_busy = answer.slot_busy
+        if answer.not_before is None and lease is not None:
+            call.lease_token = lease[2]
+        return answer.not_before
     cooldown = call.cooldown = store.read(scope, call)
     if cooldown is not None and cooldown > now:
         return cooldown
+    if quota is None:
+        return None  # the slot, if any, is taken by admit_slot
     return store.take(scope, quota.limit, quota.window, now, call)
 
 
@@ -783,7 +814,9 @@ def _gated(call: Call) -> bool:
     if call.quota is not None:
         return True
     store = call.store
-    return call.policy.quota_headers and store is not None and store.admits
+    if store is None or not store.admits:
+        return False
+    return call.policy.quota_headers or call.concurrency is not None
 
 
 def _sending(meter: _Meter, step: int, at: float = 0.0) -> None:
@@ -1090,8 +1123,15 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
     error: Exception | None = None
     try:
         while True:
+            call.slot_waited = 0.0
             deferral = admit(call)
-            if deferral is None and call.concurrency is not None and call.store is not None:
+            if (
+                deferral is None
+                and call.concurrency is not None
+                and call.store is not None
+                and call.lease_token is None
+            ):
+                # A store that cannot admit in one operation: the slot is taken apart.
                 deferral = admit_slot(call)
                 if deferral is None and call.slot_waited and _cooled_meanwhile(call):
                     release_slot(call)  # a cooldown was learned while waiting for the slot

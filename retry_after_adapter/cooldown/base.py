@@ -9,7 +9,7 @@ wall-clock UTC so that processes and machines agree; the only write is an atomic
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from ..errors import ConfigurationError
 
@@ -33,6 +33,22 @@ class CooldownStore(Protocol):
         """Atomically set ``scope``'s eligible time to the later of the stored one and
         ``until`` (aware), and return the effective (later) time in UTC."""
         ...
+
+
+class Admission(NamedTuple):
+    """What a store's ``admit`` answers for one attempt.
+
+    ``cooldown``: the scope's stored cooldown (may be past). ``not_before``: None when
+    the attempt may go (what was asked for is taken: a quota permit, one of the
+    announced allowance, a concurrency slot), else when to ask again (nothing taken).
+    ``seq``: the attempt's admission number once the scope's quota headers are counted,
+    else None. ``slot_busy``: refused only because every concurrency slot is held
+    (``not_before`` is then when the earliest lease expires)."""
+
+    cooldown: datetime | None
+    not_before: datetime | None
+    seq: int | None = None
+    slot_busy: bool = False
 
 
 def check_scope(scope: object) -> str:

@@ -44,7 +44,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from ..errors import ConfigurationError, CooldownStoreError, CooldownUnavailable
-from .base import CooldownStore
+from .base import Admission, CooldownStore
 from .freshness import Freshness
 from .memory import MemoryCooldownStore
 
@@ -143,11 +143,12 @@ class Shared(Protocol):
         now: datetime,
         limit: int | None = None,
         per: float | None = None,
+        lease: tuple[int, float, str] | None = None,
         call: CallBudget | None = None,
-    ) -> tuple[datetime | None, datetime | None, int | None]:
-        """The cooldown; None (admitted: a permit and one of the allowance taken) or
-        when to ask again; and the attempt's admission number (for ``allow``) or None.
-        One store operation; raises CooldownUnavailable when failing closed."""
+    ) -> Admission:
+        """Admission for one attempt (see :class:`~.base.Admission`): the cooldown, the
+        allowance, a quota permit and a concurrency slot, all or nothing, in one store
+        operation; raises CooldownUnavailable when failing closed."""
         ...
 
     def allow(
@@ -205,9 +206,12 @@ class Direct:
         now: datetime,
         limit: int | None = None,
         per: float | None = None,
+        lease: tuple[int, float, str] | None = None,
         call: CallBudget | None = None,
-    ) -> tuple[datetime | None, datetime | None, int | None]:
-        return self.store.admit(scope, now, limit, per)  # type: ignore[attr-defined, no-any-return]
+    ) -> Admission:
+        if lease is None:  # a store may predate leases in admit()
+            return self.store.admit(scope, now, limit, per)  # type: ignore[attr-defined, no-any-return]
+        return self.store.admit(scope, now, limit, per, lease)  # type: ignore[attr-defined, no-any-return]
 
     def allow(
         self,
@@ -268,9 +272,10 @@ class Guarded:
         now: datetime,
         limit: int | None = None,
         per: float | None = None,
+        lease: tuple[int, float, str] | None = None,
         call: CallBudget | None = None,
-    ) -> tuple[datetime | None, datetime | None, int | None]:
-        return self.guard.admit(scope, now, limit, per, fail_closed=self.fail_closed, call=call)
+    ) -> Admission:
+        return self.guard.admit(scope, now, limit, per, lease, fail_closed=self.fail_closed, call=call)
 
     def allow(
         self,
@@ -523,47 +528,47 @@ class StoreGuard:
         now: datetime,
         limit: int | None = None,
         per: float | None = None,
+        lease: tuple[int, float, str] | None = None,
         *,
         fail_closed: bool = False,
         call: CallBudget | None = None,
-    ) -> tuple[datetime | None, datetime | None, int | None]:
+    ) -> Admission:
         """Admission for one attempt in one store operation (``admit``): the cooldown
-        (mirrored as :meth:`get` does), the quota permit and the announced allowance.
+        (mirrored as :meth:`get` does), the allowance, the quota permit and the slot.
         While the store is down, the local copy admits (fail open; its admission
         numbers are not the store's, so none is returned) or CooldownUnavailable; busy
-        or out of time: "ask again shortly"."""
-        args = (scope, now, limit, per)
+        or out of time: "ask again shortly" (never admitted locally)."""
+        args: tuple[Any, ...] = (scope, now, limit, per) if lease is None else (scope, now, limit, per, lease)
         if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
             return self._local_admit(args, fail_closed)
         epoch = self._epoch
         inner: Any = self.inner
         try:
-            remote, wait, seq = self._bounded(inner.admit, args, call)
+            answer: Admission = self._bounded(inner.admit, args, call)
         except _OutOfTime:
             self._gave_up(call)
-            return self.local.get(scope), now + _PERMIT_RETRY, None
+            return Admission(self.local.get(scope), now + _PERMIT_RETRY)
         except Exception as exc:
             self._failed(exc, call)
             if not self._down:
-                return self.local.get(scope), now + _PERMIT_RETRY, None
+                return Admission(self.local.get(scope), now + _PERMIT_RETRY)
             return self._local_admit(args, fail_closed)
         wrote = self._succeeded()
+        remote = answer.cooldown
         local = self.local.get(scope)
         if wrote or epoch != self._epoch or (self._pending and scope in self._pending):
             if local is not None and (remote is None or local > remote):
-                return local, (local if local > now else wait), seq
-            return remote, wait, seq
+                return answer._replace(cooldown=local, not_before=local if local > now else answer.not_before)
+            return answer
         if remote != local:
             self.local._replace(scope, remote)
-        return remote, wait, seq
+        return answer
 
-    def _local_admit(
-        self, args: tuple[Any, ...], fail_closed: bool
-    ) -> tuple[datetime | None, datetime | None, int | None]:
+    def _local_admit(self, args: tuple[Any, ...], fail_closed: bool) -> Admission:
         if fail_closed:
             raise CooldownUnavailable("the shared cooldown store is unavailable")
-        cooldown, wait, _ = self.local.admit(*args)
-        return cooldown, wait, None
+        answer: Admission = self.local.admit(*args)
+        return answer._replace(seq=None)
 
     def allow(
         self,

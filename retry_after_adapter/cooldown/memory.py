@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance
-from .base import check_scope, check_until
+from .base import Admission, check_scope, check_until
 from .freshness import Freshness, check_outcome, merge_note
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
@@ -69,18 +69,35 @@ class MemoryCooldownStore:
             return self._permit_locked(scope, limit, per, now)
 
     def _permit_locked(self, scope: str, limit: int, per: float, now: datetime) -> datetime | None:
+        refused = self._permit_refused(scope, limit, per, now)
+        if refused is None:
+            self._take_permit(scope, now)
+        return refused
+
+    def _permit_refused(self, scope: str, limit: int, per: float, now: datetime) -> datetime | None:
+        """(Lock held.) None when a permit is free, else when one will be; expired
+        permits are dropped."""
         window = timedelta(seconds=per)
         log = self._permits.setdefault(scope, [])
         cut = bisect.bisect_right(log, now - window)
         if cut:
             del log[:cut]
-        if len(log) < limit:
-            if not log or now >= log[-1]:
-                log.append(now)  # the usual order: no search
-            else:
-                bisect.insort(log, now)
-            return None
-        return log[-limit] + window
+        return None if len(log) < limit else log[-limit] + window
+
+    def _take_permit(self, scope: str, now: datetime) -> None:
+        log = self._permits[scope]
+        if not log or now >= log[-1]:
+            log.append(now)  # the usual order: no search
+        else:
+            bisect.insort(log, now)
+
+    def _slot_refused(self, scope: str, limit: int, now: datetime) -> datetime | None:
+        """(Lock held.) None when a slot is free, else when the earliest lease expires;
+        expired leases (a killed worker's) are dropped."""
+        held = self._leases.setdefault(scope, {})
+        for key in [key for key, expires in held.items() if expires <= now]:
+            del held[key]
+        return None if len(held) < limit else min(held.values())
 
     def allow(
         self,
@@ -108,41 +125,49 @@ class MemoryCooldownStore:
                         del self._allowance[key]
 
     def admit(
-        self, scope: str, now: datetime, limit: int | None = None, per: float | None = None
-    ) -> tuple[datetime | None, datetime | None, int | None]:
-        """Admission for one attempt at ``now``, atomically: the scope's cooldown, then
-        its quota permit (``limit`` per ``per`` seconds, when given) and what the server
-        announced is left.
-
-        Returns ``(cooldown, not_before, seq)``: the stored cooldown (may be past); None
-        when the attempt may go (a permit and one of the allowance taken), else when to
-        ask again (nothing taken; a running cooldown takes nothing either); and the
-        attempt's admission number once the scope's quota headers are counted (for
-        ``allow``), else None."""
-        if limit is None and scope not in self._allowance:
+        self,
+        scope: str,
+        now: datetime,
+        limit: int | None = None,
+        per: float | None = None,
+        lease: tuple[int, float, str] | None = None,
+    ) -> Admission:
+        """Admission for one attempt at ``now``, atomically and all or nothing: the
+        scope's cooldown, what the server announced is left, a quota permit (``limit``
+        per ``per`` seconds, when given) and a concurrency slot (``lease`` = (slots,
+        ttl seconds, token), when given). See :class:`~.base.Admission`."""
+        if limit is None and lease is None and scope not in self._allowance:
             # Nothing to take (the common case): as lock-free as ``get``.
             cooldown = self._until.get(scope)
-            return cooldown, (cooldown if cooldown is not None and cooldown > now else None), None
+            return Admission(cooldown, cooldown if cooldown is not None and cooldown > now else None)
         check_scope(scope)
         now = check_until(now)
         with self._lock:
             cooldown = self._until.get(scope)
             if cooldown is not None and cooldown > now:
-                return cooldown, cooldown, None
+                return Admission(cooldown, cooldown)
             record = self._allowance.get(scope)
+            rolled = None
             if record is not None:
                 rolled, wait = admit_allowance(record, now)
                 if wait is not None:
                     self._allowance[scope] = rolled
-                    return cooldown, wait, None
+                    return Admission(cooldown, wait)
             if limit is not None and per is not None:
-                refused = self._permit_locked(scope, limit, per, now)
+                refused = self._permit_refused(scope, limit, per, now)
                 if refused is not None:
-                    return cooldown, refused, None
-            if record is None:
-                return cooldown, None, None
+                    return Admission(cooldown, refused)
+            if lease is not None:
+                busy = self._slot_refused(scope, lease[0], now)
+                if busy is not None:
+                    return Admission(cooldown, busy, None, True)
+                self._leases[scope][lease[2]] = now + timedelta(seconds=lease[1])
+            if limit is not None:
+                self._take_permit(scope, now)
+            if rolled is None:
+                return Admission(cooldown, None)
             self._allowance[scope] = rolled
-            return cooldown, None, rolled.admitted - 1
+            return Admission(cooldown, None, rolled.admitted - 1)
 
     def note(self, scope: str, outcome: str, at: datetime) -> None:
         """Note a success or an error class of ``scope`` at ``at`` (later wins)."""
@@ -180,13 +205,10 @@ class MemoryCooldownStore:
         check_scope(scope)
         now = check_until(now)
         with self._lock:
-            held = self._leases.setdefault(scope, {})
-            for key in [key for key, expires in held.items() if expires <= now]:
-                del held[key]
-            if len(held) < limit:
-                held[token] = now + timedelta(seconds=ttl)
-                return None
-            return min(held.values())
+            busy = self._slot_refused(scope, limit, now)
+            if busy is None:
+                self._leases[scope][token] = now + timedelta(seconds=ttl)
+            return busy
 
     def release(self, scope: str, token: str) -> None:
         """Give ``token``'s slot of ``scope`` back (nothing if it expired meanwhile)."""

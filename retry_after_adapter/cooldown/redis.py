@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ConfigurationError, CooldownStoreError
 from .allowance import ALLOWANCE_KEPT, SAME_WINDOW
-from .base import check_scope, check_until
+from .base import Admission, check_scope, check_until
 from .freshness import Freshness, check_outcome
 from .sqlite import from_epoch_ms, to_epoch_ms
 
@@ -97,12 +97,13 @@ local function roll(rec, now)
 end
 """
 
-#: Admission for one attempt, atomically (``MemoryCooldownStore.admit``). KEYS = the
-#: cooldown key, the permit set, the allowance hash, all in one cluster slot; ARGV =
-#: now (ms), the window (ms, 0: no quota), the limit, a unique member, "1" to read the
-#: cooldown from KEYS[1] ("0": the caller read it), and how long (ms) an allowance
-#: outlives its reset. Returns {cooldown or -1, -1 when admitted or when to ask again,
-#: the admission number or -1}.
+#: Admission for one attempt, atomically, all or nothing (``MemoryCooldownStore.admit``).
+#: KEYS = the cooldown key, the permit set, the allowance hash, the lease set, all in
+#: one cluster slot; ARGV = now (ms), the window (ms, 0: no quota), the limit, a unique
+#: member, "1" to read the cooldown from KEYS[1] ("0": the caller read it), how long
+#: (ms) an allowance outlives its reset, and the slots (0: no cap), the lease's ttl
+#: (ms) and its token. Returns {cooldown or -1, -1 when admitted or when to ask again,
+#: the admission number or -1, 1 when only a slot was missing}.
 _ADMIT_LUA = (
     _ALLOWANCE_LUA
     + """
@@ -111,7 +112,7 @@ local cooldown = -1
 if ARGV[5] == '1' then
   local stored = tonumber(redis.call('GET', KEYS[1]))
   if stored ~= nil then
-    if stored > now then return {stored, stored, -1} end
+    if stored > now then return {stored, stored, -1, 0} end
     cooldown = stored
   end
 end
@@ -120,7 +121,7 @@ if rec ~= nil then
   local rolled = roll(rec, now)
   if rec.u > now and rec.r - (rec.n - rec.a) <= 0 then
     if rolled then save(KEYS[3], rec, tonumber(ARGV[6])) end
-    return {cooldown, rec.u, -1}
+    return {cooldown, rec.u, -1, 0}
   end
 end
 local per = tonumber(ARGV[2])
@@ -129,15 +130,27 @@ if per > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - per)
   if redis.call('ZCARD', KEYS[2]) >= limit then
     local edge = redis.call('ZREVRANGE', KEYS[2], limit - 1, limit - 1, 'WITHSCORES')
-    return {cooldown, tonumber(edge[2]) + per, -1}
+    return {cooldown, tonumber(edge[2]) + per, -1, 0}
   end
+end
+local slots = tonumber(ARGV[7])
+if slots > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  if redis.call('ZCARD', KEYS[4]) >= slots then
+    local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+    return {cooldown, tonumber(first[2]), -1, 1}
+  end
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[8]), ARGV[9])
+  redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[8]) + 1000)
+end
+if per > 0 then
   redis.call('ZADD', KEYS[2], now, ARGV[4])
   redis.call('PEXPIRE', KEYS[2], per + 1000)
 end
-if rec == nil then return {cooldown, -1, -1} end
+if rec == nil then return {cooldown, -1, -1, 0} end
 rec.n = rec.n + 1
 save(KEYS[3], rec, tonumber(ARGV[6]))
-return {cooldown, -1, rec.n - 1}
+return {cooldown, -1, rec.n - 1, 0}
 """
 )
 
@@ -420,12 +433,18 @@ class RedisCooldownStore:
         return self._admission("acquire", self._acquire_script, key, [now_ms, per_ms, limit, member])
 
     def admit(
-        self, scope: str, now: datetime, limit: int | None = None, per: float | None = None
-    ) -> tuple[datetime | None, datetime | None, int | None]:
+        self,
+        scope: str,
+        now: datetime,
+        limit: int | None = None,
+        per: float | None = None,
+        lease: tuple[int, float, str] | None = None,
+    ) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
-        the quota permit and the announced allowance in one ``EVALSHA``, the keys in one
-        cluster slot. (A scope whose key has a ``}`` that Redis would not read as a hash
-        tag has its cooldown read by a ``GET`` before: two round trips.)"""
+        the announced allowance, the quota permit and the concurrency slot in one
+        ``EVALSHA``, all or nothing, the keys in one cluster slot. (A scope whose key
+        has a ``}`` that Redis would not read as a hash tag has its cooldown read by a
+        ``GET`` before: two round trips.)"""
         key = self.key(check_scope(scope))
         when = check_until(now)
         now_ms = to_epoch_ms(when)
@@ -433,23 +452,29 @@ class RedisCooldownStore:
         _, together = _slot_string(key)
         stored = None if together else self.get(scope)
         if stored is not None and stored > when:
-            return stored, stored, None
+            return Admission(stored, stored)
         allowance = self.companion(scope, "allowance")
         keys = [key if together else allowance, self.companion(scope, "quota"), allowance]
+        keys.append(self.companion(scope, "lease"))
         member = f"{now_ms}-{secrets.token_hex(6)}"
+        slots, ttl_ms, token = (
+            (lease[0], max(1, math.ceil(lease[1] * 1000)), lease[2]) if lease else (0, 0, "")
+        )
         args = [now_ms, per_ms, limit or 0, member, "1" if together else "0", int(ALLOWANCE_KEPT * 1000)]
+        args += [slots, ttl_ms, token]
         try:
             reply = self._admit_script(keys=keys, args=[str(arg) for arg in args])
         except Exception as exc:
             raise self._failure("admit", exc) from exc
         try:
-            cooldown, wait, seq = int(reply[0]), int(reply[1]), int(reply[2])
-        except (TypeError, ValueError, IndexError):
+            cooldown, wait, seq, busy = (int(value) for value in reply)
+        except (TypeError, ValueError):
             raise CooldownStoreError("the Redis admit script returned an unexpected reply") from None
-        return (
+        return Admission(
             (None if cooldown < 0 else from_epoch_ms(cooldown)) if together else stored,
             None if wait < 0 else from_epoch_ms(wait),
             None if seq < 0 else seq,
+            bool(busy),
         )
 
     def allow(

@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from ..errors import ConfigurationError, CooldownStoreError
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance
-from .base import check_scope, check_until
+from .base import Admission, check_scope, check_until
 from .freshness import Freshness, check_outcome, merge_note
 
 _T = TypeVar("_T")
@@ -341,15 +341,32 @@ class SQLiteCooldownStore:
     @staticmethod
     def _permit(conn: sqlite3.Connection, scope: str, limit: int, per_ms: int, now_ms: int) -> int | None:
         """Inside a write transaction: take a permit (None), or when one may be (ms)."""
+        refused = SQLiteCooldownStore._permit_refused(conn, scope, limit, per_ms, now_ms)
+        if refused is None:
+            conn.execute("INSERT INTO permit (scope, at_ms) VALUES (?, ?)", (scope, now_ms))
+        return refused
+
+    @staticmethod
+    def _permit_refused(
+        conn: sqlite3.Connection, scope: str, limit: int, per_ms: int, now_ms: int
+    ) -> int | None:
+        """Inside a write transaction: None when a permit is free, else when one will be."""
         conn.execute("DELETE FROM permit WHERE scope = ? AND at_ms <= ?", (scope, now_ms - per_ms))
         rows = conn.execute(
             "SELECT at_ms FROM permit WHERE scope = ? ORDER BY at_ms DESC LIMIT 1 OFFSET ?",
             (scope, limit - 1),
         ).fetchall()
-        if rows:
-            return int(rows[0][0]) + per_ms
-        conn.execute("INSERT INTO permit (scope, at_ms) VALUES (?, ?)", (scope, now_ms))
-        return None
+        return int(rows[0][0]) + per_ms if rows else None
+
+    @staticmethod
+    def _slot_refused(conn: sqlite3.Connection, scope: str, limit: int, now_ms: int) -> int | None:
+        """Inside a write transaction: None when a slot is free, else when the earliest
+        lease expires (ms); expired leases are dropped."""
+        conn.execute("DELETE FROM lease WHERE scope = ? AND expires_ms <= ?", (scope, now_ms))
+        rows = conn.execute(
+            "SELECT count(*), min(expires_ms) FROM lease WHERE scope = ?", (scope,)
+        ).fetchall()
+        return None if int(rows[0][0]) < limit else int(rows[0][1])
 
     def allow(
         self,
@@ -406,51 +423,66 @@ class SQLiteCooldownStore:
         )
 
     def admit(
-        self, scope: str, now: datetime, limit: int | None = None, per: float | None = None
-    ) -> tuple[datetime | None, datetime | None, int | None]:
+        self,
+        scope: str,
+        now: datetime,
+        limit: int | None = None,
+        per: float | None = None,
+        lease: tuple[int, float, str] | None = None,
+    ) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
-        the quota permit and the announced allowance in one transaction (a plain read
-        while the scope has neither a quota nor an allowance record)."""
+        the announced allowance, the quota permit and the concurrency slot in one
+        transaction, all or nothing (a plain read while the scope has none of them)."""
         check_scope(scope)
         now = check_until(now)
         now_ms = to_epoch_ms(now)
         per_ms = max(1, math.ceil(per * 1000)) if limit is not None and per is not None else None
 
-        def admit(conn: sqlite3.Connection) -> tuple[int | None, int | None, int | None]:
-            if per_ms is None:
-                # No quota: a plain read, unless the scope's admissions are counted.
+        def admit(conn: sqlite3.Connection) -> tuple[int | None, int | None, int | None, bool]:
+            if per_ms is None and lease is None:
+                # Nothing to take: a plain read, unless the scope's admissions are counted.
                 rows = conn.execute(_PEEK, (scope, scope)).fetchall()
                 cooldown = None if rows[0][0] is None else int(rows[0][0])
                 if cooldown is not None and cooldown > now_ms:
-                    return cooldown, cooldown, None
+                    return cooldown, cooldown, None, False
                 if rows[0][1] is None:
-                    return cooldown, None, None
+                    return cooldown, None, None, False
             with _immediate(conn):
                 rows = conn.execute(_SELECT, (scope,)).fetchall()
                 cooldown = int(rows[0][0]) if rows else None
                 if cooldown is not None and cooldown > now_ms:
-                    return cooldown, cooldown, None
+                    return cooldown, cooldown, None, False
                 record = self._allowance_row(conn, scope)
+                rolled = None
                 if record is not None:
                     rolled, wait = admit_allowance(record, now)
                     if wait is not None:
                         if rolled != record:
                             self._put_allowance(conn, scope, rolled)
-                        return cooldown, to_epoch_ms(wait), None
+                        return cooldown, to_epoch_ms(wait), None, False
                 if limit is not None and per_ms is not None:
-                    refused = self._permit(conn, scope, limit, per_ms, now_ms)
+                    refused = self._permit_refused(conn, scope, limit, per_ms, now_ms)
                     if refused is not None:
-                        return cooldown, refused, None
-                if record is None:
-                    return cooldown, None, None
+                        return cooldown, refused, None, False
+                if lease is not None:
+                    busy = self._slot_refused(conn, scope, lease[0], now_ms)
+                    if busy is not None:
+                        return cooldown, busy, None, True
+                    expires = now_ms + max(1, math.ceil(lease[1] * 1000))
+                    conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, lease[2], expires))
+                if limit is not None:
+                    conn.execute("INSERT INTO permit (scope, at_ms) VALUES (?, ?)", (scope, now_ms))
+                if rolled is None:
+                    return cooldown, None, None, False
                 self._put_allowance(conn, scope, rolled)
-            return cooldown, None, rolled.admitted - 1
+            return cooldown, None, rolled.admitted - 1, False
 
-        cooldown, wait, seq = self._run(admit)
-        return (
+        cooldown, wait, seq, busy = self._run(admit)
+        return Admission(
             None if cooldown is None else from_epoch_ms(cooldown),
             None if wait is None else from_epoch_ms(wait),
             seq,
+            busy,
         )
 
     def note(self, scope: str, outcome: str, at: datetime) -> None:
@@ -507,14 +539,10 @@ class SQLiteCooldownStore:
         conn: sqlite3.Connection, scope: str, limit: int, ttl_ms: int, now_ms: int, token: str
     ) -> int | None:
         with _immediate(conn):
-            conn.execute("DELETE FROM lease WHERE scope = ? AND expires_ms <= ?", (scope, now_ms))
-            rows = conn.execute(
-                "SELECT count(*), min(expires_ms) FROM lease WHERE scope = ?", (scope,)
-            ).fetchall()
-            count, earliest = int(rows[0][0]), rows[0][1]
-            if count < limit:
+            busy = SQLiteCooldownStore._slot_refused(conn, scope, limit, now_ms)
+            if busy is None:
                 conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, token, now_ms + ttl_ms))
-        return None if count < limit else int(earliest)
+        return busy
 
     def release(self, scope: str, token: str) -> None:
         """Give a concurrency slot back."""

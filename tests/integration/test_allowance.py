@@ -46,17 +46,17 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 
 def test_admit_without_an_allowance_takes_nothing_and_reports_the_cooldown(store: Any) -> None:
-    assert store.admit("s", NOW) == (None, None, None)
+    assert store.admit("s", NOW) == (None, None, None, False)
     store.extend("s", NOW + timedelta(seconds=5))
     assert store.admit("s", NOW)[:2] == (NOW + timedelta(seconds=5), NOW + timedelta(seconds=5))
-    assert store.admit("s", NOW + timedelta(seconds=6)) == (NOW + timedelta(seconds=5), None, None)
+    assert store.admit("s", NOW + timedelta(seconds=6)) == (NOW + timedelta(seconds=5), None, None, False)
 
 
 def test_an_allowance_admits_remaining_then_waits_for_the_reset(store: Any) -> None:
     reset = NOW + timedelta(seconds=30)
     store.allow("s", 3, reset, NOW)
     assert [store.admit("s", NOW)[1] for _ in range(4)] == [None, None, None, reset]
-    assert store.admit("other", NOW) == (None, None, None)  # scopes are independent
+    assert store.admit("other", NOW) == (None, None, None, False)  # scopes are independent
     assert store.admit("s", reset)[:2] == (None, None)  # the window reset: no limit known
 
 
@@ -288,3 +288,17 @@ def test_a_process_that_never_saw_the_headers_is_held_back_too(
     assert results[0][0] == 200  # the one left
     assert results[1][1] == "quota"  # then nothing: the other process defers, sends nothing
     assert real_server.count() == 2
+
+
+def test_one_admission_takes_the_slot_with_the_permit_all_or_nothing(store: Any) -> None:
+    # One operation takes the cooldown check, the permit and the slot together: a slot
+    # that is not free takes no permit, and a permit that is not free takes no slot.
+    assert store.admit("s", NOW, 2, 10.0, (1, 30.0, "a")).not_before is None
+    busy = store.admit("s", NOW, 2, 10.0, (1, 30.0, "b"))
+    assert busy.slot_busy and busy.not_before == NOW + timedelta(seconds=30)
+    store.release("s", "a")
+    assert store.admit("s", NOW, 2, 10.0, (1, 30.0, "b")).not_before is None  # the 2nd permit
+    store.release("s", "b")
+    refused = store.admit("s", NOW, 2, 10.0, (1, 30.0, "c"))
+    assert not refused.slot_busy and refused.not_before == NOW + timedelta(seconds=10)
+    assert store.lease("s", 1, 30.0, NOW, "d") is None  # ...and it took no slot

@@ -313,9 +313,9 @@ class CountingStore(MemoryCooldownStore):
         self.gets += 1
         return super().get(scope)
 
-    def admit(self, scope, now, limit=None, per=None):
+    def admit(self, scope, now, limit=None, per=None, lease=None):
         self.gets += 1  # admission: the cooldown read (and the allowance) in one operation
-        return super().admit(scope, now, limit, per)
+        return super().admit(scope, now, limit, per, lease)
 
     def extend(self, scope, until):
         self.extends += 1

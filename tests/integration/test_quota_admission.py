@@ -193,3 +193,31 @@ def test_eight_processes_of_eight_threads_never_exceed_the_quota_at_the_server(
         for i, at in enumerate(arrivals)
     )
     assert worst <= 100, worst
+
+
+@pytest.mark.redis
+def test_with_redis_an_attempt_costs_one_round_trip_and_two_with_a_cap(
+    server: ThrottleServer, clock: FakeClock, redis_url: str, redis_client: Any, redis_module: Any
+) -> None:
+    from retry_after_adapter import RedisCooldownStore
+
+    class Counting(redis_module.Redis):  # type: ignore[misc, name-defined]
+        commands: list[str] = []
+
+        def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+            Counting.commands.append(str(args[0]))
+            return super().execute_command(*args, **kwargs)
+
+    store = RedisCooldownStore(Counting.from_url(redis_url, socket_timeout=2.0), prefix="rt:", timeout=2.0)
+    server.serve([Reply(200)])
+
+    def one_get(**kw: Any) -> list[str]:
+        s = requests.Session()
+        s.mount("http://", RetryAfterAdapter(RetryAfterRetry(clock=clock, total=0), cooldown=store, **kw))
+        s.get(server.url)  # warm: scripts loaded, the success noted (once a second)
+        Counting.commands.clear()
+        assert s.get(server.url).status_code == 200
+        return list(Counting.commands)
+
+    assert one_get(quota=Quota(100, per=60)) == ["EVALSHA"]  # cooldown + permit + allowance
+    assert one_get(quota=Quota(100, per=60), max_concurrency=4) == ["EVALSHA", "ZREM"]  # + give back
