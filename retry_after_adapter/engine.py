@@ -711,8 +711,8 @@ def _permit(call: Call) -> datetime | None:
 # ------------------------------------------------------------ the announced allowance
 class _Meter:
     """One scope's attempts in this process: how many are on the wire, when the last
-    ones were sent (epoch seconds; for quota headers the store did not count), and
-    when (monotonic) a success was last noted in the store."""
+    ones were sent (the call clock's monotonic seconds; for quota headers the store did
+    not count), and when (monotonic) a success was last noted in the store."""
 
     __slots__ = ("in_flight", "noted", "sent")
 
@@ -722,7 +722,7 @@ class _Meter:
         self.noted = -math.inf
 
     def sent_since(self, start: float) -> int:
-        """Attempts sent at or after ``start`` (epoch seconds), at most ``_SENT_KEPT``."""
+        """Attempts sent at or after ``start`` (monotonic seconds), at most ``_SENT_KEPT``."""
         count = 0
         for at in reversed(self.sent):
             if at < start:
@@ -748,7 +748,10 @@ def _left_unseen(call: Call, hint: QuotaHint, until: datetime) -> int:
     if hint.limit:
         # The window began at most `window` before the reset, which is rounded up: a
         # second more is counted (what was sent in the previous window, if anything).
-        start = (until - timedelta(seconds=hint.window + SAME_WINDOW)).timestamp() if hint.window else 0.0
+        start = -math.inf
+        if hint.window:
+            ahead = (until - call.clock.now()).total_seconds()
+            start = call.clock.monotonic() + ahead - hint.window - SAME_WINDOW
         estimate = max(estimate, min(hint.limit - meter.sent_since(start), hint.remaining))
     return estimate
 
@@ -817,13 +820,6 @@ def _gated(call: Call) -> bool:
     if store is None or not store.admits:
         return False
     return call.policy.quota_headers or call.concurrency is not None
-
-
-def _sending(meter: _Meter, step: int, at: float = 0.0) -> None:
-    with _METERS_LOCK:
-        meter.in_flight += step
-        if step > 0:
-            meter.sent.append(at)
 
 
 def _pending(call: Call) -> datetime | None:
@@ -1145,7 +1141,10 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
             store = call.store
             if call.policy.quota_headers and store is not None and store.admits and call.scope is not None:
                 meter = _meter(call)  # the attempts on the wire, for the quota headers
-                _sending(meter, 1, call.clock.now().timestamp())
+                at = call.clock.monotonic()
+                with _METERS_LOCK:
+                    meter.in_flight += 1
+                    meter.sent.append(at)
             try:
                 response = transport.send(call.attempt_timeout(transport.timeout()))
             except Exception as exc:
@@ -1155,7 +1154,8 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
                 error = exc
             finally:
                 if meter is not None:
-                    _sending(meter, -1)
+                    with _METERS_LOCK:
+                        meter.in_flight -= 1
                 if call.lease_token is not None:
                     release_slot(call)
             raw = transport.raw(response) if response is not None else None

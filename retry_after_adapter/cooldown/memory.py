@@ -21,6 +21,10 @@ _EXPIRE_AT = 4096
 _EXPIRE_PER_EXTEND = 64
 
 
+#: The answer of ``admit`` with nothing stored and nothing to take (shared: immutable).
+_ADMITTED = Admission(None, None)
+
+
 class MemoryCooldownStore:
     """Cooldowns shared by every thread of one process.
 
@@ -139,7 +143,9 @@ class MemoryCooldownStore:
         if limit is None and lease is None and scope not in self._allowance:
             # Nothing to take (the common case): as lock-free as ``get``.
             cooldown = self._until.get(scope)
-            return Admission(cooldown, cooldown if cooldown is not None and cooldown > now else None)
+            if cooldown is None:
+                return _ADMITTED
+            return Admission(cooldown, cooldown if cooldown > now else None)
         check_scope(scope)
         now = check_until(now)
         with self._lock:
