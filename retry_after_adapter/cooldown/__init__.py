@@ -4,20 +4,25 @@
 - :class:`SQLiteCooldownStore`: the processes of one host, through one SQLite file.
 - :class:`RedisCooldownStore`: processes on any number of hosts, through Redis or Valkey
   (needs the ``redis`` extra; redis-py is imported only when a store is built from a URL).
+- :class:`Freshness`: what a store keeps of a scope's health (last success, next
+  eligible time, last error class); :class:`Admission`: what ``admit`` answers.
 - :func:`store_from_url`: any of these from ``memory://``, ``sqlite:///path``,
   ``redis://...`` or ``valkey://...``.
 """
 
 from __future__ import annotations
 
-from .base import CooldownStore
+from .base import Admission, CooldownStore
+from .freshness import Freshness
 from .memory import MemoryCooldownStore
 from .redis import RedisCooldownStore
 from .sqlite import SQLiteCooldownStore
 from .url import store_from_url
 
 __all__ = [
+    "Admission",
     "CooldownStore",
+    "Freshness",
     "MemoryCooldownStore",
     "RedisCooldownStore",
     "SQLiteCooldownStore",
