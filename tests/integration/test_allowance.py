@@ -7,7 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,25 +24,19 @@ from retry_after_adapter import (
 )
 
 from ..conftest import local_deferral
+from .conftest import AHEAD
 from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
-#: Ahead of the real clock: Redis expires keys by its own clock.
-NOW = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)
+NOW = AHEAD
 
 
 # -- the stores: admit and allow --------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    if request.param == "memory":
-        return MemoryCooldownStore()
-    if request.param == "sqlite":
-        return SQLiteCooldownStore(tmp_path / "a.db")
-    from retry_after_adapter import RedisCooldownStore
-
-    return RedisCooldownStore(request.getfixturevalue("redis_client"), prefix="atest:")
+@pytest.fixture
+def store(every_store: Any) -> Any:
+    return every_store
 
 
 def test_admit_without_an_allowance_takes_nothing_and_reports_the_cooldown(store: Any) -> None:

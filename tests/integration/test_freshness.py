@@ -24,22 +24,16 @@ from retry_after_adapter import (
     SQLiteCooldownStore,
 )
 
+from .conftest import AHEAD
 from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
-#: Ahead of the real clock: Redis expires keys by its own clock.
-NOW = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)
+NOW = AHEAD
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    if request.param == "memory":
-        return MemoryCooldownStore()
-    if request.param == "sqlite":
-        return SQLiteCooldownStore(tmp_path / "f.db")
-    from retry_after_adapter import RedisCooldownStore
-
-    return RedisCooldownStore(request.getfixturevalue("redis_client"), prefix="ftest:")
+@pytest.fixture
+def store(every_store: Any) -> Any:
+    return every_store
 
 
 def test_a_store_keeps_the_last_success_and_the_last_error_class(store: Any) -> None:

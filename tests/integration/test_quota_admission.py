@@ -106,15 +106,9 @@ def test_a_quota_needs_a_store_that_takes_permits() -> None:
 # -- the stores: the sliding log ------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    if request.param == "memory":
-        return MemoryCooldownStore()
-    if request.param == "sqlite":
-        return SQLiteCooldownStore(tmp_path / "q.db")
-    from retry_after_adapter import RedisCooldownStore
-
-    return RedisCooldownStore(request.getfixturevalue("redis_client"), prefix="qtest:")
+@pytest.fixture
+def store(every_store: Any) -> Any:
+    return every_store
 
 
 def test_every_store_grants_at_most_limit_in_any_window(store: Any) -> None:
