@@ -21,7 +21,7 @@ from ..errors import ConfigurationError, CooldownStoreError
 from .allowance import ALLOWANCE_KEPT, SAME_WINDOW
 from .base import Admission, check_scope, check_until
 from .freshness import Freshness, check_outcome
-from .sqlite import from_epoch_ms, to_epoch_ms
+from .sqlite import from_epoch_ms, now_epoch_ms, to_epoch_ms
 
 #: The default connect and reply timeouts (seconds) of a client made by ``from_url``.
 DEFAULT_SOCKET_TIMEOUT = 0.1
@@ -427,7 +427,7 @@ class RedisCooldownStore:
         """Take a quota permit at ``now`` (see ``MemoryCooldownStore.acquire``): one
         ``EVALSHA`` on the scope's "quota" key (:meth:`companion`)."""
         key = self.companion(check_scope(scope), "quota")
-        now_ms = to_epoch_ms(check_until(now))
+        now_ms = now_epoch_ms(check_until(now))
         per_ms = max(1, math.ceil(per * 1000))
         member = f"{now_ms}-{secrets.token_hex(6)}"
         return self._admission("acquire", self._acquire_script, key, [now_ms, per_ms, limit, member])
@@ -447,7 +447,7 @@ class RedisCooldownStore:
         ``GET`` before: two round trips.)"""
         key = self.key(check_scope(scope))
         when = check_until(now)
-        now_ms = to_epoch_ms(when)
+        now_ms = now_epoch_ms(when)
         per_ms = max(1, math.ceil(per * 1000)) if limit is not None and per is not None else 0
         _, together = _slot_string(key)
         stored = None if together else self.get(scope)
@@ -493,7 +493,7 @@ class RedisCooldownStore:
         args = [
             int(remaining),
             to_epoch_ms(check_until(until)),
-            to_epoch_ms(check_until(now)),
+            now_epoch_ms(check_until(now)),
             -1 if seq is None else int(seq),
             int(limit) if limit else 0,
             round(window * 1000) if window else 0,
@@ -549,7 +549,7 @@ class RedisCooldownStore:
         """Take a concurrency slot (see ``MemoryCooldownStore.lease``): one ``EVALSHA``
         on the scope's "lease" key."""
         key = self.companion(check_scope(scope), "lease")
-        now_ms = to_epoch_ms(check_until(now))
+        now_ms = now_epoch_ms(check_until(now))
         ttl_ms = max(1, math.ceil(ttl * 1000))
         return self._admission("lease", self._lease_script, key, [now_ms, ttl_ms, limit, token])
 

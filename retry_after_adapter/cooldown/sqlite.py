@@ -83,6 +83,13 @@ def to_epoch_ms(until: datetime) -> int:
     return -(-micros // 1000)
 
 
+def now_epoch_ms(now: datetime) -> int:
+    """The present as UTC epoch milliseconds, rounded *down*: compared with a stored
+    time (rounded up), a cooldown still runs until the real present reaches it."""
+    micros = (now - _EPOCH) // timedelta(microseconds=1)
+    return micros // 1000
+
+
 def from_epoch_ms(ms: int) -> datetime:
     """UTC epoch milliseconds as an aware UTC datetime (clamped to datetime's range)."""
     if ms > _MAX_MS:  # datetime.max rounded up to a whole millisecond
@@ -328,7 +335,7 @@ class SQLiteCooldownStore:
         """Take a quota permit at ``now`` (see ``MemoryCooldownStore.acquire``): one
         immediate transaction, so every process on the host agrees."""
         check_scope(scope)
-        now_ms = to_epoch_ms(check_until(now))
+        now_ms = now_epoch_ms(check_until(now))
         per_ms = max(1, math.ceil(per * 1000))
         eligible = self._run(lambda conn: self._take(conn, scope, limit, per_ms, now_ms))
         return None if eligible is None else from_epoch_ms(eligible)
@@ -435,7 +442,7 @@ class SQLiteCooldownStore:
         transaction, all or nothing (a plain read while the scope has none of them)."""
         check_scope(scope)
         now = check_until(now)
-        now_ms = to_epoch_ms(now)
+        now_ms = now_epoch_ms(now)
         per_ms = max(1, math.ceil(per * 1000)) if limit is not None and per is not None else None
 
         def admit(conn: sqlite3.Connection) -> tuple[int | None, int | None, int | None, bool]:
@@ -529,7 +536,7 @@ class SQLiteCooldownStore:
         """Take a concurrency slot (see ``MemoryCooldownStore.lease``): one immediate
         transaction, so every process on the host agrees."""
         check_scope(scope)
-        now_ms = to_epoch_ms(check_until(now))
+        now_ms = now_epoch_ms(check_until(now))
         ttl_ms = max(1, math.ceil(ttl * 1000))
         earliest = self._run(lambda conn: self._hold(conn, scope, limit, ttl_ms, now_ms, token))
         return None if earliest is None else from_epoch_ms(earliest)

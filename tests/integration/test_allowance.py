@@ -296,3 +296,16 @@ def test_one_admission_takes_the_slot_with_the_permit_all_or_nothing(store: Any)
     refused = store.admit("s", NOW, 2, 10.0, (1, 30.0, "c"))
     assert not refused.slot_busy and refused.not_before == NOW + timedelta(seconds=10)
     assert store.lease("s", 1, 30.0, NOW, "d") is None  # ...and it took no slot
+
+
+def test_a_cooldown_runs_until_its_exact_end_not_a_millisecond_less(store: Any) -> None:
+    # Stored times are whole milliseconds rounded up; the present must be rounded down
+    # when compared with them, or an attempt in the last millisecond is let through
+    # early (seen once in CI: a second process arrived 0.2 ms before the eligible time).
+    until = NOW + timedelta(seconds=5, microseconds=188_270)
+    store.extend("s", until)
+    almost = until - timedelta(microseconds=216)
+    assert store.admit("s", almost).not_before is not None
+    assert store.admit("s", almost, 5, 10.0).not_before is not None
+    assert store.admit("s", almost, None, None, (1, 5.0, "t")).not_before is not None
+    assert store.admit("s", until + timedelta(milliseconds=1), 5, 10.0).not_before is None
