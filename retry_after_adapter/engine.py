@@ -291,9 +291,10 @@ class Call:
         return parsed
 
     def read_quota(self, response: Any) -> QuotaHint | None:
-        """Read the quota a response announces; when nothing is left and a reset is
-        ahead (within ``max_retry_after``), advance the shared cooldown to the reset.
-        Malformed quota fields are ignored."""
+        """Read the quota a response announces, when its reset is ahead (within
+        ``max_retry_after``): nothing left advances the shared cooldown to the reset, and
+        the store records what is left (its allowance) so that every worker sharing it
+        sends no more before the reset. Malformed quota fields are ignored."""
         headers = getattr(response, "headers", None)
         if headers is None or (
             headers.get("RateLimit") is None and headers.get("X-RateLimit-Remaining") is None
@@ -454,11 +455,12 @@ def _clamp(value: Any, left: float) -> float:
 # ------------------------------------------------------------------------- admission
 def admit(call: Call) -> Deferral | None:
     """Before an attempt (the first and every retry): wait out the scope's cooldown and
-    a pending ``not_before``, then take a quota permit when the call has a quota, if
-    that fits the budget; else defer without sending (``cooldown``, ``quota``).
+    a pending ``not_before``, then take what the call needs (a quota permit, one of the
+    server's announced allowance, a concurrency slot), if that fits the budget; else
+    defer without sending (``cooldown``, ``quota``, ``concurrency``).
 
-    Returns None when the attempt may go now. The common case (nothing pending, no
-    cooldown stored, no quota) costs one store read.
+    Returns None when the attempt may go now. The common case (nothing pending, nothing
+    stored) costs one store operation.
     """
     store, scope = call.store, call.scope
     if call.cancel is None and call.not_before is None and store is not None and scope is not None:
@@ -578,14 +580,11 @@ def _wait_for_slot(call: Call, busy_until: datetime) -> Deferral | None:
         max_wait=call.max_wait,
         attempt_reserve=call.policy.attempt_reserve,
     )
-    if decision.action == DEFER or (call.max_wait is not None and waited + step > call.max_wait):
-        return call.defer(
-            Decision(DEFER, call.seconds_until(busy_until), Reason.CONCURRENCY), until=busy_until
-        )
-    if not _queue(call):
-        return call.defer(
-            Decision(DEFER, call.seconds_until(busy_until), Reason.CONCURRENCY), until=busy_until
-        )
+    over = call.max_wait is not None and waited + step > call.max_wait
+    # Out of budget, or max_waiting calls already wait on this scope here.
+    if decision.action == DEFER or over or not _queue(call):
+        left = call.seconds_until(busy_until)
+        return call.defer(Decision(DEFER, left, Reason.CONCURRENCY), until=busy_until)
     try:
         slept = call.sleep(step)
     finally:
@@ -637,14 +636,20 @@ def _queue(call: Call) -> bool:
     return True
 
 
-def _waiting_key(call: Call) -> tuple[int, str]:
-    """The store object behind the call's view (shared by every adapter on it), and
-    the scope."""
+def _underlying(call: Call) -> object:
+    """The store object behind the call's view, shared by every adapter on it: a
+    Direct view's store (an empty one is falsy: compared with None), a Guarded view's
+    guard, else the view itself."""
     view = call.store
-    underlying = getattr(view, "store", None)  # a Direct view's store (an empty one is falsy)
+    underlying = getattr(view, "store", None)
     if underlying is None:
         underlying = getattr(view, "guard", None)
-    return id(view if underlying is None else underlying), call.scope or ""
+    return view if underlying is None else underlying
+
+
+def _waiting_key(call: Call) -> tuple[int, str]:
+    """The store object behind the call's view, and the scope."""
+    return id(_underlying(call)), call.scope or ""
 
 
 def _unqueue(call: Call) -> None:
@@ -772,10 +777,7 @@ def _meter(call: Call) -> _Meter:
 
 
 def _find_meter(call: Call) -> _Meter:
-    view = call.store
-    underlying = getattr(view, "store", None)
-    if underlying is None:
-        underlying = getattr(view, "guard", view)
+    underlying = _underlying(call)
     scope = call.scope or ""
     meters = _METERS.get(underlying)
     meter = meters.get(scope) if meters is not None else None

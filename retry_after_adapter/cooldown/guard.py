@@ -455,10 +455,15 @@ class StoreGuard:
         except Exception as exc:
             self._failed(exc, call)
             return self._fallback(scope, fail_closed)
-        wrote = self._succeeded()
+        return self._reconcile(scope, remote, epoch, self._succeeded())
+
+    def _reconcile(self, scope: str, remote: datetime | None, epoch: int, wrote: bool) -> datetime | None:
+        """The scope's eligible time after the store answered ``remote`` (read at
+        ``epoch``; ``wrote``: a write-back ran): the store's answer, mirrored into the
+        local copy; or, when the answer may predate a write (a write-back, a write since
+        ``epoch``, the scope's time still pending), the later of it and the local one."""
         local = self.local.get(scope)
         if wrote or epoch != self._epoch or (self._pending and scope in self._pending):
-            # The answer predates a write-back (or the scope's time is still pending).
             return local if remote is None or (local is not None and local > remote) else remote
         if remote != local:
             self.local._replace(scope, remote)
@@ -503,7 +508,8 @@ class StoreGuard:
         """Take a quota permit in the store; while it fails, in the local copy (limits
         kept in this process: fail open) or CooldownUnavailable (fail closed)."""
         args = (scope, limit, per, now)
-        return self._admission(_acquirer(self.inner), self.local.acquire, args, now, fail_closed, call)
+        later = now + _PERMIT_RETRY
+        return self._admission(_acquirer(self.inner), self.local.acquire, args, later, fail_closed, call)[0]
 
     def lease(
         self,
@@ -520,7 +526,8 @@ class StoreGuard:
         cap kept in this process: fail open) or CooldownUnavailable (fail closed)."""
         inner: Any = self.inner
         args = (scope, limit, ttl, now, token)
-        return self._admission(inner.lease, self.local.lease, args, now, fail_closed, call)
+        later = now + _PERMIT_RETRY
+        return self._admission(inner.lease, self.local.lease, args, later, fail_closed, call)[0]
 
     def admit(
         self,
@@ -539,34 +546,21 @@ class StoreGuard:
         numbers are not the store's, so none is returned) or CooldownUnavailable; busy
         or out of time: "ask again shortly" (never admitted locally)."""
         args: tuple[Any, ...] = (scope, now, limit, per) if lease is None else (scope, now, limit, per, lease)
-        if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
-            return self._local_admit(args, fail_closed)
-        epoch = self._epoch
         inner: Any = self.inner
-        try:
-            answer: Admission = self._bounded(inner.admit, args, call)
-        except _OutOfTime:
-            self._gave_up(call)
-            return Admission(self.local.get(scope), now + _PERMIT_RETRY)
-        except Exception as exc:
-            self._failed(exc, call)
-            if not self._down:
-                return Admission(self.local.get(scope), now + _PERMIT_RETRY)
-            return self._local_admit(args, fail_closed)
-        wrote = self._succeeded()
-        remote = answer.cooldown
-        local = self.local.get(scope)
-        if wrote or epoch != self._epoch or (self._pending and scope in self._pending):
-            if local is not None and (remote is None or local > remote):
-                return answer._replace(cooldown=local, not_before=local if local > now else answer.not_before)
+        epoch = self._epoch
+        later = Admission(self.local.get(scope), now + _PERMIT_RETRY)
+        answer, wrote = self._admission(inner.admit, self._local_admit, args, later, fail_closed, call)
+        if wrote is None:
+            return answer  # not the store's answer: nothing to mirror
+        cooldown = self._reconcile(scope, answer.cooldown, epoch, wrote)
+        if cooldown is None or cooldown == answer.cooldown:
             return answer
-        if remote != local:
-            self.local._replace(scope, remote)
-        return answer
+        # A later local time (not yet written back) holds the attempt back.
+        not_before = cooldown if cooldown > now else answer.not_before
+        return answer._replace(cooldown=cooldown, not_before=not_before)
 
-    def _local_admit(self, args: tuple[Any, ...], fail_closed: bool) -> Admission:
-        if fail_closed:
-            raise CooldownUnavailable("the shared cooldown store is unavailable")
+    def _local_admit(self, *args: Any) -> Admission:
+        """The local copy admits (its admission numbers are not the store's)."""
         answer: Admission = self.local.admit(*args)
         return answer._replace(seq=None)
 
@@ -586,11 +580,18 @@ class StoreGuard:
         leaves it local: it ends by itself at the reset). The local copy counts its
         own admissions (during an outage), so it is given no admission number."""
         self.local.allow(scope, remaining, until, now, None, limit, window)
+        inner: Any = self.inner
+        self._write_through(inner.allow, (scope, remaining, until, now, seq, limit, window), call)
+
+    def _write_through(
+        self, operation: Callable[..., object], args: tuple[Any, ...], call: CallBudget | None
+    ) -> None:
+        """Write to the store what the local copy already holds; a failure counts
+        against the store but is not the call's (the local copy keeps it)."""
         if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
             return
-        inner: Any = self.inner
         try:
-            self._bounded(inner.allow, (scope, remaining, until, now, seq, limit, window), call)
+            self._bounded(operation, args, call)
         except _OutOfTime:
             self._gave_up(call)
             return
@@ -601,30 +602,31 @@ class StoreGuard:
 
     def _admission(
         self,
-        remote: Callable[..., datetime | None],
-        local: Callable[..., datetime | None],
+        remote: Callable[..., Any],
+        local: Callable[..., Any],
         args: tuple[Any, ...],
-        now: datetime,
+        later: _T,
         fail_closed: bool,
         call: CallBudget | None,
-    ) -> datetime | None:
-        """A permit or a slot: None when granted, else when to ask again. While the store
-        is down, ``local`` answers (fail open) or CooldownUnavailable (fail closed); a
-        store that is up but busy, or a call out of time, never grants one locally."""
+    ) -> tuple[_T, bool | None]:
+        """A permit, a slot or a whole admission: ``(answer, wrote)``, ``wrote`` being
+        whether the store's success wrote anything back (None: the answer is not the
+        store's). While the store is down, ``local`` answers (fail open) or
+        CooldownUnavailable (fail closed); a store that is up but busy, or a call out of
+        time, answers ``later`` ("ask again shortly"): never granted locally."""
         if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
-            return self._local_admission(local, args, fail_closed)
+            return self._local_admission(local, args, fail_closed), None
         try:
-            answer = self._bounded(remote, args, call)
+            answer: _T = self._bounded(remote, args, call)
         except _OutOfTime:
             self._gave_up(call)
-            return now + _PERMIT_RETRY  # no answer in time: not granted (never over-admit)
+            return later, None
         except Exception as exc:
             self._failed(exc, call)
             if not self._down:
-                return now + _PERMIT_RETRY  # busy: ask again shortly, never admit locally
-            return self._local_admission(local, args, fail_closed)
-        self._succeeded()
-        return answer
+                return later, None
+            return self._local_admission(local, args, fail_closed), None
+        return answer, self._succeeded()
 
     def release(self, scope: str, token: str) -> None:
         """Give a slot back, in the store and locally; a failure is ignored (the lease
@@ -642,18 +644,8 @@ class StoreGuard:
         """Note a success or an error class locally and in the store; a failure is
         ignored (freshness is news, never a reason to fail a call)."""
         self.local.note(scope, outcome, at)
-        if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
-            return
         inner: Any = self.inner
-        try:
-            self._bounded(inner.note, (scope, outcome, at), call)
-        except _OutOfTime:
-            self._gave_up(call)
-            return
-        except Exception as exc:
-            self._failed(exc, call)
-            return
-        self._succeeded()
+        self._write_through(inner.note, (scope, outcome, at), call)
 
     def freshness(self, scope: str) -> Freshness | None:
         """The scope's freshness from the store; while it fails, this process's copy."""
@@ -669,9 +661,7 @@ class StoreGuard:
         return self.local.freshness(scope)
 
     @staticmethod
-    def _local_admission(
-        local: Callable[..., datetime | None], args: tuple[Any, ...], fail_closed: bool
-    ) -> datetime | None:
+    def _local_admission(local: Callable[..., Any], args: tuple[Any, ...], fail_closed: bool) -> Any:
         if fail_closed:
             raise CooldownUnavailable("the shared cooldown store is unavailable")
         return local(*args)

@@ -530,7 +530,7 @@ class RedisCooldownStore:
     def freshness_entries(self) -> dict[str, Freshness]:
         """Every scope's freshness under this prefix (SCAN, as :meth:`entries`)."""
         found = {scope: Freshness(next_eligible=until) for scope, until in self.entries().items()}
-        prefix = _GLOB_SPECIAL.sub(r"\\\g<0>", self._prefix)
+        prefix = self._glob_prefix()
         patterns = ("{" + prefix + "*}fresh", "{*}fresh:" + prefix + "*")
         try:
             for raw in (
@@ -584,7 +584,7 @@ class RedisCooldownStore:
     def entries(self) -> dict[str, datetime]:
         """Every scope under this store's prefix and its eligible time (SCAN, so it
         does not block the server; a key changed meanwhile may be missed or stale)."""
-        pattern = _GLOB_SPECIAL.sub(r"\\\g<0>", self._prefix) + "*"
+        pattern = self._glob_prefix() + "*"
         found: dict[str, datetime] = {}
         try:
             keys = list(self._client.scan_iter(match=pattern, count=1000))
@@ -598,6 +598,10 @@ class RedisCooldownStore:
         except Exception as exc:
             raise self._failure("entries", exc) from exc
         return found
+
+    def _glob_prefix(self) -> str:
+        """The key prefix as a SCAN pattern that matches it literally."""
+        return _GLOB_SPECIAL.sub(r"\\\g<0>", self._prefix)
 
     def close(self) -> None:
         """Close the client's connections (a client passed in is the caller's to close)."""
