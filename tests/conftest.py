@@ -224,6 +224,11 @@ def redis_url(redis_server: RedisServer) -> str:
 def redis_client(redis_url: str, redis_module: Any) -> Iterator[Any]:
     """A client of the session server, which is FLUSHALLed before and after the test."""
     client = redis_module.Redis.from_url(redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    yield from _emptied(client)
+
+
+def _emptied(client: Any) -> Iterator[Any]:
+    """Yield ``client`` with its server (or cluster) emptied before and after; close it."""
     client.flushall()
     yield client
     try:
@@ -344,12 +349,7 @@ def cluster_client(redis_cluster: RedisCluster, redis_module: Any) -> Iterator[A
     client = Client(
         host="127.0.0.1", port=redis_cluster.ports[0], socket_timeout=2.0, socket_connect_timeout=2.0
     )
-    client.flushall()
-    yield client
-    try:
-        client.flushall()
-    finally:
-        client.close()
+    yield from _emptied(client)
 
 
 def local_deferral(response: Any) -> Any:

@@ -33,6 +33,28 @@ def every_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     return RedisCooldownStore(request.getfixturevalue("redis_client"), prefix="every:")
 
 
+def process_store(kind: str, where: str, prefix: str) -> Any:
+    """The shared store a worker process opens: a SQLite file, or Redis (with timeouts
+    for a loaded machine: the 0.1 s default is for outages, which these tests do not
+    stage, and a timed-out read fails open)."""
+    if kind == "sqlite":
+        return SQLiteCooldownStore(where)
+    from retry_after_adapter import RedisCooldownStore
+
+    return RedisCooldownStore.from_url(where, prefix=prefix, socket_timeout=2.0, socket_connect_timeout=2.0)
+
+
+def process_store_place(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """Where worker processes find the shared store of ``kind``: a new SQLite file, or
+    the session's Redis URL (emptied before and after the test)."""
+    if kind == "sqlite":
+        path = str(tmp_path / "shared.db")
+        SQLiteCooldownStore(path).close()
+        return path
+    request.getfixturevalue("redis_client")
+    return str(request.getfixturevalue("redis_url"))
+
+
 def make_session(
     clock: FakeClock | None = None,
     store: MemoryCooldownStore | None = None,

@@ -29,6 +29,7 @@ from retry_after_adapter import (
 )
 
 from ..conftest import local_deferral
+from .conftest import process_store, process_store_place
 from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
@@ -109,16 +110,8 @@ def test_threads_never_exceed_the_cap(holding: HoldingServer) -> None:
     assert store._leases[scope] == {}  # every slot was given back
 
 
-def _shared(kind: str, where: str) -> Any:
-    if kind == "sqlite":
-        return SQLiteCooldownStore(where)
-    from retry_after_adapter import RedisCooldownStore
-
-    return RedisCooldownStore.from_url(where, prefix="slots:", socket_timeout=2.0, socket_connect_timeout=2.0)
-
-
 def _process(url: str, kind: str, where: str, threads: int) -> None:
-    store = _shared(kind, where)
+    store = process_store(kind, where, "slots:")
 
     def run() -> None:
         s = requests.Session()
@@ -136,21 +129,12 @@ def _process(url: str, kind: str, where: str, threads: int) -> None:
         t.join()
 
 
-def _where(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
-    if kind == "sqlite":
-        path = str(tmp_path / "slots.db")
-        SQLiteCooldownStore(path).close()
-        return path
-    request.getfixturevalue("redis_client")  # emptied before and after
-    return str(request.getfixturevalue("redis_url"))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 def test_processes_sharing_a_store_never_exceed_the_cap(
     holding: HoldingServer, tmp_path: Path, kind: str, request: pytest.FixtureRequest
 ) -> None:
-    where = _where(kind, tmp_path, request)
+    where = process_store_place(kind, tmp_path, request)
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_process, args=(holding.url, kind, where, 4)) for _ in range(4)]
     for p in procs:
@@ -166,18 +150,18 @@ def test_processes_sharing_a_store_never_exceed_the_cap(
 def test_a_killed_workers_slot_comes_back_after_its_lease(
     tmp_path: Path, kind: str, request: pytest.FixtureRequest
 ) -> None:
-    where = _where(kind, tmp_path, request)
-    store = _shared(kind, where)
+    where = process_store_place(kind, tmp_path, request)
+    store = process_store(kind, where, "slots:")
     code = (
         "import os, signal, sys\n"
         "from datetime import datetime, timezone\n"
-        "from retry_after_adapter import RedisCooldownStore, SQLiteCooldownStore\n"
-        "kind, where = sys.argv[1], sys.argv[2]\n"
-        "s = SQLiteCooldownStore(where) if kind == 'sqlite' else RedisCooldownStore.from_url(where, prefix='slots:')\n"
+        "from tests.integration.conftest import process_store\n"
+        "s = process_store(sys.argv[1], sys.argv[2], 'slots:')\n"
         "assert s.lease('scope', 1, 0.5, datetime.now(timezone.utc), 'worker') is None\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code, kind, where], timeout=60)
+    repo = Path(__file__).resolve().parents[2]  # where the child imports the tests from
+    done = subprocess.run([sys.executable, "-c", code, kind, where], cwd=repo, timeout=60)
     assert done.returncode == -signal.SIGKILL
     busy_until = store.lease("scope", 1, 5, datetime.now(UTC), "me")
     assert busy_until is not None  # the dead worker still holds the only slot...

@@ -22,10 +22,10 @@ from retry_after_adapter import (
     RetryAfterAdapter,
     RetryAfterPoolManager,
     RetryAfterRetry,
-    SQLiteCooldownStore,
 )
 
 from ..conftest import local_deferral
+from .conftest import process_store, process_store_place
 from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
@@ -130,20 +130,12 @@ def test_every_store_grants_at_most_limit_in_any_window(store: Any) -> None:
 # -- real processes on one SQLite file, counted by the server --------------------------
 
 
-def _shared(kind: str, where: str) -> Any:
-    if kind == "sqlite":
-        return SQLiteCooldownStore(where)
-    from retry_after_adapter import RedisCooldownStore
-
-    return RedisCooldownStore.from_url(where, prefix="q8x8:", socket_timeout=2.0, socket_connect_timeout=2.0)
-
-
 def _worker(url: str, kind: str, where: str, seconds: float, threads: int) -> None:
     # 64 threads in 8 processes on a small machine: between a permit and the server
     # seeing the request, the interpreter lock can hold a thread back ~0.2 s. The
     # margin covers that, so the server's own count stays within the quota.
     quota = Quota(100, per=1, margin=0.25)
-    store = _shared(kind, where)
+    store = process_store(kind, where, "q8x8:")
     stop = time.monotonic() + seconds
 
     def run() -> None:
@@ -166,12 +158,7 @@ def _worker(url: str, kind: str, where: str, seconds: float, threads: int) -> No
 def test_eight_processes_of_eight_threads_never_exceed_the_quota_at_the_server(
     real_server: ThrottleServer, tmp_path: Path, kind: str, request: pytest.FixtureRequest
 ) -> None:
-    if kind == "sqlite":
-        where = str(tmp_path / "quota.db")
-        SQLiteCooldownStore(where).close()
-    else:
-        where = request.getfixturevalue("redis_url")
-        request.getfixturevalue("redis_client")  # emptied before and after
+    where = process_store_place(kind, tmp_path, request)
     real_server.serve([Reply(200)])
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_worker, args=(real_server.url, kind, where, 2.5, 8)) for _ in range(8)]
