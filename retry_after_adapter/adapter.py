@@ -203,6 +203,18 @@ class SharedSettings:
         """Derive what is not kept when the owner is copied or pickled."""
         self._store = failure_layer(self.cooldown, self.store_failure)
         self._scope_fn = resolve_scope(self.scope)
+        # What every call of this owner starts with, besides the policy's own settings.
+        settings: dict[str, Any] = {}
+        if self.quota is not None:
+            settings["quota"] = self.quota
+            settings["limits"] = (self.quota.limit, self.quota.window)
+        if self.max_concurrency is not None:
+            settings["concurrency"] = (self.max_concurrency, self.lease_ttl)
+        if self.max_waiting is not None:
+            settings["max_waiting"] = self.max_waiting
+        self._call_settings = settings
+        #: (policy, hooks, ``Call.template``) of the last call made.
+        self._template: tuple[RetryAfterRetry, tuple[DecisionHook, ...], dict[str, Any]] | None = None
 
     def freshness(self, target: str) -> Freshness | None:
         """The freshness of a scope, or of the scope of a URL (``target`` with ``://``,
@@ -219,20 +231,15 @@ class SharedSettings:
 
     def _call(self, policy: RetryAfterRetry, request: Any) -> Call:
         """A new call of ``request`` under ``policy`` and the enclosing ``budget()``."""
-        call = Call(
-            policy,
-            scope=self._scope_fn(request),
-            store=self._store,
-            hooks=self.on_decision,
-            override=current_override(),
-        )
-        if self.quota is not None:
-            call.quota = self.quota
-        if self.max_concurrency is not None:
-            call.concurrency = (self.max_concurrency, self.lease_ttl)
-        if self.max_waiting is not None:
-            call.max_waiting = self.max_waiting
-        return call
+        made = self._template
+        if made is None or made[0] is not policy or made[1] is not self.on_decision:
+            # Made again when the policy or the hooks were replaced since.
+            made = self._template = (
+                policy,
+                self.on_decision,
+                Call.template(policy, self._store, self.on_decision, self._call_settings),
+            )
+        return Call.from_template(made[2], self._scope_fn(request), current_override())
 
 
 _VIEW_CLASSES: dict[type[HTTPAdapter], type[HTTPAdapter]] = {}
@@ -434,7 +441,7 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
     def _call_for(self, request: requests.PreparedRequest) -> Call:
         """A new call, or the one this request continues (a redirect hop)."""
         hooks = request.hooks
-        entry = hooks.pop(_CALL_KEY, None) if isinstance(hooks, dict) else None
+        entry = hooks.pop(_CALL_KEY, None) if hooks and _CALL_KEY in hooks else None
         if entry is not None and entry[1] is not request:
             call: Call = entry[0]
             call.scope = self._scope_fn(request)

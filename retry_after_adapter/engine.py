@@ -34,7 +34,6 @@ import os
 import random
 import secrets
 import threading
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from ._compat import response_header
 from .clock import Clock
 from .cooldown.allowance import SAME_WINDOW
 from .cooldown.freshness import INVALID_HEADER, SERVER_ERROR, SUCCESS, SUCCESS_EVERY, THROTTLED, TRANSPORT
-from .cooldown.guard import Shared
+from .cooldown.guard import Shared, meters_of
 from .deferral import Deferral
 from .errors import ConfigurationError, CooldownUnavailable, DeferralLimitExceeded, InvalidRetryAfter
 from .header import RetryAfter, parse_retry_after
@@ -204,6 +203,8 @@ class Call:
     store_failed = False
     #: The scope's quota: a permit is taken before every attempt.
     quota: Quota | None = None
+    #: ``(limit, window seconds)`` of ``quota``, as the store takes them.
+    limits: tuple[int, float] | None = None
     #: ``(slots, lease seconds)``: a concurrency slot is held during every attempt.
     concurrency: tuple[int, float] | None = None
     #: The slot this call holds while an attempt is on the wire.
@@ -215,6 +216,8 @@ class Call:
     admission: int | None = None
     #: The scope's ``_Meter`` in this process, once looked up.
     meter: _Meter | None = None
+    #: When (the clock's monotonic seconds) the last attempt was sent; None: none yet.
+    sent_at: float | None = None
     #: Seconds this attempt has waited for a concurrency slot (0: none so far).
     slot_waited = 0.0
     #: The last admission was refused only for want of a concurrency slot.
@@ -238,8 +241,45 @@ class Call:
         self.hooks = policy.on_decision + hooks if hooks else policy.on_decision
         self.deadline: float | None = policy.deadline
         self.max_wait: float | None = policy.max_wait
-        if override is None:
-            return
+        if override is not None:
+            self._override(override)
+
+    @staticmethod
+    def template(
+        policy: RetryAfterRetry,
+        store: Shared | None,
+        hooks: tuple[DecisionHook, ...],
+        settings: dict[str, Any],
+    ) -> dict[str, Any]:
+        """What every call of ``policy`` through one owner (an adapter, a pool manager)
+        starts with, for :meth:`from_template`: the state ``__init__`` would set, and
+        ``settings`` (``quota``, ``limits``, ``concurrency``, ``max_waiting``)."""
+        return {
+            "policy": policy,
+            "retry": policy,
+            "clock": policy.clock,
+            "store": store,
+            "hooks": policy.on_decision + hooks if hooks else policy.on_decision,
+            "deadline": policy.deadline,
+            "max_wait": policy.max_wait,
+            **settings,
+        }
+
+    @classmethod
+    def from_template(cls, template: dict[str, Any], scope: str | None, override: Override | None) -> Call:
+        """A new call from :meth:`template`: as ``Call(policy, ...)`` and the settings,
+        with one dict update instead of an attribute each."""
+        call = cls.__new__(cls)
+        state = call.__dict__
+        state.update(template)
+        state["scope"] = scope
+        state["start"] = template["clock"].monotonic()
+        if override is not None:
+            call._override(override)
+        return call
+
+    def _override(self, override: Override) -> None:
+        """Apply an enclosing ``budget()``: its limits, cancel event and resumed deferral."""
         if not isinstance(override.deadline, _Unset):
             self.deadline = override.deadline
         if not isinstance(override.max_wait, _Unset):
@@ -296,9 +336,9 @@ class Call:
         the store records what is left (its allowance) so that every worker sharing it
         sends no more before the reset. Malformed quota fields are ignored."""
         headers = getattr(response, "headers", None)
-        if headers is None or (
-            headers.get("RateLimit") is None and headers.get("X-RateLimit-Remaining") is None
-        ):
+        # Membership, not .get(): a miss costs urllib3's headers a KeyError raised and
+        # caught, on every response that announces nothing.
+        if headers is None or ("RateLimit" not in headers and "X-RateLimit-Remaining" not in headers):
             return None
         now = self.clock.now()
         date = response_header(response, "Date")
@@ -414,20 +454,25 @@ class Call:
         self.emit(Decision(DEFER, deferral.delay, reason), server_delay)
         return deferral
 
-    def attempt_timeout(self, timeout: Any) -> Any:
+    def attempt_timeout(self, timeout: Any, at: float | None = None) -> Any:
         """The timeout for the next attempt: ``timeout`` (a number, a ``(connect, read)``
         pair, a urllib3 ``Timeout`` or None) bounded, connect and read together, by what
-        is left of the deadline, so an attempt overruns it by at most
-        ``max(MIN_ATTEMPT_TIMEOUT, attempt_reserve)`` seconds."""
+        is left of the deadline at ``at`` (the clock's monotonic seconds; default now),
+        so an attempt overruns it by at most ``max(MIN_ATTEMPT_TIMEOUT, attempt_reserve)``
+        seconds."""
         deadline = self.deadline
         if deadline is None:
             return timeout
-        left = max(
-            deadline - (self.clock.monotonic() - self.start), MIN_ATTEMPT_TIMEOUT, self.policy.attempt_reserve
-        )
-        if type(timeout) in (int, float):  # the common case: one number for both
+        if at is None:
+            at = self.clock.monotonic()
+        left = deadline - (at - self.start)
+        number = type(timeout) in (int, float)  # the common case: one number for both
+        if number and timeout + timeout <= left:
+            return timeout  # connect + read already fit: nothing to bound
+        left = max(left, MIN_ATTEMPT_TIMEOUT, self.policy.attempt_reserve)
+        if number:
             if timeout + timeout <= left:
-                return timeout  # connect + read already fit: nothing to bound
+                return timeout
             value = timeout if timeout < left else left
             return Timeout(connect=value, read=value, total=left)
         if isinstance(timeout, Timeout):
@@ -606,13 +651,15 @@ class _Tokens:
         self.prefix = secrets.token_hex(8) + "-"
         self.counter = itertools.count()
 
-    def __call__(self) -> str:
-        return self.prefix + str(next(self.counter))
 
-
-_lease_token = _Tokens()
+_tokens = _Tokens()
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_lease_token.reset)
+    os.register_at_fork(after_in_child=_tokens.reset)
+
+
+def _lease_token() -> str:
+    """A new lease token (see :class:`_Tokens`)."""
+    return _tokens.prefix + str(next(_tokens.counter))
 
 
 #: Calls waiting before an attempt, per (bound, scope), in this process.
@@ -692,19 +739,23 @@ def _permit(call: Call) -> datetime | None:
     assert store is not None and scope is not None
     quota = call.quota
     now = call.clock.now()
-    call.slot_busy = False
     if store.admits:
-        limit, per = (quota.limit, quota.window) if quota is not None else (None, None)
+        limits = call.limits
+        if limits is None and quota is not None:
+            limits = call.limits = (quota.limit, quota.window)
+        concurrency = call.concurrency
         lease = None
-        if call.concurrency is not None and call.lease_token is None:
-            lease = (call.concurrency[0], call.concurrency[1], _lease_token())
-        answer = store.admit(scope, now, limit, per, lease, call)
-        call.cooldown = answer.cooldown
-        call.admission = answer.seq
-        call.slot_busy = answer.slot_busy
-        if answer.not_before is None and lease is not None:
+        if concurrency is not None and call.lease_token is None:
+            lease = (concurrency[0], concurrency[1], _lease_token())
+        if limits is None:
+            answer = store.admit(scope, now, None, None, lease, call)
+        else:
+            answer = store.admit(scope, now, limits[0], limits[1], lease, call)
+        call.cooldown, not_before, call.admission, call.slot_busy = answer
+        if not_before is None and lease is not None:
             call.lease_token = lease[2]
-        return answer.not_before
+        return not_before
+    call.slot_busy = False
     cooldown = call.cooldown = store.read(scope, call)
     if cooldown is not None and cooldown > now:
         return cooldown
@@ -715,16 +766,24 @@ def _permit(call: Call) -> datetime | None:
 
 # ------------------------------------------------------------ the announced allowance
 class _Meter:
-    """One scope's attempts in this process: how many are on the wire, when the last
-    ones were sent (the call clock's monotonic seconds; for quota headers the store did
-    not count), and when (monotonic) a success was last noted in the store."""
+    """One scope's attempts in this process: which are on the wire, when the last ones
+    were sent (the call clock's monotonic seconds; for quota headers the store did not
+    count), and when (monotonic) a success was last noted in the store. Updated without
+    a lock: adding to a set, discarding from it and appending to a bounded deque are
+    each atomic."""
 
-    __slots__ = ("in_flight", "noted", "sent")
+    __slots__ = ("noted", "sent", "wire")
 
     def __init__(self) -> None:
-        self.in_flight = 0
+        #: ``id()`` of every call with an attempt on the wire (a call has one at a time).
+        self.wire: set[int] = set()
         self.sent: collections.deque[float] = collections.deque(maxlen=_SENT_KEPT)
         self.noted = -math.inf
+
+    @property
+    def in_flight(self) -> int:
+        """Attempts of the scope on the wire in this process."""
+        return len(self.wire)
 
     def sent_since(self, start: float) -> int:
         """Attempts sent at or after ``start`` (monotonic seconds), at most ``_SENT_KEPT``."""
@@ -761,11 +820,9 @@ def _left_unseen(call: Call, hint: QuotaHint, until: datetime) -> int:
     return estimate
 
 
-#: Per store object (a memory store, or a store's guard) and scope, in this process.
-_METERS: weakref.WeakKeyDictionary[object, dict[str, _Meter]] = weakref.WeakKeyDictionary()
-_METERS_LOCK = threading.Lock()
 #: Beyond this many scopes of one store, idle meters are dropped.
 _MAX_METERS = 4096
+_METERS_LOCK = threading.Lock()
 
 
 def _meter(call: Call) -> _Meter:
@@ -777,17 +834,19 @@ def _meter(call: Call) -> _Meter:
 
 
 def _find_meter(call: Call) -> _Meter:
-    underlying = _underlying(call)
+    """The scope's meter in the map every view of the call's store object shares."""
+    view = call.store
+    meters: dict[str, Any] | None = getattr(view, "meters", None)
+    if meters is None:  # a store view of someone else's making
+        meters = meters_of(_underlying(call))
     scope = call.scope or ""
-    meters = _METERS.get(underlying)
-    meter = meters.get(scope) if meters is not None else None
+    meter = meters.get(scope)
     if meter is None:
         with _METERS_LOCK:
-            meters = _METERS.setdefault(underlying, {})
             meter = meters.get(scope)
             if meter is None:
                 if len(meters) >= _MAX_METERS:
-                    for old in [k for k, m in meters.items() if not m.in_flight]:
+                    for old in [k for k, m in meters.items() if not m.wire]:
                         del meters[old]
                 meter = meters[scope] = _Meter()
     return meter
@@ -802,8 +861,12 @@ def _note(call: Call, outcome: str) -> None:
     if not outcome:
         return  # a client error (404...): says nothing of the integration's health
     if outcome == SUCCESS:
-        meter = _meter(call)
-        now = call.clock.monotonic()
+        meter = call.meter
+        if meter is None:
+            meter = _meter(call)
+        now = call.sent_at  # the attempt's send time: no clock read per success
+        if now is None:
+            now = call.clock.monotonic()
         if now - meter.noted < SUCCESS_EVERY:
             return
         meter.noted = now
@@ -905,7 +968,7 @@ def judge(
         and error is None
         and status < 300
         and status not in _HINTED_STATUSES
-        and not retry.is_retry(method or "GET", status)
+        and not _is_retry(retry, method or "GET", status)
     ):
         # The happy path: a final answer that no rule retries (not a redirect, no
         # status whose Retry-After counts): nothing to parse or plan but its quota.
@@ -1010,6 +1073,18 @@ def _outcome(
     return SUCCESS if status < 400 else ""
 
 
+def _is_retry(retry: Retry, method: str, status: int) -> bool:
+    """``retry.is_retry(method, status)`` for a response without Retry-After. urllib3's
+    own rule then retries only a status of ``status_forcelist``, whatever the method:
+    that is looked up here first (the happy path), unless a subclass has its own rule."""
+    if type(retry).is_retry is _STOCK_IS_RETRY:
+        forcelist = retry.status_forcelist
+        if not forcelist or status not in forcelist:
+            return False
+    return retry.is_retry(method, status)
+
+
+_STOCK_IS_RETRY = Retry.is_retry
 #: Statuses whose Retry-After matters even when not retried (urllib3's and ours).
 _HINTED_STATUSES = frozenset(Retry.RETRY_AFTER_STATUS_CODES) | COOLDOWN_STATUSES
 
@@ -1119,6 +1194,14 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
     """
     response: R | None = None
     error: Exception | None = None
+    store = call.store
+    # The attempts on the wire and when they were sent, for the quota headers.
+    meter = (
+        _meter(call)
+        if call.policy.quota_headers and store is not None and store.admits and call.scope is not None
+        else None
+    )
+    key = id(call)
     try:
         while True:
             call.slot_waited = 0.0
@@ -1139,16 +1222,12 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
                 return Outcome(response, error, deferral)
             response = error = None
             cause: Exception | None = None
-            meter = None
-            store = call.store
-            if call.policy.quota_headers and store is not None and store.admits and call.scope is not None:
-                meter = _meter(call)  # the attempts on the wire, for the quota headers
-                at = call.clock.monotonic()
-                with _METERS_LOCK:
-                    meter.in_flight += 1
-                    meter.sent.append(at)
+            at = call.sent_at = call.clock.monotonic()
+            if meter is not None:
+                meter.wire.add(key)
+                meter.sent.append(at)
             try:
-                response = transport.send(call.attempt_timeout(transport.timeout()))
+                response = transport.send(call.attempt_timeout(transport.timeout(), at))
             except Exception as exc:
                 cause = transport.transport_error(exc)
                 if cause is None:
@@ -1156,10 +1235,12 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
                 error = exc
             finally:
                 if meter is not None:
-                    with _METERS_LOCK:
-                        meter.in_flight -= 1
-                if call.lease_token is not None:
-                    release_slot(call)
+                    meter.wire.discard(key)
+                token = call.lease_token
+                if token is not None:
+                    call.lease_token = None
+                    assert store is not None and call.scope is not None  # a lease was taken
+                    store.free(call.scope, token)
             raw = transport.raw(response) if response is not None else None
             verdict = judge(call, transport.method, transport.url, raw, cause)
             action = verdict.action

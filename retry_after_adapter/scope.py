@@ -75,11 +75,24 @@ def origin_scope(request: Any) -> str:
     Any user info (``user:password@``) and the path and query are left out.
     """
     url = request.url or ""
+    scope = _ORIGIN_OF_URL.get(url)
+    if scope is not None:
+        return scope  # a URL seen lately (polling sends the same URLs again and again)
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise ConfigurationError("cannot derive a cooldown scope from a URL without a scheme")
     netloc = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
-    return _origin(scheme, netloc)
+    scope = _origin(scheme, netloc)
+    if "@" not in netloc:  # user info (a credential) is never kept
+        if len(_ORIGIN_OF_URL) >= _ORIGIN_CACHE_SIZE:
+            _ORIGIN_OF_URL.clear()
+        _ORIGIN_OF_URL[url] = scope
+    return scope
+
+
+#: The origin scope of recently seen URLs without user info (bounded: cleared when full).
+_ORIGIN_OF_URL: dict[str, str] = {}
+_ORIGIN_CACHE_SIZE = 512
 
 
 def hash_scope(text: str) -> str:

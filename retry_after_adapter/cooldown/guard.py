@@ -128,6 +128,9 @@ class Shared(Protocol):
     admits: bool
     #: Whether the store keeps freshness records (else ``note`` is not called).
     notes: bool
+    #: What the engine keeps of each scope in this process, shared by every view of the
+    #: same store object (see :func:`meters_of`).
+    meters: dict[str, Any]
 
     def note(self, scope: str, outcome: str, at: datetime, call: CallBudget | None = None) -> None:
         """Note a success or an error class of the scope; never raises."""
@@ -168,15 +171,31 @@ class Shared(Protocol):
         ...
 
 
+#: Per store object (a memory store, or a store's guard): what the engine keeps of each
+#: scope in this process (``engine._Meter``), shared by every view of that object.
+_METERS: weakref.WeakKeyDictionary[object, dict[str, Any]] = weakref.WeakKeyDictionary()
+_METERS_LOCK = threading.Lock()
+
+
+def meters_of(underlying: object) -> dict[str, Any]:
+    """The per-scope meters of a store object in this process (made on first use)."""
+    with _METERS_LOCK:
+        meters = _METERS.get(underlying)
+        if meters is None:
+            meters = _METERS[underlying] = {}
+        return meters
+
+
 class Direct:
     """A store that cannot fail (in memory): used as it is."""
 
-    __slots__ = ("admits", "notes", "store")
+    __slots__ = ("admits", "meters", "notes", "store")
 
     def __init__(self, store: CooldownStore) -> None:
         self.store = store
         self.admits = supports_admit(store)
         self.notes = supports_freshness(store)
+        self.meters = meters_of(store)
 
     def note(self, scope: str, outcome: str, at: datetime, call: CallBudget | None = None) -> None:
         self.store.note(scope, outcome, at)  # type: ignore[attr-defined]
@@ -236,13 +255,14 @@ class Direct:
 class Guarded:
     """A store's process-wide :class:`StoreGuard` under one adapter's failure policy."""
 
-    __slots__ = ("admits", "fail_closed", "guard", "notes")
+    __slots__ = ("admits", "fail_closed", "guard", "meters", "notes")
 
     def __init__(self, guard: StoreGuard, *, fail_closed: bool) -> None:
         self.guard = guard
         self.fail_closed = fail_closed
         self.admits = supports_admit(guard.inner)
         self.notes = supports_freshness(guard.inner)
+        self.meters = meters_of(guard)
 
     def note(self, scope: str, outcome: str, at: datetime, call: CallBudget | None = None) -> None:
         self.guard.note(scope, outcome, at, call=call)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import bisect
+import collections
 import heapq
 import threading
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from ..errors import ConfigurationError
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance
 from .base import Admission, check_scope, check_until
 from .freshness import Freshness, check_outcome, merge_note
@@ -23,6 +25,43 @@ _EXPIRE_PER_EXTEND = 64
 
 #: The answer of ``admit`` with nothing stored and nothing to take (shared: immutable).
 _ADMITTED = Admission(None, None)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
+
+
+def _micros(at: datetime) -> int:
+    """``at`` (an aware datetime) as whole microseconds since the epoch: exact, since a
+    datetime holds microseconds; permits and leases are kept so (cheap to compare)."""
+    try:
+        return (at - _EPOCH) // _US
+    except TypeError:  # naive, or not a datetime
+        check_until(at)
+        raise
+
+
+def _as_datetime(micros: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=micros)
+
+
+#: ``_window_micros`` of the windows and lease lengths seen (a few per process).
+_WINDOWS: dict[float, int] = {}
+
+
+def _window_micros(per: float) -> int:
+    """``per`` seconds in whole microseconds (as ``timedelta(seconds=per)`` rounds)."""
+    try:
+        return _WINDOWS[per]
+    except (KeyError, TypeError):
+        pass
+    try:
+        micros = timedelta(seconds=per) // _US
+    except (TypeError, OverflowError, ValueError):
+        raise ConfigurationError("a window must be a number of seconds") from None
+    if len(_WINDOWS) >= 1024:
+        _WINDOWS.clear()
+    _WINDOWS[per] = micros
+    return micros
 
 
 class MemoryCooldownStore:
@@ -41,10 +80,11 @@ class MemoryCooldownStore:
         #: (eligible time, scope) of every write; entries a later write replaced are
         #: skipped when they surface.
         self._heap: list[tuple[datetime, str]] = []
-        #: Quota permits: per scope, the times of the permits granted, oldest first.
-        self._permits: dict[str, list[datetime]] = {}
-        #: Concurrency leases: per scope, token -> when the lease expires.
-        self._leases: dict[str, dict[str, datetime]] = {}
+        #: Quota permits: per scope, the times of the permits granted (microseconds
+        #: since the epoch, see ``_micros``), oldest first.
+        self._permits: dict[str, collections.deque[int]] = {}
+        #: Concurrency leases: per scope, token -> when the lease expires (microseconds).
+        self._leases: dict[str, dict[str, int]] = {}
         #: What servers announced, per scope (see ``Allowance``).
         self._allowance: dict[str, Allowance] = {}
         #: Freshness per scope (see ``freshness.Freshness``; next_eligible not kept).
@@ -68,40 +108,46 @@ class MemoryCooldownStore:
         ``limit`` were granted in the ``per`` seconds before ``now``; else nothing is
         taken and the time the oldest of them leaves the window is returned."""
         check_scope(scope)
-        now = check_until(now)
+        at = _micros(now)
+        window = _window_micros(per)
         with self._lock:
-            return self._permit_locked(scope, limit, per, now)
+            refused = self._permit_refused(scope, limit, window, at)
+            if refused is None:
+                self._take_permit(scope, at)
+                return None
+            return _as_datetime(refused)
 
-    def _permit_locked(self, scope: str, limit: int, per: float, now: datetime) -> datetime | None:
-        refused = self._permit_refused(scope, limit, per, now)
-        if refused is None:
-            self._take_permit(scope, now)
-        return refused
-
-    def _permit_refused(self, scope: str, limit: int, per: float, now: datetime) -> datetime | None:
-        """(Lock held.) None when a permit is free, else when one will be; expired
-        permits are dropped."""
-        window = timedelta(seconds=per)
-        log = self._permits.setdefault(scope, [])
-        cut = bisect.bisect_right(log, now - window)
-        if cut:
-            del log[:cut]
+    def _permit_refused(self, scope: str, limit: int, window: int, at: int) -> int | None:
+        """(Lock held; times in microseconds.) None when a permit is free at ``at``, else
+        when one will be; permits that left the window are dropped."""
+        log = self._permits.get(scope)
+        if log is None:
+            log = self._permits[scope] = collections.deque()
+        cut = at - window
+        while log and log[0] <= cut:
+            log.popleft()
         return None if len(log) < limit else log[-limit] + window
 
-    def _take_permit(self, scope: str, now: datetime) -> None:
+    def _take_permit(self, scope: str, at: int) -> None:
         log = self._permits[scope]
-        if not log or now >= log[-1]:
-            log.append(now)  # the usual order: no search
+        if not log or at >= log[-1]:
+            log.append(at)  # the usual order: no search
         else:
-            bisect.insort(log, now)
+            bisect.insort(log, at)
 
-    def _slot_refused(self, scope: str, limit: int, now: datetime) -> datetime | None:
-        """(Lock held.) None when a slot is free, else when the earliest lease expires;
-        expired leases (a killed worker's) are dropped."""
-        held = self._leases.setdefault(scope, {})
-        for key in [key for key, expires in held.items() if expires <= now]:
-            del held[key]
-        return None if len(held) < limit else min(held.values())
+    def _slot_refused(self, scope: str, limit: int, at: int) -> int | None:
+        """(Lock held; times in microseconds.) None when a slot is free at ``at``, else
+        when the earliest lease expires. Expired leases (a killed worker's) are dropped
+        when every slot looks held."""
+        held = self._leases.get(scope)
+        if held is None:
+            held = self._leases[scope] = {}
+        if len(held) < limit:
+            return None
+        for key, expires in list(held.items()):  # a copy: release() pops without the lock
+            if expires <= at:
+                held.pop(key, None)
+        return None if len(held) < limit else min(held.values(), default=at)
 
     def allow(
         self,
@@ -146,8 +192,11 @@ class MemoryCooldownStore:
             if cooldown is None:
                 return _ADMITTED
             return Admission(cooldown, cooldown if cooldown > now else None)
-        check_scope(scope)
-        now = check_until(now)
+        try:
+            at = (now - _EPOCH) // _US
+        except TypeError:  # naive, or not a datetime
+            check_until(now)
+            raise
         with self._lock:
             cooldown = self._until.get(scope)
             if cooldown is not None and cooldown > now:
@@ -159,19 +208,35 @@ class MemoryCooldownStore:
                 if wait is not None:
                     self._allowance[scope] = rolled
                     return Admission(cooldown, wait)
-            if limit is not None and per is not None:
-                refused = self._permit_refused(scope, limit, per, now)
-                if refused is not None:
-                    return Admission(cooldown, refused)
-            if lease is not None:
-                busy = self._slot_refused(scope, lease[0], now)
-                if busy is not None:
-                    return Admission(cooldown, busy, None, True)
-                self._leases[scope][lease[2]] = now + timedelta(seconds=lease[1])
+            log = None
             if limit is not None:
-                self._take_permit(scope, now)
+                window = _WINDOWS.get(per) or _window_micros(per)  # type: ignore[arg-type]
+                log = self._permits.get(scope)
+                if log is None:
+                    log = self._permits[scope] = collections.deque()
+                    check_scope(scope)  # a scope new to the store: checked once
+                cut = at - window
+                while log and log[0] <= cut:
+                    log.popleft()
+                if len(log) >= limit:
+                    return Admission(cooldown, _as_datetime(log[-limit] + window))
+            if lease is not None:
+                held = self._leases.get(scope)
+                if held is None:
+                    held = self._leases[scope] = {}
+                    check_scope(scope)
+                if len(held) >= lease[0]:
+                    busy = self._slot_refused(scope, lease[0], at)
+                    if busy is not None:
+                        return Admission(cooldown, _as_datetime(busy), None, True)
+                held[lease[2]] = at + (_WINDOWS.get(lease[1]) or _window_micros(lease[1]))
+            if log is not None:
+                if not log or at >= log[-1]:
+                    log.append(at)  # the usual order: no search
+                else:
+                    bisect.insort(log, at)
             if rolled is None:
-                return Admission(cooldown, None)
+                return _ADMITTED if cooldown is None else Admission(cooldown, None)
             self._allowance[scope] = rolled
             return Admission(cooldown, None, rolled.admitted - 1)
 
@@ -209,19 +274,21 @@ class MemoryCooldownStore:
         ``token``: granted (None), or the time the earliest held lease expires (a slot
         is free by then at the latest). Expired leases (a killed worker's) free theirs."""
         check_scope(scope)
-        now = check_until(now)
+        at = _micros(now)
         with self._lock:
-            busy = self._slot_refused(scope, limit, now)
+            busy = self._slot_refused(scope, limit, at)
             if busy is None:
-                self._leases[scope][token] = now + timedelta(seconds=ttl)
-            return busy
+                self._leases[scope][token] = at + _window_micros(ttl)
+                return None
+            return _as_datetime(busy)
 
     def release(self, scope: str, token: str) -> None:
-        """Give ``token``'s slot of ``scope`` back (nothing if it expired meanwhile)."""
-        with self._lock:
-            held = self._leases.get(scope)
-            if held is not None:
-                held.pop(token, None)
+        """Give ``token``'s slot of ``scope`` back (nothing if it expired meanwhile).
+        Without the lock: one ``dict.pop`` is atomic, and a slot given back early is
+        never one too many (``_slot_refused`` scans a copy)."""
+        held = self._leases.get(scope)
+        if held is not None:
+            held.pop(token, None)
 
     def entries(self) -> dict[str, datetime]:
         """A copy of every stored scope and its time (expired ones not yet dropped
