@@ -66,3 +66,17 @@ def response_header(response: Any, name: str) -> str | None:
         return None
     value = headers.get(name)
     return None if value is None else str(value)
+
+
+def announces_quota(response: Any) -> bool:
+    """Whether a urllib3 response has a ``RateLimit`` or ``X-RateLimit-Remaining``
+    field. Asked of every response: on urllib3's own headers (both versions keep them
+    in ``_container``, keyed by the lower-case name) two plain dict lookups."""
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return False
+    names = getattr(headers, "_container", None)
+    if type(names) is not dict and not isinstance(names, dict):
+        names = headers  # someone else's mapping: its own (case-insensitive) lookup
+        return "RateLimit" in names or "X-RateLimit-Remaining" in names
+    return "ratelimit" in names or "x-ratelimit-remaining" in names

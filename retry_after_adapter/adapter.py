@@ -203,18 +203,18 @@ class SharedSettings:
         """Derive what is not kept when the owner is copied or pickled."""
         self._store = failure_layer(self.cooldown, self.store_failure)
         self._scope_fn = resolve_scope(self.scope)
-        # What every call of this owner starts with, besides the policy's own settings.
-        settings: dict[str, Any] = {}
-        if self.quota is not None:
-            settings["quota"] = self.quota
-            settings["limits"] = (self.quota.limit, self.quota.window)
-        if self.max_concurrency is not None:
-            settings["concurrency"] = (self.max_concurrency, self.lease_ttl)
-        if self.max_waiting is not None:
-            settings["max_waiting"] = self.max_waiting
-        self._call_settings = settings
-        #: (policy, hooks, ``Call.template``) of the last call made.
-        self._template: tuple[RetryAfterRetry, tuple[DecisionHook, ...], dict[str, Any]] | None = None
+        # What every call of this owner is given: (quota, its limits as the store takes
+        # them, (slots, lease seconds), max_waiting); None when all are unset.
+        quota = self.quota
+        settings = (
+            quota,
+            (quota.limit, quota.window) if quota is not None else None,
+            (self.max_concurrency, self.lease_ttl) if self.max_concurrency is not None else None,
+            self.max_waiting,
+        )
+        self._call_settings: (
+            tuple[Quota | None, tuple[int, float] | None, tuple[int, float] | None, int | None] | None
+        ) = None if settings == (None, None, None, None) else settings
 
     def freshness(self, target: str) -> Freshness | None:
         """The freshness of a scope, or of the scope of a URL (``target`` with ``://``,
@@ -231,15 +231,17 @@ class SharedSettings:
 
     def _call(self, policy: RetryAfterRetry, request: Any) -> Call:
         """A new call of ``request`` under ``policy`` and the enclosing ``budget()``."""
-        made = self._template
-        if made is None or made[0] is not policy or made[1] is not self.on_decision:
-            # Made again when the policy or the hooks were replaced since.
-            made = self._template = (
-                policy,
-                self.on_decision,
-                Call.template(policy, self._store, self.on_decision, self._call_settings),
-            )
-        return Call.from_template(made[2], self._scope_fn(request), current_override())
+        call = Call(
+            policy,
+            scope=self._scope_fn(request),
+            store=self._store,
+            hooks=self.on_decision,
+            override=current_override(),
+        )
+        settings = self._call_settings
+        if settings is not None:
+            call.quota, call.limits, call.concurrency, call.max_waiting = settings
+        return call
 
 
 _VIEW_CLASSES: dict[type[HTTPAdapter], type[HTTPAdapter]] = {}
@@ -434,20 +436,24 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         proxies: Mapping[str, str] | None = None,
     ) -> requests.Response:
         """Send ``request`` under the retry policy; see the class docstring."""
-        call = self._call_for(request)
-        transport = _RequestsTransport(self._attempt_view(), request, stream, timeout, verify, cert, proxies)
+        hooks = request.hooks
+        call = self._continued(request) if hooks and _CALL_KEY in hooks else None
+        if call is None:
+            call = self._call(self.max_retries, request)
+        transport = _RequestsTransport(
+            self._view or self._attempt_view(), request, stream, timeout, verify, cert, proxies
+        )
         return self._result(request, call, run(call, transport))
 
-    def _call_for(self, request: requests.PreparedRequest) -> Call:
-        """A new call, or the one this request continues (a redirect hop)."""
-        hooks = request.hooks
-        entry = hooks.pop(_CALL_KEY, None) if hooks and _CALL_KEY in hooks else None
-        if entry is not None and entry[1] is not request:
-            call: Call = entry[0]
-            call.scope = self._scope_fn(request)
-            call.store = self._store
-            return call
-        return self._call(self.max_retries, request)
+    def _continued(self, request: requests.PreparedRequest) -> Call | None:
+        """The call this request continues (a redirect hop of it), or None."""
+        entry = request.hooks.pop(_CALL_KEY, None)
+        if entry is None or entry[1] is request:
+            return None
+        call: Call = entry[0]
+        call.scope = self._scope_fn(request)
+        call.store = self._store
+        return call
 
     def _result(
         self, request: requests.PreparedRequest, call: Call, outcome: Outcome[requests.Response]
@@ -463,7 +469,10 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
             if self.raise_on_defer:
                 raise RetryDeferred(deferral, response=None, request=request)
             return self._local(request, deferral)
-        response = RetryAfterResponse.adopt(outcome.response)
+        received = outcome.response
+        if not isinstance(received, RetryAfterResponse):
+            received.__class__ = RetryAfterResponse  # RetryAfterResponse.adopt(), one call less
+        response: RetryAfterResponse = received  # type: ignore[assignment]
         # The adapter, not its one-attempt view: requests' auth handlers (digest) send
         # their follow-up through response.connection, and that must run the engine too.
         response.connection = self

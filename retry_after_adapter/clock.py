@@ -7,6 +7,7 @@ only for a running call's own deadline and never stored or shared.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -37,6 +38,16 @@ class Clock(Protocol):
 
 class SystemClock:
     """The real clock: ``time.time``, ``time.monotonic`` and an interruptible wait."""
+
+    def __init__(self) -> None:
+        # The engine reads the clock a few times per attempt: an instance reads through
+        # the C functions themselves, without a Python frame (unless a subclass has its
+        # own reading).
+        cls = type(self)
+        if cls.now is SystemClock.now:
+            self.now = functools.partial(datetime.now, timezone.utc)  # type: ignore[method-assign]
+        if cls.monotonic is SystemClock.monotonic:
+            self.monotonic = time.monotonic  # type: ignore[method-assign]
 
     def now(self) -> datetime:
         return datetime.now(timezone.utc)

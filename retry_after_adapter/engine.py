@@ -44,7 +44,7 @@ from urllib3.exceptions import MaxRetryError
 from urllib3.util.retry import Retry
 from urllib3.util.timeout import Timeout
 
-from ._compat import response_header
+from ._compat import announces_quota, response_header
 from .clock import Clock
 from .cooldown.allowance import SAME_WINDOW
 from .cooldown.freshness import INVALID_HEADER, SERVER_ERROR, SUCCESS, SUCCESS_EVERY, THROTTLED, TRANSPORT
@@ -185,43 +185,42 @@ class Call:
     urllib3 does); ``policy`` is the :class:`RetryAfterRetry` the call started with.
     """
 
-    # Class-level defaults: a call that resumes nothing and meets no cooldown (most
-    # calls) never writes these, which keeps a call's set-up cheap.
-    cancel: threading.Event | None = None
-    attempts = 0
-    deferrals_before = 0
-    history: tuple[Deferral, ...] = ()
-    started_at: datetime | None = None
-    #: No attempt before this: the eligible time of the deferral this call resumes.
-    not_before: datetime | None = None
-    #: The scope's shared cooldown as last read or written.
-    cooldown: datetime | None = None
-    last_status: int | None = None
-    last_retry_after: str | None = None
-    last_skew: float | None = None
-    #: A store operation failed during this call: it does not touch the store again.
-    store_failed = False
-    #: The scope's quota: a permit is taken before every attempt.
-    quota: Quota | None = None
-    #: ``(limit, window seconds)`` of ``quota``, as the store takes them.
-    limits: tuple[int, float] | None = None
-    #: ``(slots, lease seconds)``: a concurrency slot is held during every attempt.
-    concurrency: tuple[int, float] | None = None
-    #: The slot this call holds while an attempt is on the wire.
-    lease_token: str | None = None
-    #: At most this many calls of a scope wait before an attempt in this process.
-    max_waiting: int | None = None
-    queued = False
-    #: The admission number of the attempt on the wire (``admit``), for quota headers.
-    admission: int | None = None
-    #: The scope's ``_Meter`` in this process, once looked up.
-    meter: _Meter | None = None
-    #: When (the clock's monotonic seconds) the last attempt was sent; None: none yet.
-    sent_at: float | None = None
-    #: Seconds this attempt has waited for a concurrency slot (0: none so far).
-    slot_waited = 0.0
-    #: The last admission was refused only for want of a concurrency slot.
-    slot_busy = False
+    # Slots, every one set in __init__: the engine reads a call's state many times per
+    # attempt, and a slot read is the cheapest attribute read there is.
+    __slots__ = (
+        "admission",
+        "attempts",
+        "cancel",
+        "clock",
+        "concurrency",
+        "cooldown",
+        "deadline",
+        "deferrals_before",
+        "gated",
+        "history",
+        "hooks",
+        "last_retry_after",
+        "last_skew",
+        "last_status",
+        "lease_token",
+        "limits",
+        "max_wait",
+        "max_waiting",
+        "meter",
+        "not_before",
+        "policy",
+        "queued",
+        "quota",
+        "retry",
+        "scope",
+        "sent_at",
+        "slot_busy",
+        "slot_waited",
+        "start",
+        "started_at",
+        "store",
+        "store_failed",
+    )
 
     def __init__(
         self,
@@ -234,49 +233,56 @@ class Call:
     ) -> None:
         self.policy = policy
         self.retry: Retry = policy
-        self.clock: Clock = policy.clock
-        self.start = self.clock.monotonic()
+        clock: Clock = policy.clock
+        self.clock = clock
+        #: When the call started (the clock's monotonic seconds).
+        self.start = clock.monotonic()
         self.scope = scope
         self.store = store
         self.hooks = policy.on_decision + hooks if hooks else policy.on_decision
         self.deadline: float | None = policy.deadline
         self.max_wait: float | None = policy.max_wait
+        self.cancel: threading.Event | None = None
+        self.attempts = 0
+        self.deferrals_before = 0
+        self.history: tuple[Deferral, ...] = ()
+        self.started_at: datetime | None = None
+        #: No attempt before this: the eligible time of the deferral this call resumes.
+        self.not_before: datetime | None = None
+        #: The scope's shared cooldown as last read or written.
+        self.cooldown: datetime | None = None
+        self.last_status: int | None = None
+        self.last_retry_after: str | None = None
+        self.last_skew: float | None = None
+        #: A store operation failed during this call: it does not touch the store again.
+        self.store_failed = False
+        #: The scope's quota: a permit is taken before every attempt.
+        self.quota: Quota | None = None
+        #: ``(limit, window seconds)`` of ``quota`` as the store takes them (both None:
+        #: no quota); None: not worked out yet.
+        self.limits: tuple[int, float] | tuple[None, None] | None = None
+        #: Whether admission takes something before each attempt (see ``_gated``); set
+        #: by :func:`run` for the store the call runs on.
+        self.gated = False
+        #: ``(slots, lease seconds)``: a concurrency slot is held during every attempt.
+        self.concurrency: tuple[int, float] | None = None
+        #: The slot this call holds while an attempt is on the wire.
+        self.lease_token: str | None = None
+        #: At most this many calls of a scope wait before an attempt in this process.
+        self.max_waiting: int | None = None
+        self.queued = False
+        #: The admission number of the attempt on the wire (``admit``), for quota headers.
+        self.admission: int | None = None
+        #: The scope's ``_Meter`` in this process, once looked up.
+        self.meter: _Meter | None = None
+        #: When (the clock's monotonic seconds) the last attempt was sent; None: none yet.
+        self.sent_at: float | None = None
+        #: Seconds this attempt has waited for a concurrency slot (0: none so far).
+        self.slot_waited = 0.0
+        #: The last admission was refused only for want of a concurrency slot.
+        self.slot_busy = False
         if override is not None:
             self._override(override)
-
-    @staticmethod
-    def template(
-        policy: RetryAfterRetry,
-        store: Shared | None,
-        hooks: tuple[DecisionHook, ...],
-        settings: dict[str, Any],
-    ) -> dict[str, Any]:
-        """What every call of ``policy`` through one owner (an adapter, a pool manager)
-        starts with, for :meth:`from_template`: the state ``__init__`` would set, and
-        ``settings`` (``quota``, ``limits``, ``concurrency``, ``max_waiting``)."""
-        return {
-            "policy": policy,
-            "retry": policy,
-            "clock": policy.clock,
-            "store": store,
-            "hooks": policy.on_decision + hooks if hooks else policy.on_decision,
-            "deadline": policy.deadline,
-            "max_wait": policy.max_wait,
-            **settings,
-        }
-
-    @classmethod
-    def from_template(cls, template: dict[str, Any], scope: str | None, override: Override | None) -> Call:
-        """A new call from :meth:`template`: as ``Call(policy, ...)`` and the settings,
-        with one dict update instead of an attribute each."""
-        call = cls.__new__(cls)
-        state = call.__dict__
-        state.update(template)
-        state["scope"] = scope
-        state["start"] = template["clock"].monotonic()
-        if override is not None:
-            call._override(override)
-        return call
 
     def _override(self, override: Override) -> None:
         """Apply an enclosing ``budget()``: its limits, cancel event and resumed deferral."""
@@ -335,10 +341,7 @@ class Call:
         ``max_retry_after``): nothing left advances the shared cooldown to the reset, and
         the store records what is left (its allowance) so that every worker sharing it
         sends no more before the reset. Malformed quota fields are ignored."""
-        headers = getattr(response, "headers", None)
-        # Membership, not .get(): a miss costs urllib3's headers a KeyError raised and
-        # caught, on every response that announces nothing.
-        if headers is None or ("RateLimit" not in headers and "X-RateLimit-Remaining" not in headers):
+        if not announces_quota(response):
             return None
         now = self.clock.now()
         date = response_header(response, "Date")
@@ -509,9 +512,10 @@ def admit(call: Call) -> Deferral | None:
     """
     store, scope = call.store, call.scope
     if call.cancel is None and call.not_before is None and store is not None and scope is not None:
-        if call.deadline is not None and call.clock.monotonic() - call.start > call.deadline:
+        deadline = call.deadline
+        if deadline is not None and call.clock.monotonic() - call.start > deadline:
             pass  # out of time: the rounds below defer with reason "deadline"
-        elif not _gated(call):
+        elif not call.gated:
             try:
                 stored = call.cooldown = store.read(scope, call)
             except CooldownUnavailable:
@@ -741,14 +745,15 @@ def _permit(call: Call) -> datetime | None:
     now = call.clock.now()
     if store.admits:
         limits = call.limits
-        if limits is None and quota is not None:
-            limits = call.limits = (quota.limit, quota.window)
+        if limits is None:
+            limits = call.limits = (quota.limit, quota.window) if quota is not None else (None, None)
         concurrency = call.concurrency
         lease = None
         if concurrency is not None and call.lease_token is None:
-            lease = (concurrency[0], concurrency[1], _lease_token())
-        if limits is None:
-            answer = store.admit(scope, now, None, None, lease, call)
+            lease = (concurrency[0], concurrency[1], _tokens.prefix + str(next(_tokens.counter)))
+        direct = store.direct
+        if direct is not None:
+            answer = direct.admit(scope, now, limits[0], limits[1], lease)
         else:
             answer = store.admit(scope, now, limits[0], limits[1], lease, call)
         call.cooldown, not_before, call.admission, call.slot_busy = answer
@@ -968,14 +973,21 @@ def judge(
         and error is None
         and status < 300
         and status not in _HINTED_STATUSES
-        and not _is_retry(retry, method or "GET", status)
+        and (
+            # urllib3's own rule retries a status without Retry-After only when it is
+            # in status_forcelist (answered here, unless a subclass has its own rule).
+            (type(retry).is_retry is _STOCK_IS_RETRY and status not in (retry.status_forcelist or ()))
+            or not retry.is_retry(method or "GET", status)
+        )
     ):
         # The happy path: a final answer that no rule retries (not a redirect, no
         # status whose Retry-After counts): nothing to parse or plan but its quota.
         call.last_status = status
-        if policy.quota_headers:
+        if policy.quota_headers and announces_quota(response):
             call.read_quota(response)
-        _note(call, SUCCESS)
+        meter, sent = call.meter, call.sent_at
+        if meter is None or sent is None or sent - meter.noted >= SUCCESS_EVERY:
+            _note(call, SUCCESS)  # else noted less than SUCCESS_EVERY ago: nothing new
         return _FINAL
     if call.started_at is None:
         call.started_at = call.clock.now()
@@ -1071,17 +1083,6 @@ def _outcome(
     if status >= 500:
         return SERVER_ERROR
     return SUCCESS if status < 400 else ""
-
-
-def _is_retry(retry: Retry, method: str, status: int) -> bool:
-    """``retry.is_retry(method, status)`` for a response without Retry-After. urllib3's
-    own rule then retries only a status of ``status_forcelist``, whatever the method:
-    that is looked up here first (the happy path), unless a subclass has its own rule."""
-    if type(retry).is_retry is _STOCK_IS_RETRY:
-        forcelist = retry.status_forcelist
-        if not forcelist or status not in forcelist:
-            return False
-    return retry.is_retry(method, status)
 
 
 _STOCK_IS_RETRY = Retry.is_retry
@@ -1202,6 +1203,7 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
         else None
     )
     key = id(call)
+    call.gated = _gated(call)
     try:
         while True:
             call.slot_waited = 0.0
@@ -1240,9 +1242,15 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
                 if token is not None:
                     call.lease_token = None
                     assert store is not None and call.scope is not None  # a lease was taken
-                    store.free(call.scope, token)
+                    direct = store.direct
+                    if direct is not None:
+                        direct.release(call.scope, token)
+                    else:
+                        store.free(call.scope, token)
             raw = transport.raw(response) if response is not None else None
             verdict = judge(call, transport.method, transport.url, raw, cause)
+            if verdict is _FINAL:
+                return Outcome(response)  # the happy path: a final answer
             action = verdict.action
             if action == RETRY:
                 if response is not None:

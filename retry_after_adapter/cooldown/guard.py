@@ -131,6 +131,8 @@ class Shared(Protocol):
     #: What the engine keeps of each scope in this process, shared by every view of the
     #: same store object (see :func:`meters_of`).
     meters: dict[str, Any]
+    #: A memory store used as it is (its ``admit`` and ``release`` called directly), or None.
+    direct: MemoryCooldownStore | None
 
     def note(self, scope: str, outcome: str, at: datetime, call: CallBudget | None = None) -> None:
         """Note a success or an error class of the scope; never raises."""
@@ -189,13 +191,16 @@ def meters_of(underlying: object) -> dict[str, Any]:
 class Direct:
     """A store that cannot fail (in memory): used as it is."""
 
-    __slots__ = ("admits", "meters", "notes", "store")
+    __slots__ = ("admits", "direct", "meters", "notes", "store")
 
     def __init__(self, store: CooldownStore) -> None:
         self.store = store
         self.admits = supports_admit(store)
         self.notes = supports_freshness(store)
         self.meters = meters_of(store)
+        #: The memory store itself, when it is one: the engine admits and releases on
+        #: it directly (the same operations as this view's, one call less per attempt).
+        self.direct = store if isinstance(store, MemoryCooldownStore) else None
 
     def note(self, scope: str, outcome: str, at: datetime, call: CallBudget | None = None) -> None:
         self.store.note(scope, outcome, at)  # type: ignore[attr-defined]
@@ -256,6 +261,7 @@ class Guarded:
     """A store's process-wide :class:`StoreGuard` under one adapter's failure policy."""
 
     __slots__ = ("admits", "fail_closed", "guard", "meters", "notes")
+    direct: MemoryCooldownStore | None = None  #: never used as it is (see ``Direct.direct``)
 
     def __init__(self, guard: StoreGuard, *, fail_closed: bool) -> None:
         self.guard = guard
