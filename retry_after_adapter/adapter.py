@@ -299,9 +299,6 @@ class _RequestsTransport:
             proxies=self.proxies,
         )
 
-    def timeout(self) -> Any:
-        return self.user_timeout
-
     @staticmethod
     def raw(response: requests.Response) -> Any:
         return response.raw

@@ -644,26 +644,28 @@ def _wait_for_slot(call: Call, busy_until: datetime) -> Deferral | None:
     return None
 
 
-class _Tokens:
-    """Lease tokens unique across processes and hosts: a random prefix per process
-    (drawn again in a forked child) and a counter; cheaper than a UUID per attempt."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.prefix = secrets.token_hex(8) + "-"
-        self.counter = itertools.count()
+def _new_tokens() -> Iterator[str]:
+    """Lease tokens unique across processes and hosts: a random prefix per process and
+    a counter, cheaper than a UUID per attempt; ``next()`` of it runs no Python frame."""
+    return map((secrets.token_hex(8) + "-").__add__, map(str, itertools.count()))
 
 
-_tokens = _Tokens()
+_lease_tokens = _new_tokens()
+
+
+def _redraw_tokens() -> None:
+    """In a forked child: a prefix of its own (the parent's counter would repeat)."""
+    global _lease_tokens
+    _lease_tokens = _new_tokens()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_tokens.reset)
+    os.register_at_fork(after_in_child=_redraw_tokens)
 
 
 def _lease_token() -> str:
-    """A new lease token (see :class:`_Tokens`)."""
-    return _tokens.prefix + str(next(_tokens.counter))
+    """A new lease token (see :func:`_new_tokens`)."""
+    return next(_lease_tokens)
 
 
 #: Calls waiting before an attempt, per (bound, scope), in this process.
@@ -750,7 +752,7 @@ def _permit(call: Call) -> datetime | None:
         concurrency = call.concurrency
         lease = None
         if concurrency is not None and call.lease_token is None:
-            lease = (concurrency[0], concurrency[1], _tokens.prefix + str(next(_tokens.counter)))
+            lease = (concurrency[0], concurrency[1], next(_lease_tokens))
         direct = store.direct
         if direct is not None:
             answer = direct.admit(scope, now, limits[0], limits[1], lease)
@@ -1159,10 +1161,12 @@ class Transport(Protocol[R]):
     #: Whether :func:`run` follows redirects (plain urllib3) or returns them (requests,
     #: which follows them with a new ``send`` that continues the same :class:`Call`).
     follows_redirects: bool
+    #: The caller's timeout (a number, a ``(connect, read)`` pair, a urllib3 ``Timeout``,
+    #: None, or the transport's own "not given"): what ``send`` gets, bounded by the
+    #: deadline (:meth:`Call.attempt_timeout`).
+    user_timeout: Any
 
     def send(self, timeout: Any) -> R: ...
-
-    def timeout(self) -> Any: ...
 
     def raw(self, response: R) -> Any: ...
 
@@ -1204,16 +1208,13 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
     )
     key = id(call)
     call.gated = _gated(call)
+    # A concurrency slot taken apart from admission (a store without admit()).
+    apart = call.concurrency is not None and store is not None and not store.admits
     try:
         while True:
             call.slot_waited = 0.0
             deferral = admit(call)
-            if (
-                deferral is None
-                and call.concurrency is not None
-                and call.store is not None
-                and call.lease_token is None
-            ):
+            if deferral is None and apart and call.lease_token is None:
                 # A store that cannot admit in one operation: the slot is taken apart.
                 deferral = admit_slot(call)
                 if deferral is None and call.slot_waited and _cooled_meanwhile(call):
@@ -1228,8 +1229,14 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
             if meter is not None:
                 meter.wire.add(key)
                 meter.sent.append(at)
+            timeout = transport.user_timeout
+            deadline = call.deadline
+            if deadline is not None and not (
+                type(timeout) in (int, float) and timeout + timeout <= deadline - (at - call.start)
+            ):
+                timeout = call.attempt_timeout(timeout, at)  # else it already fits the deadline
             try:
-                response = transport.send(call.attempt_timeout(transport.timeout(), at))
+                response = transport.send(timeout)
             except Exception as exc:
                 cause = transport.transport_error(exc)
                 if cause is None:

@@ -67,9 +67,6 @@ class _PoolTransport:
             self.manager, self.method, self.full_url, redirect=False, retries=SINGLE_ATTEMPT, **kw
         )
 
-    def timeout(self) -> Any:
-        return self.user_timeout
-
     @staticmethod
     def raw(response: Any) -> Any:
         return response
