@@ -1201,11 +1201,15 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
     error: Exception | None = None
     store = call.store
     # The attempts on the wire and when they were sent, for the quota headers.
-    meter = (
-        _meter(call)
-        if call.policy.quota_headers and store is not None and store.admits and call.scope is not None
-        else None
-    )
+    meter = None
+    if call.policy.quota_headers and store is not None and store.admits and call.scope is not None:
+        meter = call.meter
+        if meter is None:
+            meters = getattr(store, "meters", None)  # a view of someone else's may have none
+            meter = meters.get(call.scope) if meters is not None else None
+            if meter is None:
+                meter = _find_meter(call)
+            call.meter = meter
     key = id(call)
     call.gated = _gated(call)
     # A concurrency slot taken apart from admission (a store without admit()).
