@@ -286,7 +286,8 @@ class _RequestsTransport:
         self.cert = cert
         self.proxies = proxies
         self.method = request.method or "GET"
-        self.url = strip_query(request.url) or ""
+        url = request.url or ""
+        self.url: str = (strip_query(url) or "") if "?" in url or "#" in url else url
 
     def send(self, timeout: Any) -> requests.Response:
         return HTTPAdapter.send(

@@ -915,7 +915,7 @@ RAISE = "raise"  #: the outcome is final: raise the error as it is
 REDIRECT = "redirect"  #: follow the response's redirect (when the transport follows them)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Verdict:
     """What :func:`judge` decided about one attempt.
 
@@ -1177,7 +1177,7 @@ class Transport(Protocol[R]):
     def follow(self, response: R, retry: Retry) -> None: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class Outcome(Generic[R]):
     """How a call ended: the last response or error, and the deferral or stop reason."""
 
@@ -1211,7 +1211,9 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
                 meter = _find_meter(call)
             call.meter = meter
     key = id(call)
-    call.gated = _gated(call)
+    call.gated = call.quota is not None or (  # as _gated(call)
+        store is not None and store.admits and (call.policy.quota_headers or call.concurrency is not None)
+    )
     # A concurrency slot taken apart from admission (a store without admit()).
     apart = call.concurrency is not None and store is not None and not store.admits
     try:

@@ -221,15 +221,16 @@ class MemoryCooldownStore:
                 if len(log) >= limit:
                     return Admission(cooldown, _as_datetime(log[-limit] + window))
             if lease is not None:
+                slots, ttl, token = lease
                 held = self._leases.get(scope)
                 if held is None:
                     held = self._leases[scope] = {}
                     check_scope(scope)
-                if len(held) >= lease[0]:
-                    busy = self._slot_refused(scope, lease[0], at)
+                if len(held) >= slots:
+                    busy = self._slot_refused(scope, slots, at)
                     if busy is not None:
                         return Admission(cooldown, _as_datetime(busy), None, True)
-                held[lease[2]] = at + (_WINDOWS.get(lease[1]) or _window_micros(lease[1]))
+                held[token] = at + (_WINDOWS.get(ttl) or _window_micros(ttl))
             if log is not None:
                 if not log or at >= log[-1]:
                     log.append(at)  # the usual order: no search
