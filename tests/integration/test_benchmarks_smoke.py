@@ -80,6 +80,10 @@ def test_happy_path_quick(tmp_path: Path) -> None:
     assert variants["stock"]["ratio_vs_stock"]["median"] == 1.0
     assert doc["adapter_ratio_median"] == variants["adapter"]["ratio_vs_stock"]["median"]
     assert doc["meets_target"] is (doc["adapter_ratio_median"] <= doc["target_ratio"])
+    admission = variants["adapter + Quota + max_concurrency"]["ratio_vs_stock"]["median"]
+    assert doc["admission_ratio_median"] == admission
+    assert doc["admission_target_ratio"] == 1.05
+    assert doc["admission_meets_target"] is (admission <= 1.05)
     assert doc["breakdown_us"], "the component breakdown is missing"
     for s in doc["breakdown_us"].values():
         check_summary(s)
