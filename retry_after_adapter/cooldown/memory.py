@@ -192,6 +192,8 @@ class MemoryCooldownStore:
             if cooldown is None:
                 return _ADMITTED
             return Admission(cooldown, cooldown if cooldown > now else None)
+        if type(scope) is not str:
+            check_scope(scope)  # raises (a str's length is checked when first stored)
         try:
             at = (now - _EPOCH) // _US
         except TypeError:  # naive, or not a datetime
@@ -213,8 +215,8 @@ class MemoryCooldownStore:
                 window = _WINDOWS.get(per) or _window_micros(per)  # type: ignore[arg-type]
                 log = self._permits.get(scope)
                 if log is None:
-                    log = self._permits[scope] = collections.deque()
                     check_scope(scope)  # a scope new to the store: checked once
+                    log = self._permits[scope] = collections.deque()
                 cut = at - window
                 while log and log[0] <= cut:
                     log.popleft()
@@ -224,8 +226,8 @@ class MemoryCooldownStore:
                 slots, ttl, token = lease
                 held = self._leases.get(scope)
                 if held is None:
-                    held = self._leases[scope] = {}
                     check_scope(scope)
+                    held = self._leases[scope] = {}
                 if len(held) >= slots:
                     busy = self._slot_refused(scope, slots, at)
                     if busy is not None:

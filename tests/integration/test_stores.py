@@ -119,6 +119,21 @@ def test_bad_scope_is_refused(store: CooldownStore, scope: Any) -> None:
         store.extend(scope, now_ms() + timedelta(seconds=1))
 
 
+@pytest.mark.parametrize("scope", ["", "x" * 513, None, 42, ("a", "tuple")])
+def test_admission_with_a_bad_scope_is_refused_every_time(store: CooldownStore, scope: Any) -> None:
+    # Asked again and again: a refused admission must not leave the scope behind as known.
+    for _ in range(3):
+        with pytest.raises(ConfigurationError):
+            store.admit(scope, now_ms(), 5, 1.0, (2, 10.0, "token"))  # type: ignore[attr-defined]
+
+
+def test_admission_at_a_naive_time_is_refused(store: CooldownStore) -> None:
+    with pytest.raises(ConfigurationError):
+        store.admit("naive", datetime.now(), 5, 1.0, (2, 10.0, "token"))  # type: ignore[attr-defined]
+    answer = store.admit("naive", now_ms(), 1, 1.0, (1, 10.0, "token"))  # type: ignore[attr-defined]
+    assert answer.not_before is None  # the refused call took neither the permit nor the slot
+
+
 def test_longest_scope_is_accepted(store: CooldownStore) -> None:
     scope = "s" * 512
     until = now_ms() + timedelta(seconds=1)
