@@ -140,9 +140,14 @@ def _worker(url: str, kind: str, where: str, seconds: float, threads: int) -> No
 
     def run() -> None:
         s = requests.Session()
-        s.mount(
-            "http://", RetryAfterAdapter(RetryAfterRetry(total=0, max_wait=0.5), cooldown=store, quota=quota)
+        # Failing closed: an operation the store does not answer in time defers the
+        # attempt instead of admitting it on this process's own count (failing open
+        # keeps local limits only: with 8 processes that is 8 quotas). What is
+        # counted here is the shared quota, not how loaded the machine happens to be.
+        adapter = RetryAfterAdapter(
+            RetryAfterRetry(total=0, max_wait=0.5), cooldown=store, quota=quota, store_failure="closed"
         )
+        s.mount("http://", adapter)
         while time.monotonic() < stop:
             s.get(url, timeout=5)
 

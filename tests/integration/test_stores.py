@@ -295,6 +295,7 @@ def test_sqlite_sweep_deletes_only_long_expired_rows(tmp_path: Path) -> None:
         assert store.get("live") == now + timedelta(minutes=5)
 
 
+@pytest.mark.random_sweep
 def test_sqlite_extend_sweeps_now_and_then(tmp_path: Path) -> None:
     with SQLiteCooldownStore(tmp_path / "auto.db") as store:
         now = now_ms()
