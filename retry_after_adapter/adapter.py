@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import requests
@@ -19,6 +19,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.exceptions import HTTPError, MaxRetryError
 from urllib3.util.retry import Retry
 
+from . import body
 from ._compat import local_response
 from .cooldown.base import CooldownStore
 from .cooldown.freshness import Freshness
@@ -208,12 +209,12 @@ class SharedSettings:
         quota = self.quota
         settings = (
             quota,
-            (quota.limit, quota.window) if quota is not None else None,
+            (quota.limit, quota.per, quota.margin) if quota is not None else None,
             (self.max_concurrency, self.lease_ttl) if self.max_concurrency is not None else None,
             self.max_waiting,
         )
         self._call_settings: (
-            tuple[Quota | None, tuple[int, float] | None, tuple[int, float] | None, int | None] | None
+            tuple[Quota | None, tuple[int, float, float] | None, tuple[int, float] | None, int | None] | None
         ) = None if settings == (None, None, None, None) else settings
 
     def freshness(self, target: str) -> Freshness | None:
@@ -266,7 +267,9 @@ class _RequestsTransport:
     """One attempt through ``HTTPAdapter.send`` on the adapter's one-attempt view."""
 
     follows_redirects = False
-    __slots__ = ("cert", "method", "proxies", "request", "stream", "url", "user_timeout", "verify", "view")
+    __slots__ = (
+        "cert", "method", "proxies", "request", "stream", "streams", "url", "user_timeout", "verify", "view"
+    )
 
     def __init__(
         self,
@@ -281,6 +284,7 @@ class _RequestsTransport:
         self.view = view
         self.request = request
         self.stream = stream
+        self.streams = bool(stream)
         self.user_timeout = timeout
         self.verify = verify
         self.cert = cert
@@ -317,11 +321,22 @@ class _RequestsTransport:
         return inner if isinstance(inner, (HTTPError, OSError)) else None
 
     @staticmethod
-    def keep(response: requests.Response) -> None:
-        try:
-            response.content  # noqa: B018 - read now: the connection goes back to its pool
-        except requests.exceptions.RequestException:
-            response.close()
+    def keep(response: requests.Response, limit: int | None, seconds: float | None = None) -> None:
+        """Read the body now (at most ``limit`` bytes, within ``seconds``): the connection
+        goes back to its pool, or is dropped past a bound or when the body breaks."""
+        unread: Any = response  # requests' own (untyped) state of its body
+        if unread._content_consumed or response.raw is None:
+            return  # read already
+        unread._content, _ = body.read_bounded(response.raw, limit, seconds)
+        unread._content_consumed = True
+
+    @staticmethod
+    def on_done(response: requests.Response, release: Callable[[], None]) -> None:
+        body.on_done(response.raw, release)
+
+    @staticmethod
+    def close(response: requests.Response) -> None:
+        response.close()
 
     def follow(self, response: requests.Response, retry: Retry) -> None:  # pragma: no cover
         raise AssertionError("requests follows redirects itself")
@@ -484,7 +499,8 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
             return response
         # A deferred redirect is raised, not returned: requests would follow it at once.
         if self.raise_on_defer or outcome.redirect or (outcome.exhausted and call.policy.raise_on_status):
-            _RequestsTransport.keep(response)  # its body stays readable, its connection pooled
+            # Its body stays readable (up to the bound), its connection pooled.
+            _RequestsTransport.keep(response, call.policy.max_retry_body)
             raise RetryDeferred(deferral, response=response, request=request)
         return response
 

@@ -861,21 +861,31 @@ def _shared_store(text: str) -> tuple[Any, int]:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from .cooldown.base import Hold
     from .cooldown.freshness import Freshness
     from .errors import CooldownStoreError
 
     store, code = _shared_store(args.cooldown)
     if store is None:
         return code
+    now = datetime.now(timezone.utc)
     try:
         entries = store.entries()
         fresh: dict[str, Freshness] = store.freshness_entries() if hasattr(store, "freshness_entries") else {}
+        holds: dict[str, list[Hold]] = store.holds(now) if hasattr(store, "holds") else {}
     except CooldownStoreError as exc:
-        _err(f"error: {exc}")
+        _err(f"error: {_plain(exc)}")
         return EX_UNAVAILABLE
-    now = datetime.now(timezone.utc)
     for scope, until in entries.items():
         fresh.setdefault(scope, Freshness(next_eligible=until))
+    for scope, held in holds.items():
+        # Every kind of block counts for when the scope is eligible again.
+        ends = [hold.until for hold in held if hold.kind != "leases"]
+        record = fresh.setdefault(scope, Freshness())
+        if ends and (record.next_eligible is None or max(ends) > record.next_eligible):
+            fresh[scope] = replace(record, next_eligible=max(ends))
     epoch = datetime.min.replace(tzinfo=timezone.utc)
     rows = sorted(
         (
@@ -903,6 +913,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
                         else round(record.seconds_since_success(now) or 0.0, 3),
                         "last_error": record.last_error,
                         "last_error_at": _iso(record.last_error_at),
+                        "held_by": [
+                            {"kind": hold.kind, "until": _iso(hold.until), "number": hold.number}
+                            for hold in holds.get(scope, [])
+                        ],
                     }
                     for scope, record in rows
                 ],
@@ -913,7 +927,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print("no cooldown is running" if not args.all else "nothing is stored")
         return EX_OK
     width = max(len("scope"), *(len(scope) for scope, _ in rows))
-    print(f"{'scope':<{width}}  {'eligible at (UTC)':<25}  {'left':<8}  {'last success':<14}  last error")
+    print(
+        f"{'scope':<{width}}  {'eligible at (UTC)':<25}  {'left':<8}  {'held by':<18}  "
+        f"{'last success':<14}  last error"
+    )
     for scope, record in rows:
         until = record.next_eligible
         left = max(0.0, (until - now).total_seconds()) if until is not None else 0.0
@@ -924,7 +941,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         error = "-"
         if record.last_error is not None and record.last_error_at is not None:
             error = f"{record.last_error}, {_ago(max(0.0, (now - record.last_error_at).total_seconds()))} ago"
-        print(f"{scope:<{width}}  {eligible:<25}  {shown:<8}  {success:<14}  {error}")
+        kinds = ",".join(sorted({hold.kind for hold in holds.get(scope, [])})) or "-"
+        print(f"{scope:<{width}}  {eligible:<25}  {shown:<8}  {kinds:<18}  {success:<14}  {error}")
     return EX_OK
 
 
@@ -951,20 +969,43 @@ def _cmd_clear(args: argparse.Namespace) -> int:
         return code
     scope: str = args.scope
     try:
+        held = store.holds().get(scope, []) if hasattr(store, "holds") else []
         until = store.get(scope)
         removed = store.delete(scope)
+        nearest = [] if removed else _nearest(store, scope)
     except ConfigurationError as exc:
         _err(f"error: {exc}")
         return EX_USAGE
     except CooldownStoreError as exc:
-        _err(f"error: {exc}")
+        _err(f"error: {_plain(exc)}")
         return EX_UNAVAILABLE
     if not removed:
-        _err(f"no cooldown is stored for {scope}")
+        hint = f"; stored scopes like it: {', '.join(nearest)}" if nearest else ""
+        _err(f"nothing is stored for {scope}{hint}")
         return EX_FAILED
+    others = sorted({hold.kind for hold in held} - {"cooldown"})
     ran = f" (it ran until {until.isoformat()})" if until is not None else ""
-    print(f"cleared the cooldown of {scope}{ran}")
+    also = f"; also lifted: {', '.join(others)}" if others else ""
+    what = "the cooldown of " if until is not None else "what holds back "
+    print(f"cleared {what}{scope}{ran}{also}")
     return EX_OK
+
+
+def _nearest(store: Any, scope: str) -> list[str]:
+    """Stored scopes that the one asked for names in part (an origin without its port,
+    a scheme less): what the operator most likely meant."""
+    known = set(store.entries())
+    if hasattr(store, "holds"):
+        known |= set(store.holds())
+    if hasattr(store, "freshness_entries"):
+        known |= set(store.freshness_entries())
+    bare = scope.rstrip("/")
+    return sorted(k for k in known if bare and (k.startswith(bare) or bare.startswith(k)))[:5]
+
+
+def _plain(exc: BaseException) -> str:
+    """A store error for a person: without the package's internal operation names."""
+    return re.sub(r" during [a-z_]+", "", str(exc))
 
 
 # --------------------------------------------------------------------------- main

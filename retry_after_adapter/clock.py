@@ -13,6 +13,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Protocol, runtime_checkable
 
+from . import _forksafe
 from .errors import ConfigurationError
 
 
@@ -81,9 +82,13 @@ class FakeClock:
         if start.tzinfo is None or start.utcoffset() is None:
             raise ConfigurationError("FakeClock start must be an aware datetime")
         self._lock = threading.Lock()
+        _forksafe.register(self)
         self._now = start.astimezone(timezone.utc)
         self._mono = float(monotonic)
         self.sleeps: list[float] = []
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
 
     def now(self) -> datetime:
         with self._lock:

@@ -30,11 +30,10 @@ import contextvars
 import itertools
 import logging
 import math
-import os
 import random
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -44,11 +43,12 @@ from urllib3.exceptions import MaxRetryError
 from urllib3.util.retry import Retry
 from urllib3.util.timeout import Timeout
 
+from . import _forksafe
 from ._compat import announces_quota, response_header
 from .clock import Clock
 from .cooldown.allowance import SAME_WINDOW
 from .cooldown.freshness import INVALID_HEADER, SERVER_ERROR, SUCCESS, SUCCESS_EVERY, THROTTLED, TRANSPORT
-from .cooldown.guard import Shared, meters_of
+from .cooldown.guard import Shared, all_meters, meters_of
 from .deferral import Deferral
 from .errors import ConfigurationError, CooldownUnavailable, DeferralLimitExceeded, InvalidRetryAfter
 from .header import RetryAfter, parse_retry_after
@@ -68,7 +68,7 @@ from .policy import (
 from .policy import (
     admit as admit_decision,
 )
-from .quota import Quota, QuotaHint, read_quota
+from .quota import Quota, QuotaHint, bound_hint, read_quota
 from .scope import strip_query
 
 if TYPE_CHECKING:
@@ -208,6 +208,7 @@ class Call:
         "max_waiting",
         "meter",
         "not_before",
+        "permit",
         "policy",
         "queued",
         "quota",
@@ -258,9 +259,9 @@ class Call:
         self.store_failed = False
         #: The scope's quota: a permit is taken before every attempt.
         self.quota: Quota | None = None
-        #: ``(limit, window seconds)`` of ``quota`` as the store takes them (both None:
-        #: no quota); None: not worked out yet.
-        self.limits: tuple[int, float] | tuple[None, None] | None = None
+        #: ``(limit, per, margin)`` of ``quota`` as the store takes them (limit and per
+        #: None: no quota); None: not worked out yet.
+        self.limits: tuple[int, float, float] | tuple[None, None, float] | None = None
         #: Whether admission takes something before each attempt (see ``_gated``); set
         #: by :func:`run` for the store the call runs on.
         self.gated = False
@@ -268,6 +269,8 @@ class Call:
         self.concurrency: tuple[int, float] | None = None
         #: The slot this call holds while an attempt is on the wire.
         self.lease_token: str | None = None
+        #: When the quota permit of the attempt on the wire stops counting, as stored.
+        self.permit: datetime | None = None
         #: At most this many calls of a scope wait before an attempt in this process.
         self.max_waiting: int | None = None
         self.queued = False
@@ -346,13 +349,9 @@ class Call:
         now = self.clock.now()
         date = response_header(response, "Date")
         hint = read_quota(lambda name: response_header(response, name), received_at=now, date=date)
-        if (
-            hint is None
-            or hint.reset is None
-            or hint.remaining is None
-            or hint.reset <= 0
-            or beyond_bound(hint.reset, self.policy.max_retry_after)
-        ):
+        # One bound for every value a header gives, before anything is stored or obeyed.
+        hint = bound_hint(hint, self.policy.max_retry_after)
+        if hint is None or hint.reset is None or hint.remaining is None or hint.reset <= 0:
             return hint
         until = now + timedelta(seconds=hint.reset)
         if hint.exhausted:
@@ -659,8 +658,7 @@ def _redraw_tokens() -> None:
     _lease_tokens = _new_tokens()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_redraw_tokens)
+_forksafe.at_fork(_redraw_tokens)
 
 
 def _lease_token() -> str:
@@ -671,6 +669,21 @@ def _lease_token() -> str:
 #: Calls waiting before an attempt, per (bound, scope), in this process.
 _WAITING: dict[tuple[int, str], int] = {}
 _WAITING_LOCK = threading.Lock()
+
+
+def _new_module_locks() -> None:
+    """In a forked child: a parent thread may have held one of these; and the calls the
+    parent's threads had waiting or on the wire are not this process's."""
+    global _WAITING_LOCK, _METERS_LOCK
+    _WAITING_LOCK = threading.Lock()
+    _METERS_LOCK = threading.Lock()
+    _WAITING.clear()
+    for meters in list(all_meters()):
+        for meter in list(meters.values()):
+            meter.wire.clear()
+
+
+_forksafe.at_fork(_new_module_locks)
 
 
 def _queue(call: Call) -> bool:
@@ -727,6 +740,50 @@ def _cooled_meanwhile(call: Call) -> bool:
     return until is not None and until > call.clock.now()
 
 
+def _settle(call: Call) -> None:
+    """The attempt that took a quota permit has been answered (or failed): it reached
+    the server by now, so the permit must count until at least ``now + per``. Stored,
+    it counts until its grant + per + margin; only when the answer came later than the
+    margin (a loaded host, a slow server) is it moved, in one more store operation."""
+    expires, call.permit = call.permit, None
+    assert expires is not None and call.limits is not None and call.store is not None and call.scope
+    limit, per, _ = call.limits
+    assert limit is not None and per is not None
+    now = call.clock.now()
+    if (expires - now).total_seconds() >= per:
+        return  # answered within the margin: the stored end already covers it
+    direct, store = call.store.direct, call.store
+    at = None if call.policy.real_clock else now
+    try:
+        if direct is not None:
+            direct.settle(call.scope, limit, per, expires, at)
+        else:
+            store.settle(call.scope, limit, per, expires, at, call)
+    except Exception as exc:  # the permit still counts until its stored end
+        log.debug("settling a quota permit failed: %s", type(exc).__name__)
+
+
+class _Slot:
+    """Gives one concurrency slot back, once, when called (the attempt it covered has
+    ended); a second call does nothing."""
+
+    __slots__ = ("free", "scope", "token")
+
+    def __init__(self, call: Call, token: str) -> None:
+        store, scope = call.store, call.scope
+        assert store is not None and scope is not None  # a lease was taken
+        direct = store.direct
+        self.free: Callable[[str, str], None] = direct.release if direct is not None else store.free
+        self.scope = scope
+        self.token: str | None = token
+
+    def __call__(self) -> None:
+        token = self.token
+        if token is not None:
+            self.token = None
+            self.free(self.scope, token)
+
+
 def release_slot(call: Call) -> None:
     """Give the call's concurrency slot back (the attempt has ended)."""
     token = call.lease_token
@@ -744,25 +801,31 @@ def _permit(call: Call) -> datetime | None:
     store, scope = call.store, call.scope
     assert store is not None and scope is not None
     quota = call.quota
-    now = call.clock.now()
     if store.admits:
+        # A real clock is read by the store itself as it grants (inside its lock):
+        # a permit's time is then its grant's, however long the lock took.
+        now = None if call.policy.real_clock else call.clock.now()
         limits = call.limits
         if limits is None:
-            limits = call.limits = (quota.limit, quota.window) if quota is not None else (None, None)
+            limits = call.limits = (
+                (quota.limit, quota.per, quota.margin) if quota is not None else (None, None, 0.0)
+            )
         concurrency = call.concurrency
         lease = None
         if concurrency is not None and call.lease_token is None:
             lease = (concurrency[0], concurrency[1], next(_lease_tokens))
         direct = store.direct
         if direct is not None:
-            answer = direct.admit(scope, now, limits[0], limits[1], lease)
+            answer = direct.admit(scope, now, limits[0], limits[1], lease, limits[2])
         else:
-            answer = store.admit(scope, now, limits[0], limits[1], lease, call)
+            answer = store.admit(scope, now, limits[0], limits[1], lease, call, limits[2])
         call.cooldown, not_before, call.admission, call.slot_busy = answer
+        call.permit = answer.permit
         if not_before is None and lease is not None:
             call.lease_token = lease[2]
         return not_before
     call.slot_busy = False
+    now = call.clock.now()
     cooldown = call.cooldown = store.read(scope, call)
     if cooldown is not None and cooldown > now:
         return cooldown
@@ -1161,6 +1224,9 @@ class Transport(Protocol[R]):
     #: Whether :func:`run` follows redirects (plain urllib3) or returns them (requests,
     #: which follows them with a new ``send`` that continues the same :class:`Call`).
     follows_redirects: bool
+    #: Whether the caller reads the body itself (``stream=True``, ``preload_content=False``):
+    #: a deferred response is then handed over unread.
+    streams: bool
     #: The caller's timeout (a number, a ``(connect, read)`` pair, a urllib3 ``Timeout``,
     #: None, or the transport's own "not given"): what ``send`` gets, bounded by the
     #: deadline (:meth:`Call.attempt_timeout`).
@@ -1172,7 +1238,19 @@ class Transport(Protocol[R]):
 
     def transport_error(self, exc: Exception) -> Exception | None: ...
 
-    def keep(self, response: R) -> None: ...
+    def keep(self, response: R, limit: int | None, seconds: float | None) -> None:
+        """Read and keep the body (at most ``limit`` bytes, within ``seconds``; past
+        either the connection is dropped), so the response stays readable."""
+        ...
+
+    def on_done(self, response: R, release: Callable[[], None]) -> None:
+        """Call ``release`` once the attempt is over: its body read, or the response
+        closed (at once when there is no body left to read)."""
+        ...
+
+    def close(self, response: R) -> None:
+        """Close the response, dropping its connection."""
+        ...
 
     def follow(self, response: R, retry: Retry) -> None: ...
 
@@ -1219,6 +1297,7 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
     try:
         while True:
             call.slot_waited = 0.0
+            admitted_at = call.clock.monotonic()  # before the grant: its lower bound
             deferral = admit(call)
             if deferral is None and apart and call.lease_token is None:
                 # A store that cannot admit in one operation: the slot is taken apart.
@@ -1251,15 +1330,23 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
             finally:
                 if meter is not None:
                     meter.wire.discard(key)
+                if call.permit is not None:
+                    limits = call.limits
+                    assert limits is not None
+                    if call.clock.monotonic() - admitted_at > limits[2]:
+                        _settle(call)  # answered later than the margin: the permit moves
+                    else:
+                        call.permit = None  # its stored end already covers the arrival
                 token = call.lease_token
                 if token is not None:
+                    # The slot covers the attempt until its body is read or the
+                    # response closed; with no response, the attempt is over now.
                     call.lease_token = None
-                    assert store is not None and call.scope is not None  # a lease was taken
-                    direct = store.direct
-                    if direct is not None:
-                        direct.release(call.scope, token)
+                    slot = _Slot(call, token)
+                    if response is None:
+                        slot()
                     else:
-                        store.free(call.scope, token)
+                        transport.on_done(response, slot)
             raw = transport.raw(response) if response is not None else None
             verdict = judge(call, transport.method, transport.url, raw, cause)
             if verdict is _FINAL:
@@ -1267,7 +1354,10 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
             action = verdict.action
             if action == RETRY:
                 if response is not None:
-                    transport.keep(response)  # the body stays readable should a deferral follow
+                    # Kept (bounded) so it stays readable should a deferral follow.
+                    left = call.store_time_left()  # the read must leave time for the wait
+                    left = None if left is None else max(0.0, left - verdict.wait)
+                    transport.keep(response, call.policy.max_retry_body, left)
                 deferral = wait_until(call, call.clock.monotonic() + verdict.wait)
                 if deferral is not None:
                     return Outcome(response, error, deferral)
@@ -1286,6 +1376,13 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
                 transport.follow(response, call.retry)
                 response = None  # drained: a deferral before the next hop has no response
                 continue
+            if verdict.deferral is not None and response is not None and not transport.streams:
+                # A deferred answer (a 429 or 503, say) is read like a retried one: up
+                # to the bound, and within the deadline (or an attempt's least time).
+                left = call.store_time_left()
+                if left is not None:
+                    left = max(left, MIN_ATTEMPT_TIMEOUT, call.policy.attempt_reserve)
+                transport.keep(response, call.policy.max_retry_body, left)
             return Outcome(
                 response,
                 error,
@@ -1296,5 +1393,9 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
             )
     except DeferralLimitExceeded:
         if response is not None:
-            transport.keep(response)
+            transport.keep(response, call.policy.max_retry_body, call.store_time_left())
+        raise
+    except BaseException:
+        if response is not None:
+            transport.close(response)  # the attempt ends here: its slot is given back
         raise

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from . import _forksafe
 from .errors import ConfigurationError
 from .policy import DEFER, DEFER_REASONS, RETRY, STOP, STOP_REASONS, Decision, Reason
 
@@ -192,7 +193,11 @@ class Counters:
         self.by_scope = bool(by_scope)
         self.max_scopes = max_scopes
         self._lock = threading.Lock()
+        _forksafe.register(self)
         self._reset_locked()
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
 
     def _reset_locked(self) -> None:
         self._decisions = 0

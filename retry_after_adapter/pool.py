@@ -9,8 +9,7 @@ are followed here, hop by hop, inside the one deadline.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -26,6 +25,7 @@ from urllib3.exceptions import (
 )
 from urllib3.util.retry import Retry
 
+from . import body
 from .adapter import DEFAULT_LEASE_TTL, SharedSettings, as_retry_after_retry, local_429
 from .cooldown.base import CooldownStore
 from .cooldown.guard import DEFAULT
@@ -49,7 +49,13 @@ class _PoolTransport:
     follows_redirects = True
 
     def __init__(
-        self, manager: RetryAfterPoolManager, method: str, url: str, redirect: bool, kw: dict[str, Any]
+        self,
+        manager: RetryAfterPoolManager,
+        method: str,
+        url: str,
+        redirect: bool,
+        kw: dict[str, Any],
+        policy: Retry,
     ):
         self.manager = manager
         self.method = method
@@ -58,14 +64,39 @@ class _PoolTransport:
         self.follows_redirects = redirect
         self.kw = kw
         self.user_timeout = kw.pop("timeout", _ABSENT)
+        #: Whether the caller wants the body read (urllib3's ``preload_content``): the
+        #: final response's is read in full, a retried one's only up to a bound.
+        self.preload = kw.pop("preload_content", True)
+        self.streams = not self.preload
+        self.policy = policy
 
     def send(self, timeout: Any) -> Any:
         kw = dict(self.kw)
         if timeout is not _ABSENT:
             kw["timeout"] = timeout
-        return PoolManager.urlopen(
-            self.manager, self.method, self.full_url, redirect=False, retries=SINGLE_ATTEMPT, **kw
+        response = PoolManager.urlopen(
+            self.manager,
+            self.method,
+            self.full_url,
+            redirect=False,
+            retries=SINGLE_ATTEMPT,
+            preload_content=False,
+            **kw,
         )
+        if self.preload and not self._may_retry(response.status):
+            # A final answer: read as urllib3 reads it (a broken body is a read error);
+            # one that may be retried is read later, and only up to a bound, if retried.
+            try:
+                response.data  # noqa: B018
+            except BaseException:
+                response.close()
+                raise
+        return response
+
+    def _may_retry(self, status: int) -> bool:
+        """Whether the policy may retry (or follow, or defer on) this status: its body
+        is then read later, bounded, if at all."""
+        return 300 <= status < 400 or self.policy.is_retry(self.method, status, True)
 
     @staticmethod
     def raw(response: Any) -> Any:
@@ -77,10 +108,24 @@ class _PoolTransport:
         return cause if isinstance(cause, _TRANSPORT_ERRORS) else None
 
     @staticmethod
-    def keep(response: Any) -> None:
-        with contextlib.suppress(Exception):  # a broken body: the connection is discarded
-            response.data  # noqa: B018 - read now (kept), the connection goes back to its pool
+    def keep(response: Any, limit: int | None, seconds: float | None = None) -> None:
+        """Read the body now (at most ``limit`` bytes, within ``seconds``) and keep it as
+        ``response.data``: the connection goes back to its pool, or is dropped past a
+        bound or when the body breaks."""
+        if response._body is not None or response.closed:
+            response.release_conn()
+            return  # preloaded, or read already
+        response._body, _ = body.read_bounded(response, limit, seconds, decode=None)
         response.release_conn()
+
+    @staticmethod
+    def on_done(response: Any, release: Callable[[], None]) -> None:
+        body.on_done(response, release)
+
+    @staticmethod
+    def close(response: Any) -> None:
+        response.close()
+        response.release_conn()  # the attempt is over: its slot is given back
 
     def follow(self, response: Any, retry: Retry) -> None:
         """Point the next attempt at the redirect's target, as ``PoolManager.urlopen``."""
@@ -185,7 +230,7 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         retries = kw.pop("retries", None)
         policy = self.retries if retries is None else as_retry_after_retry(retries)
         call = self._call(policy, RequestInfo(method, url, kw.get("headers") or self.headers or {}))
-        transport = _PoolTransport(self, method, url, redirect, kw)
+        transport = _PoolTransport(self, method, url, redirect, kw, policy)
         return self._result(transport, call, run(call, transport))
 
     def _result(self, transport: _PoolTransport, call: Call, outcome: Outcome[Any]) -> Any:
@@ -198,6 +243,8 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
                 raise MaxRetryDeferred(None, url, reason, deferral) from error
             raise error
         response = outcome.response
+        if response is not None and transport.preload and response._body is None:
+            response.data  # noqa: B018 - preload_content=True: read now, as urllib3 does
         if response is None:
             assert deferral is not None
             if self.raise_on_defer:
@@ -215,14 +262,14 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         ):
             limit = outcome.limit  # out of retries: urllib3's own reason
             why = limit.reason if limit is not None else ResponseError(f"deferred ({deferral.reason})")
-            _PoolTransport.keep(response)  # its body stays readable, its connection pooled
+            _PoolTransport.keep(response, call.policy.max_retry_body)  # readable, its connection pooled
             raise MaxRetryDeferred(None, url, why, deferral, response)
         return response
 
     @staticmethod
     def _local(transport: _PoolTransport, deferral: Deferral) -> Any:
         response = local_429(deferral, transport.method, transport.url)
-        if transport.kw.get("preload_content", True):
+        if transport.preload:
             response.data  # noqa: B018 - as urllib3 does for preload_content=True
         response.deferral = deferral
         response.stop_reason = None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -33,7 +33,7 @@ import http_sf
 from .errors import ConfigurationError, InvalidRetryAfter
 from .header import parse_http_date
 
-__all__ = ["Quota", "QuotaHint", "read_quota"]
+__all__ = ["MAX_COUNT", "MAX_SECONDS", "Quota", "QuotaHint", "bound_hint", "read_quota"]
 
 #: A quota field longer than this (characters) is ignored.
 MAX_FIELD = 256
@@ -113,6 +113,35 @@ class QuotaHint:
     def exhausted(self) -> bool:
         """Nothing left, and a reset still ahead: hold every worker back until then."""
         return self.remaining == 0 and self.reset is not None and self.reset > 0
+
+
+#: The largest count (``remaining``, a limit) taken from a header: more is read as this
+#: (fewer allowed, never more), so no store ever meets a number it cannot hold.
+MAX_COUNT = 2**31 - 1
+#: The longest duration (seconds) taken from a header even when ``max_retry_after`` is
+#: None (no bound): ten years, far inside what a datetime can add.
+MAX_SECONDS = 10 * 365 * 86400.0
+
+
+def bound_hint(hint: QuotaHint | None, bound: float | None) -> QuotaHint | None:
+    """``hint`` with every value a store would keep or a worker obey made safe: a reset
+    or a window longer than ``bound`` seconds (``max_retry_after``; None: no bound but
+    :data:`MAX_SECONDS`) is dropped (unknown, as if not sent: never obeyed, never
+    shortened), and counts above :data:`MAX_COUNT` are read as it. The one bound every
+    quota header passes before it is stored or obeyed."""
+    if hint is None:
+        return None
+    limit_seconds = MAX_SECONDS if bound is None else min(bound, MAX_SECONDS)
+    reset, window = hint.reset, hint.window
+    if reset is not None and not (0 <= reset <= limit_seconds):
+        reset = None
+    if window is not None and not (0 < window <= limit_seconds):
+        window = None
+    remaining = None if hint.remaining is None else min(hint.remaining, MAX_COUNT)
+    limit = None if hint.limit is None else min(hint.limit, MAX_COUNT)
+    if (remaining, reset, limit, window) == (hint.remaining, hint.reset, hint.limit, hint.window):
+        return hint
+    return replace(hint, remaining=remaining, reset=reset, limit=limit, window=window)
 
 
 def read_quota(get: HeaderGetter, *, received_at: datetime, date: str | None = None) -> QuotaHint | None:

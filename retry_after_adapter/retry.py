@@ -25,7 +25,8 @@ from urllib3.exceptions import MaxRetryError, ResponseError
 from urllib3.util.retry import Retry
 
 from ._compat import response_header
-from .clock import DEFAULT_CLOCK, Clock
+from .body import DEFAULT_MAX_RETRY_BODY
+from .clock import DEFAULT_CLOCK, Clock, SystemClock
 from .deferral import Deferral
 from .engine import REDIRECT, Call, current_override, judge, judge_redirect, wait_until
 from .errors import ConfigurationError, DeferralLimitExceeded, InvalidRetryAfter, MaxRetryDeferred
@@ -77,6 +78,10 @@ class RetryAfterRetry(Retry):
       ``None``: no bound). A longer one is rejected like an invalid value (stop reason
       ``retry_after_too_long``): never obeyed, never shortened, never stored as a
       cooldown, so one absurd header cannot shut a host out for every worker.
+    - ``max_retry_body``: bytes of a response's body read before it is retried (default
+      1 MiB; ``None``: no bound). It is read within what is left of the deadline too;
+      past either bound the connection is dropped, and the response (should the call
+      end with it) keeps what was read.
     - ``max_deferrals`` / ``max_lifetime``: give up with ``DeferralLimitExceeded`` when
       a job would be deferred more than this many times, or would become eligible
       more than this many seconds after its first attempt.
@@ -100,6 +105,7 @@ class RetryAfterRetry(Retry):
         max_retry_after: float | None = DEFAULT_MAX_RETRY_AFTER,
         cooldown_statuses: Collection[int] = COOLDOWN_STATUSES,
         quota_headers: bool = True,
+        max_retry_body: int | None = DEFAULT_MAX_RETRY_BODY,
         max_deferrals: int | None = None,
         max_lifetime: float | None = None,
         clock: Clock | None = None,
@@ -127,9 +133,19 @@ class RetryAfterRetry(Retry):
         ):
             raise ConfigurationError(f"max_deferrals must be an int >= 0 or None, got {max_deferrals!r}")
         self.max_deferrals = max_deferrals
+        if max_retry_body is not None and (
+            isinstance(max_retry_body, bool) or not isinstance(max_retry_body, int) or max_retry_body < 0
+        ):
+            raise ConfigurationError(
+                f"max_retry_body must be an int >= 0 (bytes) or None, got {max_retry_body!r}"
+            )
+        self.max_retry_body = max_retry_body
         if clock is not None and not isinstance(clock, Clock):
             raise ConfigurationError("clock must have now(), monotonic() and sleep(seconds, cancel)")
         self.clock: Clock = clock if clock is not None else DEFAULT_CLOCK
+        #: The clock reads the real present: a store may then read it itself when it
+        #: grants a permit (inside its lock), rather than be handed a time read before.
+        self.real_clock = type(self.clock).now is SystemClock.now
         self.on_decision = as_hooks(on_decision)
         # Stock-loop mode only: the call this Retry belongs to, and the monotonic time
         # before which the next attempt must not start (set by increment).
@@ -148,6 +164,7 @@ class RetryAfterRetry(Retry):
             "max_retry_after": self.max_retry_after,
             "cooldown_statuses": self.cooldown_statuses,
             "quota_headers": self.quota_headers,
+            "max_retry_body": self.max_retry_body,
             "max_deferrals": self.max_deferrals,
             "max_lifetime": self.max_lifetime,
             "clock": self.clock,

@@ -25,6 +25,8 @@ import math
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
+from ..quota import MAX_SECONDS
+
 #: Two announced resets of one scope within this many seconds are the same window
 #: (delta-seconds are whole seconds: one window's resets differ by less than 1 s).
 SAME_WINDOW = 1.0
@@ -61,6 +63,8 @@ def roll(record: Allowance, now: datetime) -> Allowance:
     Otherwise unchanged."""
     if record.until > now or record.limit <= 0:
         return record
+    if record.window > MAX_SECONDS:
+        record = record._replace(window=0.0)  # kept by an earlier version: unknown
     if record.window <= 0:
         if record.exact:
             return record  # already counting since the reset
@@ -103,6 +107,8 @@ def merge_allowance(
         return None
     lim = limit if limit is not None and limit > 0 else (current.limit if current is not None else 0)
     win = window if window is not None and window > 0 else (current.window if current is not None else 0.0)
+    if win > MAX_SECONDS or (until - now).total_seconds() > MAX_SECONDS:
+        return None  # past every bound a header may set (see ``quota.bound_hint``)
     if current is not None:
         gap = (until - current.until).total_seconds()
         if not win and gap > SAME_WINDOW and (now - current.until).total_seconds() < gap / 2:

@@ -35,7 +35,14 @@ class CooldownStore(Protocol):
         ...
 
 
-class Admission(NamedTuple):
+class _Fields(NamedTuple):
+    cooldown: datetime | None
+    not_before: datetime | None
+    seq: int | None = None
+    slot_busy: bool = False
+
+
+class Admission(_Fields):
     """What a store's ``admit`` answers for one attempt.
 
     ``cooldown``: the scope's stored cooldown (may be past). ``not_before``: None when
@@ -43,12 +50,40 @@ class Admission(NamedTuple):
     announced allowance, a concurrency slot), else when to ask again (nothing taken).
     ``seq``: the attempt's admission number once the scope's quota headers are counted,
     else None. ``slot_busy``: refused only because every concurrency slot is held
-    (``not_before`` is then when the earliest lease expires)."""
+    (``not_before`` is then when the earliest lease expires).
 
-    cooldown: datetime | None
-    not_before: datetime | None
-    seq: int | None = None
-    slot_busy: bool = False
+    ``permit`` (not one of the tuple's four fields, so an Admission still unpacks and
+    compares as before): when the quota permit taken stops counting (its grant + per +
+    margin) as stored, on a :class:`Granted`; None otherwise."""
+
+    __slots__ = ()
+
+    #: See above: set on a :class:`Granted`.
+    permit: datetime | None = None
+
+
+class Granted(Admission):
+    """An admission that took a quota permit; ``permit`` says when it stops counting
+    (a store's ``settle`` moves that later when the attempt's answer came late)."""
+
+    @classmethod
+    def of(cls, permit: datetime, cooldown: datetime | None, seq: int | None = None) -> Granted:
+        granted = cls(cooldown, None, seq, False)
+        granted.permit = permit
+        return granted
+
+
+class Hold(NamedTuple):
+    """One thing a store holds a scope back with, and when it ends (aware UTC).
+
+    ``kind``: ``"cooldown"`` (a Retry-After or an exhausted announcement), ``"allowance"``
+    (the server's announced quota used up until its reset), ``"quota"`` (a configured
+    ``Quota``'s permits all taken: ``number`` of them, its limit), or ``"leases"``
+    (``number`` concurrency slots held, the last until ``until``)."""
+
+    kind: str
+    until: datetime
+    number: int = 0
 
 
 def check_scope(scope: object) -> str:

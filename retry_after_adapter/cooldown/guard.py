@@ -33,18 +33,19 @@ Whether a call goes on (``store_failure="open"``) or defers with ``cooldown-unkn
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 import logging
 import math
-import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol, TypeVar
 
+from .. import _forksafe
 from ..errors import ConfigurationError, CooldownStoreError, CooldownUnavailable
-from .base import Admission, CooldownStore
+from .base import Admission, CooldownStore, Granted
 from .freshness import Freshness
 from .memory import MemoryCooldownStore
 
@@ -68,6 +69,11 @@ QUIET_PERIOD = 30.0
 #: Busy answers in a row (locks held by other writers past the store's timeout, with no
 #: success in between) that open the breaker; fewer only make that operation fall back.
 BUSY_RUN = 8
+#: Seconds between the writer thread's looks while cooldowns wait to be written back.
+WRITER_POLL = 0.1
+#: At most this many permit settlements wait for the writer thread (past it, newer
+#: ones are not kept: their permits still count until their stored end).
+MAX_UNSETTLED = 4096
 #: Seconds without a failure before the line that ends an outage is logged (operations
 #: that were in flight when the store broke can still succeed after the first failure).
 SETTLE = 1.0
@@ -124,6 +130,19 @@ class Shared(Protocol):
         """Give a concurrency slot back; never raises (an unreleased lease expires)."""
         ...
 
+    def settle(
+        self,
+        scope: str,
+        limit: int,
+        per: float,
+        expires: datetime,
+        now: datetime | None = None,
+        call: CallBudget | None = None,
+    ) -> None:
+        """The permit stopping at ``expires`` counts until at least ``now + per`` (its
+        attempt was answered at ``now``; None: the present); never raises."""
+        ...
+
     #: Whether the store has ``admit`` and ``allow`` (else the two below are not called).
     admits: bool
     #: Whether the store keeps freshness records (else ``note`` is not called).
@@ -145,15 +164,18 @@ class Shared(Protocol):
     def admit(
         self,
         scope: str,
-        now: datetime,
+        now: datetime | None,
         limit: int | None = None,
         per: float | None = None,
         lease: tuple[int, float, str] | None = None,
         call: CallBudget | None = None,
+        margin: float = 0.0,
     ) -> Admission:
         """Admission for one attempt (see :class:`~.base.Admission`): the cooldown, the
-        allowance, a quota permit and a concurrency slot, all or nothing, in one store
-        operation; raises CooldownUnavailable when failing closed."""
+        allowance, a quota permit (``limit`` per ``per`` seconds, counted ``per +
+        margin``) and a concurrency slot, all or nothing, in one store operation, at
+        ``now`` (None: the real present, read by the store as it grants); raises
+        CooldownUnavailable when failing closed."""
         ...
 
     def allow(
@@ -179,6 +201,11 @@ _METERS: weakref.WeakKeyDictionary[object, dict[str, Any]] = weakref.WeakKeyDict
 _METERS_LOCK = threading.Lock()
 
 
+def all_meters() -> list[dict[str, Any]]:
+    """Every store object's meters in this process (for a forked child to reset)."""
+    return list(_METERS.values())
+
+
 def meters_of(underlying: object) -> dict[str, Any]:
     """The per-scope meters of a store object in this process (made on first use)."""
     with _METERS_LOCK:
@@ -191,16 +218,17 @@ def meters_of(underlying: object) -> dict[str, Any]:
 class Direct:
     """A store that cannot fail (in memory): used as it is."""
 
-    __slots__ = ("admits", "direct", "meters", "notes", "store")
+    __slots__ = ("admits", "direct", "meters", "modern", "notes", "store")
 
     def __init__(self, store: CooldownStore) -> None:
         self.store = store
         self.admits = supports_admit(store)
         self.notes = supports_freshness(store)
         self.meters = meters_of(store)
+        self.modern = stamps_grants(store)
         #: The memory store itself, when it is one: the engine admits and releases on
         #: it directly (the same operations as this view's, one call less per attempt).
-        self.direct = store if isinstance(store, MemoryCooldownStore) else None
+        self.direct = store if isinstance(store, MemoryCooldownStore) and self.modern else None
 
     def note(self, scope: str, outcome: str, at: datetime, call: CallBudget | None = None) -> None:
         self.store.note(scope, outcome, at)  # type: ignore[attr-defined]
@@ -227,15 +255,14 @@ class Direct:
     def admit(
         self,
         scope: str,
-        now: datetime,
+        now: datetime | None,
         limit: int | None = None,
         per: float | None = None,
         lease: tuple[int, float, str] | None = None,
         call: CallBudget | None = None,
+        margin: float = 0.0,
     ) -> Admission:
-        if lease is None:  # a store may predate leases in admit()
-            return self.store.admit(scope, now, limit, per)  # type: ignore[attr-defined, no-any-return]
-        return self.store.admit(scope, now, limit, per, lease)  # type: ignore[attr-defined, no-any-return]
+        return admit_on(self.store, self.modern, scope, now, limit, per, lease, margin)
 
     def allow(
         self,
@@ -252,6 +279,19 @@ class Direct:
 
     def free(self, scope: str, token: str) -> None:
         self.store.release(scope, token)  # type: ignore[attr-defined]
+
+    def settle(
+        self,
+        scope: str,
+        limit: int,
+        per: float,
+        expires: datetime,
+        now: datetime | None = None,
+        call: CallBudget | None = None,
+    ) -> None:
+        settle = getattr(self.store, "settle", None)
+        if settle is not None:
+            settle(scope, limit, per, expires, now)
 
     def __repr__(self) -> str:
         return f"Direct({self.store!r})"
@@ -295,13 +335,16 @@ class Guarded:
     def admit(
         self,
         scope: str,
-        now: datetime,
+        now: datetime | None,
         limit: int | None = None,
         per: float | None = None,
         lease: tuple[int, float, str] | None = None,
         call: CallBudget | None = None,
+        margin: float = 0.0,
     ) -> Admission:
-        return self.guard.admit(scope, now, limit, per, lease, fail_closed=self.fail_closed, call=call)
+        return self.guard.admit(
+            scope, now, limit, per, lease, margin=margin, fail_closed=self.fail_closed, call=call
+        )
 
     def allow(
         self,
@@ -319,8 +362,59 @@ class Guarded:
     def free(self, scope: str, token: str) -> None:
         self.guard.release(scope, token)
 
+    def settle(
+        self,
+        scope: str,
+        limit: int,
+        per: float,
+        expires: datetime,
+        now: datetime | None = None,
+        call: CallBudget | None = None,
+    ) -> None:
+        self.guard.settle(scope, limit, per, expires, now, call)
+
     def __repr__(self) -> str:
         return f"Guarded({self.guard.inner!r}, fail_closed={self.fail_closed})"
+
+
+def stamps_grants(store: object) -> bool:
+    """Whether ``store.admit`` stamps a permit as it grants it (takes ``now`` None) and
+    keeps each quota's margin (a ``margin`` argument): the stores of this package do,
+    unless a subclass overrides ``admit`` with the earlier signature."""
+    if not getattr(store, "stamps_grants", False):
+        return False
+    try:
+        parameters = inspect.signature(store.admit).parameters  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        return False
+    return "margin" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def admit_on(
+    store: Any,
+    modern: bool,
+    scope: str,
+    now: datetime | None,
+    limit: int | None,
+    per: float | None,
+    lease: tuple[int, float, str] | None,
+    margin: float,
+) -> Admission:
+    """``store.admit`` as the store takes it: a ``modern`` store (:func:`stamps_grants`)
+    stamps a permit as it grants it (``now`` None) and keeps each one's margin; a store
+    of an earlier protocol is given the present and the whole window (``per +
+    margin``), and no lease argument when it has none to take."""
+    if modern:
+        answer: Admission = store.admit(scope, now, limit, per, lease, margin)
+        return answer
+    if now is None:
+        now = datetime.now(timezone.utc)
+    window = per + margin if per is not None else None
+    if lease is None:
+        answer = store.admit(scope, now, limit, window)
+    else:
+        answer = store.admit(scope, now, limit, window, lease)
+    return Admission(*answer)  # a plain tuple of an earlier protocol too
 
 
 def _acquirer(store: object) -> Callable[[str, int, float, datetime], datetime | None]:
@@ -371,7 +465,16 @@ _GUARD_ATTR = "_retry_after_guard"
 _REGISTRY_LOCK = threading.Lock()
 #: Guards of stores that take no attribute (``__slots__``): kept for the process's life.
 _PINNED: dict[int, StoreGuard] = {}
-_GUARDS: weakref.WeakSet[StoreGuard] = weakref.WeakSet()
+
+
+def _new_module_locks() -> None:
+    """In a forked child: a parent thread may have held one of these."""
+    global _REGISTRY_LOCK, _METERS_LOCK
+    _REGISTRY_LOCK = threading.Lock()
+    _METERS_LOCK = threading.Lock()
+
+
+_forksafe.at_fork(_new_module_locks)
 
 
 def guard_of(store: CooldownStore) -> StoreGuard:
@@ -398,6 +501,11 @@ def guard_of(store: CooldownStore) -> StoreGuard:
         return guard
 
 
+#: Errors by which a store refuses an operation's values rather than fails: they never
+#: open the breaker (an absurd value must not shut out every other scope).
+_REFUSED_VALUES = (ConfigurationError, ValueError, TypeError, OverflowError)
+
+
 class _OutOfTime(Exception):
     """A store operation was cut short by the call's own deadline, not the store's."""
 
@@ -411,6 +519,20 @@ _PERMIT_RETRY = timedelta(milliseconds=20)
 
 def _no_guard() -> None:
     return None
+
+
+def _answered_late(abandoned: Callable[[Any], None]) -> Callable[[concurrent.futures.Future[Any]], None]:
+    """A done-callback handing an abandoned operation's answer, if any, to ``abandoned``."""
+
+    def done(future: concurrent.futures.Future[Any]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        try:
+            abandoned(future.result())
+        except Exception as exc:  # housekeeping: the lease expires by itself
+            log.debug("giving back an abandoned slot failed: %s", type(exc).__name__)
+
+    return done
 
 
 def _declared_timeout(store: object) -> float | None:
@@ -427,6 +549,8 @@ class StoreGuard:
 
     def __init__(self, inner: CooldownStore) -> None:
         self.inner = inner
+        #: Whether the store stamps permits as it grants them (see :func:`stamps_grants`).
+        self.modern = stamps_grants(inner)
         #: The local copy: what the store said, and what was learned while it failed.
         self.local = MemoryCooldownStore()
         #: Scopes learned while the store failed, not yet written back.
@@ -462,7 +586,12 @@ class StoreGuard:
         self._stranded = False
         self.failures = 0
         self.written_back = 0
-        _GUARDS.add(self)
+        #: The thread that writes pending cooldowns back once the store answers again,
+        #: even if this process makes no further call (None: none runs).
+        self._writer: threading.Thread | None = None
+        #: Permit settlements the store did not take (busy or down), for the writer.
+        self._unsettled: list[tuple[Any, ...]] = []
+        _forksafe.register(self)
 
     # -- the two operations --------------------------------------------------------
     def get(
@@ -503,15 +632,18 @@ class StoreGuard:
         # mirror the store's older answer over it.
         self._keep(scope)
         if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
+            self._start_writer()
             return local
         try:
             # A pending local time is written along: it is at least as late.
             remote = self._bounded(self.inner.extend, (scope, local), call)
         except _OutOfTime:
-            self._gave_up(call)  # still pending: the next operation writes it
+            self._gave_up(call)  # still pending: the writer or the next operation writes it
+            self._start_writer()
             return local
         except Exception as exc:
             self._failed(exc, call)
+            self._start_writer()
             return local
         self._succeeded()
         with self._lock:
@@ -558,11 +690,12 @@ class StoreGuard:
     def admit(
         self,
         scope: str,
-        now: datetime,
+        now: datetime | None,
         limit: int | None = None,
         per: float | None = None,
         lease: tuple[int, float, str] | None = None,
         *,
+        margin: float = 0.0,
         fail_closed: bool = False,
         call: CallBudget | None = None,
     ) -> Admission:
@@ -571,19 +704,37 @@ class StoreGuard:
         While the store is down, the local copy admits (fail open; its admission
         numbers are not the store's, so none is returned) or CooldownUnavailable; busy
         or out of time: "ask again shortly" (never admitted locally)."""
-        args: tuple[Any, ...] = (scope, now, limit, per) if lease is None else (scope, now, limit, per, lease)
-        inner: Any = self.inner
+        args = (scope, now, limit, per, lease, margin)
         epoch = self._epoch
-        later = Admission(self.local.get(scope), now + _PERMIT_RETRY)
-        answer, wrote = self._admission(inner.admit, self._local_admit, args, later, fail_closed, call)
+        present = now if now is not None else datetime.now(timezone.utc)
+        later = Admission(self.local.get(scope), present + _PERMIT_RETRY)
+        abandoned = None
+        if lease is not None:
+
+            def abandoned(answer: Admission) -> None:
+                # An admission the call stopped waiting for granted a slot nobody uses.
+                if answer.not_before is None:
+                    self.release(scope, lease[2])
+
+        answer, wrote = self._admission(
+            self._inner_admit, self._local_admit, args, later, fail_closed, call, abandoned
+        )
         if wrote is None:
             return answer  # not the store's answer: nothing to mirror
         cooldown = self._reconcile(scope, answer.cooldown, epoch, wrote)
         if cooldown is None or cooldown == answer.cooldown:
             return answer
         # A later local time (not yet written back) holds the attempt back.
-        not_before = cooldown if cooldown > now else answer.not_before
-        return answer._replace(cooldown=cooldown, not_before=not_before)
+        not_before = cooldown if cooldown > present else answer.not_before
+        if answer.not_before is None and not_before is not None and lease is not None:
+            # The store granted a slot the attempt will not use: give it back now.
+            self.release(scope, lease[2])
+        if not_before is None and answer.permit is not None:
+            return Granted.of(answer.permit, cooldown, answer.seq)
+        return Admission(cooldown, not_before, answer.seq, answer.slot_busy)
+
+    def _inner_admit(self, *args: Any) -> Admission:
+        return admit_on(self.inner, self.modern, *args)
 
     def _local_admit(self, *args: Any) -> Admission:
         """The local copy admits (its admission numbers are not the store's)."""
@@ -611,20 +762,22 @@ class StoreGuard:
 
     def _write_through(
         self, operation: Callable[..., object], args: tuple[Any, ...], call: CallBudget | None
-    ) -> None:
+    ) -> bool:
         """Write to the store what the local copy already holds; a failure counts
-        against the store but is not the call's (the local copy keeps it)."""
+        against the store but is not the call's (the local copy keeps it). Returns
+        whether the store took it."""
         if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
-            return
+            return False
         try:
             self._bounded(operation, args, call)
         except _OutOfTime:
             self._gave_up(call)
-            return
+            return False
         except Exception as exc:
             self._failed(exc, call)
-            return
+            return False
         self._succeeded()
+        return True
 
     def _admission(
         self,
@@ -634,6 +787,7 @@ class StoreGuard:
         later: _T,
         fail_closed: bool,
         call: CallBudget | None,
+        abandoned: Callable[[Any], None] | None = None,
     ) -> tuple[_T, bool | None]:
         """A permit, a slot or a whole admission: ``(answer, wrote)``, ``wrote`` being
         whether the store's success wrote anything back (None: the answer is not the
@@ -643,7 +797,7 @@ class StoreGuard:
         if (self._open_until or (call is not None and call.store_failed)) and not self._may_try(call):
             return self._local_admission(local, args, fail_closed), None
         try:
-            answer: _T = self._bounded(remote, args, call)
+            answer: _T = self._bounded(remote, args, call, abandoned)
         except _OutOfTime:
             self._gave_up(call)
             return later, None
@@ -665,6 +819,31 @@ class StoreGuard:
             self._bounded(inner.release, (scope, token), None)
         except Exception as exc:  # the lease expires by itself
             log.debug("releasing a concurrency slot failed: %s", type(exc).__name__)
+
+    def settle(
+        self,
+        scope: str,
+        limit: int,
+        per: float,
+        expires: datetime,
+        now: datetime | None = None,
+        call: CallBudget | None = None,
+    ) -> None:
+        """Move a permit's end later in the store (see ``MemoryCooldownStore.settle``),
+        within what the call has left; a failure is counted against the store but never
+        the call's."""
+        settle = getattr(self.inner, "settle", None)
+        if settle is None:
+            return
+        # The answer's time, pinned: tried again later, it must not move further.
+        args = (scope, limit, per, expires, now if now is not None else datetime.now(timezone.utc))
+        if not self._write_through(settle, args, call):
+            # Busy or down: until its stored end passes, the writer thread tries again
+            # (a permit that ends too soon could let one request too many through).
+            with self._lock:
+                if len(self._unsettled) < MAX_UNSETTLED:  # past it, newer ones are not kept
+                    self._unsettled.append(args)
+            self._start_writer()
 
     def note(self, scope: str, outcome: str, at: datetime, *, call: CallBudget | None = None) -> None:
         """Note a success or an error class locally and in the store; a failure is
@@ -759,12 +938,19 @@ class StoreGuard:
             self._probing = True
             return True
 
-    def _bounded(self, operation: Callable[..., _T], args: tuple[Any, ...], call: CallBudget | None) -> _T:
+    def _bounded(
+        self,
+        operation: Callable[..., _T],
+        args: tuple[Any, ...],
+        call: CallBudget | None,
+        abandoned: Callable[[_T], None] | None = None,
+    ) -> _T:
         """Run ``operation`` within the store's timeout and what the call has left.
 
         A store that bounds itself (``timeout`` declared, within what is left) is called
         directly; otherwise the operation runs on a helper thread and is abandoned (its
-        effect, if any, later-wins) when the bound passes."""
+        effect, if any, later-wins; ``abandoned`` gets its answer should it come) when
+        the bound passes."""
         limit = self.timeout
         left = call.store_time_left() if call is not None else None
         by_call = left is not None and left < limit
@@ -786,6 +972,8 @@ class StoreGuard:
         try:
             return future.result(timeout=limit)
         except concurrent.futures.TimeoutError:
+            if abandoned is not None:
+                future.add_done_callback(_answered_late(abandoned))
             if by_call:
                 raise _OutOfTime from None  # the call ran out first: no verdict on the store
             raise CooldownStoreError(
@@ -827,6 +1015,14 @@ class StoreGuard:
             return True
 
     def _failed(self, exc: BaseException, call: CallBudget | None) -> None:
+        if isinstance(exc, _REFUSED_VALUES) and not isinstance(exc, CooldownStoreError):
+            # The store refused this operation's values (a bug of a caller, or a value
+            # past what it can hold): it answered, so it is not down (a probe it was is
+            # over), and no other call pays for it.
+            log.debug("a cooldown store operation was refused: %s", type(exc).__name__)
+            with self._lock:
+                self._probing = False
+            return
         busy = getattr(exc, "busy", False) and not self._down
         if call is not None and not busy:
             call.store_failed = True  # a busy store may be asked again in this call
@@ -841,6 +1037,8 @@ class StoreGuard:
                     self._probing = False
                     self._stranded = True
                     return
+        if self._pending and self._writer is None:
+            self._start_writer()
         with self._lock:
             self.failures += 1
             self._last_failure = now
@@ -935,10 +1133,79 @@ class StoreGuard:
             self._failed(exc, None)
         return True
 
+    def _start_writer(self) -> None:
+        """Start the writer thread if something waits to be written and none runs."""
+        with self._lock:
+            if self._writer is not None or not (self._pending or self._unsettled):
+                return
+            self._writer = threading.Thread(
+                target=self._write_back_loop, name="retry-after-write-back", daemon=True
+            )
+            writer = self._writer
+        writer.start()
+
+    def _write_back_loop(self) -> None:
+        """While the store is down and cooldowns wait: once the breaker lets a probe
+        through, write one back; the store's answer then writes every other one back
+        (see :meth:`_answered`), so other processes learn them within about
+        :data:`BREAKER_MAX_PENDING` seconds of the store's recovery, whether or not this
+        process calls again. (A write kept only because the store was busy is written by
+        the next operation of any call.) Permit settlements the store did not take are
+        tried again meanwhile, while their permits still count."""
+        while True:
+            # First a pause: the failure that started this thread is still being noted.
+            wait = self._open_until - self.monotonic() if self._down else 0.0
+            time.sleep(min(max(wait, WRITER_POLL), BREAKER_MAX_PENDING))
+            with self._lock:
+                unsettled, self._unsettled = self._unsettled, []
+                scope = next(iter(self._pending), None) if self._down else None
+                if scope is None and not unsettled:
+                    self._writer = None
+                    return
+            self._settle_again(unsettled)
+            if scope is None or not self._may_try(None):
+                continue
+            until = self.local.get(scope)
+            try:
+                if until is not None:
+                    self._bounded(self.inner.extend, (scope, until), None)
+                else:
+                    self._bounded(self.inner.get, (scope,), None)
+            except Exception as exc:
+                self._failed(exc, None)
+                continue
+            self._succeeded()
+
+    def _settle_again(self, unsettled: list[tuple[Any, ...]]) -> None:
+        """Try the settlements the store did not take again; keep those that fail while
+        their permit still counts (past its stored end, settling it is moot)."""
+        settle: Any = getattr(self.inner, "settle", None)
+        now = datetime.now(timezone.utc)
+        for args in unsettled:
+            expires: datetime = args[3]
+            if expires <= now or settle is None:
+                continue
+            if self._open_until and not self._may_try(None):
+                keep = True
+            else:
+                try:
+                    self._bounded(settle, args, None)
+                except Exception as exc:
+                    self._failed(exc, None)
+                    keep = True
+                else:
+                    self._succeeded()
+                    keep = False
+            if keep:
+                with self._lock:
+                    self._unsettled.append(args)
+
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
         self._executor = None
         self._probing = False
+        self._writer = None  # the parent's thread does not exist here
+        self._unsettled = []
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A guard belongs to one process: a pickled or copied store gets its own.
@@ -948,11 +1215,3 @@ class StoreGuard:
         state = "down" if self._down else "healthy"
         return f"StoreGuard({self.inner!r}, {state}, pending={len(self._pending)})"
 
-
-def _after_fork_in_child() -> None:
-    for guard in list(_GUARDS):
-        guard._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

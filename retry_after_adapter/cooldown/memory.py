@@ -10,9 +10,10 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from .. import _forksafe
 from ..errors import ConfigurationError
-from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance
-from .base import Admission, check_scope, check_until
+from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance, roll
+from .base import Admission, Granted, Hold, check_scope, check_until
 from .freshness import Freshness, check_outcome, merge_note
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
@@ -46,6 +47,26 @@ def _as_datetime(micros: int) -> datetime:
 
 #: ``_window_micros`` of the windows and lease lengths seen (a few per process).
 _WINDOWS: dict[float, int] = {}
+#: ``_quota_key`` of the quotas seen (a few per process).
+_QUOTAS: dict[tuple[int, float, float], tuple[int, int, int, timedelta]] = {}
+
+
+def _quota_key(limit: int, per: float | None, margin: float) -> tuple[int, int, int, timedelta]:
+    """A quota's log key ``(limit, per)`` (``key[:2]``), how long its permits count
+    (``per + margin``) in whole microseconds, and that as a timedelta."""
+    try:
+        return _QUOTAS[(limit, per, margin)]  # type: ignore[index]
+    except (KeyError, TypeError):
+        pass
+    if per is None:
+        raise ConfigurationError("a quota needs a window (per)")
+    per_us = _window_micros(per)
+    counts = per_us + _window_micros(margin)
+    key = (limit, per_us, counts, timedelta(microseconds=counts))
+    if len(_QUOTAS) >= 1024:
+        _QUOTAS.clear()
+    _QUOTAS[(limit, per, margin)] = key
+    return key
 
 
 def _window_micros(per: float) -> int:
@@ -74,21 +95,31 @@ class MemoryCooldownStore:
     scopes and no call ever scans the whole store.
     """
 
+    #: ``admit`` stamps a permit with the time it grants it (``now`` None: the present
+    #: read inside the operation) and keeps each quota's log and each permit's margin.
+    stamps_grants = True
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._until: dict[str, datetime] = {}
         #: (eligible time, scope) of every write; entries a later write replaced are
         #: skipped when they surface.
         self._heap: list[tuple[datetime, str]] = []
-        #: Quota permits: per scope, the times of the permits granted (microseconds
-        #: since the epoch, see ``_micros``), oldest first.
-        self._permits: dict[str, collections.deque[int]] = {}
+        #: Quota permits: per scope and quota (``_quota_key``), when each permit granted
+        #: stops counting (microseconds since the epoch, see ``_micros``), soonest first.
+        self._permits: dict[str, dict[tuple[int, ...], collections.deque[int]]] = {}
         #: Concurrency leases: per scope, token -> when the lease expires (microseconds).
         self._leases: dict[str, dict[str, int]] = {}
         #: What servers announced, per scope (see ``Allowance``).
         self._allowance: dict[str, Allowance] = {}
         #: Freshness per scope (see ``freshness.Freshness``; next_eligible not kept).
         self._fresh: dict[str, Freshness] = {}
+        _forksafe.register(self)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # a parent thread may have held it during fork
+        # The parent's threads' attempts are not this process's: their slots are free.
+        self._leases.clear()
 
     def get(self, scope: str) -> datetime | None:
         return self._until.get(scope)
@@ -103,37 +134,43 @@ class MemoryCooldownStore:
             self._put_locked(scope, until)
             return until
 
-    def acquire(self, scope: str, limit: int, per: float, now: datetime) -> datetime | None:
-        """Take a quota permit at ``now`` for ``scope``: granted (None) when fewer than
-        ``limit`` were granted in the ``per`` seconds before ``now``; else nothing is
-        taken and the time the oldest of them leaves the window is returned."""
+    def acquire(
+        self, scope: str, limit: int, per: float, now: datetime | None = None, margin: float = 0.0
+    ) -> datetime | None:
+        """Take a quota permit for ``scope`` (``limit`` per ``per`` seconds, see
+        :meth:`admit`): granted (None), or nothing taken and the time one will be free."""
         check_scope(scope)
-        at = _micros(now)
-        window = _window_micros(per)
+        key = _quota_key(limit, per, margin)
         with self._lock:
-            refused = self._permit_refused(scope, limit, window, at)
+            at = _micros(now if now is not None else datetime.now(timezone.utc))
+            refused = self._permit_refused(scope, key, limit, at)
             if refused is None:
-                self._take_permit(scope, at)
+                self._take_permit(scope, key, at + key[2])
                 return None
             return _as_datetime(refused)
 
-    def _permit_refused(self, scope: str, limit: int, window: int, at: int) -> int | None:
-        """(Lock held; times in microseconds.) None when a permit is free at ``at``, else
-        when one will be; permits that left the window are dropped."""
-        log = self._permits.get(scope)
+    def _permit_refused(
+        self, scope: str, key: tuple[int, int, int, timedelta], limit: int, at: int
+    ) -> int | None:
+        """(Lock held; times in microseconds.) None when a permit of the quota ``key`` is
+        free at ``at``, else when one will be; permits that expired are dropped."""
+        logs = self._permits.get(scope)
+        if logs is None:
+            check_scope(scope)  # a scope new to the store: checked once
+            logs = self._permits[scope] = {}
+        log = logs.get(key[:2])  # one log per quota (limit, per), whatever each margin
         if log is None:
-            log = self._permits[scope] = collections.deque()
-        cut = at - window
-        while log and log[0] <= cut:
+            log = logs[key[:2]] = collections.deque()
+        while log and log[0] <= at:
             log.popleft()
-        return None if len(log) < limit else log[-limit] + window
+        return None if len(log) < limit else log[-limit]
 
-    def _take_permit(self, scope: str, at: int) -> None:
-        log = self._permits[scope]
-        if not log or at >= log[-1]:
-            log.append(at)  # the usual order: no search
+    def _take_permit(self, scope: str, key: tuple[int, int, int, timedelta], expires: int) -> None:
+        log = self._permits[scope][key[:2]]
+        if not log or expires >= log[-1]:
+            log.append(expires)  # the usual order: no search
         else:
-            bisect.insort(log, at)
+            bisect.insort(log, expires)  # a permit of a smaller margin
 
     def _slot_refused(self, scope: str, limit: int, at: int) -> int | None:
         """(Lock held; times in microseconds.) None when a slot is free at ``at``, else
@@ -177,29 +214,43 @@ class MemoryCooldownStore:
     def admit(
         self,
         scope: str,
-        now: datetime,
+        now: datetime | None,
         limit: int | None = None,
         per: float | None = None,
         lease: tuple[int, float, str] | None = None,
+        margin: float = 0.0,
     ) -> Admission:
-        """Admission for one attempt at ``now``, atomically and all or nothing: the
-        scope's cooldown, what the server announced is left, a quota permit (``limit``
-        per ``per`` seconds, when given) and a concurrency slot (``lease`` = (slots,
-        ttl seconds, token), when given). See :class:`~.base.Admission`."""
+        """Admission for one attempt at ``now`` (None: the present, read once the lock
+        is held, so a permit's time is when it is granted), atomically and all or
+        nothing: the scope's cooldown, what the server announced is left, a quota permit
+        (``limit`` per ``per`` seconds, when given) and a concurrency slot (``lease`` =
+        (slots, ttl seconds, token), when given). See :class:`~.base.Admission`.
+
+        A permit counts for ``per + margin`` seconds from its grant (``margin``: the
+        time from admission to the server's arrival). Each quota (``limit`` per
+        ``per``) has its own log, so two quotas on one scope each hold; a permit keeps
+        its own expiry, so workers with different margins never drop each other's."""
         if limit is None and lease is None and scope not in self._allowance:
             # Nothing to take (the common case): as lock-free as ``get``.
             cooldown = self._until.get(scope)
             if cooldown is None:
                 return _ADMITTED
+            if now is None:
+                now = datetime.now(timezone.utc)
             return Admission(cooldown, cooldown if cooldown > now else None)
         if type(scope) is not str:
             check_scope(scope)  # raises (a str's length is checked when first stored)
-        try:
-            at = (now - _EPOCH) // _US
-        except TypeError:  # naive, or not a datetime
-            check_until(now)
-            raise
+        if now is not None:
+            try:
+                at = (now - _EPOCH) // _US
+            except TypeError:  # naive, or not a datetime
+                check_until(now)
+                raise
         with self._lock:
+            if now is None:
+                # The present as the permit is granted, not before the lock was had.
+                now = datetime.now(timezone.utc)
+                at = (now - _EPOCH) // _US
             cooldown = self._until.get(scope)
             if cooldown is not None and cooldown > now:
                 return Admission(cooldown, cooldown)
@@ -210,18 +261,12 @@ class MemoryCooldownStore:
                 if wait is not None:
                     self._allowance[scope] = rolled
                     return Admission(cooldown, wait)
-            log = None
+            key = None
             if limit is not None:
-                window = _WINDOWS.get(per) or _window_micros(per)  # type: ignore[arg-type]
-                log = self._permits.get(scope)
-                if log is None:
-                    check_scope(scope)  # a scope new to the store: checked once
-                    log = self._permits[scope] = collections.deque()
-                cut = at - window
-                while log and log[0] <= cut:
-                    log.popleft()
-                if len(log) >= limit:
-                    return Admission(cooldown, _as_datetime(log[-limit] + window))
+                key = _quota_key(limit, per, margin)
+                refused = self._permit_refused(scope, key, limit, at)
+                if refused is not None:
+                    return Admission(cooldown, _as_datetime(refused))
             if lease is not None:
                 slots, ttl, token = lease
                 held = self._leases.get(scope)
@@ -233,15 +278,40 @@ class MemoryCooldownStore:
                     if busy is not None:
                         return Admission(cooldown, _as_datetime(busy), None, True)
                 held[token] = at + (_WINDOWS.get(ttl) or _window_micros(ttl))
-            if log is not None:
-                if not log or at >= log[-1]:
-                    log.append(at)  # the usual order: no search
-                else:
-                    bisect.insort(log, at)
-            if rolled is None:
+            permit = None
+            if key is not None:
+                self._take_permit(scope, key, at + key[2])
+                permit = now + key[3]  # the same instant as at + key[2] microseconds
+            seq = None
+            if rolled is not None:
+                self._allowance[scope] = rolled
+                seq = rolled.admitted - 1
+            if permit is not None:
+                return Granted.of(permit, cooldown, seq)
+            if seq is None:
                 return _ADMITTED if cooldown is None else Admission(cooldown, None)
-            self._allowance[scope] = rolled
-            return Admission(cooldown, None, rolled.admitted - 1)
+            return Admission(cooldown, None, seq)
+
+    def settle(
+        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None
+    ) -> None:
+        """The attempt that took the permit of ``limit`` per ``per`` seconds stopping at
+        ``expires`` was answered at ``now`` (None: the present): it reached the server by
+        then, so the permit counts at least until ``now + per`` (put back if it expired
+        meanwhile; nothing if the scope's permits were cleared)."""
+        key = _quota_key(limit, per, 0.0)
+        old = _micros(expires)
+        with self._lock:
+            at = _micros(now if now is not None else datetime.now(timezone.utc))
+            new = at + key[1]
+            logs = self._permits.get(scope)
+            if logs is None or new <= old:
+                return  # cleared meanwhile, or the stored end already covers the answer
+            log = logs.setdefault(key[:2], collections.deque())
+            index = bisect.bisect_left(log, old)
+            if index < len(log) and log[index] == old:
+                del log[index]
+            bisect.insort(log, new)  # moved, or put back if it expired meanwhile
 
     def note(self, scope: str, outcome: str, at: datetime) -> None:
         """Note a success or an error class of ``scope`` at ``at`` (later wins)."""
@@ -310,9 +380,44 @@ class MemoryCooldownStore:
             self._fresh.clear()
 
     def delete(self, scope: str) -> bool:
-        """Forget ``scope``'s cooldown (an operator lifting it); True if there was one."""
+        """Lift everything that holds ``scope`` back (an operator clearing it): its
+        cooldown, announced allowance, quota permits and concurrency leases; True if
+        there was any of them."""
         with self._lock:
-            return self._until.pop(scope, None) is not None
+            found = [
+                self._until.pop(scope, None),
+                self._allowance.pop(scope, None),
+                self._permits.pop(scope, None),
+                self._leases.pop(scope, None),
+            ]
+        return any(value is not None for value in found)
+
+    def holds(self, now: datetime | None = None) -> dict[str, list[Hold]]:
+        """Every scope held back at ``now`` (default: the present) and by what (see
+        :class:`~.base.Hold`): its cooldown, an announced allowance used up, a quota
+        whose permits are all taken, its concurrency leases."""
+        now = now if now is not None else datetime.now(timezone.utc)
+        at = _micros(now)
+        found: dict[str, list[Hold]] = {}
+        with self._lock:
+            for scope, until in self._until.items():
+                if until > now:
+                    found.setdefault(scope, []).append(Hold("cooldown", until))
+            for scope, record in self._allowance.items():
+                rolled = roll(record, now)
+                if rolled.until > now and rolled.remaining <= 0:
+                    found.setdefault(scope, []).append(Hold("allowance", rolled.until))
+            for scope, logs in self._permits.items():
+                for (limit, *_), log in logs.items():
+                    live = [expires for expires in log if expires > at]
+                    if len(live) >= limit:
+                        until = _as_datetime(live[len(live) - limit])
+                        found.setdefault(scope, []).append(Hold("quota", until, limit))
+            for scope, held in self._leases.items():
+                live = [expires for expires in list(held.values()) if expires > at]
+                if live:
+                    found.setdefault(scope, []).append(Hold("leases", _as_datetime(max(live)), len(live)))
+        return found
 
     # -- for the failure layer's local copy -------------------------------------------
     def _replace(self, scope: str, until: datetime | None) -> None:

@@ -14,12 +14,12 @@ from __future__ import annotations
 import math
 import re
 import secrets
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConfigurationError, CooldownStoreError
-from .allowance import ALLOWANCE_KEPT, SAME_WINDOW
-from .base import Admission, check_scope, check_until
+from .allowance import ALLOWANCE_KEPT, SAME_WINDOW, Allowance, roll
+from .base import Admission, Granted, Hold, check_scope, check_until
 from .freshness import Freshness, check_outcome
 from .sqlite import from_epoch_ms, now_epoch_ms, to_epoch_ms
 
@@ -44,23 +44,51 @@ redis.call('PEXPIREAT', KEYS[1], ARGV[2])
 return new
 """
 
-#: KEYS[1] = the scope's permit set (a sorted set, score = epoch ms); ARGV = now, the
-#: window and the limit (ms, ms, count) and a unique member. Drops permits older than
-#: the window, grants one if fewer than the limit remain (returns -1), else returns
-#: when the limit-th newest leaves the window (epoch ms).
-_ACQUIRE_LUA = """
-local now = tonumber(ARGV[1])
-local per = tonumber(ARGV[2])
-local limit = tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - per)
-local count = redis.call('ZCARD', KEYS[1])
-if count < limit then
-  redis.call('ZADD', KEYS[1], now, ARGV[4])
-  redis.call('PEXPIRE', KEYS[1], per + 1000)
+#: One quota's permits on the scope's permit set KEYS[1] (a sorted set, score = when a
+#: permit stops counting: its grant + per + margin, epoch ms). ``take_permit`` drops
+#: the permits that stopped counting and grants one if fewer than the limit remain
+#: (-1), else returns when one will be free; the key lives as long as its last permit.
+_PERMIT_LUA = """
+local function take_permit(key, now, counts, limit, member, take)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  local count = redis.call('ZCARD', key)
+  if count >= limit then
+    local edge = redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')
+    return tonumber(edge[2])
+  end
+  if take then
+    redis.call('ZADD', key, now + counts, member)
+    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', key, tonumber(last[2]) + 1000)
+  end
   return -1
 end
-local edge = redis.call('ZREVRANGE', KEYS[1], limit - 1, limit - 1, 'WITHSCORES')
-return tonumber(edge[2]) + per
+"""
+
+#: KEYS[1] = the quota's permit set; ARGV = now (ms), how long a permit counts (ms),
+#: the limit and a unique member.
+_ACQUIRE_LUA = (
+    _PERMIT_LUA
+    + """
+return take_permit(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], true)
+"""
+)
+
+#: KEYS[1] = a quota's permit set; ARGV = the answer's time (ms), the quota's per (ms),
+#: the permit's stored expiry (ms) and a member for it should it be gone: that permit
+#: (any one with that expiry; put back if it expired meanwhile) counts until at least
+#: the answer + per; the key lives as long as its last permit.
+_SETTLE_LUA = """
+local new = tonumber(ARGV[1]) + tonumber(ARGV[2])
+local old = tonumber(ARGV[3])
+if new <= old then return 0 end
+local found = redis.call('ZRANGEBYSCORE', KEYS[1], old, old, 'LIMIT', 0, 1)
+local member = ARGV[4]
+if #found > 0 then member = found[1] end
+redis.call('ZADD', KEYS[1], new, member)
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1000)
+return 1
 """
 
 #: The allowance rules of ``allowance.py`` in Lua, shared by the two scripts below. The
@@ -98,21 +126,23 @@ end
 """
 
 #: Admission for one attempt, atomically, all or nothing (``MemoryCooldownStore.admit``).
-#: KEYS = the cooldown key, the permit set, the allowance hash, the lease set, all in
-#: one cluster slot; ARGV = now (ms), the window (ms, 0: no quota), the limit, a unique
-#: member, "1" to read the cooldown from KEYS[1] ("0": the caller read it), how long
-#: (ms) an allowance outlives its reset, and the slots (0: no cap), the lease's ttl
-#: (ms) and its token. Returns {cooldown or -1, -1 when admitted or when to ask again,
-#: the admission number or -1, 1 when only a slot was missing}.
+#: KEYS = the cooldown key, the quota's permit set, the allowance hash, the lease set,
+#: all in one cluster slot; ARGV = now (ms; the client's clock: cooldowns are stamped so),
+#: how long a permit counts (ms, 0: no quota), the limit, a unique member, "1" to read
+#: the cooldown from KEYS[1] ("0": the caller read it), how long (ms) an allowance
+#: outlives its reset, and the slots (0: no cap), the lease's ttl (ms) and its token.
+#: Returns {cooldown or -1, -1 when admitted or when to ask again, the admission number
+#: or -1, 1 when only a slot was missing, when the permit taken stops counting or -1}.
 _ADMIT_LUA = (
-    _ALLOWANCE_LUA
+    _PERMIT_LUA
+    + _ALLOWANCE_LUA
     + """
 local now = tonumber(ARGV[1])
 local cooldown = -1
 if ARGV[5] == '1' then
   local stored = tonumber(redis.call('GET', KEYS[1]))
   if stored ~= nil then
-    if stored > now then return {stored, stored, -1, 0} end
+    if stored > now then return {stored, stored, -1, 0, -1} end
     cooldown = stored
   end
 end
@@ -121,36 +151,34 @@ if rec ~= nil then
   local rolled = roll(rec, now)
   if rec.u > now and rec.r - (rec.n - rec.a) <= 0 then
     if rolled then save(KEYS[3], rec, tonumber(ARGV[6])) end
-    return {cooldown, rec.u, -1, 0}
+    return {cooldown, rec.u, -1, 0, -1}
   end
 end
-local per = tonumber(ARGV[2])
-if per > 0 then
-  local limit = tonumber(ARGV[3])
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - per)
-  if redis.call('ZCARD', KEYS[2]) >= limit then
-    local edge = redis.call('ZREVRANGE', KEYS[2], limit - 1, limit - 1, 'WITHSCORES')
-    return {cooldown, tonumber(edge[2]) + per, -1, 0}
-  end
+local counts = tonumber(ARGV[2])
+local limit = tonumber(ARGV[3])
+if counts > 0 then
+  local refused = take_permit(KEYS[2], now, counts, limit, ARGV[4], false)
+  if refused >= 0 then return {cooldown, refused, -1, 0, -1} end
 end
 local slots = tonumber(ARGV[7])
 if slots > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
   if redis.call('ZCARD', KEYS[4]) >= slots then
     local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-    return {cooldown, tonumber(first[2]), -1, 1}
+    return {cooldown, tonumber(first[2]), -1, 1, -1}
   end
   redis.call('ZADD', KEYS[4], now + tonumber(ARGV[8]), ARGV[9])
   redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[8]) + 1000)
 end
-if per > 0 then
-  redis.call('ZADD', KEYS[2], now, ARGV[4])
-  redis.call('PEXPIRE', KEYS[2], per + 1000)
+local permit = -1
+if counts > 0 then
+  take_permit(KEYS[2], now, counts, limit, ARGV[4], true)
+  permit = now + counts
 end
-if rec == nil then return {cooldown, -1, -1, 0} end
+if rec == nil then return {cooldown, -1, -1, 0, permit} end
 rec.n = rec.n + 1
 save(KEYS[3], rec, tonumber(ARGV[6]))
-return {cooldown, -1, rec.n - 1, 0}
+return {cooldown, -1, rec.n - 1, 0, permit}
 """
 )
 
@@ -246,6 +274,21 @@ _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 _GLOB_SPECIAL = re.compile(r"[*?\[\]\\]")
 
 
+def _glob(text: str) -> str:
+    """``text`` as a SCAN pattern that matches it literally."""
+    return _GLOB_SPECIAL.sub(r"\\\g<0>", text)
+
+
+def _present(now: datetime | None) -> datetime:
+    """``now`` checked, or this host's present."""
+    return datetime.now(timezone.utc) if now is None else check_until(now)
+
+
+def _counts_ms(per: float, margin: float) -> int:
+    """How long (ms) a permit of a quota of ``per`` seconds counts: ``per + margin``."""
+    return max(1, math.ceil(per * 1000)) + math.ceil(margin * 1000)
+
+
 def _restore(url: str, prefix: str, client_kwargs: dict[str, Any]) -> RedisCooldownStore:
     return RedisCooldownStore.from_url(url, prefix=prefix, **client_kwargs)
 
@@ -269,6 +312,10 @@ class RedisCooldownStore:
     raised as :class:`CooldownStoreError`, whose message never contains the server's
     URL credentials.
     """
+
+    #: ``admit`` stamps a permit with the time it grants it (``now`` None: the present
+    #: read inside the operation) and keeps each quota's log and each permit's margin.
+    stamps_grants = True
 
     def __init__(self, client: Any, *, prefix: str = "retry-after:", timeout: float | None = None) -> None:
         if not isinstance(prefix, str):
@@ -295,6 +342,7 @@ class RedisCooldownStore:
             self._admit_script = client.register_script(_ADMIT_LUA)
             self._allow_script = client.register_script(_ALLOW_LUA)
             self._note_script = client.register_script(_NOTE_LUA)
+            self._settle_script = client.register_script(_SETTLE_LUA)
         except Exception as exc:
             raise self._failure("register_script", exc) from exc
         self._url_args: tuple[str, dict[str, Any]] | None = None
@@ -423,59 +471,100 @@ class RedisCooldownStore:
         # The key's own hash tag: the key follows, so that prefixes never share a key.
         return "{" + tag + "}" + name + ":" + key
 
-    def acquire(self, scope: str, limit: int, per: float, now: datetime) -> datetime | None:
-        """Take a quota permit at ``now`` (see ``MemoryCooldownStore.acquire``): one
-        ``EVALSHA`` on the scope's "quota" key (:meth:`companion`)."""
-        key = self.companion(check_scope(scope), "quota")
-        now_ms = now_epoch_ms(check_until(now))
-        per_ms = max(1, math.ceil(per * 1000))
-        member = f"{now_ms}-{secrets.token_hex(6)}"
-        return self._admission("acquire", self._acquire_script, key, [now_ms, per_ms, limit, member])
+    def quota_key(self, scope: str, limit: int, per: float) -> str:
+        """The permit set of the quota ``limit`` per ``per`` seconds of ``scope`` (one
+        per quota, so two quotas on one scope each hold; see :meth:`companion`)."""
+        return self.companion(scope, f"quota:{int(limit)}/{max(1, math.ceil(per * 1000))}")
+
+    def acquire(
+        self, scope: str, limit: int, per: float, now: datetime | None = None, margin: float = 0.0
+    ) -> datetime | None:
+        """Take a quota permit (see ``MemoryCooldownStore.admit``): one ``EVALSHA`` on
+        the quota's permit set (:meth:`quota_key`); ``now`` None: this host's clock, read
+        right before the script."""
+        key = self.quota_key(check_scope(scope), limit, per)
+        now_arg = str(now_epoch_ms(_present(now)))
+        counts = _counts_ms(per, margin)
+        args = [now_arg, counts, limit, secrets.token_hex(8)]
+        return self._admission("acquire", self._acquire_script, key, args)
 
     def admit(
         self,
         scope: str,
-        now: datetime,
+        now: datetime | None,
         limit: int | None = None,
         per: float | None = None,
         lease: tuple[int, float, str] | None = None,
+        margin: float = 0.0,
     ) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
         the announced allowance, the quota permit and the concurrency slot in one
-        ``EVALSHA``, all or nothing, the keys in one cluster slot. (A scope whose key
-        has a ``}`` that Redis would not read as a hash tag has its cooldown read by a
-        ``GET`` before: two round trips.)"""
+        ``EVALSHA``, all or nothing, the keys in one cluster slot; ``now`` None: this
+        host's clock read right before the script (the clock every cooldown of the store
+        is stamped with; Redis's own would mix two clocks). A late answer moves the
+        permit later (:meth:`settle`). (A scope
+        whose key has a ``}`` that Redis would not read as a hash tag has its cooldown
+        read by a ``GET`` before: two round trips.)"""
         key = self.key(check_scope(scope))
-        when = check_until(now)
-        now_ms = now_epoch_ms(when)
-        per_ms = max(1, math.ceil(per * 1000)) if limit is not None and per is not None else 0
+        quota = limit is not None and per is not None
         _, together = _slot_string(key)
         stored = None if together else self.get(scope)
+        when = _present(now)
         if stored is not None and stored > when:
             return Admission(stored, stored)
         allowance = self.companion(scope, "allowance")
-        keys = [key if together else allowance, self.companion(scope, "quota"), allowance]
-        keys.append(self.companion(scope, "lease"))
-        member = f"{now_ms}-{secrets.token_hex(6)}"
+        keys = [
+            key if together else allowance,
+            self.quota_key(scope, limit, per) if quota else allowance,  # type: ignore[arg-type]
+            allowance,
+            self.companion(scope, "lease"),
+        ]
         slots, ttl_ms, token = (
             (lease[0], max(1, math.ceil(lease[1] * 1000)), lease[2]) if lease else (0, 0, "")
         )
-        args = [now_ms, per_ms, limit or 0, member, "1" if together else "0", int(ALLOWANCE_KEPT * 1000)]
-        args += [slots, ttl_ms, token]
+        args = [
+            now_epoch_ms(when),
+            _counts_ms(per, margin) if quota else 0,  # type: ignore[arg-type]
+            limit or 0,
+            secrets.token_hex(8) if quota else "",
+            "1" if together else "0",
+            int(ALLOWANCE_KEPT * 1000),
+            slots,
+            ttl_ms,
+            token,
+        ]
         try:
             reply = self._admit_script(keys=keys, args=[str(arg) for arg in args])
         except Exception as exc:
             raise self._failure("admit", exc) from exc
         try:
-            cooldown, wait, seq, busy = (int(value) for value in reply)
+            cooldown, wait, seq, busy, permit = (int(value) for value in reply)
         except (TypeError, ValueError):
             raise CooldownStoreError("the Redis admit script returned an unexpected reply") from None
+        known = (None if cooldown < 0 else from_epoch_ms(cooldown)) if together else stored
+        if permit >= 0 and wait < 0:
+            return Granted.of(from_epoch_ms(permit), known, None if seq < 0 else seq)
         return Admission(
-            (None if cooldown < 0 else from_epoch_ms(cooldown)) if together else stored,
-            None if wait < 0 else from_epoch_ms(wait),
-            None if seq < 0 else seq,
-            bool(busy),
+            known, None if wait < 0 else from_epoch_ms(wait), None if seq < 0 else seq, bool(busy)
         )
+
+    def settle(
+        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None
+    ) -> None:
+        """The attempt whose permit stops counting at ``expires`` was answered at ``now``
+        (None: this host's present): the permit counts at least until ``now + per`` (see
+        ``MemoryCooldownStore.settle``). One ``EVALSHA``."""
+        key = self.quota_key(check_scope(scope), limit, per)
+        args = [
+            str(now_epoch_ms(_present(now))),
+            str(max(1, math.ceil(per * 1000))),
+            str(to_epoch_ms(check_until(expires))),
+            secrets.token_hex(8),
+        ]
+        try:
+            self._settle_script(keys=[key], args=args)
+        except Exception as exc:
+            raise self._failure("settle", exc) from exc
 
     def allow(
         self,
@@ -574,12 +663,90 @@ class RedisCooldownStore:
             raise self._failure("release", exc) from exc
 
     def delete(self, scope: str) -> bool:
-        """Remove ``scope``'s cooldown (an operator lifting it); True if there was one."""
+        """Lift everything that holds ``scope`` back (an operator clearing it): its
+        cooldown, announced allowance, every quota's permits and its concurrency leases
+        (one ``DEL`` per key: they may live in two cluster slots); True if there was
+        any of them."""
         key = self.key(check_scope(scope))
+        tag, _ = _slot_string(key)
+        if tag == key:  # {key}quota:L/P
+            quotas = _glob(self.companion(scope, "quota:")) + "*"
+        else:  # {tag}quota:L/P:key
+            quotas = "{" + _glob(tag) + "}quota:*:" + _glob(key)
         try:
-            return bool(self._client.delete(key))
+            keys = [key, self.companion(scope, "allowance"), self.companion(scope, "lease")]
+            keys += [_text(found) for found in self._client.scan_iter(match=quotas, count=1000)]
+            return sum(int(self._client.delete(name)) for name in keys) > 0
         except Exception as exc:
             raise self._failure("delete", exc) from exc
+
+    def holds(self, now: datetime | None = None) -> dict[str, list[Hold]]:
+        """Every scope held back at ``now`` (default: the present) and by what (see
+        ``MemoryCooldownStore.holds``): SCANs this prefix's keys, so it does not block
+        the server (a key changed meanwhile may be missed or stale)."""
+        now = now if now is not None else datetime.now(timezone.utc)
+        now_ms = now_epoch_ms(now)
+        found: dict[str, list[Hold]] = {}
+        for scope, until in self.entries().items():
+            if until > now:
+                found.setdefault(scope, []).append(Hold("cooldown", until))
+        prefix = self._glob_prefix()
+        try:
+            for raw in (
+                key
+                for pattern in ("{" + prefix + "*}*", "{*}*:" + prefix + "*")
+                for key in self._client.scan_iter(match=pattern, count=1000)
+            ):
+                named = self._companion_of(_text(raw))
+                if named is None:
+                    continue
+                scope, name = named
+                hold = self._hold(_text(raw), name, now, now_ms)
+                if hold is not None:
+                    found.setdefault(scope, []).append(hold)
+        except Exception as exc:
+            raise self._failure("holds", exc) from exc
+        return found
+
+    def _companion_of(self, key: str) -> tuple[str, str] | None:
+        """``(scope, name)`` of a companion key of this store (see :meth:`companion`), or
+        None for any other key."""
+        end = key.find("}")
+        if not key.startswith("{") or end < 0:
+            return None
+        tag, rest = key[1:end], key[end + 1 :]
+        marker = ":" + self._prefix
+        if tag.startswith(self._prefix) and marker not in rest:
+            scope, name = tag[len(self._prefix) :], rest
+        elif marker in rest:
+            name, _, full = rest.partition(marker)
+            scope = full
+        else:
+            return None
+        if not scope or self.companion(scope, name) != key:
+            return None  # a record of another prefix that matched the pattern
+        return scope, name
+
+    def _hold(self, key: str, name: str, now: datetime, now_ms: int) -> Hold | None:
+        """What the companion record ``key`` (its ``name``) holds its scope back with."""
+        client = self._client
+        if name == "allowance":
+            fields = client.hmget(key, ["r", "a", "u", "n", "l", "w", "x"])
+            if fields[3] is None:
+                return None
+            left, at, until, count, lim, window = (int(float(_text(v or 0))) for v in fields[:6])
+            record = Allowance(left, at, from_epoch_ms(until), count, lim, window / 1000, fields[6] == b"1")
+            rolled = roll(record, now)
+            return Hold("allowance", rolled.until) if rolled.until > now and rolled.remaining <= 0 else None
+        if name == "lease":
+            live = client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
+            return Hold("leases", from_epoch_ms(int(live[-1][1])), len(live)) if live else None
+        if name.startswith("quota:"):
+            limit = int(name[len("quota:") :].split("/", 1)[0])
+            live = client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
+            if len(live) >= limit:
+                return Hold("quota", from_epoch_ms(int(live[len(live) - limit][1])), limit)
+        return None
 
     def entries(self) -> dict[str, datetime]:
         """Every scope under this store's prefix and its eligible time (SCAN, so it
@@ -601,7 +768,7 @@ class RedisCooldownStore:
 
     def _glob_prefix(self) -> str:
         """The key prefix as a SCAN pattern that matches it literally."""
-        return _GLOB_SPECIAL.sub(r"\\\g<0>", self._prefix)
+        return _glob(self._prefix)
 
     def close(self) -> None:
         """Close the client's connections (a client passed in is the caller's to close)."""

@@ -24,9 +24,10 @@ from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import TypeVar
 
+from .. import _forksafe
 from ..errors import ConfigurationError, CooldownStoreError
-from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance
-from .base import Admission, check_scope, check_until
+from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance, roll
+from .base import Admission, Granted, Hold, check_scope, check_until
 from .freshness import Freshness, check_outcome, merge_note
 
 _T = TypeVar("_T")
@@ -44,10 +45,13 @@ _SWEEP_ONE_IN = 256
 _HAS_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
 _SCHEMA = "CREATE TABLE IF NOT EXISTS cooldown (scope TEXT PRIMARY KEY, until_ms INTEGER NOT NULL)"
-#: Quota permits: one row per permit granted, kept for one window.
+#: Quota permits: one row per permit granted, per scope and quota (``"limit/per_ms"``),
+#: with the time it stops counting (its grant + per + margin), deleted after that.
+#: (Version 0.4's ``permit`` table, stamped before the transaction, is no longer used.)
 _PERMIT_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS permit (scope TEXT NOT NULL, at_ms INTEGER NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS permit_scope_at ON permit (scope, at_ms)",
+    "CREATE TABLE IF NOT EXISTS permit_log (scope TEXT NOT NULL, quota TEXT NOT NULL, "
+    "expires_ms INTEGER NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS permit_log_scope ON permit_log (scope, quota, expires_ms)",
     "CREATE TABLE IF NOT EXISTS lease (scope TEXT NOT NULL, token TEXT NOT NULL, "
     "expires_ms INTEGER NOT NULL, PRIMARY KEY (scope, token))",
     # What servers announced (``allowance.Allowance``, one column per field).
@@ -75,6 +79,19 @@ _FRESH = (
 )
 #: The cooldown, and whether an announced allowance runs (without a write transaction).
 _PEEK = "SELECT (SELECT until_ms FROM cooldown WHERE scope = ?), (SELECT n FROM allowance WHERE scope = ?)"
+
+
+def _quota(limit: int, per: float | None, margin: float) -> tuple[str, int]:
+    """A quota's log name (``"limit/per_ms"``) and how long (ms) a permit counts."""
+    if per is None:
+        raise ConfigurationError("a quota needs a window (per)")
+    per_ms = max(1, math.ceil(per * 1000))
+    return f"{int(limit)}/{per_ms}", per_ms + math.ceil(margin * 1000)
+
+
+def _present_ms() -> int:
+    """The real present as UTC epoch milliseconds, rounded down."""
+    return now_epoch_ms(datetime.now(timezone.utc))
 
 
 def to_epoch_ms(until: datetime) -> int:
@@ -215,19 +232,6 @@ def _transient(exc: sqlite3.Error) -> bool:
     return code is None or (code & 0xFF) in _TRANSIENT_CODES
 
 
-#: Every live store, so a forked child gets fresh locks (a parent thread may have held one).
-_STORES: weakref.WeakSet[SQLiteCooldownStore] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for store in list(_STORES):
-        store._forked()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 def _restore(path: str, timeout: float) -> SQLiteCooldownStore:
     return SQLiteCooldownStore(path, timeout=timeout)
 
@@ -256,6 +260,10 @@ class SQLiteCooldownStore:
     scopes. The file must be on a local disk (SQLite locking over network file systems
     is unreliable); for several machines use :class:`RedisCooldownStore`.
     """
+
+    #: ``admit`` stamps a permit with the time it grants it (``now`` None: the present
+    #: read inside the operation) and keeps each quota's log and each permit's margin.
+    stamps_grants = True
 
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = DEFAULT_TIMEOUT) -> None:
         try:
@@ -297,7 +305,7 @@ class SQLiteCooldownStore:
         self._version: tuple[int, int] | None = None
         self._bad = False
         self.replaced_reason = ""
-        _STORES.add(self)
+        _forksafe.register(self)
         self._run(lambda conn: None)  # open now: a bad file fails here, not on the first 429
 
     # -- public API ---------------------------------------------------------------
@@ -331,39 +339,48 @@ class SQLiteCooldownStore:
             self._sweep_quietly()
         return from_epoch_ms(effective)
 
-    def acquire(self, scope: str, limit: int, per: float, now: datetime) -> datetime | None:
-        """Take a quota permit at ``now`` (see ``MemoryCooldownStore.acquire``): one
-        immediate transaction, so every process on the host agrees."""
+    def acquire(
+        self, scope: str, limit: int, per: float, now: datetime | None = None, margin: float = 0.0
+    ) -> datetime | None:
+        """Take a quota permit (see ``MemoryCooldownStore.admit``): one immediate
+        transaction, so every process on the host agrees; the permit's time is read
+        inside it (``now`` None: the real present)."""
         check_scope(scope)
-        now_ms = now_epoch_ms(check_until(now))
-        per_ms = max(1, math.ceil(per * 1000))
-        eligible = self._run(lambda conn: self._take(conn, scope, limit, per_ms, now_ms))
+        quota, count_ms = _quota(limit, per, margin)
+        fixed = None if now is None else now_epoch_ms(check_until(now))
+
+        def take(conn: sqlite3.Connection) -> int | None:
+            with _immediate(conn):
+                now_ms = fixed if fixed is not None else _present_ms()
+                refused = self._permit_refused(conn, scope, quota, limit, now_ms)
+                if refused is None:
+                    self._take_permit(conn, scope, quota, now_ms + count_ms)
+                return refused
+
+        eligible = self._run(take)
         return None if eligible is None else from_epoch_ms(eligible)
 
     @staticmethod
-    def _take(conn: sqlite3.Connection, scope: str, limit: int, per_ms: int, now_ms: int) -> int | None:
-        with _immediate(conn):
-            return SQLiteCooldownStore._permit(conn, scope, limit, per_ms, now_ms)
-
-    @staticmethod
-    def _permit(conn: sqlite3.Connection, scope: str, limit: int, per_ms: int, now_ms: int) -> int | None:
-        """Inside a write transaction: take a permit (None), or when one may be (ms)."""
-        refused = SQLiteCooldownStore._permit_refused(conn, scope, limit, per_ms, now_ms)
-        if refused is None:
-            conn.execute("INSERT INTO permit (scope, at_ms) VALUES (?, ?)", (scope, now_ms))
-        return refused
-
-    @staticmethod
     def _permit_refused(
-        conn: sqlite3.Connection, scope: str, limit: int, per_ms: int, now_ms: int
+        conn: sqlite3.Connection, scope: str, quota: str, limit: int, now_ms: int
     ) -> int | None:
-        """Inside a write transaction: None when a permit is free, else when one will be."""
-        conn.execute("DELETE FROM permit WHERE scope = ? AND at_ms <= ?", (scope, now_ms - per_ms))
+        """Inside a write transaction: None when a permit of ``quota`` is free, else
+        when one will be (ms). Permits that stopped counting are deleted."""
+        conn.execute(
+            "DELETE FROM permit_log WHERE scope = ? AND quota = ? AND expires_ms <= ?", (scope, quota, now_ms)
+        )
         rows = conn.execute(
-            "SELECT at_ms FROM permit WHERE scope = ? ORDER BY at_ms DESC LIMIT 1 OFFSET ?",
-            (scope, limit - 1),
+            "SELECT expires_ms FROM permit_log WHERE scope = ? AND quota = ? "
+            "ORDER BY expires_ms DESC LIMIT 1 OFFSET ?",
+            (scope, quota, limit - 1),
         ).fetchall()
-        return int(rows[0][0]) + per_ms if rows else None
+        return int(rows[0][0]) if rows else None
+
+    @staticmethod
+    def _take_permit(conn: sqlite3.Connection, scope: str, quota: str, expires_ms: int) -> None:
+        conn.execute(
+            "INSERT INTO permit_log (scope, quota, expires_ms) VALUES (?, ?, ?)", (scope, quota, expires_ms)
+        )
 
     @staticmethod
     def _slot_refused(conn: sqlite3.Connection, scope: str, limit: int, now_ms: int) -> int | None:
@@ -432,21 +449,25 @@ class SQLiteCooldownStore:
     def admit(
         self,
         scope: str,
-        now: datetime,
+        now: datetime | None,
         limit: int | None = None,
         per: float | None = None,
         lease: tuple[int, float, str] | None = None,
+        margin: float = 0.0,
     ) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
         the announced allowance, the quota permit and the concurrency slot in one
-        transaction, all or nothing (a plain read while the scope has none of them)."""
+        transaction, all or nothing (a plain read while the scope has none of them).
+        ``now`` None: the real present, read once the transaction holds the lock, so a
+        permit's time is when it is granted."""
         check_scope(scope)
-        now = check_until(now)
-        now_ms = now_epoch_ms(now)
-        per_ms = max(1, math.ceil(per * 1000)) if limit is not None and per is not None else None
+        fixed = None if now is None else check_until(now)
+        quota, count_ms = _quota(limit, per, margin) if limit is not None else (None, 0)
 
         def admit(conn: sqlite3.Connection) -> tuple[int | None, int | None, int | None, bool]:
-            if per_ms is None and lease is None:
+            now = fixed if fixed is not None else datetime.now(timezone.utc)
+            now_ms = now_epoch_ms(now)
+            if quota is None and lease is None:
                 # Nothing to take: a plain read, unless the scope's admissions are counted.
                 rows = conn.execute(_PEEK, (scope, scope)).fetchall()
                 cooldown = None if rows[0][0] is None else int(rows[0][0])
@@ -455,6 +476,9 @@ class SQLiteCooldownStore:
                 if rows[0][1] is None:
                     return cooldown, None, None, False
             with _immediate(conn):
+                if fixed is None:
+                    now = datetime.now(timezone.utc)  # the lock is ours: this is the grant's time
+                    now_ms = now_epoch_ms(now)
                 rows = conn.execute(_SELECT, (scope,)).fetchall()
                 cooldown = int(rows[0][0]) if rows else None
                 if cooldown is not None and cooldown > now_ms:
@@ -467,8 +491,8 @@ class SQLiteCooldownStore:
                         if rolled != record:
                             self._put_allowance(conn, scope, rolled)
                         return cooldown, to_epoch_ms(wait), None, False
-                if limit is not None and per_ms is not None:
-                    refused = self._permit_refused(conn, scope, limit, per_ms, now_ms)
+                if quota is not None and limit is not None:
+                    refused = self._permit_refused(conn, scope, quota, limit, now_ms)
                     if refused is not None:
                         return cooldown, refused, None, False
                 if lease is not None:
@@ -477,20 +501,47 @@ class SQLiteCooldownStore:
                         return cooldown, busy, None, True
                     expires = now_ms + max(1, math.ceil(lease[1] * 1000))
                     conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, lease[2], expires))
-                if limit is not None:
-                    conn.execute("INSERT INTO permit (scope, at_ms) VALUES (?, ?)", (scope, now_ms))
+                if quota is not None:
+                    permits.append(now_ms + count_ms)
+                    self._take_permit(conn, scope, quota, permits[-1])
                 if rolled is None:
                     return cooldown, None, None, False
                 self._put_allowance(conn, scope, rolled)
             return cooldown, None, rolled.admitted - 1, False
 
+        permits: list[int] = []
         cooldown, wait, seq, busy = self._run(admit)
-        return Admission(
-            None if cooldown is None else from_epoch_ms(cooldown),
-            None if wait is None else from_epoch_ms(wait),
-            seq,
-            busy,
-        )
+        stored = None if cooldown is None else from_epoch_ms(cooldown)
+        if permits and wait is None:
+            return Granted.of(from_epoch_ms(permits[-1]), stored, seq)
+        return Admission(stored, None if wait is None else from_epoch_ms(wait), seq, busy)
+
+    def settle(
+        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None
+    ) -> None:
+        """The attempt whose permit stops counting at ``expires`` was answered at ``now``
+        (None: the present, read inside the transaction): the permit counts at least
+        until ``now + per`` (see ``MemoryCooldownStore.settle``; put back if it expired
+        meanwhile)."""
+        check_scope(scope)
+        quota, per_ms = _quota(limit, per, 0.0)
+        old = to_epoch_ms(check_until(expires))
+        fixed = None if now is None else now_epoch_ms(check_until(now))
+
+        def settle(conn: sqlite3.Connection) -> None:
+            new = (fixed if fixed is not None else _present_ms()) + per_ms
+            if new <= old:
+                return
+            with _immediate(conn):
+                moved = conn.execute(
+                    "UPDATE permit_log SET expires_ms = ? WHERE rowid = (SELECT rowid FROM permit_log "
+                    "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
+                    (new, scope, quota, old),
+                ).rowcount
+                if not moved:  # expired (and deleted) meanwhile: put back
+                    self._take_permit(conn, scope, quota, new)
+
+        self._run(settle)
 
     def note(self, scope: str, outcome: str, at: datetime) -> None:
         """Note a success or an error class (see ``MemoryCooldownStore.note``): one
@@ -559,9 +610,55 @@ class SQLiteCooldownStore:
         )
 
     def delete(self, scope: str) -> bool:
-        """Remove ``scope``'s cooldown (an operator lifting it); True if there was one."""
+        """Lift everything that holds ``scope`` back (an operator clearing it): its
+        cooldown, announced allowance, quota permits and concurrency leases, in one
+        transaction; True if there was any of them."""
         check_scope(scope)
-        return bool(self._run(lambda conn: conn.execute(_DELETE, (scope,)).rowcount))
+
+        def delete(conn: sqlite3.Connection) -> int:
+            with _immediate(conn):
+                return sum(
+                    conn.execute(f"DELETE FROM {table} WHERE scope = ?", (scope,)).rowcount  # noqa: S608
+                    for table in ("cooldown", "allowance", "permit_log", "lease")
+                )
+
+        return bool(self._run(delete))
+
+    def holds(self, now: datetime | None = None) -> dict[str, list[Hold]]:
+        """Every scope held back at ``now`` (default: the present) and by what (see
+        ``MemoryCooldownStore.holds``)."""
+        now = now if now is not None else datetime.now(timezone.utc)
+        now_ms = now_epoch_ms(now)
+
+        def read(conn: sqlite3.Connection) -> dict[str, list[Hold]]:
+            found: dict[str, list[Hold]] = {}
+            cooldowns = conn.execute("SELECT scope, until_ms FROM cooldown WHERE until_ms > ?", (now_ms,))
+            for scope, until in cooldowns.fetchall():
+                found.setdefault(str(scope), []).append(Hold("cooldown", from_epoch_ms(int(until))))
+            for (scope,) in conn.execute("SELECT scope FROM allowance").fetchall():
+                record = self._allowance_row(conn, str(scope))
+                rolled = roll(record, now) if record is not None else None
+                if rolled is not None and rolled.until > now and rolled.remaining <= 0:
+                    found.setdefault(str(scope), []).append(Hold("allowance", rolled.until))
+            logs: dict[tuple[str, str], list[int]] = {}
+            for scope, quota, expires in conn.execute(
+                "SELECT scope, quota, expires_ms FROM permit_log WHERE expires_ms > ? ORDER BY expires_ms",
+                (now_ms,),
+            ).fetchall():
+                logs.setdefault((str(scope), str(quota)), []).append(int(expires))
+            for (scope, quota), live in logs.items():
+                limit = int(quota.split("/", 1)[0])
+                if len(live) >= limit:
+                    until = from_epoch_ms(live[len(live) - limit])
+                    found.setdefault(scope, []).append(Hold("quota", until, limit))
+            for scope, count, last in conn.execute(
+                "SELECT scope, count(*), max(expires_ms) FROM lease WHERE expires_ms > ? GROUP BY scope",
+                (now_ms,),
+            ).fetchall():
+                found.setdefault(str(scope), []).append(Hold("leases", from_epoch_ms(int(last)), int(count)))
+            return found
+
+        return self._run(read)
 
     def entries(self) -> dict[str, datetime]:
         """Every stored scope and its eligible time (long-expired rows are swept now and
@@ -643,7 +740,7 @@ class SQLiteCooldownStore:
             self._local.slot = None
         pid = os.getpid()
         if self._pid != pid:  # forked without the at-fork hook (not expected on POSIX)
-            self._forked()
+            self._after_fork()
         # Drop a slot inherited through fork: its finalizer sees the other pid and keeps
         # the parent's connection open.
         self._local.slot = None
@@ -716,7 +813,7 @@ class SQLiteCooldownStore:
         with self._lock:
             self._conns.discard(conn)
 
-    def _forked(self) -> None:
+    def _after_fork(self) -> None:
         """In a forked child: the parent's connections stay open and untouched; the
         child opens its own on first use."""
         self._lock = threading.Lock()  # a parent thread may have held it during fork

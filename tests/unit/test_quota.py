@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from retry_after_adapter.quota import QuotaHint, read_quota
+from retry_after_adapter.quota import MAX_COUNT, MAX_SECONDS, QuotaHint, bound_hint, read_quota
 
 from .quota_corpus import CORPUS, RECEIVED_AT
 
@@ -38,3 +38,26 @@ def test_policy_and_limit_are_read() -> None:
     assert hint == QuotaHint(10, 60.0, 100, 60.0, "ratelimit")
     x = read_quota(getter({"X-RateLimit-Remaining": "3", "X-RateLimit-Limit": "60"}), received_at=RECEIVED_AT)
     assert x == QuotaHint(3, None, 60, None, "x-ratelimit")
+
+
+@pytest.mark.parametrize(
+    ("hint", "bound", "expected"),
+    [
+        # Within the bound: unchanged (the same object).
+        (QuotaHint(1, 30.0, 100, 60.0), 86400.0, QuotaHint(1, 30.0, 100, 60.0)),
+        # A window or a reset past the bound is unknown, as if not sent.
+        (QuotaHint(1, 1.0, 2, 3_153_600_000.0), 86400.0, QuotaHint(1, 1.0, 2, None)),
+        (QuotaHint(0, 999_999_999_999_999.0, None, None), 86400.0, QuotaHint(0, None, None, None)),
+        # No bound (max_retry_after=None) still stops at MAX_SECONDS: a datetime can add it.
+        (QuotaHint(0, 1e15, 5, 1e15), None, QuotaHint(0, None, 5, None)),
+        (QuotaHint(0, MAX_SECONDS, 5, MAX_SECONDS), None, QuotaHint(0, MAX_SECONDS, 5, MAX_SECONDS)),
+        # Counts a store could not hold are read as MAX_COUNT: fewer allowed, never more.
+        (QuotaHint(10**40, 5.0, 10**40, 60.0), 86400.0, QuotaHint(MAX_COUNT, 5.0, MAX_COUNT, 60.0)),
+    ],
+)
+def test_every_value_a_header_gives_passes_one_bound(hint: QuotaHint, bound, expected: QuotaHint) -> None:
+    bounded = bound_hint(hint, bound)
+    assert bounded == expected
+    if hint == expected:
+        assert bounded is hint
+    assert bound_hint(None, bound) is None
