@@ -35,7 +35,7 @@ from .quota import Quota
 from .retry import RetryAfterRetry
 from .scope import public_scope
 
-__version__ = "0.4.1"
+__version__ = "0.5.0"
 
 __all__ = [
     "Clock",
