@@ -501,7 +501,8 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         if self.raise_on_defer or outcome.redirect or (outcome.exhausted and call.policy.raise_on_status):
             # Its body stays readable (up to the bound), its connection pooled.
             _RequestsTransport.keep(response, call.policy.max_retry_body)
-            raise RetryDeferred(deferral, response=response, request=request)
+            reason = outcome.limit.reason if outcome.limit is not None else None
+            raise RetryDeferred(deferral, response=response, request=request, reason=reason)
         return response
 
     def _local(self, request: requests.PreparedRequest, deferral: Deferral) -> RetryAfterResponse:

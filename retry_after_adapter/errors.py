@@ -59,15 +59,22 @@ class RetryDeferred(RetryError, RetryAfterError):
     ``deferral`` says when a new attempt becomes eligible; ``response`` is the last
     :class:`requests.Response` (or urllib3 response when used without requests), or
     ``None`` when nothing was received (deferred before sending, or after a
-    transport error).
+    transport error). ``reason``: why urllib3 would have stopped (the reason of its
+    ``MaxRetryError`` when retries ran out), put first in the message.
     """
 
-    def __init__(self, deferral: Deferral, response: Any = None, request: Any = None) -> None:
+    def __init__(
+        self, deferral: Deferral, response: Any = None, request: Any = None, reason: object = None
+    ) -> None:
         self.deferral = deferral
         message = (
             f"deferred ({deferral.reason}): retry eligible at "
             f"{deferral.eligible_at.isoformat()} (in {deferral.delay:.3f} s)"
         )
+        if reason is not None:
+            # urllib3's own words first ("too many 503 error responses"), as a stock
+            # RetryError says them: code that matches on them keeps working.
+            message = f"{reason}; {message}"
         super().__init__(message, response=response, request=request)
 
     def __reduce__(self) -> tuple[Any, ...]:

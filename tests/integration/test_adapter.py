@@ -273,3 +273,15 @@ def test_fake_clock_is_injectable_in_users_tests():
     before = clock.monotonic()
     assert clock.sleep(3.5)
     assert clock.monotonic() - before == 3.5
+
+
+def test_out_of_retries_on_a_real_server_says_urllib3s_reason_then_the_deferral(server, clock):
+    from retry_after_adapter import RetryDeferred
+
+    server.serve([Reply(503, {"Retry-After": "1"})] * 3)
+    session = make_session(clock, total=2)
+    with pytest.raises(RetryDeferred) as caught:
+        session.get(server.url + "/items?token=secret")
+    message = str(caught.value)
+    assert message.startswith("too many 503 error responses; deferred (attempts): retry eligible at")
+    assert "secret" not in message and len(server.seen) == 3

@@ -103,3 +103,18 @@ def test_an_unmatched_url_under_responses_is_not_retried():
         session(FakeClock()).get(URL + "/unmatched")
     assert "Connection refused by Responses" in str(raised.value)
     assert len(responses.calls) == 1
+
+
+@responses.activate
+def test_out_of_retries_keeps_urllib3s_words_in_the_message():
+    # responses' own test_max_retries_exceed_msg, with this package's policy mounted:
+    # code that matches on urllib3's reason keeps working, the deferral follows it.
+    responses.add(responses.GET, URL, status=500)
+    s = session(FakeClock(), status_forcelist=[500])
+    with pytest.raises(requests.exceptions.RetryError) as caught:
+        s.get(URL)
+    assert isinstance(caught.value, RetryDeferred)
+    message = str(caught.value)
+    assert "too many 500 error responses" in message
+    assert message.index("too many 500") < message.index("deferred (attempts)")
+    assert "?" not in message  # no query string, whatever urllib3 put in its own message
