@@ -531,6 +531,7 @@ def admit(call: Call) -> Deferral | None:
                 if wait is None:
                     return None  # nothing to wait for, a permit taken: one store operation
     rounds = 0
+    left, why = 0.0, Reason.COOLDOWN
     while rounds < _MAX_ADMIT_ROUNDS:
         rounds += 1
         cancel = call.cancel
@@ -586,8 +587,16 @@ def admit(call: Call) -> Deferral | None:
             _unqueue(call)
         if not slept:
             return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=until)
-    until = call.read_cooldown()
-    return call.defer(Decision(DEFER, call.seconds_until(until), Reason.COOLDOWN), until=until)
+    # Still not admitted after every round (others keep taking what frees up): defer
+    # for what held it back last, no earlier than one more such wait from now.
+    try:
+        until = call.read_cooldown()
+    except CooldownUnavailable:
+        return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
+    soonest = call.clock.now() + timedelta(seconds=max(left, MIN_ATTEMPT_TIMEOUT))
+    if until is None or until < soonest:
+        until = soonest
+    return call.defer(Decision(DEFER, call.seconds_until(until), why), until=until)
 
 
 #: Seconds between looks for a free concurrency slot while waiting for one.

@@ -357,3 +357,27 @@ def test_a_follow_up_sent_through_response_connection_runs_the_policy(server, cl
     assert first.connection is adapter
     again = first.connection.send(first.request.copy())
     assert again.text == "in" and clock.sleeps == [2.0]
+
+
+class AlwaysBusyStore(MemoryCooldownStore):
+    """Every admission answers "ask again in 20 ms", as a contended shared store does."""
+
+    def admit(self, scope, now, limit=None, per=None, lease=None):
+        from retry_after_adapter.cooldown.base import Admission
+
+        return Admission(None, now + timedelta(milliseconds=20))
+
+
+def test_admission_that_never_comes_defers_with_its_reason_and_a_future_time(server, clock):
+    from retry_after_adapter import Quota, RetryAfterAdapter
+
+    server.serve([Reply(200)])
+    session = requests.Session()
+    retry = RetryAfterRetry(total=2, clock=clock, max_wait=5, raise_on_status=False)
+    session.mount("http://", RetryAfterAdapter(retry, cooldown=AlwaysBusyStore(), quota=Quota(5, per=1)))
+    response = session.get(server.url + "/x")
+    deferral = deferral_of(response)
+    assert deferral is not None and response.status_code == 429 and not server.seen
+    assert deferral.reason == "quota"  # what held it back, not "cooldown"
+    assert deferral.delay > 0 and deferral.eligible_at > clock.now()
+    assert len(clock.sleeps) >= 8  # it waited within its budget before deferring
