@@ -6,34 +6,75 @@ that spends the same quota. See the README for usage.
 
 from __future__ import annotations
 
-from .adapter import RetryAfterAdapter, RetryAfterResponse
-from .clock import Clock, FakeClock, SystemClock
-from .cooldown import (
-    CooldownStore,
-    MemoryCooldownStore,
-    RedisCooldownStore,
-    SQLiteCooldownStore,
-    store_from_url,
-)
-from .deferral import Deferral, deferral_of
-from .engine import budget
-from .errors import (
-    ConfigurationError,
-    CooldownStoreError,
-    DeferralLimitExceeded,
-    InvalidDeferral,
-    InvalidRetryAfter,
-    MaxRetryDeferred,
-    RetryAfterError,
-    RetryDeferred,
-)
-from .header import RetryAfter, parse_retry_after
-from .observe import Counters, DecisionRecord, redact_urllib3_logs
-from .policy import Reason
-from .pool import RetryAfterPoolManager
-from .quota import Quota
-from .retry import RetryAfterRetry
-from .scope import public_scope
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .adapter import RetryAfterAdapter, RetryAfterResponse
+    from .clock import Clock, FakeClock, SystemClock
+    from .cooldown import (
+        CooldownStore,
+        MemoryCooldownStore,
+        RedisCooldownStore,
+        SQLiteCooldownStore,
+        store_from_url,
+    )
+    from .deferral import Deferral, deferral_of
+    from .engine import budget
+    from .errors import (
+        ConfigurationError,
+        CooldownStoreError,
+        DeferralLimitExceeded,
+        InvalidDeferral,
+        InvalidRetryAfter,
+        MaxRetryDeferred,
+        RetryAfterError,
+        RetryDeferred,
+    )
+    from .header import RetryAfter, parse_retry_after
+    from .observe import Counters, DecisionRecord, redact_urllib3_logs
+    from .policy import Reason
+    from .pool import RetryAfterPoolManager
+    from .quota import Quota
+    from .retry import RetryAfterRetry
+    from .scope import public_scope
+
+#: Where each public name lives: imported on first use, so that importing the package
+#: (the pytest plugin does, in every test run of a project that has it installed) costs
+#: nothing until a name is used.
+_WHERE: dict[str, str] = {
+    "Clock": ".clock",
+    "ConfigurationError": ".errors",
+    "CooldownStore": ".cooldown",
+    "CooldownStoreError": ".errors",
+    "Counters": ".observe",
+    "DecisionRecord": ".observe",
+    "Deferral": ".deferral",
+    "DeferralLimitExceeded": ".errors",
+    "FakeClock": ".clock",
+    "InvalidDeferral": ".errors",
+    "InvalidRetryAfter": ".errors",
+    "MaxRetryDeferred": ".errors",
+    "MemoryCooldownStore": ".cooldown",
+    "Quota": ".quota",
+    "Reason": ".policy",
+    "RedisCooldownStore": ".cooldown",
+    "RetryAfter": ".header",
+    "RetryAfterAdapter": ".adapter",
+    "RetryAfterError": ".errors",
+    "RetryAfterPoolManager": ".pool",
+    "RetryAfterResponse": ".adapter",
+    "RetryAfterRetry": ".retry",
+    "RetryDeferred": ".errors",
+    "SQLiteCooldownStore": ".cooldown",
+    "SystemClock": ".clock",
+    "budget": ".engine",
+    "deferral_of": ".deferral",
+    "parse_retry_after": ".header",
+    "public_scope": ".scope",
+    "redact_urllib3_logs": ".observe",
+    "store_from_url": ".cooldown",
+}
 
 __version__ = "0.5.0"
 
@@ -70,3 +111,16 @@ __all__ = [
     "redact_urllib3_logs",
     "store_from_url",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # the next look-up is a plain global
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

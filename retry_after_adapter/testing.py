@@ -16,22 +16,30 @@ Turn the plugin off with ``-p no:retry_after_adapter``. Outside pytest, call
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .clock import FakeClock
-from .cooldown.memory import DEFAULT_STORE
-from .retry import RetryAfterRetry
+if TYPE_CHECKING:
+    from .clock import FakeClock
+    from .retry import RetryAfterRetry
 
 __all__ = ["fake_clock", "fake_retry", "reset_default_store"]
+
+#: The module of the default store: the plugin imports nothing of the package at
+#: start-up (a test run that never uses it pays for nothing), and a store that was
+#: never imported holds nothing to forget.
+_MEMORY = "retry_after_adapter.cooldown.memory"
 
 
 def reset_default_store() -> None:
     """Forget every cooldown in the process-wide default store (what adapters and
     pool managers use when given no ``cooldown=``, and what ``memory://`` names)."""
-    DEFAULT_STORE.clear()
+    memory = sys.modules.get(_MEMORY)
+    if memory is not None:
+        memory.DEFAULT_STORE.clear()
 
 
 @pytest.fixture(autouse=True)
@@ -44,12 +52,16 @@ def _retry_after_adapter_isolated_store() -> Iterator[None]:
 @pytest.fixture
 def fake_clock() -> FakeClock:
     """A :class:`FakeClock`: it moves only when told to or when something waits on it."""
+    from .clock import FakeClock
+
     return FakeClock()
 
 
 @pytest.fixture
 def fake_retry(fake_clock: FakeClock) -> Callable[..., RetryAfterRetry]:
     """``fake_retry(**kwargs)``: a ``RetryAfterRetry(clock=fake_clock, **kwargs)``."""
+
+    from .retry import RetryAfterRetry
 
     def make(**kwargs: Any) -> RetryAfterRetry:
         kwargs.setdefault("clock", fake_clock)

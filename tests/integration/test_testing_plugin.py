@@ -60,3 +60,22 @@ def test_without_the_plugin_the_cooldown_leaks_into_the_next_test(pytester: pyte
     pytester.makepyfile(test_users=USERS_TESTS.split("@responses.activate\ndef test_waits_run")[0])
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:retry_after_adapter")
     result.assert_outcomes(passed=1, failed=1)
+
+
+def test_the_plugin_imports_nothing_of_the_package_at_start_up():
+    # pytest loads the plugin in every test run of a project that has the package
+    # installed: that must not import requests, urllib3 or the engine (it did: 0.3 s).
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, retry_after_adapter.testing\n"
+        "heavy = [m for m in ('requests', 'urllib3', 'http_sf', 'retry_after_adapter.engine',\n"
+        "         'retry_after_adapter.cooldown.memory') if m in sys.modules]\n"
+        "print(heavy)\n"
+        "from retry_after_adapter import RetryAfterAdapter, FakeClock  # still there on use\n"
+        "print(RetryAfterAdapter.__name__, FakeClock.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "RetryAfterAdapter FakeClock"]
