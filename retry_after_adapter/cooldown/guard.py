@@ -71,9 +71,12 @@ QUIET_PERIOD = 30.0
 BUSY_RUN = 8
 #: Seconds between the writer thread's looks while cooldowns wait to be written back.
 WRITER_POLL = 0.1
-#: At most this many permit settlements wait for the writer thread (past it, newer
-#: ones are not kept: their permits still count until their stored end).
-MAX_UNSETTLED = 4096
+#: At most this many writes wait for the writer thread (past it, newer ones are not
+#: kept: a lease still expires by itself, a permit still counts until its stored end).
+MAX_CHORES = 4096
+#: Seconds the writer keeps trying to give a slot back (the default ``lease_ttl``: by
+#: then the lease has expired by itself).
+RELEASE_KEPT = 60.0
 #: Seconds without a failure before the line that ends an outage is logged (operations
 #: that were in flight when the store broke can still succeed after the first failure).
 SETTLE = 1.0
@@ -589,8 +592,10 @@ class StoreGuard:
         #: The thread that writes pending cooldowns back once the store answers again,
         #: even if this process makes no further call (None: none runs).
         self._writer: threading.Thread | None = None
-        #: Permit settlements the store did not take (busy or down), for the writer.
-        self._unsettled: list[tuple[Any, ...]] = []
+        #: Writes the store did not take (busy or down) that must still land: slots to
+        #: give back and permits to settle, as (operation, arguments, give up at); the
+        #: writer thread tries them again.
+        self._chores: list[tuple[str, tuple[Any, ...], datetime]] = []
         _forksafe.register(self)
 
     # -- the two operations --------------------------------------------------------
@@ -809,16 +814,27 @@ class StoreGuard:
         return answer, self._succeeded()
 
     def release(self, scope: str, token: str) -> None:
-        """Give a slot back, in the store and locally; a failure is ignored (the lease
-        expires by itself)."""
+        """Give a slot back, in the store and locally. A store that is busy or down
+        gets it later from the writer thread (for up to :data:`RELEASE_KEPT` seconds;
+        past that the lease has expired by itself), so a slot is never lost to a
+        moment of contention."""
         self.local.release(scope, token)
-        if self._open_until:
-            return
-        inner: Any = self.inner
-        try:
-            self._bounded(inner.release, (scope, token), None)
-        except Exception as exc:  # the lease expires by itself
-            log.debug("releasing a concurrency slot failed: %s", type(exc).__name__)
+        if not self._open_until:
+            inner: Any = self.inner
+            try:
+                self._bounded(inner.release, (scope, token), None)
+                return
+            except Exception as exc:
+                log.debug("releasing a concurrency slot failed: %s", type(exc).__name__)
+        give_up = datetime.now(timezone.utc) + timedelta(seconds=RELEASE_KEPT)
+        self._add_chore("release", (scope, token), give_up)
+
+    def _add_chore(self, operation: str, args: tuple[Any, ...], give_up: datetime) -> None:
+        with self._lock:
+            if len(self._chores) >= MAX_CHORES:
+                return  # past it, newer ones are not kept (each ends by itself)
+            self._chores.append((operation, args, give_up))
+        self._start_writer()
 
     def settle(
         self,
@@ -840,10 +856,7 @@ class StoreGuard:
         if not self._write_through(settle, args, call):
             # Busy or down: until its stored end passes, the writer thread tries again
             # (a permit that ends too soon could let one request too many through).
-            with self._lock:
-                if len(self._unsettled) < MAX_UNSETTLED:  # past it, newer ones are not kept
-                    self._unsettled.append(args)
-            self._start_writer()
+            self._add_chore("settle", args, expires)
 
     def note(self, scope: str, outcome: str, at: datetime, *, call: CallBudget | None = None) -> None:
         """Note a success or an error class locally and in the store; a failure is
@@ -1136,7 +1149,7 @@ class StoreGuard:
     def _start_writer(self) -> None:
         """Start the writer thread if something waits to be written and none runs."""
         with self._lock:
-            if self._writer is not None or not (self._pending or self._unsettled):
+            if self._writer is not None or not (self._pending or self._chores):
                 return
             self._writer = threading.Thread(
                 target=self._write_back_loop, name="retry-after-write-back", daemon=True
@@ -1150,19 +1163,19 @@ class StoreGuard:
         (see :meth:`_answered`), so other processes learn them within about
         :data:`BREAKER_MAX_PENDING` seconds of the store's recovery, whether or not this
         process calls again. (A write kept only because the store was busy is written by
-        the next operation of any call.) Permit settlements the store did not take are
-        tried again meanwhile, while their permits still count."""
+        the next operation of any call.) Slots to give back and permits to settle that
+        the store did not take are tried again meanwhile, while they still matter."""
         while True:
             # First a pause: the failure that started this thread is still being noted.
             wait = self._open_until - self.monotonic() if self._down else 0.0
             time.sleep(min(max(wait, WRITER_POLL), BREAKER_MAX_PENDING))
             with self._lock:
-                unsettled, self._unsettled = self._unsettled, []
+                chores, self._chores = self._chores, []
                 scope = next(iter(self._pending), None) if self._down else None
-                if scope is None and not unsettled:
+                if scope is None and not chores:
                     self._writer = None
                     return
-            self._settle_again(unsettled)
+            self._do_again(chores)
             if scope is None or not self._may_try(None):
                 continue
             until = self.local.get(scope)
@@ -1176,36 +1189,35 @@ class StoreGuard:
                 continue
             self._succeeded()
 
-    def _settle_again(self, unsettled: list[tuple[Any, ...]]) -> None:
-        """Try the settlements the store did not take again; keep those that fail while
-        their permit still counts (past its stored end, settling it is moot)."""
-        settle: Any = getattr(self.inner, "settle", None)
+    def _do_again(self, chores: list[tuple[str, tuple[Any, ...], datetime]]) -> None:
+        """Try the writes the store did not take again; keep those that fail while they
+        still matter (past its give-up time a lease has expired, a permit stopped
+        counting)."""
         now = datetime.now(timezone.utc)
-        for args in unsettled:
-            expires: datetime = args[3]
-            if expires <= now or settle is None:
+        for chore in chores:
+            operation, args, give_up = chore
+            method: Any = getattr(self.inner, operation, None)
+            if give_up <= now or method is None:
                 continue
-            if self._open_until and not self._may_try(None):
-                keep = True
-            else:
+            keep = True
+            if not self._open_until or self._may_try(None):
                 try:
-                    self._bounded(settle, args, None)
+                    self._bounded(method, args, None)
                 except Exception as exc:
-                    self._failed(exc, None)
-                    keep = True
+                    self._failed(exc, None)  # busy or down: noted like any operation
                 else:
                     self._succeeded()
                     keep = False
             if keep:
                 with self._lock:
-                    self._unsettled.append(args)
+                    self._chores.append(chore)
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
         self._executor = None
         self._probing = False
         self._writer = None  # the parent's thread does not exist here
-        self._unsettled = []
+        self._chores = []
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A guard belongs to one process: a pickled or copied store gets its own.

@@ -611,3 +611,28 @@ def test_a_redis_outage_keeps_the_quota_and_the_cap_in_this_process_when_failing
     assert local_deferral(adapter_session("closed").get(server.url)).reason == "cooldown-unknown"
     assert server.count() == 4
     store.close()
+
+
+def test_a_slot_given_back_while_sqlite_is_locked_reaches_it_once_the_lock_is_gone(tmp_path: Path) -> None:
+    # 200 threads on one file: a release that meets a held lock must not be dropped
+    # (it was: every slot leaked within a second, and the scope stalled for lease_ttl).
+    import sqlite3
+
+    path = tmp_path / "c.db"
+    store = SQLiteCooldownStore(path, timeout=0.01)
+    guard = guard_of(store)
+    now = datetime.now(UTC)
+    assert store.admit("s", now, None, None, (1, 60.0, "t1")).not_before is None
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
+    guard.release("s", "t1")  # busy: kept for the writer thread
+    holder.execute("ROLLBACK")
+    holder.close()
+    deadline = time.monotonic() + 2.0
+    granted = False
+    while not granted and time.monotonic() < deadline:
+        granted = store.admit("s", datetime.now(UTC), None, None, (1, 60.0, "t2")).not_before is None
+        time.sleep(0.05)
+    assert granted, "the slot given back while the file was locked never reached the store"
+    assert [hold.kind for hold in store.holds()["s"]] == ["leases"]  # t2's, alone
+    assert store.holds()["s"][0].number == 1
