@@ -1176,18 +1176,13 @@ class StoreGuard:
                     self._writer = None
                     return
             self._do_again(chores)
-            if scope is None or not self._may_try(None):
-                continue
-            until = self.local.get(scope)
-            try:
+            if scope is not None:
+                # Its success writes every other pending cooldown back (``_answered``).
+                until = self.local.get(scope)
                 if until is not None:
-                    self._bounded(self.inner.extend, (scope, until), None)
+                    self._write_through(self.inner.extend, (scope, until), None)
                 else:
-                    self._bounded(self.inner.get, (scope,), None)
-            except Exception as exc:
-                self._failed(exc, None)
-                continue
-            self._succeeded()
+                    self._write_through(self.inner.get, (scope,), None)
 
     def _do_again(self, chores: list[tuple[str, tuple[Any, ...], datetime]]) -> None:
         """Try the writes the store did not take again; keep those that fail while they
@@ -1199,16 +1194,7 @@ class StoreGuard:
             method: Any = getattr(self.inner, operation, None)
             if give_up <= now or method is None:
                 continue
-            keep = True
-            if not self._open_until or self._may_try(None):
-                try:
-                    self._bounded(method, args, None)
-                except Exception as exc:
-                    self._failed(exc, None)  # busy or down: noted like any operation
-                else:
-                    self._succeeded()
-                    keep = False
-            if keep:
+            if not self._write_through(method, args, None):
                 with self._lock:
                     self._chores.append(chore)
 
