@@ -798,7 +798,7 @@ def release_slot(call: Call) -> None:
     token = call.lease_token
     if token is not None and call.store is not None and call.scope is not None:
         call.lease_token = None
-        call.store.free(call.scope, token)
+        _Slot(call, token)()
 
 
 def _permit(call: Call) -> datetime | None:
@@ -1219,6 +1219,16 @@ def _cannot_heal(error: BaseException) -> bool:
 R = TypeVar("R")
 
 
+def _last_read_time(call: Call) -> float | None:
+    """Seconds the body of the response a call ends with may be read: what is left of
+    the deadline, but at least an attempt's least time (as an attempt may overrun it);
+    None: no deadline."""
+    left = call.store_time_left()
+    if left is None:
+        return None
+    return max(left, MIN_ATTEMPT_TIMEOUT, call.policy.attempt_reserve)
+
+
 class Transport(Protocol[R]):
     """How :func:`run` sends one attempt and reads its outcome.
 
@@ -1386,12 +1396,8 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
                 response = None  # drained: a deferral before the next hop has no response
                 continue
             if verdict.deferral is not None and response is not None and not transport.streams:
-                # A deferred answer (a 429 or 503, say) is read like a retried one: up
-                # to the bound, and within the deadline (or an attempt's least time).
-                left = call.store_time_left()
-                if left is not None:
-                    left = max(left, MIN_ATTEMPT_TIMEOUT, call.policy.attempt_reserve)
-                transport.keep(response, call.policy.max_retry_body, left)
+                # A deferred answer (a 429 or 503, say) is read like a retried one.
+                transport.keep(response, call.policy.max_retry_body, _last_read_time(call))
             return Outcome(
                 response,
                 error,
@@ -1402,7 +1408,7 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
             )
     except DeferralLimitExceeded:
         if response is not None:
-            transport.keep(response, call.policy.max_retry_body, call.store_time_left())
+            transport.keep(response, call.policy.max_retry_body, _last_read_time(call))
         raise
     except BaseException:
         if response is not None:
