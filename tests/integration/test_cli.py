@@ -8,10 +8,7 @@ The child processes use the real clock, so every scripted wait here is a deferra
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -20,22 +17,14 @@ import pytest
 
 from retry_after_adapter import Deferral
 
+from .conftest import run_cli
 from .throttle_server import Reply, ThrottleServer, format_http_date
 
 SECRET = "s3cr3t-t0ken-value"
 QUERY_SECRET = "q-secret-4242"
 
 
-def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONIOENCODING="utf-8")
-    return subprocess.run(
-        [sys.executable, "-m", "retry_after_adapter", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
+run = run_cli
 
 
 def one_line(stderr: str) -> str:

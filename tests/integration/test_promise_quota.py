@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import selectors
 import socket
 import sqlite3
 import struct
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -49,7 +46,7 @@ from retry_after_adapter import (
 )
 from retry_after_adapter.cooldown.guard import guard_of
 
-from .conftest import process_store, process_store_place
+from .conftest import process_store, process_store_place, run_cli
 from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
@@ -256,16 +253,6 @@ def test_values_too_large_for_a_datetime_neither_escape_nor_take_the_store_down(
 
 
 # -------------------------------------------------------------- status and clear (CLI)
-def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONIOENCODING="utf-8")
-    return subprocess.run(
-        [sys.executable, "-m", "retry_after_adapter", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def times_for_scope(doc: Any, scope: str) -> list[datetime]:
