@@ -1,17 +1,27 @@
-"""The cooldown store protocol: one shared "next eligible time" per scope.
+"""The store interface: what every worker of a scope shares, and how it is admitted.
 
 A store maps a scope (a short string such as ``"https://api.example.com:443"``) to an
-aware UTC ``datetime`` before which no worker of that scope may send. Times are
-wall-clock UTC so that processes and machines agree; the only write is an atomic
-*later-wins* extend, so a shorter cooldown never replaces a longer one.
+aware UTC ``datetime`` before which no worker of that scope may send (its cooldown),
+and keeps what decides each attempt's admission: the permits of a configured quota,
+the allowance a server announced, the concurrency slots held. Times are wall-clock UTC
+so that processes and machines agree; a cooldown's only write is an atomic *later-wins*
+extend, so a shorter cooldown never replaces a longer one.
+
+- :class:`Store` is the whole interface, one atomic operation per concern; the memory,
+  SQLite and Redis stores implement all of it, and so does the failure layer that wraps
+  a shared store.
+- :class:`CooldownStore` is the protocol of version 0.x (``get`` and ``extend``): a
+  store written for it keeps working, adapted once by ``legacy.LegacyStore``.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from datetime import datetime, timezone
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from ..errors import ConfigurationError
+from .freshness import Freshness
 
 
 @runtime_checkable
@@ -73,6 +83,10 @@ class Granted(Admission):
         return granted
 
 
+#: ``(slots, ttl seconds, token)``: a concurrency slot to take with an admission.
+Lease = tuple[int, float, str]
+
+
 class Hold(NamedTuple):
     """One thing a store holds a scope back with, and when it ends (aware UTC).
 
@@ -98,3 +112,105 @@ def check_until(until: object) -> datetime:
     if not isinstance(until, datetime) or until.tzinfo is None or until.utcoffset() is None:
         raise ConfigurationError("a cooldown time must be an aware datetime")
     return until.astimezone(timezone.utc)
+
+
+class Store(ABC):
+    """The whole store interface. Implementations are thread-safe; a backend's errors
+    are raised as ``CooldownStoreError`` (the failure layer turns them into the
+    adapter's failure policy), a value the store cannot hold as ``ConfigurationError``.
+
+    Times are aware UTC datetimes; durations are seconds. Each operation is atomic on
+    its own (one lock, one SQLite transaction, one Redis script).
+    """
+
+    #: ``admit`` stamps a permit with the time it grants it (``now`` None) and keeps
+    #: each quota's margin: true of every :class:`Store` (kept for stores of 0.x).
+    stamps_grants = True
+
+    # -- the cooldown ----------------------------------------------------------------
+    @abstractmethod
+    def get(self, scope: str) -> datetime | None:
+        """The scope's stored eligible time (may be past), or None."""
+
+    @abstractmethod
+    def extend(self, scope: str, until: datetime) -> datetime:
+        """Learn a cooldown: the scope's eligible time becomes the later of the stored
+        one and ``until``; returns the effective (later) time."""
+
+    # -- admission -------------------------------------------------------------------
+    @abstractmethod
+    def admit(
+        self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
+        lease: Lease | None = None, margin: float = 0.0,
+    ) -> Admission:
+        """Admission for one attempt at ``now`` (None: the present, read by the store as
+        it grants), all or nothing: the scope's cooldown, what the server announced is
+        left, a quota permit (``limit`` per ``per`` seconds, counted ``per + margin``
+        seconds from its grant) and a concurrency slot (``lease``). See
+        :class:`Admission`."""
+
+    @abstractmethod
+    def release(self, scope: str, token: str) -> None:
+        """Give the slot taken as ``token`` back (nothing if it expired meanwhile)."""
+
+    @abstractmethod
+    def settle(
+        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None
+    ) -> None:
+        """The attempt whose permit stops counting at ``expires`` was answered at ``now``
+        (None: the present): the permit counts at least until ``now + per``."""
+
+    @abstractmethod
+    def allow(
+        self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,
+        limit: int | None = None, window: float | None = None,
+    ) -> None:
+        """Record that the server allows ``remaining`` more requests until ``until``
+        (``limit`` per ``window`` seconds, when it said), in answer to the attempt
+        admitted as ``seq`` (see ``allowance.merge_allowance``)."""
+
+    # -- freshness -------------------------------------------------------------------
+    @abstractmethod
+    def note(self, scope: str, outcome: str, at: datetime) -> None:
+        """Note a success or an error class of ``scope`` at ``at`` (later wins)."""
+
+    @abstractmethod
+    def freshness(self, scope: str) -> Freshness | None:
+        """The scope's freshness, its cooldown as ``next_eligible`` (None: nothing)."""
+
+    @abstractmethod
+    def freshness_entries(self) -> dict[str, Freshness]:
+        """Every scope's freshness."""
+
+    # -- the operator's view ---------------------------------------------------------
+    @abstractmethod
+    def entries(self) -> dict[str, datetime]:
+        """Every stored scope and its eligible time (a few past ones may be among them)."""
+
+    @abstractmethod
+    def holds(self, now: datetime | None = None) -> dict[str, list[Hold]]:
+        """Every scope held back at ``now`` (default: the present) and by what."""
+
+    @abstractmethod
+    def delete(self, scope: str) -> bool:
+        """Lift everything that holds ``scope`` back; True if there was any of it."""
+
+    def supports(self, feature: str) -> bool:
+        """Whether the store can carry ``"quota"``, ``"leases"``, ``"allowance"`` and
+        ``"freshness"``: every :class:`Store` can (a 0.x store may not)."""
+        return True
+
+    def close(self) -> None:  # noqa: B027 - most stores have nothing to close
+        """Release the store's connections (nothing, unless a store holds some)."""
+
+    # -- conveniences over admit (one path) ------------------------------------------
+    def acquire(
+        self, scope: str, limit: int, per: float, now: datetime | None = None, margin: float = 0.0
+    ) -> datetime | None:
+        """Take a quota permit: None when taken, else when to ask again (see ``admit``)."""
+        return self.admit(scope, now, limit, per, None, margin).not_before
+
+    def lease(self, scope: str, limit: int, ttl: float, now: datetime | None, token: str) -> datetime | None:
+        """Take one of ``limit`` concurrency slots for ``ttl`` seconds as ``token``: None
+        when taken, else when to ask again (see ``admit``)."""
+        return self.admit(scope, now, None, None, (limit, ttl, token)).not_before

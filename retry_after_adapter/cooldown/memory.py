@@ -13,7 +13,7 @@ from typing import Any
 from .. import _forksafe
 from ..errors import ConfigurationError
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance, roll
-from .base import Admission, Granted, Hold, check_scope, check_until
+from .base import Admission, Granted, Hold, Lease, Store, check_scope, check_until
 from .freshness import Freshness, check_outcome, merge_note
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
@@ -85,7 +85,7 @@ def _window_micros(per: float) -> int:
     return micros
 
 
-class MemoryCooldownStore:
+class MemoryCooldownStore(Store):
     """Cooldowns shared by every thread of one process.
 
     ``get`` is one dict lookup, without the lock (a single dict read is atomic).
@@ -94,10 +94,6 @@ class MemoryCooldownStore:
     store holds more than a few thousand scopes, so memory stays bounded by the live
     scopes and no call ever scans the whole store.
     """
-
-    #: ``admit`` stamps a permit with the time it grants it (``now`` None: the present
-    #: read inside the operation) and keeps each quota's log and each permit's margin.
-    stamps_grants = True
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -134,21 +130,6 @@ class MemoryCooldownStore:
             self._put_locked(scope, until)
             return until
 
-    def acquire(
-        self, scope: str, limit: int, per: float, now: datetime | None = None, margin: float = 0.0
-    ) -> datetime | None:
-        """Take a quota permit for ``scope`` (``limit`` per ``per`` seconds, see
-        :meth:`admit`): granted (None), or nothing taken and the time one will be free."""
-        check_scope(scope)
-        key = _quota_key(limit, per, margin)
-        with self._lock:
-            at = _micros(now if now is not None else datetime.now(timezone.utc))
-            refused = self._permit_refused(scope, key, limit, at)
-            if refused is None:
-                self._take_permit(scope, key, at + key[2])
-                return None
-            return _as_datetime(refused)
-
     def _permit_refused(
         self, scope: str, key: tuple[int, int, int, timedelta], limit: int, at: int
     ) -> int | None:
@@ -178,6 +159,7 @@ class MemoryCooldownStore:
         when every slot looks held."""
         held = self._leases.get(scope)
         if held is None:
+            check_scope(scope)  # a scope new to the store: checked once
             held = self._leases[scope] = {}
         if len(held) < limit:
             return None
@@ -187,14 +169,8 @@ class MemoryCooldownStore:
         return None if len(held) < limit else min(held.values(), default=at)
 
     def allow(
-        self,
-        scope: str,
-        remaining: int,
-        until: datetime,
-        now: datetime,
-        seq: int | None = None,
-        limit: int | None = None,
-        window: float | None = None,
+        self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,
+        limit: int | None = None, window: float | None = None,
     ) -> None:
         """Record that the server allows ``remaining`` more requests of ``scope`` until
         ``until`` (``limit`` per ``window`` seconds when it said so), in answer to the
@@ -212,13 +188,8 @@ class MemoryCooldownStore:
                         del self._allowance[key]
 
     def admit(
-        self,
-        scope: str,
-        now: datetime | None,
-        limit: int | None = None,
-        per: float | None = None,
-        lease: tuple[int, float, str] | None = None,
-        margin: float = 0.0,
+        self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
+        lease: Lease | None = None, margin: float = 0.0,
     ) -> Admission:
         """Admission for one attempt at ``now`` (None: the present, read once the lock
         is held, so a permit's time is when it is granted), atomically and all or
@@ -241,56 +212,49 @@ class MemoryCooldownStore:
         if type(scope) is not str:
             check_scope(scope)  # raises (a str's length is checked when first stored)
         if now is not None:
-            try:
-                at = (now - _EPOCH) // _US
-            except TypeError:  # naive, or not a datetime
-                check_until(now)
-                raise
+            _micros(now)  # checked before the lock: a naive time raises here
         with self._lock:
             if now is None:
-                # The present as the permit is granted, not before the lock was had.
-                now = datetime.now(timezone.utc)
-                at = (now - _EPOCH) // _US
+                now = datetime.now(timezone.utc)  # the grant's time: the lock is ours
             cooldown = self._until.get(scope)
             if cooldown is not None and cooldown > now:
                 return Admission(cooldown, cooldown)
-            record = self._allowance.get(scope)
-            rolled = None
-            if record is not None:
-                rolled, wait = admit_allowance(record, now)
-                if wait is not None:
-                    self._allowance[scope] = rolled
-                    return Admission(cooldown, wait)
-            key = None
-            if limit is not None:
-                key = _quota_key(limit, per, margin)
-                refused = self._permit_refused(scope, key, limit, at)
-                if refused is not None:
-                    return Admission(cooldown, _as_datetime(refused))
-            if lease is not None:
-                slots, ttl, token = lease
-                held = self._leases.get(scope)
-                if held is None:
-                    check_scope(scope)
-                    held = self._leases[scope] = {}
-                if len(held) >= slots:
-                    busy = self._slot_refused(scope, slots, at)
-                    if busy is not None:
-                        return Admission(cooldown, _as_datetime(busy), None, True)
-                held[token] = at + (_WINDOWS.get(ttl) or _window_micros(ttl))
-            permit = None
-            if key is not None:
-                self._take_permit(scope, key, at + key[2])
-                permit = now + key[3]  # the same instant as at + key[2] microseconds
-            seq = None
-            if rolled is not None:
+            return self._admit_locked(scope, now, cooldown, limit, per, lease, margin)
+
+    def _admit_locked(
+        self, scope: str, now: datetime, cooldown: datetime | None, limit: int | None,
+        per: float | None, lease: Lease | None, margin: float,
+    ) -> Admission:
+        """(Lock held, no cooldown running.) The allowance, the permit and the slot."""
+        at = (now - _EPOCH) // _US
+        record = self._allowance.get(scope)
+        rolled = None
+        if record is not None:
+            rolled, wait = admit_allowance(record, now)
+            if wait is not None:
                 self._allowance[scope] = rolled
-                seq = rolled.admitted - 1
-            if permit is not None:
-                return Granted.of(permit, cooldown, seq)
-            if seq is None:
-                return _ADMITTED if cooldown is None else Admission(cooldown, None)
-            return Admission(cooldown, None, seq)
+                return Admission(cooldown, wait)
+        key = None
+        if limit is not None:
+            key = _quota_key(limit, per, margin)
+            refused = self._permit_refused(scope, key, limit, at)
+            if refused is not None:
+                return Admission(cooldown, _as_datetime(refused))
+        if lease is not None:
+            busy = self._slot_refused(scope, lease[0], at)
+            if busy is not None:
+                return Admission(cooldown, _as_datetime(busy), None, True)
+            self._leases[scope][lease[2]] = at + _window_micros(lease[1])
+        seq = None
+        if rolled is not None:
+            self._allowance[scope] = rolled
+            seq = rolled.admitted - 1
+        if key is not None:
+            self._take_permit(scope, key, at + key[2])
+            return Granted.of(now + key[3], cooldown, seq)  # the same instant as at + key[2]
+        if seq is None:
+            return _ADMITTED if cooldown is None else Admission(cooldown, None)
+        return Admission(cooldown, None, seq)
 
     def settle(
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None
@@ -341,19 +305,6 @@ class MemoryCooldownStore:
     def allowance(self, scope: str) -> Allowance | None:
         """The scope's allowance record (see ``allowance.Allowance``), or None."""
         return self._allowance.get(scope)
-
-    def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> datetime | None:
-        """Take one of ``limit`` concurrency slots of ``scope`` for ``ttl`` seconds as
-        ``token``: granted (None), or the time the earliest held lease expires (a slot
-        is free by then at the latest). Expired leases (a killed worker's) free theirs."""
-        check_scope(scope)
-        at = _micros(now)
-        with self._lock:
-            busy = self._slot_refused(scope, limit, at)
-            if busy is None:
-                self._leases[scope][token] = at + _window_micros(ttl)
-                return None
-            return _as_datetime(busy)
 
     def release(self, scope: str, token: str) -> None:
         """Give ``token``'s slot of ``scope`` back (nothing if it expired meanwhile).

@@ -15,13 +15,14 @@ import math
 import re
 import secrets
 from datetime import datetime, timezone
+from importlib import resources
 from typing import Any
 
 from ..errors import ConfigurationError, CooldownStoreError
+from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from .allowance import ALLOWANCE_KEPT, SAME_WINDOW, Allowance, roll
-from .base import Admission, Granted, Hold, check_scope, check_until
+from .base import Admission, Granted, Hold, Lease, Store, check_scope, check_until
 from .freshness import Freshness, check_outcome
-from .sqlite import from_epoch_ms, now_epoch_ms, to_epoch_ms
 
 #: The default connect and reply timeouts (seconds) of a client made by ``from_url``.
 DEFAULT_SOCKET_TIMEOUT = 0.1
@@ -29,241 +30,23 @@ DEFAULT_SOCKET_TIMEOUT = 0.1
 #: How long (ms) a key outlives its cooldown before Redis deletes it.
 GRACE_MS = 60_000
 
-#: KEYS[1] = the scope's key; ARGV[1] = the new time and ARGV[2] = when the key may go
-#: (both epoch ms, as decimal strings computed by the caller: no number formatting in
-#: Lua). Keeps max(stored, new); a stored value that is not a number is replaced. Returns
-#: the effective time. SET + PEXPIREAT (not SET PXAT) so old Redis and Valkey run it.
-_EXTEND_LUA = """
-local new = tonumber(ARGV[1])
-local stored = tonumber(redis.call('GET', KEYS[1]))
-if stored ~= nil and stored >= new then
-  return stored
-end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('PEXPIREAT', KEYS[1], ARGV[2])
-return new
-"""
 
-#: One quota's permits on the scope's permit set KEYS[1] (a sorted set, score = when a
-#: permit stops counting: its grant + per + margin, epoch ms). ``take_permit`` drops
-#: the permits that stopped counting and grants one if fewer than the limit remain
-#: (-1), else returns when one will be free; the key lives as long as its last permit.
-_PERMIT_LUA = """
-local function take_permit(key, now, counts, limit, member, take)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-  local count = redis.call('ZCARD', key)
-  if count >= limit then
-    local edge = redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')
-    return tonumber(edge[2])
-  end
-  if take then
-    redis.call('ZADD', key, now + counts, member)
-    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', key, tonumber(last[2]) + 1000)
-  end
-  return -1
-end
-"""
+def lua(*names: str) -> str:
+    """The Lua scripts ``names`` (files of the package's ``lua`` folder), joined in
+    that order: a library such as ``allowance`` comes before the script that uses it."""
+    folder = resources.files(__package__).joinpath("lua")
+    return "\n".join(folder.joinpath(f"{name}.lua").read_text("utf-8") for name in names)
 
-#: KEYS[1] = the quota's permit set; ARGV = now (ms), how long a permit counts (ms),
-#: the limit and a unique member.
-_ACQUIRE_LUA = (
-    _PERMIT_LUA
-    + """
-return take_permit(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], true)
-"""
-)
 
-#: KEYS[1] = a quota's permit set; ARGV = the answer's time (ms), the quota's per (ms),
-#: the permit's stored expiry (ms) and a member for it should it be gone: that permit
-#: (any one with that expiry; put back if it expired meanwhile) counts until at least
-#: the answer + per; the key lives as long as its last permit.
-_SETTLE_LUA = """
-local new = tonumber(ARGV[1]) + tonumber(ARGV[2])
-local old = tonumber(ARGV[3])
-if new <= old then return 0 end
-local found = redis.call('ZRANGEBYSCORE', KEYS[1], old, old, 'LIMIT', 0, 1)
-local member = ARGV[4]
-if #found > 0 then member = found[1] end
-redis.call('ZADD', KEYS[1], new, member)
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1000)
-return 1
-"""
+#: Each script's files, in load order.
+SCRIPTS = {
+    "extend": ("extend",),
+    "admit": ("allowance", "admit"),
+    "allow": ("allowance", "allow"),
+    "settle": ("settle",),
+    "note": ("note",),
+}
 
-#: The allowance rules of ``allowance.py`` in Lua, shared by the two scripts below. The
-#: hash has r (left), a (as of admission), u (until, epoch ms, kept as the decimal
-#: string it came as), n (admitted), l (limit, 0: unknown), w (window ms, 0: unknown)
-#: and x ("1": exact). ``roll`` starts the server's next window past the reset.
-_ALLOWANCE_LUA = """
-local function load(key)
-  local h = redis.call('HMGET', key, 'r', 'a', 'u', 'n', 'l', 'w', 'x')
-  if h[4] == false then return nil end
-  return {r = tonumber(h[1]), a = tonumber(h[2]), u = tonumber(h[3]), n = tonumber(h[4]),
-          l = tonumber(h[5]) or 0, w = tonumber(h[6]) or 0, x = h[7] == '1'}
-end
-local function save(key, rec, kept)
-  redis.call('HSET', key, 'r', rec.r, 'a', rec.a, 'u', string.format('%d', rec.u), 'n', rec.n,
-             'l', rec.l, 'w', rec.w, 'x', rec.x and '1' or '0')
-  redis.call('PEXPIREAT', key, rec.u + kept)
-end
-local function roll(rec, now)
-  if rec.u > now or rec.l <= 0 then return false end
-  if rec.w <= 0 then
-    if rec.x then return false end
-    rec.r = rec.l
-    rec.a = rec.n
-    rec.x = true
-    return true
-  end
-  local periods = math.floor((now - rec.u) / rec.w) + 1
-  rec.u = rec.u + periods * rec.w
-  rec.r = rec.l
-  rec.a = rec.n
-  rec.x = true
-  return true
-end
-"""
-
-#: Admission for one attempt, atomically, all or nothing (``MemoryCooldownStore.admit``).
-#: KEYS = the cooldown key, the quota's permit set, the allowance hash, the lease set,
-#: all in one cluster slot; ARGV = now (ms; the client's clock: cooldowns are stamped so),
-#: how long a permit counts (ms, 0: no quota), the limit, a unique member, "1" to read
-#: the cooldown from KEYS[1] ("0": the caller read it), how long (ms) an allowance
-#: outlives its reset, and the slots (0: no cap), the lease's ttl (ms) and its token.
-#: Returns {cooldown or -1, -1 when admitted or when to ask again, the admission number
-#: or -1, 1 when only a slot was missing, when the permit taken stops counting or -1}.
-_ADMIT_LUA = (
-    _PERMIT_LUA
-    + _ALLOWANCE_LUA
-    + """
-local now = tonumber(ARGV[1])
-local cooldown = -1
-if ARGV[5] == '1' then
-  local stored = tonumber(redis.call('GET', KEYS[1]))
-  if stored ~= nil then
-    if stored > now then return {stored, stored, -1, 0, -1} end
-    cooldown = stored
-  end
-end
-local rec = load(KEYS[3])
-if rec ~= nil then
-  local rolled = roll(rec, now)
-  if rec.u > now and rec.r - (rec.n - rec.a) <= 0 then
-    if rolled then save(KEYS[3], rec, tonumber(ARGV[6])) end
-    return {cooldown, rec.u, -1, 0, -1}
-  end
-end
-local counts = tonumber(ARGV[2])
-local limit = tonumber(ARGV[3])
-if counts > 0 then
-  local refused = take_permit(KEYS[2], now, counts, limit, ARGV[4], false)
-  if refused >= 0 then return {cooldown, refused, -1, 0, -1} end
-end
-local slots = tonumber(ARGV[7])
-if slots > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-  if redis.call('ZCARD', KEYS[4]) >= slots then
-    local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-    return {cooldown, tonumber(first[2]), -1, 1, -1}
-  end
-  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[8]), ARGV[9])
-  redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[8]) + 1000)
-end
-local permit = -1
-if counts > 0 then
-  take_permit(KEYS[2], now, counts, limit, ARGV[4], true)
-  permit = now + counts
-end
-if rec == nil then return {cooldown, -1, -1, 0, permit} end
-rec.n = rec.n + 1
-save(KEYS[3], rec, tonumber(ARGV[6]))
-return {cooldown, -1, rec.n - 1, 0, permit}
-"""
-)
-
-#: KEYS[1] = the allowance hash; ARGV = remaining, until, now (epoch ms), the
-#: answered attempt's admission number (-1: none), the limit and the window (ms; 0:
-#: not said), the same-window tolerance and how long a record outlives its reset (ms).
-#: ``allowance.merge_allowance`` in Lua.
-_ALLOW_LUA = (
-    _ALLOWANCE_LUA
-    + """
-local remaining = math.max(0, tonumber(ARGV[1]))
-local untl, now, seq = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local lim, win, same, kept = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-if untl <= now then return 0 end
-local rec = load(KEYS[1])
-if rec ~= nil then
-  if lim <= 0 then lim = rec.l end
-  if win <= 0 then win = rec.w end
-  local gap = untl - rec.u
-  if win <= 0 and gap > same and now - rec.u < gap / 2 then win = math.floor(gap / 1000 + 0.5) * 1000 end
-  roll(rec, now)
-end
-local count = 0
-if rec ~= nil then count = rec.n end
-local at = count
-if seq >= 0 then at = math.min(seq + 1, count) end
-if rec ~= nil and rec.u <= now and rec.x and lim > 0 then
-  local left = math.min(remaining, rec.r - (rec.n - rec.a))
-  save(KEYS[1], {r = left, a = count, u = untl, n = count, l = lim, w = win, x = true}, kept)
-  return 1
-end
-if rec == nil or rec.u <= now then
-  save(KEYS[1], {r = remaining, a = at, u = untl, n = count, l = lim, w = win, x = false}, kept)
-  return 1
-end
-local gap = untl - rec.u
-if gap > same then
-  save(KEYS[1], {r = remaining, a = at, u = untl, n = count, l = lim, w = win, x = false}, kept)
-  return 1
-end
-if gap < -same then return 0 end
-if untl < rec.u then rec.u = untl end
-rec.l = lim
-rec.w = win
-if lim > 0 then at = count end
-if not rec.x and remaining - (count - at) < rec.r - (rec.n - rec.a) then
-  rec.r = remaining
-  rec.a = at
-end
-save(KEYS[1], rec, kept)
-return 1
-"""
-)
-
-#: KEYS[1] = the scope's lease set (score = expiry, epoch ms); ARGV = now (ms), the
-#: lease's ttl (ms), the limit and the token. Drops expired leases, grants one if fewer
-#: than the limit are held (-1), else returns the earliest expiry.
-_LEASE_LUA = """
-local now = tonumber(ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[4])
-  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) + 1000)
-  return -1
-end
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return tonumber(first[2])
-"""
-
-#: KEYS[1] = the scope's freshness hash (s = last success, e = last error class, t =
-#: its time; epoch ms; k = the scope); ARGV = the outcome, its time (ms), how long (ms)
-#: the record is kept after its last note, and the scope. Later news wins.
-_NOTE_LUA = """
-local at = tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'k', ARGV[4])
-if ARGV[1] == 'success' then
-  local s = tonumber(redis.call('HGET', KEYS[1], 's'))
-  if s == nil or at > s then redis.call('HSET', KEYS[1], 's', ARGV[2]) end
-else
-  local t = tonumber(redis.call('HGET', KEYS[1], 't'))
-  if t == nil or at >= t then redis.call('HSET', KEYS[1], 'e', ARGV[1], 't', ARGV[2]) end
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
-"""
 
 #: Milliseconds a freshness record is kept after its last note (30 days).
 FRESHNESS_KEPT_MS = 30 * 24 * 3600 * 1000
@@ -272,6 +55,17 @@ _INSTALL_HINT = "pip install 'retry_after_adapter[redis]' (from a checkout: pip 
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 _GLOB_SPECIAL = re.compile(r"[*?\[\]\\]")
+
+
+_SOURCES: dict[str, str] = {}
+
+
+def _source(name: str) -> str:
+    """The source of the script ``name`` (read once per process)."""
+    source = _SOURCES.get(name)
+    if source is None:
+        source = _SOURCES[name] = lua(*SCRIPTS[name])
+    return source
 
 
 def _glob(text: str) -> str:
@@ -286,14 +80,14 @@ def _present(now: datetime | None) -> datetime:
 
 def _counts_ms(per: float, margin: float) -> int:
     """How long (ms) a permit of a quota of ``per`` seconds counts: ``per + margin``."""
-    return max(1, math.ceil(per * 1000)) + math.ceil(margin * 1000)
+    return window_ms(per) + math.ceil(margin * 1000)
 
 
 def _restore(url: str, prefix: str, client_kwargs: dict[str, Any]) -> RedisCooldownStore:
     return RedisCooldownStore.from_url(url, prefix=prefix, **client_kwargs)
 
 
-class RedisCooldownStore:
+class RedisCooldownStore(Store):
     """Cooldowns shared by every process on every machine through Redis or Valkey.
 
     ``client`` is any synchronous redis-py compatible client: ``redis.Redis``,
@@ -313,10 +107,6 @@ class RedisCooldownStore:
     URL credentials.
     """
 
-    #: ``admit`` stamps a permit with the time it grants it (``now`` None: the present
-    #: read inside the operation) and keeps each quota's log and each permit's margin.
-    stamps_grants = True
-
     def __init__(self, client: Any, *, prefix: str = "retry-after:", timeout: float | None = None) -> None:
         if not isinstance(prefix, str):
             raise ConfigurationError("the Redis cooldown key prefix must be a str")
@@ -335,16 +125,15 @@ class RedisCooldownStore:
         self._prefix = prefix
         self._timeout = float(timeout) if timeout is not None else _client_timeout(client)
         self._secrets = _client_secrets(client)
-        try:
-            self._script = client.register_script(_EXTEND_LUA)  # local: no round trip
-            self._acquire_script = client.register_script(_ACQUIRE_LUA)
-            self._lease_script = client.register_script(_LEASE_LUA)
-            self._admit_script = client.register_script(_ADMIT_LUA)
-            self._allow_script = client.register_script(_ALLOW_LUA)
-            self._note_script = client.register_script(_NOTE_LUA)
-            self._settle_script = client.register_script(_SETTLE_LUA)
+        try:  # registered locally: no round trip until a script first runs
+            scripts = {name: client.register_script(_source(name)) for name in SCRIPTS}
         except Exception as exc:
             raise self._failure("register_script", exc) from exc
+        self._script = scripts["extend"]
+        self._admit_script = scripts["admit"]
+        self._allow_script = scripts["allow"]
+        self._note_script = scripts["note"]
+        self._settle_script = scripts["settle"]
         self._url_args: tuple[str, dict[str, Any]] | None = None
 
     @classmethod
@@ -474,44 +263,27 @@ class RedisCooldownStore:
     def quota_key(self, scope: str, limit: int, per: float) -> str:
         """The permit set of the quota ``limit`` per ``per`` seconds of ``scope`` (one
         per quota, so two quotas on one scope each hold; see :meth:`companion`)."""
-        return self.companion(scope, f"quota:{int(limit)}/{max(1, math.ceil(per * 1000))}")
-
-    def acquire(
-        self, scope: str, limit: int, per: float, now: datetime | None = None, margin: float = 0.0
-    ) -> datetime | None:
-        """Take a quota permit (see ``MemoryCooldownStore.admit``): one ``EVALSHA`` on
-        the quota's permit set (:meth:`quota_key`); ``now`` None: this host's clock, read
-        right before the script."""
-        key = self.quota_key(check_scope(scope), limit, per)
-        now_arg = str(now_epoch_ms(_present(now)))
-        counts = _counts_ms(per, margin)
-        args = [now_arg, counts, limit, secrets.token_hex(8)]
-        return self._admission("acquire", self._acquire_script, key, args)
+        return self.companion(scope, f"quota:{int(limit)}/{window_ms(per)}")
 
     def admit(
-        self,
-        scope: str,
-        now: datetime | None,
-        limit: int | None = None,
-        per: float | None = None,
-        lease: tuple[int, float, str] | None = None,
-        margin: float = 0.0,
+        self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
+        lease: Lease | None = None, margin: float = 0.0,
     ) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
         the announced allowance, the quota permit and the concurrency slot in one
         ``EVALSHA``, all or nothing, the keys in one cluster slot; ``now`` None: this
         host's clock read right before the script (the clock every cooldown of the store
         is stamped with; Redis's own would mix two clocks). A late answer moves the
-        permit later (:meth:`settle`). (A scope
-        whose key has a ``}`` that Redis would not read as a hash tag has its cooldown
-        read by a ``GET`` before: two round trips.)"""
+        permit later (:meth:`settle`). (A scope whose key has a ``}`` that Redis would
+        not read as a hash tag has its cooldown read by a ``GET`` before: two round
+        trips.)"""
         key = self.key(check_scope(scope))
-        quota = limit is not None and per is not None
         _, together = _slot_string(key)
         stored = None if together else self.get(scope)
         when = _present(now)
         if stored is not None and stored > when:
             return Admission(stored, stored)
+        quota = limit is not None and per is not None
         allowance = self.companion(scope, "allowance")
         keys = [
             key if together else allowance,
@@ -519,20 +291,8 @@ class RedisCooldownStore:
             allowance,
             self.companion(scope, "lease"),
         ]
-        slots, ttl_ms, token = (
-            (lease[0], max(1, math.ceil(lease[1] * 1000)), lease[2]) if lease else (0, 0, "")
-        )
-        args = [
-            now_epoch_ms(when),
-            _counts_ms(per, margin) if quota else 0,  # type: ignore[arg-type]
-            limit or 0,
-            secrets.token_hex(8) if quota else "",
-            "1" if together else "0",
-            int(ALLOWANCE_KEPT * 1000),
-            slots,
-            ttl_ms,
-            token,
-        ]
+        args = [now_epoch_ms(when), *_permit_args(limit, per, margin), "1" if together else "0"]
+        args += [int(ALLOWANCE_KEPT * 1000), *_lease_args(lease)]
         try:
             reply = self._admit_script(keys=keys, args=[str(arg) for arg in args])
         except Exception as exc:
@@ -541,12 +301,11 @@ class RedisCooldownStore:
             cooldown, wait, seq, busy, permit = (int(value) for value in reply)
         except (TypeError, ValueError):
             raise CooldownStoreError("the Redis admit script returned an unexpected reply") from None
-        known = (None if cooldown < 0 else from_epoch_ms(cooldown)) if together else stored
+        known = _ms_or_none(cooldown) if together else stored
+        number = None if seq < 0 else seq
         if permit >= 0 and wait < 0:
-            return Granted.of(from_epoch_ms(permit), known, None if seq < 0 else seq)
-        return Admission(
-            known, None if wait < 0 else from_epoch_ms(wait), None if seq < 0 else seq, bool(busy)
-        )
+            return Granted.of(from_epoch_ms(permit), known, number)
+        return Admission(known, _ms_or_none(wait), number, bool(busy))
 
     def settle(
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None
@@ -557,7 +316,7 @@ class RedisCooldownStore:
         key = self.quota_key(check_scope(scope), limit, per)
         args = [
             str(now_epoch_ms(_present(now))),
-            str(max(1, math.ceil(per * 1000))),
+            str(window_ms(per)),
             str(to_epoch_ms(check_until(expires))),
             secrets.token_hex(8),
         ]
@@ -567,14 +326,8 @@ class RedisCooldownStore:
             raise self._failure("settle", exc) from exc
 
     def allow(
-        self,
-        scope: str,
-        remaining: int,
-        until: datetime,
-        now: datetime,
-        seq: int | None = None,
-        limit: int | None = None,
-        window: float | None = None,
+        self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,
+        limit: int | None = None, window: float | None = None,
     ) -> None:
         """Record the server's announced allowance (see ``MemoryCooldownStore.allow``):
         one ``EVALSHA`` on the scope's "allowance" key."""
@@ -633,26 +386,6 @@ class RedisCooldownStore:
         except Exception as exc:
             raise self._failure("freshness", exc) from exc
         return found
-
-    def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> datetime | None:
-        """Take a concurrency slot (see ``MemoryCooldownStore.lease``): one ``EVALSHA``
-        on the scope's "lease" key."""
-        key = self.companion(check_scope(scope), "lease")
-        now_ms = now_epoch_ms(check_until(now))
-        ttl_ms = max(1, math.ceil(ttl * 1000))
-        return self._admission("lease", self._lease_script, key, [now_ms, ttl_ms, limit, token])
-
-    def _admission(self, operation: str, script: Any, key: str, args: list[object]) -> datetime | None:
-        """Run a permit or slot script: -1 is "granted" (None), else an epoch-ms time."""
-        try:
-            reply = script(keys=[key], args=[str(arg) for arg in args])
-        except Exception as exc:
-            raise self._failure(operation, exc) from exc
-        try:
-            value = int(reply)
-        except (TypeError, ValueError):
-            raise CooldownStoreError(f"the Redis {operation} script returned an unexpected reply") from None
-        return None if value < 0 else from_epoch_ms(value)
 
     def release(self, scope: str, token: str) -> None:
         """Give a concurrency slot back (one ``ZREM``)."""
@@ -798,6 +531,26 @@ class RedisCooldownStore:
             f"the Redis cooldown store failed during {operation}: {type(exc).__name__}"
             + (f": {detail}" if detail else "")
         )
+
+
+def _ms_or_none(ms: int) -> datetime | None:
+    """A script's time: None for -1 (none)."""
+    return None if ms < 0 else from_epoch_ms(ms)
+
+
+def _permit_args(limit: int | None, per: float | None, margin: float) -> tuple[object, ...]:
+    """The admit script's quota arguments: how long a permit counts (ms, 0: no quota),
+    the limit and a unique member."""
+    if limit is None or per is None:
+        return (0, 0, "")
+    return (_counts_ms(per, margin), limit, secrets.token_hex(8))
+
+
+def _lease_args(lease: Lease | None) -> tuple[object, ...]:
+    """The admit script's lease arguments: the slots (0: no cap), ttl (ms), token."""
+    if lease is None:
+        return (0, 0, "")
+    return (lease[0], window_ms(lease[1]), lease[2])
 
 
 def _text(raw: Any) -> str:

@@ -17,24 +17,17 @@ import math
 import os
 import random
 import sqlite3
-import threading
-import time
-import weakref
-from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta, timezone
-from typing import TypeVar
+from collections.abc import Callable
+from datetime import datetime, timezone
 
-from .. import _forksafe
 from ..errors import ConfigurationError, CooldownStoreError
+from ._ms import from_epoch_ms, now_epoch_ms, present_ms, to_epoch_ms, window_ms
+from ._sqlite_file import DEFAULT_TIMEOUT, SQLiteFile, immediate
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance, roll
-from .base import Admission, Granted, Hold, check_scope, check_until
+from .base import Admission, Granted, Hold, Lease, Store, check_scope, check_until
 from .freshness import Freshness, check_outcome, merge_note
 
-_T = TypeVar("_T")
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_MAX_MS = (datetime.max.replace(tzinfo=timezone.utc) - _EPOCH) // timedelta(milliseconds=1)
-_MIN_MS = (datetime.min.replace(tzinfo=timezone.utc) - _EPOCH) // timedelta(milliseconds=1)
+__all__ = ["DEFAULT_TIMEOUT", "SQLiteCooldownStore"]
 
 #: Rows whose time is older than this are deleted now and then by ``extend``.
 _KEEP_EXPIRED_MS = 3_600_000
@@ -44,24 +37,6 @@ _SWEEP_ONE_IN = 256
 #: ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING`` needs SQLite 3.35.
 _HAS_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
 
-_SCHEMA = "CREATE TABLE IF NOT EXISTS cooldown (scope TEXT PRIMARY KEY, until_ms INTEGER NOT NULL)"
-#: Quota permits: one row per permit granted, per scope and quota (``"limit/per_ms"``),
-#: with the time it stops counting (its grant + per + margin), deleted after that.
-#: (Version 0.4's ``permit`` table, stamped before the transaction, is no longer used.)
-_PERMIT_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS permit_log (scope TEXT NOT NULL, quota TEXT NOT NULL, "
-    "expires_ms INTEGER NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS permit_log_scope ON permit_log (scope, quota, expires_ms)",
-    "CREATE TABLE IF NOT EXISTS lease (scope TEXT NOT NULL, token TEXT NOT NULL, "
-    "expires_ms INTEGER NOT NULL, PRIMARY KEY (scope, token))",
-    # What servers announced (``allowance.Allowance``, one column per field).
-    "CREATE TABLE IF NOT EXISTS allowance (scope TEXT PRIMARY KEY, remaining INTEGER NOT NULL, "
-    "at_n INTEGER NOT NULL, until_ms INTEGER NOT NULL, n INTEGER NOT NULL, lim INTEGER NOT NULL, "
-    "window_ms INTEGER NOT NULL, exact INTEGER NOT NULL)",
-    # Freshness (``freshness.Freshness``): the last success, the last error class and when.
-    "CREATE TABLE IF NOT EXISTS freshness (scope TEXT PRIMARY KEY, success_ms INTEGER, error TEXT, "
-    "error_ms INTEGER)",
-)
 _UPSERT_RETURNING = (
     "INSERT INTO cooldown (scope, until_ms) VALUES (?, ?) "
     "ON CONFLICT (scope) DO UPDATE SET until_ms = max(until_ms, excluded.until_ms) "
@@ -85,42 +60,8 @@ def _quota(limit: int, per: float | None, margin: float) -> tuple[str, int]:
     """A quota's log name (``"limit/per_ms"``) and how long (ms) a permit counts."""
     if per is None:
         raise ConfigurationError("a quota needs a window (per)")
-    per_ms = max(1, math.ceil(per * 1000))
+    per_ms = window_ms(per)
     return f"{int(limit)}/{per_ms}", per_ms + math.ceil(margin * 1000)
-
-
-def _present_ms() -> int:
-    """The real present as UTC epoch milliseconds, rounded down."""
-    return now_epoch_ms(datetime.now(timezone.utc))
-
-
-def to_epoch_ms(until: datetime) -> int:
-    """An aware datetime as UTC epoch milliseconds, rounded *up* (never earlier)."""
-    micros = (until - _EPOCH) // timedelta(microseconds=1)
-    return -(-micros // 1000)
-
-
-def now_epoch_ms(now: datetime) -> int:
-    """The present as UTC epoch milliseconds, rounded *down*: compared with a stored
-    time (rounded up), a cooldown still runs until the real present reaches it."""
-    micros = (now - _EPOCH) // timedelta(microseconds=1)
-    return micros // 1000
-
-
-def from_epoch_ms(ms: int) -> datetime:
-    """UTC epoch milliseconds as an aware UTC datetime (clamped to datetime's range)."""
-    if ms > _MAX_MS:  # datetime.max rounded up to a whole millisecond
-        return datetime.max.replace(tzinfo=timezone.utc)
-    if ms < _MIN_MS:
-        return datetime.min.replace(tzinfo=timezone.utc)
-    return _EPOCH + timedelta(milliseconds=ms)
-
-
-#: The default lock wait (seconds) of one operation: far below a second, so a store
-#: that is locked or stuck costs a call little (the failure layer then skips it).
-DEFAULT_TIMEOUT = 0.25
-
-_HEADER = b"SQLite format 3\x00"
 
 
 def _freshness_row(row: tuple[object, ...]) -> Freshness:
@@ -133,110 +74,11 @@ def _freshness_row(row: tuple[object, ...]) -> Freshness:
     return Freshness(when(success), None if error is None else str(error), when(error_at), when(until))
 
 
-def _file_state(path: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
-    """``((device, inode), (mtime ns, size))`` of ``path``, or ``(None, None)`` when
-    it does not exist (or cannot be examined)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None, None
-    return (st.st_dev, st.st_ino), (st.st_mtime_ns, st.st_size)
-
-
-def _looks_like_sqlite(path: str) -> bool:
-    """Whether ``path`` is empty (SQLite writes its header on first use) or starts with
-    the SQLite header."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(_HEADER))
-    except OSError:
-        return True  # gone again: the next operation notices
-    return head == b"" or head == _HEADER
-
-
-@contextlib.contextmanager
-def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
-    """One write transaction taken at once (``BEGIN IMMEDIATE``): committed when the
-    block ends, rolled back when it raises."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
-        with contextlib.suppress(sqlite3.Error):
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-        raise
-
-
-def _intact(path: str, timeout: float) -> bool:
-    """Whether SQLite's quick integrity check passes on ``path`` (a fresh connection)."""
-    try:
-        conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
-    except sqlite3.Error:
-        return False
-    try:
-        rows = conn.execute("PRAGMA quick_check").fetchall()
-        return rows == [("ok",)]
-    except sqlite3.Error:
-        return False
-    finally:
-        conn.close()
-
-
-class _Slot:
-    """One thread's connection, held only by that thread's ``threading.local``.
-
-    When the thread ends, its slot is freed and a finalizer closes the connection, so
-    short-lived threads do not leak connections. ``generation`` is the store's
-    generation the connection was opened in: a file deleted or replaced since makes the
-    thread reopen.
-    """
-
-    __slots__ = ("__weakref__", "busy_ms", "conn", "generation", "pid")
-
-    def __init__(self, conn: sqlite3.Connection, pid: int, busy_ms: int, generation: int) -> None:
-        self.conn = conn
-        self.pid = pid
-        self.busy_ms = busy_ms
-        self.generation = generation
-
-
-#: Connections a forked child inherited: referenced forever and never closed in the child
-#: (closing could checkpoint the parent's WAL or drop locks the parent relies on).
-_INHERITED: list[sqlite3.Connection] = []
-
-
-def _release(store_ref: weakref.ref[SQLiteCooldownStore], conn: sqlite3.Connection, pid: int) -> None:
-    """A thread that used a store has ended (or the store is gone): close its connection,
-    unless this is a forked child, where the connection belongs to the parent."""
-    if os.getpid() != pid:
-        _INHERITED.append(conn)
-        return
-    store = store_ref()
-    if store is not None:
-        store._forget(conn)
-    with contextlib.suppress(sqlite3.Error):
-        conn.close()
-
-
-#: Primary SQLite result codes worth another attempt: BUSY, LOCKED, IOERR, PROTOCOL.
-_TRANSIENT_CODES = frozenset({5, 6, 10, 15})
-
-
-def _transient(exc: sqlite3.Error) -> bool:
-    """Whether another attempt may succeed (a lock, not a missing or corrupt file)."""
-    if not isinstance(exc, sqlite3.OperationalError):
-        return False
-    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
-    return code is None or (code & 0xFF) in _TRANSIENT_CODES
-
-
 def _restore(path: str, timeout: float) -> SQLiteCooldownStore:
     return SQLiteCooldownStore(path, timeout=timeout)
 
 
-class SQLiteCooldownStore:
+class SQLiteCooldownStore(SQLiteFile, Store):
     """Cooldowns shared by every process and thread on one host through a SQLite file.
 
     ``path`` is the database file (created when missing; its directory must exist). A
@@ -261,69 +103,8 @@ class SQLiteCooldownStore:
     is unreliable); for several machines use :class:`RedisCooldownStore`.
     """
 
-    #: ``admit`` stamps a permit with the time it grants it (``now`` None: the present
-    #: read inside the operation) and keeps each quota's log and each permit's margin.
-    stamps_grants = True
-
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        try:
-            text = os.fspath(path)
-        except TypeError:
-            raise ConfigurationError("the SQLite cooldown path must be a str or path-like") from None
-        if not isinstance(text, str):
-            raise ConfigurationError("the SQLite cooldown path must be a str path, not bytes")
-        if text in ("", ":memory:") or text.startswith("file:"):
-            raise ConfigurationError(
-                "the SQLite cooldown store needs a real file path that every process can open "
-                "(not ':memory:', an empty path or a 'file:' URI)"
-            )
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise ConfigurationError("the SQLite cooldown timeout must be a number of seconds")
-        if not (math.isfinite(timeout) and timeout > 0):
-            raise ConfigurationError("the SQLite cooldown timeout must be a finite number of seconds > 0")
-        full = os.path.abspath(text)
-        directory = os.path.dirname(full)
-        if not os.path.isdir(directory):
-            raise ConfigurationError(
-                f"the directory of the SQLite cooldown file does not exist: {directory!r} "
-                "(create it first; the store does not create directories)"
-            )
-        if os.path.isdir(full):
-            raise ConfigurationError(f"the SQLite cooldown path is a directory: {full!r}")
-        self._path = full
-        self._timeout = float(timeout)
-        self._full_busy_ms = max(1, int(self._timeout * 1000))
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        # Every open connection this process made (one per live thread), for close().
-        self._conns: set[sqlite3.Connection] = set()
-        self._pid = os.getpid()
-        self._closed = False
-        #: Bumped when the file at the path is found deleted or replaced.
-        self._generation = 0
-        self._ident: tuple[int, int] | None = None
-        self._version: tuple[int, int] | None = None
-        self._bad = False
-        self.replaced_reason = ""
-        _forksafe.register(self)
-        self._run(lambda conn: None)  # open now: a bad file fails here, not on the first 429
-
-    # -- public API ---------------------------------------------------------------
-
-    @property
-    def path(self) -> str:
-        """The absolute path of the database file."""
-        return self._path
-
-    @property
-    def timeout(self) -> float:
-        """How long (seconds) one call may wait for the database before it fails."""
-        return self._timeout
-
-    @property
-    def generation(self) -> int:
-        """How many times this process found the file deleted or replaced (and reopened)."""
-        return self._generation
+        self._open(path, timeout)
 
     def get(self, scope: str) -> datetime | None:
         check_scope(scope)
@@ -338,27 +119,6 @@ class SQLiteCooldownStore:
         if random.randrange(_SWEEP_ONE_IN) == 0:
             self._sweep_quietly()
         return from_epoch_ms(effective)
-
-    def acquire(
-        self, scope: str, limit: int, per: float, now: datetime | None = None, margin: float = 0.0
-    ) -> datetime | None:
-        """Take a quota permit (see ``MemoryCooldownStore.admit``): one immediate
-        transaction, so every process on the host agrees; the permit's time is read
-        inside it (``now`` None: the real present)."""
-        check_scope(scope)
-        quota, count_ms = _quota(limit, per, margin)
-        fixed = None if now is None else now_epoch_ms(check_until(now))
-
-        def take(conn: sqlite3.Connection) -> int | None:
-            with _immediate(conn):
-                now_ms = fixed if fixed is not None else _present_ms()
-                refused = self._permit_refused(conn, scope, quota, limit, now_ms)
-                if refused is None:
-                    self._take_permit(conn, scope, quota, now_ms + count_ms)
-                return refused
-
-        eligible = self._run(take)
-        return None if eligible is None else from_epoch_ms(eligible)
 
     @staticmethod
     def _permit_refused(
@@ -393,14 +153,8 @@ class SQLiteCooldownStore:
         return None if int(rows[0][0]) < limit else int(rows[0][1])
 
     def allow(
-        self,
-        scope: str,
-        remaining: int,
-        until: datetime,
-        now: datetime,
-        seq: int | None = None,
-        limit: int | None = None,
-        window: float | None = None,
+        self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,
+        limit: int | None = None, window: float | None = None,
     ) -> None:
         """Record the server's announced allowance (see ``MemoryCooldownStore.allow``):
         one immediate transaction."""
@@ -409,7 +163,7 @@ class SQLiteCooldownStore:
         now = check_until(now)
 
         def allow(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
+            with immediate(conn):
                 current = self._allowance_row(conn, scope)
                 merged = merge_allowance(current, int(remaining), until, now, seq, limit, window)
                 if merged is not None:
@@ -447,13 +201,8 @@ class SQLiteCooldownStore:
         )
 
     def admit(
-        self,
-        scope: str,
-        now: datetime | None,
-        limit: int | None = None,
-        per: float | None = None,
-        lease: tuple[int, float, str] | None = None,
-        margin: float = 0.0,
+        self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
+        lease: Lease | None = None, margin: float = 0.0,
     ) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
         the announced allowance, the quota permit and the concurrency slot in one
@@ -462,59 +211,67 @@ class SQLiteCooldownStore:
         permit's time is when it is granted."""
         check_scope(scope)
         fixed = None if now is None else check_until(now)
-        quota, count_ms = _quota(limit, per, margin) if limit is not None else (None, 0)
+        quota = _quota(limit, per, margin) if limit is not None else None
+        nothing_to_take = quota is None and lease is None
 
-        def admit(conn: sqlite3.Connection) -> tuple[int | None, int | None, int | None, bool]:
-            now = fixed if fixed is not None else datetime.now(timezone.utc)
-            now_ms = now_epoch_ms(now)
-            if quota is None and lease is None:
-                # Nothing to take: a plain read, unless the scope's admissions are counted.
-                rows = conn.execute(_PEEK, (scope, scope)).fetchall()
-                cooldown = None if rows[0][0] is None else int(rows[0][0])
-                if cooldown is not None and cooldown > now_ms:
-                    return cooldown, cooldown, None, False
-                if rows[0][1] is None:
-                    return cooldown, None, None, False
-            with _immediate(conn):
-                if fixed is None:
-                    now = datetime.now(timezone.utc)  # the lock is ours: this is the grant's time
-                    now_ms = now_epoch_ms(now)
-                rows = conn.execute(_SELECT, (scope,)).fetchall()
-                cooldown = int(rows[0][0]) if rows else None
-                if cooldown is not None and cooldown > now_ms:
-                    return cooldown, cooldown, None, False
-                record = self._allowance_row(conn, scope)
-                rolled = None
-                if record is not None:
-                    rolled, wait = admit_allowance(record, now)
-                    if wait is not None:
-                        if rolled != record:
-                            self._put_allowance(conn, scope, rolled)
-                        return cooldown, to_epoch_ms(wait), None, False
-                if quota is not None and limit is not None:
-                    refused = self._permit_refused(conn, scope, quota, limit, now_ms)
-                    if refused is not None:
-                        return cooldown, refused, None, False
-                if lease is not None:
-                    busy = self._slot_refused(conn, scope, lease[0], now_ms)
-                    if busy is not None:
-                        return cooldown, busy, None, True
-                    expires = now_ms + max(1, math.ceil(lease[1] * 1000))
-                    conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, lease[2], expires))
-                if quota is not None:
-                    permits.append(now_ms + count_ms)
-                    self._take_permit(conn, scope, quota, permits[-1])
-                if rolled is None:
-                    return cooldown, None, None, False
-                self._put_allowance(conn, scope, rolled)
-            return cooldown, None, rolled.admitted - 1, False
+        def admit(conn: sqlite3.Connection) -> Admission:
+            if nothing_to_take:
+                peeked = self._peek(conn, scope, fixed)
+                if peeked is not None:
+                    return peeked
+            with immediate(conn):
+                at = fixed or datetime.now(timezone.utc)  # the lock is ours: the grant's time
+                return self._admit_locked(conn, scope, at, limit, quota, lease)
 
-        permits: list[int] = []
-        cooldown, wait, seq, busy = self._run(admit)
-        stored = None if cooldown is None else from_epoch_ms(cooldown)
-        if permits and wait is None:
-            return Granted.of(from_epoch_ms(permits[-1]), stored, seq)
-        return Admission(stored, None if wait is None else from_epoch_ms(wait), seq, busy)
+        return self._run(admit)
+
+    @staticmethod
+    def _peek(conn: sqlite3.Connection, scope: str, fixed: datetime | None) -> Admission | None:
+        """Without a write transaction: the answer when nothing is to be taken and the
+        scope's admissions are not counted (no announced allowance), else None."""
+        rows = conn.execute(_PEEK, (scope, scope)).fetchall()
+        cooldown = None if rows[0][0] is None else from_epoch_ms(int(rows[0][0]))
+        now = fixed or datetime.now(timezone.utc)
+        if cooldown is not None and cooldown > now:
+            return Admission(cooldown, cooldown)
+        return Admission(cooldown, None) if rows[0][1] is None else None
+
+    def _admit_locked(
+        self, conn: sqlite3.Connection, scope: str, now: datetime, limit: int | None,
+        quota: tuple[str, int] | None, lease: Lease | None,
+    ) -> Admission:
+        """Inside the write transaction: the whole admission at ``now``."""
+        now_ms = now_epoch_ms(now)
+        rows = conn.execute(_SELECT, (scope,)).fetchall()
+        cooldown = from_epoch_ms(int(rows[0][0])) if rows else None
+        if cooldown is not None and cooldown > now:
+            return Admission(cooldown, cooldown)
+        record = self._allowance_row(conn, scope)
+        rolled = None
+        if record is not None:
+            rolled, wait = admit_allowance(record, now)
+            if wait is not None:
+                if rolled != record:
+                    self._put_allowance(conn, scope, rolled)
+                return Admission(cooldown, from_epoch_ms(to_epoch_ms(wait)))
+        if quota is not None and limit is not None:
+            refused = self._permit_refused(conn, scope, quota[0], limit, now_ms)
+            if refused is not None:
+                return Admission(cooldown, from_epoch_ms(refused))
+        if lease is not None:
+            busy = self._slot_refused(conn, scope, lease[0], now_ms)
+            if busy is not None:
+                return Admission(cooldown, from_epoch_ms(busy), None, True)
+            expires = now_ms + window_ms(lease[1])
+            conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, lease[2], expires))
+        seq = None
+        if rolled is not None:
+            self._put_allowance(conn, scope, rolled)
+            seq = rolled.admitted - 1
+        if quota is None:
+            return Admission(cooldown, None, seq)
+        self._take_permit(conn, scope, quota[0], now_ms + quota[1])
+        return Granted.of(from_epoch_ms(now_ms + quota[1]), cooldown, seq)
 
     def settle(
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None
@@ -529,10 +286,10 @@ class SQLiteCooldownStore:
         fixed = None if now is None else now_epoch_ms(check_until(now))
 
         def settle(conn: sqlite3.Connection) -> None:
-            new = (fixed if fixed is not None else _present_ms()) + per_ms
+            new = (fixed if fixed is not None else present_ms()) + per_ms
             if new <= old:
                 return
-            with _immediate(conn):
+            with immediate(conn):
                 moved = conn.execute(
                     "UPDATE permit_log SET expires_ms = ? WHERE rowid = (SELECT rowid FROM permit_log "
                     "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
@@ -551,7 +308,7 @@ class SQLiteCooldownStore:
         at = check_until(at)
 
         def note(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
+            with immediate(conn):
                 rows = conn.execute(_FRESH + " WHERE f.scope = ?", (scope,)).fetchall()
                 merged = merge_note(_freshness_row(rows[0]) if rows else None, outcome, at)
                 conn.execute(
@@ -583,25 +340,6 @@ class SQLiteCooldownStore:
             found.setdefault(scope, Freshness(next_eligible=until))
         return found
 
-    def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> datetime | None:
-        """Take a concurrency slot (see ``MemoryCooldownStore.lease``): one immediate
-        transaction, so every process on the host agrees."""
-        check_scope(scope)
-        now_ms = now_epoch_ms(check_until(now))
-        ttl_ms = max(1, math.ceil(ttl * 1000))
-        earliest = self._run(lambda conn: self._hold(conn, scope, limit, ttl_ms, now_ms, token))
-        return None if earliest is None else from_epoch_ms(earliest)
-
-    @staticmethod
-    def _hold(
-        conn: sqlite3.Connection, scope: str, limit: int, ttl_ms: int, now_ms: int, token: str
-    ) -> int | None:
-        with _immediate(conn):
-            busy = SQLiteCooldownStore._slot_refused(conn, scope, limit, now_ms)
-            if busy is None:
-                conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, token, now_ms + ttl_ms))
-        return busy
-
     def release(self, scope: str, token: str) -> None:
         """Give a concurrency slot back."""
         check_scope(scope)
@@ -616,7 +354,7 @@ class SQLiteCooldownStore:
         check_scope(scope)
 
         def delete(conn: sqlite3.Connection) -> int:
-            with _immediate(conn):
+            with immediate(conn):
                 return sum(
                     conn.execute(f"DELETE FROM {table} WHERE scope = ?", (scope,)).rowcount  # noqa: S608
                     for table in ("cooldown", "allowance", "permit_log", "lease")
@@ -666,15 +404,6 @@ class SQLiteCooldownStore:
         rows = self._run(lambda conn: conn.execute(_ALL).fetchall())
         return {str(scope): from_epoch_ms(int(ms)) for scope, ms in rows}
 
-    def close(self) -> None:
-        """Close this process's connections. The store cannot be used afterwards."""
-        with self._lock:
-            self._closed = True
-            conns, self._conns = self._conns, set()
-        for conn in conns:
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()
-
     def __enter__(self) -> SQLiteCooldownStore:
         return self
 
@@ -713,160 +442,9 @@ class SQLiteCooldownStore:
     @staticmethod
     def _upsert_in_transaction(conn: sqlite3.Connection, scope: str, ms: int) -> int:
         """The same later-wins write for SQLite older than 3.35 (no RETURNING)."""
-        with _immediate(conn):
+        with immediate(conn):
             conn.execute("INSERT OR IGNORE INTO cooldown (scope, until_ms) VALUES (?, ?)", (scope, ms))
             conn.execute("UPDATE cooldown SET until_ms = ? WHERE scope = ? AND until_ms < ?", (ms, scope, ms))
             rows = conn.execute(_SELECT, (scope,)).fetchall()
         return int(rows[0][0])
 
-    def _slot(self) -> _Slot | None:
-        """This thread's slot, if it was made in this process."""
-        slot: _Slot | None = getattr(self._local, "slot", None)
-        if slot is not None and slot.pid == os.getpid():
-            return slot
-        return None
-
-    def _connection(self) -> _Slot:
-        if self._closed:
-            raise CooldownStoreError(f"the SQLite cooldown store {self._path!r} is closed")
-        self._check_file()
-        slot = self._slot()
-        if slot is not None:
-            if slot.generation == self._generation:
-                return slot
-            self._forget(slot.conn)
-            with contextlib.suppress(sqlite3.Error):
-                slot.conn.close()
-            self._local.slot = None
-        pid = os.getpid()
-        if self._pid != pid:  # forked without the at-fork hook (not expected on POSIX)
-            self._after_fork()
-        # Drop a slot inherited through fork: its finalizer sees the other pid and keeps
-        # the parent's connection open.
-        self._local.slot = None
-        conn = sqlite3.connect(
-            self._path,
-            timeout=self._timeout,
-            isolation_level=None,  # autocommit: each statement is its own transaction
-            check_same_thread=False,  # only this thread uses it; close() may run elsewhere
-        )
-        try:
-            conn.execute("PRAGMA journal_mode=WAL").fetchall()
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute(_SCHEMA)
-            for statement in _PERMIT_SCHEMA:
-                conn.execute(statement)
-        except BaseException:
-            conn.close()
-            raise
-        with self._lock:
-            if self._closed:
-                conn.close()
-                raise CooldownStoreError(f"the SQLite cooldown store {self._path!r} is closed")
-            self._conns.add(conn)
-            generation = self._generation
-            if self._ident is None:
-                self._ident, self._version = _file_state(self._path)
-        slot = _Slot(conn, pid, self._full_busy_ms, generation)
-        weakref.finalize(slot, _release, weakref.ref(self), conn, pid)
-        self._local.slot = slot
-        return slot
-
-    def _moved(self) -> bool:
-        """Whether the file at the path is no longer the one opened (an operation on
-        the old one then fails, for example read-only because its WAL was deleted)."""
-        slot = self._slot()
-        if slot is not None and slot.generation != self._generation:
-            return True  # another thread found the file replaced: reopen and try again
-        return self._ident is not None and _file_state(self._path)[0] != self._ident
-
-    def _check_file(self) -> None:
-        """Notice a file deleted or replaced (a new generation: every thread reopens)
-        or overwritten with something that is not a database (raise)."""
-        ident, version = _file_state(self._path)
-        if ident != self._ident or version != self._version:
-            with self._lock:
-                ident, version = _file_state(self._path)
-                if ident != self._ident and (self._ident is not None or ident is not None):
-                    if self._ident is not None:  # a first open (None) is not a replacement
-                        self._generation += 1
-                        self.replaced_reason = (
-                            "the database file was deleted"
-                            if ident is None
-                            else "the database file was replaced"
-                        )
-                    self._ident = None  # set again when a connection opens the new file
-                    self._bad = False
-                if version != self._version:
-                    self._version = version
-                    was_bad = self._bad
-                    self._bad = ident is not None and not _looks_like_sqlite(self._path)
-                    if was_bad and not self._bad and not _intact(self._path, self._timeout):
-                        self._bad = True  # the header came back (a checkpoint), the rest did not
-                    if was_bad and not self._bad:  # a database again: reopen and write back
-                        self._generation += 1
-                        self.replaced_reason = "the database file was replaced"
-        if self._bad:
-            raise sqlite3.DatabaseError("file is not a database")
-
-    def _forget(self, conn: sqlite3.Connection) -> None:
-        with self._lock:
-            self._conns.discard(conn)
-
-    def _after_fork(self) -> None:
-        """In a forked child: the parent's connections stay open and untouched; the
-        child opens its own on first use."""
-        self._lock = threading.Lock()  # a parent thread may have held it during fork
-        _INHERITED.extend(self._conns)
-        self._conns = set()
-        self._pid = os.getpid()
-
-    @staticmethod
-    def _set_busy(slot: _Slot, ms: int) -> None:
-        if slot.busy_ms != ms:
-            slot.conn.execute(f"PRAGMA busy_timeout = {int(ms)}")
-            slot.busy_ms = ms
-
-    def _run(self, operation: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``operation`` on this thread's connection.
-
-        Transient errors (locked, busy, I/O) are retried with a short backoff until
-        ``timeout`` has passed, each attempt waiting for locks only as long as the budget
-        has left; then, or at once for a permanent error, CooldownStoreError is raised.
-        No sqlite3 exception escapes.
-        """
-        deadline = time.monotonic() + self._timeout
-        busy_ms = self._full_busy_ms
-        pause = 0.002
-        while True:
-            try:
-                slot = self._connection()
-                self._set_busy(slot, busy_ms)
-                return operation(slot.conn)
-            except sqlite3.Error as exc:
-                self._after_error()
-                if not _transient(exc) and not self._moved():
-                    raise self._failure(exc, waited=False) from exc
-                error = exc  # a lock, or a file replaced under this connection: again
-            left = deadline - time.monotonic()
-            if left > 0:
-                time.sleep(min(left, pause * (0.5 + random.random())))
-                pause = min(pause * 2, 0.05)
-                left = deadline - time.monotonic()
-            if left <= 0:
-                raise self._failure(error, waited=True) from error
-            busy_ms = max(1, int(left * 1000))
-
-    def _after_error(self) -> None:
-        slot = self._slot()
-        with contextlib.suppress(sqlite3.Error):
-            if slot is not None and slot.conn.in_transaction:
-                slot.conn.execute("ROLLBACK")
-
-    def _failure(self, exc: sqlite3.Error, *, waited: bool) -> CooldownStoreError:
-        reason = str(exc) or type(exc).__name__
-        after = f" after trying for {self._timeout:g} s" if waited else ""
-        return CooldownStoreError(
-            f"the SQLite cooldown store {self._path!r} is unavailable ({reason}){after}",
-            busy=waited,  # locks held by other writers past the timeout: contention
-        )

@@ -55,10 +55,12 @@ def test_cooldowns_permits_allowances_leases_and_freshness_on_the_cluster(store:
         store.allow(scope, 1, later + timedelta(seconds=30), later)
         assert store.admit(scope, later)[1] is None
         assert store.admit(scope, later)[1] == later + timedelta(seconds=30)
-        assert store.lease(scope, 1, 30.0, NOW, "a") is None
-        assert store.lease(scope, 1, 30.0, NOW, "b") == NOW + timedelta(seconds=30)
+        # A slot is admitted like anything else: past the cooldown and the allowance.
+        free = later + timedelta(seconds=31)
+        assert store.lease(scope, 1, 30.0, free, "a") is None
+        assert store.lease(scope, 1, 30.0, free, "b") == free + timedelta(seconds=30)
         store.release(scope, "a")
-        assert store.lease(scope, 1, 30.0, NOW, "b") is None
+        assert store.lease(scope, 1, 30.0, free, "b") is None
         store.note(scope, "throttled", NOW)
         assert store.freshness(scope).last_error == "throttled"
     assert set(store.entries()) == set(SCOPES)  # SCAN over every node

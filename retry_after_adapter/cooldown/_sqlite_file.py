@@ -1,0 +1,378 @@
+"""The SQLite file behind :class:`~.sqlite.SQLiteCooldownStore`: one connection per
+thread of each process, the schema, and what happens when the file is locked, deleted,
+replaced or overwritten.
+
+Connections are private to one thread of one process: a connection opened before a
+``fork`` is never used (nor closed) in the child. Every operation first compares the
+file's identity (device and inode) with the one it opened: a file deleted or replaced
+under running workers is noticed, every thread reopens it, and ``generation`` goes up.
+Transient errors (locked, busy, I/O) are retried within the store's ``timeout``; no
+``sqlite3`` error ever leaves: each is raised as :class:`CooldownStoreError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from .. import _forksafe
+from ..errors import ConfigurationError, CooldownStoreError
+
+_T = TypeVar("_T")
+
+#: The default lock wait (seconds) of one operation: far below a second, so a store
+#: that is locked or stuck costs a call little (the failure layer then skips it).
+DEFAULT_TIMEOUT = 0.25
+
+_SCHEMA = "CREATE TABLE IF NOT EXISTS cooldown (scope TEXT PRIMARY KEY, until_ms INTEGER NOT NULL)"
+#: Quota permits: one row per permit granted, per scope and quota (``"limit/per_ms"``),
+#: with the time it stops counting (its grant + per + margin), deleted after that.
+#: (Version 0.4's ``permit`` table, stamped before the transaction, is no longer used.)
+_PERMIT_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS permit_log (scope TEXT NOT NULL, quota TEXT NOT NULL, "
+    "expires_ms INTEGER NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS permit_log_scope ON permit_log (scope, quota, expires_ms)",
+    "CREATE TABLE IF NOT EXISTS lease (scope TEXT NOT NULL, token TEXT NOT NULL, "
+    "expires_ms INTEGER NOT NULL, PRIMARY KEY (scope, token))",
+    # What servers announced (``allowance.Allowance``, one column per field).
+    "CREATE TABLE IF NOT EXISTS allowance (scope TEXT PRIMARY KEY, remaining INTEGER NOT NULL, "
+    "at_n INTEGER NOT NULL, until_ms INTEGER NOT NULL, n INTEGER NOT NULL, lim INTEGER NOT NULL, "
+    "window_ms INTEGER NOT NULL, exact INTEGER NOT NULL)",
+    # Freshness (``freshness.Freshness``): the last success, the last error class and when.
+    "CREATE TABLE IF NOT EXISTS freshness (scope TEXT PRIMARY KEY, success_ms INTEGER, error TEXT, "
+    "error_ms INTEGER)",
+)
+
+_HEADER = b"SQLite format 3\x00"
+
+
+def _file_state(path: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """``((device, inode), (mtime ns, size))`` of ``path``, or ``(None, None)`` when
+    it does not exist (or cannot be examined)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None, None
+    return (st.st_dev, st.st_ino), (st.st_mtime_ns, st.st_size)
+
+
+def _looks_like_sqlite(path: str) -> bool:
+    """Whether ``path`` is empty (SQLite writes its header on first use) or starts with
+    the SQLite header."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_HEADER))
+    except OSError:
+        return True  # gone again: the next operation notices
+    return head == b"" or head == _HEADER
+
+
+@contextlib.contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction taken at once (``BEGIN IMMEDIATE``): committed when the
+    block ends, rolled back when it raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        raise
+
+
+def _intact(path: str, timeout: float) -> bool:
+    """Whether SQLite's quick integrity check passes on ``path`` (a fresh connection)."""
+    try:
+        conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+    except sqlite3.Error:
+        return False
+    try:
+        rows = conn.execute("PRAGMA quick_check").fetchall()
+        return rows == [("ok",)]
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+
+
+class _Slot:
+    """One thread's connection, held only by that thread's ``threading.local``.
+
+    When the thread ends, its slot is freed and a finalizer closes the connection, so
+    short-lived threads do not leak connections. ``generation`` is the store's
+    generation the connection was opened in: a file deleted or replaced since makes the
+    thread reopen.
+    """
+
+    __slots__ = ("__weakref__", "busy_ms", "conn", "generation", "pid")
+
+    def __init__(self, conn: sqlite3.Connection, pid: int, busy_ms: int, generation: int) -> None:
+        self.conn = conn
+        self.pid = pid
+        self.busy_ms = busy_ms
+        self.generation = generation
+
+
+#: Connections a forked child inherited: referenced forever and never closed in the child
+#: (closing could checkpoint the parent's WAL or drop locks the parent relies on).
+_INHERITED: list[sqlite3.Connection] = []
+
+
+def _release(store_ref: weakref.ref[SQLiteFile], conn: sqlite3.Connection, pid: int) -> None:
+    """A thread that used a store has ended (or the store is gone): close its connection,
+    unless this is a forked child, where the connection belongs to the parent."""
+    if os.getpid() != pid:
+        _INHERITED.append(conn)
+        return
+    store = store_ref()
+    if store is not None:
+        store._forget(conn)
+    with contextlib.suppress(sqlite3.Error):
+        conn.close()
+
+
+#: Primary SQLite result codes worth another attempt: BUSY, LOCKED, IOERR, PROTOCOL.
+_TRANSIENT_CODES = frozenset({5, 6, 10, 15})
+
+
+def _transient(exc: sqlite3.Error) -> bool:
+    """Whether another attempt may succeed (a lock, not a missing or corrupt file)."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    return code is None or (code & 0xFF) in _TRANSIENT_CODES
+
+
+class SQLiteFile:
+    """The file and its connections (the base of the SQLite store)."""
+
+    def _open(self, path: str | os.PathLike[str], timeout: float) -> None:
+        """Check the path and options, and open the file (a bad file fails here)."""
+        try:
+            text = os.fspath(path)
+        except TypeError:
+            raise ConfigurationError("the SQLite cooldown path must be a str or path-like") from None
+        if not isinstance(text, str):
+            raise ConfigurationError("the SQLite cooldown path must be a str path, not bytes")
+        if text in ("", ":memory:") or text.startswith("file:"):
+            raise ConfigurationError(
+                "the SQLite cooldown store needs a real file path that every process can open "
+                "(not ':memory:', an empty path or a 'file:' URI)"
+            )
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise ConfigurationError("the SQLite cooldown timeout must be a number of seconds")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ConfigurationError("the SQLite cooldown timeout must be a finite number of seconds > 0")
+        full = os.path.abspath(text)
+        directory = os.path.dirname(full)
+        if not os.path.isdir(directory):
+            raise ConfigurationError(
+                f"the directory of the SQLite cooldown file does not exist: {directory!r} "
+                "(create it first; the store does not create directories)"
+            )
+        if os.path.isdir(full):
+            raise ConfigurationError(f"the SQLite cooldown path is a directory: {full!r}")
+        self._path = full
+        self._timeout = float(timeout)
+        self._full_busy_ms = max(1, int(self._timeout * 1000))
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        # Every open connection this process made (one per live thread), for close().
+        self._conns: set[sqlite3.Connection] = set()
+        self._pid = os.getpid()
+        self._closed = False
+        #: Bumped when the file at the path is found deleted or replaced.
+        self._generation = 0
+        self._ident: tuple[int, int] | None = None
+        self._version: tuple[int, int] | None = None
+        self._bad = False
+        self.replaced_reason = ""
+        _forksafe.register(self)
+        self._run(lambda conn: None)  # open now: a bad file fails here, not on the first 429
+
+
+    @property
+    def path(self) -> str:
+        """The absolute path of the database file."""
+        return self._path
+
+    @property
+    def timeout(self) -> float:
+        """How long (seconds) one call may wait for the database before it fails."""
+        return self._timeout
+
+    @property
+    def generation(self) -> int:
+        """How many times this process found the file deleted or replaced (and reopened)."""
+        return self._generation
+
+    def _slot(self) -> _Slot | None:
+        """This thread's slot, if it was made in this process."""
+        slot: _Slot | None = getattr(self._local, "slot", None)
+        if slot is not None and slot.pid == os.getpid():
+            return slot
+        return None
+
+    def _connection(self) -> _Slot:
+        if self._closed:
+            raise CooldownStoreError(f"the SQLite cooldown store {self._path!r} is closed")
+        self._check_file()
+        slot = self._slot()
+        if slot is not None:
+            if slot.generation == self._generation:
+                return slot
+            self._forget(slot.conn)
+            with contextlib.suppress(sqlite3.Error):
+                slot.conn.close()
+            self._local.slot = None
+        pid = os.getpid()
+        if self._pid != pid:  # forked without the at-fork hook (not expected on POSIX)
+            self._after_fork()
+        # Drop a slot inherited through fork: its finalizer sees the other pid and keeps
+        # the parent's connection open.
+        self._local.slot = None
+        conn = sqlite3.connect(
+            self._path,
+            timeout=self._timeout,
+            isolation_level=None,  # autocommit: each statement is its own transaction
+            check_same_thread=False,  # only this thread uses it; close() may run elsewhere
+        )
+        try:
+            conn.execute("PRAGMA journal_mode=WAL").fetchall()
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(_SCHEMA)
+            for statement in _PERMIT_SCHEMA:
+                conn.execute(statement)
+        except BaseException:
+            conn.close()
+            raise
+        with self._lock:
+            if self._closed:
+                conn.close()
+                raise CooldownStoreError(f"the SQLite cooldown store {self._path!r} is closed")
+            self._conns.add(conn)
+            generation = self._generation
+            if self._ident is None:
+                self._ident, self._version = _file_state(self._path)
+        slot = _Slot(conn, pid, self._full_busy_ms, generation)
+        weakref.finalize(slot, _release, weakref.ref(self), conn, pid)
+        self._local.slot = slot
+        return slot
+
+    def _moved(self) -> bool:
+        """Whether the file at the path is no longer the one opened (an operation on
+        the old one then fails, for example read-only because its WAL was deleted)."""
+        slot = self._slot()
+        if slot is not None and slot.generation != self._generation:
+            return True  # another thread found the file replaced: reopen and try again
+        return self._ident is not None and _file_state(self._path)[0] != self._ident
+
+    def _check_file(self) -> None:
+        """Notice a file deleted or replaced (a new generation: every thread reopens)
+        or overwritten with something that is not a database (raise)."""
+        ident, version = _file_state(self._path)
+        if ident != self._ident or version != self._version:
+            with self._lock:
+                ident, version = _file_state(self._path)
+                if ident != self._ident and (self._ident is not None or ident is not None):
+                    if self._ident is not None:  # a first open (None) is not a replacement
+                        self._generation += 1
+                        self.replaced_reason = (
+                            "the database file was deleted"
+                            if ident is None
+                            else "the database file was replaced"
+                        )
+                    self._ident = None  # set again when a connection opens the new file
+                    self._bad = False
+                if version != self._version:
+                    self._version = version
+                    was_bad = self._bad
+                    self._bad = ident is not None and not _looks_like_sqlite(self._path)
+                    if was_bad and not self._bad and not _intact(self._path, self._timeout):
+                        self._bad = True  # the header came back (a checkpoint), the rest did not
+                    if was_bad and not self._bad:  # a database again: reopen and write back
+                        self._generation += 1
+                        self.replaced_reason = "the database file was replaced"
+        if self._bad:
+            raise sqlite3.DatabaseError("file is not a database")
+
+    def _forget(self, conn: sqlite3.Connection) -> None:
+        with self._lock:
+            self._conns.discard(conn)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's connections stay open and untouched; the
+        child opens its own on first use."""
+        self._lock = threading.Lock()  # a parent thread may have held it during fork
+        _INHERITED.extend(self._conns)
+        self._conns = set()
+        self._pid = os.getpid()
+
+    @staticmethod
+    def _set_busy(slot: _Slot, ms: int) -> None:
+        if slot.busy_ms != ms:
+            slot.conn.execute(f"PRAGMA busy_timeout = {int(ms)}")
+            slot.busy_ms = ms
+
+    def _run(self, operation: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``operation`` on this thread's connection.
+
+        Transient errors (locked, busy, I/O) are retried with a short backoff until
+        ``timeout`` has passed, each attempt waiting for locks only as long as the budget
+        has left; then, or at once for a permanent error, CooldownStoreError is raised.
+        No sqlite3 exception escapes.
+        """
+        deadline = time.monotonic() + self._timeout
+        busy_ms = self._full_busy_ms
+        pause = 0.002
+        while True:
+            try:
+                slot = self._connection()
+                self._set_busy(slot, busy_ms)
+                return operation(slot.conn)
+            except sqlite3.Error as exc:
+                self._after_error()
+                if not _transient(exc) and not self._moved():
+                    raise self._failure(exc, waited=False) from exc
+                error = exc  # a lock, or a file replaced under this connection: again
+            left = deadline - time.monotonic()
+            if left > 0:
+                time.sleep(min(left, pause * (0.5 + random.random())))
+                pause = min(pause * 2, 0.05)
+                left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._failure(error, waited=True) from error
+            busy_ms = max(1, int(left * 1000))
+
+    def _after_error(self) -> None:
+        slot = self._slot()
+        with contextlib.suppress(sqlite3.Error):
+            if slot is not None and slot.conn.in_transaction:
+                slot.conn.execute("ROLLBACK")
+
+    def _failure(self, exc: sqlite3.Error, *, waited: bool) -> CooldownStoreError:
+        reason = str(exc) or type(exc).__name__
+        after = f" after trying for {self._timeout:g} s" if waited else ""
+        return CooldownStoreError(
+            f"the SQLite cooldown store {self._path!r} is unavailable ({reason}){after}",
+            busy=waited,  # locks held by other writers past the timeout: contention
+        )
+
+    def close(self) -> None:
+        """Close this process's connections. The store cannot be used afterwards."""
+        with self._lock:
+            self._closed = True
+            conns, self._conns = self._conns, set()
+        for conn in conns:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()

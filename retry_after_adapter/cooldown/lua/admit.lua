@@ -1,0 +1,70 @@
+-- Admission for one attempt, atomically, all or nothing (MemoryCooldownStore.admit).
+-- Loaded after allowance.lua.
+-- KEYS = the cooldown key, the quota's permit set, the allowance hash, the lease set,
+-- all in one cluster slot; ARGV = now (ms; the client's clock: cooldowns are stamped
+-- so), how long a permit counts (ms, 0: no quota), the limit, a unique member, "1" to
+-- read the cooldown from KEYS[1] ("0": the caller read it), how long (ms) an allowance
+-- outlives its reset, and the slots (0: no cap), the lease's ttl (ms) and its token.
+-- Returns {cooldown or -1, -1 when admitted or when to ask again, the admission number
+-- or -1, 1 when only a slot was missing, when the permit taken stops counting or -1}.
+
+-- One quota's permits on a permit set (a sorted set, score = when a permit stops
+-- counting: its grant + per + margin, epoch ms): drops the permits that stopped
+-- counting; -1 when fewer than the limit remain (one is taken when take is true; the
+-- key lives as long as its last permit), else when one will be free.
+local function take_permit(key, now, counts, limit, member, take)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  local count = redis.call('ZCARD', key)
+  if count >= limit then
+    local edge = redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')
+    return tonumber(edge[2])
+  end
+  if take then
+    redis.call('ZADD', key, now + counts, member)
+    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', key, tonumber(last[2]) + 1000)
+  end
+  return -1
+end
+local now = tonumber(ARGV[1])
+local cooldown = -1
+if ARGV[5] == '1' then
+  local stored = tonumber(redis.call('GET', KEYS[1]))
+  if stored ~= nil then
+    if stored > now then return {stored, stored, -1, 0, -1} end
+    cooldown = stored
+  end
+end
+local rec = load(KEYS[3])
+if rec ~= nil then
+  local rolled = roll(rec, now)
+  if rec.u > now and rec.r - (rec.n - rec.a) <= 0 then
+    if rolled then save(KEYS[3], rec, tonumber(ARGV[6])) end
+    return {cooldown, rec.u, -1, 0, -1}
+  end
+end
+local counts = tonumber(ARGV[2])
+local limit = tonumber(ARGV[3])
+if counts > 0 then
+  local refused = take_permit(KEYS[2], now, counts, limit, ARGV[4], false)
+  if refused >= 0 then return {cooldown, refused, -1, 0, -1} end
+end
+local slots = tonumber(ARGV[7])
+if slots > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  if redis.call('ZCARD', KEYS[4]) >= slots then
+    local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+    return {cooldown, tonumber(first[2]), -1, 1, -1}
+  end
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[8]), ARGV[9])
+  redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[8]) + 1000)
+end
+local permit = -1
+if counts > 0 then
+  take_permit(KEYS[2], now, counts, limit, ARGV[4], true)
+  permit = now + counts
+end
+if rec == nil then return {cooldown, -1, -1, 0, permit} end
+rec.n = rec.n + 1
+save(KEYS[3], rec, tonumber(ARGV[6]))
+return {cooldown, -1, rec.n - 1, 0, permit}

@@ -1,0 +1,14 @@
+-- The later-wins extend of a scope's cooldown.
+-- KEYS[1] = the scope's key; ARGV[1] = the new time and ARGV[2] = when the key may go
+-- (both epoch ms, as decimal strings computed by the caller: no number formatting in
+-- Lua). Keeps max(stored, new); a stored value that is not a number is replaced.
+-- Returns the effective time. SET + PEXPIREAT (not SET PXAT) so old Redis and Valkey
+-- run it.
+local new = tonumber(ARGV[1])
+local stored = tonumber(redis.call('GET', KEYS[1]))
+if stored ~= nil and stored >= new then
+  return stored
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('PEXPIREAT', KEYS[1], ARGV[2])
+return new

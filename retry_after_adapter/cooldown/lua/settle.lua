@@ -1,0 +1,14 @@
+-- KEYS[1] = a quota's permit set; ARGV = the answer's time (ms), the quota's per (ms),
+-- the permit's stored expiry (ms) and a member for it should it be gone: that permit
+-- (any one with that expiry; put back if it expired meanwhile) counts until at least
+-- the answer + per; the key lives as long as its last permit.
+local new = tonumber(ARGV[1]) + tonumber(ARGV[2])
+local old = tonumber(ARGV[3])
+if new <= old then return 0 end
+local found = redis.call('ZRANGEBYSCORE', KEYS[1], old, old, 'LIMIT', 0, 1)
+local member = ARGV[4]
+if #found > 0 then member = found[1] end
+redis.call('ZADD', KEYS[1], new, member)
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1000)
+return 1
