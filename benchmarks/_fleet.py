@@ -374,12 +374,17 @@ def process_main(spec: dict[str, Any], messages: Any, start: Any, start_value: A
 
 
 class _Recorder:
-    """Records when this thread reads a store, and when a write completes."""
+    """Records when this thread reads a store (a read, or an admission: the cooldown is
+    read by every admission), and when a write completes."""
 
     def get(self, scope: str) -> datetime | None:
         _checked.at = time.monotonic()
         value: datetime | None = super().get(scope)  # type: ignore[misc]
         return value
+
+    def admit(self, scope: str, *args: Any, **kwargs: Any) -> Any:
+        _checked.at = time.monotonic()
+        return super().admit(scope, *args, **kwargs)  # type: ignore[misc]
 
     def extend(self, scope: str, until: datetime) -> datetime:
         value: datetime = super().extend(scope, until)  # type: ignore[misc]

@@ -157,18 +157,16 @@ def breakdown(url: str, number: int, repeat: int) -> dict[str, dict[str, float |
     request = requests.Request("GET", url + "/").prepare()
     retry = adapter.max_retries
     scope = adapter.scope_for(request)
-    store = adapter._store
+    plan = adapter._plan
     deadline_retry = retry.new(deadline=30)
-    call = Call(retry, scope=scope, store=store, hooks=adapter.on_decision)
-    deadline_call = Call(deadline_retry, scope=scope, store=store)
+    call = Call(retry, plan, scope=scope, hooks=adapter.on_decision)
+    deadline_call = Call(deadline_retry, plan, scope=scope)
     response = session.get(url, timeout=TIMEOUT)
     empty_store = MemoryCooldownStore()
 
     ops: dict[str, Callable[[], object]] = {
         "scope_for (origin scope)": lambda: adapter.scope_for(request),
-        "Call(...) (the call's state)": lambda: Call(
-            retry, scope=scope, store=store, hooks=adapter.on_decision
-        ),
+        "Call(...) (the call's state)": lambda: Call(retry, plan, scope=scope, hooks=adapter.on_decision),
         "store.get (default memory store)": lambda: DEFAULT_STORE.get(scope),
         "store.get (empty memory store)": lambda: empty_store.get(scope),
         "engine.admit (no cooldown)": lambda: admit(call),

@@ -9,8 +9,6 @@ decision, then a wait or the result. Every response it returns is a
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -20,33 +18,39 @@ from urllib3.exceptions import HTTPError, MaxRetryError
 from urllib3.util.retry import Retry
 
 from . import body
-from ._compat import local_response
 from .cooldown.base import CooldownStore
-from .cooldown.freshness import Freshness
-from .cooldown.guard import DEFAULT, check_store_failure, failure_layer, supports_leases, supports_quota
+from .cooldown.guard import DEFAULT
 from .cooldown.memory import DEFAULT_STORE
 from .deferral import Deferral
-from .engine import SINGLE_ATTEMPT, Call, Outcome, current_override, run
-from .errors import ConfigurationError, RetryDeferred
-from .observe import DecisionHook, as_hooks
+from .engine import SINGLE_ATTEMPT, Call, Outcome, run
+from .errors import RetryDeferred
+from .observe import DecisionHook
 from .policy import Reason
 from .quota import Quota
 from .retry import RetryAfterRetry
-from .scope import ScopeFunction, credential_scope, hash_scope, origin_scope, resolve_scope, strip_query
+from .scope import ScopeFunction, credential_scope, hash_scope, origin_scope, strip_query
+from .settings import (
+    DEFAULT_LEASE_TTL,
+    LOCAL_HEADER,
+    SharedSettings,
+    as_retry_after_retry,
+    default_retry,
+    local_429,
+)
 
 __all__ = [
+    "DEFAULT_LEASE_TTL",
     "DEFAULT_STORE",
     "LOCAL_HEADER",
     "RetryAfterAdapter",
     "RetryAfterResponse",
+    "as_retry_after_retry",
     "credential_scope",
+    "default_retry",
     "hash_scope",
+    "local_429",
     "origin_scope",
 ]
-
-#: The header that marks a 429 built locally (nothing was sent); its value is the
-#: deferral's reason. The response's ``local`` attribute says the same.
-LOCAL_HEADER = "X-Local-Deferral"
 
 #: Where a call's state waits in ``PreparedRequest.hooks`` between redirect hops:
 #: requests copies a request for each hop and the copy keeps the same hooks dict.
@@ -79,170 +83,6 @@ class RetryAfterResponse(requests.Response):
             response.__class__ = cls
         assert isinstance(response, cls)
         return response
-
-
-def local_429(deferral: Deferral, method: str | None, url: str | None) -> Any:
-    """A urllib3 429 built here for a call deferred before sending: ``Retry-After`` is
-    the whole seconds left (rounded up), the body the deferral's JSON, and the
-    :data:`LOCAL_HEADER` names the reason."""
-    return local_response(
-        status=429,
-        reason="Too Many Requests",
-        headers={
-            "Retry-After": str(max(0, math.ceil(deferral.delay))),
-            "Content-Type": "application/json",
-            LOCAL_HEADER: str(deferral.reason),
-        },
-        body=json.dumps(deferral.to_dict()).encode("ascii"),
-        method=method,
-        url=url,
-    )
-
-
-def default_retry() -> RetryAfterRetry:
-    """The policy an adapter uses when given none: 5 retries, backoff 0.5 s, max_wait
-    60 s, and the last response returned (not raised) when retries run out."""
-    return RetryAfterRetry(total=5, backoff_factor=0.5, raise_on_status=False)
-
-
-def as_retry_after_retry(max_retries: Any) -> RetryAfterRetry:
-    """Turn an adapter's ``max_retries`` argument into a :class:`RetryAfterRetry`.
-
-    None gives :func:`default_retry`; an int ``n`` gives ``RetryAfterRetry(n,
-    raise_on_status=False)`` (so, as ``HTTPAdapter(max_retries=n)``, the last response
-    is returned); a stock urllib3 ``Retry`` is copied with all its settings.
-    """
-    from ._compat import retry_arguments
-
-    if max_retries is None:
-        return default_retry()
-    if isinstance(max_retries, RetryAfterRetry):
-        return max_retries
-    if isinstance(max_retries, Retry):
-        return RetryAfterRetry(**retry_arguments(max_retries))
-    if isinstance(max_retries, int) and not isinstance(max_retries, bool) and max_retries >= 0:
-        return RetryAfterRetry(max_retries, raise_on_status=False)
-    raise ConfigurationError("max_retries must be a RetryAfterRetry, a urllib3 Retry, an int >= 0 or None")
-
-
-#: Seconds a concurrency slot is held at most when its worker never gives it back.
-DEFAULT_LEASE_TTL = 60.0
-
-
-class SharedSettings:
-    """What :class:`RetryAfterAdapter` and :class:`~retry_after_adapter.RetryAfterPoolManager`
-    share: the cooldown store and its failure policy, the scope, ``raise_on_defer`` and
-    the ``on_decision`` hooks, and the call each request starts."""
-
-    cooldown: CooldownStore | None
-    scope: str | ScopeFunction
-    raise_on_defer: bool
-    store_failure: str
-    on_decision: tuple[DecisionHook, ...]
-    quota: Quota | None = None
-    max_concurrency: int | None = None
-    lease_ttl: float = DEFAULT_LEASE_TTL
-    max_waiting: int | None = None
-
-    def _share(
-        self,
-        cooldown: CooldownStore | None,
-        scope: str | ScopeFunction | None,
-        raise_on_defer: bool,
-        store_failure: str,
-        on_decision: DecisionHook | Collection[DecisionHook] | None,
-        quota: Quota | None = None,
-        max_concurrency: int | None = None,
-        lease_ttl: float = DEFAULT_LEASE_TTL,
-        max_waiting: int | None = None,
-    ) -> None:
-        self.on_decision = as_hooks(on_decision)
-        self.store_failure = check_store_failure(store_failure)
-        self.cooldown = DEFAULT_STORE if cooldown is DEFAULT else cooldown
-        self.scope = "origin" if scope is None else scope
-        self.raise_on_defer = bool(raise_on_defer)
-        if quota is not None:
-            if not isinstance(quota, Quota):
-                raise ConfigurationError("quota must be a Quota(limit, per=seconds) or None")
-            if self.cooldown is None:
-                raise ConfigurationError("a quota is shared through a store: cooldown= must not be None")
-            if not supports_quota(self.cooldown):
-                name = type(self.cooldown).__name__
-                raise ConfigurationError(
-                    f"a quota needs a store that can take permits (acquire()); {name} cannot: "
-                    "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
-                )
-        self.quota = quota
-        if max_concurrency is not None:
-            if (
-                isinstance(max_concurrency, bool)
-                or not isinstance(max_concurrency, int)
-                or max_concurrency < 1
-            ):
-                raise ConfigurationError("max_concurrency must be an int >= 1 or None")
-            if self.cooldown is None or not supports_leases(self.cooldown):
-                raise ConfigurationError(
-                    "max_concurrency needs a store that holds leases (lease() and release()): "
-                    "MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
-                )
-        if (
-            isinstance(lease_ttl, bool)
-            or not isinstance(lease_ttl, (int, float))
-            or not (math.isfinite(lease_ttl) and lease_ttl > 0)
-        ):
-            raise ConfigurationError("lease_ttl must be a finite number of seconds > 0")
-        if max_waiting is not None and (
-            isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0
-        ):
-            raise ConfigurationError("max_waiting must be an int >= 0 or None")
-        self.max_concurrency = max_concurrency
-        self.lease_ttl = float(lease_ttl)
-        self.max_waiting = max_waiting
-        self._derive()
-
-    def _derive(self) -> None:
-        """Derive what is not kept when the owner is copied or pickled."""
-        self._store = failure_layer(self.cooldown, self.store_failure)
-        self._scope_fn = resolve_scope(self.scope)
-        # What every call of this owner is given: (quota, its limits as the store takes
-        # them, (slots, lease seconds), max_waiting); None when all are unset.
-        quota = self.quota
-        settings = (
-            quota,
-            (quota.limit, quota.per, quota.margin) if quota is not None else None,
-            (self.max_concurrency, self.lease_ttl) if self.max_concurrency is not None else None,
-            self.max_waiting,
-        )
-        self._call_settings: (
-            tuple[Quota | None, tuple[int, float, float] | None, tuple[int, float] | None, int | None] | None
-        ) = None if settings == (None, None, None, None) else settings
-
-    def freshness(self, target: str) -> Freshness | None:
-        """The freshness of a scope, or of the scope of a URL (``target`` with ``://``,
-        scoped as a GET of it would be): its last success, last error class and next
-        eligible time, as every worker sharing the store noted them (None: nothing
-        known, or no store)."""
-        from .scope import RequestInfo
-
-        store = self._store
-        if store is None or not store.notes:
-            return None
-        scope = self._scope_fn(RequestInfo("GET", target, {})) if "://" in target else target
-        return store.freshness(scope)
-
-    def _call(self, policy: RetryAfterRetry, request: Any) -> Call:
-        """A new call of ``request`` under ``policy`` and the enclosing ``budget()``."""
-        call = Call(
-            policy,
-            scope=self._scope_fn(request),
-            store=self._store,
-            hooks=self.on_decision,
-            override=current_override(),
-        )
-        settings = self._call_settings
-        if settings is not None:
-            call.quota, call.limits, call.concurrency, call.max_waiting = settings
-        return call
 
 
 _VIEW_CLASSES: dict[type[HTTPAdapter], type[HTTPAdapter]] = {}
@@ -464,8 +304,7 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         if entry is None or entry[1] is request:
             return None
         call: Call = entry[0]
-        call.scope = self._scope_fn(request)
-        call.store = self._store
+        call.continue_on(self._plan, self._scope_fn(request))
         return call
 
     def _result(

@@ -227,3 +227,47 @@ def _fit(
     if deadline is not None and elapsed + wait + attempt_reserve > deadline + EPSILON:
         return Decision(DEFER, wait, Reason.DEADLINE)
     return Decision(RETRY, wait)
+
+
+def after_attempt(
+    *,
+    failed: bool,
+    idempotent: bool,
+    connection_error: bool,
+    cannot_heal: bool,
+    invalid: Reason | None,
+    on_invalid: str,
+) -> Decision | None:
+    """The rules that end a call before any wait is planned, or None (plan one).
+
+    ``failed``: the attempt failed in transport; ``idempotent``: its method may be
+    replayed; ``connection_error``: it failed before the request left (so nothing
+    reached the server); ``cannot_heal``: another attempt cannot succeed (a certificate
+    that failed verification); ``invalid``: the reason its Retry-After was rejected;
+    ``on_invalid``: the policy's ``"stop"`` or ``"backoff"``.
+    """
+    if failed and not idempotent and not connection_error:
+        return Decision(STOP, 0.0, Reason.NOT_IDEMPOTENT)  # it may have reached the server
+    if failed and cannot_heal:
+        return Decision(STOP, 0.0, Reason.NOT_RETRYABLE)
+    if invalid is not None and on_invalid == "stop":
+        return Decision(STOP, 0.0, invalid)
+    return None
+
+
+def out_of_attempts(decision: Decision) -> Decision:
+    """The retry budget ran out: defer until the next try would have been eligible."""
+    return Decision(DEFER, decision.wait, Reason.ATTEMPTS)
+
+
+def lifetime_limit(
+    deferrals: int, lifetime: float, max_deferrals: int | None, max_lifetime: float | None
+) -> Reason | None:
+    """Why a job must give up rather than be deferred again (``deferrals`` so far, this
+    one included; ``lifetime``: seconds from its first attempt to the new eligible
+    time), or None."""
+    if max_deferrals is not None and deferrals > max_deferrals:
+        return Reason.MAX_DEFERRALS
+    if max_lifetime is not None and lifetime > max_lifetime:
+        return Reason.MAX_LIFETIME
+    return None

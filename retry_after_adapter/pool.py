@@ -26,7 +26,6 @@ from urllib3.exceptions import (
 from urllib3.util.retry import Retry
 
 from . import body
-from .adapter import DEFAULT_LEASE_TTL, SharedSettings, as_retry_after_retry, local_429
 from .cooldown.base import CooldownStore
 from .cooldown.guard import DEFAULT
 from .deferral import Deferral
@@ -36,6 +35,7 @@ from .observe import DecisionHook
 from .quota import Quota
 from .retry import RetryAfterRetry
 from .scope import RequestInfo, ScopeFunction, strip_query
+from .settings import DEFAULT_LEASE_TTL, SharedSettings, as_retry_after_retry, local_429
 
 __all__ = ["RetryAfterPoolManager"]
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -29,6 +31,7 @@ from .body import DEFAULT_MAX_RETRY_BODY
 from .clock import DEFAULT_CLOCK, Clock, SystemClock
 from .deferral import Deferral
 from .engine import REDIRECT, Call, current_override, judge, judge_redirect, wait_until
+from .engine.verdict import plan_wait
 from .errors import ConfigurationError, DeferralLimitExceeded, InvalidRetryAfter, MaxRetryDeferred
 from .header import parse_retry_after
 from .observe import DecisionHook, as_hooks
@@ -43,13 +46,31 @@ from .policy import (
     TOO_LONG,
     beyond_bound,
     check_limit,
-    decide,
 )
 from .scope import strip_query
 
 __all__ = ["COOLDOWN_STATUSES", "DEFAULT_MAX_WAIT", "DEFAULT_STATUS_FORCELIST", "RetryAfterRetry"]
 
 _ON_INVALID = ("stop", "backoff")
+
+
+@dataclass(frozen=True)
+class _StockLoop:
+    """What a stock urllib3 loop's next ``increment`` and ``sleep`` must know of the
+    call so far, carried from one ``Retry`` value to the next (a value, as urllib3's
+    own history): when the call started (monotonic), its first attempt (UTC), the
+    attempts judged, the cooldown learned, and when (monotonic) the planned wait ends
+    (None: waited already)."""
+
+    start: float
+    started_at: datetime | None
+    attempts: int
+    cooldown: datetime | None
+    wake: float | None
+
+    @classmethod
+    def of(cls, call: Call, wake: float | None) -> _StockLoop:
+        return cls(call.start, call.started_at, call.attempts, call.cooldown, wake)
 
 
 class RetryAfterRetry(Retry):
@@ -110,8 +131,7 @@ class RetryAfterRetry(Retry):
         max_lifetime: float | None = None,
         clock: Clock | None = None,
         on_decision: DecisionHook | Collection[DecisionHook] | None = None,
-        _call: Call | None = None,
-        _plan: float | None = None,
+        _stock: _StockLoop | None = None,
         **kwargs: Any,
     ) -> None:
         if "status_forcelist" not in kwargs and len(args) < 7:
@@ -147,10 +167,8 @@ class RetryAfterRetry(Retry):
         #: grants a permit (inside its lock), rather than be handed a time read before.
         self.real_clock = type(self.clock).now is SystemClock.now
         self.on_decision = as_hooks(on_decision)
-        # Stock-loop mode only: the call this Retry belongs to, and the monotonic time
-        # before which the next attempt must not start (set by increment).
-        self._call = _call
-        self._plan = _plan
+        # Stock-loop mode only: the call so far (set by increment).
+        self._stock = _stock
 
     # -- the value ------------------------------------------------------------------
     def new(self, **kw: Any) -> RetryAfterRetry:
@@ -169,7 +187,7 @@ class RetryAfterRetry(Retry):
             "max_lifetime": self.max_lifetime,
             "clock": self.clock,
             "on_decision": self.on_decision,
-            "_call": self._call,
+            "_stock": self._stock,
         }
         ours.update(kw)
         new: RetryAfterRetry = super().new(**ours)
@@ -177,8 +195,7 @@ class RetryAfterRetry(Retry):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_call"] = None  # a running call never travels with a copy
-        state["_plan"] = None
+        state["_stock"] = None  # a running loop never travels with a copy
         return state
 
     # -- Retry-After, as stock urllib3 reads it (strict, never capped) ---------------
@@ -216,8 +233,7 @@ class RetryAfterRetry(Retry):
         A deferral raises :class:`MaxRetryDeferred`; an invalid Retry-After (with
         ``on_invalid="stop"``) raises urllib3's ``MaxRetryError``.
         """
-        call = self._call if self._call is not None else Call(self, override=current_override())
-        call.retry = self
+        call = self._loop_call()
         url = strip_query(url)
         try:
             verdict = judge(call, method, url, response, error, decided=True, stacktrace=_stacktrace)
@@ -233,14 +249,12 @@ class RetryAfterRetry(Retry):
             deferral = judge_redirect(call, verdict.server_delay)
             if deferral is not None:
                 raise self._deferred(_pool, url, deferral, response, error)
-            new._call = call
-            new._plan = call.clock.monotonic()  # waited already: sleep_for_retry must not wait again
+            new._stock = _StockLoop.of(call, None)  # waited already: sleep must not wait again
             return new
         if verdict.action == RETRY:
             retry = verdict.retry
             assert isinstance(retry, RetryAfterRetry)
-            retry._call = call
-            retry._plan = call.clock.monotonic() + verdict.wait
+            retry._stock = _StockLoop.of(call, call.clock.monotonic() + verdict.wait)
             return retry
         if verdict.action == DEFER:
             assert verdict.deferral is not None
@@ -253,6 +267,17 @@ class RetryAfterRetry(Retry):
             raise verdict.error  # urllib3 re-raised it (read=False, say)
         assert error is not None
         raise error.with_traceback(_stacktrace)
+
+    def _loop_call(self) -> Call:
+        """The call of a stock urllib3 loop, as far as this value says it has come."""
+        call = Call(self, override=current_override())
+        stock = self._stock
+        if stock is not None:
+            call.start = stock.start
+            call.started_at = stock.started_at
+            call.attempts = stock.attempts
+            call.cooldown = stock.cooldown
+        return call
 
     @staticmethod
     def _deferred(
@@ -267,10 +292,11 @@ class RetryAfterRetry(Retry):
         directly, at least ``response``'s Retry-After (else the backoff), on the
         policy's clock. A wait longer than ``max_wait`` is not shortened: it raises
         :class:`MaxRetryDeferred`."""
-        if self._plan is not None and self._call is not None:
-            deferral = wait_until(self._call, self._plan)
-            if deferral is not None:
-                raise self._deferred(None, None, deferral, response, None)
+        if self._stock is not None:
+            if self._stock.wake is not None:
+                deferral = wait_until(self._loop_call(), self._stock.wake)
+                if deferral is not None:
+                    raise self._deferred(None, None, deferral, response, None)
             return
         if self.respect_retry_after_header and response is not None and self.sleep_for_retry(response):
             return
@@ -279,7 +305,7 @@ class RetryAfterRetry(Retry):
     def sleep_for_retry(self, response: Any = None) -> bool:
         """Wait for ``response``'s Retry-After, as stock: True when it had one that
         asked for a wait (waited in full, never shortened), else False."""
-        if self._plan is not None and self._call is not None:
+        if self._stock is not None:
             self.sleep(response)
             return True
         seconds = self.get_retry_after(response) if response is not None else None
@@ -292,16 +318,7 @@ class RetryAfterRetry(Retry):
         if seconds <= 0:
             return
         call = Call(self, override=current_override())
-        decision = decide(
-            server_delay=server_delay,
-            backoff=seconds,
-            cooldown_left=0.0,
-            jitter=0.0,
-            elapsed=0.0,
-            deadline=call.deadline,
-            max_wait=call.max_wait,
-            attempt_reserve=self.attempt_reserve,
-        )
+        decision = plan_wait(call, server_delay, seconds, cooldown=False)
         if decision.action == DEFER:
             raise self._deferred(None, None, call.defer(decision, server_delay), response, None)
         deferral = wait_until(call, call.clock.monotonic() + decision.wait)

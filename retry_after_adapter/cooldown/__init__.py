@@ -1,5 +1,7 @@
-"""Cooldown stores: where workers share a scope's next eligible time.
+"""Cooldown stores: where workers share a scope's next eligible time and admission.
 
+- :class:`Store`: the whole interface every store implements (see ``base``); a store
+  of 0.x with only ``get`` and ``extend`` (:class:`CooldownStore`) is adapted once.
 - :class:`MemoryCooldownStore`: the threads of one process.
 - :class:`SQLiteCooldownStore`: the processes of one host, through one SQLite file.
 - :class:`RedisCooldownStore`: processes on any number of hosts, through Redis or Valkey
@@ -12,7 +14,7 @@
 
 from __future__ import annotations
 
-from .base import Admission, CooldownStore
+from .base import Admission, CooldownStore, Granted, Hold, Store
 from .freshness import Freshness
 from .memory import MemoryCooldownStore
 from .redis import RedisCooldownStore
@@ -23,8 +25,11 @@ __all__ = [
     "Admission",
     "CooldownStore",
     "Freshness",
+    "Granted",
+    "Hold",
     "MemoryCooldownStore",
     "RedisCooldownStore",
     "SQLiteCooldownStore",
+    "Store",
     "store_from_url",
 ]

@@ -62,6 +62,10 @@ class LegacyStore(Store):
     def generation(self) -> object:
         return getattr(self.inner, "generation", None)
 
+    @property
+    def replaced_reason(self) -> str:
+        return str(getattr(self.inner, "replaced_reason", "its data is gone"))
+
     def supports(self, feature: str) -> bool:
         """Whether the store can carry ``"quota"`` (permits), ``"leases"`` (a
         concurrency cap), ``"allowance"`` (quota headers spread over workers) or
@@ -176,9 +180,11 @@ class LegacyStore(Store):
 
 
 def as_store(cooldown: object) -> Store:
-    """``cooldown`` as a :class:`~.base.Store`: itself, or a 0.x store adapted once."""
+    """``cooldown`` as a :class:`~.base.Store`: itself, or a 0.x store adapted once (a
+    subclass of a store of this package that overrides ``admit`` with the signature of
+    0.4, without ``margin``, is one)."""
     if isinstance(cooldown, Store):
-        return cooldown
+        return cooldown if _takes_margin(cooldown.admit) else LegacyStore(cooldown)
     if not isinstance(cooldown, CooldownStore):
         raise ConfigurationError("cooldown must be a CooldownStore (get and extend) or None")
     return LegacyStore(cooldown)

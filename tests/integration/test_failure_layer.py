@@ -33,6 +33,7 @@ from retry_after_adapter import (
     RetryAfterRetry,
     SQLiteCooldownStore,
     budget,
+    deferral_of,
 )
 from retry_after_adapter.cooldown.guard import BREAKER_FIRST, QUIET_PERIOD, guard_of
 
@@ -122,14 +123,14 @@ def read_in_another_process(store_url: str, scope: str) -> str:
 def test_every_adapter_on_one_store_object_shares_one_guard(tmp_path: Path) -> None:
     store = SQLiteCooldownStore(tmp_path / "c.db")
     adapters = [RetryAfterAdapter(cooldown=store) for _ in range(3)]
-    guards = {id(a._store.guard) for a in adapters}  # type: ignore[union-attr]
+    guards = {id(a._plan.store) for a in adapters}
     assert guards == {id(guard_of(store))}
     # A copy or an unpickled adapter gets the guard of its own store object.
     import pickle
 
     copy = pickle.loads(pickle.dumps(adapters[0]))
-    assert copy._store.guard is guard_of(copy.cooldown)  # type: ignore[union-attr]
-    assert copy._store.guard is not guard_of(store)  # type: ignore[union-attr]
+    assert copy._plan.store is guard_of(copy.cooldown)
+    assert copy._plan.store is not guard_of(store)
 
 
 # -- Redis killed: one Session per thread -------------------------------------------
@@ -636,3 +637,46 @@ def test_a_slot_given_back_while_sqlite_is_locked_reaches_it_once_the_lock_is_go
     assert granted, "the slot given back while the file was locked never reached the store"
     assert [hold.kind for hold in store.holds()["s"]] == ["leases"]  # t2's, alone
     assert store.holds()["s"][0].number == 1
+
+
+# -- a busy store: the honest reason, and no wait for a plain read -------------------------
+
+
+@pytest.fixture
+def locked_sqlite(tmp_path: Path) -> Iterator[Any]:
+    """A SQLite store whose file another connection holds write-locked (busy)."""
+    import sqlite3
+
+    store = SQLiteCooldownStore(tmp_path / "busy.db", timeout=0.02)
+    holder = sqlite3.connect(str(tmp_path / "busy.db"), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        yield store
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        store.close()
+
+
+def test_a_busy_store_does_not_hold_back_a_call_that_takes_nothing(server, clock, locked_sqlite) -> None:
+    server.serve([Reply(200)])
+    s = session(clock, locked_sqlite)
+    response = s.get(server.url + "/plain")
+    # The cooldown is read from the local copy, as a plain read of a busy store is:
+    # sent at once, no wait, no local 429.
+    assert response.status_code == 200 and deferral_of(response) is None
+    assert server.count() == 1 and clock.sleeps == []
+
+
+def test_a_busy_store_defers_a_capped_call_as_concurrency_not_quota(server, clock, locked_sqlite) -> None:
+    server.serve([Reply(200)])
+    retry = RetryAfterRetry(total=0, clock=clock, max_wait=0.05, raise_on_status=False)
+    s = requests.Session()
+    s.mount("http://", RetryAfterAdapter(retry, cooldown=locked_sqlite, max_concurrency=2))
+    response = s.get(server.url + "/capped")
+    deferral = deferral_of(response)
+    # No slot could be taken (the store is busy, never granted locally while it is up):
+    # nothing sent, and the deferral names the cap, with a time ahead.
+    assert deferral is not None and deferral.reason == "concurrency", deferral
+    assert deferral.eligible_at > clock.now() - timedelta(milliseconds=1)
+    assert server.count() == 0

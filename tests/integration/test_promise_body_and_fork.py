@@ -44,10 +44,10 @@ from retry_after_adapter import (
     RetryAfterRetry,
     SQLiteCooldownStore,
     deferral_of,
-    engine,
 )
 from retry_after_adapter.cooldown import memory
 from retry_after_adapter.cooldown.guard import guard_of
+from retry_after_adapter.engine import admission
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -599,4 +599,4 @@ def test_fork_while_the_waiting_queue_lock_is_held(fork_server):
         assert sum(clock.sleeps) >= 1.0, clock.sleeps  # it did wait (and so queued)
 
     call()
-    fork_while_held(engine._WAITING_LOCK, call, "the engine's waiting-queue lock")
+    fork_while_held(admission._WAITING_LOCK, call, "the engine's waiting-queue lock")

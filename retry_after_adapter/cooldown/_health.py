@@ -1,0 +1,329 @@
+"""The failure layer's health of one store: the circuit breaker, the bound on each
+operation, and one warning per outage.
+
+- **Bounded operations.** One operation takes at most the store's own timeout
+  (``timeout``, seconds; see :data:`STORE_TIMEOUT`) and never more than the call has
+  left (its :class:`StoreBudget`).
+- **A circuit breaker.** An operation that fails or times out opens the breaker: the
+  store is skipped for a back-off interval (0.5 s, doubling to 5 s; kept at 0.5 s while
+  cooldowns wait to be written back) and then tried by one probe, so no call pays a
+  store timeout twice and a hung store costs a fleet one timeout per interval.
+- **Contention is not an outage.** A store that answers "busy" (locks held by other
+  writers past its timeout) makes that operation fall back; only :data:`BUSY_RUN` busy
+  answers in a row open the breaker. A store that refuses an operation's values
+  (``ValueError``, ``ConfigurationError``...) answered: it is not down.
+- **One health state and one warning per outage** (a WARNING when it starts, an INFO
+  line once the store has answered for :data:`SETTLE` seconds without a failure), with
+  hysteresis: a store that fails again within :data:`QUIET_PERIOD` of recovering
+  continues the same outage, so a flapping store logs a few lines a minute at most.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..errors import ConfigurationError, CooldownStoreError
+from .base import Store
+
+_T = TypeVar("_T")
+
+#: Seconds one store operation may take when the store does not say (a store says with
+#: a ``timeout`` attribute: the SQLite store waits 0.25 s for a lock by default, a Redis
+#: store built from a URL 0.1 s to connect plus 0.1 s for a reply).
+STORE_TIMEOUT = 0.25
+#: The first back-off (seconds) of the circuit breaker after a failure; it doubles on
+#: each failed probe up to :data:`BREAKER_MAX` (:data:`BREAKER_MAX_PENDING` while
+#: cooldowns wait to be written back: other processes do not know them yet), and resets
+#: when the store answers.
+BREAKER_FIRST = 0.5
+BREAKER_MAX = 5.0
+BREAKER_MAX_PENDING = 0.5
+#: Seconds of health that end an outage that flapped, and within which a new failure
+#: after a recovery continues the same outage (no new warning).
+QUIET_PERIOD = 30.0
+#: Busy answers in a row (locks held by other writers past the store's timeout, with no
+#: success in between) that open the breaker; fewer only make that operation fall back.
+BUSY_RUN = 8
+#: Seconds without a failure before the line that ends an outage is logged (operations
+#: that were in flight when the store broke can still succeed after the first failure).
+SETTLE = 1.0
+#: Less than this (seconds) left in a call: the store is not asked at all.
+TOO_LITTLE = 0.001
+
+#: Errors by which a store refuses an operation's values rather than fails: they never
+#: open the breaker (an absurd value must not shut out every other scope).
+_REFUSED_VALUES = (ConfigurationError, ValueError, TypeError, OverflowError)
+
+log = logging.getLogger("retry_after_adapter")
+
+
+class StoreBudget:
+    """What one call may spend on store operations, and how it fails.
+
+    The engine makes one per call of a guarded store: ``deadline`` is the call's end on
+    ``monotonic`` (seconds; None: no deadline), ``fail_closed`` the adapter's failure
+    policy. The failure layer sets ``failed`` once an operation of the call failed or
+    ran out of the call's time: the call does not touch the store again.
+    """
+
+    __slots__ = ("deadline", "fail_closed", "failed", "monotonic")
+
+    def __init__(self, deadline: float | None, monotonic: Callable[[], float], fail_closed: bool) -> None:
+        self.deadline = deadline
+        self.monotonic = monotonic
+        self.fail_closed = fail_closed
+        self.failed = False
+
+    def left(self) -> float | None:
+        """Seconds the call may still spend (None: no deadline)."""
+        return None if self.deadline is None else self.deadline - self.monotonic()
+
+
+class OutOfTime(Exception):
+    """A store operation was cut short by the call's own deadline, not the store's."""
+
+
+def declared_timeout(store: object) -> float | None:
+    """The store's own bound on one operation (its ``timeout``), if it declares one."""
+    value = getattr(store, "timeout", None)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not (math.isfinite(value) and value > 0):
+        return None
+    return float(value)
+
+
+def _answered_late(abandoned: Callable[[Any], None]) -> Callable[[concurrent.futures.Future[Any]], None]:
+    """A done-callback handing an abandoned operation's answer, if any, to ``abandoned``."""
+
+    def done(future: concurrent.futures.Future[Any]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        try:
+            abandoned(future.result())
+        except Exception as exc:  # housekeeping: the lease expires by itself
+            log.debug("giving back an abandoned slot failed: %s", type(exc).__name__)
+
+    return done
+
+
+class Health:
+    """The breaker and outage state of one store (a base of the failure layer)."""
+
+    inner: Store
+    #: The store's class name, for messages (a 0.x store's own, not its adapter's).
+    name: str
+    monotonic: Callable[[], float]
+    _lock: threading.Lock
+    _pending: set[str]
+    _stranded: bool
+
+    def _init_health(self, inner: object, monotonic: Callable[[], float]) -> None:
+        self.monotonic = monotonic
+        self._native = declared_timeout(inner)
+        #: Bound (seconds) of one operation: the store's own timeout, else STORE_TIMEOUT.
+        self.timeout = self._native if self._native is not None else STORE_TIMEOUT
+        self._open_until = 0.0  # the breaker is open until then (0: closed)
+        self._backoff = BREAKER_FIRST
+        self._probing = False
+        self._down = False
+        self._announced = False  # an outage warning is outstanding
+        self._relapsed = False  # ...and the store failed again soon after recovering
+        self._since = 0.0  # when the announced outage started
+        self._last_failure = -math.inf
+        self._last_recovery_line = -math.inf
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Outages announced with a warning; failed operations; busy answers.
+        self.outages = 0
+        self.failures = 0
+        self.busy = 0
+        self._busy_run = 0
+
+    @property
+    def down(self) -> bool:
+        """Whether the store's last operation failed (its breaker is open)."""
+        return self._down
+
+    def _skipped(self, budget: StoreBudget | None) -> bool:
+        """Whether this operation skips the store: the breaker is open (and this is not
+        the one probe it lets through), or the call's store operations already failed."""
+        if not (self._open_until or (budget is not None and budget.failed)):
+            return False
+        return not self._may_try(budget)
+
+    def _may_try(self, budget: StoreBudget | None) -> bool:
+        """Whether this operation may touch the store while the breaker is open: only
+        one probe once the back-off has passed, and never twice in one call."""
+        if budget is not None and budget.failed:
+            return False
+        if self.monotonic() < self._open_until:
+            return False
+        with self._lock:
+            if self._probing or not self._open_until:
+                return not self._probing
+            self._probing = True
+            return True
+
+    def _bounded(
+        self,
+        operation: Callable[..., _T],
+        args: tuple[Any, ...],
+        budget: StoreBudget | None,
+        abandoned: Callable[[_T], None] | None = None,
+    ) -> _T:
+        """Run ``operation`` within the store's timeout and what the call has left.
+
+        A store that bounds itself (``timeout`` declared, within what is left) is called
+        directly; otherwise the operation runs on a helper thread and is abandoned (its
+        effect, if any, later-wins; ``abandoned`` gets its answer should it come) when
+        the bound passes."""
+        limit = self.timeout
+        left = budget.left() if budget is not None else None
+        by_call = left is not None and left < limit
+        if by_call:
+            if left is None or left < TOO_LITTLE:
+                raise OutOfTime  # no time to ask: not the store's fault
+            limit = left
+        elif self._native is not None:
+            return operation(*args)
+        future = self._pool().submit(operation, *args)
+        try:
+            return future.result(timeout=limit)
+        except concurrent.futures.TimeoutError:
+            if abandoned is not None:
+                future.add_done_callback(_answered_late(abandoned))
+            if by_call:
+                raise OutOfTime from None  # the call ran out first: no verdict on the store
+            raise CooldownStoreError(
+                f"the cooldown store {self.name} did not answer within {limit:.3g} s"
+            ) from None
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        executor = self._executor
+        if executor is None:
+            with self._lock:
+                executor = self._executor
+                if executor is None:
+                    executor = self._executor = concurrent.futures.ThreadPoolExecutor(
+                        max_workers=8, thread_name_prefix="retry-after-store"
+                    )
+        return executor
+
+    def _gave_up(self, budget: StoreBudget | None) -> None:
+        """The call ran out of time before the store answered: it does not ask again,
+        and the store is not judged (a probe it was making is released)."""
+        if budget is not None:
+            budget.failed = True
+        with self._lock:
+            self._probing = False
+            if self._pending:
+                self._stranded = True
+
+    def _failed(self, exc: BaseException, budget: StoreBudget | None) -> None:
+        """An operation failed: count it, open the breaker, warn once per outage."""
+        if isinstance(exc, _REFUSED_VALUES) and not isinstance(exc, CooldownStoreError):
+            # The store refused this operation's values: it answered, so it is not down
+            # (a probe it was is over), and no other call pays for it.
+            log.debug("a cooldown store operation was refused: %s", type(exc).__name__)
+            with self._lock:
+                self._probing = False
+            return
+        busy = getattr(exc, "busy", False) and not self._down
+        if budget is not None and not busy:
+            budget.failed = True  # a busy store may be asked again in this call
+        if busy and self._busy_once():
+            return
+        self._open_breaker()
+        if self._announce():
+            name = self.name
+            log.warning(
+                "cooldown store %s failed (%s); cooldowns are kept in this process and written "
+                "back when it recovers; it is skipped for %.3g s at a time until then",
+                name,
+                type(exc).__name__,
+                BREAKER_FIRST,
+                extra={"store": name, "error": type(exc).__name__},
+            )
+
+    def _busy_once(self) -> bool:
+        """Contention while the store otherwise answers: True when this operation only
+        falls back (fewer than :data:`BUSY_RUN` busy answers in a row)."""
+        with self._lock:
+            self.busy += 1
+            self._busy_run += 1
+            if self._busy_run >= BUSY_RUN:
+                return False
+            self._probing = False
+            self._stranded = True
+            return True
+
+    def _open_breaker(self) -> None:
+        self._failing()
+        with self._lock:
+            now = self.monotonic()
+            self.failures += 1
+            self._last_failure = now
+            self._probing = False
+            self._open_until = now + self._backoff
+            cap = BREAKER_MAX_PENDING if self._pending else BREAKER_MAX
+            self._backoff = min(self._backoff * 2, cap)
+            self._down = True
+
+    def _announce(self) -> bool:
+        """Whether this failure starts an outage to warn about (not one that goes on,
+        nor one that relapsed soon after recovering)."""
+        with self._lock:
+            if self._announced:
+                return False
+            self._announced = True
+            if self._last_failure - self._last_recovery_line < QUIET_PERIOD:
+                self._relapsed = True  # the outage that just ended goes on: no new line
+                return False
+            self._relapsed = False
+            self._since = self._last_failure
+            self.outages += 1
+            return True
+
+    def _failing(self) -> None:
+        """Hook: the store failed (the write-back starts its writer)."""
+
+    def _close_breaker(self) -> bool:
+        """The store answered: close the breaker; True if it was down."""
+        with self._lock:
+            was_down = self._down
+            self._down = False
+            self._open_until = 0.0
+            self._backoff = BREAKER_FIRST
+            self._probing = False
+        return was_down
+
+    def _maybe_recovered(self) -> None:
+        """Log the end of the outage once the store has stayed healthy long enough."""
+        now = self.monotonic()
+        with self._lock:
+            settle = QUIET_PERIOD if self._relapsed else SETTLE
+            if not self._announced or now - self._last_failure < settle:
+                return
+            self._announced = False
+            self._relapsed = False
+            self._last_recovery_line = now
+            lasted = now - self._since
+            failures = self.failures
+        log.info(
+            "cooldown store %s recovered after %.3g s (%d failed operations so far; "
+            "%d cooldowns written back so far)",
+            self.name,
+            lasted,
+            failures,
+            getattr(self, "written_back", 0),
+            extra={"store": self.name},
+        )
+
+    def _reset_health_after_fork(self) -> None:
+        self._executor = None
+        self._probing = False

@@ -1,0 +1,260 @@
+"""The failure layer's write-back: what the store did not take is written when it can.
+
+- A cooldown learned while the store failed (or was busy, or the call ran out of time)
+  is *pending*; when the store answers again, every pending cooldown is written to it
+  (later-wins), so the other processes and hosts hold back too.
+- A store that reports it was replaced under us (a SQLite file deleted or swapped: its
+  ``generation`` changes) gets the whole local copy written back.
+- A writer thread does it even if this process makes no further call, and tries again
+  the slots to give back and the permits to settle that the store did not take, while
+  they still matter.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from ..errors import CooldownStoreError
+from ._health import BREAKER_MAX_PENDING, Health, OutOfTime, StoreBudget
+from .memory import MemoryCooldownStore
+
+#: Seconds between the writer thread's looks while cooldowns wait to be written back.
+WRITER_POLL = 0.1
+#: At most this many writes wait for the writer thread (past it, newer ones are not
+#: kept: a lease still expires by itself, a permit still counts until its stored end).
+MAX_CHORES = 4096
+#: Seconds the writer keeps trying to give a slot back (the default ``lease_ttl``: by
+#: then the lease has expired by itself).
+RELEASE_KEPT = 60.0
+
+log = logging.getLogger("retry_after_adapter")
+
+
+class WriteBack(Health):
+    """Pending cooldowns, chores and the writer thread (a base of the failure layer)."""
+
+    local: MemoryCooldownStore
+
+    def _init_write_back(self, inner: object) -> None:
+        #: Scopes learned while the store failed, not yet written back.
+        self._pending: set[str] = set()
+        self._lock = threading.Lock()
+        self._generation = getattr(inner, "generation", None)
+        #: Goes up at every write (local first, then the store), when a write-back
+        #: starts and ends, and when the whole local copy is marked for one: an answer
+        #: read across those moments is not mirrored down.
+        self._epoch = 0
+        #: A write was kept locally while the store was not down (busy, or the call ran
+        #: out of time): the next success writes it back.
+        self._stranded = False
+        self.written_back = 0
+        self._writer: threading.Thread | None = None
+        #: Writes the store did not take (busy or down) that must still land: slots to
+        #: give back and permits to settle, as (operation, arguments, give up at).
+        self._chores: list[tuple[str, tuple[Any, ...], datetime]] = []
+
+    @property
+    def pending(self) -> int:
+        """How many cooldowns learned during an outage wait to be written back."""
+        return len(self._pending)
+
+    def _keep(self, scope: str) -> None:
+        with self._lock:
+            self._pending.add(scope)
+            self._epoch += 1
+
+    def _write_through(
+        self, operation: Callable[..., object], args: tuple[Any, ...], budget: StoreBudget | None
+    ) -> bool:
+        """Write to the store what the local copy already holds; a failure counts
+        against the store but is not the call's (the local copy keeps it). Returns
+        whether the store took it."""
+        if self._skipped(budget):
+            return False
+        try:
+            self._bounded(operation, args, budget)
+        except OutOfTime:
+            self._gave_up(budget)
+            return False
+        except Exception as exc:
+            self._failed(exc, budget)
+            return False
+        self._succeeded()
+        return True
+
+    def _succeeded(self) -> bool:
+        """The store answered an operation: end a busy run, close the breaker, write
+        back what waits (an outage's cooldowns, or writes kept while it was busy), maybe
+        end the outage. Returns whether anything was written back (an answer read
+        before that may predate it). Cheap when the store is healthy."""
+        if self._busy_run:
+            self._busy_run = 0
+        wrote = False
+        if self._down or self._announced or self._generation is not None:
+            wrote = self._answered()
+        if self._stranded:
+            wrote = self._flush() or wrote
+        return wrote
+
+    def _answered(self) -> bool:
+        """The store answered: close the breaker, write back, maybe end the outage.
+        Returns whether cooldowns were written back (the answer may predate them)."""
+        wrote = False
+        if self._generation is not None:
+            generation = getattr(self.inner, "generation", None)
+            if generation != self._generation:
+                wrote = self._replaced(generation)
+        if not self._down and not self._announced:
+            return wrote
+        if self._close_breaker() and self._pending:
+            try:
+                wrote = self.write_back() > 0 or wrote
+            except CooldownStoreError as exc:
+                self._failed(exc, None)
+                return True
+        self._maybe_recovered()
+        return wrote
+
+    def write_back(self) -> int:
+        """Write every pending cooldown to the store now; return how many were written.
+        Raises CooldownStoreError if the store fails (the rest stay pending)."""
+        with self._lock:
+            scopes = list(self._pending)
+            self._epoch += 1
+        try:
+            return self._write(scopes)
+        finally:
+            with self._lock:
+                self._epoch += 1
+
+    def _write(self, scopes: list[str]) -> int:
+        written = 0
+        for scope in scopes:
+            until = self.local.get(scope)
+            if until is not None:
+                written += 1
+                try:
+                    self.inner.extend(scope, until)
+                except CooldownStoreError:
+                    raise
+                except Exception as exc:
+                    raise CooldownStoreError(
+                        f"writing back a cooldown failed: {type(exc).__name__}"
+                    ) from None
+            with self._lock:
+                if self.local.get(scope) == until:
+                    self._pending.discard(scope)
+        self.written_back += written
+        return written
+
+    def _flush(self) -> bool:
+        """Write back what was kept locally while the store was not down."""
+        self._stranded = False
+        try:
+            return self.write_back() > 0
+        except CooldownStoreError as exc:
+            self._stranded = True
+            self._failed(exc, None)
+            return True
+
+    def _replaced(self, generation: object) -> bool:
+        """The store lost its data under us (a SQLite file deleted or replaced): warn
+        once, and write the whole local copy back."""
+        with self._lock:
+            if generation == self._generation:
+                return False
+            self._generation = generation
+            self._epoch += 1
+            self._pending.update(self.local.entries())
+        log.warning(
+            "cooldown store %s was replaced under this process (%s); writing back the %d "
+            "cooldowns this process knows",
+            self.name,
+            getattr(self.inner, "replaced_reason", "its data is gone"),
+            len(self._pending),
+            extra={"store": self.name},
+        )
+        try:
+            self.write_back()
+        except CooldownStoreError as exc:
+            self._failed(exc, None)
+        return True
+
+    # -- the writer thread ---------------------------------------------------------
+    def _failing(self) -> None:
+        if self._pending and self._writer is None:
+            self._start_writer()
+
+    def _add_chore(self, operation: str, args: tuple[Any, ...], give_up: datetime) -> None:
+        with self._lock:
+            if len(self._chores) >= MAX_CHORES:
+                return  # past it, newer ones are not kept (each ends by itself)
+            self._chores.append((operation, args, give_up))
+        self._start_writer()
+
+    def _start_writer(self) -> None:
+        """Start the writer thread if something waits to be written and none runs."""
+        with self._lock:
+            if self._writer is not None or not (self._pending or self._chores):
+                return
+            self._writer = threading.Thread(
+                target=self._write_back_loop, name="retry-after-write-back", daemon=True
+            )
+            writer = self._writer
+        writer.start()
+
+    def _write_back_loop(self) -> None:
+        """While the store is down and cooldowns wait: once the breaker lets a probe
+        through, write one back; the store's answer then writes every other one back
+        (see :meth:`_answered`), so other processes learn them within about
+        :data:`BREAKER_MAX_PENDING` seconds of the store's recovery, whether or not this
+        process calls again. (A write kept only because the store was busy is written by
+        the next operation of any call.) Slots to give back and permits to settle that
+        the store did not take are tried again meanwhile, while they still matter."""
+        while True:
+            # First a pause: the failure that started this thread is still being noted.
+            wait = self._open_until - self.monotonic() if self._down else 0.0
+            time.sleep(min(max(wait, WRITER_POLL), BREAKER_MAX_PENDING))
+            with self._lock:
+                chores, self._chores = self._chores, []
+                scope = next(iter(self._pending), None) if self._down else None
+                if scope is None and not chores:
+                    self._writer = None
+                    return
+            self._do_again(chores)
+            if scope is not None:
+                # Its success writes every other pending cooldown back (``_answered``).
+                until = self.local.get(scope)
+                if until is not None:
+                    self._write_through(self.inner.extend, (scope, until), None)
+                else:
+                    self._write_through(self.inner.get, (scope,), None)
+
+    def _do_again(self, chores: list[tuple[str, tuple[Any, ...], datetime]]) -> None:
+        """Try the writes the store did not take again; keep those that fail while they
+        still matter (past its give-up time a lease has expired, a permit stopped
+        counting)."""
+        now = datetime.now(timezone.utc)
+        for chore in chores:
+            operation, args, give_up = chore
+            if give_up <= now:
+                continue
+            if not self._write_through(getattr(self.inner, operation), args, None):
+                with self._lock:
+                    self._chores.append(chore)
+
+    def _give_back_later(self, scope: str, token: str) -> None:
+        """A slot the store did not take back: the writer tries for up to
+        :data:`RELEASE_KEPT` seconds (past that the lease has expired by itself)."""
+        give_up = datetime.now(timezone.utc) + timedelta(seconds=RELEASE_KEPT)
+        self._add_chore("release", (scope, token), give_up)
+
+    def _reset_write_back_after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._writer = None  # the parent's thread does not exist here
+        self._chores = []

@@ -1,0 +1,49 @@
+"""The engine: one loop runs every call, one step judges every attempt.
+
+A newcomer reads it in this order (each module one concern, higher ones import lower):
+
+- ``override``: ``budget()``, the limits a caller sets around calls (a context variable).
+- ``plan``: :class:`Plan`, what every call of one adapter needs that does not change
+  per call (the store, the quota, the cap), worked out once; the store operations a
+  call makes through it (one per attempt for admission).
+- ``call``: :class:`Call`, one call's state (time, counts, what the server said) and
+  its deferrals.
+- ``meters``: this process's attempts per scope (for quota headers).
+- ``learn``: what an answer teaches (Retry-After, quota headers, freshness).
+- ``verdict``: :func:`judge`, learn, count as urllib3 does, then the pure policy decides.
+- ``admission``: :func:`admit`, before every attempt: take what it needs, or wait, or defer.
+- ``loop``: :func:`run`, admit, send one attempt, judge, then the slow path.
+"""
+
+from __future__ import annotations
+
+from .admission import admit, wait_until
+from .call import MIN_ATTEMPT_TIMEOUT, Call
+from .loop import SINGLE_ATTEMPT, Outcome, Transport, judge_redirect, run
+from .override import UNSET, Override, budget, current_override
+from .plan import NO_PLAN, Plan
+from .verdict import FINAL, RAISE, REDIRECT, RETURN, Verdict, judge
+
+__all__ = [
+    "FINAL",
+    "MIN_ATTEMPT_TIMEOUT",
+    "NO_PLAN",
+    "RAISE",
+    "REDIRECT",
+    "RETURN",
+    "SINGLE_ATTEMPT",
+    "UNSET",
+    "Call",
+    "Outcome",
+    "Override",
+    "Plan",
+    "Transport",
+    "Verdict",
+    "admit",
+    "budget",
+    "current_override",
+    "judge",
+    "judge_redirect",
+    "run",
+    "wait_until",
+]

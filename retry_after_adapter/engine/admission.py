@@ -1,0 +1,224 @@
+"""Admission before every attempt (the first and each retry): one store operation when
+nothing holds the attempt back; else wait out what does (a cooldown, a resumed
+deferral, a quota permit, a concurrency slot) while that fits the budget, or defer
+without sending (``cooldown``, ``quota``, ``concurrency``, ``deadline``...).
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from .. import _forksafe
+from ..deferral import Deferral
+from ..errors import CooldownUnavailable
+from ..policy import DEFER, RETRY, Decision, Reason
+from ..policy import admit as admit_decision
+from .call import MIN_ATTEMPT_TIMEOUT
+from .verdict import jitter
+
+if TYPE_CHECKING:
+    from .call import Call
+
+__all__ = ["SLOT_POLL", "UNKNOWN_COOLDOWN_RETRY", "admit", "wait_until"]
+
+#: Seconds after which a call deferred with ``cooldown-unknown`` may try again.
+UNKNOWN_COOLDOWN_RETRY = 1.0
+#: How often admission looks again at what others keep taking (slot polls not counted).
+MAX_ROUNDS = 16
+#: Seconds between looks for a free concurrency slot while waiting for one.
+SLOT_POLL = 0.05
+
+
+def admit(call: Call) -> Deferral | None:
+    """Admit the next attempt: None when it may go now (what the call needs is taken),
+    else the deferral. The common case (nothing pending, nothing held) costs one store
+    operation."""
+    if call.plan.store is None and call.not_before is None and call.cancel is None:
+        return None  # nothing shared, nothing resumed: nothing to wait for
+    if call.cancel is None and call.not_before is None and not call.out_of_time():
+        try:
+            if call.plan.admit_once(call) is None:
+                return None
+        except CooldownUnavailable:
+            pass  # the rounds below apply the failure policy
+    return _admit_slowly(call)
+
+
+def _admit_slowly(call: Call) -> Deferral | None:
+    """Look, wait while it fits, look again: at most :data:`MAX_ROUNDS` waits (a slot's
+    short polls not counted), then defer for what held the attempt back last."""
+    rounds = 0
+    left, why = 0.0, Reason.COOLDOWN
+    while rounds < MAX_ROUNDS:
+        if call.cancelled():
+            return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=call.pending())
+        try:
+            until, why = _look(call)
+        except CooldownUnavailable:
+            return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
+        if until is None:
+            return None
+        if why is Reason.CONCURRENCY:
+            # Only a concurrency slot is missing: look again shortly (not a round).
+            deferral = _wait_for_slot(call, until)
+            if deferral is not None:
+                return deferral
+            continue
+        rounds += 1
+        left = call.seconds_until(until)
+        deferral = _wait(call, until, left, why)
+        if deferral is not None:
+            return deferral
+    return _defer_after_rounds(call, left, why)
+
+
+def _look(call: Call) -> tuple[datetime | None, Reason]:
+    """One look: ``(None, ...)`` when admitted (what the call needs is taken), else
+    when to look again and why. Nothing is taken while a resumed deferral's time is
+    ahead, nor once the call is out of time (then ``(now, DEADLINE)`` when nothing else
+    holds it back)."""
+    now = call.clock.now()
+    ahead = call.not_before if call.not_before is not None and call.not_before > now else None
+    if ahead is not None or call.out_of_time():
+        stored = call.plan.read_cooldown(call)
+        until = max((t for t in (ahead, stored) if t is not None and t > now), default=None)
+        if until is not None:
+            return until, Reason.COOLDOWN
+        return (now, Reason.DEADLINE) if call.out_of_time() else (None, Reason.COOLDOWN)
+    if call.plan.store is None:
+        return None, Reason.COOLDOWN
+    not_before = call.plan.admit_once(call)
+    if not_before is None:
+        return None, Reason.COOLDOWN
+    if call.slot_busy:
+        return not_before, Reason.CONCURRENCY
+    if call.cooldown is not None and not_before == call.cooldown:
+        return not_before, Reason.COOLDOWN
+    return not_before, Reason.QUOTA
+
+
+def _wait(call: Call, until: datetime, left: float, why: Reason) -> Deferral | None:
+    """Wait ``left`` seconds (plus jitter) for ``until`` if that fits the budget and
+    the scope's waiting queue; else the deferral (reason ``why``, or the limit's)."""
+    if why is Reason.DEADLINE:
+        return call.defer(Decision(DEFER, 0.0, Reason.DEADLINE))
+    # Workers held back by one cooldown would all wake at its end: spread them.
+    left += jitter(call)
+    decision = admit_decision(
+        cooldown_left=left,
+        elapsed=call.elapsed(),
+        deadline=call.deadline,
+        max_wait=call.max_wait,
+        attempt_reserve=call.policy.attempt_reserve,
+    )
+    if decision.action == DEFER:
+        if decision.reason == Reason.COOLDOWN:
+            decision = Decision(DEFER, decision.wait, why)
+        return call.defer(decision, until=until)
+    if not _queue(call):  # max_waiting calls already wait on this scope here
+        return call.defer(Decision(DEFER, left, why), until=until)
+    try:
+        call.emit(Decision(RETRY, left, why))
+        slept = call.sleep(left)
+    finally:
+        _unqueue(call)
+    if not slept:
+        return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=until)
+    return None
+
+
+def _defer_after_rounds(call: Call, left: float, why: Reason) -> Deferral:
+    """Still not admitted after every round (others keep taking what frees up): defer
+    for what held it back last, no earlier than one more such wait from now."""
+    try:
+        until = call.plan.read_cooldown(call)
+    except CooldownUnavailable:
+        return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
+    soonest = call.clock.now() + timedelta(seconds=max(left, MIN_ATTEMPT_TIMEOUT))
+    if until is None or until < soonest:
+        until = soonest
+    return call.defer(Decision(DEFER, call.seconds_until(until), why), until=until)
+
+
+def _wait_for_slot(call: Call, busy_until: datetime) -> Deferral | None:
+    """Every slot is held until ``busy_until`` at the latest: wait ``SLOT_POLL`` seconds
+    (or less) before looking again, while the whole wait for a slot fits the budget
+    (``call.slot_waited`` adds up); else the deferral with reason ``concurrency``,
+    eligible when the earliest lease expires (by when a slot is free at the latest)."""
+    step = min(SLOT_POLL, max(call.seconds_until(busy_until), 0.001))
+    waited = call.slot_waited
+    decision = admit_decision(
+        cooldown_left=waited + step,
+        elapsed=call.elapsed(),
+        deadline=call.deadline,
+        max_wait=call.max_wait,
+        attempt_reserve=call.policy.attempt_reserve,
+    )
+    over = call.max_wait is not None and waited + step > call.max_wait
+    # Out of budget, or max_waiting calls already wait on this scope here.
+    if decision.action == DEFER or over or not _queue(call):
+        left = call.seconds_until(busy_until)
+        return call.defer(Decision(DEFER, left, Reason.CONCURRENCY), until=busy_until)
+    try:
+        slept = call.sleep(step)
+    finally:
+        _unqueue(call)
+    if not slept:
+        return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=busy_until)
+    call.slot_waited = waited + step
+    return None
+
+
+def wait_until(call: Call, target: float) -> Deferral | None:
+    """Wait until monotonic time ``target``; a cancel ends it with a deferral."""
+    if call.sleep(target - call.clock.monotonic()):
+        return None
+    return call.defer(Decision(DEFER, max(0.0, target - call.clock.monotonic()), Reason.CANCELLED))
+
+
+# ---------------------------------------------------------------- the waiting queue
+#: Calls waiting before an attempt, per (store object, scope), in this process.
+_WAITING: dict[tuple[int, str], int] = {}
+_WAITING_LOCK = threading.Lock()
+
+
+def _new_lock() -> None:
+    """In a forked child: a parent thread may have held the lock, and the calls the
+    parent's threads had waiting are not this process's."""
+    global _WAITING_LOCK
+    _WAITING_LOCK = threading.Lock()
+    _WAITING.clear()
+
+
+_forksafe.at_fork(_new_lock)
+
+
+def _queue(call: Call) -> bool:
+    """Count the call as waiting on its scope; False (not counted) when ``max_waiting``
+    calls already wait there: it defers at once instead of tying up a worker."""
+    bound = call.plan.max_waiting
+    if bound is None or call.scope is None:
+        return True
+    key = (id(call.plan.store), call.scope)
+    with _WAITING_LOCK:
+        waiting = _WAITING.get(key, 0)
+        if waiting >= bound:
+            return False
+        _WAITING[key] = waiting + 1
+    call.queued = True
+    return True
+
+
+def _unqueue(call: Call) -> None:
+    if not call.queued or call.scope is None:
+        return
+    call.queued = False
+    key = (id(call.plan.store), call.scope)
+    with _WAITING_LOCK:
+        waiting = _WAITING.get(key, 0) - 1
+        if waiting > 0:
+            _WAITING[key] = waiting
+        else:
+            _WAITING.pop(key, None)

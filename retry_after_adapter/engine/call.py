@@ -1,0 +1,338 @@
+"""One call's state: what it may spend, what it has spent, what it knows of the server.
+
+A :class:`Call` is made once per ``session.send`` (redirect hops included) or
+``urlopen`` and passed to every step; nothing else holds it. Durations are seconds
+(float); ``Call.start`` is monotonic and never leaves the process; every time stored or
+put in a deferral is an aware UTC ``datetime``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from urllib3.util.retry import Retry
+from urllib3.util.timeout import Timeout
+
+from ..clock import Clock
+from ..deferral import Deferral
+from ..errors import DeferralLimitExceeded, InvalidRetryAfter
+from ..header import RetryAfter, parse_retry_after
+from ..observe import DecisionHook, emit
+from ..policy import DEFER, STOP, TOO_LONG, Decision, Reason, beyond_bound, lifetime_limit
+from .override import UNSET, Override
+from .plan import NO_PLAN, Plan
+
+if TYPE_CHECKING:
+    from ..cooldown.guard import StoreBudget
+    from ..retry import RetryAfterRetry
+    from .meters import Meter
+
+__all__ = ["MIN_ATTEMPT_TIMEOUT", "Call"]
+
+#: The smallest timeout, in seconds, an attempt gets when its deadline is nearly used
+#: up (a zero timeout would make the socket non-blocking). ``attempt_reserve`` raises it.
+MIN_ATTEMPT_TIMEOUT = 0.1
+
+
+class Call:
+    """One call's state (see the module). ``retry`` holds urllib3's counters (replaced by
+    each retry, as urllib3 does); ``policy`` is the :class:`RetryAfterRetry` the call
+    started with; ``plan`` what its adapter worked out once (store, quota, cap)."""
+
+    # Slots, every one set in __init__: a slot read is the cheapest attribute read.
+    __slots__ = (
+        "admission",
+        "admitted_at",
+        "attempts",
+        "budget",
+        "cancel",
+        "clock",
+        "cooldown",
+        "deadline",
+        "deferrals_before",
+        "history",
+        "hooks",
+        "last_retry_after",
+        "last_skew",
+        "last_status",
+        "lease_token",
+        "max_wait",
+        "meter",
+        "not_before",
+        "permit",
+        "plan",
+        "policy",
+        "queued",
+        "retry",
+        "scope",
+        "sent_at",
+        "slot_busy",
+        "slot_waited",
+        "start",
+        "started_at",
+    )
+
+    def __init__(
+        self,
+        policy: RetryAfterRetry,
+        plan: Plan = NO_PLAN,
+        *,
+        scope: str | None = None,
+        hooks: tuple[DecisionHook, ...] = (),
+        override: Override | None = None,
+    ) -> None:
+        self.policy = policy
+        self.retry: Retry = policy
+        clock: Clock = policy.clock
+        self.clock = clock
+        #: When the call started (the clock's monotonic seconds).
+        self.start = clock.monotonic()
+        self.plan = plan
+        self.scope = scope
+        self.hooks = policy.on_decision + hooks if hooks else policy.on_decision
+        self.deadline: float | None = policy.deadline
+        self.max_wait: float | None = policy.max_wait
+        self.cancel: threading.Event | None = None
+        self.attempts = 0
+        self.deferrals_before = 0
+        self.history: tuple[Deferral, ...] = ()
+        self.started_at: datetime | None = None
+        #: No attempt before this: the eligible time of the deferral this call resumes.
+        self.not_before: datetime | None = None
+        #: The scope's shared cooldown as last read or written.
+        self.cooldown: datetime | None = None
+        self.last_status: int | None = None
+        self.last_retry_after: str | None = None
+        self.last_skew: float | None = None
+        #: The slot this call holds while an attempt is on the wire.
+        self.lease_token: str | None = None
+        #: When the quota permit of the attempt on the wire stops counting, as stored,
+        #: and when (monotonic) its admission started.
+        self.permit: datetime | None = None
+        self.admitted_at = 0.0
+        #: The admission number of the attempt on the wire, for quota headers.
+        self.admission: int | None = None
+        #: The last admission was refused only for want of a concurrency slot, and
+        #: how long (seconds) this attempt has waited for one so far.
+        self.slot_busy = False
+        self.slot_waited = 0.0
+        #: Counted among the calls waiting on its scope in this process (max_waiting).
+        self.queued = False
+        #: When (monotonic) the last attempt was sent; None: none yet.
+        self.sent_at: float | None = None
+        if override is not None:
+            self._override(override)
+        #: What the call may spend on a guarded store, and how it fails (None: no guard).
+        self.budget: StoreBudget | None = plan.budget(self)
+        #: The scope's meter in this process, for quota headers (None: not counted).
+        self.meter: Meter | None = plan.meter(scope) if policy.quota_headers else None
+
+    def continue_on(self, plan: Plan, scope: str) -> None:
+        """Go on with the next hop of a redirect, sent through ``plan`` (an adapter's,
+        maybe another's) to ``scope``: what was spent and learned carries over."""
+        moved = plan is not self.plan or scope != self.scope
+        if plan is not self.plan:
+            self.plan = plan
+            self.budget = plan.budget(self)
+        self.scope = scope
+        if moved:
+            self.meter = plan.meter(scope) if self.policy.quota_headers else None
+
+    def _override(self, override: Override) -> None:
+        """Apply an enclosing ``budget()``: its limits, cancel event and resumed deferral."""
+        if override.deadline is not UNSET:
+            self.deadline = override.deadline  # type: ignore[assignment]
+        if override.max_wait is not UNSET:
+            self.max_wait = override.max_wait  # type: ignore[assignment]
+        self.cancel = override.cancel
+        resume = override.resume
+        if resume is None:
+            return
+        self.attempts = resume.attempts
+        self.deferrals_before = resume.deferrals
+        self.history = resume.chain()
+        self.started_at = resume.started_at
+        self.not_before = resume.eligible_at
+        # A resumed job starts from what its last deferral knew of the server.
+        self.last_status = resume.status
+        self.last_retry_after = resume.retry_after
+        self.last_skew = resume.clock_skew
+
+    # -- time ---------------------------------------------------------------------
+    def elapsed(self) -> float:
+        """Seconds since the call started (monotonic)."""
+        return max(0.0, self.clock.monotonic() - self.start)
+
+    def time_left(self) -> float | None:
+        """Seconds the call may still spend; None: no deadline."""
+        if self.deadline is None:
+            return None
+        return self.deadline - self.elapsed()
+
+    def out_of_time(self) -> bool:
+        """Whether the deadline has passed."""
+        return self.deadline is not None and self.elapsed() > self.deadline
+
+    def seconds_until(self, until: datetime | None) -> float:
+        """Seconds from now (wall clock) to ``until``; 0 when it is None or past."""
+        if until is None:
+            return 0.0
+        return max(0.0, (until - self.clock.now()).total_seconds())
+
+    def sleep(self, seconds: float) -> bool:
+        """Wait ``seconds`` on the call's clock; False when the cancel event ended it."""
+        cancel = self.cancel
+        if cancel is not None and cancel.is_set():
+            return False
+        if seconds <= 0:
+            return True
+        return self.clock.sleep(seconds, cancel)
+
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+    def pending(self) -> datetime | None:
+        """The later of the known cooldown and ``not_before``, when still ahead."""
+        until = self.not_before
+        if self.cooldown is not None and (until is None or self.cooldown > until):
+            until = self.cooldown
+        return until if until is not None and until > self.clock.now() else None
+
+    # -- what the server said ---------------------------------------------------------
+    def read_hint(self, raw: str, date: str | None) -> RetryAfter:
+        """Parse a response's Retry-After (and Date) as received now, and remember the
+        raw value and clock skew for a deferral. Raises ``InvalidRetryAfter``, also for
+        a delay beyond the policy's ``max_retry_after`` (reason ``"beyond_max"``)."""
+        parsed = parse_retry_after(raw, received_at=self.clock.now(), date=date)
+        self.last_retry_after = raw.strip(" \t")
+        self.last_skew = parsed.clock_skew
+        if beyond_bound(parsed.delay, self.policy.max_retry_after):
+            raise InvalidRetryAfter(TOO_LONG, raw)
+        return parsed
+
+    # -- decisions --------------------------------------------------------------------
+    def emit(self, decision: Decision, server_delay: float | None = None) -> None:
+        """Log a decision and hand it to the ``on_decision`` hooks."""
+        emit(
+            self.hooks,
+            decision,
+            scope=self.scope,
+            status=self.last_status,
+            attempt=self.attempts,
+            server_delay=server_delay,
+        )
+
+    def defer(
+        self, decision: Decision, server_delay: float | None = None, until: datetime | None = None
+    ) -> Deferral:
+        """The deferral for ``decision`` (a wait from now, or the exact time ``until``).
+
+        A deferral is never eligible before the deferral this call resumed, whatever
+        ended it (a cancel, a store outage). Emits the decision; raises
+        ``DeferralLimitExceeded`` past ``max_deferrals`` or the lifetime cap.
+        """
+        now = self.clock.now()
+        eligible, wait = self._eligible(now, decision.wait, until)
+        if self.started_at is None:
+            # Deferred before any attempt was sent: the job's lifetime starts now.
+            self.started_at = now
+        reason = decision.reason or Reason.DEADLINE
+        deferral = Deferral(
+            eligible_at=eligible,
+            delay=max(0.0, min(wait, 1e15)),
+            reason=reason,
+            scope=self.scope,
+            attempts=self.attempts,
+            deferrals=self.deferrals_before + 1,
+            status=self.last_status,
+            retry_after=self.last_retry_after,
+            clock_skew=self.last_skew,
+            started_at=self.started_at,
+            history=self.history,
+        )
+        policy = self.policy
+        limit = lifetime_limit(
+            deferral.deferrals,
+            (eligible - self.started_at).total_seconds(),
+            policy.max_deferrals,
+            policy.max_lifetime,
+        )
+        if limit is not None:
+            self.emit(Decision(STOP, 0.0, limit))
+            raise DeferralLimitExceeded(deferral, str(limit))
+        self.emit(Decision(DEFER, deferral.delay, reason), server_delay)
+        return deferral
+
+    def _eligible(self, now: datetime, wait: float, until: datetime | None) -> tuple[datetime, float]:
+        """When a deferral becomes eligible and its delay from ``now``."""
+        if until is not None:
+            eligible = until
+        else:
+            wait = wait if math.isfinite(wait) else 1e15
+            try:
+                eligible = now + timedelta(seconds=wait)
+            except OverflowError:
+                eligible = datetime.max.replace(tzinfo=now.tzinfo)
+        resume_at = self.history[-1].eligible_at if self.history else None
+        if resume_at is not None and eligible < resume_at:
+            eligible = resume_at
+        if until is not None or eligible == resume_at:
+            wait = max(0.0, (eligible - now).total_seconds())
+        return eligible, wait
+
+    def attempt_timeout(self, timeout: Any, at: float | None = None) -> Any:
+        """The timeout for the next attempt: ``timeout`` (a number, a ``(connect, read)``
+        pair, a urllib3 ``Timeout`` or None) bounded, connect and read together, by what
+        is left of the deadline at ``at`` (the clock's monotonic seconds; default now),
+        so an attempt overruns it by at most ``max(MIN_ATTEMPT_TIMEOUT, attempt_reserve)``
+        seconds."""
+        deadline = self.deadline
+        if deadline is None:
+            return timeout
+        if at is None:
+            at = self.clock.monotonic()
+        left = deadline - (at - self.start)
+        number = type(timeout) in (int, float)  # the common case: one number for both
+        if number and timeout + timeout <= left:
+            return timeout  # connect + read already fit: nothing to bound
+        left = max(left, MIN_ATTEMPT_TIMEOUT, self.policy.attempt_reserve)
+        if number:
+            if timeout + timeout <= left:
+                return timeout
+            value = timeout if timeout < left else left
+            return Timeout(connect=value, read=value, total=left)
+        connect, read, total = _timeout_parts(timeout)
+        return Timeout(connect=_clamp(connect, left), read=_clamp(read, left), total=_clamp(total, left))
+
+    def read_time(self) -> float | None:
+        """Seconds the body of the response a call ends with may be read: what is left
+        of the deadline, but at least an attempt's least time (as an attempt may overrun
+        it); None: no deadline."""
+        left = self.time_left()
+        if left is None:
+            return None
+        return max(left, MIN_ATTEMPT_TIMEOUT, self.policy.attempt_reserve)
+
+
+def _timeout_parts(timeout: Any) -> tuple[Any, Any, Any]:
+    """``(connect, read, total)`` of a urllib3 ``Timeout``, a pair, or one value."""
+    if isinstance(timeout, Timeout):
+        return timeout._connect, timeout._read, timeout.total
+    if isinstance(timeout, tuple):
+        if len(timeout) != 2:
+            raise ValueError(
+                f"Invalid timeout {timeout}. Pass a (connect, read) timeout tuple, "
+                "or a single float to set both timeouts to the same value."
+            )
+        return timeout[0], timeout[1], None
+    return timeout, timeout, None
+
+
+def _clamp(value: Any, left: float) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return min(float(value), left)
+    # None (wait forever) and urllib3's "socket default" sentinel become what is left.
+    return left

@@ -1,0 +1,123 @@
+"""What an attempt's answer teaches, learned before anything is decided: a valid
+Retry-After of a cooldown status advances the scope's shared cooldown, quota headers
+record what the server allows (nothing left: a cooldown until the reset), and the
+outcome is noted in the scope's freshness record.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .._compat import announces_quota, response_header
+from ..cooldown.allowance import SAME_WINDOW
+from ..cooldown.freshness import INVALID_HEADER, SERVER_ERROR, SUCCESS, SUCCESS_EVERY, THROTTLED, TRANSPORT
+from ..errors import InvalidRetryAfter
+from ..policy import TOO_LONG, Reason
+from ..quota import QuotaHint, bound_hint, read_quota
+
+if TYPE_CHECKING:
+    from .call import Call
+
+__all__ = ["learn_retry_after", "note", "outcome_class", "read_quota_headers"]
+
+
+def learn_retry_after(call: Call, response: Any, status: int | None) -> tuple[float | None, Reason | None]:
+    """The response's valid Retry-After in seconds (None: none) and the reason it was
+    rejected (None: not rejected); a valid one of a cooldown status is learned."""
+    raw = response_header(response, "Retry-After")
+    if raw is None:
+        return None, None
+    try:
+        parsed = call.read_hint(raw, response_header(response, "Date"))
+    except InvalidRetryAfter as bad:
+        return None, Reason.RETRY_AFTER_TOO_LONG if bad.reason == TOO_LONG else Reason.INVALID_RETRY_AFTER
+    if status in call.policy.cooldown_statuses:
+        call.plan.learn(call, parsed.eligible_at)
+    return parsed.delay, None
+
+
+def read_quota_headers(call: Call, response: Any) -> QuotaHint | None:
+    """Read the quota a response announces, when its reset is ahead (within
+    ``max_retry_after``): nothing left advances the shared cooldown to the reset, and
+    the store records what is left (its allowance) so that every worker sharing it
+    sends no more before the reset. Malformed quota fields are ignored."""
+    if not announces_quota(response):
+        return None
+    now = call.clock.now()
+    date = response_header(response, "Date")
+    hint = read_quota(lambda name: response_header(response, name), received_at=now, date=date)
+    # One bound for every value a header gives, before anything is stored or obeyed.
+    hint = bound_hint(hint, call.policy.max_retry_after)
+    if hint is None or hint.reset is None or hint.remaining is None or hint.reset <= 0:
+        return hint
+    until = now + timedelta(seconds=hint.reset)
+    if hint.exhausted:
+        call.plan.learn(call, until)
+    if call.plan.store is not None and call.scope is not None:
+        # At most `remaining` more before the reset, across every worker: the store
+        # takes off what was admitted after this attempt (its admission number).
+        seq = call.admission
+        remaining = hint.remaining if seq is not None else _left_unseen(call, hint, until)
+        call.plan.allow(call, remaining, until, now, seq, hint.limit, hint.window)
+    return hint
+
+
+def _left_unseen(call: Call, hint: QuotaHint, until: datetime) -> int:
+    """What is left of an announced quota when the store did not count the answered
+    attempt (the first window a store sees of a scope): ``remaining`` less the attempts
+    still on the wire here (the server did not count them yet, though it may have
+    counted some whose answers are not read yet: an underestimate). With the server's
+    limit known: the limit less what this process sent in the window, if more (exact
+    for one process; no more than ``remaining``)."""
+    assert hint.remaining is not None
+    meter = call.meter
+    if meter is None:
+        return hint.remaining
+    estimate = hint.remaining - meter.in_flight
+    if hint.limit:
+        # The window began at most `window` before the reset, which is rounded up: a
+        # second more is counted (what was sent in the previous window, if anything).
+        start = -math.inf
+        if hint.window:
+            ahead = (until - call.clock.now()).total_seconds()
+            start = call.clock.monotonic() + ahead - hint.window - SAME_WINDOW
+        estimate = max(estimate, min(hint.limit - meter.sent_since(start), hint.remaining))
+    return estimate
+
+
+def note(call: Call, outcome: str) -> None:
+    """Note the attempt's outcome in the scope's freshness record (a success at most
+    once per ``SUCCESS_EVERY`` seconds per scope in this process)."""
+    if not outcome:
+        return  # a client error (404...): says nothing of the integration's health
+    if outcome == SUCCESS:
+        meter = call.meter
+        if meter is None and call.plan.meters is not None and call.scope is not None:
+            meter = call.plan.meters.of(call.scope)
+        if meter is not None:
+            sent = call.sent_at if call.sent_at is not None else call.clock.monotonic()
+            if sent - meter.noted < SUCCESS_EVERY:
+                return
+            meter.noted = sent
+    call.plan.note(call, outcome)
+
+
+def outcome_class(
+    status: int | None,
+    error: BaseException | None,
+    invalid: Reason | None,
+    server_delay: float | None,
+    cooldown_statuses: frozenset[int],
+) -> str:
+    """The freshness class of one attempt ("" for a client error: nothing noted)."""
+    if error is not None or status is None:
+        return TRANSPORT
+    if invalid is not None:
+        return INVALID_HEADER
+    if status == 429 or (status in cooldown_statuses and server_delay is not None):
+        return THROTTLED
+    if status >= 500:
+        return SERVER_ERROR
+    return SUCCESS if status < 400 else ""

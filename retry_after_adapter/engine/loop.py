@@ -1,0 +1,230 @@
+"""The loop: admit, send exactly one attempt, judge it, then wait and go on, or end.
+
+::
+
+    while True:
+        deferral = admit(call)                  # one store operation, or wait, or defer
+        if deferral: return Outcome(..., deferral)               # nothing was sent
+        response, error, cause = send(call, transport)           # exactly one attempt
+        verdict = judge(call, ...)              # learn, count, then the policy decides
+        if verdict is FINAL: return Outcome(response)            # the happy path
+        the slow path: wait and retry, follow a redirect, or end
+
+:func:`run` drives it for :class:`~retry_after_adapter.RetryAfterAdapter` (each attempt
+through ``HTTPAdapter.send``) and :class:`~retry_after_adapter.RetryAfterPoolManager`
+(each attempt through ``PoolManager.urlopen``); urllib3 itself never loops there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from urllib3.exceptions import MaxRetryError
+from urllib3.util.retry import Retry
+
+from ..deferral import Deferral
+from ..errors import DeferralLimitExceeded
+from ..policy import DEFER, RETRY, STOP, Reason
+from ..scope import strip_query
+from .admission import admit, wait_until
+from .call import Call
+from .verdict import FINAL, REDIRECT, Verdict, judge, plan_wait
+
+__all__ = ["SINGLE_ATTEMPT", "Outcome", "Transport", "judge_redirect", "run"]
+
+R = TypeVar("R")
+
+
+class _SingleAttempt(Retry):
+    """urllib3's ``Retry(0, read=False)`` that names no query string in its errors."""
+
+    def increment(self, method: str | None = None, url: str | None = None, *args: Any, **kw: Any) -> Retry:  # type: ignore[override]
+        return super().increment(method, strip_query(url), *args, **kw)
+
+
+#: What urllib3 gets for each attempt the engine sends: one attempt, no retry, no
+#: redirect, read errors raised as themselves (as ``HTTPAdapter``'s default ``Retry(0,
+#: read=False)``), so each attempt fails with the error class it would have alone.
+SINGLE_ATTEMPT: Retry = _SingleAttempt(
+    0, read=False, redirect=False, raise_on_redirect=False, raise_on_status=False
+)
+
+
+class Transport(Protocol[R]):
+    """How :func:`run` sends one attempt and reads its outcome.
+
+    ``send`` sends exactly one attempt (no retry, no redirect) and returns the
+    transport's response, or raises the transport's own error. ``transport_error``
+    gives the urllib3 error behind an exception ``send`` raised when it is a transport
+    failure that a retry may heal, else None (the exception then propagates unchanged).
+    """
+
+    method: str
+    url: str
+    #: Whether :func:`run` follows redirects (plain urllib3) or returns them (requests,
+    #: which follows them with a new ``send`` that continues the same :class:`Call`).
+    follows_redirects: bool
+    #: Whether the caller reads the body itself (``stream=True``, ``preload_content=False``):
+    #: a deferred response is then handed over unread.
+    streams: bool
+    #: The caller's timeout (a number, a ``(connect, read)`` pair, a urllib3 ``Timeout``,
+    #: None, or the transport's own "not given"): what ``send`` gets, bounded by the
+    #: deadline (:meth:`Call.attempt_timeout`).
+    user_timeout: Any
+
+    def send(self, timeout: Any) -> R: ...
+
+    def raw(self, response: R) -> Any: ...
+
+    def transport_error(self, exc: Exception) -> Exception | None: ...
+
+    def keep(self, response: R, limit: int | None, seconds: float | None) -> None:
+        """Read and keep the body (at most ``limit`` bytes, within ``seconds``; past
+        either the connection is dropped), so the response stays readable."""
+        ...
+
+    def on_done(self, response: R, release: Callable[[], None]) -> None:
+        """Call ``release`` once the attempt is over: its body read, or the response
+        closed (at once when there is no body left to read)."""
+        ...
+
+    def close(self, response: R) -> None:
+        """Close the response, dropping its connection."""
+        ...
+
+    def follow(self, response: R, retry: Retry) -> None: ...
+
+
+@dataclass(slots=True)
+class Outcome(Generic[R]):
+    """How a call ended: the last response or error, and the deferral or stop reason."""
+
+    response: R | None = None
+    error: Exception | None = None
+    deferral: Deferral | None = None
+    stop_reason: Reason | None = None
+    exhausted: bool = False
+    redirect: bool = False
+    #: urllib3's ``MaxRetryError`` for an exhausted budget (see :class:`Verdict`).
+    limit: MaxRetryError | None = None
+
+
+def run(call: Call, transport: Transport[R]) -> Outcome[R]:
+    """Run the call to its end (see the module). ``DeferralLimitExceeded`` ends it with
+    no result: the last response is read and its connection given back first."""
+    response: R | None = None
+    error: Exception | None = None
+    try:
+        while True:
+            call.slot_waited = 0.0
+            deferral = admit(call)
+            if deferral is not None:
+                # Before a retry: the last attempt's response (its body kept) or error ends it.
+                return Outcome(response, error, deferral)
+            sent = send(call, transport)
+            response, error, cause = sent
+            raw = transport.raw(response) if response is not None else None
+            verdict = judge(call, transport.method, transport.url, raw, cause)
+            if verdict is FINAL:
+                return Outcome(response)  # the happy path: a final answer
+            outcome = _after(call, transport, verdict, response, error)
+            if outcome is not None:
+                return outcome
+            if verdict.action == REDIRECT:
+                response = None  # drained: a deferral before the next hop has no response
+    except DeferralLimitExceeded:
+        if response is not None:
+            transport.keep(response, call.policy.max_retry_body, call.read_time())
+        raise
+    except BaseException:
+        if response is not None:
+            transport.close(response)  # the attempt ends here: its slot is given back
+        raise
+
+
+def send(call: Call, transport: Transport[R]) -> tuple[R | None, Exception | None, Exception | None]:
+    """Exactly one attempt, its timeout bounded by the deadline: ``(response, error,
+    cause)``, ``cause`` being the urllib3 failure behind ``error``. The meter counts it
+    on the wire; its permit and slot are looked after once it is answered."""
+    at = call.sent_at = call.clock.monotonic()
+    meter = call.meter
+    if meter is not None:
+        meter.wire.add(id(call))
+        meter.sent.append(at)
+    response: R | None = None
+    error = cause = None
+    try:
+        response = transport.send(call.attempt_timeout(transport.user_timeout, at))
+    except Exception as exc:
+        cause = transport.transport_error(exc)
+        if cause is None:
+            raise
+        error = exc
+    finally:
+        if meter is not None:
+            meter.wire.discard(id(call))
+        call.plan.answered(call, response, transport.on_done)
+    return response, error, cause
+
+
+def _after(
+    call: Call, transport: Transport[R], verdict: Verdict, response: R | None, error: Exception | None
+) -> Outcome[R] | None:
+    """The slow path after a verdict that is not the happy path: wait and retry (None:
+    go on), follow a redirect (None: go on), or the outcome that ends the call."""
+    action = verdict.action
+    if action == RETRY:
+        if response is not None:
+            # Kept (bounded) so it stays readable should a deferral follow; the read
+            # must leave time for the wait.
+            left = call.time_left()
+            left = None if left is None else max(0.0, left - verdict.wait)
+            transport.keep(response, call.policy.max_retry_body, left)
+        deferral = wait_until(call, call.clock.monotonic() + verdict.wait)
+        if deferral is not None:
+            return Outcome(response, error, deferral)
+        assert verdict.retry is not None
+        call.retry = verdict.retry
+        return None
+    if action == REDIRECT:
+        assert response is not None
+        return _redirect(call, transport, verdict, response)
+    if verdict.deferral is not None and response is not None and not transport.streams:
+        # A deferred answer (a 429 or 503, say) is read like a retried one.
+        transport.keep(response, call.policy.max_retry_body, call.read_time())
+    return Outcome(
+        response,
+        error,
+        verdict.deferral,
+        stop_reason=verdict.reason if action == STOP else None,
+        exhausted=verdict.exhausted,
+        limit=verdict.limit,
+    )
+
+
+def _redirect(call: Call, transport: Transport[R], verdict: Verdict, response: R) -> Outcome[R] | None:
+    """A redirect: its Retry-After waited out (or deferred); followed here when the
+    transport follows redirects (None: go on), else returned to the caller."""
+    deferral = judge_redirect(call, verdict.server_delay)
+    if deferral is not None or not transport.follows_redirects:
+        return Outcome(response, None, deferral, redirect=True)
+    try:
+        call.retry = Retry.increment(call.retry, transport.method, transport.url, transport.raw(response))
+    except MaxRetryError:
+        return Outcome(response, redirect=True, exhausted=True)
+    transport.follow(response, call.retry)
+    return None
+
+
+def judge_redirect(call: Call, server_delay: float | None) -> Deferral | None:
+    """A redirect that carries a Retry-After: wait it out before the next hop if it
+    fits the budget; else (or when cancelled) the deferral."""
+    if not server_delay or server_delay <= 0:
+        return None
+    decision = plan_wait(call, server_delay, 0.0, cooldown=False)
+    if decision.action == DEFER:
+        return call.defer(decision, server_delay)
+    call.emit(decision, server_delay)
+    return wait_until(call, call.clock.monotonic() + decision.wait)

@@ -1,0 +1,97 @@
+"""What this process knows of each scope's attempts: which are on the wire and when the
+last ones were sent, for quota headers the store did not count (the first window a
+store sees of a scope). One map per store object, shared by every adapter on it.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+import weakref
+
+from .. import _forksafe
+
+__all__ = ["Meter", "meters_of"]
+
+#: Send times kept per scope (for the first window a server announces).
+SENT_KEPT = 4096
+#: Beyond this many scopes of one store, idle meters are dropped.
+MAX_METERS = 4096
+
+
+class Meter:
+    """One scope's attempts in this process: which are on the wire, when the last ones
+    were sent (the call clock's monotonic seconds), and when (monotonic) a success was
+    last noted in the store. Updated without a lock: adding to a set, discarding from
+    it and appending to a bounded deque are each atomic."""
+
+    __slots__ = ("noted", "sent", "wire")
+
+    def __init__(self) -> None:
+        #: ``id()`` of every call with an attempt on the wire (a call has one at a time).
+        self.wire: set[int] = set()
+        self.sent: collections.deque[float] = collections.deque(maxlen=SENT_KEPT)
+        self.noted = -math.inf
+
+    @property
+    def in_flight(self) -> int:
+        """Attempts of the scope on the wire in this process."""
+        return len(self.wire)
+
+    def sent_since(self, start: float) -> int:
+        """Attempts sent at or after ``start`` (monotonic seconds), at most ``SENT_KEPT``."""
+        count = 0
+        for at in reversed(self.sent):
+            if at < start:
+                break
+            count += 1
+        return count
+
+
+class Meters:
+    """The meters of one store object's scopes in this process."""
+
+    __slots__ = ("__weakref__", "by_scope")
+
+    def __init__(self) -> None:
+        self.by_scope: dict[str, Meter] = {}
+
+    def of(self, scope: str) -> Meter:
+        """The scope's meter (made on first use)."""
+        meter = self.by_scope.get(scope)
+        if meter is None:
+            with _LOCK:
+                meter = self.by_scope.get(scope)
+                if meter is None:
+                    if len(self.by_scope) >= MAX_METERS:
+                        for old in [k for k, m in self.by_scope.items() if not m.wire]:
+                            del self.by_scope[old]
+                    meter = self.by_scope[scope] = Meter()
+        return meter
+
+
+_METERS: weakref.WeakKeyDictionary[object, Meters] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def meters_of(store: object) -> Meters:
+    """The meters of a store object in this process (made on first use)."""
+    with _LOCK:
+        meters = _METERS.get(store)
+        if meters is None:
+            meters = _METERS[store] = Meters()
+        return meters
+
+
+def _after_fork() -> None:
+    """In a forked child: a parent thread may have held the lock, and the attempts the
+    parent's threads had on the wire are not this process's."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    for meters in list(_METERS.values()):
+        for meter in list(meters.by_scope.values()):
+            meter.wire.clear()
+
+
+_forksafe.at_fork(_after_fork)

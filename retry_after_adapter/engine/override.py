@@ -1,0 +1,89 @@
+"""``budget()``: the limits a caller sets for the calls made inside a ``with`` block.
+
+The only context variable of the engine: each call reads it once, when it starts.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Final
+
+from ..deferral import Deferral
+from ..errors import ConfigurationError
+from ..policy import check_limit
+
+__all__ = ["UNSET", "Override", "budget", "current_override"]
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = _Unset()
+
+
+@dataclass(frozen=True)
+class Override:
+    """Limits set by :func:`budget` for the calls made inside it (seconds)."""
+
+    deadline: float | _Unset | None = UNSET
+    max_wait: float | _Unset | None = UNSET
+    cancel: threading.Event | None = None
+    resume: Deferral | None = None
+
+
+_OVERRIDE: contextvars.ContextVar[Override | None] = contextvars.ContextVar(
+    "retry_after_adapter_budget", default=None
+)
+
+
+@contextmanager
+def budget(
+    *,
+    deadline: float | _Unset | None = UNSET,
+    max_wait: float | _Unset | None = UNSET,
+    cancel: threading.Event | None = None,
+    resume: Deferral | None = None,
+) -> Iterator[None]:
+    """Override the retry budget of every call made inside the ``with`` block.
+
+    - ``deadline``: seconds each call may take from its start, waits and redirects
+      included (``None`` removes the policy's deadline).
+    - ``max_wait``: the longest single wait in seconds (``None``: no limit).
+    - ``cancel``: a ``threading.Event``; setting it ends a running wait at once and the
+      call returns a deferral with reason ``"cancelled"``.
+    - ``resume``: a :class:`Deferral` this call continues: its attempt and deferral
+      counts and history carry over, and nothing is sent before its ``eligible_at``.
+
+    Unset arguments keep the value of an enclosing ``budget`` or of the policy.
+    """
+    if not isinstance(deadline, _Unset):
+        check_limit("deadline", deadline)
+    if not isinstance(max_wait, _Unset):
+        check_limit("max_wait", max_wait)
+    if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+        raise ConfigurationError("cancel must be a threading.Event (or have is_set() and wait())")
+    if resume is not None and not isinstance(resume, Deferral):
+        raise ConfigurationError("resume must be a Deferral (use Deferral.from_dict on stored JSON)")
+    outer = _OVERRIDE.get() or Override()
+    merged = Override(
+        deadline=deadline if not isinstance(deadline, _Unset) else outer.deadline,
+        max_wait=max_wait if not isinstance(max_wait, _Unset) else outer.max_wait,
+        cancel=cancel if cancel is not None else outer.cancel,
+        resume=resume if resume is not None else outer.resume,
+    )
+    token = _OVERRIDE.set(merged)
+    try:
+        yield
+    finally:
+        _OVERRIDE.reset(token)
+
+
+#: ``current_override()``: the overrides of the innermost enclosing :func:`budget`, or
+#: None (the context variable's own ``get``: no Python frame on the hot path).
+current_override = _OVERRIDE.get

@@ -1,0 +1,245 @@
+"""The plan: what every call of one adapter (or pool manager) needs that does not change
+per call, worked out once, and the store operations a call makes through it.
+
+A plan holds the store calls talk to (a memory store as it is, any other store behind
+its failure layer), the quota's limits as the store takes them, the concurrency cap,
+``max_waiting``, and the meters of the store object. Per attempt, a call makes one
+store operation for its admission (:meth:`Plan.admit_once`); everything else here is
+the slow path or news (a cooldown learned, an allowance announced, freshness).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .. import _forksafe
+from ..cooldown.base import Store
+from ..cooldown.guard import StoreBudget, StoreGuard
+from ..quota import Quota
+from .meters import Meter, Meters, meters_of
+
+if TYPE_CHECKING:
+    from .call import Call
+
+__all__ = ["NO_PLAN", "Plan"]
+
+log = logging.getLogger("retry_after_adapter")
+
+
+def _new_tokens() -> Iterator[str]:
+    """Lease tokens unique across processes and hosts: a random prefix per process and
+    a counter, cheaper than a UUID per attempt; ``next()`` of it runs no Python frame."""
+    return map((secrets.token_hex(8) + "-").__add__, map(str, itertools.count()))
+
+
+_lease_tokens = _new_tokens()
+
+
+def _redraw_tokens() -> None:
+    """In a forked child: a prefix of its own (the parent's counter would repeat)."""
+    global _lease_tokens
+    _lease_tokens = _new_tokens()
+
+
+_forksafe.at_fork(_redraw_tokens)
+
+
+class Slot:
+    """Gives one concurrency slot back, once, when called (the attempt it covered has
+    ended); a second call does nothing."""
+
+    __slots__ = ("free", "scope", "token")
+
+    def __init__(self, free: Callable[[str, str], None], scope: str, token: str) -> None:
+        self.free = free
+        self.scope = scope
+        self.token: str | None = token
+
+    def __call__(self) -> None:
+        token = self.token
+        if token is not None:
+            self.token = None
+            self.free(self.scope, token)
+
+
+class Plan:
+    """What calls of one adapter share (see the module). Immutable once made."""
+
+    __slots__ = (
+        "fail_closed",
+        "guard",
+        "guarded",
+        "limit",
+        "margin",
+        "max_waiting",
+        "meters",
+        "per",
+        "quota",
+        "slots",
+        "store",
+        "ttl",
+    )
+
+    def __init__(
+        self,
+        store: Store | None = None,
+        *,
+        fail_closed: bool = False,
+        quota: Quota | None = None,
+        slots: int | None = None,
+        ttl: float = 60.0,
+        max_waiting: int | None = None,
+    ) -> None:
+        self.store = store
+        #: The store is behind the failure layer: each operation gets the call's budget.
+        self.guard = store if isinstance(store, StoreGuard) else None
+        self.guarded = self.guard is not None
+        self.fail_closed = fail_closed
+        self.quota = quota
+        #: The quota as the store takes it (limit and per None: no quota).
+        self.limit = quota.limit if quota is not None else None
+        self.per = quota.per if quota is not None else None
+        self.margin = quota.margin if quota is not None else 0.0
+        #: The concurrency cap: slots per scope, each a lease of ``ttl`` seconds at most.
+        self.slots = slots
+        self.ttl = ttl
+        self.max_waiting = max_waiting
+        self.meters: Meters | None = meters_of(store) if store is not None else None
+
+    # -- per call ------------------------------------------------------------------
+    def budget(self, call: Call) -> StoreBudget | None:
+        """What ``call`` may spend on a guarded store (None: no guard)."""
+        if not self.guarded:
+            return None
+        end = None if call.deadline is None else call.start + call.deadline
+        return StoreBudget(end, call.clock.monotonic, self.fail_closed)
+
+    def meter(self, scope: str | None) -> Meter | None:
+        """The scope's meter in this process (None: no store, no scope)."""
+        if self.meters is None or scope is None:
+            return None
+        return self.meters.of(scope)
+
+    # -- per attempt: one store operation ---------------------------------------------
+    def admit_once(self, call: Call) -> datetime | None:
+        """Admit the next attempt now, in one store operation: None when it may go (a
+        quota permit, one of the server's announced allowance and a concurrency slot
+        taken, as the plan needs), else when to ask again (``call.cooldown`` holds the
+        scope's cooldown; ``call.slot_busy`` says only a slot was missing). May raise
+        CooldownUnavailable (a guarded store failing closed)."""
+        store = self.store
+        assert store is not None and call.scope is not None
+        # A real clock is read by the store itself as it grants (inside its lock): a
+        # permit's time is then its grant's, however long the lock took.
+        now = None if call.policy.real_clock else call.clock.now()
+        lease = None
+        if self.slots is not None and call.lease_token is None:
+            lease = (self.slots, self.ttl, next(_lease_tokens))
+        if self.limit is not None:
+            call.admitted_at = call.clock.monotonic()  # before the grant: its lower bound
+        guard = self.guard
+        if guard is not None:
+            answer = guard.admit(call.scope, now, self.limit, self.per, lease, self.margin, call.budget)
+        else:
+            answer = store.admit(call.scope, now, self.limit, self.per, lease, self.margin)
+        call.cooldown, not_before, call.admission, call.slot_busy = answer
+        call.permit = answer.permit
+        if not_before is None and lease is not None:
+            call.lease_token = lease[2]
+        return not_before
+
+    def answered(self, call: Call, response: Any, on_done: Callable[[Any, Slot], None]) -> None:
+        """The attempt is answered (or failed, ``response`` None): its permit counts
+        until at least its answer + per; its slot is given back when the attempt is
+        over (``on_done(response, slot)``: its body read or the response closed)."""
+        if call.permit is not None:
+            if call.clock.monotonic() - call.admitted_at > self.margin:
+                self._settle(call)  # answered later than the margin: the permit moves
+            else:
+                call.permit = None  # its stored end already covers the arrival
+        token = call.lease_token
+        if token is not None:
+            call.lease_token = None
+            assert self.store is not None and call.scope is not None
+            slot = Slot(self.store.release, call.scope, token)
+            if response is None:
+                slot()
+            else:
+                on_done(response, slot)
+
+    def release(self, call: Call) -> None:
+        """Give the call's concurrency slot back now (the attempt will not be sent)."""
+        token = call.lease_token
+        if token is not None and self.store is not None and call.scope is not None:
+            call.lease_token = None
+            self.store.release(call.scope, token)
+
+    def _settle(self, call: Call) -> None:
+        """The attempt that took a quota permit was answered later than the margin: it
+        reached the server by now, so the permit must count until at least ``now +
+        per`` (one more store operation, only then)."""
+        expires, call.permit = call.permit, None
+        assert expires is not None and self.per is not None and self.limit is not None
+        now = call.clock.now()
+        if (expires - now).total_seconds() >= self.per:
+            return  # the stored end already covers the answer
+        at = None if call.policy.real_clock else now
+        try:
+            self._write(self._store().settle, call, call.scope, self.limit, self.per, expires, at)
+        except Exception as exc:  # the permit still counts until its stored end
+            log.debug("settling a quota permit failed: %s", type(exc).__name__)
+
+    # -- the slow path and news ---------------------------------------------------
+    def read_cooldown(self, call: Call) -> datetime | None:
+        """The scope's stored cooldown (no store: the call's own). May raise
+        CooldownUnavailable (a guarded store failing closed)."""
+        if self.store is None or call.scope is None:
+            return call.cooldown
+        if self.guard is not None:
+            call.cooldown = self.guard.get(call.scope, call.budget)
+        else:
+            call.cooldown = self.store.get(call.scope)
+        return call.cooldown
+
+    def learn(self, call: Call, until: datetime) -> None:
+        """Advance the scope's shared cooldown to ``until`` (later wins); never raises
+        for a store that fails (the failure layer keeps it)."""
+        if self.store is None or call.scope is None:
+            call.cooldown = until if call.cooldown is None or until > call.cooldown else call.cooldown
+            return
+        call.cooldown = self._write(self.store.extend, call, call.scope, until)
+
+    def allow(self, call: Call, *args: Any) -> None:
+        """Record the server's announced allowance (``Store.allow``'s arguments after
+        the scope)."""
+        if self.store is not None and call.scope is not None:
+            self._write(self.store.allow, call, call.scope, *args)
+
+    def note(self, call: Call, outcome: str) -> None:
+        """Note an attempt's outcome in the scope's freshness record; never raises
+        (freshness is news, never a reason to fail a call)."""
+        if self.store is None or call.scope is None:
+            return
+        try:
+            self._write(self.store.note, call, call.scope, outcome, call.clock.now())
+        except Exception as exc:
+            log.debug("noting freshness failed: %s", type(exc).__name__)
+
+    def _store(self) -> Store:
+        assert self.store is not None
+        return self.store
+
+    def _write(self, operation: Callable[..., Any], call: Call, *args: Any) -> Any:
+        """``operation(*args)``, with the call's budget when the store is guarded."""
+        if self.guarded:
+            return operation(*args, budget=call.budget)
+        return operation(*args)
+
+
+#: The plan of a call made without a store (a policy used alone).
+NO_PLAN = Plan()

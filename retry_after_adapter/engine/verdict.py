@@ -1,0 +1,251 @@
+"""The verdict on one attempt: learn from its answer, count it as urllib3 does, then let
+the pure policy decide (retry after a wait, defer, stop), whoever loops.
+
+:func:`judge` serves the engine's loop and :meth:`RetryAfterRetry.increment` inside a
+stock urllib3 loop alike, so there is one decision step.
+"""
+
+from __future__ import annotations
+
+import random
+import ssl
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from urllib3.exceptions import MaxRetryError
+from urllib3.util.retry import Retry
+
+from .._compat import announces_quota
+from ..cooldown.freshness import SUCCESS, SUCCESS_EVERY
+from ..deferral import Deferral
+from ..policy import (
+    COOLDOWN_STATUSES,
+    DEFER,
+    RETRY,
+    STOP,
+    Decision,
+    Reason,
+    after_attempt,
+    decide,
+    out_of_attempts,
+)
+from .learn import learn_retry_after, note, outcome_class, read_quota_headers
+
+if TYPE_CHECKING:
+    from .call import Call
+
+__all__ = ["FINAL", "RAISE", "REDIRECT", "RETURN", "Verdict", "judge", "plan_wait"]
+
+RETURN = "return"  #: the outcome is final: return the response
+RAISE = "raise"  #: the outcome is final: raise the error as it is
+REDIRECT = "redirect"  #: follow the response's redirect (when the transport follows them)
+
+_jitter_rng = random.Random()
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What :func:`judge` decided about one attempt.
+
+    ``action`` is ``"retry"`` (wait ``wait`` seconds, then go on with counters
+    ``retry``), ``"defer"`` (``deferral``), ``"stop"`` (``reason``: return the response
+    without retrying), ``"return"``, ``"raise"`` or ``"redirect"``. ``exhausted`` says
+    the retry budget ran out (``limit``; the deferral then has reason ``attempts``);
+    ``server_delay`` is the attempt's valid Retry-After in seconds, or None.
+    """
+
+    action: str
+    wait: float = 0.0
+    retry: Retry | None = None
+    deferral: Deferral | None = None
+    reason: Reason | None = None
+    server_delay: float | None = None
+    error: BaseException | None = None
+    #: urllib3's own ``MaxRetryError`` when the retry budget ran out (its ``reason``
+    #: says why: "too many 503 error responses", the last transport error...).
+    limit: MaxRetryError | None = None
+
+    @property
+    def exhausted(self) -> bool:
+        return self.limit is not None
+
+
+#: The verdict of the happy path: a final answer, nothing to plan.
+FINAL = Verdict(RETURN)
+
+_STOCK_IS_RETRY = Retry.is_retry
+#: Statuses whose Retry-After matters even when not retried (urllib3's and ours).
+_HINTED_STATUSES = frozenset(Retry.RETRY_AFTER_STATUS_CODES) | COOLDOWN_STATUSES
+
+
+def _plainly_final(retry: Retry, method: str | None, status: int) -> bool:
+    """Whether a status below 300 is final with nothing to read but quota headers: no
+    rule retries it (urllib3's own rule retries a status without Retry-After only when
+    it is in ``status_forcelist``; a subclass's own rule is asked)."""
+    if status >= 300 or status in _HINTED_STATUSES:
+        return False
+    if type(retry).is_retry is _STOCK_IS_RETRY:
+        return status not in (retry.status_forcelist or ())
+    return not retry.is_retry(method or "GET", status)
+
+
+def judge(
+    call: Call,
+    method: str | None,
+    url: str | None,
+    response: Any,
+    error: Exception | None,
+    *,
+    decided: bool = False,
+    stacktrace: Any = None,
+) -> Verdict:
+    """Judge one attempt: its ``response`` (a urllib3 response) or its ``error`` (a
+    urllib3 error). ``decided=True`` is for a stock urllib3 loop, which calls only for
+    outcomes it already chose to retry."""
+    call.attempts += 1
+    status = getattr(response, "status", None)
+    if not isinstance(status, int):
+        status = None
+    if not decided and error is None and status is not None and _plainly_final(call.retry, method, status):
+        # The happy path: nothing to parse or plan but the quota headers.
+        call.last_status = status
+        if call.policy.quota_headers and announces_quota(response):
+            read_quota_headers(call, response)
+        meter, sent = call.meter, call.sent_at
+        if meter is None or sent is None or sent - meter.noted >= SUCCESS_EVERY:
+            note(call, SUCCESS)  # else noted less than SUCCESS_EVERY ago: nothing new
+        return FINAL
+    server_delay, invalid = _learn(call, response, status, error)
+    final = _final(call, method, response, status, error, server_delay, decided)
+    if final is not None:
+        return final
+    policy = call.policy
+    rule = after_attempt(
+        failed=error is not None,
+        idempotent=method is None or call.retry._is_method_retryable(method),
+        connection_error=error is not None and call.retry._is_connection_error(error),
+        cannot_heal=error is not None and _cannot_heal(error),
+        invalid=invalid,
+        on_invalid=policy.on_invalid,
+    )
+    if rule is not None:
+        call.emit(rule)
+        return Verdict(RAISE if error is not None else STOP, reason=rule.reason, error=error)
+    return _count_and_plan(call, method, url, response, error, stacktrace, server_delay)
+
+
+def _learn(
+    call: Call, response: Any, status: int | None, error: Exception | None
+) -> tuple[float | None, Reason | None]:
+    """Learn from the answer before deciding: its Retry-After, quota headers, and its
+    outcome noted. Returns the valid Retry-After (seconds) and why one was rejected."""
+    if call.started_at is None:
+        call.started_at = call.clock.now()
+    call.last_status = status
+    call.last_retry_after = None
+    call.last_skew = None
+    policy = call.policy
+    server_delay: float | None = None
+    invalid: Reason | None = None
+    if response is not None and policy.respect_retry_after_header:
+        server_delay, invalid = learn_retry_after(call, response, status)
+    if response is not None and policy.quota_headers:
+        read_quota_headers(call, response)  # nothing left: a shared cooldown until the reset
+    note(call, outcome_class(status, error, invalid, server_delay, policy.cooldown_statuses))
+    return server_delay, invalid
+
+
+def _final(
+    call: Call,
+    method: str | None,
+    response: Any,
+    status: int | None,
+    error: Exception | None,
+    server_delay: float | None,
+    decided: bool,
+) -> Verdict | None:
+    """A redirect to follow, or an answer no rule retries; None: judge further."""
+    if error is not None:
+        return None
+    if response is not None and response.get_redirect_location():
+        return Verdict(REDIRECT, server_delay=server_delay)
+    if not decided and not call.retry.is_retry(method or "GET", status or 0, server_delay is not None):
+        return Verdict(RETURN, server_delay=server_delay)
+    return None
+
+
+def _count_and_plan(
+    call: Call,
+    method: str | None,
+    url: str | None,
+    response: Any,
+    error: Exception | None,
+    stacktrace: Any,
+    server_delay: float | None,
+) -> Verdict:
+    """Count the attempt as urllib3 does, then plan the wait, or defer."""
+    limit: MaxRetryError | None = None
+    try:
+        new = Retry.increment(call.retry, method, url, response, error, None, stacktrace)
+    except MaxRetryError as out_of_retries:
+        # Out of retries: still plan the next wait, so the deferral keeps the time.
+        limit = out_of_retries
+        new = _uncounted(call.retry, method, url, response, error)
+    except Exception as raised:  # urllib3 re-raises errors it must not retry (read=False)
+        call.emit(Decision(STOP, 0.0, Reason.NOT_RETRYABLE))
+        return Verdict(RAISE, reason=Reason.NOT_RETRYABLE, error=raised)
+    decision = plan_wait(call, server_delay, new.get_backoff_time())
+    if limit is not None:
+        decision = out_of_attempts(decision)
+    if decision.action == DEFER:
+        deferral = call.defer(decision, server_delay)
+        return Verdict(DEFER, deferral=deferral, server_delay=server_delay, limit=limit)
+    call.emit(decision, server_delay)
+    return Verdict(RETRY, wait=decision.wait, retry=new, server_delay=server_delay)
+
+
+def plan_wait(call: Call, server_delay: float | None, backoff: float, cooldown: bool = True) -> Decision:
+    """The pure decision on the next wait, with what the call knows now (its elapsed
+    time, its limits, the scope's cooldown when ``cooldown``, a fresh jitter sample)."""
+    policy = call.policy
+    return decide(
+        server_delay=server_delay,
+        backoff=backoff,
+        cooldown_left=call.seconds_until(call.cooldown) if cooldown else 0.0,
+        jitter=_jitter_rng.uniform(0.0, policy.jitter) if policy.jitter and cooldown else 0.0,
+        elapsed=call.elapsed(),
+        deadline=call.deadline,
+        max_wait=call.max_wait,
+        attempt_reserve=policy.attempt_reserve,
+    )
+
+
+def jitter(call: Call) -> float:
+    """A fresh jitter sample for ``call`` (seconds, only added)."""
+    return _jitter_rng.uniform(0.0, call.policy.jitter) if call.policy.jitter else 0.0
+
+
+def _uncounted(retry: Retry, method: str | None, url: str | None, response: Any, error: Any) -> Retry:
+    """``retry`` incremented without limits: for the backoff the next try would have."""
+    unlimited = retry.new(total=None, connect=None, read=None, redirect=None, status=None, other=None)
+    try:
+        return Retry.increment(unlimited, method, url, response, error)
+    except Exception:
+        return retry
+
+
+def _cannot_heal(error: BaseException) -> bool:
+    """Whether another attempt cannot succeed: a certificate that failed verification."""
+    seen: set[int] = set()
+    stack: list[BaseException] = [error]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen or len(seen) > 16:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(current):
+            return True
+        for nxt in (current.__cause__, current.__context__, getattr(current, "reason", None), *current.args):
+            if isinstance(nxt, BaseException):
+                stack.append(nxt)
+    return False
