@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any
 from . import _forksafe
 from .errors import ConfigurationError
 from .policy import DEFER, DEFER_REASONS, RETRY, STOP, STOP_REASONS, Decision, Reason
+from .redact import RedactingFilter, redact  # re-exported: their home before redact.py
 
 __all__ = [
     "ACTIONS",
@@ -330,50 +330,6 @@ REDACTED_LOGGERS = (
     "urllib3.util.ssl_",
     "requests",
 )
-
-_QUERY = re.compile(r"\?([^\s#'\"<>)\]]*)")
-_USERINFO_IN_URL = re.compile(r"(?<=://)[^/@\s'\"<>]+@")
-
-
-def _mask_query(match: re.Match[str]) -> str:
-    params = match.group(1).split("&")
-    masked = [p.split("=", 1)[0] + "=***" if "=" in p else ("***" if p else "") for p in params]
-    return "?" + "&".join(masked)
-
-
-def redact(text: str) -> str:
-    """``text`` with every query value (``?token=abc&page=2`` becomes
-    ``?token=***&page=***``) and every URL's user info (``https://***@host``) masked."""
-    if "?" in text:
-        text = _QUERY.sub(_mask_query, text)
-    if "@" in text:
-        text = _USERINFO_IN_URL.sub("***@", text)
-    return text
-
-
-class RedactingFilter(logging.Filter):
-    """A logging filter that masks query values and URL user info in a record's
-    message, its traceback text and its stack text (see :func:`redact`)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # a broken format string: leave it to the handler to report
-            return True
-        clean = redact(message)
-        if clean != message:
-            record.msg = clean
-            record.args = None
-        if record.exc_info:
-            if not record.exc_text:
-                record.exc_text = logging.Formatter().formatException(record.exc_info)
-            record.exc_info = None  # handlers that read the exception itself see nothing
-        if record.exc_text:
-            record.exc_text = redact(record.exc_text)
-        if record.stack_info:
-            record.stack_info = redact(record.stack_info)
-        return True
-
 
 _INSTALLED = RedactingFilter()
 

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import unquote, unquote_plus, urlsplit
 
 from .errors import ConfigurationError
+from .redact import strip_query  # re-exported: its home before redact.py
 
 __all__ = [
     "PublicScope",
@@ -112,17 +113,6 @@ def credential_scope(request: Any) -> str:
         if value:
             return f"{origin}|{hash_scope(name.lower() + ':' + str(value))}"
     return origin
-
-
-def strip_query(url: str | None) -> str | None:
-    """The URL without its query string or fragment (they may hold credentials)."""
-    if url is None or ("?" not in url and "#" not in url):
-        return url
-    for mark in ("?", "#"):
-        cut = url.find(mark)
-        if cut >= 0:
-            url = url[:cut]
-    return url
 
 
 #: Header names (lower case) whose values are credentials, besides ``_SECRET_HEADERS``.

@@ -1,0 +1,102 @@
+"""What every command shares: exit codes, the one redactor, stderr lines, JSON on
+stdout, the package's warnings as scrubbed lines, and the store ``--cooldown`` names.
+
+Every secret the command line meets (a header value, a URL's query string, fragment
+or user info) is added to :data:`redactor` before anything can print it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ..redact import Redactor, argument_secrets
+
+EX_OK = 0
+EX_FAILED = 1
+EX_USAGE = 2
+EX_UNAVAILABLE = 69
+EX_TEMPFAIL = 75
+EX_INTERRUPTED = 130
+
+PROG = "retry-after-adapter"
+
+#: Removes every secret seen so far from printed text.
+redactor = Redactor()
+
+#: Options whose value is never a header (dates and times contain colons too).
+_VALUE_OPTIONS = frozenset({"--date", "--received-at", "--cooldown", "--method"})
+_HEADER_LIKE = re.compile(r"[A-Za-z][A-Za-z0-9_-]*:(?!//).*", re.DOTALL)
+
+
+def learn_argv(argv: Sequence[str]) -> None:
+    """Collect every header value and query string that appears on the command line,
+    before parsing, so that even argparse's own error messages are scrubbed."""
+    previous = ""
+    for token in argv:
+        if previous in ("--header", "-H"):
+            _add_header_token(token)
+        elif token.startswith("--header="):
+            _add_header_token(token.partition("=")[2])
+        elif token.startswith("-H") and len(token) > 2:
+            _add_header_token(token[2:])
+        elif previous not in _VALUE_OPTIONS and _HEADER_LIKE.fullmatch(token) is not None:
+            # "Name: value" given in the wrong place (after a mistyped option, say).
+            _add_header_token(token)
+        redactor.add_all(argument_secrets(token))
+        previous = token
+
+
+def _add_header_token(token: str) -> None:
+    _, sep, value = token.partition(":")
+    redactor.add(value if sep else token)
+
+
+def err(message: str) -> None:
+    """One line on stderr, prefixed with the program name and scrubbed of secrets."""
+    line = redactor(message).replace("\n", " ").strip()
+    sys.stderr.write(f"{PROG}: {line}\n")
+    sys.stderr.flush()
+
+
+def print_json(data: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def open_store(text: str | None, default: Any) -> Any:
+    """The cooldown store ``--cooldown`` names; ``memory://`` (or nothing) is the process
+    default store."""
+    if text is None or text.strip().lower() == "memory://":
+        return default
+    redactor.add_all(argument_secrets(text))
+    from ..cooldown import store_from_url
+
+    return store_from_url(text)
+
+
+class _ScrubFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = redactor(record.getMessage()).replace("\n", " ")
+        record.args = None
+        record.exc_info = None  # one line, no traceback
+        record.exc_text = None
+        record.levelname = record.levelname.lower()
+        return True
+
+
+def setup_logging() -> None:
+    """The package's warnings (a failing cooldown store, say) as one scrubbed stderr line."""
+    logger = logging.getLogger("retry_after_adapter")
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{PROG}: %(levelname)s: %(message)s"))
+    handler.addFilter(_ScrubFilter())
+    handler.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    logger.propagate = False
