@@ -47,6 +47,24 @@ _USERINFO_IN_MESSAGE = re.compile(r"(?<=://)[^/@\s]*@")
 
 
 # --------------------------------------------------------------------------- URLs
+#: Schemes of store URLs: their paths never hold an ``@``, so everything up to the last
+#: one is user info (a password may hold ``/``, ``?`` or ``@``).
+_STORE_SCHEMES = ("redis", "rediss", "valkey", "valkeys", "unix", "sqlite", "memory")
+
+
+def _userinfo(url: str) -> str:
+    """The user info of ``url`` ("" when none): for a store URL everything between
+    ``://`` and the last ``@``; for any other URL the part of its authority (up to the
+    first ``/``) before its ``@``, so a path holding ``@`` (``/users/@me``) is none."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return ""
+    if scheme.lower() in _STORE_SCHEMES:
+        return rest.rpartition("@")[0]
+    netloc = rest.split("/", 1)[0]
+    return netloc.rsplit("@", 1)[0] if "@" in netloc else ""
+
+
 def _cut_query(url: str) -> str:
     for mark in ("?", "#"):
         cut = url.find(mark)
@@ -70,6 +88,10 @@ def safe_url(url: str) -> str:
         return "<unparseable URL>"
     if not parts.scheme or not parts.netloc:
         return _cut_query(url)
+    userinfo = _userinfo(url)
+    if userinfo and parts.scheme.lower() in _STORE_SCHEMES:
+        # A password holding "/" or "?" cuts urlsplit's authority short: cut it whole.
+        return _cut_query(f"{parts.scheme}://{url.partition('://')[2][len(userinfo) + 1 :]}")
     host = parts.netloc.rsplit("@", 1)[-1]
     return f"{parts.scheme}://{host}{parts.path}"
 
@@ -136,15 +158,16 @@ def url_secrets(url: str) -> list[str]:
 
 
 def argument_secrets(argument: str) -> list[str]:
-    """The user info, query string and fragment of anything that looks like a URL (a
-    command-line argument, say). The user info is looked for in the authority only,
-    so a path holding ``@`` (``/users/@me``) is no secret."""
+    """The user info (and its password), query string and fragment of anything that
+    looks like a URL (a command-line argument, say). See :func:`_userinfo` for where
+    user info ends: a path holding ``@`` (``/users/@me``) is no secret, a store
+    password holding ``/`` is one whole secret."""
     found: list[str] = []
-    if "://" in argument or argument.startswith(("http", "redis", "valkey", "sqlite")):
-        _, sep, rest = argument.partition("://")
-        netloc = rest.split("/", 1)[0] if sep else ""
-        if "@" in netloc:
-            found.append(netloc.rsplit("@", 1)[0])
+    userinfo = _userinfo(argument)
+    if userinfo:
+        found.append(userinfo)
+        if ":" in userinfo:
+            found.append(userinfo.partition(":")[2])
     for mark in ("?", "#"):
         if mark in argument:
             found.append(argument.split(mark, 1)[1])

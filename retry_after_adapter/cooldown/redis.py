@@ -19,6 +19,7 @@ from importlib import resources
 from typing import Any
 
 from ..errors import ConfigurationError, CooldownStoreError
+from ..redact import client_secrets, redact_url, scrub, url_secrets
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from .allowance import ALLOWANCE_KEPT, SAME_WINDOW, Allowance, roll
 from .base import Admission, Granted, Hold, Lease, Store, check_scope, check_until
@@ -53,7 +54,6 @@ FRESHNESS_KEPT_MS = 30 * 24 * 3600 * 1000
 
 _INSTALL_HINT = "pip install 'retry_after_adapter[redis]' (from a checkout: pip install -e '.[redis]')"
 
-_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 _GLOB_SPECIAL = re.compile(r"[*?\[\]\\]")
 
 
@@ -124,7 +124,7 @@ class RedisCooldownStore(Store):
         self._client = client
         self._prefix = prefix
         self._timeout = float(timeout) if timeout is not None else _client_timeout(client)
-        self._secrets = _client_secrets(client)
+        self._secrets = client_secrets(client)
         try:  # registered locally: no round trip until a script first runs
             scripts = {name: client.register_script(_source(name)) for name in SCRIPTS}
         except Exception as exc:
@@ -191,7 +191,7 @@ class RedisCooldownStore(Store):
             client = redis.Redis.from_url(_as_redis_url(url), **kwargs)
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(
-                f"invalid Redis cooldown URL {redact_url(url)!r}: {_scrub(str(exc), _url_secrets(url))}"
+                f"invalid Redis cooldown URL {redact_url(url)!r}: {scrub(str(exc), url_secrets(url))}"
             ) from None
         store = cls(client, prefix=prefix)
         options = dict(
@@ -526,7 +526,7 @@ class RedisCooldownStore(Store):
         return f"RedisCooldownStore({type(self._client).__name__}, prefix={self._prefix!r})"
 
     def _failure(self, operation: str, exc: BaseException) -> CooldownStoreError:
-        detail = _scrub(str(exc), self._secrets)
+        detail = scrub(str(exc), self._secrets)
         return CooldownStoreError(
             f"the Redis cooldown store failed during {operation}: {type(exc).__name__}"
             + (f": {detail}" if detail else "")
@@ -591,24 +591,6 @@ def _as_redis_url(url: str) -> str:
     return f"{mapped}{sep}{rest}" if mapped and sep else url
 
 
-def redact_url(url: str) -> str:
-    """``url`` for a message: no credentials (everything up to the last ``@``, so a
-    password holding ``@``, ``/`` or ``?`` is cut whole), no query, no fragment."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    if "@" in rest:
-        rest = "***@" + rest.rpartition("@")[2]
-    rest = rest.split("?", 1)[0].split("#", 1)[0]
-    return (scheme + sep + rest)[:200]
-
-
-def _url_secrets(url: str) -> list[str]:
-    """The userinfo of ``url`` and its password part, to keep out of messages."""
-    userinfo = url.partition("://")[2].rpartition("@")[0]
-    return [part for part in (userinfo, userinfo.partition(":")[2]) if part]
-
-
 def _client_timeout(client: Any) -> float | None:
     """Connect plus socket timeout of a redis-py style client's pool, if both are set."""
     kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
@@ -624,22 +606,3 @@ def _client_timeout(client: Any) -> float | None:
             return None
         total += float(value)
     return total
-
-
-def _client_secrets(client: Any) -> list[str]:
-    """Credentials configured on a redis-py style client, to keep out of messages."""
-    found: set[str] = set()
-    pool = getattr(client, "connection_pool", None)
-    kwargs = getattr(pool, "connection_kwargs", None)
-    if isinstance(kwargs, dict):
-        value = kwargs.get("password")
-        if isinstance(value, str) and value:
-            found.add(value)
-    return sorted(found, key=len, reverse=True)
-
-
-def _scrub(text: str, secrets: list[str]) -> str:
-    for secret in sorted(secrets, key=len, reverse=True):
-        if secret:
-            text = text.replace(secret, "***")
-    return _USERINFO.sub("***@", text)[:300]

@@ -18,9 +18,10 @@ import os
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ..errors import ConfigurationError
+from ..redact import redact_url
 from .base import CooldownStore
 from .memory import DEFAULT_STORE
-from .redis import RedisCooldownStore, redact_url
+from .redis import RedisCooldownStore
 from .sqlite import DEFAULT_TIMEOUT, SQLiteCooldownStore
 
 _REDIS_SCHEMES = ("redis", "rediss", "valkey", "valkeys")

@@ -194,9 +194,9 @@ def test_url_secrets_are_the_user_info_and_its_password(url: str, expected: list
     ("argument", "expected"),
     [
         ("https://api.example.com/v1/x?api_key=s3cret", ["api_key=s3cret"]),
-        ("https://u:pw@h/p?q=1#frag", ["u:pw", "q=1#frag", "frag"]),
+        ("https://u:pw@h/p?q=1#frag", ["u:pw", "pw", "q=1#frag", "frag"]),
         ("https://h/p#frag", ["frag"]),
-        ("redis://:s3cret@localhost:6379/0", [":s3cret"]),
+        ("redis://:s3cret@localhost:6379/0", [":s3cret", "s3cret"]),
         ("sqlite:///cooldown.db", []),
         # a path holding @ is no secret: only the authority's user info counts
         ("https://api.example.com/users/@me", []),
@@ -265,3 +265,20 @@ def test_redactor_replaces_a_whole_secret_before_its_parts() -> None:
     redactor = Redactor()
     redactor.add_all(["abc", "abcdef"])
     assert redactor("abcdef abc") == f"{MASK} {MASK}"
+
+
+@pytest.mark.parametrize(
+    ("url", "password"),
+    [("redis://user:pa/ss@host:6379/0", "pa/ss"), ("redis://user:p@ss/w?rd@host/1", "p@ss/w?rd")],
+)
+def test_a_store_password_holding_a_slash_is_one_secret(url: str, password: str) -> None:
+    # A store URL's path never holds "@": its user info runs to the last one, so a
+    # password with "/" (which cuts urlsplit's authority short) is hidden whole.
+    assert password in argument_secrets(url)
+    shown = safe_url(url)
+    assert shown.startswith("redis://host") and "ss" not in shown and "pa" not in shown
+
+
+def test_a_web_path_holding_an_at_sign_is_not_a_secret() -> None:
+    assert argument_secrets("https://api.example.com/users/@me") == []
+    assert safe_url("https://api.example.com/users/@me") == "https://api.example.com/users/@me"
