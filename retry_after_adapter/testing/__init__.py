@@ -1,5 +1,8 @@
 """Test utilities for code that uses retry_after_adapter.
 
+- :class:`QuotaServer`: a throttling HTTP server on 127.0.0.1 that enforces one shared
+  quota per window and answers 429 with a Retry-After (see
+  ``retry_after_adapter.testing.server``);
 - :class:`FakeClock`: a clock that moves only when told to or when something waits on
   it (the same class as ``retry_after_adapter.FakeClock``);
 - :func:`reset_default_store`: forget every cooldown in the process-wide default store;
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
     from ._store import reset_default_store
     from .plugin import fake_clock as fake_clock
     from .plugin import fake_retry as fake_retry
+    from .server import QuotaServer
 
 #: This package was the plugin module before the plugin had a module of its own: loaded
 #: as a plugin under its old name (an install whose entry point metadata predates the
@@ -31,12 +35,13 @@ pytest_plugins = ["retry_after_adapter.testing.plugin"]
 #: Where each name lives, imported on first use.
 _WHERE: dict[str, str] = {
     "FakeClock": "..clock",
+    "QuotaServer": ".server",
     "fake_clock": ".plugin",
     "fake_retry": ".plugin",
     "reset_default_store": "._store",
 }
 
-__all__ = ["FakeClock", "reset_default_store"]
+__all__ = ["FakeClock", "QuotaServer", "reset_default_store"]
 
 
 # No ``__dir__`` that lists these names: pytest and pluggy look up every name ``dir()``

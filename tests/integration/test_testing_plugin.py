@@ -87,8 +87,8 @@ def test_the_plugin_imports_nothing_of_the_package_at_start_up():
 
 
 def test_the_testing_package_imports_its_names_on_first_use():
-    # ``import retry_after_adapter.testing`` costs nothing, not even pytest:
-    # reset_default_store works outside a test run too.
+    # ``import retry_after_adapter.testing`` costs nothing, not even pytest: QuotaServer
+    # and reset_default_store work outside a test run too.
     code = (
         "import sys, retry_after_adapter.testing as testing\n"
         "print([m for m in ('pytest', 'requests', 'urllib3', 'retry_after_adapter.clock') if m in sys.modules])\n"
@@ -96,9 +96,9 @@ def test_the_testing_package_imports_its_names_on_first_use():
         "reset_default_store()\n"
         "print([m for m in ('pytest', 'requests') if m in sys.modules])\n"
         "from retry_after_adapter import FakeClock\n"
-        "print(testing.FakeClock is FakeClock)\n"
+        "print(testing.QuotaServer.__name__, testing.FakeClock is FakeClock)\n"
     )
-    assert python_prints(code) == ["[]", "[]", "True"]
+    assert python_prints(code) == ["[]", "[]", "QuotaServer True"]
 
 
 def test_the_old_plugin_module_name_still_loads_the_plugin(pytester: pytest.Pytester) -> None:
