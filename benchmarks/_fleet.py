@@ -2,7 +2,7 @@
 worker threads (in one process or several) that works through a list of items, and
 the analysis of what the server saw.
 
-The server is the project's one ``QuotaServer`` (``retry_after_adapter.demo``), run in
+The server is the project's one ``QuotaServer`` (``retry_after_adapter.testing``), run in
 its own process (``python -m retry_after_adapter.demo --serve QUOTA WINDOW``; prints
 ``PORT <n>``). It admits ``QUOTA`` requests per fixed window of ``WINDOW`` seconds, the
 windows counted from the first request it receives. Past the quota it answers ``429``
@@ -29,12 +29,9 @@ from typing import Any
 
 import requests
 
-from retry_after_adapter import demo
+from retry_after_adapter.testing.server import LOG_FIELDS as LOG_FIELDS
 
 # -- the throttling server: the project's one QuotaServer -----------------------------------
-
-#: Log entry fields, in order (see ``retry_after_adapter.demo.LOG_FIELDS``).
-LOG_FIELDS = demo.LOG_FIELDS
 
 #: How a fleet benchmark starts its server: in its own process, windows from the first
 #: request (``python -m retry_after_adapter.demo --serve QUOTA WINDOW``).

@@ -6,8 +6,9 @@ that spends the same quota. See the README for usage.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from . import _lazy
 
 if TYPE_CHECKING:
     from .adapter import RetryAfterAdapter, RetryAfterResponse
@@ -114,12 +115,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value  # the next look-up is a plain global
-    return value
+    return _lazy.load(__name__, _WHERE, name)
 
 
 def __dir__() -> list[str]:

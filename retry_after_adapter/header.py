@@ -325,27 +325,44 @@ def _parse_date_value(raw: str, v: str, reference: datetime | None) -> datetime:
         raise InvalidRetryAfter("control", raw)
     commas = v.count(",")
     if commas == 0:
-        m = _ASCTIME(v)
-        if m is None:
-            raise InvalidRetryAfter("malformed", raw)
-        wkday, mon, day, hh, mm, ss, year, zone = m.groups()
-        if len(day) != 2 or len(year) != 4:
-            _bad_width(year, 4, raw)
-        if zone is not None:
-            raise InvalidRetryAfter("zone", raw)
-        return _build(raw, _SHORT_DAY_NUMBER, wkday, day, mon, int(year), hh, mm, ss)
+        return _parse_asctime(raw, v)
     # Exactly one comma, right after a day name, is part of the IMF-fixdate and RFC 850
     # forms; any other comma makes a list (or a repeated field joined by the recipient).
     if commas > 1 or _LETTERS(v[: v.index(",")].rstrip(" \t")) is None:
         raise InvalidRetryAfter("repeated", raw)
     m = _IMF(v)
     if m is not None:
-        wkday, day, mon, year, hh, mm, ss, zone = m.groups()
-        if len(year) != 4:
-            _bad_width(year, 4, raw)
-        if zone != "GMT":
-            raise InvalidRetryAfter("zone", raw)
-        return _build(raw, _SHORT_DAY_NUMBER, wkday, day, mon, int(year), hh, mm, ss)
+        return _parse_imf(raw, m)
+    return _parse_rfc850(raw, v, reference)
+
+
+def _parse_asctime(raw: str, v: str) -> datetime:
+    """An asctime date (``Sun Nov  6 08:49:37 1994``), which has no zone and no comma."""
+    m = _ASCTIME(v)
+    if m is None:
+        raise InvalidRetryAfter("malformed", raw)
+    wkday, mon, day, hh, mm, ss, year, zone = m.groups()
+    if len(day) != 2 or len(year) != 4:
+        _bad_width(year, 4, raw)
+    if zone is not None:
+        raise InvalidRetryAfter("zone", raw)
+    return _build(raw, _SHORT_DAY_NUMBER, wkday, day, mon, int(year), hh, mm, ss)
+
+
+def _parse_imf(raw: str, m: re.Match[str]) -> datetime:
+    """A date of the IMF-fixdate form, matched loosely as ``m`` so that a near miss gets
+    a precise reason (the fast path already took the well-formed ones it could)."""
+    wkday, day, mon, year, hh, mm, ss, zone = m.groups()
+    if len(year) != 4:
+        _bad_width(year, 4, raw)
+    if zone != "GMT":
+        raise InvalidRetryAfter("zone", raw)
+    return _build(raw, _SHORT_DAY_NUMBER, wkday, day, mon, int(year), hh, mm, ss)
+
+
+def _parse_rfc850(raw: str, v: str, reference: datetime | None) -> datetime:
+    """An RFC 850 date (``Sunday, 06-Nov-94 08:49:37 GMT``): its two-digit year is read
+    against ``reference``, without which it cannot be read (``needs_reference``)."""
     m = _RFC850(v)
     if m is None:
         raise InvalidRetryAfter("malformed", raw)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from ..quota import MAX_SECONDS
 
@@ -105,35 +105,73 @@ def merge_allowance(
     """
     if until <= now:
         return None
-    lim = limit if limit is not None and limit > 0 else (current.limit if current is not None else 0)
-    win = window if window is not None and window > 0 else (current.window if current is not None else 0.0)
+    lim = _said_or_kept(limit, current.limit if current is not None else 0)
+    win = _said_or_kept(window, current.window if current is not None else 0.0)
     if win > MAX_SECONDS or (until - now).total_seconds() > MAX_SECONDS:
         return None  # past every bound a header may set (see ``quota.bound_hint``)
-    if current is not None:
-        gap = (until - current.until).total_seconds()
-        if not win and gap > SAME_WINDOW and (now - current.until).total_seconds() < gap / 2:
-            win = round(gap)  # the first answer of the window right after: its length
-        current = roll(current, now)
-    count = current.admitted if current is not None else 0
     left = max(0, remaining)
-    at = count if seq is None else min(seq + 1, count)
-    if current is not None and current.until <= now and current.exact and lim:
-        # The first answer of a window whose start was counted: exact from here on.
-        return Allowance(min(left, current.remaining), count, until, count, lim, win, exact=True)
-    if current is None or current.until <= now:
+    if current is None:
+        return Allowance(left, _answered_at(seq, 0), until, 0, lim, win)
+    if not win:
+        win = _learned_window(current, until, now) or win
+    return _merge_live(roll(current, now), left, until, now, seq, lim, win)
+
+
+_Number = TypeVar("_Number", int, float)
+
+
+def _said_or_kept(said: _Number | None, kept: _Number) -> _Number:
+    """What a response said of the limit or window when it said so (> 0), else what
+    the record kept."""
+    return said if said is not None and said > 0 else kept
+
+
+def _answered_at(seq: int | None, count: int) -> int:
+    """The admission an answer holds as of: the one after the attempt it answers
+    (``seq``), at most the ``count`` of admissions so far; ``count`` when unknown."""
+    return count if seq is None else min(seq + 1, count)
+
+
+def _learned_window(current: Allowance, until: datetime, now: datetime) -> int | None:
+    """The server's window learned from the reset ``until`` of the first answer of the
+    window right after ``current``'s (the gap between the two resets), or None."""
+    gap = (until - current.until).total_seconds()
+    if gap > SAME_WINDOW and (now - current.until).total_seconds() < gap / 2:
+        return round(gap)
+    return None
+
+
+def _merge_live(
+    current: Allowance, left: int, until: datetime, now: datetime, seq: int | None, lim: int, win: float
+) -> Allowance | None:
+    """:func:`merge_allowance` once there is a record, rolled to ``now``."""
+    count = current.admitted
+    at = _answered_at(seq, count)
+    if current.until <= now:
+        if current.exact and lim:
+            # The first answer of a window whose start was counted: exact from here on.
+            return Allowance(min(left, current.remaining), count, until, count, lim, win, exact=True)
         return Allowance(left, at, until, count, lim, win)
     gap = (until - current.until).total_seconds()
     if gap > SAME_WINDOW:
         return Allowance(left, at, until, count, lim, win)
     if gap < -SAME_WINDOW:
         return None
+    return _merge_same_window(current, left, at, until, lim, win)
+
+
+def _merge_same_window(
+    current: Allowance, left: int, at: int, until: datetime, lim: int, win: float
+) -> Allowance | None:
+    """An answer for ``current``'s window: the earlier reset, and the fewer of what the
+    record and the answer leave (the answer holding as of admission ``at``)."""
     merged = current._replace(until=min(current.until, until), limit=lim, window=win)
     if lim:
         # The record counts every admission of the window: an answer lowers it only
         # when the server counted more than that (someone else spends the quota too).
         # Taking off admissions since the answered one would count twice those the
         # server saw first (requests overtake each other on the way).
-        at = count
-    if not current.exact and left - (count - at) < current.remaining:
+        at = current.admitted
+    if not current.exact and left - (current.admitted - at) < current.remaining:
         merged = merged._replace(left=left, at=at)
     return None if merged == current else merged

@@ -1,4 +1,4 @@
-"""The project's one quota server (``retry_after_adapter.demo.QuotaServer``): the demo,
+"""The project's one quota server (``retry_after_adapter.testing.QuotaServer``): the demo,
 the benchmarks' fleets and the README run on it, so its rules are pinned here."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 import requests
 
 from retry_after_adapter import ConfigurationError, FakeClock
-from retry_after_adapter.demo import LOG_FIELDS, QuotaServer
+from retry_after_adapter.testing import QuotaServer
+from retry_after_adapter.testing.server import LOG_FIELDS
 
 
 def test_epoch_windows_on_the_injected_clock():
@@ -89,3 +90,10 @@ def test_a_cooldown_announced_is_running_for_later_senders():
         requests.get(server.url, timeout=5)
         assert server.cooldown_running(clock.now() + timedelta(seconds=1))
         assert not server.cooldown_running(clock.now() + timedelta(seconds=61))
+
+
+def test_the_demo_still_exports_the_server():
+    # Its home was the demo module: code that imports it from there keeps working.
+    from retry_after_adapter import demo
+
+    assert demo.QuotaServer is QuotaServer and demo.LOG_FIELDS is LOG_FIELDS

@@ -1,5 +1,5 @@
 """Every Python block of the README runs as written, in order, in a fresh interpreter
-(they talk to the demo's QuotaServer on 127.0.0.1, nothing else)."""
+(they talk to the testing QuotaServer on 127.0.0.1, nothing else)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Helpers for testing code that uses retry_after_adapter, and a pytest plugin.
+"""The pytest plugin of retry_after_adapter.
 
-Installed with the package, the plugin is registered through the ``pytest11`` entry
-point, so in every test of a project that has the package installed:
+Installed with the package, it is registered through the ``pytest11`` entry point (named
+``retry_after_adapter``), so in every test of a project that has the package installed:
 
 - the process-wide default cooldown store is emptied before and after each test, so a
   ``Retry-After: 120`` that one test provokes (under ``responses``, say) never makes a
@@ -11,35 +11,27 @@ point, so in every test of a project that has the package installed:
   advance the clock instead of sleeping, and ``fake_clock.sleeps`` lists them.
 
 Turn the plugin off with ``-p no:retry_after_adapter``. Outside pytest, call
-:func:`reset_default_store` yourself.
+:func:`~retry_after_adapter.testing.reset_default_store` yourself.
+
+pytest loads this module in every test run of a project that has the package installed,
+so it imports nothing of the package at start-up: the fixtures import what they give
+when a test asks for them.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ._store import reset_default_store
+
 if TYPE_CHECKING:
-    from .clock import FakeClock
-    from .retry import RetryAfterRetry
+    from ..clock import FakeClock
+    from ..retry import RetryAfterRetry
 
 __all__ = ["fake_clock", "fake_retry", "reset_default_store"]
-
-#: The module of the default store: the plugin imports nothing of the package at
-#: start-up (a test run that never uses it pays for nothing), and a store that was
-#: never imported holds nothing to forget.
-_MEMORY = "retry_after_adapter.cooldown.memory"
-
-
-def reset_default_store() -> None:
-    """Forget every cooldown in the process-wide default store (what adapters and
-    pool managers use when given no ``cooldown=``, and what ``memory://`` names)."""
-    memory = sys.modules.get(_MEMORY)
-    if memory is not None:
-        memory.DEFAULT_STORE.clear()
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +44,7 @@ def _retry_after_adapter_isolated_store() -> Iterator[None]:
 @pytest.fixture
 def fake_clock() -> FakeClock:
     """A :class:`FakeClock`: it moves only when told to or when something waits on it."""
-    from .clock import FakeClock
+    from ..clock import FakeClock
 
     return FakeClock()
 
@@ -61,7 +53,7 @@ def fake_clock() -> FakeClock:
 def fake_retry(fake_clock: FakeClock) -> Callable[..., RetryAfterRetry]:
     """``fake_retry(**kwargs)``: a ``RetryAfterRetry(clock=fake_clock, **kwargs)``."""
 
-    from .retry import RetryAfterRetry
+    from ..retry import RetryAfterRetry
 
     def make(**kwargs: Any) -> RetryAfterRetry:
         kwargs.setdefault("clock", fake_clock)

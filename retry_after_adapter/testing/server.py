@@ -1,0 +1,380 @@
+"""A throttling HTTP server for tests, examples and benchmarks: :class:`QuotaServer`.
+
+It is a real HTTP server on 127.0.0.1 (port 0) that allows ``quota`` requests per fixed
+window of ``window`` seconds, shared by every client. Past the quota it answers 429 with
+a Retry-After that ends when the window resets, rounded *up* to whole seconds (so it is
+never too short), as delay-seconds or as an HTTP-date; it can also announce the quota on
+every response (IETF ``RateLimit`` fields or ``X-RateLimit-*``). It records every request
+and remembers every cooldown it announced, so it can count the requests that arrive
+while one of them is still running ("early" requests).
+
+The demo (``retry_after_adapter.demo``), the benchmarks' fleets, the README's examples
+and the package's own tests run on it. Every duration here is in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from ..clock import Clock, SystemClock
+from ..errors import ConfigurationError
+from ..header import format_http_date
+
+__all__ = [
+    "IN_FLIGHT_ALLOWANCE",
+    "LOG_FIELDS",
+    "SENT_HEADER",
+    "Announcement",
+    "Arrival",
+    "QuotaServer",
+    "ServerStats",
+    "serve",
+]
+
+#: Seconds after a 429 during which requests sent are not counted as early: the 429 is
+#: still on its way to the worker (and into the shared store), so nobody could have known.
+#: On loopback with 20 worker threads in one busy process, requests sent up to 0.08 s
+#: after the server's decision were seen from workers that had checked the store before.
+IN_FLIGHT_ALLOWANCE = 0.25
+
+#: The request header in which the demo's workers stamp the moment a request is put on
+#: the wire (UTC epoch seconds), so that "sent early" is judged by the send time, not by
+#: when a busy server got round to reading the request.
+SENT_HEADER = "X-Demo-Sent-At"
+
+FORMS = ("seconds", "date")
+ALIGNS = ("epoch", "first")
+#: What a :class:`QuotaServer` says of its quota on every response (``quota_headers``):
+#: nothing, the IETF fields, or GitHub's and Discord's ``X-RateLimit-*``.
+QUOTA_HEADERS = (None, "ietf", "x-ratelimit")
+
+#: The fields of each entry of :attr:`QuotaServer.log` (and of ``GET /__log``), in
+#: order. Times are ``time.monotonic()`` seconds, one clock for every process of a
+#: Linux host: ``sent_at`` and ``checked_at`` are the client's ``X-Sent-At`` and
+#: ``X-Checked-At`` stamps (None without them), ``arrival`` and ``reply_at`` the
+#: server's; ``retry_after`` is the delay-seconds sent (0 for a 200); ``client`` and
+#: ``item`` the ``X-Client`` and ``X-Item`` headers; ``window`` the window's index.
+LOG_FIELDS = (
+    "sent_at", "checked_at", "arrival", "reply_at", "status", "retry_after", "client", "item", "window",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """A cooldown the server announced in a 429: sent at ``at``, running until ``until``."""
+
+    at: datetime
+    until: datetime
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One request as the server saw it: arrival and send times (aware UTC; the send time
+    is the client's ``X-Demo-Sent-At`` stamp, or the arrival time without one), path,
+    status, and whether it was sent while an announced cooldown was running."""
+
+    at: datetime
+    sent_at: datetime
+    path: str
+    status: int
+    early: bool
+
+
+@dataclass(frozen=True)
+class ServerStats:
+    """Counts of what the server saw: requests, 200s, 429s, early requests."""
+
+    requests: int
+    ok: int
+    throttled: int
+    early: int
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # a whole fleet may connect at once
+    owner: QuotaServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up on a response (its deadline ran out) closes the
+        # connection under the handler: expected here, not worth a traceback.
+        pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out as two writes: without this, a kept-alive body waits
+    # for the client's delayed ACK (40 ms on Linux).
+    disable_nagle_algorithm = True
+    server: _HTTPServer
+    _date: str | None = None
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        # The Date header is the instant the request was decided, truncated to the second
+        # (never later than the decision, so a Retry-After date measured against it is
+        # never read as shorter than announced).
+        return self._date or format_http_date(self.server.owner.clock.now())
+
+    def do_GET(self) -> None:
+        arrival = time.monotonic()
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        headers: dict[str, str]
+        if self.path == "/__log":
+            status, headers, body, date = 200, {}, self.server.owner.log_json().encode(), None
+        else:
+            status, headers, body, date = self.server.owner._decide(self.path, self.headers, arrival)
+        self._date = date
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_HEAD = do_POST = do_PUT = do_DELETE = do_GET
+
+
+class QuotaServer:
+    """A loopback HTTP server enforcing one shared quota of ``quota`` requests per window.
+
+    - ``window``: seconds; windows are fixed and aligned to the server clock (window *k*
+      covers ``[k * window, (k + 1) * window)`` in UTC epoch seconds).
+    - ``form``: ``"seconds"`` (Retry-After as delay-seconds: the time until the window
+      resets, rounded up) or ``"date"`` (the same instant as an HTTP-date, rounded up to
+      the next whole second).
+    - ``clock``: where the server reads the time (a real clock unless given).
+    - ``in_flight``: seconds after a 429 during which arriving requests are not counted
+      as early (they were already on their way).
+    - ``align``: ``"epoch"`` (default: windows aligned to the server clock, as above) or
+      ``"first"``: windows counted from the first request, on the monotonic clock (the
+      benchmarks' fleets, whose processes share that clock).
+    - ``quota_headers``: what every response says of the quota: None (nothing),
+      ``"ietf"`` (``RateLimit-Policy: "default";q=Q;w=W`` and ``RateLimit:
+      "default";r=R;t=T``, T the whole seconds to the reset, rounded up) or
+      ``"x-ratelimit"`` (``X-RateLimit-Limit``, ``-Remaining``, ``-Reset`` as epoch
+      seconds with milliseconds and ``-Reset-After`` in seconds, as Discord sends).
+
+    Only requests that are let through count against the quota. Every request is also
+    recorded in :attr:`log` (fields :data:`LOG_FIELDS`), served as JSON at ``GET
+    /__log`` (so a server in another process can be read). Use as a context manager, or
+    call :meth:`start` and :meth:`stop`; ``python -m retry_after_adapter.demo --serve
+    QUOTA WINDOW`` runs one (``align="first"``) in its own process and prints ``PORT <n>``.
+
+    This is the one quota server of the project: the demo, the benchmarks' fleets, the
+    README's examples and the tests use it.
+    """
+
+    def __init__(
+        self,
+        quota: int,
+        window: float,
+        *,
+        form: str = "seconds",
+        clock: Clock | None = None,
+        in_flight: float = IN_FLIGHT_ALLOWANCE,
+        align: str = "epoch",
+        quota_headers: str | None = None,
+    ) -> None:
+        if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
+            raise ConfigurationError("quota must be an int >= 1")
+        if not (isinstance(window, (int, float)) and math.isfinite(window) and window > 0):
+            raise ConfigurationError("window must be a number of seconds > 0")
+        if form not in FORMS:
+            raise ConfigurationError("form must be 'seconds' or 'date'")
+        if align not in ALIGNS:
+            raise ConfigurationError("align must be 'epoch' or 'first'")
+        if align == "first" and form != "seconds":
+            raise ConfigurationError("windows from the first request announce delay-seconds only")
+        if quota_headers not in QUOTA_HEADERS:
+            raise ConfigurationError("quota_headers must be None, 'ietf' or 'x-ratelimit'")
+        self.quota_headers = quota_headers
+        self.align = align
+        #: Every request, as a list of :data:`LOG_FIELDS`.
+        self.log: list[list[Any]] = []
+        self._t0: float | None = None
+        self.quota = quota
+        self.window = float(window)
+        self.form = form
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.in_flight = timedelta(seconds=in_flight)
+        self.arrivals: list[Arrival] = []
+        self.announcements: list[Announcement] = []
+        self._lock = threading.Lock()
+        self._index: int | None = None
+        self._used = 0
+        self._httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
+        self._httpd.owner = self
+        self.port: int = self._httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._started = False
+
+    def start(self) -> QuotaServer:
+        self._thread.start()
+        self._started = True
+        return self
+
+    def stop(self) -> None:
+        if self._started:
+            self._httpd.shutdown()
+            self._thread.join(5)
+        self._httpd.server_close()
+
+    def __enter__(self) -> QuotaServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stats(self) -> ServerStats:
+        with self._lock:
+            seen = list(self.arrivals)
+        return ServerStats(
+            requests=len(seen),
+            ok=sum(1 for a in seen if a.status == 200),
+            throttled=sum(1 for a in seen if a.status == 429),
+            early=sum(1 for a in seen if a.early),
+        )
+
+    def cooldown_running(self, at: datetime) -> bool:
+        """Whether a cooldown announced at least ``in_flight`` before ``at`` runs at ``at``."""
+        with self._lock:
+            return self._running(at)
+
+    def _running(self, at: datetime) -> bool:
+        return any(a.at + self.in_flight <= at < a.until for a in self.announcements)
+
+    def log_json(self) -> str:
+        """The request log as JSON: ``t0`` (monotonic start of window 0 with
+        ``align="first"``), ``quota``, ``window``, ``fields`` and ``log``."""
+        with self._lock:
+            data = {"t0": self._t0, "quota": self.quota, "window": self.window, "fields": LOG_FIELDS}
+            return json.dumps({**data, "log": self.log})
+
+    def _decide(
+        self, path: str, headers: Any = None, arrival: float | None = None
+    ) -> tuple[int, dict[str, str], bytes, str]:
+        """Admit or throttle one request; returns (status, headers, body, Date value).
+
+        ``headers`` are the request's (for the clients' stamps), ``arrival`` its arrival
+        on the monotonic clock.
+        """
+        get = headers.get if headers is not None else (lambda name: None)
+        mono = time.monotonic() if arrival is None else arrival
+        with self._lock:
+            now = self.clock.now()
+            sent_at = min(now, _parse_stamp(get(SENT_HEADER)) or now)
+            early = self._running(sent_at)
+            stamp = now.timestamp()
+            if self.align == "first":
+                if self._t0 is None:
+                    self._t0 = mono
+                index = math.floor((mono - self._t0) / self.window)
+                left = self._t0 + (index + 1) * self.window - mono
+            else:
+                index = math.floor(stamp / self.window)
+                left = (index + 1) * self.window - stamp
+            if index != self._index:
+                self._index, self._used = index, 0
+            date = format_http_date(now)  # truncated to the second: never after `now`
+            if self._used < self.quota:
+                self._used += 1
+                self.arrivals.append(Arrival(now, sent_at, path, 200, early))
+                self._record(get, mono, 200, 0, index)
+                told = self._announce(stamp, left)
+                return 200, told, b"ok " + path.encode("utf-8", "replace") + b"\n", date
+            delay = max(1, math.ceil(left))
+            if self.form == "seconds":
+                until = now + timedelta(seconds=delay)
+                value = str(delay)
+            else:
+                whole = max(math.ceil(stamp + left), math.floor(stamp) + 1)
+                until = datetime.fromtimestamp(whole, timezone.utc)
+                value = format_http_date(until)
+            self.announcements.append(Announcement(now, until))
+            self.arrivals.append(Arrival(now, sent_at, path, 429, early))
+            self._record(get, mono, 429, delay, index)
+            body = f"quota of {self.quota} requests per {self.window:g} s exhausted\n".encode()
+            return 429, {"Retry-After": value, **self._announce(stamp, left)}, body, date
+
+    def _announce(self, stamp: float, left: float) -> dict[str, str]:
+        """The quota headers of a response decided at epoch ``stamp``, ``left`` seconds
+        before the window resets (the lock is held)."""
+        kind = self.quota_headers
+        if kind is None:
+            return {}
+        remaining = self.quota - self._used
+        if kind == "ietf":
+            return {
+                "RateLimit-Policy": f'"default";q={self.quota};w={math.ceil(self.window)}',
+                "RateLimit": f'"default";r={remaining};t={max(1, math.ceil(left))}',
+            }
+        return {
+            "X-RateLimit-Limit": str(self.quota),
+            "X-RateLimit-Remaining": str(remaining),
+            "X-RateLimit-Reset": f"{math.ceil((stamp + left) * 1000) / 1000:.3f}",
+            "X-RateLimit-Reset-After": f"{math.ceil(left * 1000) / 1000:.3f}",
+        }
+
+    def _record(self, get: Callable[[str], Any], arrival: float, status: int, delay: int, index: int) -> None:
+        sent, checked, item = get("X-Sent-At"), get("X-Checked-At"), get("X-Item")
+        self.log.append(
+            [
+                _number(sent),
+                _number(checked),
+                arrival,
+                time.monotonic(),
+                status,
+                delay,
+                get("X-Client"),
+                int(item) if item and item.isdigit() else None,
+                index,
+            ]
+        )
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
+def _parse_stamp(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        value = float(text)
+        return datetime.fromtimestamp(value, timezone.utc) if math.isfinite(value) else None
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def serve(quota: int, window: float, quota_headers: str | None = None) -> None:
+    """Run a :class:`QuotaServer` (``align="first"``) until terminated, after printing
+    ``PORT <n>``: the benchmarks' fleets start it in its own process this way."""
+    import signal
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with QuotaServer(quota, window, align="first", quota_headers=quota_headers) as server:
+        print(f"PORT {server.port}", flush=True)
+        while not stop.wait(1.0):
+            pass
