@@ -59,18 +59,21 @@ class _StockLoop:
     """What a stock urllib3 loop's next ``increment`` and ``sleep`` must know of the
     call so far, carried from one ``Retry`` value to the next (a value, as urllib3's
     own history): when the call started (monotonic), its first attempt (UTC), the
-    attempts judged, the cooldown learned, and when (monotonic) the planned wait ends
-    (None: waited already)."""
+    attempts judged, the cooldown learned, what the server last said (status,
+    Retry-After, clock skew), and when (monotonic) the planned wait ends (None: waited
+    already)."""
 
     start: float
     started_at: datetime | None
     attempts: int
     cooldown: datetime | None
+    last: tuple[int | None, str | None, float | None]
     wake: float | None
 
     @classmethod
     def of(cls, call: Call, wake: float | None) -> _StockLoop:
-        return cls(call.start, call.started_at, call.attempts, call.cooldown, wake)
+        last = (call.last_status, call.last_retry_after, call.last_skew)
+        return cls(call.start, call.started_at, call.attempts, call.cooldown, last, wake)
 
 
 class RetryAfterRetry(Retry):
@@ -277,6 +280,7 @@ class RetryAfterRetry(Retry):
             call.started_at = stock.started_at
             call.attempts = stock.attempts
             call.cooldown = stock.cooldown
+            call.last_status, call.last_retry_after, call.last_skew = stock.last
         return call
 
     @staticmethod

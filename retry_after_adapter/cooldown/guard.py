@@ -176,7 +176,7 @@ class StoreGuard(WriteBack, Store):
         :meth:`get` does), the allowance, the quota permit and the slot. While the store
         is down, the local copy admits (fail open; its admission numbers are not the
         store's, so none is returned) or CooldownUnavailable; busy or out of time, see
-        :meth:`_unanswered`."""
+        :meth:`_later`."""
         args = (scope, now, limit, per, lease, margin)
         present = now if now is not None else datetime.now(timezone.utc)
         if self._skipped(budget):
@@ -187,10 +187,12 @@ class StoreGuard(WriteBack, Store):
             answer = self._bounded(self.inner.admit, args, budget, abandoned)
         except OutOfTime:
             self._gave_up(budget)
-            return self._unanswered(args, None, present)
+            return self._later(args, present)
         except Exception as exc:
             self._failed(exc, budget)
-            return self._unanswered(args, budget, present)
+            if self._down:
+                return self._local_admit(args, budget)
+            return self._later(args, present)
         cooldown = self._reconcile(scope, answer.cooldown, epoch, self._succeeded())
         if cooldown is None or cooldown == answer.cooldown:
             return answer
@@ -218,17 +220,13 @@ class StoreGuard(WriteBack, Store):
 
         return abandoned
 
-    def _unanswered(self, args: tuple[Any, ...], budget: StoreBudget | None, present: datetime) -> Admission:
-        """The store did not answer an admission (busy, down, or the call's time ran
-        out; ``budget`` None for the last): down, the local copy admits (fail open) or
-        CooldownUnavailable. Up, an admission that takes nothing is answered by the
-        local copy as a read would be; one that takes a permit or a slot is told "ask
-        again shortly" (never granted locally while the store is up), as a missing
-        slot when only a slot was asked for."""
+    def _later(self, args: tuple[Any, ...], present: datetime) -> Admission:
+        """"Ask again shortly": the store is up but did not answer in time (busy, or the
+        call's time ran out). Nothing is admitted locally while the store is up; an
+        admission that asked for a slot alone is told that a slot is missing."""
         scope, _, limit, _, lease, _ = args
-        if self._down or (limit is None and lease is None):
-            return self._local_admit(args, budget)
-        return Admission(self.local.get(scope), present + _PERMIT_RETRY, None, limit is None)
+        slot_only = limit is None and lease is not None
+        return Admission(self.local.get(scope), present + _PERMIT_RETRY, None, slot_only)
 
     def _local_admit(self, args: tuple[Any, ...], budget: StoreBudget | None) -> Admission:
         """The store is down: the local copy admits (fail open; its admission numbers are

@@ -95,7 +95,7 @@ class LegacyStore(Store):
             return answer if isinstance(answer, Admission) else Admission(*answer)
         if now is None:
             now = datetime.now(timezone.utc)
-        if self._admit is not None and (lease is None or self._lease is None):
+        if self._admit is not None:
             # The admit of 0.4: a whole window (per + margin), a lease only when asked.
             window = per + margin if per is not None else None
             args = (scope, now, limit, window) if lease is None else (scope, now, limit, window, lease)
@@ -110,18 +110,17 @@ class LegacyStore(Store):
         cooldown = self._get(scope)
         if cooldown is not None and cooldown > now:
             return Admission(cooldown, cooldown)
-        if lease is not None and self._lease is not None:
-            busy = self._lease(scope, lease[0], lease[1], now, lease[2])
-            if busy is not None:
-                return Admission(cooldown, busy, None, True)
         if limit is not None and per is not None:
             if self._acquire is None:
                 raise ConfigurationError(f"{type(self.inner).__name__} cannot take quota permits")
             refused = self._acquire(scope, limit, per + margin, now)
             if refused is not None:
-                if lease is not None:
-                    self.release(scope, lease[2])  # nothing taken: the slot goes back
                 return Admission(cooldown, refused)
+        if lease is not None and self._lease is not None:
+            # As in 0.5: the permit first, then the slot (a permit taken counts anyway).
+            busy = self._lease(scope, lease[0], lease[1], now, lease[2])
+            if busy is not None:
+                return Admission(cooldown, busy, None, True)
         return Admission(cooldown, None)
 
     def release(self, scope: str, token: str) -> None:

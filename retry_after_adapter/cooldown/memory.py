@@ -45,7 +45,7 @@ def _as_datetime(micros: int) -> datetime:
     return _EPOCH + timedelta(microseconds=micros)
 
 
-#: ``_window_micros`` of the windows and lease lengths seen (a few per process).
+#: ``_window_micros`` of the windows seen (a few per process).
 _WINDOWS: dict[float, int] = {}
 #: ``_quota_key`` of the quotas seen (a few per process).
 _QUOTAS: dict[tuple[int, float, float], tuple[int, int, int, timedelta]] = {}
@@ -153,20 +153,24 @@ class MemoryCooldownStore(Store):
         else:
             bisect.insort(log, expires)  # a permit of a smaller margin
 
-    def _slot_refused(self, scope: str, limit: int, at: int) -> int | None:
-        """(Lock held; times in microseconds.) None when a slot is free at ``at``, else
-        when the earliest lease expires. Expired leases (a killed worker's) are dropped
-        when every slot looks held."""
+    def _take_slot(self, scope: str, lease: Lease, at: int) -> int | None:
+        """(Lock held; times in microseconds.) Take one of ``lease``'s slots at ``at``
+        for its ttl (None), or say when the earliest lease expires (nothing taken).
+        Expired leases (a killed worker's) are dropped when every slot looks held."""
+        slots, ttl, token = lease
         held = self._leases.get(scope)
         if held is None:
             check_scope(scope)  # a scope new to the store: checked once
             held = self._leases[scope] = {}
-        if len(held) < limit:
-            return None
-        for key, expires in list(held.items()):  # a copy: release() pops without the lock
-            if expires <= at:
-                held.pop(key, None)
-        return None if len(held) < limit else min(held.values(), default=at)
+        if len(held) >= slots:
+            for key, expires in list(held.items()):  # a copy: release() pops without the lock
+                if expires <= at:
+                    held.pop(key, None)
+            if len(held) >= slots:
+                return min(held.values(), default=at)
+        # The lease's end need not be exact to the microsecond: no cached conversion.
+        held[token] = at + round(ttl * 1_000_000)
+        return None
 
     def allow(
         self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,
@@ -241,10 +245,9 @@ class MemoryCooldownStore(Store):
             if refused is not None:
                 return Admission(cooldown, _as_datetime(refused))
         if lease is not None:
-            busy = self._slot_refused(scope, lease[0], at)
+            busy = self._take_slot(scope, lease, at)
             if busy is not None:
                 return Admission(cooldown, _as_datetime(busy), None, True)
-            self._leases[scope][lease[2]] = at + _window_micros(lease[1])
         seq = None
         if rolled is not None:
             self._allowance[scope] = rolled
@@ -309,7 +312,7 @@ class MemoryCooldownStore(Store):
     def release(self, scope: str, token: str) -> None:
         """Give ``token``'s slot of ``scope`` back (nothing if it expired meanwhile).
         Without the lock: one ``dict.pop`` is atomic, and a slot given back early is
-        never one too many (``_slot_refused`` scans a copy)."""
+        never one too many (``_take_slot`` scans a copy)."""
         held = self._leases.get(scope)
         if held is not None:
             held.pop(token, None)

@@ -35,8 +35,8 @@ def admit(call: Call) -> Deferral | None:
     """Admit the next attempt: None when it may go now (what the call needs is taken),
     else the deferral. The common case (nothing pending, nothing held) costs one store
     operation."""
-    if call.plan.store is None and call.not_before is None and call.cancel is None:
-        return None  # nothing shared, nothing resumed: nothing to wait for
+    if call.plan.store is None and call.not_before is None and call.cancel is None and not call.out_of_time():
+        return None  # nothing shared, nothing resumed, time left: nothing to wait for
     if call.cancel is None and call.not_before is None and not call.out_of_time():
         try:
             if call.plan.admit_once(call) is None:

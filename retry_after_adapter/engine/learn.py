@@ -55,7 +55,7 @@ def read_quota_headers(call: Call, response: Any) -> QuotaHint | None:
     until = now + timedelta(seconds=hint.reset)
     if hint.exhausted:
         call.plan.learn(call, until)
-    if call.plan.store is not None and call.scope is not None:
+    if call.plan.allows and call.scope is not None:
         # At most `remaining` more before the reset, across every worker: the store
         # takes off what was admitted after this attempt (its admission number).
         seq = call.admission
@@ -95,7 +95,7 @@ def note(call: Call, outcome: str) -> None:
     if outcome == SUCCESS:
         meter = call.meter
         if meter is None and call.plan.meters is not None and call.scope is not None:
-            meter = call.plan.meters.of(call.scope)
+            meter = call.plan.meters[call.scope]
         if meter is not None:
             sent = call.sent_at if call.sent_at is not None else call.clock.monotonic()
             if sent - meter.noted < SUCCESS_EVERY:

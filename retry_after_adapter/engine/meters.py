@@ -49,26 +49,21 @@ class Meter:
         return count
 
 
-class Meters:
-    """The meters of one store object's scopes in this process."""
+class Meters(dict[str, Meter]):
+    """The meters of one store object's scopes in this process: ``meters[scope]``
+    (made on first use)."""
 
-    __slots__ = ("__weakref__", "by_scope")
+    __slots__ = ()
 
-    def __init__(self) -> None:
-        self.by_scope: dict[str, Meter] = {}
-
-    def of(self, scope: str) -> Meter:
-        """The scope's meter (made on first use)."""
-        meter = self.by_scope.get(scope)
-        if meter is None:
-            with _LOCK:
-                meter = self.by_scope.get(scope)
-                if meter is None:
-                    if len(self.by_scope) >= MAX_METERS:
-                        for old in [k for k, m in self.by_scope.items() if not m.wire]:
-                            del self.by_scope[old]
-                    meter = self.by_scope[scope] = Meter()
-        return meter
+    def __missing__(self, scope: str) -> Meter:
+        with _LOCK:
+            meter = self.get(scope)
+            if meter is None:
+                if len(self) >= MAX_METERS:
+                    for old in [k for k, m in self.items() if not m.wire]:
+                        del self[old]
+                meter = self[scope] = Meter()
+            return meter
 
 
 _METERS: weakref.WeakKeyDictionary[object, Meters] = weakref.WeakKeyDictionary()
@@ -90,7 +85,7 @@ def _after_fork() -> None:
     global _LOCK
     _LOCK = threading.Lock()
     for meters in list(_METERS.values()):
-        for meter in list(meters.by_scope.values()):
+        for meter in list(meters.values()):
             meter.wire.clear()
 
 

@@ -71,6 +71,7 @@ class Plan:
     """What calls of one adapter share (see the module). Immutable once made."""
 
     __slots__ = (
+        "allows",
         "fail_closed",
         "guard",
         "guarded",
@@ -78,8 +79,10 @@ class Plan:
         "margin",
         "max_waiting",
         "meters",
+        "notes",
         "per",
         "quota",
+        "release_slot",
         "slots",
         "store",
         "ttl",
@@ -110,12 +113,16 @@ class Plan:
         self.ttl = ttl
         self.max_waiting = max_waiting
         self.meters: Meters | None = meters_of(store) if store is not None else None
+        #: Whether the store records announced allowances and freshness (a store of 0.x
+        #: may not: it is then not asked).
+        self.allows = store is not None and store.supports("allowance")
+        self.notes = store is not None and store.supports("freshness")
+        #: How a slot goes back (bound once).
+        self.release_slot: Callable[[str, str], None] | None = store.release if store is not None else None
 
     # -- per call ------------------------------------------------------------------
-    def budget(self, call: Call) -> StoreBudget | None:
-        """What ``call`` may spend on a guarded store (None: no guard)."""
-        if not self.guarded:
-            return None
+    def budget(self, call: Call) -> StoreBudget:
+        """What ``call`` may spend on a guarded store (see :attr:`guarded`)."""
         end = None if call.deadline is None else call.start + call.deadline
         return StoreBudget(end, call.clock.monotonic, self.fail_closed)
 
@@ -123,7 +130,7 @@ class Plan:
         """The scope's meter in this process (None: no store, no scope)."""
         if self.meters is None or scope is None:
             return None
-        return self.meters.of(scope)
+        return self.meters[scope]
 
     # -- per attempt: one store operation ---------------------------------------------
     def admit_once(self, call: Call) -> datetime | None:
@@ -165,19 +172,12 @@ class Plan:
         token = call.lease_token
         if token is not None:
             call.lease_token = None
-            assert self.store is not None and call.scope is not None
-            slot = Slot(self.store.release, call.scope, token)
+            assert self.release_slot is not None and call.scope is not None
+            slot = Slot(self.release_slot, call.scope, token)
             if response is None:
                 slot()
             else:
                 on_done(response, slot)
-
-    def release(self, call: Call) -> None:
-        """Give the call's concurrency slot back now (the attempt will not be sent)."""
-        token = call.lease_token
-        if token is not None and self.store is not None and call.scope is not None:
-            call.lease_token = None
-            self.store.release(call.scope, token)
 
     def _settle(self, call: Call) -> None:
         """The attempt that took a quota permit was answered later than the margin: it
@@ -217,13 +217,13 @@ class Plan:
     def allow(self, call: Call, *args: Any) -> None:
         """Record the server's announced allowance (``Store.allow``'s arguments after
         the scope)."""
-        if self.store is not None and call.scope is not None:
+        if self.allows and self.store is not None and call.scope is not None:
             self._write(self.store.allow, call, call.scope, *args)
 
     def note(self, call: Call, outcome: str) -> None:
         """Note an attempt's outcome in the scope's freshness record; never raises
         (freshness is news, never a reason to fail a call)."""
-        if self.store is None or call.scope is None:
+        if not self.notes or self.store is None or call.scope is None:
             return
         try:
             self._write(self.store.note, call, call.scope, outcome, call.clock.now())

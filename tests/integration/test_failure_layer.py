@@ -639,7 +639,7 @@ def test_a_slot_given_back_while_sqlite_is_locked_reaches_it_once_the_lock_is_go
     assert store.holds()["s"][0].number == 1
 
 
-# -- a busy store: the honest reason, and no wait for a plain read -------------------------
+# -- a busy store: the honest reason -------------------------------------------------------
 
 
 @pytest.fixture
@@ -656,16 +656,6 @@ def locked_sqlite(tmp_path: Path) -> Iterator[Any]:
         holder.execute("ROLLBACK")
         holder.close()
         store.close()
-
-
-def test_a_busy_store_does_not_hold_back_a_call_that_takes_nothing(server, clock, locked_sqlite) -> None:
-    server.serve([Reply(200)])
-    s = session(clock, locked_sqlite)
-    response = s.get(server.url + "/plain")
-    # The cooldown is read from the local copy, as a plain read of a busy store is:
-    # sent at once, no wait, no local 429.
-    assert response.status_code == 200 and deferral_of(response) is None
-    assert server.count() == 1 and clock.sleeps == []
 
 
 def test_a_busy_store_defers_a_capped_call_as_concurrency_not_quota(server, clock, locked_sqlite) -> None:
