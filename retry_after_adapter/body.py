@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -37,15 +38,29 @@ _EMPTY_READS = 1024
 def on_done(raw: Any, release: Callable[[], None]) -> None:
     """Call ``release`` when the attempt behind ``raw`` (a urllib3 response) is over:
     now if its body is already read (or it has none), else when its connection is
-    given back (``release_conn``)."""
+    given back (``release_conn``).
+
+    The hook holds the response only weakly: a response that held itself through its
+    own hook would be a reference cycle, left for the garbage collector on every
+    attempt instead of freed when the caller drops it."""
     if raw is None or _finished(raw):
         release()
         return
-    release_conn = raw.release_conn
+    prior = getattr(raw, "__dict__", {}).get("release_conn")  # someone's hook on it, if any
+    original = prior if prior is not None else getattr(type(raw), "release_conn", None)
+    if original is None:  # not a urllib3 response (a mock's): nothing will tell
+        release()
+        return
+    response = weakref.ref(raw)
 
     def released() -> None:
         try:
-            release_conn()
+            if prior is not None:
+                prior()
+            else:
+                held = response()
+                if held is not None:
+                    original(held)
         finally:
             release()
 

@@ -381,3 +381,44 @@ def test_admission_that_never_comes_defers_with_its_reason_and_a_future_time(ser
     assert deferral.reason == "quota"  # what held it back, not "cooldown"
     assert deferral.delay > 0 and deferral.eligible_at > clock.now()
     assert len(clock.sleeps) >= 8  # it waited within its budget before deferring
+
+
+@pytest.mark.parametrize("cap", [False, True], ids=["adapter", "quota-and-cap"])
+def test_a_get_leaves_no_reference_cycle_for_the_garbage_collector(server, cap: bool) -> None:
+    # A slot handed to a response must not make the response hold itself (a cycle
+    # through its own release hook): every attempt's objects are freed when the caller
+    # drops them, not left for the cyclic collector.
+    import gc
+
+    from retry_after_adapter import Quota
+
+    server.serve([Reply(200, body=b"ok")])
+    kw: dict[str, object] = {"quota": Quota(1_000_000, per=1), "max_concurrency": 8} if cap else {}
+    session = requests.Session()
+    session.mount("http://", RetryAfterAdapter(cooldown=MemoryCooldownStore(), **kw))  # type: ignore[arg-type]
+    for _ in range(5):
+        session.get(server.url + "/warm").close()
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds is kept, to be named
+    try:
+        for _ in range(20):
+            response = session.get(server.url + "/ok")
+            assert response.content == b"ok"
+            del response
+        gc.collect()
+        # Other threads (a test server torn down meanwhile, with its FakeClock) may
+        # leave garbage of their own: only what an attempt makes counts.
+        ours = sorted(
+            {
+                type(o).__module__ + "." + type(o).__qualname__
+                for o in gc.garbage
+                if type(o).__module__.startswith(("urllib3", "requests", "retry_after_adapter"))
+                and type(o).__module__ != "retry_after_adapter.clock"
+            }
+        )
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert ours == [], f"attempts left cycles for the collector: {ours}"
