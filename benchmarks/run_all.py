@@ -24,6 +24,7 @@ import _common
 #: name -> (script, JSON file it writes)
 BENCHMARKS = {
     "happy_path": ("bench_happy_path.py", "happy_path.json"),
+    "instructions": ("bench_instructions.py", "instructions.json"),
     "parse": ("bench_parse.py", "parse.json"),
     "fleet": ("bench_fleet.py", "fleet.json"),
     "memory": ("bench_memory.py", "memory.json"),
@@ -38,6 +39,14 @@ def headline(name: str, doc: dict[str, Any]) -> str:
     if name == "happy_path":
         r = doc["variants"]["adapter"]["ratio_vs_stock"]
         return f"adapter / stock per request: {_common.fmt_summary(r)} (target <= {doc['target_ratio']})"
+    if name == "instructions":
+        if "skipped" in doc:
+            return f"skipped: {doc['skipped']}"
+        return (
+            f"adapter / stock instructions per GET: {_common.fmt(doc['adapter_ratio_median'], 4)} "
+            f"(target <= {doc['target_ratio']}); with a quota and a cap: "
+            f"{_common.fmt(doc['admission_ratio_median'], 4)} (target <= {doc['admission_target_ratio']})"
+        )
     if name == "parse":
         parts = []
         for case, r in doc["cases"].items():

@@ -60,6 +60,27 @@ def check_summary(s: dict[str, Any], n: int | None = None) -> None:
 
 
 @pytest.mark.slow
+def test_instructions_quick(tmp_path: Path) -> None:
+    import shutil
+
+    doc = run_quick("bench_instructions.py", tmp_path)
+    assert doc["benchmark"] == "instructions"
+    if shutil.which("valgrind") is None:
+        assert doc["skipped"] == "valgrind is not installed"
+        return
+    per_get = doc["instructions_per_get"]
+    assert set(per_get) == {"stock", "adapter", "adapter + Quota + max_concurrency"}
+    for variant, s in per_get.items():
+        check_summary(s, 1)
+        assert 1e5 < s["median"] < 1e8, (variant, s)  # a GET is a few million instructions
+    assert doc["ratio_vs_stock"]["stock"]["median"] == 1.0
+    # The adapter does more than stock, never less: the count is of real work.
+    assert doc["adapter_ratio_median"] > 1.0
+    assert doc["admission_ratio_median"] > doc["adapter_ratio_median"]
+    assert doc["meets_target"] is (doc["adapter_ratio_median"] <= doc["target_ratio"])
+
+
+@pytest.mark.slow
 def test_happy_path_quick(tmp_path: Path) -> None:
     doc = run_quick("bench_happy_path.py", tmp_path, "--rounds", "2", "--block", "20", "--diagnostic")
     assert doc["benchmark"] == "happy_path"

@@ -1,0 +1,138 @@
+"""Happy-path overhead in CPU instructions per GET: stock ``HTTPAdapter`` vs
+``RetryAfterAdapter``, alone and with a ``Quota`` and ``max_concurrency`` that never bind.
+
+Wall-clock ratios on a small shared machine drift by a few percent between runs (see
+``bench_happy_path.py``'s A/A control); instruction counts do not. Each variant runs in
+its own process under valgrind's callgrind: ``--rounds`` warm-up GETs, then as many
+measured GETs inside ``functools.reduce``, and only that call is collected
+(``--toggle-collect=functools_reduce``; nothing else on the path calls it). The server
+is the benchmarks' ``200 ok`` keep-alive server in its own process, outside valgrind;
+every process gets the same environment and ``PYTHONHASHSEED=0``. Targets, median
+ratio to stock over ``--repeats``: adapter <= 1.03; with a quota and a cap <= 1.05.
+
+Needs valgrind (Debian: ``apt-get install valgrind``); without it the run says so and
+writes a result marked skipped.
+
+    python benchmarks/bench_instructions.py             # 300 GETs, 3 repeats (a few minutes)
+    python benchmarks/bench_instructions.py --quick     # 20 GETs, 1 repeat
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+import _common
+
+TARGET = 1.03
+ADMISSION_TARGET = 1.05
+VARIANTS = ("stock", "adapter", "adapter + Quota + max_concurrency")
+_COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
+
+
+def child(variant: str, n: int, url: str) -> None:
+    """One variant's process: ``n`` warm-up GETs, then ``n`` measured ones."""
+    import requests
+    from requests.adapters import HTTPAdapter
+
+    from retry_after_adapter import Quota, RetryAfterAdapter
+
+    session = requests.Session()
+    if variant == "stock":
+        adapter: HTTPAdapter = HTTPAdapter()
+    elif variant == "adapter":
+        adapter = RetryAfterAdapter()
+    else:
+        adapter = RetryAfterAdapter(quota=Quota(1_000_000, per=1.0), max_concurrency=8)
+    session.mount("http://", adapter)
+
+    def get(count: int, _: int) -> int:
+        response = session.get(url + "/")
+        assert response.status_code == 200 and response.content == b"ok", response.status_code
+        return count + 1
+
+    count = 0
+    for i in range(n):  # warm-up: not collected (no reduce)
+        count = get(count, i)
+    assert functools.reduce(get, range(n), 0) == n  # measured: collected alone
+
+
+def measure(variant: str, n: int, url: str) -> int:
+    """Instructions of ``n`` warm GETs of ``variant`` (the collected reduce call)."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "PYTHONHASHSEED": "0",
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--toggle-collect=functools_reduce",
+        "--callgrind-out-file=/dev/null",
+        sys.executable,
+        __file__,
+        "--child",
+        variant,
+        str(n),
+        url,
+    ]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    found = _COLLECTED.findall(proc.stderr)
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(f"{variant}: the callgrind run failed ({proc.returncode}): {proc.stderr[-500:]}")
+    return int(found[-1])
+
+
+def main() -> None:
+    parser = _common.parser(__doc__ or "")
+    parser.add_argument("--rounds", type=int, default=300, help="measured GETs per variant (default 300)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every variant (default 3)")
+    args = parser.parse_args()
+    n, repeats = (20, 1) if args.quick else (args.rounds, args.repeats)
+    payload: dict[str, Any] = {"settings": {"gets": n, "repeats": repeats}}
+    if shutil.which("valgrind") is None:
+        payload["skipped"] = "valgrind is not installed"
+        _common.finish("instructions", payload, ["skipped: valgrind is not installed"], args.out)
+        return
+    per_get: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    with _common.ok_server() as server:
+        for _ in range(repeats):
+            for variant in VARIANTS:
+                per_get[variant].append(measure(variant, n, server.url) / n)
+    ratios = {variant: _common.ratios(per_get[variant], per_get["stock"]) for variant in VARIANTS}
+    payload["instructions_per_get"] = {variant: _common.summary(per_get[variant]) for variant in VARIANTS}
+    payload["ratio_vs_stock"] = {variant: _common.summary(ratios[variant]) for variant in VARIANTS}
+    adapter = payload["ratio_vs_stock"]["adapter"]["median"]
+    admission = payload["ratio_vs_stock"][VARIANTS[2]]["median"]
+    payload.update(
+        target_ratio=TARGET,
+        adapter_ratio_median=adapter,
+        meets_target=adapter <= TARGET,
+        admission_target_ratio=ADMISSION_TARGET,
+        admission_ratio_median=admission,
+        admission_meets_target=admission <= ADMISSION_TARGET,
+    )
+    rows = [
+        (
+            variant,
+            _common.fmt(payload["instructions_per_get"][variant]["median"] / 1e6, 4) + " M",
+            _common.fmt_summary(payload["ratio_vs_stock"][variant], 4),
+        )
+        for variant in VARIANTS
+    ]
+    title = f"Instructions per GET ({n} warm GETs, {repeats} repeats; median [min-max])"
+    tables = [_common.table(title, ("variant", "per GET", "ratio"), rows)]
+    _common.finish("instructions", payload, tables, args.out)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    else:
+        main()
