@@ -81,12 +81,13 @@ def _look(call: Call) -> tuple[datetime | None, Reason]:
     holds it back)."""
     now = call.clock.now()
     ahead = call.not_before if call.not_before is not None and call.not_before > now else None
-    if ahead is not None or call.out_of_time():
+    late = call.out_of_time()
+    if ahead is not None or late:
         stored = call.plan.read_cooldown(call)
         until = max((t for t in (ahead, stored) if t is not None and t > now), default=None)
         if until is not None:
             return until, Reason.COOLDOWN
-        return (now, Reason.DEADLINE) if call.out_of_time() else (None, Reason.COOLDOWN)
+        return (now, Reason.DEADLINE) if late else (None, Reason.COOLDOWN)
     if call.plan.store is None:
         return None, Reason.COOLDOWN
     not_before = call.plan.admit_once(call)

@@ -126,7 +126,7 @@ class Call:
         if override is not None:
             self._override(override)
         #: What the call may spend on a guarded store, and how it fails (None: no guard).
-        self.budget: StoreBudget | None = plan.budget(self) if plan.guarded else None
+        self.budget: StoreBudget | None = plan.budget(self) if plan.guard is not None else None
         #: The scope's meter in this process, for quota headers (None: not counted).
         self.meter: Meter | None = plan.meter(scope) if policy.quota_headers else None
 
@@ -136,7 +136,7 @@ class Call:
         moved = plan is not self.plan or scope != self.scope
         if plan is not self.plan:
             self.plan = plan
-            self.budget = plan.budget(self) if plan.guarded else None
+            self.budget = plan.budget(self) if plan.guard is not None else None
         self.scope = scope
         if moved:
             self.meter = plan.meter(scope) if self.policy.quota_headers else None

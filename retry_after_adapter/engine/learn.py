@@ -93,9 +93,7 @@ def note(call: Call, outcome: str) -> None:
     if not outcome:
         return  # a client error (404...): says nothing of the integration's health
     if outcome == SUCCESS:
-        meter = call.meter
-        if meter is None and call.plan.meters is not None and call.scope is not None:
-            meter = call.plan.meters[call.scope]
+        meter = call.meter or call.plan.meter(call.scope)
         if meter is not None:
             sent = call.sent_at if call.sent_at is not None else call.clock.monotonic()
             if sent - meter.noted < SUCCESS_EVERY:

@@ -74,14 +74,12 @@ class Plan:
         "allows",
         "fail_closed",
         "guard",
-        "guarded",
         "limit",
         "margin",
         "max_waiting",
         "meters",
         "notes",
         "per",
-        "quota",
         "release_slot",
         "slots",
         "store",
@@ -99,11 +97,10 @@ class Plan:
         max_waiting: int | None = None,
     ) -> None:
         self.store = store
-        #: The store is behind the failure layer: each operation gets the call's budget.
+        #: The store when it is behind the failure layer (each operation then gets the
+        #: call's budget), else None.
         self.guard = store if isinstance(store, StoreGuard) else None
-        self.guarded = self.guard is not None
         self.fail_closed = fail_closed
-        self.quota = quota
         #: The quota as the store takes it (limit and per None: no quota).
         self.limit = quota.limit if quota is not None else None
         self.per = quota.per if quota is not None else None
@@ -122,7 +119,7 @@ class Plan:
 
     # -- per call ------------------------------------------------------------------
     def budget(self, call: Call) -> StoreBudget:
-        """What ``call`` may spend on a guarded store (see :attr:`guarded`)."""
+        """What ``call`` may spend on a guarded store (see :attr:`guard`)."""
         end = None if call.deadline is None else call.start + call.deadline
         return StoreBudget(end, call.clock.monotonic, self.fail_closed)
 
@@ -185,12 +182,13 @@ class Plan:
         per`` (one more store operation, only then)."""
         expires, call.permit = call.permit, None
         assert expires is not None and self.per is not None and self.limit is not None
+        assert self.store is not None
         now = call.clock.now()
         if (expires - now).total_seconds() >= self.per:
             return  # the stored end already covers the answer
         at = None if call.policy.real_clock else now
         try:
-            self._write(self._store().settle, call, call.scope, self.limit, self.per, expires, at)
+            self._on_store(self.store.settle, call, call.scope, self.limit, self.per, expires, at)
         except Exception as exc:  # the permit still counts until its stored end
             log.debug("settling a quota permit failed: %s", type(exc).__name__)
 
@@ -200,10 +198,7 @@ class Plan:
         CooldownUnavailable (a guarded store failing closed)."""
         if self.store is None or call.scope is None:
             return call.cooldown
-        if self.guard is not None:
-            call.cooldown = self.guard.get(call.scope, call.budget)
-        else:
-            call.cooldown = self.store.get(call.scope)
+        call.cooldown = self._on_store(self.store.get, call, call.scope)
         return call.cooldown
 
     def learn(self, call: Call, until: datetime) -> None:
@@ -212,13 +207,13 @@ class Plan:
         if self.store is None or call.scope is None:
             call.cooldown = until if call.cooldown is None or until > call.cooldown else call.cooldown
             return
-        call.cooldown = self._write(self.store.extend, call, call.scope, until)
+        call.cooldown = self._on_store(self.store.extend, call, call.scope, until)
 
     def allow(self, call: Call, *args: Any) -> None:
         """Record the server's announced allowance (``Store.allow``'s arguments after
         the scope)."""
         if self.allows and self.store is not None and call.scope is not None:
-            self._write(self.store.allow, call, call.scope, *args)
+            self._on_store(self.store.allow, call, call.scope, *args)
 
     def note(self, call: Call, outcome: str) -> None:
         """Note an attempt's outcome in the scope's freshness record; never raises
@@ -226,17 +221,13 @@ class Plan:
         if not self.notes or self.store is None or call.scope is None:
             return
         try:
-            self._write(self.store.note, call, call.scope, outcome, call.clock.now())
+            self._on_store(self.store.note, call, call.scope, outcome, call.clock.now())
         except Exception as exc:
             log.debug("noting freshness failed: %s", type(exc).__name__)
 
-    def _store(self) -> Store:
-        assert self.store is not None
-        return self.store
-
-    def _write(self, operation: Callable[..., Any], call: Call, *args: Any) -> Any:
+    def _on_store(self, operation: Callable[..., Any], call: Call, *args: Any) -> Any:
         """``operation(*args)``, with the call's budget when the store is guarded."""
-        if self.guarded:
+        if self.guard is not None:
             return operation(*args, budget=call.budget)
         return operation(*args)
 

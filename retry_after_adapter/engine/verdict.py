@@ -212,7 +212,7 @@ def plan_wait(call: Call, server_delay: float | None, backoff: float, cooldown: 
         server_delay=server_delay,
         backoff=backoff,
         cooldown_left=call.seconds_until(call.cooldown) if cooldown else 0.0,
-        jitter=_jitter_rng.uniform(0.0, policy.jitter) if policy.jitter and cooldown else 0.0,
+        jitter=jitter(call) if cooldown else 0.0,
         elapsed=call.elapsed(),
         deadline=call.deadline,
         max_wait=call.max_wait,
