@@ -84,8 +84,11 @@ def check_store_failure(value: object) -> str:
     return str(value)
 
 
-def _unavailable() -> CooldownUnavailable:
-    return CooldownUnavailable("the shared cooldown store is unavailable")
+def _local_answer_allowed(budget: StoreBudget | None) -> None:
+    """The store is down: the local copy may answer, unless the call fails closed
+    (then CooldownUnavailable)."""
+    if budget is not None and budget.fail_closed:
+        raise CooldownUnavailable("the shared cooldown store is unavailable")
 
 
 class StoreGuard(WriteBack, Store):
@@ -231,8 +234,7 @@ class StoreGuard(WriteBack, Store):
     def _local_admit(self, args: tuple[Any, ...], budget: StoreBudget | None) -> Admission:
         """The store is down: the local copy admits (fail open; its admission numbers are
         not the store's) or CooldownUnavailable (fail closed)."""
-        if budget is not None and budget.fail_closed:
-            raise _unavailable()
+        _local_answer_allowed(budget)
         return self.local.admit(*args)._replace(seq=None)
 
     def release(self, scope: str, token: str) -> None:
@@ -314,8 +316,7 @@ class StoreGuard(WriteBack, Store):
 
     # -- internals -------------------------------------------------------------------
     def _fallback(self, scope: str, budget: StoreBudget | None) -> datetime | None:
-        if budget is not None and budget.fail_closed:
-            raise _unavailable()
+        _local_answer_allowed(budget)
         return self.local.get(scope)
 
     def _after_fork(self) -> None:
