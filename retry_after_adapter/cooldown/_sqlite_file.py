@@ -32,6 +32,9 @@ _T = TypeVar("_T")
 #: that is locked or stuck costs a call little (the failure layer then skips it).
 DEFAULT_TIMEOUT = 0.25
 
+#: Entries of the change log kept (see below).
+CHANGES_KEPT = 1024
+
 _SCHEMA = "CREATE TABLE IF NOT EXISTS cooldown (scope TEXT PRIMARY KEY, until_ms INTEGER NOT NULL)"
 #: Quota permits: one row per permit granted, per scope and quota (``"limit/per_ms"``),
 #: with the time it stops counting (its grant + per + margin), deleted after that.
@@ -49,6 +52,22 @@ _PERMIT_SCHEMA = (
     # Freshness (``freshness.Freshness``): the last success, the last error class and when.
     "CREATE TABLE IF NOT EXISTS freshness (scope TEXT PRIMARY KEY, success_ms INTEGER, error TEXT, "
     "error_ms INTEGER)",
+    # The change log every process's near copy follows: a scope whose cooldown was
+    # written or deleted, or that was first announced an allowance. Written by triggers,
+    # so that every writer of the file logs (an older version of this package too); the
+    # last CHANGES_KEPT entries are kept (a reader further behind starts over).
+    "CREATE TABLE IF NOT EXISTS change (seq INTEGER PRIMARY KEY AUTOINCREMENT, scope TEXT NOT NULL)",
+    "CREATE TRIGGER IF NOT EXISTS cooldown_inserted AFTER INSERT ON cooldown "
+    "BEGIN INSERT INTO change (scope) VALUES (NEW.scope); END",
+    "CREATE TRIGGER IF NOT EXISTS cooldown_updated AFTER UPDATE ON cooldown "
+    "BEGIN INSERT INTO change (scope) VALUES (NEW.scope); END",
+    "CREATE TRIGGER IF NOT EXISTS cooldown_deleted AFTER DELETE ON cooldown "
+    "BEGIN INSERT INTO change (scope) VALUES (OLD.scope); END",
+    "CREATE TRIGGER IF NOT EXISTS allowance_announced BEFORE INSERT ON allowance "
+    "WHEN NOT EXISTS (SELECT 1 FROM allowance WHERE scope = NEW.scope) "
+    "BEGIN INSERT INTO change (scope) VALUES (NEW.scope); END",
+    "CREATE TRIGGER IF NOT EXISTS change_kept AFTER INSERT ON change "
+    "BEGIN DELETE FROM change WHERE seq <= NEW.seq - 1024; END",  # CHANGES_KEPT
 )
 
 _HEADER = b"SQLite format 3\x00"

@@ -17,6 +17,7 @@ extend, so a shorter cooldown never replaces a longer one.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -62,14 +63,20 @@ class Admission(_Fields):
     else None. ``slot_busy``: refused only because every concurrency slot is held
     (``not_before`` is then when the earliest lease expires).
 
-    ``permit`` (not one of the tuple's four fields, so an Admission still unpacks and
-    compares as before): when the quota permit taken stops counting (its grant + per +
-    margin) as stored, on a :class:`Granted`; None otherwise."""
+    Not among the tuple's four fields (so an Admission still unpacks and compares as
+    before), set on a :class:`Granted`: ``permit``, when the quota permit taken stops
+    counting (its grant + per + margin) as stored; ``extra``, how many more permits
+    were taken in the same operation for this process to spend (``admit``'s
+    ``batch``), each counting ``hold`` seconds longer than ``permit``; ``token``, the
+    concurrency slot the attempt holds when it is not the one asked for (a slot this
+    process already held)."""
 
     __slots__ = ()
 
     #: See above: set on a :class:`Granted`.
     permit: datetime | None = None
+    extra: int = 0
+    token: str | None = None
 
 
 class Granted(Admission):
@@ -77,10 +84,34 @@ class Granted(Admission):
     (a store's ``settle`` moves that later when the attempt's answer came late)."""
 
     @classmethod
-    def of(cls, permit: datetime, cooldown: datetime | None, seq: int | None = None) -> Granted:
+    def of(
+        cls, permit: datetime | None, cooldown: datetime | None, seq: int | None = None, extra: int = 0,
+        token: str | None = None,
+    ) -> Granted:
         granted = cls(cooldown, None, seq, False)
         granted.permit = permit
+        granted.extra = extra
+        granted.token = token
         return granted
+
+
+class Feed(ABC):
+    """A store's change feed in one process (see :meth:`Store.feed`): it tells the
+    process's near copy which scopes changed elsewhere (a cooldown learned or lifted, an
+    allowance announced), so that an unchanged scope is admitted without a round trip."""
+
+    @abstractmethod
+    def fresh(self) -> bool:
+        """Whether every change made before now has been delivered: True lets the near
+        copy answer; False (the channel broke, or has not caught up) sends every
+        attempt to the store until it is True again."""
+
+    def close(self) -> None:  # noqa: B027 - a polled feed has nothing to close
+        """Stop the feed (its thread and connection, if it has any)."""
+
+
+#: What a feed calls with each changed scope (None: anything may have changed).
+Changed = Callable[[str | None], None]
 
 
 #: ``(slots, ttl seconds, token)``: a concurrency slot to take with an admission.
@@ -98,6 +129,13 @@ class Hold(NamedTuple):
     kind: str
     until: datetime
     number: int = 0
+
+
+def extra_permits(batch: int, free: int, limit: int) -> int:
+    """How many permits beyond the first a batch admission takes: what was asked, from
+    the headroom only (``free`` permits left before the first is taken, less a quarter
+    of ``limit``), so that a quota near its limit is spent one permit at a time."""
+    return max(0, min(batch - 1, free - 1 - limit // 4))
 
 
 def check_scope(scope: object) -> str:
@@ -141,13 +179,19 @@ class Store(ABC):
     @abstractmethod
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
-        lease: Lease | None = None, margin: float = 0.0,
+        lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
     ) -> Admission:
         """Admission for one attempt at ``now`` (None: the present, read by the store as
         it grants), all or nothing: the scope's cooldown, what the server announced is
         left, a quota permit (``limit`` per ``per`` seconds, counted ``per + margin``
         seconds from its grant) and a concurrency slot (``lease``). See
-        :class:`Admission`."""
+        :class:`Admission`.
+
+        ``batch`` > 1 asks for up to ``batch - 1`` more permits for this process to
+        spend within ``hold`` seconds of the grant; each counts ``per + margin + hold``
+        seconds from the grant, so an arrival at the server still falls inside what the
+        store counts. The store grants extras only from headroom: at most the free
+        permits less a quarter of the limit (see :func:`extra_permits`)."""
 
     @abstractmethod
     def release(self, scope: str, token: str) -> None:
@@ -194,6 +238,11 @@ class Store(ABC):
     @abstractmethod
     def delete(self, scope: str) -> bool:
         """Lift everything that holds ``scope`` back; True if there was any of it."""
+
+    def feed(self, changed: Changed) -> Feed | None:
+        """A change feed for this process's near copy (None, the default: the store
+        has none, and every attempt is admitted by a store operation)."""
+        return None
 
     def supports(self, feature: str) -> bool:
         """Whether the store can carry ``"quota"``, ``"leases"``, ``"allowance"`` and

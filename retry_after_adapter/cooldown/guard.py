@@ -39,6 +39,7 @@ from ._health import (
     OutOfTime,
     StoreBudget,
 )
+from ._near import Near
 from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack
 from .base import Admission, Granted, Hold, Lease, Store
 from .freshness import Freshness
@@ -107,6 +108,13 @@ class StoreGuard(WriteBack, Store):
         self._init_write_back(inner)
         #: The guard's own clock (seconds, monotonic): breaker and log timing.
         self._init_health(inner, time.monotonic)
+        #: The near copy, when the store has a change feed (see ``_near``).
+        self.near: Near | None = None
+        near = Near(self._release_now)
+        feed = inner.feed(near.changed)
+        if feed is not None:
+            near.feed = feed
+            self.near = near
         _forksafe.register(self)
 
     def supports(self, feature: str) -> bool:
@@ -145,6 +153,8 @@ class StoreGuard(WriteBack, Store):
         """Advance the scope's eligible time (later wins) in the store and the local
         copy; while the store fails, keep it locally and write it back on recovery."""
         local = self.local.extend(scope, until)
+        if self.near is not None:
+            self.near.learned(scope, local)  # answered near from now on, whatever the store does
         # Pending until the store confirms it: a read that raced this write must not
         # mirror the store's older answer over it.
         self._keep(scope)
@@ -168,26 +178,58 @@ class StoreGuard(WriteBack, Store):
                 self._pending.discard(scope)
         if remote > local:
             self.local._replace(scope, remote)
-        return max(local, remote)
+        effective = max(local, remote)
+        if self.near is not None and remote > local:
+            self.near.learned(scope, remote)
+        return effective
 
     # -- admission -------------------------------------------------------------------
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
-        lease: Lease | None = None, margin: float = 0.0, budget: StoreBudget | None = None,
+        lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
+        budget: StoreBudget | None = None,
     ) -> Admission:
-        """Admission for one attempt in one store operation: the cooldown (mirrored as
+        """Admission for one attempt: from the near copy when it can answer (nothing
+        changed, a permit of its batch, a slot it holds: see ``_near``), else in one
+        store operation for what is still missing: the cooldown (mirrored as
         :meth:`get` does), the allowance, the quota permit and the slot. While the store
         is down, the local copy admits (fail open; its admission numbers are not the
         store's, so none is returned) or CooldownUnavailable; busy or out of time, see
-        :meth:`_later`."""
-        args = (scope, now, limit, per, lease, margin)
+        :meth:`_later`. (``batch`` and ``hold`` are the near copy's to choose.)"""
         present = now if now is not None else datetime.now(timezone.utc)
         if self._skipped(budget):
-            return self._local_admit(args, budget)
+            return self._local_admit((scope, now, limit, per, lease, margin), budget)
+        near = self.near
+        if near is None or self._down:
+            return self._admit_store(scope, now, limit, per, lease, margin, budget, present)
+        answer, permit, token = near.admit(scope, present, limit, per, margin, lease)
+        if answer is not None:
+            return answer
+        ask = None if permit is not None else limit
+        ask_lease = None if token is not None or lease is None else near.lease_for(lease)
+        if ask is not None and per is not None:
+            batch, hold = near.batch(scope, ask, per, margin)
+        epoch = near.epoch
+        answer = self._admit_store(scope, now, ask, per, ask_lease, margin, budget, present, batch, hold)
+        if answer.not_before is not None:
+            near.put_back(scope, limit, per, margin, permit, token)
+            return answer
+        near.took(scope, present, answer, epoch, ask, per, margin, hold, ask_lease)
+        if permit is None and token is None:
+            return answer
+        end = permit if permit is not None else answer.permit
+        return Granted.of(end, answer.cooldown, answer.seq, 0, token)
+
+    def _admit_store(
+        self, scope: str, now: datetime | None, limit: int | None, per: float | None, lease: Lease | None,
+        margin: float, budget: StoreBudget | None, present: datetime, batch: int = 1, hold: float = 0.0,
+    ) -> Admission:
+        """Admission in one store operation (see :meth:`admit`)."""
+        args = (scope, now, limit, per, lease, margin)
         epoch = self._epoch
         abandoned = None if lease is None else self._abandoned(scope, lease[2])
         try:
-            answer = self._bounded(self.inner.admit, args, budget, abandoned)
+            answer = self._bounded(self.inner.admit, (*args, batch, hold), budget, abandoned)
         except OutOfTime:
             self._gave_up(budget)
             return self._later(args, present)
@@ -210,7 +252,7 @@ class StoreGuard(WriteBack, Store):
         if answer.not_before is None and not_before is not None and lease is not None:
             self.release(scope, lease[2])
         if not_before is None and answer.permit is not None:
-            return Granted.of(answer.permit, cooldown, answer.seq)
+            return Granted.of(answer.permit, cooldown, answer.seq, answer.extra)
         return Admission(cooldown, not_before, answer.seq, answer.slot_busy)
 
     def _abandoned(self, scope: str, token: str) -> Callable[[Admission], None]:
@@ -240,8 +282,15 @@ class StoreGuard(WriteBack, Store):
     def release(self, scope: str, token: str) -> None:
         """Give a slot back, in the store and locally. A store that is busy or down
         gets it later from the writer thread, so a slot is never lost to a moment of
-        contention."""
+        contention. A slot the near copy took is kept by it for a moment (the next
+        attempt of the scope may use it) and given back from there."""
         self.local.release(scope, token)
+        near = self.near
+        if near is not None and near.park(scope, token):
+            return
+        self._release_now(scope, token)
+
+    def _release_now(self, scope: str, token: str) -> None:
         if not self._open_until:
             try:
                 self._bounded(self.inner.release, (scope, token), None)
@@ -309,9 +358,16 @@ class StoreGuard(WriteBack, Store):
 
     def delete(self, scope: str) -> bool:
         self.local.delete(scope)
+        if self.near is not None:
+            self.near.changed(scope)
         return self.inner.delete(scope)
 
     def close(self) -> None:
+        near = self.near
+        if near is not None:
+            near.release_all()
+            if near.feed is not None:
+                near.feed.close()
         self.inner.close()
 
     # -- internals -------------------------------------------------------------------
@@ -320,6 +376,8 @@ class StoreGuard(WriteBack, Store):
         return self.local.get(scope)
 
     def _after_fork(self) -> None:
+        if self.near is not None:
+            self.near.after_fork()
         self._reset_write_back_after_fork()
         self._reset_health_after_fork()
 

@@ -88,8 +88,9 @@ class LegacyStore(Store):
 
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
-        lease: Lease | None = None, margin: float = 0.0,
+        lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
     ) -> Admission:
+        # A store of 0.x has no change feed: it is never asked for a batch (one permit).
         if self._modern:
             answer = self._admit(scope, now, limit, per, lease, margin)
             return answer if isinstance(answer, Admission) else Admission(*answer)

@@ -13,7 +13,7 @@ from typing import Any
 from .. import _forksafe
 from ..errors import ConfigurationError
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance, roll
-from .base import Admission, Granted, Hold, Lease, Store, check_scope, check_until
+from .base import Admission, Granted, Hold, Lease, Store, check_scope, check_until, extra_permits
 from .freshness import Freshness, check_outcome, merge_note
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
@@ -193,7 +193,7 @@ class MemoryCooldownStore(Store):
 
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
-        lease: Lease | None = None, margin: float = 0.0,
+        lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
     ) -> Admission:
         """Admission for one attempt at ``now`` (None: the present, read once the lock
         is held, so a permit's time is when it is granted), atomically and all or
@@ -204,7 +204,8 @@ class MemoryCooldownStore(Store):
         A permit counts for ``per + margin`` seconds from its grant (``margin``: the
         time from admission to the server's arrival). Each quota (``limit`` per
         ``per``) has its own log, so two quotas on one scope each hold; a permit keeps
-        its own expiry, so workers with different margins never drop each other's."""
+        its own expiry, so workers with different margins never drop each other's.
+        ``batch`` and ``hold``: extra permits, see ``Store.admit``."""
         if limit is None and lease is None and scope not in self._allowance:
             # Nothing to take (the common case): as lock-free as ``get``.
             cooldown = self._until.get(scope)
@@ -223,11 +224,11 @@ class MemoryCooldownStore(Store):
             cooldown = self._until.get(scope)
             if cooldown is not None and cooldown > now:
                 return Admission(cooldown, cooldown)
-            return self._admit_locked(scope, now, cooldown, limit, per, lease, margin)
+            return self._admit_locked(scope, now, cooldown, limit, per, lease, margin, batch, hold)
 
     def _admit_locked(
         self, scope: str, now: datetime, cooldown: datetime | None, limit: int | None,
-        per: float | None, lease: Lease | None, margin: float,
+        per: float | None, lease: Lease | None, margin: float, batch: int = 1, hold: float = 0.0,
     ) -> Admission:
         """(Lock held, no cooldown running.) The allowance, the permit and the slot."""
         at = (now - _EPOCH) // _US
@@ -254,7 +255,14 @@ class MemoryCooldownStore(Store):
             seq = rolled.admitted - 1
         if key is not None:
             self._take_permit(scope, key, at + key[2])
-            return Granted.of(now + key[3], cooldown, seq)  # the same instant as at + key[2]
+            extra = 0
+            if batch > 1 and limit is not None:
+                log = self._permits[scope][key[:2]]
+                extra = extra_permits(batch, limit - len(log) + 1, limit)
+                later = at + key[2] + round(hold * 1_000_000)
+                for _ in range(extra):
+                    self._take_permit(scope, key, later)
+            return Granted.of(now + key[3], cooldown, seq, extra)  # the same instant as at + key[2]
         if seq is None:
             return _ADMITTED if cooldown is None else Admission(cooldown, None)
         return Admission(cooldown, None, seq)

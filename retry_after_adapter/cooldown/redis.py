@@ -21,8 +21,9 @@ from typing import Any
 from ..errors import ConfigurationError, CooldownStoreError
 from ..redact import client_secrets, redact_url, scrub, url_secrets
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
+from ._redis_feed import CHANNEL, RedisFeed
 from .allowance import ALLOWANCE_KEPT, SAME_WINDOW, Allowance, roll
-from .base import Admission, Granted, Hold, Lease, Store, check_scope, check_until
+from .base import Admission, Changed, Feed, Granted, Hold, Lease, Store, check_scope, check_until
 from .freshness import Freshness, check_outcome
 
 #: The default connect and reply timeouts (seconds) of a client made by ``from_url``.
@@ -107,9 +108,13 @@ class RedisCooldownStore(Store):
     URL credentials.
     """
 
-    def __init__(self, client: Any, *, prefix: str = "retry-after:", timeout: float | None = None) -> None:
+    def __init__(
+        self, client: Any, *, prefix: str = "retry-after:", timeout: float | None = None, push: bool = True
+    ) -> None:
         if not isinstance(prefix, str):
             raise ConfigurationError("the Redis cooldown key prefix must be a str")
+        if not isinstance(push, bool):
+            raise ConfigurationError("push must be True or False")
         if timeout is not None and (
             isinstance(timeout, bool)
             or not isinstance(timeout, (int, float))
@@ -135,6 +140,8 @@ class RedisCooldownStore(Store):
         self._note_script = scripts["note"]
         self._settle_script = scripts["settle"]
         self._url_args: tuple[str, dict[str, Any]] | None = None
+        #: The pub/sub channel changes are published on ("": push off, see :meth:`feed`).
+        self._channel = CHANNEL + prefix if push else ""
 
     @classmethod
     def from_url(
@@ -142,6 +149,7 @@ class RedisCooldownStore(Store):
         url: str,
         *,
         prefix: str = "retry-after:",
+        push: bool = True,
         socket_timeout: float = DEFAULT_SOCKET_TIMEOUT,
         socket_connect_timeout: float = DEFAULT_SOCKET_TIMEOUT,
         **client_kwargs: Any,
@@ -193,10 +201,11 @@ class RedisCooldownStore(Store):
             raise ConfigurationError(
                 f"invalid Redis cooldown URL {redact_url(url)!r}: {scrub(str(exc), url_secrets(url))}"
             ) from None
-        store = cls(client, prefix=prefix)
+        store = cls(client, prefix=prefix, push=push)
         options = dict(
             client_kwargs, socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout
         )
+        options["push"] = push
         store._url_args = (url, options)
         return store
 
@@ -240,7 +249,7 @@ class RedisCooldownStore(Store):
         key = self.key(check_scope(scope))
         ms = to_epoch_ms(check_until(until))
         try:
-            effective = self._script(keys=[key], args=[str(ms), str(ms + GRACE_MS)])
+            effective = self._script(keys=[key], args=[str(ms), str(ms + GRACE_MS), self._channel, scope])
         except Exception as exc:
             raise self._failure("extend", exc) from exc
         try:
@@ -267,10 +276,11 @@ class RedisCooldownStore(Store):
 
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
-        lease: Lease | None = None, margin: float = 0.0,
+        lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
     ) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
-        the announced allowance, the quota permit and the concurrency slot in one
+        the announced allowance, the quota permit (and ``batch`` extra ones, see
+        ``Store.admit``) and the concurrency slot in one
         ``EVALSHA``, all or nothing, the keys in one cluster slot; ``now`` None: this
         host's clock read right before the script (the clock every cooldown of the store
         is stamped with; Redis's own would mix two clocks). A late answer moves the
@@ -292,19 +302,19 @@ class RedisCooldownStore(Store):
             self.companion(scope, "lease"),
         ]
         args = [now_epoch_ms(when), *_permit_args(limit, per, margin), "1" if together else "0"]
-        args += [int(ALLOWANCE_KEPT * 1000), *_lease_args(lease)]
+        args += [int(ALLOWANCE_KEPT * 1000), *_lease_args(lease), int(batch), math.ceil(hold * 1000)]
         try:
             reply = self._admit_script(keys=keys, args=[str(arg) for arg in args])
         except Exception as exc:
             raise self._failure("admit", exc) from exc
         try:
-            cooldown, wait, seq, busy, permit = (int(value) for value in reply)
+            cooldown, wait, seq, busy, permit, extra = (int(value) for value in reply)
         except (TypeError, ValueError):
             raise CooldownStoreError("the Redis admit script returned an unexpected reply") from None
         known = _ms_or_none(cooldown) if together else stored
         number = None if seq < 0 else seq
         if permit >= 0 and wait < 0:
-            return Granted.of(from_epoch_ms(permit), known, number)
+            return Granted.of(from_epoch_ms(permit), known, number, extra)
         return Admission(known, _ms_or_none(wait), number, bool(busy))
 
     def settle(
@@ -341,6 +351,8 @@ class RedisCooldownStore(Store):
             round(window * 1000) if window else 0,
             int(SAME_WINDOW * 1000),
             int(ALLOWANCE_KEPT * 1000),
+            self._channel,
+            scope,
         ]
         try:
             self._allow_script(keys=[key], args=[str(arg) for arg in args])
@@ -409,9 +421,17 @@ class RedisCooldownStore(Store):
         try:
             keys = [key, self.companion(scope, "allowance"), self.companion(scope, "lease")]
             keys += [_text(found) for found in self._client.scan_iter(match=quotas, count=1000)]
-            return sum(int(self._client.delete(name)) for name in keys) > 0
+            found = sum(int(self._client.delete(name)) for name in keys) > 0
+            if self._channel:
+                self._client.publish(self._channel, "d 0 " + scope)
+            return found
         except Exception as exc:
             raise self._failure("delete", exc) from exc
+
+    def feed(self, changed: Changed) -> Feed | None:
+        """The store's change channel, followed by a thread of this process (see
+        ``RedisFeed``); None when the store was made with ``push=False``."""
+        return RedisFeed(self._client, self._channel, changed, self._failure) if self._channel else None
 
     def holds(self, now: datetime | None = None) -> dict[str, list[Hold]]:
         """Every scope held back at ``now`` (default: the present) and by what (see

@@ -17,14 +17,26 @@ import math
 import os
 import random
 import sqlite3
+import threading
 from collections.abc import Callable
 from datetime import datetime, timezone
 
 from ..errors import ConfigurationError, CooldownStoreError
 from ._ms import from_epoch_ms, now_epoch_ms, present_ms, to_epoch_ms, window_ms
-from ._sqlite_file import DEFAULT_TIMEOUT, SQLiteFile, immediate
+from ._sqlite_file import CHANGES_KEPT, DEFAULT_TIMEOUT, SQLiteFile, immediate
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance, roll
-from .base import Admission, Granted, Hold, Lease, Store, check_scope, check_until
+from .base import (
+    Admission,
+    Changed,
+    Feed,
+    Granted,
+    Hold,
+    Lease,
+    Store,
+    check_scope,
+    check_until,
+    extra_permits,
+)
 from .freshness import Freshness, check_outcome, merge_note
 
 __all__ = ["DEFAULT_TIMEOUT", "SQLiteCooldownStore"]
@@ -74,8 +86,8 @@ def _freshness_row(row: tuple[object, ...]) -> Freshness:
     return Freshness(when(success), None if error is None else str(error), when(error_at), when(until))
 
 
-def _restore(path: str, timeout: float) -> SQLiteCooldownStore:
-    return SQLiteCooldownStore(path, timeout=timeout)
+def _restore(path: str, timeout: float, push: bool = True) -> SQLiteCooldownStore:
+    return SQLiteCooldownStore(path, timeout=timeout, push=push)
 
 
 class SQLiteCooldownStore(SQLiteFile, Store):
@@ -103,7 +115,14 @@ class SQLiteCooldownStore(SQLiteFile, Store):
     is unreliable); for several machines use :class:`RedisCooldownStore`.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, timeout: float = DEFAULT_TIMEOUT, push: bool = True
+    ) -> None:
+        if not isinstance(push, bool):
+            raise ConfigurationError("push must be True or False")
+        #: Whether each process keeps a near copy that follows the file's change log
+        #: (False: every attempt reads the file).
+        self._push = push
         self._open(path, timeout)
 
     def get(self, scope: str) -> datetime | None:
@@ -202,7 +221,7 @@ class SQLiteCooldownStore(SQLiteFile, Store):
 
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
-        lease: Lease | None = None, margin: float = 0.0,
+        lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
     ) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
         the announced allowance, the quota permit and the concurrency slot in one
@@ -221,7 +240,7 @@ class SQLiteCooldownStore(SQLiteFile, Store):
                     return peeked
             with immediate(conn):
                 at = fixed or datetime.now(timezone.utc)  # the lock is ours: the grant's time
-                return self._admit_locked(conn, scope, at, limit, quota, lease)
+                return self._admit_locked(conn, scope, at, limit, quota, lease, batch, hold)
 
         return self._run(admit)
 
@@ -238,9 +257,10 @@ class SQLiteCooldownStore(SQLiteFile, Store):
 
     def _admit_locked(
         self, conn: sqlite3.Connection, scope: str, now: datetime, limit: int | None,
-        quota: tuple[str, int] | None, lease: Lease | None,
+        quota: tuple[str, int] | None, lease: Lease | None, batch: int = 1, hold: float = 0.0,
     ) -> Admission:
-        """Inside the write transaction: the whole admission at ``now``."""
+        """Inside the write transaction: the whole admission at ``now`` (``batch``,
+        ``hold``: extra permits, see ``Store.admit``)."""
         now_ms = now_epoch_ms(now)
         rows = conn.execute(_SELECT, (scope,)).fetchall()
         cooldown = from_epoch_ms(int(rows[0][0])) if rows else None
@@ -270,8 +290,24 @@ class SQLiteCooldownStore(SQLiteFile, Store):
             seq = rolled.admitted - 1
         if quota is None:
             return Admission(cooldown, None, seq)
+        extra = 0
+        if batch > 1 and limit is not None:
+            live = conn.execute(
+                "SELECT count(*) FROM permit_log WHERE scope = ? AND quota = ?", (scope, quota[0])
+            ).fetchall()[0][0]
+            extra = extra_permits(batch, limit - int(live), limit)
+            later = now_ms + quota[1] + math.ceil(hold * 1000)
+            conn.executemany(
+                "INSERT INTO permit_log (scope, quota, expires_ms) VALUES (?, ?, ?)",
+                [(scope, quota[0], later)] * extra,
+            )
         self._take_permit(conn, scope, quota[0], now_ms + quota[1])
-        return Granted.of(from_epoch_ms(now_ms + quota[1]), cooldown, seq)
+        return Granted.of(from_epoch_ms(now_ms + quota[1]), cooldown, seq, extra)
+
+    def feed(self, changed: Changed) -> Feed | None:
+        """The file's change log, checked before each attempt (see ``SQLiteFeed``); None
+        when the store was made with ``push=False``."""
+        return SQLiteFeed(self, changed) if self._push else None
 
     def settle(
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None
@@ -410,9 +446,11 @@ class SQLiteCooldownStore(SQLiteFile, Store):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def __reduce__(self) -> tuple[Callable[[str, float], SQLiteCooldownStore], tuple[str, float]]:
+    def __reduce__(
+        self,
+    ) -> tuple[Callable[[str, float, bool], SQLiteCooldownStore], tuple[str, float, bool]]:
         # Only the path and options travel; each process opens its own connections.
-        return (_restore, (self._path, self._timeout))
+        return (_restore, (self._path, self._timeout, self._push))
 
     def __repr__(self) -> str:
         return f"SQLiteCooldownStore({self._path!r}, timeout={self._timeout})"
@@ -448,3 +486,52 @@ class SQLiteCooldownStore(SQLiteFile, Store):
             rows = conn.execute(_SELECT, (scope,)).fetchall()
         return int(rows[0][0])
 
+
+
+class SQLiteFeed(Feed):
+    """The change feed of a SQLite file in one process, polled: before an attempt is
+    admitted near, ``PRAGMA data_version`` on the thread's connection (no transaction,
+    no lock) says whether any other connection committed since that thread last
+    looked; only then is the change log read, from where this process left it. So the
+    near copy is never staler than the check itself, and a file deleted or replaced (a
+    new generation) starts the copy over."""
+
+    def __init__(self, store: SQLiteCooldownStore, changed: Changed) -> None:
+        self._store = store
+        self._changed = changed
+        self._lock = threading.Lock()
+        #: The last change applied (None: not read yet), and in which generation.
+        self._seen: int | None = None
+        self._generation = -1
+        self._versions = threading.local()
+
+    def fresh(self) -> bool:
+        try:
+            return self._store._run(self._poll)
+        except Exception:  # the store's trouble: the attempt goes to the store and meets it
+            return False
+
+    def _poll(self, conn: sqlite3.Connection) -> bool:
+        version = conn.execute("PRAGMA data_version").fetchone()
+        mark = (id(conn), version, self._store.generation)
+        if getattr(self._versions, "mark", None) == mark and self._seen is not None:
+            return True  # nobody else committed since this thread last looked
+        with self._lock:
+            if self._generation != self._store.generation or self._seen is None:
+                self._seen = int(conn.execute("SELECT coalesce(max(seq), 0) FROM change").fetchone()[0])
+                self._generation = self._store.generation
+                self._changed(None)
+            else:
+                rows = conn.execute(
+                    "SELECT seq, scope FROM change WHERE seq > ? ORDER BY seq LIMIT ?",
+                    (self._seen, CHANGES_KEPT),
+                ).fetchall()
+                if rows and (rows[0][0] != self._seen + 1 or len(rows) == CHANGES_KEPT):
+                    self._changed(None)  # fell behind what the log keeps: start over
+                else:
+                    for _, scope in rows:
+                        self._changed(str(scope))
+                if rows:
+                    self._seen = int(rows[-1][0])
+        self._versions.mark = mark
+        return True

@@ -148,13 +148,14 @@ class Plan:
             call.admitted_at = call.clock.monotonic()  # before the grant: its lower bound
         guard = self.guard
         if guard is not None:
-            answer = guard.admit(call.scope, now, self.limit, self.per, lease, self.margin, call.budget)
+            budget = call.budget
+            answer = guard.admit(call.scope, now, self.limit, self.per, lease, self.margin, budget=budget)
         else:
             answer = store.admit(call.scope, now, self.limit, self.per, lease, self.margin)
         call.cooldown, not_before, call.admission, call.slot_busy = answer
         call.permit = answer.permit
         if not_before is None and lease is not None:
-            call.lease_token = lease[2]
+            call.lease_token = answer.token or lease[2]  # a slot this process held, or the new one
         return not_before
 
     def answered(self, call: Call, response: Any, on_done: Callable[[Any, Slot], None]) -> None:

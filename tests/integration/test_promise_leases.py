@@ -160,9 +160,14 @@ def make_server() -> Iterator[Callable[..., PromiseServer]]:
 def leases_held(store: Any, scope: str, client: Any = None) -> int:
     """How many concurrency leases ``store`` holds for ``scope``, read from the store's
     own records: the memory store's lease table, the SQLite ``lease`` table (with a
-    connection of our own), the Redis lease set (with a plain client)."""
+    connection of our own), the Redis lease set (with a plain client). Slots this
+    process keeps idle for its next attempt (a shared store's near copy) are given back
+    first: they are not held by an attempt."""
     if isinstance(store, MemoryCooldownStore):
         return len(store._leases.get(scope, {}))
+    near = guard_of(store).near
+    if near is not None:
+        near.release_all()
     if isinstance(store, SQLiteCooldownStore):
         with closing(sqlite3.connect(store.path, timeout=5)) as db:
             row = db.execute("SELECT count(*) FROM lease WHERE scope = ?", (scope,)).fetchone()

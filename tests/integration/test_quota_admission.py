@@ -23,6 +23,7 @@ from retry_after_adapter import (
     RetryAfterPoolManager,
     RetryAfterRetry,
 )
+from retry_after_adapter.cooldown.guard import guard_of
 
 from ..conftest import local_deferral
 from .conftest import process_store, process_store_place
@@ -182,7 +183,7 @@ def test_eight_processes_of_eight_threads_never_exceed_the_quota_at_the_server(
 
 
 @pytest.mark.redis
-def test_with_redis_an_attempt_costs_one_round_trip_and_two_with_a_cap(
+def test_with_redis_an_attempt_costs_one_round_trip_and_two_with_a_cap_without_push(
     server: ThrottleServer, clock: FakeClock, redis_url: str, redis_client: Any, redis_module: Any
 ) -> None:
     from retry_after_adapter import RedisCooldownStore
@@ -194,16 +195,28 @@ def test_with_redis_an_attempt_costs_one_round_trip_and_two_with_a_cap(
             Counting.commands.append(str(args[0]))
             return super().execute_command(*args, **kwargs)
 
-    store = RedisCooldownStore(Counting.from_url(redis_url, socket_timeout=2.0), prefix="rt:", timeout=2.0)
+    client = Counting.from_url(redis_url, socket_timeout=2.0)
+    store = RedisCooldownStore(client, prefix="rt:", timeout=2.0, push=False)
     server.serve([Reply(200)])
 
     def one_get(**kw: Any) -> list[str]:
         s = requests.Session()
         s.mount("http://", RetryAfterAdapter(RetryAfterRetry(clock=clock, total=0), cooldown=store, **kw))
         s.get(server.url)  # warm: scripts loaded, the success noted (once a second)
+        near = guard_of(store).near
+        for _ in range(100):  # the change channel subscribed (a few ms)
+            if near is None or near.fresh():
+                break
+            time.sleep(0.01)
         Counting.commands.clear()
         assert s.get(server.url).status_code == 200
         return list(Counting.commands)
 
     assert one_get(quota=Quota(100, per=60)) == ["EVALSHA"]  # cooldown + permit + allowance
     assert one_get(quota=Quota(100, per=60), max_concurrency=4) == ["EVALSHA", "ZREM"]  # + give back
+    # With push (the default), the process keeps the slot for its next attempt, and a
+    # scope it knows, unchanged, needs no read: only the permit is asked for.
+    pushed = RedisCooldownStore(client, prefix="rt2:", timeout=2.0)
+    store = pushed
+    assert one_get(quota=Quota(100, per=60), max_concurrency=4) == ["EVALSHA"]
+    assert one_get(max_concurrency=4) == []

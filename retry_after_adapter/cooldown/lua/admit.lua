@@ -4,9 +4,11 @@
 -- all in one cluster slot; ARGV = now (ms; the client's clock: cooldowns are stamped
 -- so), how long a permit counts (ms, 0: no quota), the limit, a unique member, "1" to
 -- read the cooldown from KEYS[1] ("0": the caller read it), how long (ms) an allowance
--- outlives its reset, and the slots (0: no cap), the lease's ttl (ms) and its token.
+-- outlives its reset, the slots (0: no cap), the lease's ttl (ms) and its token, then
+-- the batch (permits asked for, 1: one) and the hold (ms) of the extra ones.
 -- Returns {cooldown or -1, -1 when admitted or when to ask again, the admission number
--- or -1, 1 when only a slot was missing, when the permit taken stops counting or -1}.
+-- or -1, 1 when only a slot was missing, when the permit taken stops counting or -1,
+-- the extra permits taken (each counting hold ms longer)}.
 
 -- One quota's permits on a permit set (a sorted set, score = when a permit stops
 -- counting: its grant + per + margin, epoch ms): drops the permits that stopped
@@ -31,7 +33,7 @@ local cooldown = -1
 if ARGV[5] == '1' then
   local stored = tonumber(redis.call('GET', KEYS[1]))
   if stored ~= nil then
-    if stored > now then return {stored, stored, -1, 0, -1} end
+    if stored > now then return {stored, stored, -1, 0, -1, 0} end
     cooldown = stored
   end
 end
@@ -40,31 +42,44 @@ if rec ~= nil then
   local rolled = roll(rec, now)
   if rec.u > now and rec.r - (rec.n - rec.a) <= 0 then
     if rolled then save(KEYS[3], rec, tonumber(ARGV[6])) end
-    return {cooldown, rec.u, -1, 0, -1}
+    return {cooldown, rec.u, -1, 0, -1, 0}
   end
 end
 local counts = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 if counts > 0 then
   local refused = take_permit(KEYS[2], now, counts, limit, ARGV[4], false)
-  if refused >= 0 then return {cooldown, refused, -1, 0, -1} end
+  if refused >= 0 then return {cooldown, refused, -1, 0, -1, 0} end
 end
 local slots = tonumber(ARGV[7])
 if slots > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
   if redis.call('ZCARD', KEYS[4]) >= slots then
     local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-    return {cooldown, tonumber(first[2]), -1, 1, -1}
+    return {cooldown, tonumber(first[2]), -1, 1, -1, 0}
   end
   redis.call('ZADD', KEYS[4], now + tonumber(ARGV[8]), ARGV[9])
   redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[8]) + 1000)
 end
 local permit = -1
+local extra = 0
 if counts > 0 then
   take_permit(KEYS[2], now, counts, limit, ARGV[4], true)
   permit = now + counts
+  local batch = tonumber(ARGV[10])
+  if batch > 1 then
+    -- Extra permits from the headroom only (base.extra_permits): the free ones before
+    -- this attempt's, less a quarter of the limit.
+    local free = limit - redis.call('ZCARD', KEYS[2]) + 1
+    extra = math.max(0, math.min(batch - 1, free - 1 - math.floor(limit / 4)))
+    local later = permit + tonumber(ARGV[11])
+    for i = 1, extra do
+      redis.call('ZADD', KEYS[2], later, ARGV[4] .. ':' .. i)
+    end
+    if extra > 0 then redis.call('PEXPIREAT', KEYS[2], later + 1000) end
+  end
 end
-if rec == nil then return {cooldown, -1, -1, 0, permit} end
+if rec == nil then return {cooldown, -1, -1, 0, permit, extra} end
 rec.n = rec.n + 1
 save(KEYS[3], rec, tonumber(ARGV[6]))
-return {cooldown, -1, rec.n - 1, 0, permit}
+return {cooldown, -1, rec.n - 1, 0, permit, extra}

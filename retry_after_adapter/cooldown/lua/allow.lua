@@ -1,7 +1,9 @@
 -- allowance.merge_allowance in Lua. Loaded after allowance.lua.
 -- KEYS[1] = the allowance hash; ARGV = remaining, until, now (epoch ms), the answered
 -- attempt's admission number (-1: none), the limit and the window (ms; 0: not said),
--- the same-window tolerance and how long a record outlives its reset (ms).
+-- the same-window tolerance and how long a record outlives its reset (ms), then the
+-- change channel (empty: none) and the scope: a scope's first allowance is published
+-- there as "a 0 <scope>" (its admissions are counted by the store from then on).
 local remaining = math.max(0, tonumber(ARGV[1]))
 local untl, now, seq = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local lim, win, same, kept = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -25,6 +27,9 @@ if rec ~= nil and rec.u <= now and rec.x and lim > 0 then
 end
 if rec == nil or rec.u <= now then
   save(KEYS[1], {r = remaining, a = at, u = untl, n = count, l = lim, w = win, x = false}, kept)
+  if rec == nil and ARGV[9] ~= nil and ARGV[9] ~= '' then
+    redis.call('PUBLISH', ARGV[9], 'a 0 ' .. ARGV[10])
+  end
   return 1
 end
 local gap = untl - rec.u

@@ -1,0 +1,372 @@
+"""The near copy of a shared store in this process: what lets an attempt be admitted
+without a store round trip while nothing has changed (a base of the failure layer).
+
+- **Cooldowns, pushed.** A scope read once from the store is kept with its stored
+  cooldown. While the store's change feed is fresh (``Store.feed``: a pub/sub channel
+  on Redis, a change log checked through ``PRAGMA data_version`` on SQLite), a change
+  made anywhere (a cooldown learned or lifted, an allowance announced) reaches this
+  copy, so an unchanged scope is answered here. A feed that is not fresh sends every
+  attempt to the store, at once, until it is fresh again (and the copy starts over).
+- **Quota permits in batches.** A process that spends a quota's permits fast enough
+  takes several in one store operation (``admit``'s ``batch``) and spends them within
+  ``hold`` seconds of their grant; each counts ``per + margin + hold`` seconds in the
+  store, so every arrival at the server still falls inside what the store counts. The
+  batch is sized to the process's rate over the last second (about
+  :data:`BATCH_TARGET` permits per operation, ``hold`` at most a tenth of ``per``);
+  what is not spent in time lapses, and a process that dies loses at most its batch.
+- **Concurrency slots held per process.** A slot given back by an attempt stays with
+  the process for :data:`IDLE` seconds, for its next attempt on the scope (any
+  thread), then goes back to the store. Its lease is taken a little longer than the
+  attempt's ttl and reused only while at least the ttl is left, so an attempt on a
+  reused slot is covered as long as one on a new slot; a killed process's slots come
+  back when their leases expire.
+
+A scope with an announced allowance (the store counts its admissions) is always
+admitted by the store. Everything here is dropped in a forked child (the parent's).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import NamedTuple
+
+from .base import Admission, Feed, Granted, Lease
+
+__all__ = ["BATCH_TARGET", "IDLE", "Near"]
+
+log = logging.getLogger("retry_after_adapter")
+
+#: Permits a batch aims at (one store operation per this many attempts, at most).
+BATCH_TARGET = 16
+#: The longest (a share of the quota's ``per``) a batch's permit may wait to be spent.
+HOLD_SHARE = 0.1
+#: Seconds a slot given back waits in the process for another attempt of its scope.
+IDLE = 0.05
+#: A held slot's lease is taken this share of the ttl longer (at most
+#: :data:`REUSE_MAX` seconds), and reused while at least the ttl is left.
+REUSE_SHARE = 0.25
+REUSE_MAX = 5.0
+#: Scopes kept at most (past it the copy starts over: dropping is always safe).
+KNOWN_MAX = 65536
+_SECOND = timedelta(seconds=1)
+
+
+class _Known(NamedTuple):
+    """A scope as the store last said: its cooldown, and whether the store counts its
+    admissions (an announced allowance: then never answered here)."""
+
+    cooldown: datetime | None
+    counted: bool
+
+
+class _Permits:
+    """One quota's batch of permits in this process, and its recent rate."""
+
+    __slots__ = ("count", "end", "rate", "since", "spend_by", "spent")
+
+    def __init__(self, now: datetime) -> None:
+        self.count = 0  # permits left to spend
+        self.end: datetime | None = None  # when they stop counting in the store
+        self.spend_by: datetime | None = None  # spent only before this
+        self.rate = 0.0  # permits per second over the last whole second
+        self.since = now
+        self.spent = 0
+
+
+class _Slot(NamedTuple):
+    token: str
+    expires: datetime  # the lease's end (a lower bound of the store's)
+    idle_since: float  # time.monotonic() when it was given back (0: in use)
+
+
+#: ``(scope, limit, per, margin)``: one quota's batch.
+_Quota = tuple[str, int, float, float]
+
+
+class Near:
+    """The near copy (see the module). Thread-safe; made by the failure layer when its
+    store has a change feed."""
+
+    def __init__(self, give_back: Callable[[str, str], None], ttl_default: float = 60.0) -> None:
+        #: Gives a slot back to the store (the failure layer's release).
+        self._give_back = give_back
+        self._lock = threading.Lock()
+        self._known: dict[str, _Known] = {}
+        #: Goes up at every change delivered: an answer read across one is not kept.
+        self.epoch = 0
+        self._permits: dict[_Quota, _Permits] = {}
+        #: Slots this process holds: per scope, the idle ones; every held token's scope.
+        self._idle: dict[str, list[_Slot]] = {}
+        self._held: dict[str, tuple[str, datetime]] = {}
+        #: Slots to give back to the store on the reaper thread (scope, token).
+        self._due: list[tuple[str, str]] = []
+        self._reaper: threading.Thread | None = None
+        #: Held by the reaper while it gives slots back (``release_all`` waits for it).
+        self._giving = threading.Lock()
+        self.feed: Feed | None = None
+
+    # -- the feed ------------------------------------------------------------------
+    def changed(self, scope: str | None) -> None:
+        """The feed's news: ``scope`` changed (None: anything may have)."""
+        with self._lock:
+            self.epoch += 1
+            if scope is None:
+                self._known.clear()
+            else:
+                self._known.pop(scope, None)
+
+    def fresh(self) -> bool:
+        feed = self.feed
+        return feed is not None and feed.fresh()
+
+    # -- admission -------------------------------------------------------------------
+    def admit(
+        self, scope: str, present: datetime, limit: int | None, per: float | None, margin: float,
+        lease: Lease | None,
+    ) -> tuple[Admission | None, datetime | None, str | None]:
+        """What this process can give at ``present`` without the store: ``(answer, None,
+        None)`` when it answers alone (admitted, or held back by a known cooldown), else
+        ``(None, permit, token)``: a permit's end and a held slot it took (None: the
+        store must give it), to be put back with :meth:`put_back` if the store refuses."""
+        known = self._known.get(scope)
+        answers = known is not None and not known.counted and self.fresh()
+        cooldown = known.cooldown if known is not None else None
+        if answers and cooldown is not None and cooldown > present:
+            return Admission(cooldown, cooldown), None, None
+        # A permit of the batch and a held slot serve whether or not the copy can
+        # answer for the cooldown (then the store's operation checks it).
+        permit = None
+        if limit is not None and per is not None:
+            permit = self._spend(scope, limit, per, margin, present)
+        token = None
+        if lease is not None:
+            token = self._reuse(scope, present, lease[1])
+        if answers and (limit is None or permit is not None) and (lease is None or token is not None):
+            if permit is None and token is None:
+                return Admission(cooldown, None), None, None
+            return Granted.of(permit, cooldown, None, 0, token), None, None
+        return None, permit, token
+
+    def put_back(self, scope: str, limit: int | None, per: float | None, margin: float,
+                 permit: datetime | None, token: str | None) -> None:
+        """The store refused the attempt: what :meth:`admit` took goes back."""
+        if permit is not None and limit is not None and per is not None:
+            with self._lock:
+                batch = self._permits.get((scope, limit, per, margin))
+                if batch is not None and batch.end == permit:
+                    batch.count += 1
+                    batch.spent -= 1
+        if token is not None:
+            self.park(scope, token)
+
+    def batch(self, scope: str, limit: int, per: float, margin: float) -> tuple[int, float]:
+        """``(batch, hold)`` for the next store operation of the quota: one permit (no
+        hold) until the process's rate makes a batch worth it."""
+        permits = self._permits.get((scope, limit, per, margin))
+        if permits is None or permits.rate <= 0:
+            return 1, 0.0
+        longest = HOLD_SHARE * per
+        size = min(BATCH_TARGET, math.floor(permits.rate * longest), max(1, limit // 4))
+        if size < 2:
+            return 1, 0.0
+        return size, min(longest, 1.5 * size / permits.rate)
+
+    def took(
+        self, scope: str, present: datetime, answer: Admission, epoch: int, limit: int | None,
+        per: float | None, margin: float, hold: float, lease: Lease | None,
+    ) -> None:
+        """The store admitted an attempt at ``present`` (read at ``epoch``): keep what it
+        said of the scope, the batch's extra permits and the slot's lease."""
+        with self._lock:
+            if epoch == self.epoch:
+                if len(self._known) >= KNOWN_MAX:
+                    self._known.clear()
+                self._known[scope] = _Known(answer.cooldown, answer.seq is not None)
+            if limit is not None and per is not None and answer.permit is not None:
+                permits = self._count(scope, limit, per, margin, present)
+                if answer.extra > 0:
+                    permits.count = answer.extra
+                    permits.end = answer.permit + timedelta(seconds=hold)
+                    permits.spend_by = present + timedelta(seconds=hold)
+            if lease is not None:
+                self._held[lease[2]] = (scope, present + timedelta(seconds=lease[1]))
+
+    def learned(self, scope: str, until: datetime) -> None:
+        """This process wrote a cooldown (later wins): the copy keeps it."""
+        with self._lock:
+            known = self._known.get(scope)
+            if known is not None and (known.cooldown is None or until > known.cooldown):
+                self._known[scope] = known._replace(cooldown=until)
+
+    def lease_for(self, lease: Lease) -> Lease:
+        """The lease to take from the store for a slot this process may keep: a little
+        longer than the attempt's ttl (see the module)."""
+        slots, ttl, token = lease
+        return (slots, ttl + min(REUSE_MAX, ttl * REUSE_SHARE), token)
+
+    # -- permits ---------------------------------------------------------------------
+    def _count(self, scope: str, limit: int, per: float, margin: float, present: datetime) -> _Permits:
+        """(Lock held.) The quota's batch, its rate brought up to date with one more
+        permit spent."""
+        key = (scope, limit, per, margin)
+        permits = self._permits.get(key)
+        if permits is None:
+            if len(self._permits) >= KNOWN_MAX:
+                self._permits.clear()
+            permits = self._permits[key] = _Permits(present)
+        elapsed = present - permits.since
+        if elapsed >= _SECOND:
+            permits.rate = permits.spent / elapsed.total_seconds() if elapsed < 2 * _SECOND else 0.0
+            permits.since, permits.spent = present, 0
+        permits.spent += 1
+        return permits
+
+    def _spend(self, scope: str, limit: int, per: float, margin: float, present: datetime) -> datetime | None:
+        """A permit of the batch, if one is left to spend at ``present``: its end."""
+        with self._lock:
+            permits = self._permits.get((scope, limit, per, margin))
+            if permits is None or permits.count <= 0:
+                return None
+            assert permits.spend_by is not None
+            if present >= permits.spend_by:
+                permits.count = 0  # too late to spend: they lapse in the store
+                return None
+            permits.count -= 1
+            self._count(scope, limit, per, margin, present)
+            return permits.end
+
+    # -- slots -----------------------------------------------------------------------
+    def _reuse(self, scope: str, present: datetime, ttl: float) -> str | None:
+        """A slot this process holds idle on ``scope`` with at least ``ttl`` seconds of
+        lease left, taken for an attempt (None: none)."""
+        with self._lock:
+            idle = self._idle.get(scope)
+            while idle:
+                slot = idle.pop()
+                if (slot.expires - present).total_seconds() >= ttl:
+                    if not idle:
+                        del self._idle[scope]
+                    return slot.token
+                self._held.pop(slot.token, None)
+                self._later(scope, slot.token)
+            self._idle.pop(scope, None)
+            return None
+
+    def park(self, scope: str, token: str) -> bool:
+        """An attempt gave its slot back: keep it idle here for :data:`IDLE` seconds
+        (True), or False for a slot this process did not take (the store gets it)."""
+        with self._lock:
+            held = self._held.get(token)
+            if held is None or held[0] != scope:
+                return False
+            self._idle.setdefault(scope, []).append(_Slot(token, held[1], time.monotonic()))
+            self._wake()
+            return True
+
+    def _later(self, scope: str, token: str) -> None:
+        """(Lock held.) Give a slot back to the store on the reaper thread."""
+        self._due.append((scope, token))
+        self._wake()
+
+    def _wake(self) -> None:
+        """(Lock held.) Start the reaper thread unless it runs."""
+        _give_back_at_exit(self)
+        if self._reaper is None:
+            self._reaper = threading.Thread(target=self._reap, name="retry-after-slots", daemon=True)
+            self._reaper.start()
+
+    def _reap(self) -> None:
+        """Give back the slots idle for :data:`IDLE` seconds; ends when none is held idle."""
+        while True:
+            time.sleep(IDLE / 2)
+            with self._lock:
+                due, self._due = self._due, []
+                edge = time.monotonic() - IDLE
+                for scope in list(self._idle):
+                    slots = self._idle[scope]
+                    keep = [slot for slot in slots if slot.idle_since > edge]
+                    for slot in slots:
+                        if slot.idle_since <= edge:
+                            due.append((scope, slot.token))
+                            self._held.pop(slot.token, None)
+                    if keep:
+                        self._idle[scope] = keep
+                    else:
+                        del self._idle[scope]
+                if not self._idle and not due:
+                    self._reaper = None
+                    return
+                self._giving.acquire()
+            try:
+                self._return(due)
+            finally:
+                self._giving.release()
+
+    def _return(self, due: list[tuple[str, str]]) -> None:
+        for scope, token in due:
+            try:
+                self._give_back(scope, token)
+            except Exception as exc:  # the lease still expires by itself
+                log.debug("giving a held slot back failed: %s", type(exc).__name__)
+
+    def release_all(self) -> None:
+        """Give every held idle slot back now (a store being closed, the process
+        exiting), and wait for the reaper's give-backs under way."""
+        with self._lock:
+            due = [(scope, slot.token) for scope, slots in self._idle.items() for slot in slots]
+            due += self._due
+            self._idle.clear()
+            self._due = []
+            for _, token in due:
+                self._held.pop(token, None)
+        self._return(due)
+        with self._giving:
+            pass
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's copy, batches and slots are not this
+        process's (its slots are the parent's to give back); the feed is made again."""
+        self._lock = threading.Lock()
+        self._giving = threading.Lock()
+        self._known.clear()
+        self._permits.clear()
+        self._idle.clear()
+        self._held.clear()
+        self._due = []
+        self._reaper = None
+        self.epoch += 1
+
+
+
+# ------------------------------------------------- slots held at exit go back at once
+#: Near copies holding slots in this process, and the process the exit hooks are for.
+_HOLDING: weakref.WeakSet[Near] = weakref.WeakSet()
+_HOOKED = [0]
+
+
+def _give_back_at_exit(near: Near) -> None:
+    """Have ``near``'s held slots given back when this process exits normally (its
+    interpreter's exit, and a multiprocessing worker's, which skips ``atexit``), so a
+    short-lived process never leaves slots to their lease's expiry."""
+    _HOLDING.add(near)
+    pid = os.getpid()
+    if _HOOKED[0] == pid:
+        return
+    _HOOKED[0] = pid
+    atexit.register(_release_everything)
+    import multiprocessing.util  # a worker process ends through its exit function
+
+    multiprocessing.util.Finalize(None, _release_everything, exitpriority=100)
+
+
+def _release_everything() -> None:
+    for near in list(_HOLDING):
+        near.release_all()

@@ -1,0 +1,206 @@
+"""The change feed of a Redis store in one process: a thread subscribed to the store's
+channel, on which the store's scripts publish every cooldown that moved (``extend``),
+every scope first announced an allowance (``allow``) and every scope an operator lifted
+(``delete``).
+
+The feed is fresh while its subscription is confirmed and the server was heard within
+:data:`STALE_AFTER` seconds (a ``PING`` on the subscription every :data:`PING_EVERY`
+seconds, answered on it): a connection that breaks or hangs makes it stale at once or
+within that bound, every attempt then goes to the store, and this is logged once (at
+INFO: nothing is lost, only speed; a store that is down has its own warning).
+The thread subscribes again with a backoff; once confirmed, the near copy starts over
+(messages published meanwhile were missed) and the feed is fresh again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from .. import _forksafe
+from .base import Changed, Feed
+
+__all__ = ["CHANNEL", "PING_EVERY", "STALE_AFTER", "RedisFeed"]
+
+log = logging.getLogger("retry_after_adapter")
+
+#: The channel's name: this, then the store's key prefix.
+CHANNEL = "retry-after-adapter:changes:"
+#: Seconds between PINGs on the subscription.
+PING_EVERY = 0.5
+#: Seconds without a word from the server after which the feed is stale.
+STALE_AFTER = 1.5
+#: Seconds without an attempt asking after which the thread unsubscribes and ends (the
+#: next attempt starts it again: a store nobody uses holds no connection).
+UNUSED_FOR = 30.0
+#: Seconds to wait before subscribing again, at first and at most.
+RETRY_FIRST = 0.05
+RETRY_MAX = 1.0
+
+
+class RedisFeed(Feed):
+    """See the module. The thread starts with the first :meth:`fresh` (a store that is
+    never used opens no subscription), and again in a forked child."""
+
+    def __init__(
+        self, client: Any, channel: str, changed: Changed, failure: Callable[[str, BaseException], Exception]
+    ) -> None:
+        self._client = client
+        self._channel = channel
+        self._changed = changed
+        self._failure = failure
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        #: Fresh until this time.monotonic() (0: not subscribed).
+        self._until = 0.0
+        self._warned = False
+        #: When (time.monotonic()) an attempt last asked.
+        self._asked = 0.0
+        #: Times the subscription was confirmed (the first one included).
+        self.subscriptions = 0
+        _forksafe.register(self)
+
+    def fresh(self) -> bool:
+        now = time.monotonic()
+        self._asked = now
+        if self._until > now:
+            return True
+        if self._thread is None and not self._closed:
+            self._start()
+        return False
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None and not self._closed:
+                # The thread holds the feed weakly: a store dropped ends its thread.
+                self._thread = threading.Thread(
+                    target=_follow, args=(weakref.ref(self),), name="retry-after-feed", daemon=True
+                )
+                self._thread.start()
+
+    def close(self) -> None:
+        self._closed = True
+        self._until = 0.0
+
+    def _done(self) -> bool:
+        """Whether the thread should end: the feed closed, or unused for a while."""
+        if self._closed or time.monotonic() - self._asked > UNUSED_FOR:
+            self._until = 0.0
+            self._thread = None
+            return True
+        return False
+
+    def _subscribe(self) -> Any:
+        pubsub = self._client.pubsub()
+        try:
+            pubsub.subscribe(self._channel)
+        except BaseException:
+            _close(pubsub)
+            raise
+        return pubsub
+
+    def _broke(self, exc: BaseException) -> None:
+        self._until = 0.0
+        if not self._warned and not self._closed:
+            self._warned = True
+            log.info(
+                "the cooldown store's change channel is unavailable (%s); every attempt "
+                "reads the store until it is back",
+                self._failure("subscribe", exc),
+            )
+
+    def _heard(self, message: dict[str, Any], confirmed: bool) -> bool:
+        """Handle one message; returns whether the subscription is confirmed."""
+        kind = message.get("type")
+        if kind in ("subscribe", b"subscribe") and not confirmed:
+            self.subscriptions += 1
+            self._changed(None)  # what was published before is unknown: start over
+            if self._warned:
+                self._warned = False
+                log.info("the cooldown store's change channel is back")
+            return True
+        if kind in ("message", b"message"):
+            self._deliver(message.get("data"))
+        return confirmed
+    def _deliver(self, data: object) -> None:
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+        parts = text.split(" ", 2)
+        self._changed(parts[2] if len(parts) == 3 and parts[2] else None)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's thread and connection are not this process's."""
+        self._lock = threading.Lock()
+        self._thread = None
+        self._until = 0.0
+
+
+def _close(pubsub: Any) -> None:
+    try:
+        pubsub.close()
+    except Exception as exc:
+        log.debug("closing the change subscription failed: %s", type(exc).__name__)
+
+
+def _follow(ref: weakref.ref[RedisFeed]) -> None:
+    """The feed's thread: subscribe, deliver, PING; on any failure the feed is stale at
+    once and subscribes again after a pause. Ends when the feed is gone, closed or
+    unused (see :data:`UNUSED_FOR`)."""
+    pause = RETRY_FIRST
+    while True:
+        feed = ref()
+        if feed is None or feed._done():
+            return
+        try:
+            pubsub = feed._subscribe()
+        except Exception as exc:
+            feed._broke(exc)
+        else:
+            del feed
+            try:
+                if _listen(ref, pubsub):
+                    pause = RETRY_FIRST
+            finally:
+                _close(pubsub)
+        feed = ref()
+        if feed is None:
+            return
+        feed._until = 0.0
+        del feed
+        time.sleep(pause)
+        pause = min(pause * 2, RETRY_MAX)
+
+
+def _listen(ref: weakref.ref[RedisFeed], pubsub: Any) -> bool:
+    """Deliver messages until the feed is gone or done (False), the connection fails
+    or goes quiet past :data:`STALE_AFTER` (True once it was confirmed)."""
+    confirmed = False
+    heard = pinged = time.monotonic()
+    while True:
+        try:
+            message = pubsub.get_message(timeout=PING_EVERY / 2)
+            now = time.monotonic()
+            if now - pinged >= PING_EVERY:
+                pubsub.ping()
+                pinged = now
+        except Exception as exc:
+            feed = ref()
+            if feed is not None:
+                feed._broke(exc)
+            return confirmed
+        feed = ref()
+        if feed is None or feed._done():
+            return False
+        if message is not None:
+            heard = now
+            confirmed = feed._heard(message, confirmed)
+        if now - heard > STALE_AFTER:
+            feed._broke(ConnectionError("the change channel went quiet"))
+            return confirmed
+        if confirmed:
+            feed._until = heard + STALE_AFTER
+        del feed
