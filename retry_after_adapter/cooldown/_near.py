@@ -48,6 +48,9 @@ log = logging.getLogger("retry_after_adapter")
 BATCH_TARGET = 16
 #: The longest (a share of the quota's ``per``) a batch's permit may wait to be spent.
 HOLD_SHARE = 0.1
+#: The longest (seconds) an admission of an announced allowance taken in a batch may
+#: wait to be spent (never past the server's reset).
+UNIT_HOLD = 0.1
 #: Seconds a slot given back waits in the process for another attempt of its scope.
 IDLE = 0.05
 #: A held slot's lease is taken this share of the ttl longer (at most
@@ -68,12 +71,14 @@ class _Known(NamedTuple):
 
 
 class _Permits:
-    """One quota's batch of permits in this process, and its recent rate."""
+    """One quota's batch of permits in this process (or a scope's admissions of an
+    announced allowance, numbered from ``seq``), and its recent rate."""
 
-    __slots__ = ("count", "end", "rate", "since", "spend_by", "spent")
+    __slots__ = ("count", "end", "rate", "seq", "since", "spend_by", "spent")
 
     def __init__(self, now: datetime) -> None:
         self.count = 0  # permits left to spend
+        self.seq = 0  # the next admission number (an allowance's batch)
         self.end: datetime | None = None  # when they stop counting in the store
         self.spend_by: datetime | None = None  # spent only before this
         self.rate = 0.0  # permits per second over the last whole second
@@ -87,7 +92,8 @@ class _Slot(NamedTuple):
     idle_since: float  # time.monotonic() when it was given back (0: in use)
 
 
-#: ``(scope, limit, per, margin)``: one quota's batch.
+#: ``(scope, limit, per, margin)``: one quota's batch; ``(scope, 0, 0.0, 0.0)``: the
+#: scope's batch of its announced allowance.
 _Quota = tuple[str, int, float, float]
 
 
@@ -123,6 +129,10 @@ class Near:
             else:
                 self._known.pop(scope, None)
 
+    def knows(self, scope: str) -> bool:
+        """Whether the copy holds what the store said of ``scope``."""
+        return scope in self._known
+
     def fresh(self) -> bool:
         feed = self.feed
         return feed is not None and feed.fresh()
@@ -137,7 +147,7 @@ class Near:
         ``(None, permit, token)``: a permit's end and a held slot it took (None: the
         store must give it), to be put back with :meth:`put_back` if the store refuses."""
         known = self._known.get(scope)
-        answers = known is not None and not known.counted and self.fresh()
+        answers = known is not None and self.fresh()
         cooldown = known.cooldown if known is not None else None
         if answers and cooldown is not None and cooldown > present:
             return Admission(cooldown, cooldown), None, None
@@ -150,10 +160,30 @@ class Near:
         if lease is not None:
             token = self._reuse(scope, present, lease[1])
         if answers and (limit is None or permit is not None) and (lease is None or token is not None):
+            seq = None
+            if known is not None and known.counted:  # one of the announced allowance too
+                seq = self._spend_unit(scope, present)
+                if seq is None:
+                    return None, permit, token
             if permit is None and token is None:
-                return Admission(cooldown, None), None, None
-            return Granted.of(permit, cooldown, None, 0, token), None, None
+                return Admission(cooldown, None, seq), None, None
+            return Granted.of(permit, cooldown, seq, 0, token), None, None
         return None, permit, token
+
+    def _spend_unit(self, scope: str, present: datetime) -> int | None:
+        """An admission of the scope's announced allowance held here, if one is left to
+        spend at ``present``: its number."""
+        with self._lock:
+            units = self._permits.get((scope, 0, 0.0, 0.0))
+            if units is None or units.count <= 0 or units.spend_by is None:
+                return None
+            if present >= units.spend_by:
+                units.count = 0  # the reset or the hold passed: they lapse
+                return None
+            units.count -= 1
+            units.seq += 1
+            self._count(scope, 0, 0.0, 0.0, present)
+            return units.seq - 1
 
     def put_back(self, scope: str, limit: int | None, per: float | None, margin: float,
                  permit: datetime | None, token: str | None) -> None:
@@ -167,14 +197,22 @@ class Near:
         if token is not None:
             self.park(scope, token)
 
-    def batch(self, scope: str, limit: int, per: float, margin: float) -> tuple[int, float]:
-        """``(batch, hold)`` for the next store operation of the quota: one permit (no
-        hold) until the process's rate makes a batch worth it."""
-        permits = self._permits.get((scope, limit, per, margin))
-        if permits is None or permits.rate <= 0:
+    def batch(self, scope: str, limit: int | None, per: float | None, margin: float) -> tuple[int, float]:
+        """``(batch, hold)`` for the next store operation of the scope: its quota's
+        permits (or, without a quota, the admissions of its announced allowance), one
+        (no hold) until the process's rate makes a batch worth it."""
+        if limit is not None and per is not None:
+            key: _Quota = (scope, limit, per, margin)
+            longest, most = HOLD_SHARE * per, max(1, limit // 4)
+        else:
+            known = self._known.get(scope)
+            if known is None or not known.counted:
+                return 1, 0.0
+            key, longest, most = (scope, 0, 0.0, 0.0), UNIT_HOLD, BATCH_TARGET
+        permits = self._permits.get(key)
+        if permits is None or permits.rate <= 0 or not self.fresh():
             return 1, 0.0
-        longest = HOLD_SHARE * per
-        size = min(BATCH_TARGET, math.floor(permits.rate * longest), max(1, limit // 4))
+        size = min(BATCH_TARGET, math.floor(permits.rate * longest), most)
         if size < 2:
             return 1, 0.0
         return size, min(longest, 1.5 * size / permits.rate)
@@ -196,7 +234,16 @@ class Near:
                     permits.count = answer.extra
                     permits.end = answer.permit + timedelta(seconds=hold)
                     permits.spend_by = present + timedelta(seconds=hold)
+            if answer.seq is not None:
+                units = self._count(scope, 0, 0.0, 0.0, present)
+                if answer.units > 0 and answer.units_until is not None:
+                    hold = min(UNIT_HOLD, 1.5 * answer.units / units.rate) if units.rate > 0 else UNIT_HOLD
+                    units.count = answer.units
+                    units.seq = answer.seq + 1
+                    units.spend_by = min(present + timedelta(seconds=hold), answer.units_until)
             if lease is not None:
+                if len(self._held) >= KNOWN_MAX:
+                    self._held.clear()  # those slots go back to the store, not here
                 self._held[lease[2]] = (scope, present + timedelta(seconds=lease[1]))
 
     def learned(self, scope: str, until: datetime) -> None:

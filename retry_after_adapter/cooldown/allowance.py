@@ -74,6 +74,17 @@ def roll(record: Allowance, now: datetime) -> Allowance:
     return record._replace(left=record.limit, at=record.admitted, until=until, exact=True)
 
 
+def admit_more(record: Allowance, now: datetime, batch: int, reserve: int) -> tuple[Allowance, int]:
+    """After one admission was counted on ``record`` at ``now``: up to ``batch - 1``
+    more, for one process to spend before the reset, from the headroom only (what is
+    left less ``reserve``). Returns the record with them counted and how many; none
+    once the reset is past (they could not be spent in this window)."""
+    if batch <= 1 or record.until <= now:
+        return record, 0
+    extra = max(0, min(batch - 1, record.remaining - reserve))
+    return record._replace(admitted=record.admitted + extra), extra
+
+
 def admit_allowance(record: Allowance, now: datetime) -> tuple[Allowance, datetime | None]:
     """One admission at ``now``: the record to keep (rolled, the admission counted when
     granted) and None (granted) or the reset to wait for (nothing counted)."""

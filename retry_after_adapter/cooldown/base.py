@@ -69,7 +69,9 @@ class Admission(_Fields):
     were taken in the same operation for this process to spend (``admit``'s
     ``batch``), each counting ``hold`` seconds longer than ``permit``; ``token``, the
     concurrency slot the attempt holds when it is not the one asked for (a slot this
-    process already held)."""
+    process already held); ``units``, how many more admissions of the announced
+    allowance were counted for this process to spend (numbered ``seq + 1`` on) before
+    ``units_until``, the server's reset."""
 
     __slots__ = ()
 
@@ -77,6 +79,8 @@ class Admission(_Fields):
     permit: datetime | None = None
     extra: int = 0
     token: str | None = None
+    units: int = 0
+    units_until: datetime | None = None
 
 
 class Granted(Admission):
@@ -86,12 +90,14 @@ class Granted(Admission):
     @classmethod
     def of(
         cls, permit: datetime | None, cooldown: datetime | None, seq: int | None = None, extra: int = 0,
-        token: str | None = None,
+        token: str | None = None, units: int = 0, units_until: datetime | None = None,
     ) -> Granted:
         granted = cls(cooldown, None, seq, False)
         granted.permit = permit
         granted.extra = extra
         granted.token = token
+        granted.units = units
+        granted.units_until = units_until
         return granted
 
 
@@ -136,6 +142,12 @@ def extra_permits(batch: int, free: int, limit: int) -> int:
     the headroom only (``free`` permits left before the first is taken, less a quarter
     of ``limit``), so that a quota near its limit is spent one permit at a time."""
     return max(0, min(batch - 1, free - 1 - limit // 4))
+
+
+def allowance_reserve(limit: int, left: int) -> int:
+    """What a batch leaves of an announced allowance: a quarter of the server's limit
+    (of what it announced left, while the limit is unknown)."""
+    return (limit if limit > 0 else left) // 4
 
 
 def check_scope(scope: object) -> str:
@@ -191,7 +203,9 @@ class Store(ABC):
         spend within ``hold`` seconds of the grant; each counts ``per + margin + hold``
         seconds from the grant, so an arrival at the server still falls inside what the
         store counts. The store grants extras only from headroom: at most the free
-        permits less a quarter of the limit (see :func:`extra_permits`)."""
+        permits less a quarter of the limit (see :func:`extra_permits`). Likewise, up to
+        ``batch - 1`` more admissions of an announced allowance are counted, from what
+        is left less a quarter of the server's limit (``Granted.units``)."""
 
     @abstractmethod
     def release(self, scope: str, token: str) -> None:

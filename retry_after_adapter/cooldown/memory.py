@@ -12,8 +12,18 @@ from typing import Any
 
 from .. import _forksafe
 from ..errors import ConfigurationError
-from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance, roll
-from .base import Admission, Granted, Hold, Lease, Store, check_scope, check_until, extra_permits
+from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance, roll
+from .base import (
+    Admission,
+    Granted,
+    Hold,
+    Lease,
+    Store,
+    allowance_reserve,
+    check_scope,
+    check_until,
+    extra_permits,
+)
 from .freshness import Freshness, check_outcome, merge_note
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
@@ -250,9 +260,11 @@ class MemoryCooldownStore(Store):
             if busy is not None:
                 return Admission(cooldown, _as_datetime(busy), None, True)
         seq = None
+        units = 0
         if rolled is not None:
-            self._allowance[scope] = rolled
             seq = rolled.admitted - 1
+            rolled, units = admit_more(rolled, now, batch, allowance_reserve(rolled.limit, rolled.left))
+            self._allowance[scope] = rolled
         if key is not None:
             self._take_permit(scope, key, at + key[2])
             extra = 0
@@ -262,7 +274,12 @@ class MemoryCooldownStore(Store):
                 later = at + key[2] + round(hold * 1_000_000)
                 for _ in range(extra):
                     self._take_permit(scope, key, later)
-            return Granted.of(now + key[3], cooldown, seq, extra)  # the same instant as at + key[2]
+            until = rolled.until if units and rolled is not None else None
+            # now + key[3]: the same instant as at + key[2]
+            return Granted.of(now + key[3], cooldown, seq, extra, None, units, until)
+        if units:
+            assert rolled is not None
+            return Granted.of(None, cooldown, seq, 0, None, units, rolled.until)
         if seq is None:
             return _ADMITTED if cooldown is None else Admission(cooldown, None)
         return Admission(cooldown, None, seq)

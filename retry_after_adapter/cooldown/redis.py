@@ -308,13 +308,15 @@ class RedisCooldownStore(Store):
         except Exception as exc:
             raise self._failure("admit", exc) from exc
         try:
-            cooldown, wait, seq, busy, permit, extra = (int(value) for value in reply)
+            cooldown, wait, seq, busy, permit, extra, units, reset = (int(value) for value in reply)
         except (TypeError, ValueError):
             raise CooldownStoreError("the Redis admit script returned an unexpected reply") from None
         known = _ms_or_none(cooldown) if together else stored
         number = None if seq < 0 else seq
-        if permit >= 0 and wait < 0:
-            return Granted.of(from_epoch_ms(permit), known, number, extra)
+        if wait < 0 and (permit >= 0 or units > 0):
+            until = from_epoch_ms(reset) if units > 0 else None
+            end = from_epoch_ms(permit) if permit >= 0 else None
+            return Granted.of(end, known, number, extra, None, units, until)
         return Admission(known, _ms_or_none(wait), number, bool(busy))
 
     def settle(

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from ..errors import ConfigurationError, CooldownStoreError
 from ._ms import from_epoch_ms, now_epoch_ms, present_ms, to_epoch_ms, window_ms
 from ._sqlite_file import CHANGES_KEPT, DEFAULT_TIMEOUT, SQLiteFile, immediate
-from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, merge_allowance, roll
+from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance, roll
 from .base import (
     Admission,
     Changed,
@@ -33,6 +33,7 @@ from .base import (
     Hold,
     Lease,
     Store,
+    allowance_reserve,
     check_scope,
     check_until,
     extra_permits,
@@ -285,10 +286,15 @@ class SQLiteCooldownStore(SQLiteFile, Store):
             expires = now_ms + window_ms(lease[1])
             conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, lease[2], expires))
         seq = None
+        units = 0
         if rolled is not None:
-            self._put_allowance(conn, scope, rolled)
             seq = rolled.admitted - 1
+            rolled, units = admit_more(rolled, now, batch, allowance_reserve(rolled.limit, rolled.left))
+            self._put_allowance(conn, scope, rolled)
+        until = rolled.until if units and rolled is not None else None
         if quota is None:
+            if units:
+                return Granted.of(None, cooldown, seq, 0, None, units, until)
             return Admission(cooldown, None, seq)
         extra = 0
         if batch > 1 and limit is not None:
@@ -302,7 +308,7 @@ class SQLiteCooldownStore(SQLiteFile, Store):
                 [(scope, quota[0], later)] * extra,
             )
         self._take_permit(conn, scope, quota[0], now_ms + quota[1])
-        return Granted.of(from_epoch_ms(now_ms + quota[1]), cooldown, seq, extra)
+        return Granted.of(from_epoch_ms(now_ms + quota[1]), cooldown, seq, extra, None, units, until)
 
     def feed(self, changed: Changed) -> Feed | None:
         """The file's change log, checked before each attempt (see ``SQLiteFeed``); None

@@ -8,7 +8,8 @@
 -- the batch (permits asked for, 1: one) and the hold (ms) of the extra ones.
 -- Returns {cooldown or -1, -1 when admitted or when to ask again, the admission number
 -- or -1, 1 when only a slot was missing, when the permit taken stops counting or -1,
--- the extra permits taken (each counting hold ms longer)}.
+-- the extra permits taken (each counting hold ms longer), the extra admissions of the
+-- announced allowance counted (numbered after this one's), and its reset or -1}.
 
 -- One quota's permits on a permit set (a sorted set, score = when a permit stops
 -- counting: its grant + per + margin, epoch ms): drops the permits that stopped
@@ -33,7 +34,7 @@ local cooldown = -1
 if ARGV[5] == '1' then
   local stored = tonumber(redis.call('GET', KEYS[1]))
   if stored ~= nil then
-    if stored > now then return {stored, stored, -1, 0, -1, 0} end
+    if stored > now then return {stored, stored, -1, 0, -1, 0, 0, -1} end
     cooldown = stored
   end
 end
@@ -42,21 +43,21 @@ if rec ~= nil then
   local rolled = roll(rec, now)
   if rec.u > now and rec.r - (rec.n - rec.a) <= 0 then
     if rolled then save(KEYS[3], rec, tonumber(ARGV[6])) end
-    return {cooldown, rec.u, -1, 0, -1, 0}
+    return {cooldown, rec.u, -1, 0, -1, 0, 0, -1}
   end
 end
 local counts = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 if counts > 0 then
   local refused = take_permit(KEYS[2], now, counts, limit, ARGV[4], false)
-  if refused >= 0 then return {cooldown, refused, -1, 0, -1, 0} end
+  if refused >= 0 then return {cooldown, refused, -1, 0, -1, 0, 0, -1} end
 end
 local slots = tonumber(ARGV[7])
 if slots > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
   if redis.call('ZCARD', KEYS[4]) >= slots then
     local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-    return {cooldown, tonumber(first[2]), -1, 1, -1, 0}
+    return {cooldown, tonumber(first[2]), -1, 1, -1, 0, 0, -1}
   end
   redis.call('ZADD', KEYS[4], now + tonumber(ARGV[8]), ARGV[9])
   redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[8]) + 1000)
@@ -79,7 +80,18 @@ if counts > 0 then
     if extra > 0 then redis.call('PEXPIREAT', KEYS[2], later + 1000) end
   end
 end
-if rec == nil then return {cooldown, -1, -1, 0, permit, extra} end
+if rec == nil then return {cooldown, -1, -1, 0, permit, extra, 0, -1} end
+local seq = rec.n
 rec.n = rec.n + 1
+-- More admissions of the announced allowance for the batch, before the reset and from
+-- the headroom only (allowance.admit_more, base.allowance_reserve).
+local units = 0
+local batch = tonumber(ARGV[10])
+if batch > 1 and rec.u > now then
+  local base = rec.l
+  if base <= 0 then base = rec.r end
+  units = math.max(0, math.min(batch - 1, rec.r - (rec.n - rec.a) - math.floor(base / 4)))
+  rec.n = rec.n + units
+end
 save(KEYS[3], rec, tonumber(ARGV[6]))
-return {cooldown, -1, rec.n - 1, 0, permit, extra}
+return {cooldown, -1, seq, 0, permit, extra, units, rec.u}
