@@ -101,9 +101,13 @@ class Near:
     """The near copy (see the module). Thread-safe; made by the failure layer when its
     store has a change feed."""
 
-    def __init__(self, give_back: Callable[[str, str], None], ttl_default: float = 60.0) -> None:
+    def __init__(
+        self, give_back: Callable[[str, str], None], learn: Callable[[str, datetime], object] | None = None
+    ) -> None:
         #: Gives a slot back to the store (the failure layer's release).
         self._give_back = give_back
+        #: Keeps a pushed cooldown in the failure layer's local copy (later wins).
+        self._learn = learn
         self._lock = threading.Lock()
         self._known: dict[str, _Known] = {}
         #: Goes up at every change delivered: an answer read across one is not kept.
@@ -120,18 +124,32 @@ class Near:
         self.feed: Feed | None = None
 
     # -- the feed ------------------------------------------------------------------
-    def changed(self, scope: str | None) -> None:
-        """The feed's news: ``scope`` changed (None: anything may have)."""
+    def changed(self, scope: str | None, until: datetime | None = None) -> None:
+        """The feed's news: ``scope`` changed (None: anything may have); ``until``: its
+        cooldown moved to that (kept, later wins, here and in the failure layer's local
+        copy, so a store that fails next still holds the scope back), else the scope is
+        read again."""
+        if scope is not None and until is not None and self._learn is not None:
+            self._learn(scope, until)
         with self._lock:
             self.epoch += 1
             if scope is None:
                 self._known.clear()
-            else:
+                return
+            known = self._known.get(scope)
+            if until is None or known is None:
                 self._known.pop(scope, None)
+            elif known.cooldown is None or until > known.cooldown:
+                self._known[scope] = known._replace(cooldown=until)
 
     def knows(self, scope: str) -> bool:
         """Whether the copy holds what the store said of ``scope``."""
         return scope in self._known
+
+    def cooldown_of(self, scope: str) -> datetime | None:
+        """The cooldown the copy holds for ``scope`` (None: none, or not known)."""
+        known = self._known.get(scope)
+        return None if known is None else known.cooldown
 
     def fresh(self) -> bool:
         feed = self.feed

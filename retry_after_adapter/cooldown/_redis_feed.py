@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _forksafe
+from ._ms import from_epoch_ms
 from .base import Changed, Feed
 
 __all__ = ["CHANNEL", "PING_EVERY", "STALE_AFTER", "RedisFeed"]
@@ -119,7 +120,7 @@ class RedisFeed(Feed):
         kind = message.get("type")
         if kind in ("subscribe", b"subscribe") and not confirmed:
             self.subscriptions += 1
-            self._changed(None)  # what was published before is unknown: start over
+            self._changed(None, None)  # what was published before is unknown: start over
             if self._warned:
                 self._warned = False
                 log.info("the cooldown store's change channel is back")
@@ -128,9 +129,20 @@ class RedisFeed(Feed):
             self._deliver(message.get("data"))
         return confirmed
     def _deliver(self, data: object) -> None:
+        """``"c <ms> <scope>"``: a cooldown moved to that time; ``"a 0 <scope>"``: an
+        allowance announced; ``"d 0 <scope>"``: lifted. Anything else: start over."""
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
         parts = text.split(" ", 2)
-        self._changed(parts[2] if len(parts) == 3 and parts[2] else None)
+        if len(parts) != 3 or not parts[2]:
+            self._changed(None, None)
+            return
+        until = None
+        if parts[0] == "c":
+            try:
+                until = from_epoch_ms(int(parts[1]))
+            except (ValueError, OverflowError):
+                until = None
+        self._changed(parts[2], until)
 
     def _after_fork(self) -> None:
         """In a forked child: the parent's thread and connection are not this process's."""

@@ -116,8 +116,9 @@ class Feed(ABC):
         """Stop the feed (its thread and connection, if it has any)."""
 
 
-#: What a feed calls with each changed scope (None: anything may have changed).
-Changed = Callable[[str | None], None]
+#: What a feed calls with each changed scope (None: anything may have changed) and, when
+#: the news says, the scope's new cooldown (None: read it again).
+Changed = Callable[[str | None, datetime | None], None]
 
 
 #: ``(slots, ttl seconds, token)``: a concurrency slot to take with an admission.

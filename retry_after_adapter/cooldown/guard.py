@@ -110,7 +110,7 @@ class StoreGuard(WriteBack, Store):
         self._init_health(inner, time.monotonic)
         #: The near copy, when the store has a change feed (see ``_near``).
         self.near: Near | None = None
-        near = Near(self._release_now)
+        near = Near(self._release_now, self.local.extend)
         feed = inner.feed(near.changed)
         if feed is not None:
             near.feed = feed
@@ -207,8 +207,7 @@ class StoreGuard(WriteBack, Store):
             return answer
         ask = None if permit is not None else limit
         ask_lease = None if token is not None or lease is None else near.lease_for(lease)
-        if permit is None:
-            batch, hold = near.batch(scope, ask, per, margin)
+        batch, hold = near.batch(scope, ask, per, margin)
         epoch = near.epoch
         answer = self._admit_store(scope, now, ask, per, ask_lease, margin, budget, present, batch, hold)
         if answer.not_before is not None:

@@ -526,17 +526,17 @@ class SQLiteFeed(Feed):
             if self._generation != self._store.generation or self._seen is None:
                 self._seen = int(conn.execute("SELECT coalesce(max(seq), 0) FROM change").fetchone()[0])
                 self._generation = self._store.generation
-                self._changed(None)
+                self._changed(None, None)
             else:
                 rows = conn.execute(
                     "SELECT seq, scope FROM change WHERE seq > ? ORDER BY seq LIMIT ?",
                     (self._seen, CHANGES_KEPT),
                 ).fetchall()
                 if rows and (rows[0][0] != self._seen + 1 or len(rows) == CHANGES_KEPT):
-                    self._changed(None)  # fell behind what the log keeps: start over
+                    self._changed(None, None)  # fell behind what the log keeps: start over
                 else:
                     for _, scope in rows:
-                        self._changed(str(scope))
+                        self._changed(str(scope), None)
                 if rows:
                     self._seen = int(rows[-1][0])
         self._versions.mark = mark
