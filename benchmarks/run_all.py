@@ -31,6 +31,7 @@ BENCHMARKS = {
     "stores": ("bench_stores.py", "stores.json"),
     "memory_store": ("bench_memory_store.py", "memory_store.json"),
     "faults": ("bench_faults.py", "faults.json"),
+    "push": ("bench_push.py", "bench_push.json"),
 }
 
 

@@ -318,3 +318,15 @@ def test_faults_quick(tmp_path: Path, redis_binary: str) -> None:
         assert took[0] <= 0.35 and max(took[1:]) < 0.1, (name, took)
     for mix in results["SQLite contention: 8 processes x 16 threads doing only store operations"].values():
         assert mix["raised"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_push_quick(tmp_path: Path, redis_binary: str) -> None:
+    doc = run_quick("bench_push.py", tmp_path)
+    rows = {(r["store"], r["push"]): r for r in doc["results"]}
+    assert set(rows) == {("sqlite", True), ("sqlite", False), ("redis", True), ("redis", False)}
+    for row in rows.values():
+        # Every trial saw the cooldown (the figures are the benchmark's to show).
+        assert row["missed"] == 0 and row["trials"] == 20, row
+        assert row["stale_ms"]["min"] >= 0
