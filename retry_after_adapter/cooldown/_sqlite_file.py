@@ -215,6 +215,8 @@ class SQLiteFile:
         self._ident: tuple[int, int] | None = None
         self._version: tuple[int, int] | None = None
         self._bad = False
+        #: When (time.monotonic()) the file's identity was last checked.
+        self.checked_at = 0.0
         self.replaced_reason = ""
         _forksafe.register(self)
         self._run(lambda conn: None)  # open now: a bad file fails here, not on the first 429
@@ -299,6 +301,7 @@ class SQLiteFile:
     def _check_file(self) -> None:
         """Notice a file deleted or replaced (a new generation: every thread reopens)
         or overwritten with something that is not a database (raise)."""
+        self.checked_at = time.monotonic()
         ident, version = _file_state(self._path)
         if ident != self._ident or version != self._version:
             with self._lock:
