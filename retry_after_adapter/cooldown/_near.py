@@ -233,7 +233,8 @@ class Near:
         size = min(BATCH_TARGET, math.floor(permits.rate * longest), most)
         if size < 2:
             return 1, 0.0
-        return size, min(longest, 1.5 * size / permits.rate)
+        # Whole milliseconds: every store keeps the extras' end exactly as computed here.
+        return size, math.floor(min(longest, 1.5 * size / permits.rate) * 1000) / 1000
 
     def took(
         self, scope: str, present: datetime, answer: Admission, epoch: int, limit: int | None,

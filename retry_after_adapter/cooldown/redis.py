@@ -302,7 +302,7 @@ class RedisCooldownStore(Store):
             self.companion(scope, "lease"),
         ]
         args = [now_epoch_ms(when), *_permit_args(limit, per, margin), "1" if together else "0"]
-        args += [int(ALLOWANCE_KEPT * 1000), *_lease_args(lease), int(batch), math.ceil(hold * 1000)]
+        args += [int(ALLOWANCE_KEPT * 1000), *_lease_args(lease), int(batch), round(hold * 1000)]
         try:
             reply = self._admit_script(keys=keys, args=[str(arg) for arg in args])
         except Exception as exc:

@@ -303,7 +303,7 @@ class SQLiteCooldownStore(SQLiteFile, Store):
                 "SELECT count(*) FROM permit_log WHERE scope = ? AND quota = ?", (scope, quota[0])
             ).fetchall()[0][0]
             extra = extra_permits(batch, limit - int(live), limit)
-            later = now_ms + quota[1] + math.ceil(hold * 1000)
+            later = now_ms + quota[1] + round(hold * 1000)  # whole ms (see Near.batch)
             conn.executemany(
                 "INSERT INTO permit_log (scope, quota, expires_ms) VALUES (?, ?, ?)",
                 [(scope, quota[0], later)] * extra,
