@@ -90,6 +90,7 @@ class _Slot(NamedTuple):
     token: str
     expires: datetime  # the lease's end (a lower bound of the store's)
     idle_since: float  # time.monotonic() when it was given back (0: in use)
+    cap: int  # the concurrency cap it was taken under
 
 
 #: ``(scope, limit, per, margin)``: one quota's batch; ``(scope, 0, 0.0, 0.0)``: the
@@ -115,7 +116,7 @@ class Near:
         self._permits: dict[_Quota, _Permits] = {}
         #: Slots this process holds: per scope, the idle ones; every held token's scope.
         self._idle: dict[str, list[_Slot]] = {}
-        self._held: dict[str, tuple[str, datetime]] = {}
+        self._held: dict[str, tuple[str, datetime, int]] = {}
         #: Slots to give back to the store on the reaper thread (scope, token).
         self._due: list[tuple[str, str]] = []
         self._reaper: threading.Thread | None = None
@@ -176,7 +177,7 @@ class Near:
             permit = self._spend(scope, limit, per, margin, present)
         token = None
         if lease is not None:
-            token = self._reuse(scope, present, lease[1])
+            token = self._reuse(scope, present, lease[1], lease[0])
         if answers and (limit is None or permit is not None) and (lease is None or token is not None):
             seq = None
             if known is not None and known.counted:  # one of the announced allowance too
@@ -263,7 +264,7 @@ class Near:
             if lease is not None:
                 if len(self._held) >= KNOWN_MAX:
                     self._held.clear()  # those slots go back to the store, not here
-                self._held[lease[2]] = (scope, present + timedelta(seconds=lease[1]))
+                self._held[lease[2]] = (scope, present + timedelta(seconds=lease[1]), lease[0])
 
     def learned(self, scope: str, until: datetime) -> None:
         """This process wrote a cooldown (later wins): the copy keeps it."""
@@ -310,21 +311,28 @@ class Near:
             return permits.end
 
     # -- slots -----------------------------------------------------------------------
-    def _reuse(self, scope: str, present: datetime, ttl: float) -> str | None:
-        """A slot this process holds idle on ``scope`` with at least ``ttl`` seconds of
-        lease left, taken for an attempt (None: none)."""
+    def _reuse(self, scope: str, present: datetime, ttl: float, cap: int) -> str | None:
+        """A slot this process holds idle on ``scope``, taken under the same cap, with
+        at least ``ttl`` seconds of lease left, taken for an attempt (None: none). A slot
+        taken under another cap is not reused: the store counted it against that cap,
+        and an attempt under a smaller one must be counted again."""
         with self._lock:
             idle = self._idle.get(scope)
-            while idle:
-                slot = idle.pop()
+            if not idle:
+                return None
+            found = None
+            for slot in reversed(list(idle)):
+                if slot.cap != cap:
+                    continue
+                idle.remove(slot)
                 if (slot.expires - present).total_seconds() >= ttl:
-                    if not idle:
-                        del self._idle[scope]
-                    return slot.token
+                    found = slot.token
+                    break
                 self._held.pop(slot.token, None)
                 self._later(scope, slot.token)
-            self._idle.pop(scope, None)
-            return None
+            if not idle:
+                del self._idle[scope]
+            return found
 
     def park(self, scope: str, token: str) -> bool:
         """An attempt gave its slot back: keep it idle here for :data:`IDLE` seconds
@@ -333,7 +341,7 @@ class Near:
             held = self._held.get(token)
             if held is None or held[0] != scope:
                 return False
-            self._idle.setdefault(scope, []).append(_Slot(token, held[1], time.monotonic()))
+            self._idle.setdefault(scope, []).append(_Slot(token, held[1], time.monotonic(), held[2]))
             self._wake()
             return True
 
