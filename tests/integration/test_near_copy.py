@@ -23,6 +23,9 @@ batching is checked at explicit times).
 from __future__ import annotations
 
 import json
+import multiprocessing
+import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -41,12 +44,13 @@ from retry_after_adapter import (
     RetryAfterAdapter,
     RetryAfterRetry,
 )
-from retry_after_adapter.cooldown._near import Near
+from retry_after_adapter.cooldown._near import IDLE, Near
 from retry_after_adapter.cooldown.guard import guard_of
 
 from ..conftest import RedisServer, local_deferral
 from . import near_children
 from .conftest import process_store_place
+from .test_concurrency import HoldingServer
 from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
@@ -408,3 +412,237 @@ def test_a_killed_and_restarted_redis_during_push_never_leaves_a_stale_answer(
         f"{took * 1000:.0f} ms after the restart began; then pushed in {pushed * 1000:.2f} ms"
     )
     guard_of(store).close()
+
+
+# ============================================= 3. a SIGKILLed worker's batch and slots
+LIMIT, PER, HOLD, TTL = 20, 0.8, 0.08, 0.5
+MS = timedelta(milliseconds=1)
+
+
+def take_all(
+    store: Any, scope: str, now: datetime | None, margin: float = 5.0
+) -> tuple[int, datetime | None]:
+    """Take permits of ``Quota(LIMIT, PER)`` at ``now`` (None: the real present) until
+    one is refused: how many were taken, and when the refusal says to ask again. (With
+    a long ``margin``, the test's own permits outlast everything it looks at.)"""
+    for taken in range(2 * LIMIT + 1):
+        not_before = store.admit(scope, now, LIMIT, PER, None, margin).not_before
+        if not_before is not None:
+            return taken, not_before
+    raise AssertionError(f"more than {2 * LIMIT} permits of a quota of {LIMIT}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_sigkilled_worker_s_slots_come_back_at_their_lease_end_and_its_batch_counts_until_its_end(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A worker takes two concurrency slots through its near copy (``lease_ttl`` 0.5 s:
+    leases of 0.5 + 0.125 s; one in use, one held idle) and a batch of 8 permits of
+    ``Quota(20, per=0.8)`` (7 extra, ``hold`` 0.08 s), then SIGKILLs itself.
+
+    Its slots: both still held right after; back at their lease's end, not before.
+    Its permits: this process can take exactly 20 - 8 right after; the first comes
+    back at its end (grant + per), the 7 extra ones at theirs (grant + per + hold), not
+    a millisecond before (asked at explicit times); then, on the real clock, the 7 are
+    taken: this process holds all 20."""
+    where = where_for(kind, tmp_path, request)
+    prefix = "killed:"
+    store = open_store(kind, where, prefix)  # plain store operations: no near copy here
+    scope = "killed-worker"
+    done = child("hold_then_die", kind, where, prefix, scope, str(LIMIT), str(PER), str(HOLD), str(TTL))
+    assert done.returncode == -signal.SIGKILL, (done.returncode, done.stderr[-2000:])
+    worker = reported(done)
+    assert worker["extra"] == 7, worker  # from the headroom: 20 free, less 1 and 20 // 4
+    permit_end = datetime.fromtimestamp(worker["permit_ms"] / 1000, UTC)
+    extras_end = permit_end + timedelta(seconds=HOLD)
+    lease = TTL + TTL / 4  # what the near copy asks for a slot it may keep
+    lease_low = datetime.fromtimestamp(worker["before"], UTC) + timedelta(seconds=lease) - MS
+    lease_high = datetime.fromtimestamp(worker["after"], UTC) + timedelta(seconds=lease) + 2 * MS
+
+    # -- the slots: both held by the dead worker, until its leases end
+    busy_until = store.lease(scope, 2, 5.0, None, "probe")
+    assert busy_until is not None, "the killed worker's slots were not held"
+    assert lease_low <= busy_until <= lease_high, (
+        f"the killed worker's leases end {busy_until}, not within [{lease_low}, {lease_high}] "
+        f"(ttl {TTL} + {TTL / 4})"
+    )
+
+    # -- its permits: counted, each until its own end
+    taken, not_before = take_all(store, scope, None)
+    assert (taken, not_before) == (LIMIT - 8, permit_end), (taken, not_before, permit_end)
+    assert take_all(store, scope, permit_end - MS) == (0, permit_end)
+    assert take_all(store, scope, permit_end) == (1, extras_end)  # its first permit, at its end
+    assert take_all(store, scope, extras_end - MS) == (0, extras_end)  # the extra ones still count
+
+    # -- on the real clock: the slots come back at their leases' ends, not before
+    granted: list[datetime] = []
+    last_refused = None
+    deadline = time.monotonic() + 1.5
+    while len(granted) < 2 and time.monotonic() < deadline:
+        asked = datetime.now(UTC)
+        if store.lease(scope, 2, 5.0, None, f"parent-{len(granted)}") is None:
+            granted.append(datetime.now(UTC))
+            continue
+        last_refused = asked
+        time.sleep(0.005)
+    assert len(granted) == 2, f"the killed worker's slots did not come back ({len(granted)} of 2)"
+    assert granted[0] >= busy_until, f"a slot came back at {granted[0]}, before its lease's end {busy_until}"
+    assert granted[1] <= lease_high + timedelta(seconds=0.2), (granted, lease_high)
+    assert last_refused is not None and last_refused < lease_high
+
+    # -- and the extra permits lapse at their end: this process then holds all 20
+    left = (extras_end - datetime.now(UTC)).total_seconds()
+    if left > 0:
+        time.sleep(left + 0.002)
+    taken, _ = take_all(store, scope, None)
+    assert taken == 7, f"after the worker's batch lapsed this process took {taken} more permits, not 7"
+
+
+# ============================================= 4. slots held per process go back
+class Slots:
+    """What the shared store says of one scope's concurrency slots, read with a
+    connection of the test's own: the leases held now, and how many slots were taken
+    since :meth:`start` (SQLite: a trigger of the test's own counts every lease row
+    written; Redis: every slot is given back with one ``ZREM``, counted by the server's
+    ``INFO commandstats``, so once all are back that is how many were taken)."""
+
+    def __init__(self, kind: str, where: str, prefix: str, request: pytest.FixtureRequest) -> None:
+        self.kind = kind
+        self.where = where
+        self.store = open_store(kind, where, prefix)
+        self.client = request.getfixturevalue("redis_client") if kind == "redis" else None
+        self.base = 0
+
+    def start(self) -> Slots:
+        if self.kind == "sqlite":
+            with closing(sqlite3.connect(self.where, timeout=5)) as db, db:
+                db.execute("CREATE TABLE IF NOT EXISTS test_slot_taken (token TEXT)")
+                db.execute(
+                    "CREATE TRIGGER IF NOT EXISTS test_slot_taken AFTER INSERT ON lease "
+                    "BEGIN INSERT INTO test_slot_taken VALUES (NEW.token); END"
+                )
+                db.execute("DELETE FROM test_slot_taken")
+        else:
+            self.base = self._zrems()
+        return self
+
+    def _zrems(self) -> int:
+        stats = self.client.info("commandstats")
+        return int(stats.get("cmdstat_zrem", {}).get("calls", 0))
+
+    def taken(self) -> int:
+        if self.kind == "sqlite":
+            with closing(sqlite3.connect(self.where, timeout=5)) as db:
+                return int(db.execute("SELECT count(DISTINCT token) FROM test_slot_taken").fetchone()[0])
+        return self._zrems() - self.base
+
+    def held(self, scope: str) -> int:
+        """Leases of ``scope`` in the store that have not expired (nothing given back
+        first: slots a process keeps idle count)."""
+        now_ms = int(time.time() * 1000)
+        if self.kind == "sqlite":
+            with closing(sqlite3.connect(self.where, timeout=5)) as db:
+                row = db.execute(
+                    "SELECT count(*) FROM lease WHERE scope = ? AND expires_ms > ?", (scope, now_ms)
+                ).fetchone()
+            return int(row[0])
+        return int(self.client.zcount(self.store.companion(scope, "lease"), f"({now_ms}", "+inf"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_idle_slot_goes_back_by_itself_and_calls_in_a_row_reuse_one(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, origin: ThrottleServer
+) -> None:
+    """Five calls in a row (``max_concurrency=2``, ``lease_ttl=30``: no lease expires
+    here) take one slot from the store; right after the last, the process still holds
+    it (idle, for its next attempt); within 0.5 s, without ``release_all``, the store
+    holds none."""
+    where = where_for(kind, tmp_path, request)
+    prefix = "idle:"
+    slots = Slots(kind, where, prefix, request).start()
+    store = open_store(kind, where, prefix)
+    scope = scope_of(origin)
+    origin.serve([Reply(200)])
+    s = session(store, max_concurrency=2, lease_ttl=30)
+    fresh_near(store)
+    for _ in range(5):
+        assert s.get(origin.url).status_code == 200
+    held_after = slots.held(scope)
+    gone = wait_for(lambda: slots.held(scope) == 0, 0.5, step=0.005)
+    assert held_after == 1, f"right after the call the store held {held_after} leases, not the idle one"
+    assert gone is not None, f"the idle slot was not given back within 0.5 s ({slots.held(scope)} held)"
+    assert gone >= IDLE / 2, (
+        f"the idle slot went back after {gone:.3f} s: it was not kept for the next attempt"
+    )
+    assert slots.taken() == 1, f"five calls in a row took {slots.taken()} slots from the store, not one"
+    print(f"\n{kind}: the idle slot went back {gone * 1000:.0f} ms after the last call")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_process_that_exits_gives_its_held_slots_back_at_once(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, origin: ThrottleServer
+) -> None:
+    """A child makes one call (``lease_ttl=30``: its lease would last 35 s) and exits:
+    with ``os._exit`` (no exit hook: the slot it held idle stays in the store, which
+    shows what the hooks are for), normally (``atexit``), and as a ``spawn``
+    multiprocessing worker (which ends through multiprocessing's exit function, not
+    ``atexit``): after a normal exit the store holds no lease of it, at once."""
+    where = where_for(kind, tmp_path, request)
+    prefix = "exit:"
+    slots = Slots(kind, where, prefix, request)
+    origin.serve([Reply(200)])
+    scope = scope_of(origin)
+
+    done = child("call_then_exit", kind, where, prefix, origin.url, "abrupt")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert slots.held(scope) == 1, "a child that skipped its exit hooks left no lease: nothing to show"
+    slots.store.delete(scope)  # the operator's clear: the abandoned lease is gone
+
+    done = child("call_then_exit", kind, where, prefix, origin.url, "normal")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert slots.held(scope) == 0, "a child that exited normally left its held slot in the store"
+
+    ctx = multiprocessing.get_context("spawn")
+    worker = ctx.Process(target=near_children.call_in_worker, args=(kind, where, prefix, origin.url))
+    worker.start()
+    worker.join(60)
+    assert worker.exitcode == 0
+    assert slots.held(scope) == 0, "a multiprocessing worker that ended left its held slot in the store"
+    assert origin.count() == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_four_processes_of_four_threads_reuse_slots_and_never_exceed_the_cap(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """``max_concurrency=3`` across 4 spawned processes x 4 threads, 3 calls each, on a
+    server that holds each request 30 ms: the server never has more than 3 at once,
+    fewer slots than calls were taken from the store (held slots were reused), and once
+    the processes have ended the store holds none."""
+    where = where_for(kind, tmp_path, request)
+    prefix = "fleet-slots:"
+    slots = Slots(kind, where, prefix, request).start()
+    holding = HoldingServer(0.03)
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        procs = [
+            ctx.Process(target=near_children.slots_worker, args=(holding.url, kind, where, prefix, 4, 3))
+            for _ in range(4)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+    finally:
+        holding.close()
+    scope = holding.url.rsplit("/", 1)[0]
+    assert holding.total == 48
+    assert holding.most <= 3, f"the server held {holding.most} requests at once (cap 3)"
+    assert slots.held(scope) == 0, "slots were left in the store by processes that ended normally"
+    taken = slots.taken()
+    assert 3 <= taken < 48, f"{taken} slots were taken for 48 calls: held slots were not reused"
+    print(
+        f"\n{kind}: 48 calls under a cap of 3 took {taken} slots from the store; at most {holding.most} at once"
+    )
