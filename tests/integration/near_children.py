@@ -132,22 +132,24 @@ def slots_worker(url: str, kind: str, where: str, prefix: str, threads: int, cal
 
 
 class _Counted:
-    """Counts this process's admit operations on the store and the extra permits they
-    took (a store subclass: every operation still goes to the real store)."""
+    """Counts this process's admit operations on the store that granted a permit, and
+    the extra permits they took (a store subclass: every operation still goes to the
+    real store)."""
 
     def _init_counts(self) -> None:
         self.counts_lock = threading.Lock()
-        self.admits = 0
+        self.grants = 0
         self.batches = 0
         self.extras = 0
 
     def admit(self, *args: Any, **kwargs: Any) -> Any:
         answer = super().admit(*args, **kwargs)  # type: ignore[misc]
-        with self.counts_lock:
-            self.admits += 1
-            if answer.extra:
-                self.batches += 1
-                self.extras += answer.extra
+        if answer.permit is not None and answer.not_before is None:
+            with self.counts_lock:
+                self.grants += 1
+                if answer.extra:
+                    self.batches += 1
+                    self.extras += answer.extra
         return answer
 
 
@@ -168,32 +170,41 @@ def quota_worker(
     kind: str,
     where: str,
     prefix: str,
-    limit: int,
-    per: float,
+    quota: tuple[int, float],
     threads: int,
+    paced: tuple[float, float],
     seconds: float,
     barrier: Any,
     results: Any,
 ) -> None:
-    """``threads`` threads GET ``url`` under ``Quota(limit, per)`` for ``seconds`` after
-    every process is ready; reports what was sent and what the store operations were."""
+    """``threads`` threads GET ``url`` under ``Quota(*quota)`` after every process is
+    ready: for ``paced[0]`` seconds each at most one request every ``paced[1]``
+    seconds, then as fast as the quota lets them, until ``seconds`` have passed.
+    Reports what was sent and the store operations that granted permits."""
     store = open_store(kind, where, prefix, CountedSQLite if kind == "sqlite" else CountedRedis)
     sessions = []
     for _ in range(threads):
         s = requests.Session()
         s.mount("http://", RetryAfterAdapter(
-            RetryAfterRetry(total=0, max_wait=0.5), cooldown=store, quota=Quota(limit, per=per),
+            RetryAfterRetry(total=0, max_wait=0.5), cooldown=store, quota=Quota(quota[0], per=quota[1]),
             store_failure="closed",
         ))  # fmt: skip
         sessions.append(s)
     counts = [0, 0, 0]
     lock = threading.Lock()
     barrier.wait(60)
-    stop = time.monotonic() + seconds
+    start = time.monotonic()
+    fast, stop = start + paced[0], start + seconds
 
     def run(s: requests.Session) -> None:
         sent = deferred = errors = 0
-        while time.monotonic() < stop:
+        next_at = time.monotonic()
+        while (now := time.monotonic()) < stop:
+            if now < fast:
+                if now < next_at:
+                    time.sleep(min(next_at, fast) - now)
+                    continue
+                next_at += paced[1]
             try:
                 response = s.get(url, timeout=5)
             except requests.RequestException:
@@ -216,7 +227,7 @@ def quota_worker(
     results.put(
         {
             "sent": counts[0], "deferred": counts[1], "errors": counts[2],
-            "admits": store.admits, "batches": store.batches, "extras": store.extras,
+            "grants": store.grants, "batches": store.batches, "extras": store.extras,
         }
     )  # fmt: skip
 

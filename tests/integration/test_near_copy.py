@@ -51,6 +51,7 @@ from ..conftest import RedisServer, local_deferral
 from . import near_children
 from .conftest import process_store_place
 from .test_concurrency import HoldingServer
+from .test_promise_quota import ArrivalServer
 from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
@@ -646,3 +647,75 @@ def test_four_processes_of_four_threads_reuse_slots_and_never_exceed_the_cap(
     print(
         f"\n{kind}: 48 calls under a cap of 3 took {taken} slots from the store; at most {holding.most} at once"
     )
+
+
+# ============================================= 5. batches keep the any-interval bound
+FLEET_PROCESSES = 4
+FLEET_THREADS = 4
+#: Paced for this long (each thread at most one request per PACE seconds: 40 a second
+#: per process, a fifth of the quota's rate for the fleet), then as fast as allowed.
+PACED, PACE = 1.3, 0.1
+FLEET_SECONDS = 2.8
+FLEET_QUOTA = (300, 2.0)
+
+
+def run_quota_fleet(server: ArrivalServer, kind: str, where: str, prefix: str) -> list[dict[str, int]]:
+    """FLEET_PROCESSES spawned processes of FLEET_THREADS threads under FLEET_QUOTA,
+    released together with the server running; their reports."""
+    ctx: Any = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(FLEET_PROCESSES + 1)
+    results = ctx.Queue()
+    args = (server.url, kind, where, prefix, FLEET_QUOTA, FLEET_THREADS, (PACED, PACE), FLEET_SECONDS)
+    procs = [
+        ctx.Process(target=near_children.quota_worker, args=(*args, barrier, results), daemon=True)
+        for _ in range(FLEET_PROCESSES)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        with server:
+            barrier.wait(120)
+            reports = [results.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    return reports
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_batched_permits_keep_every_window_at_the_server_within_the_quota(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """4 spawned processes x 4 threads under ``Quota(300, per=2)``: paced for 1.3 s
+    (40 requests a second per process: after a whole second of it each process takes
+    permits in batches, the quota having headroom), then as fast as the quota lets
+    them, so the batches' permits are spent while the others fill the quota. The
+    server, counting arrivals by their time of arrival, sees at most 300 in any
+    2-second window; batching happened (the store granted extra permits, and fewer
+    store operations granted permits than requests were sent)."""
+    where = where_for(kind, tmp_path, request)
+    limit, per = FLEET_QUOTA
+    server = ArrivalServer()
+    reports = run_quota_fleet(server, kind, where, "fleet-quota:")
+    arrivals = len(server.arrivals)
+    sent = sum(r["sent"] for r in reports)
+    grants = sum(r["grants"] for r in reports)
+    extras = sum(r["extras"] for r in reports)
+    batches = sum(r["batches"] for r in reports)
+    worst = server.worst_window(per)
+    summary = (
+        f"{kind}, Quota({limit}, per={per}): {arrivals} arrivals, worst {per}-second window {worst}; "
+        f"{grants} store operations granted permits for {sent} requests sent, {batches} batches of "
+        f"{extras} extra permits; per process {reports}"
+    )
+    print("\n" + summary)
+    assert worst <= limit, summary
+    assert arrivals > limit, summary  # the quota was reached: the bound was at stake
+    assert batches > 0 and extras > batches, summary
+    assert grants < sent <= grants + extras, summary
