@@ -40,11 +40,13 @@ import pytest
 import requests
 
 from retry_after_adapter import (
+    FakeClock,
     RedisCooldownStore,
     RetryAfterAdapter,
     RetryAfterRetry,
+    SQLiteCooldownStore,
 )
-from retry_after_adapter.cooldown._near import IDLE, Near
+from retry_after_adapter.cooldown._near import HOLD_SHARE, IDLE, Near
 from retry_after_adapter.cooldown.guard import guard_of
 
 from ..conftest import RedisServer, local_deferral
@@ -719,3 +721,115 @@ def test_batched_permits_keep_every_window_at_the_server_within_the_quota(
     assert arrivals > limit, summary  # the quota was reached: the bound was at stake
     assert batches > 0 and extras > batches, summary
     assert grants < sent <= grants + extras, summary
+
+
+# ============================================= 6. the near copy's batching, at explicit times
+MARGIN = 0.05
+
+
+class PermitLog:
+    """A real SQLite store used through its failure layer at explicit (FakeClock) times,
+    and a trigger of the test's own that counts the permit rows the store writes (one
+    store operation writes a batch's rows at once)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.store = SQLiteCooldownStore(path)
+        self.guard = guard_of(self.store)
+        near = self.guard.near
+        assert near is not None
+        self.near = near
+        self.clock = FakeClock()
+        with closing(sqlite3.connect(path, timeout=5)) as db, db:
+            db.execute("CREATE TABLE test_permits (expires_ms INTEGER)")
+            db.execute(
+                "CREATE TRIGGER test_permits AFTER INSERT ON permit_log "
+                "BEGIN INSERT INTO test_permits VALUES (NEW.expires_ms); END"
+            )
+
+    def written(self) -> int:
+        with closing(sqlite3.connect(self.path, timeout=5)) as db:
+            return int(db.execute("SELECT count(*) FROM test_permits").fetchone()[0])
+
+    def counting_until(self, end: datetime) -> int:
+        """Permit rows stored with exactly this end."""
+        ms = int((end - datetime(1970, 1, 1, tzinfo=UTC)) / MS)
+        with closing(sqlite3.connect(self.path, timeout=5)) as db:
+            return int(
+                db.execute("SELECT count(*) FROM permit_log WHERE expires_ms = ?", (ms,)).fetchone()[0]
+            )
+
+    def admit(self, limit: int, per: float) -> Any:
+        answer = self.guard.admit("batching", self.clock.now(), limit, per, None, MARGIN)
+        assert answer.not_before is None, answer
+        return answer
+
+    def one_second_at(self, rate: int, limit: int, per: float) -> None:
+        """``rate`` permits a second for one whole second (and the one that closes it)."""
+        for _ in range(rate + 1):
+            self.admit(limit, per)
+            self.clock.advance(1 / rate)
+
+
+@pytest.mark.parametrize(("rate", "per"), [(50, 1.0), (200, 1.0), (40, 0.5), (20, 10.0)])
+def test_after_a_whole_second_at_a_rate_permits_come_in_batches_spent_near(
+    tmp_path: Path, rate: int, per: float
+) -> None:
+    """No batch before a whole second of history; after it, ``batch`` asks for more than
+    one permit (at most 16) with a hold of at most a tenth of ``per``; the next store
+    operation takes them (all extras granted: the quota has headroom), and the next
+    attempts are admitted near: no store operation until the batch is spent."""
+    log = PermitLog(tmp_path / "near.db")
+    limit = 10_000
+    assert log.near.batch("batching", limit, per, MARGIN) == (1, 0.0)
+    log.one_second_at(rate, limit, per)
+    assert log.written() == rate + 1  # one store operation, one permit, each
+    size, hold = log.near.batch("batching", limit, per, MARGIN)
+    assert 1 < size <= 16 and 0 < hold <= HOLD_SHARE * per, (size, hold)
+    assert size == min(16, int(rate * HOLD_SHARE * per)), (size, rate)
+    before = log.written()
+    granted = log.admit(limit, per)
+    assert granted.extra == size - 1 and log.written() == before + size, (granted.extra, size)
+    assert log.counting_until(granted.permit + timedelta(seconds=hold)) == size - 1
+    for _ in range(size - 1):  # spent at the same rate, well within the hold
+        log.clock.advance(1 / rate)
+        assert log.admit(limit, per).permit == granted.permit + timedelta(seconds=hold)
+    assert log.written() == before + size, "a permit of the batch cost a store operation"
+    log.clock.advance(1 / rate)
+    log.admit(limit, per)
+    assert log.written() > before + size  # the batch spent: the store again
+
+
+@pytest.mark.parametrize(("limit", "extra"), [(50, 0), (56, 0), (58, 2), (60, 3), (100, 3)])
+def test_extra_permits_come_only_from_the_headroom(tmp_path: Path, limit: int, extra: int) -> None:
+    """After a second at 40 a second (41 permits counting), the copy asks for a batch
+    of 4; the store grants extras only from ``free - 1 - limit // 4``: none at 50 or 56
+    (9 or 15 free: 9 - 1 - 12 < 0, 15 - 1 - 14 = 0), two of the three at 58 (17 free),
+    all three at 60 and 100."""
+    log = PermitLog(tmp_path / "near.db")
+    log.one_second_at(40, limit, 1.0)
+    assert log.near.batch("batching", limit, 1.0, MARGIN) == (4, pytest.approx(0.1))
+    before = log.written()
+    assert log.admit(limit, 1.0).extra == extra
+    assert log.written() == before + 1 + extra
+
+
+def test_a_batch_permit_is_not_spent_after_its_spend_by_time(tmp_path: Path) -> None:
+    """A batch of 5 (50 a second, hold 0.1 s): one permit is spent 1 ms before the
+    hold ends, near; at the hold's end the rest lapse (not spent: the attempt goes to
+    the store), and the lapsed permits still count in the store until their end."""
+    log = PermitLog(tmp_path / "near.db")
+    log.one_second_at(50, 10_000, 1.0)
+    assert log.near.batch("batching", 10_000, 1.0, MARGIN) == (5, pytest.approx(0.1))
+    granted = log.admit(10_000, 1.0)
+    assert granted.extra == 4
+    end = granted.permit + timedelta(seconds=0.1)
+    written = log.written()
+    log.clock.advance(0.099)
+    assert log.admit(10_000, 1.0).permit == end and log.written() == written  # spent near
+    log.clock.advance(0.001)  # the spend-by time: too late for the 3 left
+    log.admit(10_000, 1.0)
+    assert log.written() > written, "a batch permit was spent after its spend-by time"
+    # The 4 extra permits (1 spent, 3 lapsed) still count in the store until their end,
+    # with the new operation's own permit (granted at the spend-by time, it ends then too).
+    assert log.counting_until(end) == 4 + 1
