@@ -79,15 +79,15 @@ def hold_then_die(
     seconds to spend the extra ones), then SIGKILL this process: nothing is given back."""
     store = open_store(kind, where, prefix)
     guard = guard_of(store)
-    before = time.time()
-    for token in ("child-in-use", "child-idle"):
-        answer = guard.admit(scope, None, None, None, (2, float(ttl), token))
-        assert answer.not_before is None, answer
-    guard.release(scope, "child-idle")  # kept by the process for its next attempt
     # The store operation a near copy makes for a batch (its size is the copy's choice:
     # the failure layer's admit picks it from the process's rate, so it is asked here).
     batch = store.admit(scope, None, int(limit), float(per), None, 0.0, 8, float(hold))
     assert batch.not_before is None, batch
+    before = time.time()
+    for token in ("child-in-use", "child-idle"):
+        answer = guard.admit(scope, None, None, None, (2, float(ttl), token))
+        assert answer.not_before is None, answer
+    guard.release(scope, "child-idle")  # kept by the process for its next attempt (IDLE s)
     report(before=before, after=time.time(), permit_ms=to_epoch_ms(batch.permit), extra=batch.extra)
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -464,7 +464,10 @@ def test_a_sigkilled_worker_s_slots_come_back_at_their_lease_end_and_its_batch_c
 
     # -- the slots: both held by the dead worker, until its leases end
     busy_until = store.lease(scope, 2, 5.0, None, "probe")
-    assert busy_until is not None, "the killed worker's slots were not held"
+    assert busy_until is not None, (
+        f"the killed worker's slots were not both held {time.time() - worker['after']:.3f} s after "
+        f"it took them (holds: {store.holds()})"
+    )
     assert lease_low <= busy_until <= lease_high, (
         f"the killed worker's leases end {busy_until}, not within [{lease_low}, {lease_high}] "
         f"(ttl {TTL} + {TTL / 4})"
