@@ -14,7 +14,7 @@ batching is checked at explicit times).
    back when their leases end (and not before), its permits count until their ends.
 4. Slots held per process go back: when idle (without ``release_all``), at a normal
    exit (atexit, and multiprocessing's exit function), and a fleet's cap holds at the
-   server while slots are reused.
+   server while slots are reused; a held slot is not reused past a smaller cap.
 5. Batches keep the any-interval bound at the server (a spawned fleet on one SQLite
    file and on Redis), and batching does happen.
 6. The near copy's batching at explicit (FakeClock) times over a real SQLite file.
@@ -62,8 +62,8 @@ REPO = Path(__file__).resolve().parents[2]
 #: The longest a pushed change may take to reach this process (Redis).
 PUSH_BOUND = 1.0
 
-#: What the push delays measured were (printed at the end of a ``-s`` run, and in
-#: failure messages).
+#: The push delays measured, by what was pushed (each test also prints its own: run
+#: with ``-s`` to see them).
 PUSH_DELAYS: dict[str, float] = {}
 
 
