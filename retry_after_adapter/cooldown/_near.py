@@ -167,6 +167,9 @@ class Near:
         store must give it), to be put back with :meth:`put_back` if the store refuses."""
         known = self._known.get(scope)
         answers = known is not None and self.fresh()
+        if answers:
+            known = self._known.get(scope)  # the feed may just have delivered news of it
+            answers = known is not None
         cooldown = known.cooldown if known is not None else None
         if answers and cooldown is not None and cooldown > present:
             return Admission(cooldown, cooldown), None, None

@@ -103,6 +103,7 @@ class RedisFeed(Feed):
         except BaseException:
             _close(pubsub)
             raise
+        _no_silent_reconnect(pubsub)
         return pubsub
 
     def _broke(self, exc: BaseException) -> None:
@@ -118,7 +119,9 @@ class RedisFeed(Feed):
     def _heard(self, message: dict[str, Any], confirmed: bool) -> bool:
         """Handle one message; returns whether the subscription is confirmed."""
         kind = message.get("type")
-        if kind in ("subscribe", b"subscribe") and not confirmed:
+        if kind in ("subscribe", b"subscribe"):
+            # Every confirmation, the first or one after a client's own reconnect: what
+            # was published before it may have been missed, so the copy starts over.
             self.subscriptions += 1
             self._changed(None, None)  # what was published before is unknown: start over
             if self._warned:
@@ -149,6 +152,22 @@ class RedisFeed(Feed):
         self._lock = threading.Lock()
         self._thread = None
         self._until = 0.0
+
+
+def _no_silent_reconnect(pubsub: Any) -> None:
+    """Best effort: have the subscription's connection raise on a broken socket instead
+    of reconnecting inside ``get_message`` (redis-py retries with the client's
+    ``Retry``), so that the feed goes stale at once rather than after a silent gap."""
+    connection = getattr(pubsub, "connection", None)
+    retry = getattr(connection, "retry", None)
+    if connection is None or retry is None:
+        return
+    try:
+        from redis.backoff import NoBackoff
+
+        connection.retry = type(retry)(NoBackoff(), 0)
+    except Exception as exc:  # another client library: its own reconnect; every confirmation starts over
+        log.debug("the change subscription keeps its client's retries: %s", type(exc).__name__)
 
 
 def _close(pubsub: Any) -> None:

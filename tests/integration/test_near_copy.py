@@ -109,7 +109,14 @@ def fresh_near(store: Any, timeout: float = 2.0) -> Near:
 
 def knows(near: Near, scope: str) -> bool:
     """Whether the near copy holds ``scope`` (and would answer it while fresh)."""
-    return scope in near._known
+    return near.knows(scope)
+
+
+def news_reached(near: Near, scope: str) -> bool:
+    """Whether a cooldown learned elsewhere reached the copy: the scope dropped (read
+    again at the next admission) or held with a cooldown still running."""
+    until = near.cooldown_of(scope)
+    return not near.knows(scope) or (until is not None and until > datetime.now(timezone.utc))
 
 
 def session(store: Any, **adapter_kw: Any) -> requests.Session:
@@ -166,7 +173,7 @@ def _learned_elsewhere_then_obeyed(kind: str, where: str, prefix: str, origin: T
 
     def watch() -> None:  # when the change reached this process's copy
         while not stop.is_set():
-            if not knows(near, scope):
+            if news_reached(near, scope):
                 seen.append(time.time())
                 return
             time.sleep(0.0005)
@@ -200,21 +207,10 @@ def _learned_elsewhere_then_obeyed(kind: str, where: str, prefix: str, origin: T
     guard_of(store).close()
 
 
-#: The near copy reads a scope it knows before it asks the feed whether it is fresh;
-#: SQLite's feed applies the change log *inside* that question, so the first admission
-#: after another process's change is answered from the entry just dropped.
-STALE_FIRST_ANSWER = (
-    "BUG: Near.admit reads self._known.get(scope) before self.fresh(); SQLiteFeed.fresh() "
-    "applies the change log only then, so the first admission after another process's "
-    "change is answered from the stale entry (sent inside the cooldown); the next one is "
-    "deferred"
-)
-
-
 @pytest.mark.parametrize(
     "kind",
     [
-        pytest.param("sqlite", marks=pytest.mark.xfail(strict=True, reason=STALE_FIRST_ANSWER)),
+        "sqlite",
         pytest.param("redis", marks=pytest.mark.redis),
     ],
 )
@@ -280,20 +276,7 @@ def write_cooldown(client: Any, prefix: str, scope: str, seconds: float, pipe: A
     )
 
 
-#: redis-py's PubSub reconnects and subscribes again by itself inside get_message() (the
-#: client's Retry); the feed ignores that second "subscribe" confirmation, so it never
-#: starts over and stays fresh across the gap.
-SILENT_RESUBSCRIBE = (
-    "BUG: after CLIENT KILL TYPE pubsub, redis-py's PubSub reconnects and resubscribes "
-    "inside get_message() (the client's Retry); RedisFeed._heard ignores the second "
-    "'subscribe' confirmation (confirmed is already True), so the near copy is not "
-    "started over and a cooldown published during the gap is never seen: the next "
-    "call is sent (subscriptions stays 1, fresh() stays True)"
-)
-
-
 @pytest.mark.redis
-@pytest.mark.xfail(strict=True, reason=SILENT_RESUBSCRIBE)
 def test_a_cooldown_written_while_the_subscription_is_killed_is_not_missed(
     redis_url: str, redis_client: Any, origin: ThrottleServer
 ) -> None:
@@ -354,7 +337,7 @@ def test_the_channel_comes_back_after_its_connection_is_killed_and_the_copy_answ
     assert knows(near, scope)
     start = time.monotonic()
     write_cooldown(redis_client, prefix, scope, 60)
-    pushed = wait_for(lambda: not knows(near, scope), PUSH_BOUND, step=0.0005)
+    pushed = wait_for(lambda: news_reached(near, scope), PUSH_BOUND, step=0.0005)
     assert pushed is not None, (
         "a cooldown written after the channel came back was not pushed within 1 s "
         f"(subscribers {redis_client.pubsub_numsub(store._channel)}, fresh {near.fresh()}, "
@@ -406,7 +389,7 @@ def test_a_killed_and_restarted_redis_during_push_never_leaves_a_stale_answer(
         assert guard_of(store).admit(second, None).not_before is None and knows(near, second)
         start = time.monotonic()
         write_cooldown(other, prefix, second, 60)
-        pushed = wait_for(lambda: not knows(near, second), PUSH_BOUND, step=0.0005)
+        pushed = wait_for(lambda: news_reached(near, second), PUSH_BOUND, step=0.0005)
         assert pushed is not None, "a cooldown written after the restart was not pushed within 1 s"
         assert guard_of(store).admit(second, None).not_before is not None
     PUSH_DELAYS["redis: after a restart"] = time.monotonic() - start
@@ -617,19 +600,6 @@ def test_a_process_that_exits_gives_its_held_slots_back_at_once(
     assert origin.count() == 3
 
 
-#: A slot the process holds idle is reused by any attempt of the scope, whatever cap
-#: that attempt's adapter has; without the near copy (``push=False``) the store decides
-#: with the attempt's own cap and refuses it.
-REUSE_IGNORES_CAP = (
-    "BUG: Near._reuse(scope, present, ttl) hands a held idle slot to any attempt of the "
-    "scope without looking at the attempt's cap (lease[0]): an adapter with "
-    "max_concurrency=1 reuses a slot another adapter (max_concurrency=3) parked while two "
-    "of that adapter's requests are in flight, so 3 are on the wire (push=False: deferred "
-    "with reason 'concurrency', as the store counts 2 live leases >= 1)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=REUSE_IGNORES_CAP)
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_held_slot_is_not_reused_past_a_smaller_cap(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest, origin: ThrottleServer
