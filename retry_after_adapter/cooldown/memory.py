@@ -29,12 +29,12 @@ _EXPIRE_PER_EXTEND = 64
 #: nothing (tests on a fake clock keep theirs), a large one stays as small as the
 #: scopes that still matter.
 _SWEEP_AT = 1024
-#: Scopes looked at per write of a kind of record (more than the one scope a write
-#: adds, so sweeping keeps up: the scopes kept stay under twice those that matter, plus
-#: ``_SWEEP_AT``), each in O(1): never a scan of the store.
+#: At most this many scopes are looked at per write of a kind of record (see ``_sweep``),
+#: each in O(1): never a scan of the store.
 _SWEEP_PER_WRITE = 4
 
 _R = TypeVar("_R")
+_T = TypeVar("_T")
 _FRESHNESS_KEPT = timedelta(seconds=FRESHNESS_KEPT)
 _ALLOWANCE_KEPT = timedelta(seconds=ALLOWANCE_KEPT)
 
@@ -60,32 +60,50 @@ def _as_datetime(micros: int) -> datetime:
     return _EPOCH + timedelta(microseconds=micros)
 
 
-def _sweep(scopes: collections.deque[str], records: dict[str, _R], dead: Callable[[_R], bool]) -> None:
-    """(Lock held.) Look at the ``_SWEEP_PER_WRITE`` scopes longest in ``scopes`` (every
-    scope with a record in ``records``, in the order they got one): drop the record of
-    each that ``dead`` says can no longer matter, put the others back at the end. A
-    scope gone meanwhile (``delete``) leaves the queue here."""
+def _sweep(
+    scopes: collections.deque[str], records: dict[str, _R], ended: Callable[[_R, _T], bool], at: _T
+) -> None:
+    """(Lock held.) Drop the records of the scopes longest in ``scopes`` (every scope
+    with a record in ``records``, in the order they got one) that ``ended`` says can no
+    longer matter at ``at``, at most ``_SWEEP_PER_WRITE`` of them, up to the first that
+    still matters: that one goes to the end of the queue. A write that adds one scope thus
+    removes one (or more) that no longer matter or moves one that does, so the queue
+    stays under twice the scopes that matter; and while every record matters (a young
+    store), it costs one look. A scope gone meanwhile (``delete``) leaves the queue."""
     for _ in range(_SWEEP_PER_WRITE):
         scope = scopes.popleft()
         record = records.get(scope)
         if record is None:
             continue
-        if dead(record):
-            del records[scope]
-        else:
+        if not ended(record, at):
             scopes.append(scope)
+            return
+        del records[scope]
 
 
-def _permits_ended(at: int) -> Callable[[dict[tuple[int, ...], collections.deque[int]]], bool]:
+def _permits_ended(logs: dict[tuple[int, ...], collections.deque[int]], at: int) -> bool:
     """Whether a scope's permit logs hold no permit that counts at ``at`` (each log is
     sorted: its last permit stops counting last)."""
-    return lambda logs: all(not log or log[-1] <= at for log in logs.values())
+    return all(not log or log[-1] <= at for log in logs.values())
 
 
-def _leases_ended(at: int) -> Callable[[dict[str, int]], bool]:
+def _leases_ended(held: dict[str, int], at: int) -> bool:
     """Whether a scope holds no lease that runs at ``at`` (a copy of the values:
     ``release`` pops without the lock)."""
-    return lambda held: all(expires <= at for expires in list(held.values()))
+    return all(expires <= at for expires in list(held.values()))
+
+
+def _allowance_ended(record: Allowance, stale: datetime) -> bool:
+    """Whether an allowance's reset is at or before ``stale`` (the present less
+    ``ALLOWANCE_KEPT``): what it counted is over."""
+    return record.until <= stale
+
+
+def _freshness_ended(record: Freshness, stale: datetime) -> bool:
+    """Whether a freshness record was last noted at or before ``stale`` (the present
+    less ``FRESHNESS_KEPT``): news no longer."""
+    noted = last_noted(record)
+    return noted is None or noted <= stale
 
 
 #: ``_window_micros`` of the windows seen (a few per process).
@@ -190,7 +208,7 @@ class MemoryCooldownStore(Store):
         free at ``at``, else when one will be; permits that expired are dropped (and
         a few other scopes' that all did, in a large store)."""
         if len(self._permit_scopes) > _SWEEP_AT:
-            _sweep(self._permit_scopes, self._permits, _permits_ended(at))
+            _sweep(self._permit_scopes, self._permits, _permits_ended, at)
         logs = self._permits.get(scope)
         if logs is None:
             check_scope(scope)  # a scope new to the store: checked once
@@ -223,7 +241,7 @@ class MemoryCooldownStore(Store):
         a few other scopes' that all expired, in a large store)."""
         slots, ttl, token = lease
         if len(self._lease_scopes) > _SWEEP_AT:
-            _sweep(self._lease_scopes, self._leases, _leases_ended(at))
+            _sweep(self._lease_scopes, self._leases, _leases_ended, at)
         held = self._leases.get(scope)
         if held is None:
             check_scope(scope)  # a scope new to the store: checked once
@@ -251,9 +269,7 @@ class MemoryCooldownStore(Store):
         now = check_until(now)
         with self._lock:
             if len(self._allowance_scopes) > _SWEEP_AT:
-                # Records ALLOWANCE_KEPT past their reset: what they counted is over.
-                stale = now - _ALLOWANCE_KEPT
-                _sweep(self._allowance_scopes, self._allowance, lambda record: record.until <= stale)
+                _sweep(self._allowance_scopes, self._allowance, _allowance_ended, now - _ALLOWANCE_KEPT)
             current = self._allowance.get(scope)
             merged = merge_allowance(current, remaining, until, now, seq, limit, window)
             if merged is not None:
@@ -361,9 +377,7 @@ class MemoryCooldownStore(Store):
         at = check_until(at)
         with self._lock:
             if len(self._fresh_scopes) > _SWEEP_AT:
-                # Records noted last FRESHNESS_KEPT ago: news no longer.
-                stale = at - _FRESHNESS_KEPT
-                _sweep(self._fresh_scopes, self._fresh, lambda record: (last_noted(record) or stale) <= stale)
+                _sweep(self._fresh_scopes, self._fresh, _freshness_ended, at - _FRESHNESS_KEPT)
             current = self._fresh.get(scope)
             if current is None:
                 self._fresh_scopes.append(scope)
