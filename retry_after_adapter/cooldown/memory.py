@@ -84,13 +84,16 @@ def _sweep(
 def _permits_ended(logs: dict[tuple[int, ...], collections.deque[int]], at: int) -> bool:
     """Whether a scope's permit logs hold no permit that counts at ``at`` (each log is
     sorted: its last permit stops counting last)."""
-    return all(not log or log[-1] <= at for log in logs.values())
+    for log in logs.values():  # noqa: SIM110 - a loop: no generator made per look
+        if log and log[-1] > at:
+            return False
+    return True
 
 
 def _leases_ended(held: dict[str, int], at: int) -> bool:
     """Whether a scope holds no lease that runs at ``at`` (a copy of the values:
     ``release`` pops without the lock)."""
-    return all(expires <= at for expires in list(held.values()))
+    return max(list(held.values()), default=at) <= at
 
 
 def _allowance_ended(record: Allowance, stale: datetime) -> bool:
