@@ -32,6 +32,7 @@ BENCHMARKS = {
     "memory_store": ("bench_memory_store.py", "memory_store.json"),
     "faults": ("bench_faults.py", "faults.json"),
     "push": ("bench_push.py", "bench_push.json"),
+    "scopes": ("bench_scopes.py", "scopes.json"),
 }
 
 
@@ -74,6 +75,13 @@ def headline(name: str, doc: dict[str, Any]) -> str:
             f"{doc['scopes']:,} scopes: {_common.fmt_summary(v['extends_per_s'], 0)} extends/s, "
             f"get p99 {_common.fmt_summary(v['get_p99_us'], 2)} us"
         )
+    if name == "scopes":
+        parts = []
+        for run_name, run in doc["runs"].items():
+            last = run["checkpoints"][-1]
+            ratio = _common.fmt(last["ratio_vs_first"], 2)
+            parts.append(f"{run_name}: {ratio} x at {last['scopes']:,} scopes")
+        return "p50 vs the first checkpoint: " + "; ".join(parts)
     return "see its table above"
 
 

@@ -52,6 +52,16 @@ _PERMIT_SCHEMA = (
     # Freshness (``freshness.Freshness``): the last success, the last error class and when.
     "CREATE TABLE IF NOT EXISTS freshness (scope TEXT PRIMARY KEY, success_ms INTEGER, error TEXT, "
     "error_ms INTEGER)",
+    # When each row stops mattering, so that the rows of every scope are swept a few at a
+    # time as others are written (see ``sqlite.py``), never by a scan of a table.
+    "CREATE INDEX IF NOT EXISTS cooldown_until ON cooldown (until_ms)",
+    "CREATE INDEX IF NOT EXISTS permit_log_expires ON permit_log (expires_ms)",
+    "CREATE INDEX IF NOT EXISTS lease_expires ON lease (expires_ms)",
+    "CREATE INDEX IF NOT EXISTS allowance_until ON allowance (until_ms)",
+    # When a freshness row was last noted: the very expression ``sqlite._SWEEP_FRESHNESS``
+    # compares, so that this index serves it.
+    "CREATE INDEX IF NOT EXISTS freshness_noted ON freshness "
+    "(max(coalesce(success_ms, 0), coalesce(error_ms, 0)))",
     # The change log every process's near copy follows: a scope whose cooldown was
     # written or deleted, or that was first announced an allowance. Written by triggers,
     # so that every writer of the file logs (an older version of this package too); the

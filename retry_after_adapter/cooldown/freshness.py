@@ -29,6 +29,9 @@ SUCCESS: Final = "success"
 #: A scope's success is written to the store at most once per this many seconds by one
 #: process (errors are written every time).
 SUCCESS_EVERY = 1.0
+#: Seconds a scope's record is kept after its last note (30 days): then it is news no
+#: longer, and every store may forget it.
+FRESHNESS_KEPT = 30 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,14 @@ def merge_note(current: Freshness | None, outcome: str, at: datetime) -> Freshne
     if record.last_error_at is None or at >= record.last_error_at:
         return replace(record, last_error=outcome, last_error_at=at)
     return record
+
+
+def last_noted(record: Freshness) -> datetime | None:
+    """When ``record`` was last noted (its last success or error), or None."""
+    success, error = record.last_success, record.last_error_at
+    if success is None or (error is not None and error > success):
+        return error
+    return success
 
 
 def check_outcome(outcome: object) -> str:

@@ -6,9 +6,10 @@ import bisect
 import collections
 import heapq
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import _forksafe
 from ..errors import ConfigurationError
@@ -24,7 +25,7 @@ from .base import (
     check_until,
     extra_permits,
 )
-from .freshness import Freshness, check_outcome, merge_note
+from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, last_noted, merge_note
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
 #: a small store never forgets a time (tests on a fake clock keep theirs).
@@ -32,6 +33,20 @@ _EXPIRE_AT = 4096
 #: At most this many heap entries are looked at per ``extend``: expiry is spread over
 #: the writes, never one long pause under the lock.
 _EXPIRE_PER_EXTEND = 64
+#: A scope's other records (quota permits, concurrency leases, an announced allowance,
+#: freshness) are dropped once they can no longer matter, but only while the store
+#: keeps that kind of record for more than this many scopes: a small store forgets
+#: nothing (tests on a fake clock keep theirs), a large one stays as small as the
+#: scopes that still matter.
+_SWEEP_AT = 1024
+#: At most this many scopes are looked at per write of a kind of record (see ``_sweep``),
+#: each in O(1): never a scan of the store.
+_SWEEP_PER_WRITE = 4
+
+_R = TypeVar("_R")
+_T = TypeVar("_T")
+_FRESHNESS_KEPT = timedelta(seconds=FRESHNESS_KEPT)
+_ALLOWANCE_KEPT = timedelta(seconds=ALLOWANCE_KEPT)
 
 
 #: The answer of ``admit`` with nothing stored and nothing to take (shared: immutable).
@@ -53,6 +68,55 @@ def _micros(at: datetime) -> int:
 
 def _as_datetime(micros: int) -> datetime:
     return _EPOCH + timedelta(microseconds=micros)
+
+
+def _sweep(
+    scopes: collections.deque[str], records: dict[str, _R], ended: Callable[[_R, _T], bool], at: _T
+) -> None:
+    """(Lock held.) Drop the records of the scopes longest in ``scopes`` (every scope
+    with a record in ``records``, in the order they got one) that ``ended`` says can no
+    longer matter at ``at``, at most ``_SWEEP_PER_WRITE`` of them, up to the first that
+    still matters: that one goes to the end of the queue. A write that adds one scope thus
+    removes one (or more) that no longer matter or moves one that does, so the queue
+    stays under twice the scopes that matter; and while every record matters (a young
+    store), it costs one look. A scope gone meanwhile (``delete``) leaves the queue."""
+    for _ in range(_SWEEP_PER_WRITE):
+        scope = scopes.popleft()
+        record = records.get(scope)
+        if record is None:
+            continue
+        if not ended(record, at):
+            scopes.append(scope)
+            return
+        del records[scope]
+
+
+def _permits_ended(logs: dict[tuple[int, ...], collections.deque[int]], at: int) -> bool:
+    """Whether a scope's permit logs hold no permit that counts at ``at`` (each log is
+    sorted: its last permit stops counting last)."""
+    for log in logs.values():  # noqa: SIM110 - a loop: no generator made per look
+        if log and log[-1] > at:
+            return False
+    return True
+
+
+def _leases_ended(held: dict[str, int], at: int) -> bool:
+    """Whether a scope holds no lease that runs at ``at`` (a copy of the values:
+    ``release`` pops without the lock)."""
+    return max(list(held.values()), default=at) <= at
+
+
+def _allowance_ended(record: Allowance, stale: datetime) -> bool:
+    """Whether an allowance's reset is at or before ``stale`` (the present less
+    ``ALLOWANCE_KEPT``): what it counted is over."""
+    return record.until <= stale
+
+
+def _freshness_ended(record: Freshness, stale: datetime) -> bool:
+    """Whether a freshness record was last noted at or before ``stale`` (the present
+    less ``FRESHNESS_KEPT``): news no longer."""
+    noted = last_noted(record)
+    return noted is None or noted <= stale
 
 
 #: ``_window_micros`` of the windows seen (a few per process).
@@ -102,7 +166,10 @@ class MemoryCooldownStore(Store):
     ``extend`` takes the lock for a dict write and a heap push: O(log n) in the number
     of scopes. Entries are expired from the heap's top, a few per ``extend``, once the
     store holds more than a few thousand scopes, so memory stays bounded by the live
-    scopes and no call ever scans the whole store.
+    scopes and no call ever scans the whole store. A scope's other records (permits,
+    leases, an announced allowance, freshness) go the same way once they can no longer
+    matter: a few scopes are looked at per write of each kind, in a store that keeps
+    that kind for more than ``_SWEEP_AT`` scopes.
     """
 
     def __init__(self) -> None:
@@ -120,12 +187,19 @@ class MemoryCooldownStore(Store):
         self._allowance: dict[str, Allowance] = {}
         #: Freshness per scope (see ``freshness.Freshness``; next_eligible not kept).
         self._fresh: dict[str, Freshness] = {}
+        #: The scopes with a record of each kind, in the order they got it, for
+        #: ``_sweep`` (a scope written again keeps its place).
+        self._permit_scopes: collections.deque[str] = collections.deque()
+        self._lease_scopes: collections.deque[str] = collections.deque()
+        self._allowance_scopes: collections.deque[str] = collections.deque()
+        self._fresh_scopes: collections.deque[str] = collections.deque()
         _forksafe.register(self)
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()  # a parent thread may have held it during fork
         # The parent's threads' attempts are not this process's: their slots are free.
         self._leases.clear()
+        self._lease_scopes.clear()
 
     def get(self, scope: str) -> datetime | None:
         return self._until.get(scope)
@@ -144,11 +218,15 @@ class MemoryCooldownStore(Store):
         self, scope: str, key: tuple[int, int, int, timedelta], limit: int, at: int
     ) -> int | None:
         """(Lock held; times in microseconds.) None when a permit of the quota ``key`` is
-        free at ``at``, else when one will be; permits that expired are dropped."""
+        free at ``at``, else when one will be; permits that expired are dropped (and
+        a few other scopes' that all did, in a large store)."""
+        if len(self._permit_scopes) > _SWEEP_AT:
+            _sweep(self._permit_scopes, self._permits, _permits_ended, at)
         logs = self._permits.get(scope)
         if logs is None:
             check_scope(scope)  # a scope new to the store: checked once
             logs = self._permits[scope] = {}
+            self._permit_scopes.append(scope)
         log = logs.get(key[:2])  # one log per quota (limit, per), whatever each margin
         if log is None:
             log = logs[key[:2]] = collections.deque()
@@ -157,7 +235,13 @@ class MemoryCooldownStore(Store):
         return None if len(log) < limit else log[-limit]
 
     def _take_permit(self, scope: str, key: tuple[int, int, int, timedelta], expires: int) -> None:
-        log = self._permits[scope][key[:2]]
+        logs = self._permits.get(scope)
+        if logs is None:  # dropped since ``_permit_refused`` looked (another scope's write)
+            logs = self._permits[scope] = {}
+            self._permit_scopes.append(scope)
+        log = logs.get(key[:2])
+        if log is None:
+            log = logs[key[:2]] = collections.deque()
         if not log or expires >= log[-1]:
             log.append(expires)  # the usual order: no search
         else:
@@ -166,12 +250,16 @@ class MemoryCooldownStore(Store):
     def _take_slot(self, scope: str, lease: Lease, at: int) -> int | None:
         """(Lock held; times in microseconds.) Take one of ``lease``'s slots at ``at``
         for its ttl (None), or say when the earliest lease expires (nothing taken).
-        Expired leases (a killed worker's) are dropped when every slot looks held."""
+        Expired leases (a killed worker's) are dropped when every slot looks held (and
+        a few other scopes' that all expired, in a large store)."""
         slots, ttl, token = lease
+        if len(self._lease_scopes) > _SWEEP_AT:
+            _sweep(self._lease_scopes, self._leases, _leases_ended, at)
         held = self._leases.get(scope)
         if held is None:
             check_scope(scope)  # a scope new to the store: checked once
             held = self._leases[scope] = {}
+            self._lease_scopes.append(scope)
         if len(held) >= slots:
             for key, expires in list(held.items()):  # a copy: release() pops without the lock
                 if expires <= at:
@@ -193,13 +281,14 @@ class MemoryCooldownStore(Store):
         until = check_until(until)
         now = check_until(now)
         with self._lock:
-            merged = merge_allowance(self._allowance.get(scope), remaining, until, now, seq, limit, window)
+            if len(self._allowance_scopes) > _SWEEP_AT:
+                _sweep(self._allowance_scopes, self._allowance, _allowance_ended, now - _ALLOWANCE_KEPT)
+            current = self._allowance.get(scope)
+            merged = merge_allowance(current, remaining, until, now, seq, limit, window)
             if merged is not None:
+                if current is None:
+                    self._allowance_scopes.append(scope)
                 self._allowance[scope] = merged
-                if len(self._allowance) > _EXPIRE_AT:
-                    stale = now - timedelta(seconds=ALLOWANCE_KEPT)
-                    for key in [k for k, record in self._allowance.items() if record.until <= stale]:
-                        del self._allowance[key]
 
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
@@ -290,15 +379,19 @@ class MemoryCooldownStore(Store):
         """The attempt that took the permit of ``limit`` per ``per`` seconds stopping at
         ``expires`` was answered at ``now`` (None: the present): it reached the server by
         then, so the permit counts at least until ``now + per`` (put back if it expired
-        meanwhile; nothing if the scope's permits were cleared)."""
+        meanwhile, or was dropped since, as the SQLite and Redis stores do)."""
         key = _quota_key(limit, per, 0.0)
         old = _micros(expires)
         with self._lock:
             at = _micros(now if now is not None else datetime.now(timezone.utc))
             new = at + key[1]
+            if new <= old:
+                return  # the stored end already covers the answer
             logs = self._permits.get(scope)
-            if logs is None or new <= old:
-                return  # cleared meanwhile, or the stored end already covers the answer
+            if logs is None:  # every permit of the scope expired and was dropped
+                check_scope(scope)
+                logs = self._permits[scope] = {}
+                self._permit_scopes.append(scope)
             log = logs.setdefault(key[:2], collections.deque())
             index = bisect.bisect_left(log, old)
             if index < len(log) and log[index] == old:
@@ -311,7 +404,12 @@ class MemoryCooldownStore(Store):
         check_outcome(outcome)
         at = check_until(at)
         with self._lock:
-            self._fresh[scope] = merge_note(self._fresh.get(scope), outcome, at)
+            if len(self._fresh_scopes) > _SWEEP_AT:
+                _sweep(self._fresh_scopes, self._fresh, _freshness_ended, at - _FRESHNESS_KEPT)
+            current = self._fresh.get(scope)
+            if current is None:
+                self._fresh_scopes.append(scope)
+            self._fresh[scope] = merge_note(current, outcome, at)
 
     def freshness(self, scope: str) -> Freshness | None:
         """The scope's freshness, its cooldown as ``next_eligible`` (None: nothing known)."""
@@ -357,6 +455,10 @@ class MemoryCooldownStore(Store):
             self._leases.clear()
             self._allowance.clear()
             self._fresh.clear()
+            self._permit_scopes.clear()
+            self._lease_scopes.clear()
+            self._allowance_scopes.clear()
+            self._fresh_scopes.clear()
 
     def delete(self, scope: str) -> bool:
         """Lift everything that holds ``scope`` back (an operator clearing it): its

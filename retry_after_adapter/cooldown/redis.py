@@ -24,7 +24,7 @@ from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from ._redis_feed import CHANNEL, RedisFeed
 from .allowance import ALLOWANCE_KEPT, SAME_WINDOW, Allowance, roll
 from .base import Admission, Changed, Feed, Granted, Hold, Lease, Store, check_scope, check_until
-from .freshness import Freshness, check_outcome
+from .freshness import FRESHNESS_KEPT, Freshness, check_outcome
 
 #: The default connect and reply timeouts (seconds) of a client made by ``from_url``.
 DEFAULT_SOCKET_TIMEOUT = 0.1
@@ -51,7 +51,7 @@ SCRIPTS = {
 
 
 #: Milliseconds a freshness record is kept after its last note (30 days).
-FRESHNESS_KEPT_MS = 30 * 24 * 3600 * 1000
+FRESHNESS_KEPT_MS = int(FRESHNESS_KEPT * 1000)
 
 _INSTALL_HINT = "pip install 'retry_after_adapter[redis]' (from a checkout: pip install -e '.[redis]')"
 

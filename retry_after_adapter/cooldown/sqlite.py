@@ -39,14 +39,20 @@ from .base import (
     check_until,
     extra_permits,
 )
-from .freshness import Freshness, check_outcome, merge_note
+from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, merge_note
 
 __all__ = ["DEFAULT_TIMEOUT", "SQLiteCooldownStore"]
 
 #: Rows whose time is older than this are deleted now and then by ``extend``.
 _KEEP_EXPIRED_MS = 3_600_000
-#: About one ``extend`` in this many also deletes long-expired rows.
+#: About one ``extend`` in this many also deletes long-expired rows (at most
+#: ``_SWEEP_ONE_IN`` of them: more than one per ``extend``, never a long transaction).
 _SWEEP_ONE_IN = 256
+#: Rows of other scopes that stopped mattering deleted by each write that may add one
+#: (a permit or a lease taken, an allowance, a note): more than the one row a write
+#: adds, so the tables stay as small as what still matters. Each finds them through an
+#: index on when they stop mattering: never a scan of a table.
+_SWEEP_PER_WRITE = 8
 
 #: ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING`` needs SQLite 3.35.
 _HAS_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
@@ -58,6 +64,24 @@ _UPSERT_RETURNING = (
 )
 _SELECT = "SELECT until_ms FROM cooldown WHERE scope = ?"
 _SWEEP = "DELETE FROM cooldown WHERE until_ms < ?"
+_SWEEP_SOME = "DELETE FROM cooldown WHERE rowid IN (SELECT rowid FROM cooldown WHERE until_ms < ? LIMIT ?)"
+#: A few rows of any scope that stopped mattering: permits that stopped counting,
+#: leases that expired, allowances ``ALLOWANCE_KEPT`` past their reset, freshness
+#: ``FRESHNESS_KEPT`` past its last note.
+_SWEEP_PERMITS = (
+    "DELETE FROM permit_log WHERE rowid IN (SELECT rowid FROM permit_log WHERE expires_ms <= ? LIMIT ?)"
+)
+_SWEEP_LEASES = "DELETE FROM lease WHERE rowid IN (SELECT rowid FROM lease WHERE expires_ms <= ? LIMIT ?)"
+_SWEEP_ALLOWANCE = (
+    "DELETE FROM allowance WHERE rowid IN "
+    "(SELECT rowid FROM allowance WHERE until_ms <= ? AND scope != ? LIMIT ?)"
+)
+#: (The expression of the ``freshness_noted`` index, as it is written there.)
+_SWEEP_FRESHNESS = (
+    "DELETE FROM freshness WHERE rowid IN (SELECT rowid FROM freshness "
+    "WHERE max(coalesce(success_ms, 0), coalesce(error_ms, 0)) <= ? LIMIT ?)"
+)
+_FRESHNESS_KEPT_MS = int(FRESHNESS_KEPT * 1000)
 _DELETE = "DELETE FROM cooldown WHERE scope = ?"
 _RELEASE = "DELETE FROM lease WHERE scope = ? AND token = ?"
 _ALL = "SELECT scope, until_ms FROM cooldown ORDER BY until_ms DESC"
@@ -111,9 +135,12 @@ class SQLiteCooldownStore(SQLiteFile, Store):
 
     Times are kept in whole milliseconds; ``extend`` rounds up, so a stored cooldown
     never ends earlier than asked. The file is in WAL mode: readers never wait for a
-    writer, and one extend is one short write transaction. Rows expired for more than
-    an hour are deleted now and then, so the file stays as small as the set of live
-    scopes. The file must be on a local disk (SQLite locking over network file systems
+    writer, and one extend is one short write transaction. Rows that can no longer
+    matter are deleted a few at a time as others are written (permits that stopped
+    counting, leases that expired, an allowance an hour after its reset, freshness 30
+    days after its last note; cooldowns an hour after they ended, now and then), each
+    found through an index, so the file stays as small as the set of live scopes and no
+    operation scans a table. The file must be on a local disk (SQLite locking over network file systems
     is unreliable); for several machines use :class:`RedisCooldownStore`.
     """
 
@@ -146,10 +173,12 @@ class SQLiteCooldownStore(SQLiteFile, Store):
         conn: sqlite3.Connection, scope: str, quota: str, limit: int, now_ms: int
     ) -> int | None:
         """Inside a write transaction: None when a permit of ``quota`` is free, else
-        when one will be (ms). Permits that stopped counting are deleted."""
+        when one will be (ms). Permits that stopped counting are deleted: the scope's,
+        and a few of other scopes'."""
         conn.execute(
             "DELETE FROM permit_log WHERE scope = ? AND quota = ? AND expires_ms <= ?", (scope, quota, now_ms)
         )
+        conn.execute(_SWEEP_PERMITS, (now_ms, _SWEEP_PER_WRITE))
         rows = conn.execute(
             "SELECT expires_ms FROM permit_log WHERE scope = ? AND quota = ? "
             "ORDER BY expires_ms DESC LIMIT 1 OFFSET ?",
@@ -166,8 +195,10 @@ class SQLiteCooldownStore(SQLiteFile, Store):
     @staticmethod
     def _slot_refused(conn: sqlite3.Connection, scope: str, limit: int, now_ms: int) -> int | None:
         """Inside a write transaction: None when a slot is free, else when the earliest
-        lease expires (ms); expired leases are dropped."""
+        lease expires (ms); expired leases are dropped (the scope's, and a few of other
+        scopes', a killed worker's)."""
         conn.execute("DELETE FROM lease WHERE scope = ? AND expires_ms <= ?", (scope, now_ms))
+        conn.execute(_SWEEP_LEASES, (now_ms, _SWEEP_PER_WRITE))
         rows = conn.execute(
             "SELECT count(*), min(expires_ms) FROM lease WHERE scope = ?", (scope,)
         ).fetchall()
@@ -190,7 +221,7 @@ class SQLiteCooldownStore(SQLiteFile, Store):
                 if merged is not None:
                     self._put_allowance(conn, scope, merged)
                 stale = to_epoch_ms(now) - int(ALLOWANCE_KEPT * 1000)
-                conn.execute("DELETE FROM allowance WHERE until_ms <= ? AND scope != ?", (stale, scope))
+                conn.execute(_SWEEP_ALLOWANCE, (stale, scope, _SWEEP_PER_WRITE))
 
         self._run(allow)
 
@@ -352,6 +383,7 @@ class SQLiteCooldownStore(SQLiteFile, Store):
 
         def note(conn: sqlite3.Connection) -> None:
             with immediate(conn):
+                conn.execute(_SWEEP_FRESHNESS, (to_epoch_ms(at) - _FRESHNESS_KEPT_MS, _SWEEP_PER_WRITE))
                 rows = conn.execute(_FRESH + " WHERE f.scope = ?", (scope,)).fetchall()
                 merged = merge_note(_freshness_row(rows[0]) if rows else None, outcome, at)
                 conn.execute(
@@ -465,16 +497,19 @@ class SQLiteCooldownStore(SQLiteFile, Store):
     # -- internals ----------------------------------------------------------------
 
     def sweep(self, older_than_ms: int = _KEEP_EXPIRED_MS) -> int:
-        """Delete rows whose time is more than ``older_than_ms`` in the past; return how many.
+        """Delete cooldown rows whose time is more than ``older_than_ms`` in the past;
+        return how many.
 
-        ``extend`` calls this by itself about once in 256 calls.
+        ``extend`` deletes up to 256 such rows by itself about once in 256 calls.
         """
         cutoff = to_epoch_ms(datetime.now(timezone.utc)) - older_than_ms
         return self._run(lambda conn: conn.execute(_SWEEP, (cutoff,)).rowcount)
 
     def _sweep_quietly(self) -> None:
+        """Delete at most ``_SWEEP_ONE_IN`` long-expired rows (a short transaction)."""
+        cutoff = to_epoch_ms(datetime.now(timezone.utc)) - _KEEP_EXPIRED_MS
         with contextlib.suppress(CooldownStoreError):  # housekeeping: the next sweep catches up
-            self.sweep()
+            self._run(lambda conn: conn.execute(_SWEEP_SOME, (cutoff, _SWEEP_ONE_IN)).rowcount)
 
     @staticmethod
     def _upsert(conn: sqlite3.Connection, scope: str, ms: int) -> int:

@@ -51,17 +51,28 @@ class Meter:
 
 class Meters(dict[str, Meter]):
     """The meters of one store object's scopes in this process: ``meters[scope]``
-    (made on first use)."""
+    (made on first use).
 
-    __slots__ = ()
+    Past :data:`MAX_METERS` scopes, a new one drops every idle meter (no attempt on the
+    wire) first: one pass over the meters per that many new scopes, O(1) amortized. The
+    next pass waits until the meters kept (busy ones) have doubled, so thousands of
+    attempts on the wire never make every new scope pay for a pass."""
+
+    __slots__ = ("limit",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: How many meters make the next new scope drop the idle ones.
+        self.limit = MAX_METERS
 
     def __missing__(self, scope: str) -> Meter:
         with _LOCK:
             meter = self.get(scope)
             if meter is None:
-                if len(self) >= MAX_METERS:
+                if len(self) >= self.limit:
                     for old in [k for k, m in self.items() if not m.wire]:
                         del self[old]
+                    self.limit = max(MAX_METERS, 2 * len(self))
                 meter = self[scope] = Meter()
             return meter
 

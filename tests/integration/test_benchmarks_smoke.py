@@ -330,3 +330,26 @@ def test_push_quick(tmp_path: Path, redis_binary: str) -> None:
         # Every trial saw the cooldown (the figures are the benchmark's to show).
         assert row["missed"] == 0 and row["trials"] == 20, row
         assert row["stale_ms"]["min"] >= 0
+
+
+@pytest.mark.slow
+def test_scopes_quick(tmp_path: Path) -> None:
+    doc = run_quick(
+        "bench_scopes.py", tmp_path, "--stores", "memory,sqlite", "--checkpoints", "300,600", "--window", "100"
+    )
+    assert doc["benchmark"] == "scopes"
+    assert set(doc["runs"]) == {"adapter / memory", "adapter / sqlite", "store / memory", "store / sqlite"}
+    for name, run in doc["runs"].items():
+        rows = run["checkpoints"]
+        assert [row["scopes"] for row in rows] == [300, 600], name
+        assert rows[0]["ratio_vs_first"] == 1.0
+        for row in rows:
+            assert finite(row["p50_us"]) and row["p50_us"] > 0 and row["timed_calls"] == 100
+            assert row["ratio_vs_first"] == pytest.approx(row["p50_us"] / rows[0]["p50_us"])
+            assert row["rss_kib"] > 1000
+            assert set(row["records"]) >= {"meters"}
+        # Every call left records of its scope, and the expiry phase counted them.
+        expiry = run["expiry"]
+        assert expiry["run_scopes"] == 600 and expiry["writes"] >= 500
+        assert sum(expiry["run_records_before"].values()) >= 600
+        assert set(expiry["run_records_after"]) == set(expiry["run_records_before"])

@@ -60,7 +60,11 @@ if slots > 0 then
     return {cooldown, tonumber(first[2]), -1, 1, -1, 0, 0, -1}
   end
   redis.call('ZADD', KEYS[4], now + tonumber(ARGV[8]), ARGV[9])
-  redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[8]) + 1000)
+  -- The set lives a second past this lease, never less than it did: a longer lease of
+  -- another worker (another lease_ttl) keeps its time.
+  if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[8]) + 1000 then
+    redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[8]) + 1000)
+  end
 end
 local permit = -1
 local extra = 0
