@@ -31,6 +31,7 @@ BENCHMARKS = {
     "stores": ("bench_stores.py", "stores.json"),
     "memory_store": ("bench_memory_store.py", "memory_store.json"),
     "faults": ("bench_faults.py", "faults.json"),
+    "load": ("bench_load.py", "load.json"),
 }
 
 
@@ -38,7 +39,23 @@ def headline(name: str, doc: dict[str, Any]) -> str:
     """One line with the figures that matter most for ``name``."""
     if name == "happy_path":
         r = doc["variants"]["adapter"]["ratio_vs_stock"]
-        return f"adapter / stock per request: {_common.fmt_summary(r)} (target <= {doc['target_ratio']})"
+        line = f"adapter / stock per request: {_common.fmt_summary(r)} (target <= {doc['target_ratio']})"
+        others = [
+            f"{variant.removeprefix('adapter').lstrip(', ') or 'adapter'} {_common.fmt(v['ratio_median'])}"
+            f" (<= {v['target']})"
+            for variant, v in doc.get("targets", {}).items()
+            if variant != "adapter"
+        ]
+        return "; ".join([line, *others])
+    if name == "load":
+        redis = doc["main"].get("Redis")
+        if redis is None:
+            return "; ".join(doc["skipped"]) or "no Redis row"
+        return (
+            f"Redis, {doc['settings']['processes']} x {doc['settings']['threads']}: "
+            f"{_common.fmt(redis['round_trips_per_request']['median'])} round trips per request (<= 0.1), "
+            f"throughput {_common.fmt(redis['ratio_vs_memory']['median'])} x memory's (>= 0.9)"
+        )
     if name == "instructions":
         if "skipped" in doc:
             return f"skipped: {doc['skipped']}"
