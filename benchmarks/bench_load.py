@@ -31,10 +31,11 @@ Store operations on Redis: ``INFO commandstats`` is reset at the window's start 
 at its end. It counts the commands a Lua script runs as well as the script's ``EVALSHA``,
 so the round trips (what a client sends: ``EVALSHA``, ``ZREM``, the change feed's
 ``SUBSCRIBE`` and ``PING``...) are counted apart, on a ``MONITOR`` connection that tells
-a client's commands from a script's. Both views are shown, per request, with and without
-the change feed's ``PING``/``SUBSCRIBE``; the benchmark's own commands (``INFO``,
-``CONFIG``, ``MONITOR``) are left out. Targets (16 processes x 8 threads, one scope):
-Redis round trips per request <= 0.1 and Redis throughput >= 0.9 x memory's.
+a client's commands from a script's (and each ``EVALSHA``'s script by its SHA1). Both
+views are shown, per request, with and without the change feed's ``PING``/``SUBSCRIBE``;
+the benchmark's own commands (``INFO``, ``CONFIG``, ``MONITOR``, ``FLUSHALL``) are left
+out. Targets (16 processes x 8 threads, one scope): Redis round trips per request <= 0.1
+and Redis throughput >= 0.9 x memory's.
 
 CPU: the client processes', the HTTP server's and Redis's CPU time over the window (from
 ``/proc``), per request, and how busy the machine's cores were (``/proc/stat``): what
@@ -55,6 +56,7 @@ it too), the latter also without a quota (the near copy answering cooldowns alon
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
 import multiprocessing
@@ -238,7 +240,17 @@ class Fleet:
 
 # -- Redis: commandstats and MONITOR -----------------------------------------------------------
 
-_LINE = re.compile(rb'([0-9]+\.[0-9]+) \[[0-9]+ ([^\]]+)\] "([^"]+)"')
+_LINE = re.compile(rb'([0-9]+\.[0-9]+) \[[0-9]+ ([^\]]+)\] "([^"]+)"(?: "([^"]*)")?')
+
+
+def script_names() -> dict[bytes, str]:
+    """The package's Lua scripts by SHA1 (what ``EVALSHA`` names): a round trip is
+    counted per script (``evalsha admit``, ``evalsha settle``...)."""
+    try:
+        from retry_after_adapter.cooldown.redis import SCRIPTS, _source
+    except ImportError:  # the redis module moved: counted as plain "evalsha"
+        return {}
+    return {hashlib.sha1(_source(name).encode("utf-8")).hexdigest().encode(): name for name in SCRIPTS}
 
 
 class Monitor:
@@ -257,6 +269,7 @@ class Monitor:
         self.clients: Counter[str] = Counter()
         self.scripts: Counter[str] = Counter()
         self.received = time.monotonic()  # when the last chunk came
+        self.names = script_names()
         self._stop = False
         self._thread = threading.Thread(target=self._read, name="monitor", daemon=True)
         self._thread.start()
@@ -278,12 +291,14 @@ class Monitor:
             cut = data.rfind(b"\n") + 1
             data, rest = data[:cut], data[cut:]
             since, until = self.since, self.until
-            for stamp, source, command in _LINE.findall(data):
+            for stamp, source, command, first in _LINE.findall(data):
                 if since <= float(stamp) < until:
                     name = command.decode().lower()
                     if source == b"lua":
                         self.scripts[name] += 1
                     else:
+                        if name == "evalsha":
+                            name += " " + self.names.get(first, "(another script)")
                         self.clients[name] += 1
 
     def drain(self, quiet: float = 0.05, longest: float = 2.0) -> None:
@@ -763,6 +778,23 @@ def main() -> None:
                 rows,
             )
         )
+    by_command = {}
+    for name, runs in main_runs.items():
+        if runs and "redis" in runs[0]:
+            commands = sorted({c for r in runs for c in r["redis"]["round_trips"]})
+            by_command[name] = {
+                c: statistics.median(r["redis"]["round_trips"].get(c, 0) / r["requests"] for r in runs)
+                for c in commands
+            }
+    if by_command:
+        commands = sorted({c for per in by_command.values() for c in per})
+        tables.append(
+            _common.table(
+                "Redis round trips per request by command (EVALSHA by script), main table (median)",
+                ["store", *commands],
+                [[name, *(f"{per.get(c, 0):.4f}" for c in commands)] for name, per in by_command.items()],
+            )
+        )
     redis_main = main_summary.get("Redis")
     targets: dict[str, Any] = {}
     if redis_main is not None:
@@ -821,6 +853,7 @@ def main() -> None:
         "skipped": notes,
         "targets": targets,
         "main": main_summary,
+        "main_round_trips_per_request_by_command": by_command,
         "hosts": {str(n): row for n, row in hosts_summary.items()},
         "scopes": {str(n): row for n, row in scopes_summary.items()},
     }
