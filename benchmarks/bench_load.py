@@ -37,6 +37,11 @@ the benchmark's own commands (``INFO``, ``CONFIG``, ``MONITOR``, ``FLUSHALL``) a
 out. Targets (16 processes x 8 threads, one scope): Redis round trips per request <= 0.1
 and Redis throughput >= 0.9 x memory's.
 
+A worker that has not reported 45 s after the window closed (a call may take up to its
+30 s deadline) is stuck: its threads' stacks are printed (``faulthandler``), it is
+replaced by a new one, and the run is counted in the table ("runs stuck") but its figures
+are not used. (Send ``SIGUSR1`` to a worker to see its stacks at any time.)
+
 CPU: the client processes', the HTTP server's and Redis's CPU time over the window (from
 ``/proc``), per request, and how busy the machine's cores were (``/proc/stat``): what
 the rest of the machine used besides this benchmark is shown, since other work on a
@@ -56,12 +61,15 @@ it too), the latter also without a quota (the near copy answering cooldowns alon
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import hashlib
 import logging
 import math
 import multiprocessing
 import os
+import queue
 import re
+import signal
 import socket
 import statistics
 import sys
@@ -77,9 +85,14 @@ import _common
 QUOTA_LIMIT = 10_000
 TIMEOUT = 10.0
 TRIPS_TARGET = 0.1
+#: Seconds after the window's end by which every worker must have reported (a call may
+#: take up to its 30 s deadline): past it a worker is reported stuck and replaced.
+STUCK_AFTER = 45.0
 THROUGHPUT_TARGET = 0.9
 #: Commands the benchmark itself sends to Redis (left out of every count).
 OWN_COMMANDS = ("info", "config", "monitor", "flushall")
+#: The main table's stores: --only's keys and the names shown.
+MAIN_KEYS = {"memory": "memory", "sqlite": "SQLite", "redis": "Redis", "redis-nopush": "Redis, push=False"}
 #: The change feed's commands, shown apart.
 FEED_COMMANDS = ("ping", "subscribe", "unsubscribe")
 
@@ -161,6 +174,7 @@ def worker(index: int, commands: Any, results: Any) -> None:
     """One worker process: runs each spec it is sent (see :func:`run_variant`)."""
     from retry_after_adapter.cooldown.guard import guard_of
 
+    faulthandler.register(signal.SIGUSR1)  # kill -USR1 <pid>: every thread's stack on stderr
     logger = logging.getLogger("retry_after_adapter")
     logger.setLevel(logging.INFO)
     while True:
@@ -218,15 +232,30 @@ class Fleet:
     """The worker processes, started once (spawn) and given one variant at a time."""
 
     def __init__(self, processes: int) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.results = context.Queue()
-        self.commands = [context.Queue() for _ in range(processes)]
-        self.procs = [
-            context.Process(target=worker, args=(n, q, self.results), daemon=True)
-            for n, q in enumerate(self.commands)
-        ]
-        for proc in self.procs:
-            proc.start()
+        self.context = multiprocessing.get_context("spawn")
+        self.results = self.context.Queue()
+        self.commands: list[Any] = [None] * processes
+        self.procs: list[Any] = [None] * processes
+        for n in range(processes):
+            self._start(n)
+
+    def _start(self, n: int) -> None:
+        self.commands[n] = self.context.Queue()
+        self.procs[n] = self.context.Process(
+            target=worker, args=(n, self.commands[n], self.results), daemon=True
+        )
+        self.procs[n].start()
+
+    def replace(self, n: int) -> None:
+        """Worker ``n`` is stuck: its threads' stacks go to stderr, then it is killed and
+        a new worker takes its place."""
+        proc = self.procs[n]
+        with contextlib.suppress(OSError):
+            os.kill(proc.pid, signal.SIGUSR1)  # see worker(): faulthandler
+        time.sleep(1.0)
+        proc.kill()
+        proc.join(timeout=10)
+        self._start(n)
 
     def close(self) -> None:
         for q in self.commands:
@@ -386,15 +415,30 @@ def run_variant(
         monitor.until = time.time()
         stats = commandstats(redis["client"])
         monitor.drain()
-    reports = [fleet.results.get(timeout=120 + warm + duration) for _ in range(processes)]
+    # A call that began before t1 ends within its deadline (30 s); a worker that has not
+    # reported well after that is stuck (a deadlock in the store: see the report).
+    reports: dict[int, dict[str, Any]] = {}
+    last = t1 + STUCK_AFTER
+    while len(reports) < processes and time.monotonic() < last:
+        with contextlib.suppress(queue.Empty):
+            kind, index, report = fleet.results.get(timeout=max(0.1, last - time.monotonic()))
+            assert kind == "done", kind
+            reports[index] = report
     if monitor is not None:
         monitor.close()
-    assert all(r[0] == "done" for r in reports), reports
-    done = [r[2] for r in reports]
+    stuck = [n for n in range(processes) if n not in reports]
+    for n in stuck:
+        print(
+            f"  worker {n} did not finish within {STUCK_AFTER:g} s: its stacks follow; replaced",
+            file=sys.stderr,
+        )
+        fleet.replace(n)
+    done = list(reports.values())
     ok = sum(d["ok"] for d in done)
     used = {k: cpu_end[k] - cpu_start[k] for k in cpu_start}
     ours = sum(v for k, v in used.items() if not k.startswith("machine"))
     result: dict[str, Any] = {
+        "stuck_workers": len(stuck),
         "requests": ok,
         "requests_per_s": ok / duration,
         "not_ok": sum(d["bad"] for d in done),
@@ -475,7 +519,10 @@ def prepare_sqlite(spec: dict[str, Any]) -> None:
         SQLiteCooldownStore(spec["where"]).close()
 
 
-def summarise(runs: list[dict[str, Any]], memory_runs: list[dict[str, Any]] | None) -> dict[str, Any]:
+def summarise(every: list[dict[str, Any]], memory_runs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Medians over a variant's runs (a run with a stuck worker is counted, not used);
+    the ratio to memory is each run's over the memory run of the same repetition."""
+    runs = [r for r in every if not r["stuck_workers"]]
     out: dict[str, Any] = {
         "requests_per_s": _common.summary([r["requests_per_s"] for r in runs]),
         "client_cpu_us_per_request": _common.summary(
@@ -487,12 +534,14 @@ def summarise(runs: list[dict[str, Any]], memory_runs: list[dict[str, Any]] | No
         "not_ok": sum(r["not_ok"] for r in runs),
         "store_failures": sum(r["store_failures"] for r in runs),
         "store_busy": sum(r["store_busy"] for r in runs),
+        "stuck_runs": len(every) - len(runs),
         "log": dict(sum((Counter(r["log"]) for r in runs), Counter())),
-        "runs": runs,
+        "runs": every,
     }
     if memory_runs is not None:
+        base = {m["rep"]: m["requests_per_s"] for m in memory_runs if not m["stuck_workers"]}
         out["ratio_vs_memory"] = _common.summary(
-            _common.ratios([r["requests_per_s"] for r in runs], [m["requests_per_s"] for m in memory_runs])
+            [r["requests_per_s"] / base[r["rep"]] for r in runs if r["rep"] in base]
         )
     if runs and "redis" in runs[0]:
         for key in (
@@ -548,6 +597,9 @@ def main() -> None:
     p.add_argument("--processes-list", help="processes of the hosts table (default 1,4 and --processes)")
     p.add_argument("--scopes-list", help="scopes of the scopes table (default 1,16,256; quick 1,16)")
     p.add_argument("--no-scaling", action="store_true", help="the main table only")
+    p.add_argument(
+        "--only", help="the main table's stores, comma-separated (default: all): " + ", ".join(MAIN_KEYS)
+    )
     args = p.parse_args()
     processes = args.processes or (4 if args.quick else 16)
     threads = args.threads or (4 if args.quick else 8)
@@ -567,10 +619,13 @@ def main() -> None:
     if min(processes, threads, reps, scaling_reps, *processes_list, *scopes_list) < 1 or duration <= 0:
         p.error("counts must be at least 1 and --duration positive")
     fleet_size = max(processes, *processes_list)
+    only = list(MAIN_KEYS) if not args.only else [k.strip() for k in args.only.split(",") if k.strip()]
+    if "memory" not in only or set(only) - set(MAIN_KEYS):
+        p.error(f"--only: known stores are {', '.join(MAIN_KEYS)}, and memory (the baseline) must be one")
 
     load_at_start = _common.loadavg()
     notes: list[str] = []
-    main_names = ["memory", "SQLite", "Redis", "Redis, push=False"]
+    main_names = [MAIN_KEYS[key] for key in only]
     main_runs: dict[str, list[dict[str, Any]]] = {name: [] for name in main_names}
     hosts: dict[int, dict[str, list[dict[str, Any]]]] = {}
     scopes: dict[int, dict[str, list[dict[str, Any]]]] = {}
@@ -614,7 +669,7 @@ def main() -> None:
                 for name in order:
                     result = one(name, processes)
                     if result is not None:
-                        main_runs[name].append(result)
+                        main_runs[name].append({**result, "rep": rep})
             if not args.no_scaling:
                 for rep in range(scaling_reps):
                     for n_processes in processes_list:
@@ -624,7 +679,7 @@ def main() -> None:
                         for name in ("memory", "Redis") if rep % 2 == 0 else ("Redis", "memory"):
                             result = one(name, n_processes)
                             if result is not None:
-                                row[name].append(result)
+                                row[name].append({**result, "rep": rep})
                     for n_scopes in scopes_list:
                         row = scopes.setdefault(n_scopes, {"memory": [], "Redis": [], "Redis, no quota": []})
                         names = ("memory", "Redis", "Redis, no quota")
@@ -636,7 +691,7 @@ def main() -> None:
                                 quota=name != "Redis, no quota",
                             )
                             if result is not None:
-                                row[name].append(result)
+                                row[name].append({**result, "rep": rep})
         finally:
             fleet.close()
 
@@ -648,7 +703,7 @@ def main() -> None:
         if runs
     }
     if processes in processes_list and not args.no_scaling:
-        hosts[processes] = {"memory": main_runs["memory"], "Redis": main_runs["Redis"]}
+        hosts[processes] = {"memory": main_runs["memory"], "Redis": main_runs.get("Redis", [])}
     hosts_summary = {
         n: {
             name: summarise(runs, row["memory"] if name != "memory" else None)
@@ -693,7 +748,7 @@ def main() -> None:
                 commands_cell(s),
                 fmt_or_dash(s["client_cpu_us_per_request"], 0),
                 fmt_or_dash(s.get("redis_cpu_us_per_request"), 1),
-                f"{s['not_ok']} / {s['store_failures']} / {s['store_busy']}",
+                f"{s['not_ok']} / {s['store_failures']} / {s['store_busy']} / {s['stuck_runs']}",
             ]
         )
     tables = [
@@ -708,7 +763,7 @@ def main() -> None:
                 "Redis commands / request, scripts' included (without feed)",
                 "client CPU us / request",
                 "Redis CPU us / request",
-                "not 200 / store failures / busy",
+                "not 200 / store failures / busy / runs stuck",
             ],
             rows,
         )
