@@ -603,6 +603,12 @@ def summarise(every: list[dict[str, Any]], memory_runs: list[dict[str, Any]] | N
             "commands_per_request_without_feed",
         ):
             out[key] = _common.summary([r["redis"][key] for r in runs if r["redis"][key] is not None])
+        out["round_trips_per_request_by_command"] = {
+            command: statistics.median(
+                r["redis"]["round_trips"].get(command, 0) / r["requests"] for r in runs
+            )
+            for command in sorted({c for r in runs for c in r["redis"]["round_trips"]})
+        }
         out["redis_cpu_us_per_request"] = _common.summary(
             [r["redis_cpu_us_per_request"] for r in runs if r.get("redis_cpu_us_per_request") is not None]
         )
@@ -645,7 +651,10 @@ def main() -> None:
         "--warm", type=float, help="unmeasured seconds before each run's window (default 1.5; quick 1.2)"
     )
     p.add_argument("--reps", type=int, help="repetitions of the main table (default 3; quick 1)")
-    p.add_argument("--scaling-reps", type=int, help="repetitions of each scaling row (default 1)")
+    p.add_argument("--scaling-reps", type=int, help="repetitions of each scaling row (default 2; quick 1)")
+    p.add_argument(
+        "--scaling-duration", type=float, help="measured seconds per scaling run (default 3; quick 0.8)"
+    )
     p.add_argument("--processes-list", help="processes of the hosts table (default 1,4 and --processes)")
     p.add_argument("--scopes-list", help="scopes of the scopes table (default 1,16,256; quick 1,16)")
     p.add_argument("--no-scaling", action="store_true", help="the main table only")
@@ -671,7 +680,8 @@ def main() -> None:
     duration = args.duration or (1.0 if args.quick else 5.0)
     warm = args.warm if args.warm is not None else (1.2 if args.quick else 1.5)
     reps = args.reps or (1 if args.quick else 3)
-    scaling_reps = args.scaling_reps or 1
+    scaling_reps = args.scaling_reps or (1 if args.quick else 2)
+    scaling_duration = args.scaling_duration or (0.8 if args.quick else 3.0)
     if args.processes_list:
         processes_list = [int(x) for x in args.processes_list.split(",")]
     else:
@@ -713,14 +723,14 @@ def main() -> None:
         fleet = Fleet(fleet_size, args.worker_nice)
         try:
 
-            def one(name: str, n_processes: int, **kw: Any) -> dict[str, Any] | None:
+            def one(name: str, n_processes: int, window: float, **kw: Any) -> dict[str, Any] | None:
                 nonlocal run
                 run += 1
                 spec = spec_of(name, server.url, threads, workdir, redis_url, run, store_timeout, **kw)
                 if spec is None:
                     return None
                 prepare_sqlite(spec)
-                result = run_variant(fleet, spec, n_processes, pids, redis, warm, duration)
+                result = run_variant(fleet, spec, n_processes, pids, redis, warm, window)
                 if result["stuck_workers"]:
                     print(f"  {name}: {result['stuck_workers']} worker(s) stuck", file=sys.stderr, flush=True)
                     return result
@@ -736,7 +746,7 @@ def main() -> None:
             for rep in range(reps):
                 order = main_names[rep % len(main_names) :] + main_names[: rep % len(main_names)]
                 for name in order:
-                    result = one(name, processes)
+                    result = one(name, processes, duration)
                     if result is not None:
                         main_runs[name].append({**result, "rep": rep})
             if not args.no_scaling:
@@ -746,7 +756,7 @@ def main() -> None:
                             continue  # the main table's rows
                         row = hosts.setdefault(n_processes, {"memory": [], "Redis": []})
                         for name in ("memory", "Redis") if rep % 2 == 0 else ("Redis", "memory"):
-                            result = one(name, n_processes)
+                            result = one(name, n_processes, scaling_duration)
                             if result is not None:
                                 row[name].append({**result, "rep": rep})
                     for n_scopes in scopes_list:
@@ -756,6 +766,7 @@ def main() -> None:
                             result = one(
                                 "Redis" if name.startswith("Redis") else name,
                                 processes,
+                                scaling_duration,
                                 scopes=n_scopes,
                                 quota=name != "Redis, no quota",
                             )
@@ -806,6 +817,12 @@ def main() -> None:
             f"({_common.fmt(s['commands_per_request_without_feed']['median'], 3)})"
         )
 
+    def scripts_cell(s: dict[str, Any]) -> str:
+        per = s.get("round_trips_per_request_by_command")
+        if per is None:
+            return "-"
+        return " / ".join(f"{per.get('evalsha ' + script, 0):.3f}" for script in ("admit", "settle", "note"))
+
     rows = []
     for name, s in main_summary.items():
         rows.append(
@@ -848,7 +865,7 @@ def main() -> None:
                     fmt_or_dash(r["requests_per_s"], 0) if r else "-",
                     fmt_or_dash(r.get("ratio_vs_memory"), 3) if r else "-",
                     trips_cell(r) if r else "-",
-                    commands_cell(r) if r else "-",
+                    scripts_cell(r) if r else "-",
                     fmt_or_dash(m["client_cpu_us_per_request"], 0) if m else "-",
                     fmt_or_dash(r["client_cpu_us_per_request"], 0) if r else "-",
                 ]
@@ -862,7 +879,7 @@ def main() -> None:
                     "Redis req/s",
                     "Redis / memory",
                     "round trips / request (without feed)",
-                    "commands / request (without feed)",
+                    "of which admit / settle / note",
                     "memory client CPU us/req",
                     "Redis client CPU us/req",
                 ],
@@ -880,9 +897,11 @@ def main() -> None:
                     fmt_or_dash(r["requests_per_s"], 0) if r else "-",
                     fmt_or_dash(r.get("ratio_vs_memory"), 3) if r else "-",
                     trips_cell(r) if r else "-",
+                    scripts_cell(r) if r else "-",
                     fmt_or_dash(nq["requests_per_s"], 0) if nq else "-",
                     fmt_or_dash(nq.get("ratio_vs_memory"), 3) if nq else "-",
                     trips_cell(nq) if nq else "-",
+                    scripts_cell(nq) if nq else "-",
                 ]
             )
         tables.append(
@@ -895,9 +914,11 @@ def main() -> None:
                     "Redis req/s",
                     "Redis / memory",
                     "round trips / request (without feed)",
+                    "of which admit / settle / note",
                     "Redis, no quota: req/s",
                     "/ memory",
                     "round trips / request (without feed)",
+                    "of which admit / settle / note",
                 ],
                 rows,
             )
@@ -966,6 +987,7 @@ def main() -> None:
             "warm_s": warm,
             "reps": reps,
             "scaling_reps": scaling_reps,
+            "scaling_duration_s": scaling_duration,
             "processes_list": processes_list,
             "scopes_list": scopes_list,
             "quota": {"limit": QUOTA_LIMIT, "per": 1.0},
