@@ -79,6 +79,7 @@ import sys
 import tempfile
 import time
 import timeit
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -141,6 +142,8 @@ class Variant:
     name: str
     make: Callable[[], requests.Session]
     target: float | None = None
+    #: The store operations of its store object, by operation (shared stores only).
+    operations: Counter[str] | None = None
 
 
 #: Keys of the shared-store variants, in table order: (key, store kind, admission, push).
@@ -166,6 +169,30 @@ ALL_KEYS = (
 def store_variant_name(kind: str, admission: bool, push: bool) -> str:
     name = f"adapter, {kind}" + (" + Quota + max_concurrency" if admission else "")
     return name if push else name + ", push=False"
+
+
+#: The store operations counted on a shared store object (each a round trip to Redis,
+#: or a statement on the SQLite file; the near copy's feed checks are not among them).
+OPERATIONS = ("get", "extend", "admit", "release", "settle", "allow", "note")
+
+
+def count_operations(store: Any) -> Counter[str]:
+    """Count ``store``'s operations from now on (its failure layer calls them through the
+    instance, so wrapping the instance's methods sees every one; a few tenths of a
+    microsecond each)."""
+    counts: Counter[str] | None = getattr(store, "_bench_operations", None)
+    if counts is not None:
+        return counts  # wrapped already (a store's variant made twice: --profile)
+    counts = store._bench_operations = Counter()
+    for name in OPERATIONS:
+        method = getattr(store, name)
+
+        def counted(*args: Any, _method: Any = method, _name: str = name, **kwargs: Any) -> Any:
+            counts[_name] += 1
+            return _method(*args, **kwargs)
+
+        setattr(store, name, counted)
+    return counts
 
 
 @contextlib.contextmanager
@@ -210,7 +237,8 @@ def variants(keys: set[str], made: dict[str, Any]) -> list[Variant]:
             def make(store: Any = store, admission: bool = admission) -> requests.Session:
                 return adapter_session(cooldown=store, admission=admission)
 
-            out.append(Variant(key, store_variant_name(kind, admission, push), make, target))
+            counts = count_operations(store)
+            out.append(Variant(key, store_variant_name(kind, admission, push), make, target, counts))
     out += [
         Variant("aa", "stock, again (A/A control)", stock_session),
         Variant("no-deadline", "adapter, no deadline", lambda: adapter_session(deadline=None)),
@@ -262,6 +290,9 @@ def measure(
         settle_rounds += 1
     times: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
+    for v in chosen:
+        if v.operations is not None:
+            v.operations.clear()
     for r in range(rounds):
         for name in rotation(r):
             gc.collect()
@@ -271,8 +302,13 @@ def measure(
     for session in sessions.values():
         session.close()
     result: dict[str, Any] = {}
+    operations = {v.name: v.operations for v in chosen}
     for name in names:
+        counted = operations[name]
         result[name] = {
+            "store_operations_per_request": None
+            if counted is None
+            else {op: n / (rounds * block) for op, n in sorted(counted.items())},
             "us_per_request": _common.summary([t / block * 1e6 for t in times[name]]),
             "ratio_vs_stock": _common.summary(_common.ratios(times[name], times["stock"])),
             "cpu_us_per_request": _common.summary([t / block * 1e6 for t in cpu[name]]),
@@ -461,6 +497,9 @@ def main() -> None:
                 _common.fmt_summary(r["ratio_vs_stock"], 3),
                 "" if name == "stock" else f"{extra_us:+.1f}",
                 _common.fmt_summary(r["cpu_ratio_vs_stock"], 3),
+                ""
+                if r["store_operations_per_request"] is None
+                else f"{sum(r['store_operations_per_request'].values()):.3f}",
                 "" if target is None else f"<= {target:.2f}: " + ("met" if ratio <= target else "MISSED"),
             ]
         )
@@ -473,6 +512,7 @@ def main() -> None:
                 "ratio vs stock",
                 "extra us (medians)",
                 "CPU-time ratio",
+                "store ops / request",
                 "target",
             ],
             rows,
@@ -483,6 +523,17 @@ def main() -> None:
             [[name, _common.fmt_summary(s, 3)] for name, s in parts.items()],
         ),
     ]
+    counted = {name: r["store_operations_per_request"] for name, r in results.items()}
+    counted = {name: per for name, per in counted.items() if per is not None}
+    if counted:
+        ops = [op for op in OPERATIONS if any(op in per for per in counted.values())]
+        tables.append(
+            _common.table(
+                "Store operations per request in the rotation, by operation (shared stores)",
+                ["variant", *ops],
+                [[name, *(f"{per.get(op, 0):.4f}" for op in ops)] for name, per in counted.items()],
+            )
+        )
     if prof is not None:
         tables.append(
             "cProfile totals, us per request (profiling inflates all): "

@@ -123,6 +123,20 @@ def test_happy_path_quick(tmp_path: Path) -> None:
     for name, verdict in doc["targets"].items():
         assert verdict["ratio_median"] == variants[name]["ratio_vs_stock"]["median"]
         assert verdict["meets"] is (verdict["ratio_median"] <= verdict["target"])
+    # Store operations are counted on the shared stores' objects only.
+    for name, r in variants.items():
+        if name.startswith(("adapter, SQLite", "adapter, Redis")):
+            assert set(r["store_operations_per_request"]) <= {
+                "get",
+                "extend",
+                "admit",
+                "release",
+                "settle",
+                "allow",
+                "note",
+            }
+        else:
+            assert r["store_operations_per_request"] is None, name
     assert doc["breakdown_us"], "the component breakdown is missing"
     for s in doc["breakdown_us"].values():
         check_summary(s)
