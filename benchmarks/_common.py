@@ -1,5 +1,6 @@
 """Shared helpers for the benchmarks: statistics, tables, JSON results, the machine
-description, and a fast loopback keep-alive HTTP server run in its own process.
+description, a fast loopback keep-alive HTTP server run in its own process, and a
+private ``redis-server``.
 
 Every benchmark prints a table and then its JSON document (after a line ``--- JSON ---``)
 and writes the same JSON to ``benchmarks/results/<name>.json`` (or to ``--out DIR``).
@@ -18,11 +19,13 @@ import json
 import math
 import os
 import platform
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -285,6 +288,89 @@ class ServerProcess:
 def ok_server() -> ServerProcess:
     """The fast ``200 ok`` keep-alive server, in its own process."""
     return ServerProcess(Path(__file__), "--serve-ok")
+
+
+# -- a private redis-server -------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _pings(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """A ``redis-server`` on a free loopback port, without persistence: ``url``, ``pid``
+    and ``version``. Made by :func:`redis_server`."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, version: str) -> None:
+        self.proc = proc
+        self.port = port
+        self.pid = proc.pid
+        self.version = version
+        self.url = f"redis://127.0.0.1:{port}/0"
+
+
+@contextlib.contextmanager
+def redis_server(workdir: str | Path) -> Iterator[tuple[RedisServer | None, str]]:
+    """Yield ``(server, "")`` for a fresh loopback redis-server (ended on exit), or
+    ``(None, why not)`` when the binary or the ``redis`` package is missing."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        yield None, "redis-server not found on PATH"
+        return
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        yield None, "the redis package is not installed (pip install 'retry_after_adapter[redis]')"
+        return
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+    for _ in range(5):
+        port = free_port()
+        log = os.path.join(str(workdir), f"redis-{port}.log")
+        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", str(workdir), "--logfile", log]  # fmt: skip
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None and not _pings(port):
+            time.sleep(0.02)
+        if proc.poll() is None and _pings(port):
+            break
+        proc.kill()
+        proc.wait(timeout=5)
+    else:
+        yield None, "redis-server did not start"
+        return
+    try:
+        yield RedisServer(proc, port, version), ""
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (all its threads), from
+    ``/proc/<pid>/stat``; NaN when it cannot be read (not Linux, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ BENCHMARKS = {
     "faults": ("bench_faults.py", "faults.json"),
     "push": ("bench_push.py", "bench_push.json"),
     "scopes": ("bench_scopes.py", "scopes.json"),
+    "load": ("bench_load.py", "load.json"),
 }
 
 
@@ -40,7 +41,23 @@ def headline(name: str, doc: dict[str, Any]) -> str:
     """One line with the figures that matter most for ``name``."""
     if name == "happy_path":
         r = doc["variants"]["adapter"]["ratio_vs_stock"]
-        return f"adapter / stock per request: {_common.fmt_summary(r)} (target <= {doc['target_ratio']})"
+        line = f"adapter / stock per request: {_common.fmt_summary(r)} (target <= {doc['target_ratio']})"
+        others = [
+            f"{variant.removeprefix('adapter').lstrip(', ') or 'adapter'} {_common.fmt(v['ratio_median'])}"
+            f" (<= {v['target']})"
+            for variant, v in doc.get("targets", {}).items()
+            if variant != "adapter"
+        ]
+        return "; ".join([line, *others])
+    if name == "load":
+        redis = doc["main"].get("Redis")
+        if redis is None:
+            return "; ".join(doc["skipped"]) or "no Redis row"
+        return (
+            f"Redis, {doc['settings']['processes']} x {doc['settings']['threads']}: "
+            f"{_common.fmt(redis['round_trips_per_request']['median'])} round trips per request (<= 0.1), "
+            f"throughput {_common.fmt(redis['ratio_vs_memory']['median'])} x memory's (>= 0.9)"
+        )
     if name == "instructions":
         if "skipped" in doc:
             return f"skipped: {doc['skipped']}"

@@ -82,17 +82,29 @@ def test_instructions_quick(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_happy_path_quick(tmp_path: Path) -> None:
-    doc = run_quick("bench_happy_path.py", tmp_path, "--rounds", "2", "--block", "20", "--diagnostic")
+    doc = run_quick(
+        "bench_happy_path.py",
+        tmp_path,
+        *("--rounds", "2", "--block", "20", "--diagnostic"),
+        *("--warm-seconds", "0.1", "--settle-seconds", "0"),
+    )
     assert doc["benchmark"] == "happy_path"
     variants = doc["variants"]
-    assert set(variants) == {
+    expected = {
         "stock",
         "adapter",
         "adapter + Quota + max_concurrency",
+        "adapter, SQLite",
+        "adapter, SQLite + Quota + max_concurrency",
         "stock, again (A/A control)",
         "adapter, no deadline",
         "adapter, no store",
     }
+    if not doc["skipped"]:
+        expected |= {"adapter, Redis", "adapter, Redis + Quota + max_concurrency"}
+    else:
+        assert all("Redis" in note for note in doc["skipped"]), doc["skipped"]
+    assert set(variants) == expected
     for r in variants.values():
         check_summary(r["us_per_request"], 2)
         check_summary(r["ratio_vs_stock"], 2)
@@ -105,9 +117,73 @@ def test_happy_path_quick(tmp_path: Path) -> None:
     assert doc["admission_ratio_median"] == admission
     assert doc["admission_target_ratio"] == 1.05
     assert doc["admission_meets_target"] is (admission <= 1.05)
+    # Every variant with a target has its verdict; the store rows' targets are 1.05 / 1.10.
+    assert doc["targets"]["adapter, SQLite"]["target"] == 1.05
+    assert doc["targets"]["adapter, SQLite + Quota + max_concurrency"]["target"] == 1.10
+    for name, verdict in doc["targets"].items():
+        assert verdict["ratio_median"] == variants[name]["ratio_vs_stock"]["median"]
+        assert verdict["meets"] is (verdict["ratio_median"] <= verdict["target"])
+    # Store operations are counted on the shared stores' objects only.
+    for name, r in variants.items():
+        if name.startswith(("adapter, SQLite", "adapter, Redis")):
+            assert set(r["store_operations_per_request"]) <= {
+                "get",
+                "extend",
+                "admit",
+                "release",
+                "settle",
+                "allow",
+                "note",
+            }
+        else:
+            assert r["store_operations_per_request"] is None, name
     assert doc["breakdown_us"], "the component breakdown is missing"
     for s in doc["breakdown_us"].values():
         check_summary(s)
+
+
+@pytest.mark.slow
+def test_load_quick(tmp_path: Path) -> None:
+    doc = run_quick(
+        "bench_load.py",
+        tmp_path,
+        *("--processes", "2", "--threads", "2", "--duration", "0.6", "--warm", "0.3"),
+        *("--processes-list", "1,2", "--scopes-list", "2"),
+    )
+    assert doc["benchmark"] == "load"
+    main = doc["main"]
+    redis = not doc["skipped"]
+    assert set(main) == (
+        {"memory", "SQLite", "Redis", "Redis, push=False"} if redis else {"memory", "SQLite"}
+    )
+    for name, s in main.items():
+        check_summary(s["requests_per_s"], 1)
+        assert s["requests_per_s"]["median"] >= 0
+        # The quota never binds and the server answers 200 to everything.
+        assert s["not_ok"] == 0, (name, s["log"])
+        run = s["runs"][0]
+        assert run["requests"] == pytest.approx(run["requests_per_s"] * doc["settings"]["duration_s"])
+        if name != "memory":
+            check_summary(s["ratio_vs_memory"], 1)
+    assert set(doc["hosts"]) == {"1", "2"}
+    assert set(doc["scopes"]) == {"2"}
+    if redis:
+        for name in ("Redis", "Redis, push=False"):
+            run = main[name]["runs"][0]
+            if run["requests"] == 0 or run["store_failures"]:
+                # A machine too busy to answer within the short window, or a store that
+                # timed out (the failure layer then admits locally): nothing to check.
+                continue
+            counts = run["redis"]
+            # MONITOR's split (a client's commands, a script's) adds up to commandstats.
+            assert counts["monitor_total_vs_commandstats"] == pytest.approx(1.0, abs=0.05)
+            # Round trips by script: an admission's is there.
+            assert counts["round_trips"].get("evalsha admit", 0) > 0, counts["round_trips"]
+        # Without the near copy every attempt is (at least) one round trip.
+        nopush = main["Redis, push=False"]["runs"][0]
+        if nopush["requests"] and not nopush["store_failures"]:
+            assert main["Redis, push=False"]["round_trips_per_request_without_feed"]["median"] >= 0.99
+        assert set(doc["targets"]) == {"round_trips_per_request", "ratio_vs_memory"}
 
 
 @pytest.mark.slow

@@ -1,0 +1,1012 @@
+"""Shared stores under load: many processes of many threads on one store, a quota that
+never binds, and what each store costs in throughput and in store operations.
+
+A fleet of ``--processes`` worker processes (default 16, standing in for hosts) of
+``--threads`` threads each (default 8), each thread with its own Session, sends GETs as
+fast as it can to the benchmarks' ``200 ok`` keep-alive server on loopback (asyncio, in
+its own process). Every adapter has ``quota=Quota(10000, per=1)``, which never binds
+(the whole fleet sends a few thousand requests per second at most here), on one scope
+(the server's origin) unless said otherwise. The stores:
+
+- memory: each process its own ``MemoryCooldownStore`` (nothing shared: the floor the
+  others are measured against; its quota is per process);
+- SQLite: one ``SQLiteCooldownStore`` file shared by every process;
+- Redis: one ``RedisCooldownStore`` on a ``redis-server`` the script starts on a free
+  loopback port (without persistence), with its near copy (``push=True``, the default);
+- Redis, push=False: the same without the near copy (a store round trip per attempt).
+
+The Redis rows are skipped with a message when the binary or the ``redis`` package is
+missing.
+
+Method. The worker processes are started once and run every variant in turn (the order
+rotated from one repetition to the next); a variant runs with a fresh store (a new file,
+a new key prefix) for ``--warm`` seconds unmeasured (default 1.5: a near copy sizes its
+quota batches to its process's rate over the last whole second, so batches form only
+after one second) and then ``--duration`` seconds measured (default 5). Requests/s is
+the number of GETs answered 200 within the measured window over its length; the ratio to
+memory is taken against the memory run of the same repetition, and the tables quote the
+median over repetitions with its min-max.
+
+Store operations on Redis: ``INFO commandstats`` is reset at the window's start and read
+at its end. It counts the commands a Lua script runs as well as the script's ``EVALSHA``,
+so the round trips (what a client sends: ``EVALSHA``, ``ZREM``, the change feed's
+``SUBSCRIBE`` and ``PING``...) are counted apart, on a ``MONITOR`` connection that tells
+a client's commands from a script's (and each ``EVALSHA``'s script by its SHA1). Both
+views are shown, per request, with and without the change feed's ``PING``/``SUBSCRIBE``;
+the benchmark's own commands (``INFO``, ``CONFIG``, ``MONITOR``, ``FLUSHALL``) are left
+out. Targets (16 processes x 8 threads, one scope): Redis round trips per request <= 0.1
+and Redis throughput >= 0.9 x memory's.
+
+Saturation. The worker processes stand in for hosts, and the servers they talk to (HTTP,
+Redis) would run elsewhere; on a small machine 128 busy client threads share the cores
+with them. So the workers run at a lower priority (``nice`` 5, ``--worker-nice``) and the
+stores get a 1 s timeout (``--store-timeout``; the defaults, 0.1 s for a Redis reply and
+0.25 s for a SQLite lock, are for a machine that is not saturated): otherwise replies
+delayed by the scheduler, or 128 connections queueing for SQLite's one write lock, make
+operations fail, the failure layer skips the store for a while, and the figures measure
+that fallback instead of the store. "store failures" and "busy" in the table count what
+happened anyway. With every core busy a request takes about ``threads x processes /
+throughput`` (over 100 ms here), longer than a quota's ``margin`` (50 ms): a permit must
+then be settled (one more operation) when its answer comes, which a less loaded fleet
+rarely needs; the table of round trips by script shows it.
+
+A worker that has not reported 45 s after the window closed (a call may take up to its
+30 s deadline) is stuck: its threads' stacks are printed (``faulthandler``), it is
+replaced by a new one, and the run is counted in the table ("runs stuck") but its figures
+are not used. (Send ``SIGUSR1`` to a worker to see its stacks at any time.)
+
+CPU: the client processes', the HTTP server's and Redis's CPU time over the window (from
+``/proc``), per request, and how busy the machine's cores were (``/proc/stat``): what
+the rest of the machine used besides this benchmark is shown, since other work on a
+small machine moves every figure.
+
+Then two scaling tables, memory against Redis (with push): ``--processes-list``
+(default 1, 4 and 16 processes of ``--threads`` threads: more hosts) and
+``--scopes-list`` (default 1, 16 and 256 scopes, each thread going round-robin over
+them: a scope per path, given by a plain scope function, so the 1-scope row there uses
+it too), the latter also without a quota (the near copy answering cooldowns alone).
+
+    python benchmarks/bench_load.py             # about 4 minutes
+    python benchmarks/bench_load.py --quick     # about 40 s: 4 processes x 4 threads, short runs
+    python benchmarks/bench_load.py --no-scaling --reps 3
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import hashlib
+import logging
+import math
+import multiprocessing
+import os
+import queue
+import re
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import _common
+
+QUOTA_LIMIT = 10_000
+TIMEOUT = 10.0
+TRIPS_TARGET = 0.1
+#: Seconds after the window's end by which every worker must have reported (a call may
+#: take up to its 30 s deadline): past it a worker is reported stuck and replaced.
+STUCK_AFTER = 45.0
+THROUGHPUT_TARGET = 0.9
+#: Commands the benchmark itself sends to Redis (left out of every count).
+OWN_COMMANDS = ("info", "config", "monitor", "flushall")
+#: The main table's stores: --only's keys and the names shown.
+MAIN_KEYS = {"memory": "memory", "sqlite": "SQLite", "redis": "Redis", "redis-nopush": "Redis, push=False"}
+#: The change feed's commands, shown apart.
+FEED_COMMANDS = ("ping", "subscribe", "unsubscribe")
+
+
+# -- the worker processes -----------------------------------------------------------------
+
+
+def _path_scope(request: Any) -> str:
+    """A scope per path (``/s17``): a plain scope function (its result is hashed)."""
+    return str(request.url).rsplit("/", 1)[1]
+
+
+def _make_store(spec: dict[str, Any]) -> Any:
+    from retry_after_adapter import MemoryCooldownStore
+    from retry_after_adapter.cooldown import RedisCooldownStore, SQLiteCooldownStore
+
+    kind = spec["store"]
+    timeout = spec["timeout"]
+    if kind == "memory":
+        return MemoryCooldownStore()
+    if kind == "sqlite":
+        if timeout is None:
+            return SQLiteCooldownStore(spec["where"], push=spec["push"])
+        return SQLiteCooldownStore(spec["where"], push=spec["push"], timeout=timeout)
+    if timeout is None:
+        return RedisCooldownStore.from_url(spec["where"], prefix=spec["prefix"], push=spec["push"])
+    return RedisCooldownStore.from_url(
+        spec["where"],
+        prefix=spec["prefix"],
+        push=spec["push"],
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+    )
+
+
+def _session(spec: dict[str, Any], store: Any) -> Any:
+    import requests
+
+    from retry_after_adapter import Quota, RetryAfterAdapter, RetryAfterRetry
+
+    retry = RetryAfterRetry(total=5, backoff_factor=0.5, status_forcelist=(429, 502, 503, 504), deadline=30)
+    kwargs: dict[str, Any] = {"cooldown": store}
+    if spec["quota"]:
+        kwargs["quota"] = Quota(QUOTA_LIMIT, per=1.0)
+    if spec["scopes"] > 0:
+        kwargs["scope"] = _path_scope
+    session = requests.Session()
+    session.mount("http://", RetryAfterAdapter(max_retries=retry, **kwargs))
+    return session
+
+
+class _Counting(logging.Handler):
+    """Counts the package's log records (INFO and up) and keeps the first few."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.counts: Counter[str] = Counter()
+        self.first: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.counts[record.levelname] += 1
+        if len(self.first) < 3:
+            self.first.append(f"{record.levelname}: {record.getMessage()}"[:300])
+
+
+def _thread(session: Any, urls: list[str], offset: int, t0: float, t1: float, out: list[int]) -> None:
+    """GETs until ``t1``; ``out``: [200s answered within [t0, t1), other outcomes]."""
+    get = session.get
+    clock = time.monotonic
+    n = len(urls)
+    i = offset
+    inside = bad = 0
+    while True:
+        try:
+            ok = get(urls[i % n], timeout=TIMEOUT).status_code == 200
+        except Exception:
+            ok = False
+        i += 1
+        now = clock()
+        if now >= t1:
+            break
+        if not ok:
+            bad += 1
+        elif now >= t0:
+            inside += 1
+    out[0], out[1] = inside, bad
+
+
+def worker(index: int, commands: Any, results: Any, nice: int) -> None:
+    """One worker process: runs each spec it is sent (see :func:`run_variant`)."""
+    from retry_after_adapter.cooldown.guard import guard_of
+
+    if nice:
+        with contextlib.suppress(OSError):
+            os.nice(nice)
+    faulthandler.register(signal.SIGUSR1)  # kill -USR1 <pid>: every thread's stack on stderr
+    logger = logging.getLogger("retry_after_adapter")
+    logger.setLevel(logging.INFO)
+    while True:
+        spec = commands.get()
+        if spec is None:
+            return
+        handler = _Counting()
+        logger.addHandler(handler)
+        store = _make_store(spec)
+        base = spec["url"]
+        urls = [f"{base}/s{n}" for n in range(spec["scopes"])] if spec["scopes"] > 0 else [base + "/"]
+        sessions = [_session(spec, store) for _ in range(spec["threads"])]
+        results.put(("ready", index))
+        start_at, t0, t1 = commands.get()
+        outs = [[0, 0] for _ in sessions]
+        threads = [
+            threading.Thread(
+                target=_thread,
+                args=(s, urls, index * len(sessions) + n, t0, t1, outs[n]),
+                daemon=True,
+            )
+            for n, s in enumerate(sessions)
+        ]
+        time.sleep(max(0.0, start_at - time.monotonic()))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s in sessions:
+            s.close()
+        health = {"failures": 0, "busy": 0, "outages": 0}
+        if spec["store"] == "memory":
+            store.close()
+        else:
+            guard = guard_of(store)
+            health = {"failures": guard.failures, "busy": guard.busy, "outages": guard.outages}
+            guard.close()  # its held slots, its change feed, then the store
+        logger.removeHandler(handler)
+        results.put(
+            (
+                "done",
+                index,
+                {
+                    "ok": sum(o[0] for o in outs),
+                    "bad": sum(o[1] for o in outs),
+                    "log": dict(handler.counts),
+                    "log_first": handler.first,
+                    **health,
+                },
+            )
+        )
+
+
+class Fleet:
+    """The worker processes, started once (spawn) and given one variant at a time."""
+
+    def __init__(self, processes: int, nice: int) -> None:
+        self.nice = nice
+        self.context = multiprocessing.get_context("spawn")
+        self.results = self.context.Queue()
+        self.commands: list[Any] = [None] * processes
+        self.procs: list[Any] = [None] * processes
+        for n in range(processes):
+            self._start(n)
+
+    def _start(self, n: int) -> None:
+        self.commands[n] = self.context.Queue()
+        self.procs[n] = self.context.Process(
+            target=worker, args=(n, self.commands[n], self.results, self.nice), daemon=True
+        )
+        self.procs[n].start()
+
+    def replace(self, n: int) -> None:
+        """Worker ``n`` is stuck: its threads' stacks go to stderr, then it is killed and
+        a new worker takes its place."""
+        proc = self.procs[n]
+        with contextlib.suppress(OSError):
+            os.kill(proc.pid, signal.SIGUSR1)  # see worker(): faulthandler
+        time.sleep(1.0)
+        proc.kill()
+        proc.join(timeout=10)
+        self._start(n)
+
+    def close(self) -> None:
+        for q in self.commands:
+            q.put(None)
+        for proc in self.procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
+
+
+# -- Redis: commandstats and MONITOR -----------------------------------------------------------
+
+_LINE = re.compile(rb'([0-9]+\.[0-9]+) \[[0-9]+ ([^\]]+)\] "([^"]+)"(?: "([^"]*)")?')
+
+
+def script_names() -> dict[bytes, str]:
+    """The package's Lua scripts by SHA1 (what ``EVALSHA`` names): a round trip is
+    counted per script (``evalsha admit``, ``evalsha settle``...)."""
+    try:
+        from retry_after_adapter.cooldown.redis import SCRIPTS, _source
+    except ImportError:  # the redis module moved: counted as plain "evalsha"
+        return {}
+    return {hashlib.sha1(_source(name).encode("utf-8")).hexdigest().encode(): name for name in SCRIPTS}
+
+
+class Monitor:
+    """Counts the commands Redis runs between the wall-clock times :attr:`since` and
+    :attr:`until` (as Redis stamps them), by who sent them: a client (a round trip) or
+    a Lua script (``[0 lua]`` in ``MONITOR``'s lines)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.sock.sendall(b"MONITOR\r\n")
+        reply = self.sock.recv(5)
+        if reply != b"+OK\r\n":
+            raise RuntimeError(f"MONITOR refused: {reply!r}")
+        self.since = math.inf
+        self.until = math.inf
+        self.clients: Counter[str] = Counter()
+        self.scripts: Counter[str] = Counter()
+        self.received = time.monotonic()  # when the last chunk came
+        self.names = script_names()
+        self._stop = False
+        self._thread = threading.Thread(target=self._read, name="monitor", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        self.sock.settimeout(0.1)
+        rest = b""
+        while not self._stop:
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.received = time.monotonic()
+            data = rest + chunk
+            cut = data.rfind(b"\n") + 1
+            data, rest = data[:cut], data[cut:]
+            since, until = self.since, self.until
+            for stamp, source, command, first in _LINE.findall(data):
+                if since <= float(stamp) < until:
+                    name = command.decode().lower()
+                    if source == b"lua":
+                        self.scripts[name] += 1
+                    else:
+                        if name == "evalsha":
+                            name += " " + self.names.get(first, "(another script)")
+                        self.clients[name] += 1
+
+    def drain(self, quiet: float = 0.05, longest: float = 2.0) -> None:
+        """Wait until nothing came for ``quiet`` seconds (what was sent has been read)."""
+        end = time.monotonic() + longest
+        while time.monotonic() < end and time.monotonic() - self.received < quiet:
+            time.sleep(quiet / 2)
+
+    def close(self) -> None:
+        self._stop = True
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self._thread.join(timeout=2)
+
+
+def commandstats(client: Any) -> dict[str, int]:
+    """Calls per command since the last reset (script-run commands included)."""
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(entry["calls"]) for name, entry in stats.items()}
+
+
+def _own(command: str) -> bool:
+    return command.split("|", 1)[0] in OWN_COMMANDS
+
+
+def _feed(command: str) -> bool:
+    return command.split("|", 1)[0] in FEED_COMMANDS
+
+
+# -- one run ---------------------------------------------------------------------------------
+
+
+def machine_cpu() -> tuple[float, float]:
+    """Busy and total CPU seconds of the whole machine (all cores) so far."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / tick, sum(fields[:8]) / tick
+
+
+def collect(fleet: Fleet, kind: str, count: int, last: float) -> dict[int, Any]:
+    """Up to ``count`` messages ``kind`` from the workers, until ``last`` (monotonic):
+    each worker's by its index."""
+    got: dict[int, Any] = {}
+    while len(got) < count and time.monotonic() < last:
+        with contextlib.suppress(queue.Empty):
+            message = fleet.results.get(timeout=max(0.1, last - time.monotonic()))
+            assert message[0] == kind, (message, kind)
+            got[message[1]] = message[2] if len(message) > 2 else None
+    return got
+
+
+def replace_stuck(fleet: Fleet, stuck: list[int], what: str) -> list[int]:
+    for n in stuck:
+        print(
+            f"  worker {n} did not {what} within {STUCK_AFTER:g} s: its stacks follow; replaced",
+            file=sys.stderr,
+        )
+        fleet.replace(n)
+    return stuck
+
+
+def run_variant(
+    fleet: Fleet,
+    spec: dict[str, Any],
+    processes: int,
+    pids: dict[str, int],
+    redis: Any,
+    warm: float,
+    duration: float,
+) -> dict[str, Any]:
+    """Run ``spec`` on the first ``processes`` workers: warm-up, then the measured
+    window; what it measured."""
+    for q in fleet.commands[:processes]:
+        q.put(spec)
+    ready = collect(fleet, "ready", processes, time.monotonic() + STUCK_AFTER)
+    if len(ready) < processes:
+        # A worker stuck before it could start: the others run an empty window.
+        now = time.monotonic()
+        for n in ready:
+            fleet.commands[n].put((now, now, now))
+        collect(fleet, "done", len(ready), now + STUCK_AFTER)
+        stuck = replace_stuck(fleet, [n for n in range(processes) if n not in ready], "start")
+        return {"stuck_workers": len(stuck), "requests": 0, "requests_per_s": 0.0}
+    monitor = None
+    if spec["store"] == "redis":
+        redis["client"].flushall()
+        monitor = Monitor(redis["port"])
+    start_at = time.monotonic() + 0.05
+    t0 = start_at + warm
+    t1 = t0 + duration
+    for q in fleet.commands[:processes]:
+        q.put((start_at, t0, t1))
+    workers = [p.pid for p in fleet.procs[:processes]]
+    time.sleep(max(0.0, t0 - time.monotonic()))
+
+    def cpu() -> dict[str, float]:
+        out = {name: _common.cpu_seconds(pid) for name, pid in pids.items()}
+        out["clients"] = sum(_common.cpu_seconds(pid) for pid in workers)
+        out["this process"] = time.process_time()
+        out["machine busy"], out["machine total"] = machine_cpu()
+        return out
+
+    if monitor is not None:
+        redis["client"].config_resetstat()
+        monitor.since = time.time()
+    cpu_start = cpu()
+    time.sleep(max(0.0, t1 - time.monotonic()))
+    cpu_end = cpu()
+    stats = None
+    if monitor is not None:
+        monitor.until = time.time()
+        stats = commandstats(redis["client"])
+        monitor.drain()
+    # A call that began before t1 ends within its deadline (30 s); a worker that has not
+    # reported well after that is stuck (a deadlock in the store: see the report).
+    reports = collect(fleet, "done", processes, t1 + STUCK_AFTER)
+    if monitor is not None:
+        monitor.close()
+    stuck = replace_stuck(fleet, [n for n in range(processes) if n not in reports], "finish")
+    done = list(reports.values())
+    ok = sum(d["ok"] for d in done)
+    used = {k: cpu_end[k] - cpu_start[k] for k in cpu_start}
+    ours = sum(v for k, v in used.items() if not k.startswith("machine"))
+    result: dict[str, Any] = {
+        "stuck_workers": len(stuck),
+        "requests": ok,
+        "requests_per_s": ok / duration,
+        "not_ok": sum(d["bad"] for d in done),
+        "log": dict(sum((Counter(d["log"]) for d in done), Counter())),
+        "log_first": [line for d in done for line in d["log_first"]][:3],
+        "store_failures": sum(d["failures"] for d in done),
+        "store_busy": sum(d["busy"] for d in done),
+        "store_outages": sum(d["outages"] for d in done),
+        "cpu_seconds": used,
+        "client_cpu_us_per_request": used["clients"] / ok * 1e6 if ok else None,
+        "http_server_cpu_us_per_request": used["http server"] / ok * 1e6 if ok else None,
+        "machine_busy_share": used["machine busy"] / used["machine total"] if used["machine total"] else None,
+        "other_cpu_share": (used["machine busy"] - ours) / used["machine total"]
+        if used["machine total"]
+        else None,
+    }
+    if "redis" in used:
+        result["redis_cpu_us_per_request"] = used["redis"] / ok * 1e6 if ok else None
+    if stats is not None and monitor is not None:
+        stats = {k: v for k, v in stats.items() if not _own(k)}
+        trips = {k: v for k, v in monitor.clients.items() if not _own(k)}
+        in_scripts = dict(monitor.scripts)
+        n_trips = sum(trips.values())
+        n_feed = sum(v for k, v in trips.items() if _feed(k))
+        n_stats = sum(stats.values())
+        n_stats_feed = sum(v for k, v in stats.items() if _feed(k))
+        result["redis"] = {
+            "commandstats": stats,
+            "round_trips": trips,
+            "run_by_scripts": in_scripts,
+            "commands_per_request": n_stats / ok if ok else None,
+            "commands_per_request_without_feed": (n_stats - n_stats_feed) / ok if ok else None,
+            "round_trips_per_request": n_trips / ok if ok else None,
+            "round_trips_per_request_without_feed": (n_trips - n_feed) / ok if ok else None,
+            # MONITOR and commandstats are two views of one thing: a check of the split.
+            "monitor_total_vs_commandstats": (n_trips + sum(in_scripts.values())) / n_stats
+            if n_stats
+            else None,
+        }
+    return result
+
+
+# -- the plan ------------------------------------------------------------------------------
+
+
+def spec_of(
+    name: str,
+    url: str,
+    threads: int,
+    workdir: str,
+    redis_url: str | None,
+    run: int,
+    timeout: float | None,
+    scopes: int = 0,
+    quota: bool = True,
+) -> dict[str, Any] | None:
+    """The spec of one run of variant ``name`` (None: skipped, no Redis)."""
+    spec: dict[str, Any] = {
+        "url": url,
+        "threads": threads,
+        "scopes": scopes,
+        "quota": quota,
+        "push": True,
+        "timeout": timeout,
+    }
+    if name == "memory":
+        spec["store"] = "memory"
+    elif name == "SQLite":
+        spec.update(store="sqlite", where=os.path.join(workdir, f"load-{run}.db"))
+    elif name.startswith("Redis"):
+        if redis_url is None:
+            return None
+        spec.update(
+            store="redis", where=redis_url, prefix=f"bench-load-{run}:", push="push=False" not in name
+        )
+    else:
+        raise ValueError(name)
+    return spec
+
+
+def prepare_sqlite(spec: dict[str, Any]) -> None:
+    """Create the file and its schema before the workers open it together."""
+    if spec["store"] == "sqlite":
+        from retry_after_adapter.cooldown import SQLiteCooldownStore
+
+        SQLiteCooldownStore(spec["where"]).close()
+
+
+def summarise(every: list[dict[str, Any]], memory_runs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Medians over a variant's runs (a run with a stuck worker is counted, not used);
+    the ratio to memory is each run's over the memory run of the same repetition."""
+    runs = [r for r in every if not r["stuck_workers"]]
+    out: dict[str, Any] = {
+        "requests_per_s": _common.summary([r["requests_per_s"] for r in runs]),
+        "client_cpu_us_per_request": _common.summary(
+            [r["client_cpu_us_per_request"] for r in runs if r["client_cpu_us_per_request"] is not None]
+        ),
+        "other_cpu_share": _common.summary(
+            [r["other_cpu_share"] for r in runs if r["other_cpu_share"] is not None]
+        ),
+        "not_ok": sum(r["not_ok"] for r in runs),
+        "store_failures": sum(r["store_failures"] for r in runs),
+        "store_busy": sum(r["store_busy"] for r in runs),
+        "stuck_runs": len(every) - len(runs),
+        "log": dict(sum((Counter(r["log"]) for r in runs), Counter())),
+        "runs": every,
+    }
+    if memory_runs is not None:
+        base = {m["rep"]: m["requests_per_s"] for m in memory_runs if not m["stuck_workers"]}
+        out["ratio_vs_memory"] = _common.summary(
+            [r["requests_per_s"] / base[r["rep"]] for r in runs if r["rep"] in base]
+        )
+    if runs and "redis" in runs[0]:
+        for key in (
+            "round_trips_per_request",
+            "round_trips_per_request_without_feed",
+            "commands_per_request",
+            "commands_per_request_without_feed",
+        ):
+            out[key] = _common.summary([r["redis"][key] for r in runs if r["redis"][key] is not None])
+        out["round_trips_per_request_by_command"] = {
+            command: statistics.median(
+                r["redis"]["round_trips"].get(command, 0) / r["requests"] for r in runs
+            )
+            for command in sorted({c for r in runs for c in r["redis"]["round_trips"]})
+        }
+        out["redis_cpu_us_per_request"] = _common.summary(
+            [r["redis_cpu_us_per_request"] for r in runs if r.get("redis_cpu_us_per_request") is not None]
+        )
+    return out
+
+
+@contextlib.contextmanager
+def services(workdir: str) -> Iterator[tuple[Any, Any, str]]:
+    """The HTTP server, and Redis (a dict with its url, port, pid, a client; or None and
+    why not)."""
+    with _common.ok_server() as server, _common.redis_server(workdir) as (redis_server, why):
+        redis = None
+        if redis_server is not None:
+            import redis as redis_py
+
+            redis = {
+                "url": redis_server.url,
+                "port": redis_server.port,
+                "pid": redis_server.pid,
+                "version": redis_server.version,
+                "client": redis_py.Redis(port=redis_server.port),
+            }
+        try:
+            yield server, redis, why
+        finally:
+            if redis is not None:
+                redis["client"].close()
+
+
+def fmt_or_dash(s: dict[str, Any] | None, digits: int) -> str:
+    return "-" if not s or not s.get("n") else _common.fmt_summary(s, digits)
+
+
+def main() -> None:
+    p = _common.parser(__doc__ or "")
+    p.add_argument("--processes", type=int, help="worker processes of the main table (default 16; quick 4)")
+    p.add_argument("--threads", type=int, help="threads per process (default 8; quick 4)")
+    p.add_argument("--duration", type=float, help="measured seconds per run (default 5; quick 1)")
+    p.add_argument(
+        "--warm", type=float, help="unmeasured seconds before each run's window (default 1.5; quick 1.2)"
+    )
+    p.add_argument("--reps", type=int, help="repetitions of the main table (default 3; quick 1)")
+    p.add_argument("--scaling-reps", type=int, help="repetitions of each scaling row (default 2; quick 1)")
+    p.add_argument(
+        "--scaling-duration", type=float, help="measured seconds per scaling run (default 3; quick 0.8)"
+    )
+    p.add_argument("--processes-list", help="processes of the hosts table (default 1,4 and --processes)")
+    p.add_argument("--scopes-list", help="scopes of the scopes table (default 1,16,256; quick 1,16)")
+    p.add_argument("--no-scaling", action="store_true", help="the main table only")
+    p.add_argument(
+        "--store-timeout",
+        type=float,
+        default=1.0,
+        help="seconds: the Redis store's socket timeouts and the SQLite store's lock wait "
+        "(default 1; 0: the stores' own defaults, 0.1 s and 0.25 s): see the docstring",
+    )
+    p.add_argument(
+        "--worker-nice",
+        type=int,
+        default=5,
+        help="niceness added to the worker processes (default 5; 0: none): see the docstring",
+    )
+    p.add_argument(
+        "--only", help="the main table's stores, comma-separated (default: all): " + ", ".join(MAIN_KEYS)
+    )
+    args = p.parse_args()
+    processes = args.processes or (4 if args.quick else 16)
+    threads = args.threads or (4 if args.quick else 8)
+    duration = args.duration or (1.0 if args.quick else 5.0)
+    warm = args.warm if args.warm is not None else (1.2 if args.quick else 1.5)
+    reps = args.reps or (1 if args.quick else 3)
+    scaling_reps = args.scaling_reps or (1 if args.quick else 2)
+    scaling_duration = args.scaling_duration or (0.8 if args.quick else 3.0)
+    if args.processes_list:
+        processes_list = [int(x) for x in args.processes_list.split(",")]
+    else:
+        processes_list = [1, processes] if args.quick else [1, 4, processes]
+    processes_list = sorted(set(processes_list))
+    if args.scopes_list:
+        scopes_list = [int(x) for x in args.scopes_list.split(",")]
+    else:
+        scopes_list = [1, 16] if args.quick else [1, 16, 256]
+    if min(processes, threads, reps, scaling_reps, *processes_list, *scopes_list) < 1 or duration <= 0:
+        p.error("counts must be at least 1 and --duration positive")
+    fleet_size = max(processes, *processes_list)
+    store_timeout = args.store_timeout or None
+    only = list(MAIN_KEYS) if not args.only else [k.strip() for k in args.only.split(",") if k.strip()]
+    if "memory" not in only or set(only) - set(MAIN_KEYS):
+        p.error(f"--only: known stores are {', '.join(MAIN_KEYS)}, and memory (the baseline) must be one")
+
+    load_at_start = _common.loadavg()
+    notes: list[str] = []
+    main_names = [MAIN_KEYS[key] for key in only]
+    main_runs: dict[str, list[dict[str, Any]]] = {name: [] for name in main_names}
+    hosts: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    scopes: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    redis_version = None
+    run = 0
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-load-") as workdir,
+        services(workdir) as (server, redis, why),
+    ):
+        if redis is None:
+            notes.append(f"Redis rows skipped: {why}")
+            print(notes[-1], file=sys.stderr, flush=True)
+        else:
+            redis_version = redis["version"]
+        pids = {"http server": server.proc.pid}
+        if redis is not None:
+            pids["redis"] = redis["pid"]
+        redis_url = redis["url"] if redis is not None else None
+        fleet = Fleet(fleet_size, args.worker_nice)
+        try:
+
+            def one(name: str, n_processes: int, window: float, **kw: Any) -> dict[str, Any] | None:
+                nonlocal run
+                run += 1
+                spec = spec_of(name, server.url, threads, workdir, redis_url, run, store_timeout, **kw)
+                if spec is None:
+                    return None
+                prepare_sqlite(spec)
+                result = run_variant(fleet, spec, n_processes, pids, redis, warm, window)
+                if result["stuck_workers"]:
+                    print(f"  {name}: {result['stuck_workers']} worker(s) stuck", file=sys.stderr, flush=True)
+                    return result
+                trips = result.get("redis", {}).get("round_trips_per_request")
+                print(
+                    f"  {name}, {n_processes} x {threads}, {kw or ''}: {result['requests_per_s']:.0f} req/s"
+                    + (f", {trips:.3f} round trips/request" if trips is not None else ""),
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return result
+
+            for rep in range(reps):
+                order = main_names[rep % len(main_names) :] + main_names[: rep % len(main_names)]
+                for name in order:
+                    result = one(name, processes, duration)
+                    if result is not None:
+                        main_runs[name].append({**result, "rep": rep})
+            if not args.no_scaling:
+                for rep in range(scaling_reps):
+                    for n_processes in processes_list:
+                        if n_processes == processes:
+                            continue  # the main table's rows
+                        row = hosts.setdefault(n_processes, {"memory": [], "Redis": []})
+                        for name in ("memory", "Redis") if rep % 2 == 0 else ("Redis", "memory"):
+                            result = one(name, n_processes, scaling_duration)
+                            if result is not None:
+                                row[name].append({**result, "rep": rep})
+                    for n_scopes in scopes_list:
+                        row = scopes.setdefault(n_scopes, {"memory": [], "Redis": [], "Redis, no quota": []})
+                        names = ("memory", "Redis", "Redis, no quota")
+                        for name in names if rep % 2 == 0 else names[::-1]:
+                            result = one(
+                                "Redis" if name.startswith("Redis") else name,
+                                processes,
+                                scaling_duration,
+                                scopes=n_scopes,
+                                quota=name != "Redis, no quota",
+                            )
+                            if result is not None:
+                                row[name].append({**result, "rep": rep})
+        finally:
+            fleet.close()
+
+    # -- the report ---------------------------------------------------------------------------
+    memory_main = main_runs["memory"]
+    main_summary = {
+        name: summarise(runs, memory_main if name != "memory" else None)
+        for name, runs in main_runs.items()
+        if runs
+    }
+    if processes in processes_list and not args.no_scaling:
+        hosts[processes] = {"memory": main_runs["memory"], "Redis": main_runs.get("Redis", [])}
+    hosts_summary = {
+        n: {
+            name: summarise(runs, row["memory"] if name != "memory" else None)
+            for name, runs in row.items()
+            if runs
+        }
+        for n, row in sorted(hosts.items())
+    }
+    scopes_summary = {
+        n: {
+            name: summarise(runs, row["memory"] if name != "memory" else None)
+            for name, runs in row.items()
+            if runs
+        }
+        for n, row in sorted(scopes.items())
+    }
+
+    def trips_cell(s: dict[str, Any]) -> str:
+        if "round_trips_per_request" not in s:
+            return "-"
+        return (
+            f"{fmt_or_dash(s['round_trips_per_request'], 3)} "
+            f"({_common.fmt(s['round_trips_per_request_without_feed']['median'], 3)})"
+        )
+
+    def commands_cell(s: dict[str, Any]) -> str:
+        if "commands_per_request" not in s:
+            return "-"
+        return (
+            f"{_common.fmt(s['commands_per_request']['median'], 3)} "
+            f"({_common.fmt(s['commands_per_request_without_feed']['median'], 3)})"
+        )
+
+    def scripts_cell(s: dict[str, Any]) -> str:
+        per = s.get("round_trips_per_request_by_command")
+        if per is None:
+            return "-"
+        return " / ".join(f"{per.get('evalsha ' + script, 0):.3f}" for script in ("admit", "settle", "note"))
+
+    rows = []
+    for name, s in main_summary.items():
+        rows.append(
+            [
+                name,
+                fmt_or_dash(s["requests_per_s"], 0),
+                fmt_or_dash(s.get("ratio_vs_memory"), 3) if name != "memory" else "1",
+                trips_cell(s),
+                commands_cell(s),
+                fmt_or_dash(s["client_cpu_us_per_request"], 0),
+                fmt_or_dash(s.get("redis_cpu_us_per_request"), 1),
+                f"{s['not_ok']} / {s['store_failures']} / {s['store_busy']} / {s['stuck_runs']}",
+            ]
+        )
+    tables = [
+        _common.table(
+            f"Load: {processes} processes x {threads} threads, one scope, Quota({QUOTA_LIMIT}, per=1) "
+            f"that never binds; {reps} runs of {duration:g} s per store (median [min-max])",
+            [
+                "store",
+                "requests/s",
+                "ratio vs memory",
+                "Redis round trips / request (without feed)",
+                "Redis commands / request, scripts' included (without feed)",
+                "client CPU us / request",
+                "Redis CPU us / request",
+                "not 200 / store failures / busy / runs stuck",
+            ],
+            rows,
+        )
+    ]
+    if hosts_summary:
+        rows = []
+        for n, row in hosts_summary.items():
+            m, r = row.get("memory"), row.get("Redis")
+            rows.append(
+                [
+                    f"{n} x {threads}",
+                    fmt_or_dash(m["requests_per_s"], 0) if m else "-",
+                    fmt_or_dash(r["requests_per_s"], 0) if r else "-",
+                    fmt_or_dash(r.get("ratio_vs_memory"), 3) if r else "-",
+                    trips_cell(r) if r else "-",
+                    scripts_cell(r) if r else "-",
+                    fmt_or_dash(m["client_cpu_us_per_request"], 0) if m else "-",
+                    fmt_or_dash(r["client_cpu_us_per_request"], 0) if r else "-",
+                ]
+            )
+        tables.append(
+            _common.table(
+                "Hosts: processes (each a host's worth of threads), one scope, Redis with push vs memory",
+                [
+                    "processes x threads",
+                    "memory req/s",
+                    "Redis req/s",
+                    "Redis / memory",
+                    "round trips / request (without feed)",
+                    "of which admit / settle / note",
+                    "memory client CPU us/req",
+                    "Redis client CPU us/req",
+                ],
+                rows,
+            )
+        )
+    if scopes_summary:
+        rows = []
+        for n, row in scopes_summary.items():
+            m, r, nq = row.get("memory"), row.get("Redis"), row.get("Redis, no quota")
+            rows.append(
+                [
+                    str(n),
+                    fmt_or_dash(m["requests_per_s"], 0) if m else "-",
+                    fmt_or_dash(r["requests_per_s"], 0) if r else "-",
+                    fmt_or_dash(r.get("ratio_vs_memory"), 3) if r else "-",
+                    trips_cell(r) if r else "-",
+                    scripts_cell(r) if r else "-",
+                    fmt_or_dash(nq["requests_per_s"], 0) if nq else "-",
+                    fmt_or_dash(nq.get("ratio_vs_memory"), 3) if nq else "-",
+                    trips_cell(nq) if nq else "-",
+                    scripts_cell(nq) if nq else "-",
+                ]
+            )
+        tables.append(
+            _common.table(
+                f"Scopes: {processes} x {threads}, each thread round-robin over the scopes (one per "
+                "path); memory and Redis with the quota, and Redis without one",
+                [
+                    "scopes",
+                    "memory req/s",
+                    "Redis req/s",
+                    "Redis / memory",
+                    "round trips / request (without feed)",
+                    "of which admit / settle / note",
+                    "Redis, no quota: req/s",
+                    "/ memory",
+                    "round trips / request (without feed)",
+                    "of which admit / settle / note",
+                ],
+                rows,
+            )
+        )
+    by_command = {}
+    for name, runs in main_runs.items():
+        if runs and "redis" in runs[0]:
+            commands = sorted({c for r in runs for c in r["redis"]["round_trips"]})
+            by_command[name] = {
+                c: statistics.median(r["redis"]["round_trips"].get(c, 0) / r["requests"] for r in runs)
+                for c in commands
+            }
+    if by_command:
+        commands = sorted({c for per in by_command.values() for c in per})
+        tables.append(
+            _common.table(
+                "Redis round trips per request by command (EVALSHA by script), main table (median)",
+                ["store", *commands],
+                [[name, *(f"{per.get(c, 0):.4f}" for c in commands)] for name, per in by_command.items()],
+            )
+        )
+    redis_main = main_summary.get("Redis")
+    targets: dict[str, Any] = {}
+    if redis_main is not None:
+        trips = redis_main["round_trips_per_request"]["median"]
+        ratio = redis_main["ratio_vs_memory"]["median"]
+        targets = {
+            "round_trips_per_request": {
+                "target": TRIPS_TARGET,
+                "median": trips,
+                "meets": trips <= TRIPS_TARGET,
+            },
+            "ratio_vs_memory": {
+                "target": THROUGHPUT_TARGET,
+                "median": ratio,
+                "meets": ratio >= THROUGHPUT_TARGET,
+            },
+        }
+        without_feed = redis_main["round_trips_per_request_without_feed"]["median"]
+        tables.append(
+            f"Redis round trips per request {trips:.3f}: "
+            f"{'meets' if trips <= TRIPS_TARGET else 'MISSES'} the target <= {TRIPS_TARGET} "
+            f"(without the feed's PING/SUBSCRIBE: {without_feed:.3f}; "
+            f"commandstats, scripts' commands included: {redis_main['commands_per_request']['median']:.3f})\n"
+        )
+        tables.append(
+            f"Redis throughput / memory {ratio:.3f}: "
+            f"{'meets' if ratio >= THROUGHPUT_TARGET else 'MISSES'} the target >= {THROUGHPUT_TARGET}\n"
+        )
+    busy = [r["machine_busy_share"] for runs in main_runs.values() for r in runs if r["machine_busy_share"]]
+    other = [
+        r["other_cpu_share"] for runs in main_runs.values() for r in runs if r["other_cpu_share"] is not None
+    ]
+    if busy:
+        tables.append(
+            f"Machine: cores {statistics.median(busy):.0%} busy in the main runs (median); "
+            f"work other than this benchmark's: {statistics.median(other):.1%} of the cores (median), "
+            f"at most {max(other):.1%}\n"
+        )
+    tables += [f"{note}\n" for note in notes]
+    payload = {
+        "settings": {
+            "processes": processes,
+            "threads": threads,
+            "duration_s": duration,
+            "warm_s": warm,
+            "reps": reps,
+            "scaling_reps": scaling_reps,
+            "scaling_duration_s": scaling_duration,
+            "processes_list": processes_list,
+            "scopes_list": scopes_list,
+            "quota": {"limit": QUOTA_LIMIT, "per": 1.0},
+            "quick": args.quick,
+            "no_scaling": args.no_scaling,
+            "worker_nice": args.worker_nice,
+            "store_timeout_s": store_timeout,
+        },
+        "loadavg_at_start": load_at_start,
+        "redis_server": redis_version,
+        "skipped": notes,
+        "targets": targets,
+        "main": main_summary,
+        "main_round_trips_per_request_by_command": by_command,
+        "hosts": {str(n): row for n, row in hosts_summary.items()},
+        "scopes": {str(n): row for n, row in scopes_summary.items()},
+    }
+    _common.finish("load", payload, tables, args.out)
+
+
+if __name__ == "__main__":
+    main()
