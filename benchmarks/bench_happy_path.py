@@ -40,11 +40,15 @@ Warm-up: a near copy takes quota permits in batches sized to its process's rate 
 the last whole second, so a batch forms only after a second of history. Before any
 block is measured, each variant in turn sends GETs for ``--warm-seconds`` (default
 1.5 s, at least 500 GETs; quick 1.1 s), then whole rotation rounds run unmeasured for
-``--settle-seconds`` (default 2 s): the rate each variant's batches are sized to is then
-the one it has in the rotation. In the rotation a variant runs about 1/N of the time
-(N variants), so its rate, and so its batch (``floor(rate x 0.1 s)``, at most 16), is
-smaller than that of a process sending without pause: the quota rows are, if anything,
-pessimistic.
+``--settle-seconds`` (default 3 s): the warm-up's long pauses between a variant's turns
+reset its rate (a near copy forgets a rate older than 2 s), and the settling rounds let
+it learn the one it has in the rotation. There a variant sends a burst of ``--block``
+GETs about every N blocks (N variants), so its rate over a second, and so its batch
+(``floor(rate x 0.1 s)``, at most 16), is about 1/N of what a process sending without
+pause gets; a pause over 2 s (the rotation's wrap-around on a slow machine) drops it to
+one permit per operation for the next second. The quota rows measure such a bursty
+client: pessimistic for a steady one. The table counts each shared store's operations
+per request during the measured blocks.
 
 Targets, median (wall) ratio to stock: adapter (memory) <= 1.03; memory with a quota
 and a cap <= 1.05; SQLite and Redis <= 1.05; SQLite and Redis with a quota and a cap
@@ -432,7 +436,7 @@ def main() -> None:
     p.add_argument(
         "--settle-seconds",
         type=float,
-        help="seconds of unmeasured rotation rounds after the warm-up (default 2; quick 0.5)",
+        help="seconds of unmeasured rotation rounds after the warm-up (default 3; quick 0.5)",
     )
     p.add_argument("--before", action="store_true", help="add the shared stores with push=False")
     p.add_argument(
@@ -455,7 +459,7 @@ def main() -> None:
     rounds = args.rounds or (10 if args.quick else 200)
     block = args.block or (20 if args.quick else 50)
     warm_seconds = args.warm_seconds if args.warm_seconds is not None else (1.1 if args.quick else 1.5)
-    settle_seconds = args.settle_seconds if args.settle_seconds is not None else (0.5 if args.quick else 2.0)
+    settle_seconds = args.settle_seconds if args.settle_seconds is not None else (0.5 if args.quick else 3.0)
     keys = {"stock", "aa", "memory", "memory-qc", *(v[0] for v in STORE_VARIANTS)}
     if args.before:
         keys |= {v[0] for v in BEFORE_VARIANTS}
