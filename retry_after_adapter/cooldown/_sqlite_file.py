@@ -339,8 +339,9 @@ class SQLiteFile:
             raise sqlite3.DatabaseError("file is not a database")
 
     def _forget(self, conn: sqlite3.Connection) -> None:
-        with self._lock:
-            self._conns.discard(conn)
+        # Without the lock: this runs from a finalizer, which the garbage collector may
+        # call on a thread that holds the (not re-entrant) lock. One discard is atomic.
+        self._conns.discard(conn)
 
     def _after_fork(self) -> None:
         """In a forked child: the parent's connections stay open and untouched; the
@@ -376,7 +377,11 @@ class SQLiteFile:
                 self._after_error()
                 if not _transient(exc) and not self._moved():
                     raise self._failure(exc, waited=False) from exc
-                error = exc  # a lock, or a file replaced under this connection: again
+                # A lock, or a file replaced under this connection: again. Only the
+                # message is kept: the exception's traceback would hold this frame (and
+                # the thread's connection slot) in a reference cycle.
+                error = sqlite3.OperationalError(str(exc) or type(exc).__name__)
+                error.sqlite_errorcode = getattr(exc, "sqlite_errorcode", None)  # type: ignore[attr-defined]
             left = deadline - time.monotonic()
             if left > 0:
                 time.sleep(min(left, pause * (0.5 + random.random())))

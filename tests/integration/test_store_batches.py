@@ -142,3 +142,33 @@ def test_two_processes_near_copies_never_spend_more_than_announced(tmp_path: Pat
             if guard.admit(SCOPE, at).not_before is None:
                 admitted += 1
     assert admitted == 100
+
+
+def test_a_thread_ended_after_a_busy_retry_never_deadlocks_the_sqlite_store(tmp_path: Path) -> None:
+    """A thread whose operation met a busy file once, then succeeded, and ended: its
+    connection's finalizer may run from the garbage collector on any thread, one that
+    holds the store's lock included; it must not wait for that lock."""
+    import gc
+    import threading
+
+    store = SQLiteCooldownStore(tmp_path / "busy.db")
+    raised = [False]
+
+    def operation(conn: sqlite3.Connection) -> int:
+        if not raised[0]:
+            raised[0] = True
+            raise sqlite3.OperationalError("database is locked")
+        return 1
+
+    worker = threading.Thread(target=lambda: store._run(operation))
+    worker.start()
+    worker.join(5)
+    done = threading.Event()
+
+    def collect_under_the_lock() -> None:
+        with store._lock:
+            gc.collect()
+        done.set()
+
+    threading.Thread(target=collect_under_the_lock, daemon=True).start()
+    assert done.wait(5), "the finalizer waited for the lock its own thread held"
