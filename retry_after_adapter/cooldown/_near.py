@@ -51,6 +51,11 @@ HOLD_SHARE = 0.1
 #: The longest (seconds) an admission of an announced allowance taken in a batch may
 #: wait to be spent (never past the server's reset).
 UNIT_HOLD = 0.1
+#: Seconds the other threads ask for single permits while one takes a batch (or until
+#: its answer comes).
+REFILL_WAIT = 0.2
+#: Seconds the reaper thread stays with nothing to give back before it ends.
+REAPER_LINGER = 1.0
 #: Seconds a slot given back waits in the process for another attempt of its scope.
 IDLE = 0.05
 #: A held slot's lease is taken this share of the ttl longer (at most
@@ -74,11 +79,14 @@ class _Permits:
     """One quota's batch of permits in this process (or a scope's admissions of an
     announced allowance, numbered from ``seq``), and its recent rate."""
 
-    __slots__ = ("count", "end", "rate", "seq", "since", "spend_by", "spent")
+    __slots__ = ("count", "end", "rate", "refilling", "seq", "since", "spend_by", "spent")
 
     def __init__(self, now: datetime) -> None:
         self.count = 0  # permits left to spend
         self.seq = 0  # the next admission number (an allowance's batch)
+        #: Until when (time.monotonic()) one thread's batch is being taken: the others
+        #: ask for one permit meanwhile, not a batch each.
+        self.refilling = 0.0
         self.end: datetime | None = None  # when they stop counting in the store
         self.spend_by: datetime | None = None  # spent only before this
         self.rate = 0.0  # permits per second over the last whole second
@@ -219,10 +227,13 @@ class Near:
         if token is not None:
             self.park(scope, token)
 
-    def batch(self, scope: str, limit: int | None, per: float | None, margin: float) -> tuple[int, float]:
+    def batch(
+        self, scope: str, limit: int | None, per: float | None, margin: float, claim: bool = False
+    ) -> tuple[int, float]:
         """``(batch, hold)`` for the next store operation of the scope: its quota's
         permits (or, without a quota, the admissions of its announced allowance), one
-        (no hold) until the process's rate makes a batch worth it."""
+        (no hold) until the process's rate makes a batch worth it. ``claim``: the
+        caller is about to ask for it, so other threads ask for one meanwhile."""
         if limit is not None and per is not None:
             key: _Quota = (scope, limit, per, margin)
             longest, most = HOLD_SHARE * per, max(1, limit // 4)
@@ -237,6 +248,12 @@ class Near:
         size = min(BATCH_TARGET, math.floor(permits.rate * longest), most)
         if size < 2:
             return 1, 0.0
+        now = time.monotonic()
+        with self._lock:
+            if permits.refilling > now:
+                return 1, 0.0  # another thread is taking this quota's batch
+            if claim:
+                permits.refilling = now + REFILL_WAIT
         # Whole milliseconds: every store keeps the extras' end exactly as computed here.
         return size, math.floor(min(longest, 1.5 * size / permits.rate) * 1000) / 1000
 
@@ -253,12 +270,14 @@ class Near:
                 self._known[scope] = _Known(answer.cooldown, answer.seq is not None)
             if limit is not None and per is not None and answer.permit is not None:
                 permits = self._count(scope, limit, per, margin, present)
+                permits.refilling = 0.0
                 if answer.extra > 0:
                     permits.count = answer.extra
                     permits.end = answer.permit + timedelta(seconds=hold)
                     permits.spend_by = present + timedelta(seconds=hold)
             if answer.seq is not None:
                 units = self._count(scope, 0, 0.0, 0.0, present)
+                units.refilling = 0.0
                 if answer.units > 0 and answer.units_until is not None:
                     hold = min(UNIT_HOLD, 1.5 * answer.units / units.rate) if units.rate > 0 else UNIT_HOLD
                     units.count = answer.units
@@ -361,7 +380,9 @@ class Near:
             self._reaper.start()
 
     def _reap(self) -> None:
-        """Give back the slots idle for :data:`IDLE` seconds; ends when none is held idle."""
+        """Give back the slots idle for :data:`IDLE` seconds; ends when none was held
+        idle for :data:`REAPER_LINGER` seconds (a process using slots keeps one thread)."""
+        empty_since = None
         while True:
             time.sleep(IDLE / 2)
             with self._lock:
@@ -379,8 +400,14 @@ class Near:
                     else:
                         del self._idle[scope]
                 if not self._idle and not due:
-                    self._reaper = None
-                    return
+                    now = time.monotonic()
+                    if empty_since is None:
+                        empty_since = now
+                    if now - empty_since >= REAPER_LINGER:
+                        self._reaper = None
+                        return
+                    continue
+                empty_since = None
                 self._giving.acquire()
             try:
                 self._return(due)

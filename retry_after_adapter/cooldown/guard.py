@@ -207,7 +207,7 @@ class StoreGuard(WriteBack, Store):
             return answer
         ask = None if permit is not None else limit
         ask_lease = None if token is not None or lease is None else near.lease_for(lease)
-        batch, hold = near.batch(scope, ask, per, margin)
+        batch, hold = near.batch(scope, ask, per, margin, claim=True)
         epoch = near.epoch
         answer = self._admit_store(scope, now, ask, per, ask_lease, margin, budget, present, batch, hold)
         if answer.not_before is not None:
