@@ -336,7 +336,9 @@ def test_a_store_without_a_declared_timeout_is_bounded_on_a_helper_thread(
         started = time.monotonic()
         with budget(deadline=0.3):
             assert s.get(real_server.url).status_code == 200  # the breaker skips it
-        assert time.monotonic() - started < 0.05
+        # Well under the 0.25 s a store operation would wait: the store was skipped (a
+        # loaded machine can take tens of milliseconds for the GET itself).
+        assert time.monotonic() - started < 0.2
     finally:
         Hung.release.set()
 
