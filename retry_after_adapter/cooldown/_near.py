@@ -204,15 +204,10 @@ class Near:
         """An admission of the scope's announced allowance held here, if one is left to
         spend at ``present``: its number."""
         with self._lock:
-            units = self._permits.get((scope, 0, 0.0, 0.0))
-            if units is None or units.count <= 0 or units.spend_by is None:
+            units = self._take((scope, 0, 0.0, 0.0), present)
+            if units is None:
                 return None
-            if present >= units.spend_by:
-                units.count = 0  # the reset or the hold passed: they lapse
-                return None
-            units.count -= 1
             units.seq += 1
-            self._count(scope, 0, 0.0, 0.0, present)
             return units.seq - 1
 
     def put_back(self, scope: str, limit: int | None, per: float | None, margin: float,
@@ -321,16 +316,22 @@ class Near:
     def _spend(self, scope: str, limit: int, per: float, margin: float, present: datetime) -> datetime | None:
         """A permit of the batch, if one is left to spend at ``present``: its end."""
         with self._lock:
-            permits = self._permits.get((scope, limit, per, margin))
-            if permits is None or permits.count <= 0:
-                return None
-            assert permits.spend_by is not None
-            if present >= permits.spend_by:
-                permits.count = 0  # too late to spend: they lapse in the store
-                return None
-            permits.count -= 1
-            self._count(scope, limit, per, margin, present)
-            return permits.end
+            permits = self._take((scope, limit, per, margin), present)
+            return None if permits is None else permits.end
+
+    def _take(self, key: _Quota, present: datetime) -> _Permits | None:
+        """(Lock held.) One of ``key``'s batch taken at ``present`` (its rate counted):
+        the batch, or None when none is left to spend (past its spend-by time, the
+        rest lapse in the store)."""
+        permits = self._permits.get(key)
+        if permits is None or permits.count <= 0 or permits.spend_by is None:
+            return None
+        if present >= permits.spend_by:
+            permits.count = 0
+            return None
+        permits.count -= 1
+        self._count(*key, present)
+        return permits
 
     # -- slots -----------------------------------------------------------------------
     def _reuse(self, scope: str, present: datetime, ttl: float, cap: int) -> str | None:
