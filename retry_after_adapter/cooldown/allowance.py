@@ -74,13 +74,20 @@ def roll(record: Allowance, now: datetime) -> Allowance:
     return record._replace(left=record.limit, at=record.admitted, until=until, exact=True)
 
 
-def admit_more(record: Allowance, now: datetime, batch: int, reserve: int) -> tuple[Allowance, int]:
+def allowance_reserve(limit: int, left: int) -> int:
+    """What a batch leaves of an announced allowance: a quarter of the server's limit
+    (of what it announced left, while the limit is unknown)."""
+    return (limit if limit > 0 else left) // 4
+
+
+def admit_more(record: Allowance, now: datetime, batch: int) -> tuple[Allowance, int]:
     """After one admission was counted on ``record`` at ``now``: up to ``batch - 1``
     more, for one process to spend before the reset, from the headroom only (what is
-    left less ``reserve``). Returns the record with them counted and how many; none
-    once the reset is past (they could not be spent in this window)."""
+    left less :func:`allowance_reserve`). Returns the record with them counted and how
+    many; none once the reset is past (they could not be spent in this window)."""
     if batch <= 1 or record.until <= now:
         return record, 0
+    reserve = allowance_reserve(record.limit, record.left)
     extra = max(0, min(batch - 1, record.remaining - reserve))
     return record._replace(admitted=record.admitted + extra), extra
 

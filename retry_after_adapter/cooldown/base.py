@@ -145,12 +145,6 @@ def extra_permits(batch: int, free: int, limit: int) -> int:
     return max(0, min(batch - 1, free - 1 - limit // 4))
 
 
-def allowance_reserve(limit: int, left: int) -> int:
-    """What a batch leaves of an announced allowance: a quarter of the server's limit
-    (of what it announced left, while the limit is unknown)."""
-    return (limit if limit > 0 else left) // 4
-
-
 def check_scope(scope: object) -> str:
     """Validate a scope key: a non-empty str of at most 512 characters."""
     if not isinstance(scope, str) or not scope or len(scope) > 512:

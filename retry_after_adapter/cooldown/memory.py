@@ -20,7 +20,6 @@ from .base import (
     Hold,
     Lease,
     Store,
-    allowance_reserve,
     check_scope,
     check_until,
     extra_permits,
@@ -352,7 +351,7 @@ class MemoryCooldownStore(Store):
         units = 0
         if rolled is not None:
             seq = rolled.admitted - 1
-            rolled, units = admit_more(rolled, now, batch, allowance_reserve(rolled.limit, rolled.left))
+            rolled, units = admit_more(rolled, now, batch)
             self._allowance[scope] = rolled
         if key is not None:
             self._take_permit(scope, key, at + key[2])

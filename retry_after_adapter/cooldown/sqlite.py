@@ -34,7 +34,6 @@ from .base import (
     Hold,
     Lease,
     Store,
-    allowance_reserve,
     check_scope,
     check_until,
     extra_permits,
@@ -321,7 +320,7 @@ class SQLiteCooldownStore(SQLiteFile, Store):
         units = 0
         if rolled is not None:
             seq = rolled.admitted - 1
-            rolled, units = admit_more(rolled, now, batch, allowance_reserve(rolled.limit, rolled.left))
+            rolled, units = admit_more(rolled, now, batch)
             self._put_allowance(conn, scope, rolled)
         until = rolled.until if units and rolled is not None else None
         if quota is None:

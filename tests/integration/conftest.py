@@ -85,3 +85,24 @@ def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]
         env=env,
         stdin=subprocess.DEVNULL,
     )
+
+
+def release_and_gather(procs: list[Any], server: Any, barrier: Any, results: Any, wait: float) -> list[Any]:
+    """Start ``procs`` (before the server's thread: nothing of it is forked), release
+    them together through ``barrier`` once ``server`` runs, and return one report of
+    each from ``results``; each must exit cleanly, and none is left running."""
+    for p in procs:
+        p.start()
+    try:
+        with server:
+            barrier.wait(wait)
+            reports = [results.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    return reports

@@ -51,7 +51,7 @@ from retry_after_adapter.cooldown.guard import guard_of
 
 from ..conftest import RedisServer, local_deferral
 from . import near_children
-from .conftest import process_store_place
+from .conftest import process_store_place, release_and_gather
 from .test_concurrency import HoldingServer
 from .test_promise_quota import ArrivalServer
 from .throttle_server import Reply, ThrottleServer
@@ -693,21 +693,7 @@ def run_quota_fleet(server: ArrivalServer, kind: str, where: str, prefix: str) -
         ctx.Process(target=near_children.quota_worker, args=(*args, barrier, results), daemon=True)
         for _ in range(FLEET_PROCESSES)
     ]
-    for p in procs:
-        p.start()
-    try:
-        with server:
-            barrier.wait(120)
-            reports = [results.get(timeout=60) for _ in procs]
-        for p in procs:
-            p.join(30)
-            assert p.exitcode == 0
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    return reports
+    return release_and_gather(procs, server, barrier, results, 120)
 
 
 @pytest.mark.slow

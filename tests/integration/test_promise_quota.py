@@ -46,7 +46,7 @@ from retry_after_adapter import (
 )
 from retry_after_adapter.cooldown.guard import guard_of
 
-from .conftest import process_store, process_store_place, run_cli
+from .conftest import process_store, process_store_place, release_and_gather, run_cli
 from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
@@ -534,21 +534,7 @@ def run_fleet(
         )
         for margin in margins
     ]
-    for p in procs:
-        p.start()  # before the server's thread: nothing of it is forked
-    try:
-        with server:
-            barrier.wait(90)
-            reports = [results.get(timeout=60) for _ in procs]
-        for p in procs:
-            p.join(30)
-            assert p.exitcode == 0
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    return reports
+    return release_and_gather(procs, server, barrier, results, 90)
 
 
 @pytest.mark.slow

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from retry_after_adapter import FakeClock, SQLiteCooldownStore
-from retry_after_adapter.cooldown.base import Granted, allowance_reserve, extra_permits
+from retry_after_adapter.cooldown.allowance import allowance_reserve
+from retry_after_adapter.cooldown.base import Granted, extra_permits
 from retry_after_adapter.cooldown.guard import guard_of
 
 from .conftest import AHEAD

@@ -88,7 +88,7 @@ if rec == nil then return {cooldown, -1, -1, 0, permit, extra, 0, -1} end
 local seq = rec.n
 rec.n = rec.n + 1
 -- More admissions of the announced allowance for the batch, before the reset and from
--- the headroom only (allowance.admit_more, base.allowance_reserve).
+-- the headroom only (allowance.admit_more, allowance_reserve).
 local units = 0
 local batch = tonumber(ARGV[10])
 if batch > 1 and rec.u > now then
