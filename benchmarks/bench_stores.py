@@ -26,10 +26,8 @@ import os
 import platform
 import random
 import shutil
-import socket
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +41,8 @@ try:
     import retry_after_adapter  # noqa: F401
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import _common
 
 from retry_after_adapter.cooldown import (
     CooldownStore,
@@ -155,57 +155,11 @@ def run_in_processes(
 # -- a private redis-server --------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _pings(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 @contextmanager
 def redis_server(workdir: str) -> Iterator[tuple[str | None, str]]:
     """Yield (url, version) of a fresh loopback redis-server, or (None, why not)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        yield None, "redis-server not found on PATH"
-        return
-    try:
-        import redis  # noqa: F401
-    except ImportError:
-        yield None, "the redis package is not installed (pip install 'retry_after_adapter[redis]')"
-        return
-    version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
-    for _ in range(5):
-        port = _free_port()
-        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", workdir, "--logfile", os.path.join(workdir, "redis.log")]  # fmt: skip
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and proc.poll() is None and not _pings(port):
-            time.sleep(0.02)
-        if proc.poll() is None and _pings(port):
-            break
-        proc.kill()
-        proc.wait(timeout=5)
-    else:
-        yield None, "redis-server did not start"
-        return
-    try:
-        yield f"redis://127.0.0.1:{port}/0", version
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with _common.redis_server(workdir) as (server, why):
+        yield (server.url, server.version) if server is not None else (None, why)
 
 
 # -- the run -----------------------------------------------------------------------------
