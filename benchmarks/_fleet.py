@@ -428,7 +428,8 @@ def session_factory(
     attempt_reserve: float,
     quota: tuple[int, float] | None = None,
 ) -> SessionFactory:
-    """Sessions for ``variant`` "stock", "adapter", "adapter+quota" (the adapter told
+    """Sessions for ``variant`` "stock", "adapter" (nothing configured: the learned
+    rate), "adapter+nolearn" (``learn_rate=False``), "adapter+quota" (the adapter told
     the server's quota, ``(limit, per seconds)``) or "adapter+cap8" (the adapter with
     ``max_concurrency=8``, no quota information); adapters share one store per process.
 
@@ -459,10 +460,61 @@ def session_factory(
                 attempt_reserve=attempt_reserve,
             )
             cap = 8 if variant == "adapter+cap8" else None
-            adapter = RetryAfterAdapter(max_retries=policy, cooldown=shared, quota=told, max_concurrency=cap)
+            learn = variant != "adapter+nolearn"
+            adapter = RetryAfterAdapter(
+                max_retries=policy, cooldown=shared, quota=told, max_concurrency=cap, learn_rate=learn
+            )
         else:
             raise ValueError(variant)
         session.mount("http://", adapter)
         return session
 
+    make.store = shared  # type: ignore[attr-defined]
     return make
+
+
+class RateSampler:
+    """Samples the learned rate of ``scope`` in ``store`` every ``every`` seconds while
+    a fleet runs (a thread), and keeps each change: ``(seconds from start_at, cap,
+    limit, window s)``. A store of another process is read through its own file or URL."""
+
+    def __init__(self, store: Any, scope: str, every: float = 0.1) -> None:
+        self.store, self.scope, self.every = store, scope, every
+        self.changes: list[tuple[float, int, int, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.start_at = time.monotonic()
+
+    def start(self, start_at: float) -> None:
+        self.start_at = start_at
+        self._thread.start()
+
+    def _run(self) -> None:
+        last = None
+        while not self._stop.wait(self.every):
+            try:
+                rate = self.store.rate_of(self.scope)
+            except Exception:
+                continue
+            if rate is None:
+                continue
+            now = (rate.cap, rate.limit, round(rate.window, 2))
+            if now != last:
+                last = now
+                self.changes.append((round(time.monotonic() - self.start_at, 2), *now))
+
+    def stop(self) -> list[tuple[float, int, int, float]]:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2)
+        return self.changes
+
+
+def describe_rate(changes: list[Any]) -> str:
+    """The learned rate over time, one step per change: ``t s: cap N`` while cold,
+    ``t s: L/W s`` once learned, ``t s: open`` when the cap was lifted."""
+    steps = []
+    for t, cap, limit, window in changes:
+        what = f"{limit}/{window:g} s" if limit else f"cap {cap}" if cap else "open"
+        steps.append(f"{t:g} s: {what}")
+    return "; ".join(steps) if steps else "-"

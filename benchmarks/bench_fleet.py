@@ -93,20 +93,41 @@ def run_threads(
             make, server.url, list(range(shape["items"])), threads, str(os.getpid()), time_limit(shape)
         )
         fleet.prepare()
-        result = fleet.run(time.monotonic() + 0.05)
+        sampler = _fleet.RateSampler(make.store, scope_of(server.url)) if make.store is not None else None  # type: ignore[attr-defined]
+        start_at = time.monotonic() + 0.05
+        if sampler is not None:
+            sampler.start(start_at)
+        result = fleet.run(start_at)
+        changes = sampler.stop() if sampler is not None else []
         log = _fleet.fetch_log(server.url)["log"]
-    return _fleet.analyse(
-        log,
-        result["calls"],
-        result["store_writes"],
-        quota=shape["quota"],
-        window=shape["window"],
-        items=shape["items"],
-        processes=1,
-        deadline=shape["deadline"],
-        start_at=result["start_at"],
-        done_at=result["done_at"] if result["done"] == shape["items"] else None,
+    return _with_rate(
+        changes,
+        _fleet.analyse(
+            log,
+            result["calls"],
+            result["store_writes"],
+            quota=shape["quota"],
+            window=shape["window"],
+            items=shape["items"],
+            processes=1,
+            deadline=shape["deadline"],
+            start_at=result["start_at"],
+            done_at=result["done_at"] if result["done"] == shape["items"] else None,
+        ),
     )
+
+
+def scope_of(url: str) -> str:
+    """The adapter's default scope (the origin) of ``url``."""
+    from retry_after_adapter.scope import RequestInfo, origin_scope
+
+    return origin_scope(RequestInfo("GET", url, {}))
+
+
+def _with_rate(changes: list[Any], result: dict[str, Any]) -> dict[str, Any]:
+    result["rate_changes"] = changes
+    result["learned_rate"] = _fleet.describe_rate(changes)
+    return result
 
 
 def split(total: int, parts: int) -> list[int]:
@@ -128,7 +149,10 @@ def run_processes(
     start_value = ctx.Value("d", 0.0)
     items = list(range(shape["items"]))
     limit = time_limit(shape)
+    sampler = None
     with throttle_server(shape, headers) as server:
+        if store is not None and variant == "adapter":
+            sampler = _fleet.RateSampler(_fleet.make_store(store), scope_of(server.url))
         procs = []
         for n, count in enumerate(split(threads, processes)):
             spec = {
@@ -156,6 +180,8 @@ def run_processes(
                     raise RuntimeError(f"a fleet process failed: {message}")
                 ready += 1
             start_value.value = time.monotonic() + 0.2
+            if sampler is not None:
+                sampler.start(start_value.value)
             start.set()
             results = []
             while len(results) < processes:
@@ -164,6 +190,7 @@ def run_processes(
                     raise RuntimeError(f"a fleet process failed: {message}")
                 results.append(message[1])
         finally:
+            changes = sampler.stop() if sampler is not None else []
             for proc in procs:
                 proc.join(30)
                 if proc.is_alive():
@@ -174,17 +201,20 @@ def run_processes(
     writes = [w for r in results for w in r["store_writes"]]
     complete = sum(r["done"] for r in results) == shape["items"]
     done_at = max(r["done_at"] for r in results if r["done_at"] is not None) if complete else None
-    return _fleet.analyse(
-        log,
-        calls,
-        writes,
-        quota=shape["quota"],
-        window=shape["window"],
-        items=shape["items"],
-        processes=processes,
-        deadline=shape["deadline"],
-        start_at=start_value.value,
-        done_at=done_at,
+    return _with_rate(
+        changes,
+        _fleet.analyse(
+            log,
+            calls,
+            writes,
+            quota=shape["quota"],
+            window=shape["window"],
+            items=shape["items"],
+            processes=processes,
+            deadline=shape["deadline"],
+            start_at=start_value.value,
+            done_at=done_at,
+        ),
     )
 
 
@@ -336,7 +366,8 @@ def main() -> None:
     if "threads" in modes:
         fleets += [
             ("stock, 1 process", "stock", "threads", None),
-            ("adapter, 1 process, memory", "adapter", "threads", None),
+            ("adapter, nothing configured (learned rate), 1 process, memory", "adapter", "threads", None),
+            ("adapter, learn_rate=False, 1 process, memory", "adapter+nolearn", "threads", None),
             ("adapter, IETF RateLimit headers, 1 process, memory", "adapter", "threads", "ietf"),
             ("adapter, X-RateLimit headers, 1 process, memory", "adapter", "threads", "x-ratelimit"),
             ("adapter + Quota, 1 process, memory", "adapter+quota", "threads", None),
@@ -348,7 +379,12 @@ def main() -> None:
         if mode not in modes or (mode == "redis" and redis_server is None):
             continue
         fleets += [
-            (f"adapter, {processes} processes, {label}", "adapter", mode, None),
+            (
+                f"adapter, nothing configured (learned rate), {processes} processes, {label}",
+                "adapter",
+                mode,
+                None,
+            ),
             (f"adapter, IETF RateLimit headers, {processes} processes, {label}", "adapter", mode, "ietf"),
             (f"adapter + Quota, {processes} processes, {label}", "adapter+quota", mode, None),
             (f"adapter, max_concurrency=8, {processes} processes, {label}", "adapter+cap8", mode, None),
@@ -379,7 +415,8 @@ def main() -> None:
                     print(
                         f"shape {shape_name} rep {rep + 1}/{reps} {name}: wall {result['wall_s']} s, "
                         f"early {result['early']}, in flight {result['in_flight']}, 429 {result['429']}, "
-                        f"overran {result['overran_deadline']}",
+                        f"overran {result['overran_deadline']}"
+                        + (f"; learned rate {result['learned_rate']}" if result.get("rate_changes") else ""),
                         flush=True,
                     )
     finally:

@@ -211,6 +211,9 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
     - ``max_waiting``: at most this many calls of a scope wait (for a cooldown, a
       permit or a slot) in this process; the next one defers at once with the reason
       it would have waited for, instead of tying up a worker.
+    - ``learn_rate``: with no ``quota`` and no quota headers from the server, admit
+      each scope by the send rate the store learns from its answers, shared by every
+      worker (default True; see the README's "Learned rate"). False: off.
 
     Every other argument is ``HTTPAdapter``'s (``pool_connections``, ``pool_maxsize``,
     ``pool_block``). The adapter copies, deep-copies and pickles (the default store
@@ -228,6 +231,7 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         "max_concurrency",
         "lease_ttl",
         "max_waiting",
+        "learn_rate",
     ]
 
     def __init__(
@@ -243,6 +247,7 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         max_concurrency: int | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         max_waiting: int | None = None,
+        learn_rate: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -257,6 +262,7 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
             max_concurrency,
             lease_ttl,
             max_waiting,
+            learn_rate,
         )
 
     def _derive(self) -> None:

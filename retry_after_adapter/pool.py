@@ -164,7 +164,8 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
     - ``cooldown``, ``scope``, ``raise_on_defer``, ``store_failure``, ``on_decision``:
       as for :class:`~retry_after_adapter.RetryAfterAdapter`. A scope function receives
       a :class:`~retry_after_adapter.scope.RequestInfo` (``method``, ``url``,
-      ``headers``).
+      ``headers``). ``quota``, ``max_concurrency``, ``lease_ttl``, ``max_waiting`` and
+      ``learn_rate`` too.
 
     Every other argument is ``PoolManager``'s. A deferred call returns the last
     response with a ``deferral`` attribute (read it with
@@ -189,6 +190,7 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         max_concurrency: int | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         max_waiting: int | None = None,
+        learn_rate: bool = True,
         **connection_pool_kw: Any,
     ) -> None:
         super().__init__(num_pools=num_pools, headers=headers, **connection_pool_kw)
@@ -203,6 +205,7 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
             max_concurrency,
             lease_ttl,
             max_waiting,
+            learn_rate,
         )
         self._config: dict[str, Any] = dict(
             num_pools=num_pools,
@@ -217,6 +220,7 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
             max_concurrency=self.max_concurrency,
             lease_ttl=self.lease_ttl,
             max_waiting=self.max_waiting,
+            learn_rate=self.learn_rate,
             **connection_pool_kw,
         )
 

@@ -129,6 +129,7 @@ class SharedSettings:
     max_concurrency: int | None = None
     lease_ttl: float = DEFAULT_LEASE_TTL
     max_waiting: int | None = None
+    learn_rate: bool = True
 
     def _share(
         self,
@@ -141,6 +142,7 @@ class SharedSettings:
         max_concurrency: int | None = None,
         lease_ttl: float = DEFAULT_LEASE_TTL,
         max_waiting: int | None = None,
+        learn_rate: bool = True,
     ) -> None:
         self.on_decision = as_hooks(on_decision)
         self.store_failure = check_store_failure(store_failure)
@@ -153,6 +155,9 @@ class SharedSettings:
             raise ConfigurationError("max_concurrency is shared through a store: cooldown= must not be None")
         self.lease_ttl = _check_ttl(lease_ttl)
         self.max_waiting = _check_count("max_waiting", max_waiting, 0)
+        if not isinstance(learn_rate, bool):
+            raise ConfigurationError("learn_rate must be True or False")
+        self.learn_rate = learn_rate
         self._derive()
 
     def _derive(self) -> None:
@@ -175,6 +180,7 @@ class SharedSettings:
             slots=self.max_concurrency,
             ttl=self.lease_ttl,
             max_waiting=self.max_waiting,
+            learn_rate=self.learn_rate,
         )
         self._scope_fn = resolve_scope(self.scope)
 

@@ -73,6 +73,9 @@ class _Known(NamedTuple):
 
     cooldown: datetime | None
     counted: bool
+    #: A learned rate governs the scope (or may again, after a cooldown): the store
+    #: admits each attempt.
+    rated: bool = False
 
 
 class _Permits:
@@ -149,7 +152,8 @@ class Near:
             if until is None or known is None:
                 self._known.pop(scope, None)
             elif known.cooldown is None or until > known.cooldown:
-                self._known[scope] = known._replace(cooldown=until)
+                # A cooldown may end a learned rate's epoch: ask the store once after it.
+                self._known[scope] = known._replace(cooldown=until, rated=True)
 
     def knows(self, scope: str) -> bool:
         """Whether the copy holds what the store said of ``scope``."""
@@ -181,6 +185,8 @@ class Near:
         cooldown = known.cooldown if known is not None else None
         if answers and cooldown is not None and cooldown > present:
             return Admission(cooldown, cooldown), None, None
+        if answers and known is not None and known.rated:
+            answers = False  # the store's learned rate admits
         # A permit of the batch and a held slot serve whether or not the copy can
         # answer for the cooldown (then the store's operation checks it).
         permit = None
@@ -262,7 +268,8 @@ class Near:
             if epoch == self.epoch:
                 if len(self._known) >= KNOWN_MAX:
                     self._known.clear()
-                self._known[scope] = _Known(answer.cooldown, answer.seq is not None)
+                rated = answer.rate_epoch is not None
+                self._known[scope] = _Known(answer.cooldown, answer.seq is not None, rated)
             if limit is not None and per is not None and answer.permit is not None:
                 permits = self._count(scope, limit, per, margin, present)
                 permits.refilling = 0.0
@@ -288,7 +295,7 @@ class Near:
         with self._lock:
             known = self._known.get(scope)
             if known is not None and (known.cooldown is None or until > known.cooldown):
-                self._known[scope] = known._replace(cooldown=until)
+                self._known[scope] = known._replace(cooldown=until, rated=True)
 
     def lease_for(self, lease: Lease) -> Lease:
         """The lease to take from the store for a slot this process may keep: a little

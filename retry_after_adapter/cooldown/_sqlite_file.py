@@ -52,6 +52,11 @@ _PERMIT_SCHEMA = (
     # Freshness (``freshness.Freshness``): the last success, the last error class and when.
     "CREATE TABLE IF NOT EXISTS freshness (scope TEXT PRIMARY KEY, success_ms INTEGER, error TEXT, "
     "error_ms INTEGER)",
+    # Learned rates (``rate.Rate``, one column per field; times in ms).
+    "CREATE TABLE IF NOT EXISTS rate (scope TEXT PRIMARY KEY, cap INTEGER NOT NULL, lim INTEGER NOT NULL, "
+    "window_ms INTEGER NOT NULL, ceiling INTEGER NOT NULL, epoch INTEGER NOT NULL, "
+    "start_ms INTEGER NOT NULL, ok INTEGER NOT NULL, grown INTEGER NOT NULL, grace INTEGER NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS rate_ended ON rate (start_ms + window_ms)",
     # When each row stops mattering, so that the rows of every scope are swept a few at a
     # time as others are written (see ``sqlite.py``), never by a scan of a table.
     "CREATE INDEX IF NOT EXISTS cooldown_until ON cooldown (until_ms)",

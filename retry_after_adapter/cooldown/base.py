@@ -23,6 +23,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 from ..errors import ConfigurationError
 from .freshness import Freshness
+from .rate import Rate
 
 
 @runtime_checkable
@@ -71,7 +72,10 @@ class Admission(_Fields):
     concurrency slot the attempt holds when it is not the one asked for (a slot this
     process already held); ``units``, how many more admissions of the announced
     allowance were counted for this process to spend (numbered ``seq + 1`` on) before
-    ``units_until``, the server's reset."""
+    ``units_until``, the server's reset; ``rate_epoch``, the learned rate's epoch the
+    attempt was admitted in (None: no learned rate governs the scope), and
+    ``rate_report``, whether its good answer must be told to the store
+    (:meth:`Store.rate_answer`)."""
 
     __slots__ = ()
 
@@ -81,6 +85,8 @@ class Admission(_Fields):
     token: str | None = None
     units: int = 0
     units_until: datetime | None = None
+    rate_epoch: int | None = None
+    rate_report: bool = False
 
 
 class Granted(Admission):
@@ -91,8 +97,11 @@ class Granted(Admission):
     def of(
         cls, permit: datetime | None, cooldown: datetime | None, seq: int | None = None, extra: int = 0,
         token: str | None = None, units: int = 0, units_until: datetime | None = None,
+        rate_epoch: int | None = None, rate_report: bool = False,
     ) -> Granted:
         granted = cls(cooldown, None, seq, False)
+        granted.rate_epoch = rate_epoch
+        granted.rate_report = rate_report
         granted.permit = permit
         granted.extra = extra
         granted.token = token
@@ -123,6 +132,9 @@ Changed = Callable[[str | None, datetime | None], None]
 
 #: ``(slots, ttl seconds, token)``: a concurrency slot to take with an admission.
 Lease = tuple[int, float, str]
+#: ``(ttl seconds, token)``: admit by the scope's learned rate (see ``rate``), taking a
+#: slot as ``token`` for ``ttl`` seconds at most while the rate caps what is in flight.
+Learn = tuple[float, str]
 
 
 class Hold(NamedTuple):
@@ -187,12 +199,18 @@ class Store(ABC):
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
         lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
+        learn: Learn | None = None,
     ) -> Admission:
         """Admission for one attempt at ``now`` (None: the present, read by the store as
         it grants), all or nothing: the scope's cooldown, what the server announced is
         left, a quota permit (``limit`` per ``per`` seconds, counted ``per + margin``
         seconds from its grant) and a concurrency slot (``lease``). See
         :class:`Admission`.
+
+        ``learn``: with no ``limit`` and no announced allowance, the scope's learned rate
+        (``rate.Rate``, made at its first admission) admits too: a slot of its
+        in-flight cap while cold (taken as ``learn``'s token, or with ``lease`` under
+        the smaller cap), a permit of its learned limit per window once it has one.
 
         ``batch`` > 1 asks for up to ``batch - 1`` more permits for this process to
         spend within ``hold`` seconds of the grant; each counts ``per + margin + hold``
@@ -221,6 +239,18 @@ class Store(ABC):
         """Record that the server allows ``remaining`` more requests until ``until``
         (``limit`` per ``window`` seconds, when it said), in answer to the attempt
         admitted as ``seq`` (see ``allowance.merge_allowance``)."""
+
+    # -- the learned rate --------------------------------------------------------------
+    @abstractmethod
+    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
+        """An attempt admitted in the learned rate's ``epoch`` (None: the current one)
+        was answered at ``now``: well (``until`` None) or throttled, the scope cooling
+        down until ``until`` (see ``rate.answer_rate``). Nothing when the scope has no
+        learned rate."""
+
+    @abstractmethod
+    def rate_of(self, scope: str) -> Rate | None:
+        """The scope's learned rate as stored (None: none)."""
 
     # -- freshness -------------------------------------------------------------------
     @abstractmethod
@@ -254,8 +284,8 @@ class Store(ABC):
         return None
 
     def supports(self, feature: str) -> bool:
-        """Whether the store can carry ``"quota"``, ``"leases"``, ``"allowance"`` and
-        ``"freshness"``: every :class:`Store` can (a 0.x store may not)."""
+        """Whether the store can carry ``"quota"``, ``"leases"``, ``"allowance"``,
+        ``"freshness"`` and ``"rate"``: every :class:`Store` can (a 0.x store may not)."""
         return True
 
     def close(self) -> None:  # noqa: B027 - most stores have nothing to close

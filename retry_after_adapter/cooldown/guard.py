@@ -41,10 +41,11 @@ from ._health import (
 )
 from ._near import Near
 from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack
-from .base import Admission, Granted, Hold, Lease, Store
+from .base import Admission, Granted, Hold, Learn, Lease, Store
 from .freshness import Freshness
 from .legacy import as_store
 from .memory import MemoryCooldownStore
+from .rate import Rate
 
 __all__ = [
     "BREAKER_FIRST",
@@ -187,7 +188,7 @@ class StoreGuard(WriteBack, Store):
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
         lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
-        budget: StoreBudget | None = None,
+        learn: Learn | None = None, budget: StoreBudget | None = None,
     ) -> Admission:
         """Admission for one attempt: from the near copy when it can answer (nothing
         changed, a permit of its batch, a slot it holds: see ``_near``), else in one
@@ -195,13 +196,14 @@ class StoreGuard(WriteBack, Store):
         :meth:`get` does), the allowance, the quota permit and the slot. While the store
         is down, the local copy admits (fail open; its admission numbers are not the
         store's, so none is returned) or CooldownUnavailable; busy or out of time, see
-        :meth:`_later`. (``batch`` and ``hold`` are the near copy's to choose.)"""
+        :meth:`_later`. (``batch`` and ``hold`` are the near copy's to choose.) The
+        learned rate (``learn``) is the store's: while it is down, none applies."""
         present = now if now is not None else datetime.now(timezone.utc)
         if self._skipped(budget):
             return self._local_admit((scope, now, limit, per, lease, margin), budget)
         near = self.near
         if near is None or self._down:
-            return self._admit_store(scope, now, limit, per, lease, margin, budget, present)
+            return self._admit_store(scope, now, limit, per, lease, margin, budget, present, learn=learn)
         answer, permit, token = near.admit(scope, present, limit, per, margin, lease)
         if answer is not None:
             return answer
@@ -209,7 +211,9 @@ class StoreGuard(WriteBack, Store):
         ask_lease = None if token is not None or lease is None else near.lease_for(lease)
         batch, hold = near.batch(scope, ask, per, margin, claim=True)
         epoch = near.epoch
-        answer = self._admit_store(scope, now, ask, per, ask_lease, margin, budget, present, batch, hold)
+        answer = self._admit_store(
+            scope, now, ask, per, ask_lease, margin, budget, present, batch, hold, learn
+        )
         if answer.not_before is not None:
             near.put_back(scope, limit, per, margin, permit, token)
             return answer
@@ -222,13 +226,18 @@ class StoreGuard(WriteBack, Store):
     def _admit_store(
         self, scope: str, now: datetime | None, limit: int | None, per: float | None, lease: Lease | None,
         margin: float, budget: StoreBudget | None, present: datetime, batch: int = 1, hold: float = 0.0,
+        learn: Learn | None = None,
     ) -> Admission:
         """Admission in one store operation (see :meth:`admit`)."""
         args = (scope, now, limit, per, lease, margin)
         epoch = self._epoch
-        abandoned = None if lease is None else self._abandoned(scope, lease[2])
+        held = lease[2] if lease is not None else learn[1] if learn is not None else None
+        abandoned = None if held is None else self._abandoned(scope, held)
         try:
-            answer = self._bounded(self.inner.admit, (*args, batch, hold), budget, abandoned)
+            if learn is None:
+                answer = self._bounded(self.inner.admit, (*args, batch, hold), budget, abandoned)
+            else:
+                answer = self._bounded(self.inner.admit, (*args, batch, hold, learn), budget, abandoned)
         except OutOfTime:
             self._gave_up(budget)
             return self._later(args, present)
@@ -321,6 +330,19 @@ class StoreGuard(WriteBack, Store):
         own admissions (during an outage), so it is given no admission number."""
         self.local.allow(scope, remaining, until, now, None, limit, window)
         self._write_through(self.inner.allow, (scope, remaining, until, now, seq, limit, window), budget)
+
+    # -- the learned rate --------------------------------------------------------------
+    def rate_answer(
+        self, scope: str, epoch: int | None, until: datetime | None, now: datetime,
+        budget: StoreBudget | None = None,
+    ) -> None:
+        """Tell the store's learned rate of an answer; a failure is ignored (the rate is
+        learned again from the next answers)."""
+        self._write_through(self.inner.rate_answer, (scope, epoch, until, now), budget)
+
+    def rate_of(self, scope: str) -> Rate | None:
+        """The scope's learned rate from the store (None: none, or the store fails)."""
+        return self._read(self.inner.rate_of, (scope,), lambda scope: None)
 
     # -- freshness -------------------------------------------------------------------
     def note(self, scope: str, outcome: str, at: datetime, budget: StoreBudget | None = None) -> None:

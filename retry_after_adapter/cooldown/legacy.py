@@ -17,8 +17,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConfigurationError
-from .base import Admission, CooldownStore, Hold, Lease, Store
+from .base import Admission, CooldownStore, Hold, Learn, Lease, Store
 from .freshness import Freshness
+from .rate import Rate
 
 
 def _method(store: object, name: str) -> Any:
@@ -83,13 +84,22 @@ class LegacyStore(Store):
     def get(self, scope: str) -> datetime | None:
         return self._get(scope)
 
+    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
+        """A store of 0.x learns no rate: nothing."""
+
+    def rate_of(self, scope: str) -> Rate | None:
+        """A store of 0.x learns no rate: None."""
+        return None
+
     def extend(self, scope: str, until: datetime) -> datetime:
         return self._extend(scope, until)
 
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
         lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
+        learn: Learn | None = None,
     ) -> Admission:
+        # A store of 0.x learns no rate (``supports("rate")`` is False: ``learn`` unused).
         # A store of 0.x has no change feed: it is never asked for a batch (one permit).
         if self._modern:
             answer = self._admit(scope, now, limit, per, lease, margin)

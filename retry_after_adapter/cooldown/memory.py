@@ -18,6 +18,7 @@ from .base import (
     Admission,
     Granted,
     Hold,
+    Learn,
     Lease,
     Store,
     check_scope,
@@ -25,6 +26,7 @@ from .base import (
     extra_permits,
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, last_noted, merge_note
+from .rate import RATE_KEPT, Rate, answer_rate, fresh_rate, rate_terms, roll_rate
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
 #: a small store never forgets a time (tests on a fake clock keep theirs).
@@ -111,6 +113,12 @@ def _allowance_ended(record: Allowance, stale: datetime) -> bool:
     return record.until <= stale
 
 
+def _rate_ended(record: Rate, stale: float) -> bool:
+    """Whether a learned rate's epoch began at or before ``stale`` (seconds since the
+    epoch: the present less ``RATE_KEPT``) and its window, if any, too."""
+    return record.start + record.window <= stale
+
+
 def _freshness_ended(record: Freshness, stale: datetime) -> bool:
     """Whether a freshness record was last noted at or before ``stale`` (the present
     less ``FRESHNESS_KEPT``): news no longer."""
@@ -158,6 +166,23 @@ def _window_micros(per: float) -> int:
     return micros
 
 
+#: How long past its window a learned rate's permit counts (seconds): the time from
+#: admission to the server's arrival, as a ``Quota``'s default margin.
+_RATE_MARGIN = 0.05
+
+
+def _RATE_LOG(window: float | None) -> tuple[int, int, int, timedelta]:
+    """The permit log of a scope's learned rate (one log, whatever its limit: a limit
+    lowered or raised keeps counting what was granted) and how long a permit counts."""
+    counts = _window_micros(window or 0.0) + _window_micros(_RATE_MARGIN)
+    return (0, 0, counts, timedelta(microseconds=counts))
+
+
+def _open(rate: Rate | None) -> bool:
+    """Whether a learned rate admits without taking anything (no cap, no limit)."""
+    return rate is not None and rate.cap <= 0 and rate.limit <= 0
+
+
 class MemoryCooldownStore(Store):
     """Cooldowns shared by every thread of one process.
 
@@ -186,12 +211,15 @@ class MemoryCooldownStore(Store):
         self._allowance: dict[str, Allowance] = {}
         #: Freshness per scope (see ``freshness.Freshness``; next_eligible not kept).
         self._fresh: dict[str, Freshness] = {}
+        #: Learned rates per scope (see ``rate.Rate``).
+        self._rates: dict[str, Rate] = {}
         #: The scopes with a record of each kind, in the order they got it, for
         #: ``_sweep`` (a scope written again keeps its place).
         self._permit_scopes: collections.deque[str] = collections.deque()
         self._lease_scopes: collections.deque[str] = collections.deque()
         self._allowance_scopes: collections.deque[str] = collections.deque()
         self._fresh_scopes: collections.deque[str] = collections.deque()
+        self._rate_scopes: collections.deque[str] = collections.deque()
         _forksafe.register(self)
 
     def _after_fork(self) -> None:
@@ -292,6 +320,7 @@ class MemoryCooldownStore(Store):
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
         lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
+        learn: Learn | None = None,
     ) -> Admission:
         """Admission for one attempt at ``now`` (None: the present, read once the lock
         is held, so a permit's time is when it is granted), atomically and all or
@@ -303,8 +332,11 @@ class MemoryCooldownStore(Store):
         time from admission to the server's arrival). Each quota (``limit`` per
         ``per``) has its own log, so two quotas on one scope each hold; a permit keeps
         its own expiry, so workers with different margins never drop each other's.
-        ``batch`` and ``hold``: extra permits, see ``Store.admit``."""
-        if limit is None and lease is None and scope not in self._allowance:
+        ``batch`` and ``hold``: extra permits; ``learn``: the learned rate, see
+        ``Store.admit``."""
+        if limit is None and lease is None and scope not in self._allowance and (
+            learn is None or _open(self._rates.get(scope))
+        ):
             # Nothing to take (the common case): as lock-free as ``get``.
             cooldown = self._until.get(scope)
             if cooldown is None:
@@ -322,11 +354,12 @@ class MemoryCooldownStore(Store):
             cooldown = self._until.get(scope)
             if cooldown is not None and cooldown > now:
                 return Admission(cooldown, cooldown)
-            return self._admit_locked(scope, now, cooldown, limit, per, lease, margin, batch, hold)
+            return self._admit_locked(scope, now, cooldown, limit, per, lease, margin, batch, hold, learn)
 
     def _admit_locked(
         self, scope: str, now: datetime, cooldown: datetime | None, limit: int | None,
         per: float | None, lease: Lease | None, margin: float, batch: int = 1, hold: float = 0.0,
+        learn: Learn | None = None,
     ) -> Admission:
         """(Lock held, no cooldown running.) The allowance, the permit and the slot."""
         at = (now - _EPOCH) // _US
@@ -337,9 +370,14 @@ class MemoryCooldownStore(Store):
             if wait is not None:
                 self._allowance[scope] = rolled
                 return Admission(cooldown, wait)
+        rate = None
+        if learn is not None and limit is None and record is None:
+            rate = self._rate_locked(scope, at / 1e6)
+            limit, per, lease = rate_terms(rate, lease, learn)
+            margin = _RATE_MARGIN
         key = None
         if limit is not None:
-            key = _quota_key(limit, per, margin)
+            key = _RATE_LOG(per) if rate is not None else _quota_key(limit, per, margin)
             refused = self._permit_refused(scope, key, limit, at)
             if refused is not None:
                 return Admission(cooldown, _as_datetime(refused))
@@ -347,6 +385,14 @@ class MemoryCooldownStore(Store):
             busy = self._take_slot(scope, lease, at)
             if busy is not None:
                 return Admission(cooldown, _as_datetime(busy), None, True)
+        if rate is not None:
+            epoch, report = rate.epoch, rate.reports(rate.epoch)
+            token = lease[2] if lease is not None and learn is not None and lease[2] == learn[1] else None
+            permit = None
+            if key is not None:
+                self._take_permit(scope, key, at + key[2])
+                permit = now + key[3]
+            return Granted.of(permit, cooldown, None, 0, token, rate_epoch=epoch, rate_report=report)
         seq = None
         units = 0
         if rolled is not None:
@@ -371,6 +417,33 @@ class MemoryCooldownStore(Store):
         if seq is None:
             return _ADMITTED if cooldown is None else Admission(cooldown, None)
         return Admission(cooldown, None, seq)
+
+    def _rate_locked(self, scope: str, now: float) -> Rate:
+        """(Lock held.) The scope's learned rate as of ``now`` (seconds since the epoch),
+        made at its first admission; kept."""
+        rate = self._rates.get(scope)
+        if rate is None:
+            if len(self._rate_scopes) > _SWEEP_AT:
+                _sweep(self._rate_scopes, self._rates, _rate_ended, now - RATE_KEPT)
+            rate = fresh_rate(now)
+            self._rate_scopes.append(scope)
+        else:
+            rate = roll_rate(rate, now)
+        self._rates[scope] = rate
+        return rate
+
+    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
+        """See ``Store.rate_answer``."""
+        at = _micros(now) / 1e6
+        end = None if until is None else _micros(until) / 1e6
+        with self._lock:
+            rate = self._rates.get(scope)
+            if rate is not None:
+                self._rates[scope] = answer_rate(rate, epoch, end, at)
+
+    def rate_of(self, scope: str) -> Rate | None:
+        """See ``Store.rate_of``."""
+        return self._rates.get(scope)
 
     def settle(
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None
@@ -469,6 +542,7 @@ class MemoryCooldownStore(Store):
                 self._allowance.pop(scope, None),
                 self._permits.pop(scope, None),
                 self._leases.pop(scope, None),
+                self._rates.pop(scope, None),
             ]
         return any(value is not None for value in found)
 

@@ -23,8 +23,9 @@ from ..redact import client_secrets, redact_url, scrub, url_secrets
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from ._redis_feed import CHANNEL, RedisFeed
 from .allowance import ALLOWANCE_KEPT, SAME_WINDOW, Allowance, roll
-from .base import Admission, Changed, Feed, Granted, Hold, Lease, Store, check_scope, check_until
+from .base import Admission, Changed, Feed, Granted, Hold, Learn, Lease, Store, check_scope, check_until
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome
+from .rate import RATE_KEPT, Rate
 
 #: The default connect and reply timeouts (seconds) of a client made by ``from_url``.
 DEFAULT_SOCKET_TIMEOUT = 0.1
@@ -43,7 +44,8 @@ def lua(*names: str) -> str:
 #: Each script's files, in load order.
 SCRIPTS = {
     "extend": ("extend",),
-    "admit": ("allowance", "admit"),
+    "admit": ("allowance", "rate", "admit"),
+    "rate_answer": ("rate", "rate_answer"),
     "allow": ("allowance", "allow"),
     "settle": ("settle",),
     "note": ("note",),
@@ -139,6 +141,7 @@ class RedisCooldownStore(Store):
         self._allow_script = scripts["allow"]
         self._note_script = scripts["note"]
         self._settle_script = scripts["settle"]
+        self._rate_script = scripts["rate_answer"]
         self._url_args: tuple[str, dict[str, Any]] | None = None
         #: The pub/sub channel changes are published on ("": push off, see :meth:`feed`).
         self._channel = CHANNEL + prefix if push else ""
@@ -277,6 +280,7 @@ class RedisCooldownStore(Store):
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
         lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
+        learn: Learn | None = None,
     ) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
         the announced allowance, the quota permit (and ``batch`` extra ones, see
@@ -303,21 +307,56 @@ class RedisCooldownStore(Store):
         ]
         args = [now_epoch_ms(when), *_permit_args(limit, per, margin), "1" if together else "0"]
         args += [int(ALLOWANCE_KEPT * 1000), *_lease_args(lease), int(batch), round(hold * 1000)]
+        if learn is not None:
+            keys += [self.companion(scope, "rate"), self.companion(scope, "rate-log")]
+            args += ["1", window_ms(learn[0]), learn[1], int(RATE_KEPT * 1000)]
         try:
             reply = self._admit_script(keys=keys, args=[str(arg) for arg in args])
         except Exception as exc:
             raise self._failure("admit", exc) from exc
         try:
-            cooldown, wait, seq, busy, permit, extra, units, reset = (int(value) for value in reply)
+            cooldown, wait, seq, busy, permit, extra, units, reset = (int(value) for value in reply[:8])
+            rated = [int(value) for value in reply[8:11]]
         except (TypeError, ValueError):
             raise CooldownStoreError("the Redis admit script returned an unexpected reply") from None
         known = _ms_or_none(cooldown) if together else stored
+        if rated and wait < 0:
+            assert learn is not None
+            token = learn[1] if rated[2] else None
+            end = from_epoch_ms(permit) if permit >= 0 else None
+            return Granted.of(end, known, None, 0, token, rate_epoch=rated[0], rate_report=bool(rated[1]))
         number = None if seq < 0 else seq
         if wait < 0 and (permit >= 0 or units > 0):
             until = from_epoch_ms(reset) if units > 0 else None
             end = from_epoch_ms(permit) if permit >= 0 else None
             return Granted.of(end, known, number, extra, None, units, until)
         return Admission(known, _ms_or_none(wait), number, bool(busy))
+
+    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
+        """See ``Store.rate_answer``: one ``EVALSHA`` on the scope's "rate" key."""
+        key = self.companion(check_scope(scope), "rate")
+        args = [
+            -1 if epoch is None else int(epoch),
+            -1 if until is None else to_epoch_ms(check_until(until)),
+            now_epoch_ms(check_until(now)),
+            int(RATE_KEPT * 1000),
+        ]
+        try:
+            self._rate_script(keys=[key], args=[str(arg) for arg in args])
+        except Exception as exc:
+            raise self._failure("rate_answer", exc) from exc
+
+    def rate_of(self, scope: str) -> Rate | None:
+        """See ``Store.rate_of``: one ``HMGET``."""
+        key = self.companion(check_scope(scope), "rate")
+        try:
+            raw = self._client.hmget(key, ["cap", "lim", "win", "ceil", "ep", "st", "ok", "gr", "gc"])
+        except Exception as exc:
+            raise self._failure("rate_of", exc) from exc
+        if raw[0] is None:
+            return None
+        cap, lim, win, ceiling, epoch, start, ok, grown, grace = (int(float(_text(v))) for v in raw)
+        return Rate(cap, lim, win / 1000, ceiling, epoch, start / 1000, ok, grown, grace)
 
     def settle(
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None
@@ -422,6 +461,7 @@ class RedisCooldownStore(Store):
             quotas = "{" + _glob(tag) + "}quota:*:" + _glob(key)
         try:
             keys = [key, self.companion(scope, "allowance"), self.companion(scope, "lease")]
+            keys += [self.companion(scope, "rate"), self.companion(scope, "rate-log")]
             keys += [_text(found) for found in self._client.scan_iter(match=quotas, count=1000)]
             found = sum(int(self._client.delete(name)) for name in keys) > 0
             if self._channel:

@@ -32,6 +32,7 @@ from .base import (
     Feed,
     Granted,
     Hold,
+    Learn,
     Lease,
     Store,
     check_scope,
@@ -39,6 +40,7 @@ from .base import (
     extra_permits,
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, merge_note
+from .rate import RATE_KEPT, Rate, answer_rate, fresh_rate, rate_terms, roll_rate
 
 __all__ = ["DEFAULT_TIMEOUT", "SQLiteCooldownStore"]
 
@@ -90,7 +92,17 @@ _FRESH = (
     "LEFT JOIN cooldown c ON c.scope = f.scope"
 )
 #: The cooldown, and whether an announced allowance runs (without a write transaction).
-_PEEK = "SELECT (SELECT until_ms FROM cooldown WHERE scope = ?), (SELECT n FROM allowance WHERE scope = ?)"
+_PEEK = (
+    "SELECT (SELECT until_ms FROM cooldown WHERE scope = ?), (SELECT n FROM allowance WHERE scope = ?), "
+    "(SELECT cap + lim FROM rate WHERE scope = ?)"
+)
+#: A few learned rates unused for ``RATE_KEPT`` are dropped per new one.
+_SWEEP_RATES = (
+    "DELETE FROM rate WHERE scope IN (SELECT scope FROM rate WHERE start_ms + window_ms <= ? LIMIT ?)"
+)
+#: A learned rate's permit log, and how long past its window a permit counts (ms).
+_RATE_LOG = "rate"
+_RATE_MARGIN_MS = 50
 
 
 def _quota(limit: int, per: float | None, margin: float) -> tuple[str, int]:
@@ -254,6 +266,7 @@ class SQLiteCooldownStore(SQLiteFile, Store):
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
         lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
+        learn: Learn | None = None,
     ) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
         the announced allowance, the quota permit and the concurrency slot in one
@@ -267,32 +280,36 @@ class SQLiteCooldownStore(SQLiteFile, Store):
 
         def admit(conn: sqlite3.Connection) -> Admission:
             if nothing_to_take:
-                peeked = self._peek(conn, scope, fixed)
+                peeked = self._peek(conn, scope, fixed, learn is not None)
                 if peeked is not None:
                     return peeked
             with immediate(conn):
                 at = fixed or datetime.now(timezone.utc)  # the lock is ours: the grant's time
-                return self._admit_locked(conn, scope, at, limit, quota, lease, batch, hold)
+                return self._admit_locked(conn, scope, at, limit, quota, lease, batch, hold, learn)
 
         return self._run(admit)
 
     @staticmethod
-    def _peek(conn: sqlite3.Connection, scope: str, fixed: datetime | None) -> Admission | None:
-        """Without a write transaction: the answer when nothing is to be taken and the
-        scope's admissions are not counted (no announced allowance), else None."""
-        rows = conn.execute(_PEEK, (scope, scope)).fetchall()
+    def _peek(conn: sqlite3.Connection, scope: str, fixed: datetime | None, learn: bool) -> Admission | None:
+        """Without a write transaction: the answer when nothing is to be taken, the
+        scope's admissions are not counted (no announced allowance) and, when
+        ``learn``, its learned rate takes nothing (its cap lifted, no limit); else None."""
+        rows = conn.execute(_PEEK, (scope, scope, scope)).fetchall()
         cooldown = None if rows[0][0] is None else from_epoch_ms(int(rows[0][0]))
         now = fixed or datetime.now(timezone.utc)
         if cooldown is not None and cooldown > now:
             return Admission(cooldown, cooldown)
-        return Admission(cooldown, None) if rows[0][1] is None else None
+        if rows[0][1] is not None or (learn and rows[0][2] != 0):
+            return None
+        return Admission(cooldown, None)
 
     def _admit_locked(
         self, conn: sqlite3.Connection, scope: str, now: datetime, limit: int | None,
         quota: tuple[str, int] | None, lease: Lease | None, batch: int = 1, hold: float = 0.0,
+        learn: Learn | None = None,
     ) -> Admission:
         """Inside the write transaction: the whole admission at ``now`` (``batch``,
-        ``hold``: extra permits, see ``Store.admit``)."""
+        ``hold``: extra permits; ``learn``: the learned rate, see ``Store.admit``)."""
         now_ms = now_epoch_ms(now)
         rows = conn.execute(_SELECT, (scope,)).fetchall()
         cooldown = from_epoch_ms(int(rows[0][0])) if rows else None
@@ -306,6 +323,8 @@ class SQLiteCooldownStore(SQLiteFile, Store):
                 if rolled != record:
                     self._put_allowance(conn, scope, rolled)
                 return Admission(cooldown, from_epoch_ms(to_epoch_ms(wait)))
+        if learn is not None and quota is None and record is None:
+            return self._admit_rate(conn, scope, now_ms, cooldown, lease, learn)
         if quota is not None and limit is not None:
             refused = self._permit_refused(conn, scope, quota[0], limit, now_ms)
             if refused is not None:
@@ -340,6 +359,83 @@ class SQLiteCooldownStore(SQLiteFile, Store):
             )
         self._take_permit(conn, scope, quota[0], now_ms + quota[1])
         return Granted.of(from_epoch_ms(now_ms + quota[1]), cooldown, seq, extra, None, units, until)
+
+    def _admit_rate(
+        self, conn: sqlite3.Connection, scope: str, now_ms: int, cooldown: datetime | None,
+        lease: Lease | None, learn: Learn,
+    ) -> Admission:
+        """Inside the write transaction, no cooldown running, no quota, no allowance:
+        admission by the scope's learned rate (see ``MemoryCooldownStore._admit_locked``)."""
+        rate = self._rate_row(conn, scope)
+        if rate is None:
+            conn.execute(_SWEEP_RATES, (now_ms - int(RATE_KEPT * 1000), _SWEEP_PER_WRITE))
+            rate = fresh_rate(now_ms / 1000)
+        else:
+            rate = roll_rate(rate, now_ms / 1000)
+        self._put_rate(conn, scope, rate)
+        limit, window, lease = rate_terms(rate, lease, learn)
+        if limit is not None and window is not None:
+            refused = self._permit_refused(conn, scope, _RATE_LOG, limit, now_ms)
+            if refused is not None:
+                return Admission(cooldown, from_epoch_ms(refused))
+        if lease is not None:
+            busy = self._slot_refused(conn, scope, lease[0], now_ms)
+            if busy is not None:
+                return Admission(cooldown, from_epoch_ms(busy), None, True)
+            expires = now_ms + window_ms(lease[1])
+            conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, lease[2], expires))
+        permit = None
+        if limit is not None and window is not None:
+            end = now_ms + window_ms(window) + _RATE_MARGIN_MS
+            self._take_permit(conn, scope, _RATE_LOG, end)
+            permit = from_epoch_ms(end)
+        token = lease[2] if lease is not None and lease[2] == learn[1] else None
+        return Granted.of(
+            permit, cooldown, None, 0, token, rate_epoch=rate.epoch, rate_report=rate.reports(rate.epoch)
+        )
+
+    @staticmethod
+    def _rate_row(conn: sqlite3.Connection, scope: str) -> Rate | None:
+        rows = conn.execute(
+            "SELECT cap, lim, window_ms, ceiling, epoch, start_ms, ok, grown, grace "
+            "FROM rate WHERE scope = ?",
+            (scope,),
+        ).fetchall()
+        if not rows:
+            return None
+        cap, lim, window, ceiling, epoch, start, ok, grown, grace = (int(v) for v in rows[0])
+        return Rate(cap, lim, window / 1000, ceiling, epoch, start / 1000, ok, grown, grace)
+
+    @staticmethod
+    def _put_rate(conn: sqlite3.Connection, scope: str, rate: Rate) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO rate VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                scope, rate.cap, rate.limit, round(rate.window * 1000), rate.ceiling, rate.epoch,
+                round(rate.start * 1000), rate.ok, rate.grown, rate.grace,
+            ),
+        )
+
+    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
+        """See ``Store.rate_answer``: one immediate transaction."""
+        check_scope(scope)
+        at = to_epoch_ms(check_until(now)) / 1000
+        end = None if until is None else to_epoch_ms(check_until(until)) / 1000
+
+        def answer(conn: sqlite3.Connection) -> None:
+            with immediate(conn):
+                rate = self._rate_row(conn, scope)
+                if rate is not None:
+                    changed = answer_rate(rate, epoch, end, at)
+                    if changed != rate:
+                        self._put_rate(conn, scope, changed)
+
+        self._run(answer)
+
+    def rate_of(self, scope: str) -> Rate | None:
+        """See ``Store.rate_of``."""
+        check_scope(scope)
+        return self._run(lambda conn: self._rate_row(conn, scope))
 
     def feed(self, changed: Changed) -> Feed | None:
         """The file's change log, checked before each attempt (see ``SQLiteFeed``); None
@@ -431,7 +527,7 @@ class SQLiteCooldownStore(SQLiteFile, Store):
             with immediate(conn):
                 return sum(
                     conn.execute(f"DELETE FROM {table} WHERE scope = ?", (scope,)).rowcount  # noqa: S608
-                    for table in ("cooldown", "allowance", "permit_log", "lease")
+                    for table in ("cooldown", "allowance", "permit_log", "lease", "rate")
                 )
 
         return bool(self._run(delete))

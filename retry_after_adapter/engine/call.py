@@ -66,6 +66,8 @@ class Call:
         "plan",
         "policy",
         "queued",
+        "rate_epoch",
+        "rate_report",
         "retry",
         "scope",
         "sent_at",
@@ -115,6 +117,10 @@ class Call:
         self.admitted_at = 0.0
         #: The admission number of the attempt on the wire, for quota headers.
         self.admission: int | None = None
+        #: The learned rate's epoch the attempt on the wire was admitted in (None: no
+        #: learned rate governed it), and whether its good answer is to be told.
+        self.rate_epoch: int | None = None
+        self.rate_report = False
         #: The last admission was refused only for want of a concurrency slot, and
         #: how long (seconds) this attempt has waited for one so far.
         self.slot_busy = False

@@ -35,6 +35,7 @@ def learn_retry_after(call: Call, response: Any, status: int | None) -> tuple[fl
         return None, Reason.RETRY_AFTER_TOO_LONG if bad.reason == TOO_LONG else Reason.INVALID_RETRY_AFTER
     if status in call.policy.cooldown_statuses:
         call.plan.learn(call, parsed.eligible_at)
+        call.plan.rate_answer(call, parsed.eligible_at)  # a throttle: the learned rate hears
     return parsed.delay, None
 
 

@@ -74,6 +74,7 @@ class Plan:
         "allows",
         "fail_closed",
         "guard",
+        "learns",
         "limit",
         "margin",
         "max_waiting",
@@ -95,6 +96,7 @@ class Plan:
         slots: int | None = None,
         ttl: float = 60.0,
         max_waiting: int | None = None,
+        learn_rate: bool = False,
     ) -> None:
         self.store = store
         #: The store when it is behind the failure layer (each operation then gets the
@@ -114,6 +116,9 @@ class Plan:
         #: may not: it is then not asked).
         self.allows = store is not None and store.supports("allowance")
         self.notes = store is not None and store.supports("freshness")
+        #: Whether calls are admitted by the scope's learned rate too (no quota
+        #: configured, and a store that learns one).
+        self.learns = learn_rate and quota is None and store is not None and store.supports("rate")
         #: How a slot goes back (bound once).
         self.release_slot: Callable[[str, str], None] | None = store.release if store is not None else None
 
@@ -141,21 +146,33 @@ class Plan:
         # A real clock is read by the store itself as it grants (inside its lock): a
         # permit's time is then its grant's, however long the lock took.
         now = None if call.policy.real_clock else call.clock.now()
-        lease = None
+        lease = learn = None
         if self.slots is not None and call.lease_token is None:
             lease = (self.slots, self.ttl, next(_lease_tokens))
+        if self.learns and call.lease_token is None:
+            learn = (self.ttl, lease[2] if lease is not None else next(_lease_tokens))
         if self.limit is not None:
             call.admitted_at = call.clock.monotonic()  # before the grant: its lower bound
         guard = self.guard
         if guard is not None:
             budget = call.budget
-            answer = guard.admit(call.scope, now, self.limit, self.per, lease, self.margin, budget=budget)
+            answer = guard.admit(
+                call.scope, now, self.limit, self.per, lease, self.margin, budget=budget, learn=learn
+            )
+        elif learn is not None:
+            answer = store.admit(call.scope, now, self.limit, self.per, lease, self.margin, learn=learn)
         else:
             answer = store.admit(call.scope, now, self.limit, self.per, lease, self.margin)
         call.cooldown, not_before, call.admission, call.slot_busy = answer
-        call.permit = answer.permit
-        if not_before is None and lease is not None:
-            call.lease_token = answer.token or lease[2]  # a slot this process held, or the new one
+        # A learned rate's permit is not settled: its window is an estimate with a margin.
+        call.permit = answer.permit if self.limit is not None else None
+        call.rate_epoch = answer.rate_epoch
+        call.rate_report = answer.rate_report
+        if not_before is None:
+            if lease is not None:
+                call.lease_token = answer.token or lease[2]  # a slot this process held, or the new one
+            elif answer.token is not None:
+                call.lease_token = answer.token  # a slot of the learned rate's cold cap
         return not_before
 
     def answered(self, call: Call, response: Any, on_done: Callable[[Any, Slot], None]) -> None:
@@ -209,6 +226,20 @@ class Plan:
             call.cooldown = until if call.cooldown is None or until > call.cooldown else call.cooldown
             return
         call.cooldown = self._on_store(self.store.extend, call, call.scope, until)
+
+    def rate_answer(self, call: Call, until: datetime | None) -> None:
+        """Tell the scope's learned rate how the attempt was answered: well (``until``
+        None; only while the store counts good answers, ``call.rate_report``) or
+        throttled until ``until``. Never raises (the rate is news)."""
+        if until is None and not call.rate_report:
+            return
+        if not self.learns or self.store is None or call.scope is None:
+            return
+        call.rate_report = False  # once per attempt
+        try:
+            self._on_store(self.store.rate_answer, call, call.scope, call.rate_epoch, until, call.clock.now())
+        except Exception as exc:
+            log.debug("telling the learned rate failed: %s", type(exc).__name__)
 
     def allow(self, call: Call, *args: Any) -> None:
         """Record the server's announced allowance (``Store.allow``'s arguments after

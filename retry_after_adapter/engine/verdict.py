@@ -111,6 +111,8 @@ def judge(
         call.last_status = status
         if call.policy.quota_headers and announces_quota(response):
             read_quota_headers(call, response)
+        if call.rate_report and _good(call, status):
+            call.plan.rate_answer(call, None)
         meter, sent = call.meter, call.sent_at
         if meter is None or sent is None or sent - meter.noted >= SUCCESS_EVERY:
             note(call, SUCCESS)  # else noted less than SUCCESS_EVERY ago: nothing new
@@ -134,6 +136,14 @@ def judge(
     return _count_and_plan(call, method, url, response, error, stacktrace, server_delay)
 
 
+def _good(call: Call, status: int | None) -> bool:
+    """Whether an answer with ``status`` is a good one for the learned rate: the server
+    took the request (not a 5xx, not a 429, not a status that may carry a cooldown)."""
+    if status is None or status >= 500 or status == 429:
+        return False
+    return status not in call.policy.cooldown_statuses
+
+
 def _learn(
     call: Call, response: Any, status: int | None, error: Exception | None
 ) -> tuple[float | None, Reason | None]:
@@ -151,6 +161,8 @@ def _learn(
         server_delay, invalid = learn_retry_after(call, response, status)
     if response is not None and policy.quota_headers:
         read_quota_headers(call, response)  # nothing left: a shared cooldown until the reset
+    if call.rate_report and error is None and _good(call, status):
+        call.plan.rate_answer(call, None)
     note(call, outcome_class(status, error, invalid, server_delay, policy.cooldown_statuses))
     return server_delay, invalid
 

@@ -1,15 +1,19 @@
 -- Admission for one attempt, atomically, all or nothing (MemoryCooldownStore.admit).
--- Loaded after allowance.lua.
+-- Loaded after allowance.lua and rate.lua.
 -- KEYS = the cooldown key, the quota's permit set, the allowance hash, the lease set,
 -- all in one cluster slot; ARGV = now (ms; the client's clock: cooldowns are stamped
 -- so), how long a permit counts (ms, 0: no quota), the limit, a unique member, "1" to
 -- read the cooldown from KEYS[1] ("0": the caller read it), how long (ms) an allowance
 -- outlives its reset, the slots (0: no cap), the lease's ttl (ms) and its token, then
--- the batch (permits asked for, 1: one) and the hold (ms) of the extra ones.
+-- the batch (permits asked for, 1: one) and the hold (ms) of the extra ones, then "1"
+-- to admit by the learned rate (KEYS[5] its hash, KEYS[6] its permit set) with a cold
+-- slot's ttl (ms) and token, and how long (ms) a rate is kept past its window.
 -- Returns {cooldown or -1, -1 when admitted or when to ask again, the admission number
 -- or -1, 1 when only a slot was missing, when the permit taken stops counting or -1,
 -- the extra permits taken (each counting hold ms longer), the extra admissions of the
--- announced allowance counted (numbered after this one's), and its reset or -1}.
+-- announced allowance counted (numbered after this one's), and its reset or -1}; by
+-- the learned rate, three more: its epoch, 1 when a good answer is to be told, 1 when
+-- the slot was taken as the cold slot's token.
 
 -- One quota's permits on a permit set (a sorted set, score = when a permit stops
 -- counting: its grant + per + margin, epoch ms): drops the permits that stopped
@@ -48,6 +52,49 @@ if rec ~= nil then
 end
 local counts = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
+if ARGV[12] == '1' and counts == 0 and rec == nil then
+  -- The learned rate (rate.py): made at the scope's first admission, rolled, kept.
+  local r = rate_load(KEYS[5])
+  if r == nil then
+    r = {cap = 1, lim = 0, win = 0, ceil = 0, ep = 0, st = now, ok = 0, gr = 0, gc = -1}
+  else
+    rate_roll(r, now)
+  end
+  rate_save(KEYS[5], r, tonumber(ARGV[15]))
+  local slots, ttl, token, cold = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], 0
+  if r.cap > 0 then
+    if slots > 0 then
+      slots = math.min(slots, r.cap)
+    else
+      slots, ttl, token, cold = r.cap, tonumber(ARGV[13]), ARGV[14], 1
+    end
+  end
+  local rcounts = 0
+  if r.lim > 0 then
+    rcounts = r.win + 50
+    local refused = take_permit(KEYS[6], now, rcounts, r.lim, ARGV[14], false)
+    if refused >= 0 then return {cooldown, refused, -1, 0, -1, 0, 0, -1} end
+  end
+  if slots > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+    if redis.call('ZCARD', KEYS[4]) >= slots then
+      local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+      return {cooldown, tonumber(first[2]), -1, 1, -1, 0, 0, -1}
+    end
+    redis.call('ZADD', KEYS[4], now + ttl, token)
+    if redis.call('PTTL', KEYS[4]) < ttl + 1000 then
+      redis.call('PEXPIRE', KEYS[4], ttl + 1000)
+    end
+  end
+  local permit = -1
+  if rcounts > 0 then
+    take_permit(KEYS[6], now, rcounts, r.lim, ARGV[14], true)
+    permit = now + rcounts
+  end
+  local report = 0
+  if rate_reports(r) then report = 1 end
+  return {cooldown, -1, -1, 0, permit, 0, 0, -1, r.ep, report, cold}
+end
 if counts > 0 then
   local refused = take_permit(KEYS[2], now, counts, limit, ARGV[4], false)
   if refused >= 0 then return {cooldown, refused, -1, 0, -1, 0, 0, -1} end

@@ -1,0 +1,255 @@
+"""The learned send rate with real parts: a cold start measured at a real server, and a
+fleet that learns a quota nobody configured, in threads (memory store) and in real
+processes sharing a SQLite file or a real redis-server."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from retry_after_adapter import MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry
+from retry_after_adapter.cooldown.rate import SLOW_START_CAP
+from retry_after_adapter.scope import RequestInfo, origin_scope
+from retry_after_adapter.testing.server import QuotaServer
+
+from .conftest import process_store, process_store_place
+
+
+class _Slow(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        owner: SlowServer = self.server.owner  # type: ignore[attr-defined]
+        with owner.lock:
+            owner.in_flight += 1
+            owner.seen.append(owner.in_flight)
+        time.sleep(0.03)
+        with owner.lock:
+            owner.in_flight -= 1
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class SlowServer:
+    """Answers every GET 200 after 30 ms, and records how many were in flight at each
+    arrival (itself included)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.seen: list[int] = []
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+        self.httpd.daemon_threads = True
+        self.httpd.owner = self  # type: ignore[attr-defined]
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def slow_server() -> Iterator[SlowServer]:
+    server = SlowServer()
+    yield server
+    server.close()
+
+
+def _burst(url: str, adapter: RetryAfterAdapter, threads: int) -> list[int]:
+    session = requests.Session()
+    session.mount("http://", adapter)
+    statuses: list[int] = []
+    barrier = threading.Barrier(threads)
+
+    def one() -> None:
+        barrier.wait()
+        statuses.append(session.get(url, timeout=10).status_code)
+
+    workers = [threading.Thread(target=one) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(30)
+    return statuses
+
+
+def test_a_cold_scope_sends_one_attempt_first_then_more_per_good_answer(slow_server: SlowServer) -> None:
+    """Twenty threads start at once on a scope the store never saw: the first request
+    goes alone, and what is in flight grows with the good answers (never 20 at once)."""
+    store = MemoryCooldownStore()
+    adapter = RetryAfterAdapter(max_retries=RetryAfterRetry(total=2, deadline=20), cooldown=store)
+    statuses = _burst(slow_server.url, adapter, 20)
+    assert statuses == [200] * 20
+    assert slow_server.seen[:2] == [1, 1]  # one in flight, then one again after it
+    # 1, 2, 3, 4 in flight after 3 good answers, then one more per round: 6 by the 12th.
+    assert max(slow_server.seen) <= SLOW_START_CAP + 2
+    rate = store.rate_of(origin_scope(RequestInfo("GET", slow_server.url, {})))
+    assert rate is not None and rate.ok == 20 and rate.cap > 1
+
+
+def test_learn_rate_false_sends_the_burst_at_once(slow_server: SlowServer) -> None:
+    store = MemoryCooldownStore()
+    adapter = RetryAfterAdapter(
+        max_retries=RetryAfterRetry(total=2, deadline=20), cooldown=store, learn_rate=False
+    )
+    assert _burst(slow_server.url, adapter, 20) == [200] * 20
+    assert max(slow_server.seen) > SLOW_START_CAP + 1
+    assert store.rate_of(origin_scope(RequestInfo("GET", slow_server.url, {}))) is None
+
+
+def test_quota_headers_switch_the_learned_rate_off(slow_server: SlowServer) -> None:
+    """A server that announces its quota is admitted by what it announces: after its
+    first answer, no learned cap holds the burst back."""
+    with QuotaServer(1000, 60.0, align="first", quota_headers="ietf") as server:
+        store = MemoryCooldownStore()
+        adapter = RetryAfterAdapter(max_retries=RetryAfterRetry(total=2, deadline=20), cooldown=store)
+        session = requests.Session()
+        session.mount("http://", adapter)
+        assert session.get(server.url + "/first").status_code == 200
+        scope = origin_scope(RequestInfo("GET", server.url, {}))
+        assert store.admit(scope, None, learn=(60.0, "probe")).rate_epoch is None
+
+
+# -- a fleet that learns the quota: threads, and real processes on a shared store -----------
+
+LIMIT, WINDOW, ITEMS = 10, 1.0, 30
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys, threading, time
+    import requests
+    from retry_after_adapter import RetryAfterAdapter, RetryAfterRetry
+    sys.path.insert(0, {root!r})
+    from tests.integration.conftest import process_store
+
+    kind, where, url, items, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    store = process_store(kind, where, "rate-test:")
+    adapter = RetryAfterAdapter(max_retries=RetryAfterRetry(total=5, deadline=3.0), cooldown=store)
+    done = []
+    todo = list(range(items))
+    lock = threading.Lock()
+    end = time.monotonic() + 20
+
+    def work():
+        session = requests.Session()
+        session.mount("http://", adapter)
+        while time.monotonic() < end:
+            with lock:
+                if not todo:
+                    return
+                item = todo.pop()
+            response = session.get(url)
+            if response.status_code == 200:
+                done.append(item)
+                continue
+            deferral = getattr(response, "deferral", None)
+            if deferral is not None:
+                time.sleep(max(0.0, min(2.0, deferral.eligible_at.timestamp() - time.time())))
+            with lock:
+                todo.append(item)
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(30)
+    print(json.dumps({{"done": len(done)}}))
+    """
+)
+
+
+def _run_processes(kind: str, where: str, url: str, processes: int, threads: int) -> int:
+    root = str(Path(__file__).resolve().parents[2])
+    code = WORKER.format(root=root)
+    share = [ITEMS // processes + (1 if n < ITEMS % processes else 0) for n in range(processes)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, kind, where, url, str(count), str(threads)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for count in share
+    ]
+    done = 0
+    for proc in procs:
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        done += json.loads(out.strip().splitlines()[-1])["done"]
+    return done
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def test_a_fleet_learns_an_unannounced_quota_and_keeps_to_it(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Workers with nothing configured against a quota of 10 per 1 s that announces
+    nothing: all items done, a few 429s while the quota is found, the learned rate in
+    the store is what the server accepted (10) per about its window."""
+    with QuotaServer(LIMIT, WINDOW, align="first") as server:
+        if kind == "memory":
+            store: Any = MemoryCooldownStore()
+            where = ""
+            adapter = RetryAfterAdapter(max_retries=RetryAfterRetry(total=5, deadline=3.0), cooldown=store)
+            done: list[int] = []
+            todo = list(range(ITEMS))
+            lock = threading.Lock()
+
+            def work() -> None:
+                session = requests.Session()
+                session.mount("http://", adapter)
+                end = time.monotonic() + 20
+                while time.monotonic() < end:
+                    with lock:
+                        if not todo:
+                            return
+                        item = todo.pop()
+                    response = session.get(server.url)
+                    if response.status_code == 200:
+                        done.append(item)
+                        continue
+                    deferral = getattr(response, "deferral", None)
+                    if deferral is not None:
+                        wait = deferral.eligible_at.timestamp() - time.time()
+                        time.sleep(max(0.0, min(2.0, wait)))
+                    with lock:
+                        todo.append(item)
+
+            workers = [threading.Thread(target=work) for _ in range(8)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join(30)
+            finished = len(done)
+        else:
+            where = process_store_place(kind, tmp_path, request)
+            finished = _run_processes(kind, where, server.url, 2, 4)
+            store = process_store(kind, where, "rate-test:")
+        statuses = [entry[server_field("status")] for entry in server.log]
+    assert finished == ITEMS
+    assert statuses.count(200) == ITEMS
+    assert statuses.count(429) <= 8, statuses
+    rate = store.rate_of(origin_scope(RequestInfo("GET", server.url, {})))
+    assert rate is not None and 1 <= rate.limit <= LIMIT and rate.ceiling <= LIMIT
+    assert WINDOW <= rate.window <= WINDOW + 1.5
+
+
+def server_field(name: str) -> int:
+    from retry_after_adapter.testing.server import LOG_FIELDS
+
+    return LOG_FIELDS.index(name)
