@@ -301,3 +301,18 @@ def test_the_ietf_rename_and_the_drafts_are_never_mixed(server: ThrottleServer, 
     for _ in range(3):  # r=5 governs: the rename's a=0;w=3600 beside it is not read
         assert send(s, server, exchange("ietf-mixed-generations-r-wins")).status_code == 200
     assert server.count() == 3
+
+
+def test_github_secondary_403_through_plain_urllib3(server: ThrottleServer, clock: FakeClock) -> None:
+    """RetryAfterPoolManager tells the 403 apart too, and its body stays readable."""
+    from retry_after_adapter import RetryAfterPoolManager
+
+    store = MemoryCooldownStore()
+    case = exchange("github-secondary-no-wait-403")
+    server.serve([reply(case)])
+    http = RetryAfterPoolManager(retries=RetryAfterRetry(clock=clock, total=2, max_wait=1), cooldown=store)
+    first = http.request(case.method, server.url + case.path, headers=case.request)
+    assert first.status == 403 and b"secondary rate limit" in first.data
+    deferral = local_deferral(http.request(case.method, server.url + case.path, headers=case.request))
+    assert deferral.reason == "cooldown" and deferral.eligible_at == at(60)
+    assert server.count() == 1
