@@ -14,9 +14,13 @@ date), ``naive_received_at`` (``received_at`` without a UTC offset, or not a dat
 
 Decisions where RFC 9110 leaves room:
 
-- delay-seconds is ASCII ``[0-9]+`` only, leading zeros allowed. Very large numbers are
+- delay-seconds is ASCII ``[0-9]+``, leading zeros allowed. Very large numbers are
   valid: ``delay`` is capped at 10**15 seconds and ``eligible_at`` at the largest
   representable UTC datetime.
+- A plain non-negative decimal, ASCII ``[0-9]+ "." [0-9]+`` (``2.0``, as Shopify sends),
+  is not delay-seconds but is read as the next whole second up: ``2.0`` is 2 s, ``2.1``
+  is 3 s (waiting longer is allowed, shorter never). Every other number form stays
+  invalid: a sign, an exponent, ``.5``, ``5.``, Unicode digits, a list.
 - Day and month names are case-sensitive, as in the grammar.
 - A day name that does not match the date's actual weekday is invalid (``weekday``).
 - Second 60 (a leap second) is accepted and read as second 59.
@@ -74,8 +78,11 @@ _MONTH_NUMBER = {name: i for i, name in enumerate(_MONTHS, start=1)}
 # including a value the fast path turns down, goes through the full parser, which also
 # names the reason.
 _IMF_SHAPE = re.compile(r"\w\w\w, \d\d \w\w\w \d\d\d\d \d\d:\d\d:\d\d GMT", re.ASCII).fullmatch
-# delay-seconds (ASCII digits, group 1) or the IMF-fixdate shape, told apart in one match.
-_COMMON = re.compile(r"([0-9]+)|\w\w\w, \d\d \w\w\w \d\d\d\d \d\d:\d\d:\d\d GMT", re.ASCII).fullmatch
+# delay-seconds (ASCII digits, group 1, with an optional ASCII fraction, group 2, read as
+# the next whole second up) or the IMF-fixdate shape, told apart in one match.
+_COMMON = re.compile(
+    r"([0-9]+)(?:\.([0-9]+))?|\w\w\w, \d\d \w\w\w \d\d\d\d \d\d:\d\d:\d\d GMT", re.ASCII
+).fullmatch
 _from_iso = datetime.fromisoformat
 # "Sun, 06 Nov 1994" -> "1994-11-06T" for days already checked (names, day of month,
 # weekday). Retry-After dates cluster around today, so this stays small; emptied when
@@ -118,7 +125,8 @@ class RetryAfter:
 def parse_retry_after(value: str, *, received_at: datetime, date: str | None = None) -> RetryAfter:
     """Parse one Retry-After field value received at ``received_at`` (aware).
 
-    ``value`` is either delay-seconds (ASCII digits) or an HTTP-date in any of the three
+    ``value`` is either delay-seconds (ASCII digits; a plain ASCII decimal such as
+    ``2.0`` is read as the next whole second up) or an HTTP-date in any of the three
     RFC 9110 forms. ``date`` is the same response's ``Date`` header, if any: a valid one
     is the reference a Retry-After date is measured against (so local clock skew does
     not change the delay) and gives ``clock_skew``; an invalid or absent one is ignored
@@ -145,7 +153,10 @@ def parse_retry_after(value: str, *, received_at: datetime, date: str | None = N
             return _date_result(value, v, received_at, date, None)
         if m.lastindex is None:  # the IMF-fixdate alternative
             return _date_result(value, v, received_at, date, _imf_fast(v))
-        seconds = int(v)  # at most MAX_LENGTH digits, far below int()'s digit limit
+        digits, fraction = m.group(1, 2)
+        seconds = int(digits)  # at most MAX_LENGTH digits, far below int()'s digit limit
+        if fraction is not None and fraction.strip("0"):
+            seconds += 1  # 2.1 s: the next whole second up, never shorter
         delay = float(seconds) if seconds <= MAX_DELAY else _MAX_DELAY_F
         try:
             known = (delay, _ONE_SECOND * seconds)

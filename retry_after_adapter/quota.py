@@ -8,9 +8,16 @@ Two families are read:
   ``t`` the seconds until the quota resets) and ``RateLimit-Policy:
   "default";q=100;w=60`` (``q`` requests per ``w`` seconds). The Dictionary form of
   the earlier drafts (``RateLimit: limit=100, remaining=0, reset=30``) is read too.
+  The working group's open rename (``a`` for ``r``, ``w`` for ``t``) is read per item,
+  never mixed with the published drafts (see :func:`~retry_after_adapter.dialects.ietf_item`).
 - the de facto ``X-RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` (epoch seconds, as
-  GitHub sends, or seconds from now) and ``-Reset-After`` (seconds, decimals allowed,
-  as Discord sends).
+  GitHub and Discord send, decimals allowed; epoch milliseconds; or seconds from now,
+  as Envoy sends: told apart by magnitude) and ``-Reset-After`` (seconds, decimals
+  allowed, as Discord sends). ``X-RateLimit-Limit`` may be Envoy's list
+  (``10, 10;w=1;name="per-ip"``: limit 10 per window of 1 s).
+
+:mod:`~retry_after_adapter.dialects` holds each provider's pieces and says what is read
+of whom.
 
 A field that is malformed (not the grammar, a negative or non-ASCII number, a value
 over 64 characters, a repeated field that disagrees) is ignored, as the draft says:
@@ -30,19 +37,16 @@ from typing import Any
 
 import http_sf
 
+from .dialects import EPOCH_THRESHOLD, ietf_item, limit_field, reset_seconds
 from .errors import ConfigurationError, InvalidRetryAfter
 from .header import parse_http_date
 
-__all__ = ["MAX_COUNT", "MAX_SECONDS", "Quota", "QuotaHint", "bound_hint", "read_quota"]
+__all__ = ["EPOCH_THRESHOLD", "MAX_COUNT", "MAX_SECONDS", "Quota", "QuotaHint", "bound_hint", "read_quota"]
 
 #: A quota field longer than this (characters) is ignored.
 MAX_FIELD = 256
 #: An ``X-RateLimit-*`` value longer than this is ignored.
 MAX_NUMBER = 64
-#: An ``X-RateLimit-Reset`` at least this large is an epoch time (2001-09-09), smaller
-#: is seconds from now (no API announces a window of 31 years).
-EPOCH_THRESHOLD = 1_000_000_000
-
 _INTEGER = re.compile(r"[0-9]{1,18}", re.ASCII).fullmatch
 _DECIMAL = re.compile(r"[0-9]{1,18}(?:\.[0-9]{1,9})?", re.ASCII).fullmatch
 _UTC = timezone.utc
@@ -184,7 +188,7 @@ def _ietf(get: HeaderGetter) -> QuotaHint | None:
         # One item per policy: the tightest one governs (nothing left wins, then the
         # fewest left); an item without a valid r says nothing.
         for value, params in items:
-            r, t = _count(params.get("r")), _count(params.get("t"))
+            r, t = ietf_item(params)  # r/t, or the rename's a/w: never mixed
             if r is None:
                 continue
             if remaining is None or r < remaining or (r == remaining and (t or 0) > (reset or 0)):
@@ -248,9 +252,15 @@ def _x_ratelimit(get: HeaderGetter, *, received_at: datetime, date: str | None) 
     if reset is None:
         at = _number(get("X-RateLimit-Reset"), decimals=True)
         if at is not None:
-            reset = max(0.0, at - _epoch_now(received_at, date)) if at >= EPOCH_THRESHOLD else at
-    limit = _number(get("X-RateLimit-Limit"))
-    return QuotaHint(int(left), reset, None if limit is None else int(limit), None, "x-ratelimit")
+            # Epoch milliseconds, epoch seconds or seconds from now, by magnitude.
+            reset = reset_seconds(at, _epoch_now(received_at, date)) if at >= EPOCH_THRESHOLD else at
+    raw_limit = get("X-RateLimit-Limit")
+    limit = _number(raw_limit)
+    window: float | None = None
+    if limit is None and raw_limit is not None and len(raw_limit) <= MAX_FIELD:
+        count, window = limit_field(raw_limit)  # Envoy's "10, 10;w=1;name=\"per-ip\""
+        limit = None if count is None else float(count)
+    return QuotaHint(int(left), reset, None if limit is None else int(limit), window, "x-ratelimit")
 
 
 def _epoch_now(received_at: datetime, date: str | None) -> float:

@@ -20,6 +20,7 @@ from .cooldown.guard import DEFAULT, check_store_failure, shared
 from .cooldown.memory import DEFAULT_STORE
 from .deferral import Deferral
 from .engine import Call, Plan, current_override
+from .engine.buckets import refine_call
 from .errors import ConfigurationError
 from .observe import DecisionHook, as_hooks
 from .quota import Quota
@@ -196,11 +197,15 @@ class SharedSettings:
         return store.freshness(scope)
 
     def _call(self, policy: RetryAfterRetry, request: Any) -> Call:
-        """A new call of ``request`` under ``policy`` and the enclosing ``budget()``."""
-        return Call(
+        """A new call of ``request`` under ``policy`` and the enclosing ``budget()``
+        (scoped by its route's bucket once the route reported one)."""
+        call = Call(
             policy,
             self._plan,
             scope=self._scope_fn(request),
             hooks=self.on_decision,
             override=current_override(),
         )
+        if self._plan.dialects.routes:
+            refine_call(call, request.method, request.url)
+        return call

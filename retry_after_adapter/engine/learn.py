@@ -1,7 +1,9 @@
 """What an attempt's answer teaches, learned before anything is decided: a valid
 Retry-After of a cooldown status advances the scope's shared cooldown, quota headers
 record what the server allows (nothing left: a cooldown until the reset), and the
-outcome is noted in the scope's freshness record.
+outcome is noted in the scope's freshness record. Providers' dialects refine it
+(``buckets``): a route's bucket refines its scope first, a global limit cools the
+unrefined scope, a GitHub secondary limit that names no wait cools it 60 s or more.
 """
 
 from __future__ import annotations
@@ -16,11 +18,20 @@ from ..cooldown.freshness import INVALID_HEADER, SERVER_ERROR, SUCCESS, SUCCESS_
 from ..errors import InvalidRetryAfter
 from ..policy import TOO_LONG, Reason
 from ..quota import QuotaHint, bound_hint, read_quota
+from .buckets import learn_cooldown, learn_route, learn_secondary
 
 if TYPE_CHECKING:
     from .call import Call
 
-__all__ = ["learn_retry_after", "note", "outcome_class", "read_quota_headers"]
+__all__ = [
+    "learn_cooldown",
+    "learn_retry_after",
+    "learn_route",
+    "learn_secondary",
+    "note",
+    "outcome_class",
+    "read_quota_headers",
+]
 
 
 def learn_retry_after(call: Call, response: Any, status: int | None) -> tuple[float | None, Reason | None]:
@@ -34,7 +45,7 @@ def learn_retry_after(call: Call, response: Any, status: int | None) -> tuple[fl
     except InvalidRetryAfter as bad:
         return None, Reason.RETRY_AFTER_TOO_LONG if bad.reason == TOO_LONG else Reason.INVALID_RETRY_AFTER
     if status in call.policy.cooldown_statuses:
-        call.plan.learn(call, parsed.eligible_at)
+        learn_cooldown(call, response, parsed.eligible_at)  # a global limit: the origin's
         call.plan.rate_answer(call, parsed.eligible_at)  # a throttle: the learned rate hears
     return parsed.delay, None
 

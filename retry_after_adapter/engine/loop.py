@@ -29,6 +29,7 @@ from ..errors import DeferralLimitExceeded
 from ..policy import DEFER, RETRY, STOP, Reason
 from ..scope import strip_query
 from .admission import admit, wait_until
+from .buckets import peek_body
 from .call import Call
 from .verdict import FINAL, REDIRECT, Verdict, judge, plan_wait
 
@@ -126,7 +127,10 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
             sent = send(call, transport)
             response, error, cause = sent
             raw = transport.raw(response) if response is not None else None
-            verdict = judge(call, transport.method, transport.url, raw, cause)
+            body = None
+            if raw is not None and getattr(raw, "status", None) == 403:  # GitHub's secondary limit?
+                body = peek_body(call, transport, response, raw)
+            verdict = judge(call, transport.method, transport.url, raw, cause, body=body)
             if verdict is FINAL:
                 return Outcome(response)  # the happy path: a final answer
             outcome = _after(call, transport, verdict, response, error)

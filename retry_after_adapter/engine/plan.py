@@ -21,6 +21,7 @@ from .. import _forksafe
 from ..cooldown.base import Store
 from ..cooldown.guard import StoreBudget, StoreGuard
 from ..quota import Quota
+from .buckets import Dialects
 from .meters import Meter, Meters, meters_of
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ class Plan:
 
     __slots__ = (
         "allows",
+        "dialects",
         "fail_closed",
         "guard",
         "learns",
@@ -121,6 +123,9 @@ class Plan:
         self.learns = learn_rate and quota is None and store is not None and store.supports("rate")
         #: How a slot goes back (bound once).
         self.release_slot: Callable[[str, str], None] | None = store.release if store is not None else None
+        #: What providers' dialects taught this adapter: routes refined by their
+        #: bucket, secondary-limit streaks (bounded, in memory; see ``buckets``).
+        self.dialects = Dialects()
 
     # -- per call ------------------------------------------------------------------
     def budget(self, call: Call) -> StoreBudget:

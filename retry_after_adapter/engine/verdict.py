@@ -29,7 +29,7 @@ from ..policy import (
     decide,
     out_of_attempts,
 )
-from .learn import learn_retry_after, note, outcome_class, read_quota_headers
+from .learn import learn_retry_after, learn_route, learn_secondary, note, outcome_class, read_quota_headers
 
 if TYPE_CHECKING:
     from .call import Call
@@ -98,10 +98,12 @@ def judge(
     *,
     decided: bool = False,
     stacktrace: Any = None,
+    body: bytes | None = None,
 ) -> Verdict:
     """Judge one attempt: its ``response`` (a urllib3 response) or its ``error`` (a
     urllib3 error). ``decided=True`` is for a stock urllib3 loop, which calls only for
-    outcomes it already chose to retry."""
+    outcomes it already chose to retry. ``body``: the response's body when a dialect
+    needed it read (``buckets.peek_body``), else None."""
     call.attempts += 1
     status = getattr(response, "status", None)
     if not isinstance(status, int):
@@ -110,6 +112,7 @@ def judge(
         # The happy path: nothing to parse or plan but the quota headers.
         call.last_status = status
         if call.policy.quota_headers and announces_quota(response):
+            learn_route(call, response, method, url)  # a bucket refines the route's scope
             read_quota_headers(call, response)
         if call.rate_report and _good(call, status):
             call.plan.rate_answer(call, None)
@@ -117,7 +120,7 @@ def judge(
         if meter is None or sent is None or sent - meter.noted >= SUCCESS_EVERY:
             note(call, SUCCESS)  # else noted less than SUCCESS_EVERY ago: nothing new
         return FINAL
-    server_delay, invalid = _learn(call, response, status, error)
+    server_delay, invalid = _learn(call, method, url, response, status, error, body)
     final = _final(call, method, response, status, error, server_delay, decided)
     if final is not None:
         return final
@@ -145,10 +148,17 @@ def _good(call: Call, status: int | None) -> bool:
 
 
 def _learn(
-    call: Call, response: Any, status: int | None, error: Exception | None
+    call: Call,
+    method: str | None,
+    url: str | None,
+    response: Any,
+    status: int | None,
+    error: Exception | None,
+    body: bytes | None,
 ) -> tuple[float | None, Reason | None]:
-    """Learn from the answer before deciding: its Retry-After, quota headers, and its
-    outcome noted. Returns the valid Retry-After (seconds) and why one was rejected."""
+    """Learn from the answer before deciding: its route's bucket, its Retry-After,
+    quota headers, a secondary limit, and its outcome noted. Returns the valid
+    Retry-After (seconds) and why one was rejected."""
     if call.started_at is None:
         call.started_at = call.clock.now()
     call.last_status = status
@@ -157,10 +167,14 @@ def _learn(
     policy = call.policy
     server_delay: float | None = None
     invalid: Reason | None = None
+    if response is not None and policy.quota_headers:
+        learn_route(call, response, method, url)  # first: what follows is the bucket's
     if response is not None and policy.respect_retry_after_header:
         server_delay, invalid = learn_retry_after(call, response, status)
     if response is not None and policy.quota_headers:
         read_quota_headers(call, response)  # nothing left: a shared cooldown until the reset
+        if server_delay is None and invalid is None and status in policy.cooldown_statuses:
+            learn_secondary(call, response, status, body)  # GitHub's: 60 s or more
     if call.rate_report and error is None and _good(call, status):
         call.plan.rate_answer(call, None)
     note(call, outcome_class(status, error, invalid, server_delay, policy.cooldown_statuses))

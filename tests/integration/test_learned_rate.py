@@ -27,7 +27,7 @@ from .conftest import process_store, process_store_place
 
 
 class _Slow(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         owner: SlowServer = self.server.owner  # type: ignore[attr-defined]
         with owner.lock:
             owner.in_flight += 1

@@ -125,6 +125,38 @@ def test_any_ascii_integer_is_that_delay(seconds: int, zeros: int, left: str, ri
 
 @SETTINGS
 @given(
+    whole=st.one_of(st.integers(min_value=0, max_value=10**6), st.integers(min_value=0, max_value=10**40)),
+    fraction=st.text(alphabet="0123456789", min_size=1, max_size=20),
+    left=st.sampled_from(["", " ", "\t"]),
+    right=st.sampled_from(["", " ", "\t"]),
+)
+def test_a_plain_decimal_is_the_next_whole_second_up(whole: int, fraction: str, left: str, right: str) -> None:
+    """Shopify's "2.0": never shorter than the value, at most one second longer."""
+    result = parse_retry_after(f"{left}{whole}.{fraction}{right}", received_at=RECEIVED_AT)
+    up = whole + (1 if fraction.strip("0") else 0)
+    assert result.form == "seconds"
+    assert result.delay == float(min(up, 10**15))
+    if up <= 10**6:
+        assert result.eligible_at == RECEIVED_AT + timedelta(seconds=up)
+
+
+@SETTINGS
+@given(
+    number=st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    sign=st.sampled_from(["-", "+"]),
+)
+def test_signs_exponents_and_other_number_forms_stay_invalid(number: str, sign: str) -> None:
+    signed = number if number.startswith("-") else sign + number
+    for value in (signed, number.replace(".", "e") + "1", number + "e5", number + ",1"):
+        try:
+            parse_retry_after(value, received_at=RECEIVED_AT)
+        except InvalidRetryAfter:
+            continue
+        raise AssertionError(f"{value!r} was read")
+
+
+@SETTINGS
+@given(
     seconds=st.integers(min_value=0, max_value=10**12),
     received_at=st.datetimes(
         min_value=datetime(1970, 1, 1), max_value=datetime(9999, 12, 31), timezones=st.just(UTC)

@@ -139,7 +139,7 @@ def test_the_same_value_at_different_receipt_times() -> None:
 
 @pytest.mark.parametrize(
     "value",
-    ["+5", "-5", "1.5", ".5", "5.", "1e3", "\u0663", "\u00b2", "\uff15", "\U0001d7d3", "\u2460", "\u0969"],
+    ["+5", "-5", "-1.5", ".5", "5.", "1e3", "\u0663", "\u00b2", "\uff15", "\U0001d7d3", "\u2460", "\u0969"],
 )
 def test_seconds_ascii_digits_only(value: str) -> None:
     assert reason_of(value) == "malformed"

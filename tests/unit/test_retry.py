@@ -74,7 +74,8 @@ def test_urllib3_retry_after_max_never_shortens_our_parse():
 
 def test_parse_retry_after_is_strict():
     with pytest.raises(InvalidRetryAfter):
-        RetryAfterRetry().parse_retry_after("1.5")
+        RetryAfterRetry().parse_retry_after("1.5e0")
+    assert RetryAfterRetry().parse_retry_after("1.5") == 2  # a plain decimal: rounded up
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,9 @@ differs on purpose, a test below pins the difference (and the README lists it):
    on the stock default pass ``status_forcelist`` explicitly;
 2. ``repr`` adds ``deadline`` and ``max_wait``;
 3. ``parse_retry_after`` is RFC 9110 strict (stock also reads non-GMT zones and
-   one-digit days) and never capped by ``retry_after_max``;
+   one-digit days) and never capped by ``retry_after_max``; the one leniency is a plain
+   decimal (``2.0``, as Shopify sends), read as the next whole second up, an int (stock
+   raises ``InvalidHeader``);
 4. waits run on the policy's clock, and one longer than ``max_wait`` is not shortened:
    it raises ``MaxRetryDeferred`` (a ``MaxRetryError``);
 5. ``history`` URLs lose their query string (it may hold credentials).
@@ -262,7 +264,7 @@ def test_history(make):
 # -- Retry-After ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", ["-1", "+1", "1.0", "\xb2"])
+@pytest.mark.parametrize("value", ["-1", "+1", "1e0", "\xb2"])
 def test_parse_retry_after_invalid_raises_invalid_header(make, value):
     with pytest.raises(InvalidHeader):
         make().parse_retry_after(value)
@@ -314,6 +316,14 @@ def test_difference_3_dates_are_rfc_9110_strict(value):
     with pytest.raises(InvalidRetryAfter) as raised:
         RetryAfterRetry().parse_retry_after(value)
     assert isinstance(raised.value, InvalidHeader) and isinstance(raised.value, ValueError)
+
+
+@pytest.mark.parametrize(("value", "expected"), [("2.0", 2), ("2.1", 3), (" 0.5 ", 1)])
+def test_difference_3_a_plain_decimal_is_the_next_whole_second_up(value, expected):
+    with pytest.raises(InvalidHeader):
+        Retry().parse_retry_after(value)  # stock: digits only
+    parsed = RetryAfterRetry().parse_retry_after(value)
+    assert parsed == expected and type(parsed) is int
 
 
 def test_difference_4_sleep_waits_at_least_the_retry_after_on_the_clock():

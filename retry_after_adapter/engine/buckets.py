@@ -1,0 +1,213 @@
+"""What providers' dialects teach an adapter beyond one scope's cooldown and allowance,
+kept per plan (per adapter), bounded, in memory:
+
+- **Discord's buckets.** A response's ``X-RateLimit-Bucket`` says which limit its route
+  counts against. From then on, that route (its method and path, without the query)
+  of this adapter is scoped ``<scope>|bucket:<hash>``: the request's own scope refined
+  by the bucket and the route's major parameter (a channel, a guild, a webhook: Discord
+  counts a bucket per top-level resource). Two routes that report the same bucket
+  under the same major parameter share that scope's cooldown and allowance in the
+  store, for every worker that learned the route; a route not seen yet, and every
+  route of an API that sends no bucket, keeps its scope as before. A response marked
+  global (``X-RateLimit-Global: true``, ``X-RateLimit-Scope: global``) sets the
+  cooldown of the unrefined scope: a call of a refined route reads that cooldown once,
+  when it starts (one store read more, only for refined routes), and holds back for it.
+- **GitHub's secondary limits** that name no wait: at least 60 s, doubled while such
+  answers repeat (an answer within the last wait after the previous one ended), per
+  unrefined scope; the streak is this adapter's (the cooldown itself is shared).
+
+Bounds: :data:`MAX_ROUTES` routes and :data:`MAX_STREAKS` streaks per plan, the oldest
+forgotten first (a forgotten route falls back to its unrefined scope until it answers
+again).
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .._compat import response_header
+from ..dialects import bucket_key, bucket_of, github_secondary, is_global, major_parameter, secondary_wait
+from ..dialects import wants_body as _wants_body
+from ..errors import CooldownUnavailable
+from ..policy import beyond_bound
+
+if TYPE_CHECKING:
+    from .call import Call
+
+__all__ = ["MAX_ROUTES", "MAX_STREAKS", "Dialects", "base_scope", "peek_body"]
+
+#: Routes whose bucket a plan remembers.
+MAX_ROUTES = 4096
+#: Scopes whose secondary-limit streak a plan remembers.
+MAX_STREAKS = 1024
+#: What separates a scope from its bucket in a refined scope.
+_MARK = "|bucket:"
+
+
+def base_scope(scope: str) -> str:
+    """The unrefined scope of ``scope`` (itself when it is not refined by a bucket)."""
+    at = scope.find(_MARK)
+    return scope if at < 0 else scope[:at]
+
+
+def _path(url: str) -> str:
+    """The path of ``url`` (absolute or a path), without query or fragment."""
+    rest = url.partition("://")[2] if "://" in url else url
+    if "://" in url:
+        slash = rest.find("/")
+        rest = rest[slash:] if slash >= 0 else "/"
+    return rest.split("?", 1)[0].split("#", 1)[0] or "/"
+
+
+class Dialects:
+    """Per plan: routes refined by their bucket, secondary-limit streaks (see the module)."""
+
+    __slots__ = ("_lock", "routes", "streaks")
+
+    def __init__(self) -> None:
+        #: ``"<scope>\\0<METHOD> <path>"`` -> the refined scope of that route.
+        self.routes: dict[str, str] = {}
+        #: unrefined scope -> (answers in a row, when the last wait ends).
+        self.streaks: dict[str, tuple[int, datetime]] = {}
+        self._lock = threading.Lock()
+
+    # -- Discord -----------------------------------------------------------------------
+    def refine(self, scope: str, method: str | None, url: str | None) -> str:
+        """The scope a request of this route is admitted under: refined when the route
+        has reported a bucket, else ``scope``. Costs nothing until a bucket is seen."""
+        if not self.routes:
+            return scope
+        return self.routes.get(_route(scope, method, url), scope)
+
+    def learn(self, scope: str, method: str | None, url: str | None, bucket: str) -> str:
+        """Remember that this route counts against ``bucket``; its refined scope."""
+        base = base_scope(scope)
+        path = _path(url or "")
+        refined = f"{base}|{bucket_key(bucket, major_parameter(path))}"
+        key = _route(base, method, url)
+        if self.routes.get(key) != refined:
+            with self._lock:
+                while len(self.routes) >= MAX_ROUTES:
+                    self.routes.pop(next(iter(self.routes)), None)
+                self.routes[key] = refined
+        return refined
+
+    # -- GitHub ------------------------------------------------------------------------
+    def streak(self, scope: str, now: datetime) -> int:
+        """Count one more secondary limit of ``scope`` answered at ``now``: 1 unless
+        the previous one's wait ended less than that wait ago."""
+        with self._lock:
+            count, ends = self.streaks.get(scope, (0, now))
+            if count and now > ends + timedelta(seconds=secondary_wait(count)):
+                count = 0  # no longer repeating: start again from the least wait
+            count += 1
+            while len(self.streaks) >= MAX_STREAKS and scope not in self.streaks:
+                self.streaks.pop(next(iter(self.streaks)), None)
+            self.streaks[scope] = (count, now + timedelta(seconds=secondary_wait(count)))
+            return count
+
+
+def _route(scope: str, method: str | None, url: str | None) -> str:
+    return f"{base_scope(scope)}\0{(method or 'GET').upper()} {_path(url or '')}"
+
+
+def _on_scope(call: Call, scope: str, until: datetime) -> None:
+    """Advance ``scope``'s shared cooldown (not the call's own scope) to ``until``;
+    the call keeps the later of both as its own cooldown."""
+    own = call.scope
+    if own == scope:
+        call.plan.learn(call, until)
+        return
+    kept = call.cooldown
+    call.scope = scope
+    try:
+        call.plan.learn(call, until)
+    finally:
+        call.scope = own
+    if kept is not None and (call.cooldown is None or kept > call.cooldown):
+        call.cooldown = kept
+
+
+def refine_call(call: Call, method: str | None, url: str | None) -> None:
+    """Before the first attempt: when the call's route has reported a bucket, admit it
+    under the refined scope, held back by a running global cooldown of the unrefined
+    one (read once here). A store that cannot be read now holds nothing back."""
+    scope = call.scope
+    dialects = call.plan.dialects
+    if scope is None or not dialects.routes:
+        return
+    refined = dialects.refine(scope, method, url)
+    if refined == scope:
+        return
+    call.continue_on(call.plan, refined)
+    kept = call.cooldown
+    call.scope = scope
+    try:
+        until = call.plan.read_cooldown(call)
+    except CooldownUnavailable:
+        until = None
+    finally:
+        call.scope = refined
+        call.cooldown = kept
+    if until is None or until <= call.clock.now():
+        return
+    if call.not_before is None or until > call.not_before:
+        call.not_before = until
+
+
+def learn_route(call: Call, response: Any, method: str | None, url: str | None) -> None:
+    """A response that names its bucket refines its route's scope, this call's too
+    (what it says of its quota is then learned for the bucket)."""
+    if call.scope is None or method is None or url is None:
+        return
+    bucket = bucket_of(lambda name: response_header(response, name))
+    if bucket is None:
+        return
+    refined = call.plan.dialects.learn(call.scope, method, url, bucket)
+    if refined != call.scope:
+        call.continue_on(call.plan, refined)
+        call.admission = None  # the bucket's store record did not count this attempt
+        call.cooldown = None
+
+
+def learn_cooldown(call: Call, response: Any, until: datetime) -> None:
+    """A Retry-After's cooldown: the unrefined scope's when the response says its limit
+    is global (Discord), else the call's scope's."""
+    scope = call.scope
+    if scope is not None and _MARK in scope and is_global(lambda name: response_header(response, name)):
+        _on_scope(call, base_scope(scope), until)
+        return
+    call.plan.learn(call, until)
+
+
+def learn_secondary(call: Call, response: Any, status: int | None, body: bytes | None) -> None:
+    """A GitHub secondary rate limit that names no wait: a shared cooldown of at least
+    60 s on the unrefined scope, doubled while such answers repeat (at most an hour);
+    not learned when longer than ``max_retry_after`` (never obeyed, never shortened)."""
+    scope = call.scope
+    if scope is None or not github_secondary(status, lambda name: response_header(response, name), body):
+        return
+    base = base_scope(scope)
+    now = call.clock.now()
+    wait = secondary_wait(call.plan.dialects.streak(base, now))
+    if beyond_bound(wait, call.policy.max_retry_after):
+        return
+    _on_scope(call, base, now + timedelta(seconds=wait))
+
+
+def peek_body(call: Call, transport: Any, response: Any, raw: Any) -> bytes | None:
+    """The body of an answer a dialect must read to be told apart (a GitHub 403 that
+    names no wait), read and kept now (bounded, as a retried body) so that it stays
+    readable; None for every other answer, and when the caller streams the body."""
+    if raw is None or getattr(raw, "status", None) != 403 or transport.streams:
+        return None
+    if not _wants_body(403, lambda name: response_header(raw, name)):
+        return None
+    transport.keep(response, call.policy.max_retry_body, call.read_time())
+    content = getattr(response, "_content", None)  # requests keeps it here
+    if isinstance(content, bytes):
+        return content
+    data = getattr(raw, "_body", None)  # urllib3 here
+    return data if isinstance(data, bytes) else None
