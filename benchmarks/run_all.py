@@ -34,6 +34,7 @@ BENCHMARKS = {
     "push": ("bench_push.py", "bench_push.json"),
     "scopes": ("bench_scopes.py", "scopes.json"),
     "load": ("bench_load.py", "load.json"),
+    "cold_start": ("bench_cold_start.py", "cold_start.json"),
 }
 
 

@@ -155,6 +155,11 @@ class Near:
                 # A cooldown may end a learned rate's epoch: ask the store once after it.
                 self._known[scope] = known._replace(cooldown=until, rated=True)
 
+    def unrated(self, scope: str) -> bool:
+        """Whether the copy knows ``scope`` and no learned rate governs it."""
+        known = self._known.get(scope)
+        return known is not None and not known.rated
+
     def knows(self, scope: str) -> bool:
         """Whether the copy holds what the store said of ``scope``."""
         return scope in self._known

@@ -204,6 +204,13 @@ class StoreGuard(WriteBack, Store):
         near = self.near
         if near is None or self._down:
             return self._admit_store(scope, now, limit, per, lease, margin, budget, present, learn=learn)
+        if learn is not None and lease is not None and not near.unrated(scope):
+            # The learned rate may cap the slot too: the store takes it (a slot held here
+            # would pass the cold cap by, and its answers would teach the rate nothing).
+            answer, _, _ = near.admit(scope, present, limit, per, margin, None)
+            if answer is not None and answer.not_before is not None:
+                return answer
+            return self._admit_store(scope, now, limit, per, lease, margin, budget, present, learn=learn)
         answer, permit, token = near.admit(scope, present, limit, per, margin, lease)
         if answer is not None:
             return answer

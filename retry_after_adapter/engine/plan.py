@@ -194,7 +194,9 @@ class Plan:
             call.lease_token = None
             assert self.release_slot is not None and call.scope is not None
             slot = Slot(self.release_slot, call.scope, token)
-            if response is None:
+            if response is None or self.slots is None:
+                # No configured cap: the slot is the learned rate's cold one, which
+                # counts requests the server has not answered yet, not bodies still read.
                 slot()
             else:
                 on_done(response, slot)

@@ -207,7 +207,11 @@ def test_fleet_quick(tmp_path: Path) -> None:
     assert set(doc["shapes"]) == {"a", "b"}
     for shape_name, report in doc["shapes"].items():
         fleets = report["fleets"]
-        assert "stock, 1 process" in fleets and "adapter, 1 process, memory" in fleets
+        learned = "adapter, nothing configured (learned rate), 1 process, memory"
+        assert "stock, 1 process" in fleets and learned in fleets
+        assert "adapter, learn_rate=False, 1 process, memory" in fleets
+        # The learned rate over time is kept per run: cold (a cap), then a limit per window.
+        assert all(run["learned_rate"] for run in fleets[learned]["runs"])
         assert any("SQLite" in name for name in fleets)
         if "redis" not in doc["skipped"]:
             assert any("Redis" in name for name in fleets)
@@ -234,6 +238,16 @@ def test_fleet_quick(tmp_path: Path) -> None:
         # Stock sleeps a 1 s Retry-After inside a call whose deadline is 0.5 s.
         if shape_name == "a":
             assert all(run["overran_deadline"] >= 1 for run in fleets["stock, 1 process"]["runs"])
+
+
+@pytest.mark.slow
+def test_cold_start_quick(tmp_path: Path) -> None:
+    doc = run_quick("bench_cold_start.py", tmp_path)
+    fleets = doc["fleets"]
+    assert set(fleets) == {"stock", "adapter, learn_rate=False", "adapter, defaults (learned rate)"}
+    assert fleets["stock"]["wall_vs_stock"]["median"] == 1.0
+    for entry in fleets.values():
+        assert entry["wall_s"]["median"] > 0 and entry["most_in_flight"]["max"] >= 1
 
 
 @pytest.mark.slow
