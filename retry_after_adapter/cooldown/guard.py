@@ -187,7 +187,7 @@ class StoreGuard(WriteBack, Store):
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
         lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
-        budget: StoreBudget | None = None,
+        budget: StoreBudget | None = None, opened: float = 0.0,
     ) -> Admission:
         """Admission for one attempt: from the near copy when it can answer (nothing
         changed, a permit of its batch, a slot it holds: see ``_near``), else in one
@@ -195,13 +195,17 @@ class StoreGuard(WriteBack, Store):
         :meth:`get` does), the allowance, the quota permit and the slot. While the store
         is down, the local copy admits (fail open; its admission numbers are not the
         store's, so none is returned) or CooldownUnavailable; busy or out of time, see
-        :meth:`_later`. (``batch`` and ``hold`` are the near copy's to choose.)"""
+        :meth:`_later`. (``batch`` and ``hold`` are the near copy's to choose.)
+        ``opened`` > 0: the quota permit is an open one (see ``Plan.answered``): taken
+        by itself from the store, never from or for a batch, counting ``opened`` seconds
+        longer there until its answer settles it exactly. (Taken from the local copy
+        while the store is down, it counts ``per + margin``, as any local permit.)"""
         present = now if now is not None else datetime.now(timezone.utc)
         if self._skipped(budget):
             return self._local_admit((scope, now, limit, per, lease, margin), budget)
         near = self.near
-        if near is None or self._down:
-            return self._admit_store(scope, now, limit, per, lease, margin, budget, present)
+        if near is None or self._down or (opened > 0 and limit is not None):
+            return self._admit_store(scope, now, limit, per, lease, margin, budget, present, opened=opened)
         answer, permit, token = near.admit(scope, present, limit, per, margin, lease)
         if answer is not None:
             return answer
@@ -222,13 +226,15 @@ class StoreGuard(WriteBack, Store):
     def _admit_store(
         self, scope: str, now: datetime | None, limit: int | None, per: float | None, lease: Lease | None,
         margin: float, budget: StoreBudget | None, present: datetime, batch: int = 1, hold: float = 0.0,
+        opened: float = 0.0,
     ) -> Admission:
         """Admission in one store operation (see :meth:`admit`)."""
         args = (scope, now, limit, per, lease, margin)
         epoch = self._epoch
         abandoned = None if lease is None else self._abandoned(scope, lease[2])
+        asked = (scope, now, limit, per, lease, margin + opened, batch, hold)
         try:
-            answer = self._bounded(self.inner.admit, (*args, batch, hold), budget, abandoned)
+            answer = self._bounded(self.inner.admit, asked, budget, abandoned)
         except OutOfTime:
             self._gave_up(budget)
             return self._later(args, present)
@@ -300,13 +306,16 @@ class StoreGuard(WriteBack, Store):
 
     def settle(
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
-        budget: StoreBudget | None = None,
+        exact: bool = False, budget: StoreBudget | None = None,
     ) -> None:
         """Move a permit's end later in the store (see ``MemoryCooldownStore.settle``),
         within what the call has left; a failure is counted against the store but never
         the call's."""
         # The answer's time, pinned: tried again later, it must not move further.
-        args = (scope, limit, per, expires, now if now is not None else datetime.now(timezone.utc))
+        at = now if now is not None else datetime.now(timezone.utc)
+        args: tuple[Any, ...] = (scope, limit, per, expires, at)
+        if exact:
+            args += (True,)
         if not self._write_through(self.inner.settle, args, budget):
             # Busy or down: until its stored end passes, the writer thread tries again
             # (a permit that ends too soon could let one request too many through).
