@@ -16,6 +16,7 @@ extend, so a shorter cooldown never replaces a longer one.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -226,10 +227,13 @@ class Store(ABC):
 
     @abstractmethod
     def settle(
-        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None
+        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
+        exact: bool = False,
     ) -> None:
         """The attempt whose permit stops counting at ``expires`` was answered at ``now``
-        (None: the present): the permit counts at least until ``now + per``."""
+        (None: the present): the permit counts at least until ``now + per``. ``exact``:
+        it counts until ``now + per`` exactly, earlier than ``expires`` too (an open
+        permit, taken to count until its answer: see ``Plan.answered``)."""
 
     @abstractmethod
     def allow(
@@ -285,7 +289,14 @@ class Store(ABC):
 
     def supports(self, feature: str) -> bool:
         """Whether the store can carry ``"quota"``, ``"leases"``, ``"allowance"``,
-        ``"freshness"`` and ``"rate"``: every :class:`Store` can (a 0.x store may not)."""
+        ``"freshness"``, ``"rate"`` and ``"exact-settle"`` (``settle``'s ``exact``):
+        every :class:`Store` can (a 0.x store may not; a store written for 0.7 settles
+        exactly only if its ``settle`` takes ``exact``)."""
+        if feature == "exact-settle":
+            try:
+                return "exact" in inspect.signature(self.settle).parameters
+            except (TypeError, ValueError):
+                return False
         return True
 
     def close(self) -> None:  # noqa: B027 - most stores have nothing to close

@@ -188,7 +188,7 @@ class StoreGuard(WriteBack, Store):
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
         lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None, budget: StoreBudget | None = None,
+        learn: Learn | None = None, budget: StoreBudget | None = None, opened: float = 0.0,
     ) -> Admission:
         """Admission for one attempt: from the near copy when it can answer (nothing
         changed, a permit of its batch, a slot it holds: see ``_near``), else in one
@@ -197,13 +197,19 @@ class StoreGuard(WriteBack, Store):
         is down, the local copy admits (fail open; its admission numbers are not the
         store's, so none is returned) or CooldownUnavailable; busy or out of time, see
         :meth:`_later`. (``batch`` and ``hold`` are the near copy's to choose.) The
-        learned rate (``learn``) is the store's: while it is down, none applies."""
+        learned rate (``learn``) is the store's: while it is down, none applies.
+        ``opened`` > 0: the quota permit is an open one (see ``Plan.answered``): taken
+        by itself from the store, never from or for a batch, counting ``opened`` seconds
+        longer there until its answer settles it exactly. (Taken from the local copy
+        while the store is down, it counts ``per + margin``, as any local permit.)"""
         present = now if now is not None else datetime.now(timezone.utc)
         if self._skipped(budget):
             return self._local_admit((scope, now, limit, per, lease, margin), budget)
         near = self.near
-        if near is None or self._down:
-            return self._admit_store(scope, now, limit, per, lease, margin, budget, present, learn=learn)
+        if near is None or self._down or (opened > 0 and limit is not None):
+            return self._admit_store(
+                scope, now, limit, per, lease, margin, budget, present, learn=learn, opened=opened
+            )
         if learn is not None and lease is not None and not near.unrated(scope):
             # The learned rate may cap the slot too: the store takes it (a slot held here
             # would pass the cold cap by, and its answers would teach the rate nothing).
@@ -233,18 +239,19 @@ class StoreGuard(WriteBack, Store):
     def _admit_store(
         self, scope: str, now: datetime | None, limit: int | None, per: float | None, lease: Lease | None,
         margin: float, budget: StoreBudget | None, present: datetime, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None,
+        learn: Learn | None = None, opened: float = 0.0,
     ) -> Admission:
         """Admission in one store operation (see :meth:`admit`)."""
         args = (scope, now, limit, per, lease, margin)
         epoch = self._epoch
         held = lease[2] if lease is not None else learn[1] if learn is not None else None
         abandoned = None if held is None else self._abandoned(scope, held)
+        asked = (scope, now, limit, per, lease, margin + opened, batch, hold)
         try:
             if learn is None:
-                answer = self._bounded(self.inner.admit, (*args, batch, hold), budget, abandoned)
+                answer = self._bounded(self.inner.admit, asked, budget, abandoned)
             else:
-                answer = self._bounded(self.inner.admit, (*args, batch, hold, learn), budget, abandoned)
+                answer = self._bounded(self.inner.admit, (*asked, learn), budget, abandoned)
         except OutOfTime:
             self._gave_up(budget)
             return self._later(args, present)
@@ -316,13 +323,16 @@ class StoreGuard(WriteBack, Store):
 
     def settle(
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
-        budget: StoreBudget | None = None,
+        exact: bool = False, budget: StoreBudget | None = None,
     ) -> None:
         """Move a permit's end later in the store (see ``MemoryCooldownStore.settle``),
         within what the call has left; a failure is counted against the store but never
         the call's."""
         # The answer's time, pinned: tried again later, it must not move further.
-        args = (scope, limit, per, expires, now if now is not None else datetime.now(timezone.utc))
+        at = now if now is not None else datetime.now(timezone.utc)
+        args: tuple[Any, ...] = (scope, limit, per, expires, at)
+        if exact:
+            args += (True,)
         if not self._write_through(self.inner.settle, args, budget):
             # Busy or down: until its stored end passes, the writer thread tries again
             # (a permit that ends too soon could let one request too many through).

@@ -36,6 +36,17 @@ def _takes_margin(admit: Any) -> bool:
     return "margin" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
+def _takes(method: Any, name: str) -> bool:
+    """Whether ``method`` (None: not had) takes the keyword ``name``."""
+    if method is None:
+        return False
+    try:
+        parameters = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters
+
+
 class LegacyStore(Store):
     """``store`` (any object with ``get`` and ``extend``) as a :class:`~.base.Store`."""
 
@@ -54,6 +65,8 @@ class LegacyStore(Store):
             name: _method(store, name)
             for name in ("allow", "settle", "note", "freshness", "freshness_entries", "entries", "holds")
         }
+        #: The store's settle takes ``exact`` (it may move a permit earlier).
+        self._exact = _takes(self._forward["settle"], "exact")
         self._delete = _method(store, "delete")
         self._close = _method(store, "close")
         #: ``generation`` and ``timeout`` are read by the failure layer: passed through.
@@ -79,6 +92,8 @@ class LegacyStore(Store):
             return self._admit is not None
         if feature == "freshness":
             return self._forward["note"] is not None and self._forward["freshness"] is not None
+        if feature == "exact-settle":
+            return self._exact
         return False
 
     def get(self, scope: str) -> datetime | None:
@@ -139,11 +154,15 @@ class LegacyStore(Store):
             self._release(scope, token)
 
     def settle(
-        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None
+        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
+        exact: bool = False,
     ) -> None:
         settle = self._forward["settle"]
         if settle is not None:
-            settle(scope, limit, per, expires, now)
+            if exact and self._exact:
+                settle(scope, limit, per, expires, now, exact=True)
+            else:
+                settle(scope, limit, per, expires, now)
 
     def allow(
         self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,

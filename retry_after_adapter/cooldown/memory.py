@@ -446,18 +446,20 @@ class MemoryCooldownStore(Store):
         return self._rates.get(scope)
 
     def settle(
-        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None
+        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
+        exact: bool = False,
     ) -> None:
         """The attempt that took the permit of ``limit`` per ``per`` seconds stopping at
         ``expires`` was answered at ``now`` (None: the present): it reached the server by
         then, so the permit counts at least until ``now + per`` (put back if it expired
-        meanwhile, or was dropped since, as the SQLite and Redis stores do)."""
+        meanwhile, or was dropped since, as the SQLite and Redis stores do); ``exact``:
+        until then exactly, earlier than ``expires`` too (see ``Store.settle``)."""
         key = _quota_key(limit, per, 0.0)
         old = _micros(expires)
         with self._lock:
             at = _micros(now if now is not None else datetime.now(timezone.utc))
             new = at + key[1]
-            if new <= old:
+            if new == old or (new < old and not exact):
                 return  # the stored end already covers the answer
             logs = self._permits.get(scope)
             if logs is None:  # every permit of the scope expired and was dropped

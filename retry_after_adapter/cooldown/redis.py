@@ -359,17 +359,19 @@ class RedisCooldownStore(Store):
         return Rate(cap, lim, win / 1000, ceiling, epoch, start / 1000, ok, grown, grace)
 
     def settle(
-        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None
+        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
+        exact: bool = False,
     ) -> None:
         """The attempt whose permit stops counting at ``expires`` was answered at ``now``
         (None: this host's present): the permit counts at least until ``now + per`` (see
-        ``MemoryCooldownStore.settle``). One ``EVALSHA``."""
+        ``MemoryCooldownStore.settle``; ``exact``: until then exactly). One ``EVALSHA``."""
         key = self.quota_key(check_scope(scope), limit, per)
         args = [
             str(now_epoch_ms(_present(now))),
             str(window_ms(per)),
             str(to_epoch_ms(check_until(expires))),
             secrets.token_hex(8),
+            "1" if exact else "0",
         ]
         try:
             self._settle_script(keys=[key], args=args)

@@ -443,12 +443,13 @@ class SQLiteCooldownStore(SQLiteFile, Store):
         return SQLiteFeed(self, changed) if self._push else None
 
     def settle(
-        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None
+        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
+        exact: bool = False,
     ) -> None:
         """The attempt whose permit stops counting at ``expires`` was answered at ``now``
         (None: the present, read inside the transaction): the permit counts at least
         until ``now + per`` (see ``MemoryCooldownStore.settle``; put back if it expired
-        meanwhile)."""
+        meanwhile); ``exact``: until then exactly."""
         check_scope(scope)
         quota, per_ms = _quota(limit, per, 0.0)
         old = to_epoch_ms(check_until(expires))
@@ -456,7 +457,7 @@ class SQLiteCooldownStore(SQLiteFile, Store):
 
         def settle(conn: sqlite3.Connection) -> None:
             new = (fixed if fixed is not None else present_ms()) + per_ms
-            if new <= old:
+            if new == old or (new < old and not exact):
                 return
             with immediate(conn):
                 moved = conn.execute(

@@ -63,6 +63,7 @@ class Call:
         "meter",
         "not_before",
         "permit",
+        "permit_open",
         "plan",
         "policy",
         "queued",
@@ -115,6 +116,9 @@ class Call:
         #: and when (monotonic) its admission started.
         self.permit: datetime | None = None
         self.admitted_at = 0.0
+        #: That permit is an open one: it counts until its answer settles it (see
+        #: ``Plan.answered``).
+        self.permit_open = False
         #: The admission number of the attempt on the wire, for quota headers.
         self.admission: int | None = None
         #: The learned rate's epoch the attempt on the wire was admitted in (None: no

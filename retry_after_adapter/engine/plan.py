@@ -27,9 +27,16 @@ from .meters import Meter, Meters, meters_of
 if TYPE_CHECKING:
     from .call import Call
 
-__all__ = ["NO_PLAN", "Plan"]
+__all__ = ["NO_PLAN", "OPEN_FOR", "Plan"]
 
 log = logging.getLogger("retry_after_adapter")
+
+#: Seconds an open permit counts beyond ``per + margin`` in the store until its answer
+#: settles it (see ``Plan.answered``): a worker stalled longer than that between its
+#: grant and its settle is not covered; a permit whose admission was lost (the store
+#: took it, its answer never reached the worker) or whose worker was killed counts
+#: that long more.
+OPEN_FOR = 10.0
 
 
 def _new_tokens() -> Iterator[str]:
@@ -69,19 +76,22 @@ class Slot:
 
 
 class Plan:
-    """What calls of one adapter share (see the module). Immutable once made."""
+    """What calls of one adapter share (see the module). Immutable once made, but for
+    :attr:`late` (a hint: see :meth:`answered`)."""
 
     __slots__ = (
         "allows",
         "dialects",
         "fail_closed",
         "guard",
+        "late",
         "learns",
         "limit",
         "margin",
         "max_waiting",
         "meters",
         "notes",
+        "opens",
         "per",
         "release_slot",
         "slots",
@@ -109,6 +119,13 @@ class Plan:
         self.limit = quota.limit if quota is not None else None
         self.per = quota.per if quota is not None else None
         self.margin = quota.margin if quota is not None else 0.0
+        #: Whether the store can settle a permit exactly (earlier too): then a permit
+        #: whose answer is expected later than the margin is taken open (see
+        #: :meth:`answered`).
+        self.opens = quota is not None and store is not None and store.supports("exact-settle")
+        #: Whether the last answer of this adapter came later than the margin (it starts
+        #: so: a first attempt opens its connection after its grant).
+        self.late = True
         #: The concurrency cap: slots per scope, each a lease of ``ttl`` seconds at most.
         self.slots = slots
         self.ttl = ttl
@@ -156,18 +173,23 @@ class Plan:
             lease = (self.slots, self.ttl, next(_lease_tokens))
         if self.learns and call.lease_token is None:
             learn = (self.ttl, lease[2] if lease is not None else next(_lease_tokens))
+        opened = 0.0
         if self.limit is not None:
             call.admitted_at = call.clock.monotonic()  # before the grant: its lower bound
+            if self.opens and (self.late or self.margin <= 0):
+                opened = OPEN_FOR
+        call.permit_open = opened > 0
         guard = self.guard
         if guard is not None:
             budget = call.budget
             answer = guard.admit(
-                call.scope, now, self.limit, self.per, lease, self.margin, budget=budget, learn=learn
+                call.scope, now, self.limit, self.per, lease, self.margin, budget=budget, learn=learn,
+                opened=opened,
             )
         elif learn is not None:
             answer = store.admit(call.scope, now, self.limit, self.per, lease, self.margin, learn=learn)
         else:
-            answer = store.admit(call.scope, now, self.limit, self.per, lease, self.margin)
+            answer = store.admit(call.scope, now, self.limit, self.per, lease, self.margin + opened)
         call.cooldown, not_before, call.admission, call.slot_busy = answer
         # A learned rate's permit is not settled: its window is an estimate with a margin.
         call.permit = answer.permit if self.limit is not None else None
@@ -183,9 +205,24 @@ class Plan:
     def answered(self, call: Call, response: Any, on_done: Callable[[Any, Slot], None]) -> None:
         """The attempt is answered (or failed, ``response`` None): its permit counts
         until at least its answer + per; its slot is given back when the attempt is
-        over (``on_done(response, slot)``: its body read or the response closed)."""
+        over (``on_done(response, slot)``: its body read or the response closed).
+
+        A permit counts ``per + margin`` from its grant, which covers the arrival only
+        when it came within the margin; else the answer moves it to ``answer + per``,
+        which covers it only if the move reaches the store before the permit stopped
+        counting: a worker descheduled longer than ``per + margin`` between its grant
+        and its settle (a loaded machine, a first attempt opening its connection) would
+        let others' permits in while its request still counts at the server. So a
+        permit whose answer is expected late (margin 0, or this adapter's last answer
+        came late) is taken open: it counts :data:`OPEN_FOR` seconds longer in the
+        store, and its answer always settles it exactly to ``answer + per``, earlier
+        too. The answer always comes (or the attempt failed): one store
+        operation, as a late answer needs anyway."""
         if call.permit is not None:
-            if call.clock.monotonic() - call.admitted_at > self.margin:
+            late = call.clock.monotonic() - call.admitted_at > self.margin
+            if late != self.late:
+                self.late = late
+            if late or call.permit_open:
                 self._settle(call)  # answered later than the margin: the permit moves
             else:
                 call.permit = None  # its stored end already covers the arrival
@@ -206,14 +243,15 @@ class Plan:
         reached the server by now, so the permit must count until at least ``now +
         per`` (one more store operation, only then)."""
         expires, call.permit = call.permit, None
+        exact, call.permit_open = call.permit_open, False
         assert expires is not None and self.per is not None and self.limit is not None
         assert self.store is not None
         now = call.clock.now()
-        if (expires - now).total_seconds() >= self.per:
+        if not exact and (expires - now).total_seconds() >= self.per:
             return  # the stored end already covers the answer
         at = None if call.policy.real_clock else now
         try:
-            self._on_store(self.store.settle, call, call.scope, self.limit, self.per, expires, at)
+            self._on_store(self.store.settle, call, call.scope, self.limit, self.per, expires, at, exact)
         except Exception as exc:  # the permit still counts until its stored end
             log.debug("settling a quota permit failed: %s", type(exc).__name__)
 

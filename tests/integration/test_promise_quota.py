@@ -569,6 +569,66 @@ def test_eight_processes_of_eight_threads_stay_within_quota_20_at_the_server(
     )
 
 
+@pytest.mark.parametrize("margin", [0.0, 0.05])
+def test_a_worker_stalled_past_its_permit_still_holds_the_others_back(
+    every_store: Any, live_clock: FakeClock, fake_server: ThrottleServer, monkeypatch: pytest.MonkeyPatch,
+    margin: float,
+) -> None:
+    """``Quota(1, per=1)``: worker A is granted its permit at 0 s, is descheduled 0.5 s
+    before its request goes out (it arrives at 0.5 s), and its answer comes at 1.1 s,
+    past the ``per + margin`` its permit counts from its grant. Worker B asking at
+    1.1 s (before A's answer could move the permit) must be held back: A's arrival
+    counts at the server until 1.5 s. Once A's answer is in, its permit counts until
+    that answer + per (2.1 s) and no longer: B goes at 2.1 s."""
+    store = every_store
+    kind = kind_of(store)
+    quota = Quota(1, per=1, margin=margin)
+    gate = threading.Event()
+    fake_server.responder = lambda seen: Reply(200, gate=gate if seen.headers.get("X-Who") == "A" else None)
+    import http.client
+
+    send = http.client.HTTPConnection.send
+    stalled: list[bool] = []
+
+    def stalling_send(conn: Any, data: Any) -> None:
+        if threading.current_thread().name == "A" and not stalled:
+            stalled.append(True)
+            live_clock.advance(0.5)  # descheduled between its grant and its send
+        send(conn, data)
+
+    monkeypatch.setattr(http.client.HTTPConnection, "send", stalling_send)
+    a = session(live_clock, store, who="A", quota=quota)
+    b = session(live_clock, store, who="B", quota=quota)
+    start = live_clock.now()
+    answers: list[Any] = []
+    worker = threading.Thread(target=lambda: answers.append(a.get(fake_server.url)), name="A")
+    worker.start()
+    try:
+        deadline = time.monotonic() + 5
+        while fake_server.count() < 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert fake_server.count() == 1, "A's request never arrived"
+        live_clock.advance(0.6)  # 1.1 s: A's answer has not come yet
+        during = b.get(fake_server.url)
+    finally:
+        gate.set()  # A is answered at 1.1 s
+        worker.join(10)
+    assert answers and answers[0].status_code == 200
+    arrivals = [(seen.at - start).total_seconds() for seen in fake_server.seen]
+    assert deferral_of(during) is not None and len(arrivals) == 1, (
+        f"{kind}, margin {margin}: B was sent at 1.1 s while A's request (arrived at 0.5 s, "
+        f"answered at 1.1 s) still counted at the server; arrivals at {arrivals}"
+    )
+    live_clock.advance(0.95)  # 2.05 s: A's arrival no longer counts, its answer's permit still does
+    assert deferral_of(b.get(fake_server.url)) is not None, (kind, margin)
+    live_clock.advance(0.1)  # 2.15 s: past A's answer + per
+    after = b.get(fake_server.url)
+    assert deferral_of(after) is None and fake_server.count() == 2, (
+        f"{kind}, margin {margin}: B is still held back at 2.15 s, past A's answer (1.1 s) + "
+        f"per: {deferral_of(after)}"
+    )
+
+
 # ============================================================ 3. two quotas on one scope
 def test_two_quotas_on_one_scope_each_hold(
     every_store: Any, live_clock: FakeClock, fake_server: ThrottleServer
