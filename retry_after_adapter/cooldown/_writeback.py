@@ -35,6 +35,17 @@ RELEASE_KEPT = 60.0
 log = logging.getLogger("retry_after_adapter")
 
 
+def stored_covers(stored: datetime | None, local: datetime | None) -> bool:
+    """Whether a scope is written back: the store's answer to the write (``stored``,
+    None: nothing was written) is at least the local copy's time now. Not "equal to what
+    was sent": the local copy may have moved meanwhile to a time the store already holds
+    (the change feed's echo of the write itself, in the store's whole milliseconds); a
+    later time learned meanwhile stays pending."""
+    if stored is None or local is None:
+        return stored == local
+    return local <= stored
+
+
 class WriteBack(Health):
     """Pending cooldowns, chores and the writer thread (a base of the failure layer)."""
 
@@ -135,19 +146,22 @@ class WriteBack(Health):
     def _write(self, scopes: list[str]) -> int:
         written = 0
         for scope in scopes:
-            until = self.local.get(scope)
+            until = stored = self.local.get(scope)
             if until is not None:
                 written += 1
                 try:
-                    self.inner.extend(scope, until)
+                    answer: object = self.inner.extend(scope, until)
                 except CooldownStoreError:
                     raise
                 except Exception as exc:
                     raise CooldownStoreError(
                         f"writing back a cooldown failed: {type(exc).__name__}"
                     ) from None
+                # The store's effective time (a 0.x store's own answer may be anything).
+                if isinstance(answer, datetime) and answer.tzinfo is not None and answer > until:
+                    stored = answer
             with self._lock:
-                if self.local.get(scope) == until:
+                if stored_covers(stored, self.local.get(scope)):
                     self._pending.discard(scope)
         self.written_back += written
         return written

@@ -40,7 +40,7 @@ from ._health import (
     StoreBudget,
 )
 from ._near import Near
-from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack
+from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack, stored_covers
 from .base import Admission, Granted, Hold, Learn, Lease, Store
 from .freshness import Freshness
 from .legacy import as_store
@@ -175,7 +175,7 @@ class StoreGuard(WriteBack, Store):
             return local
         self._succeeded()
         with self._lock:
-            if self.local.get(scope) == local:
+            if stored_covers(max(local, remote), self.local.get(scope)):
                 self._pending.discard(scope)
         if remote > local:
             self.local._replace(scope, remote)

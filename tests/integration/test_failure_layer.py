@@ -35,6 +35,7 @@ from retry_after_adapter import (
     budget,
     deferral_of,
 )
+from retry_after_adapter.cooldown.base import Changed, Feed
 from retry_after_adapter.cooldown.guard import BREAKER_FIRST, QUIET_PERIOD, guard_of
 
 from ..conftest import RedisServer, local_deferral
@@ -177,7 +178,9 @@ def test_one_session_per_thread_through_a_killed_redis_sends_nothing_inside_a_kn
     with caplog.at_level(logging.INFO, logger="retry_after_adapter"):
         local_deferral(sessions[5].get(server.url))
     assert guard.pending == 0 and not guard.down
-    seen = read_in_another_process(redis.url, scope_of(server))
+    # The other process reads with the 2 s timeouts of the other cross-process tests: its
+    # first connection and GET can miss the default 0.1 s on a loaded machine.
+    seen = read_in_another_process(redis.url + "?socket_timeout=2&socket_connect_timeout=2", scope_of(server))
     assert seen != "None"
     assert datetime.fromisoformat(seen) >= clock.now() + timedelta(seconds=5) - timedelta(seconds=1)
     assert len(recoveries_of(caplog)) == 0  # the line waits for a second of health
@@ -542,6 +545,62 @@ def test_a_read_in_flight_never_erases_a_cooldown_written_meanwhile(write_fails:
         guard.monotonic = lambda: time.monotonic() + 60  # past the breaker's back-off
         assert guard.get("s") == until
         assert store.inner.get("s") == until and guard.pending == 0
+
+
+class _Fresh(Feed):
+    def fresh(self) -> bool:
+        return True
+
+
+class EchoingStore(MemoryCooldownStore):
+    """A store with a change feed that, as Redis does, keeps times in whole
+    milliseconds (rounded up) and publishes every write it takes; the echo of a write
+    reaches this process before the writer has the store's answer (the feed's thread
+    won the race, as it may on a loaded machine)."""
+
+    timeout = 0.1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing = False
+        self.changed: Changed | None = None
+
+    def feed(self, changed: Changed) -> Feed:
+        self.changed = changed
+        return _Fresh()
+
+    def get(self, scope: str) -> datetime | None:
+        if self.failing:
+            raise CooldownStoreError("down")
+        return super().get(scope)
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        if self.failing:
+            raise CooldownStoreError("down")
+        stored = super().extend(scope, until + timedelta(microseconds=-until.microsecond % 1000))
+        assert self.changed is not None
+        self.changed(scope, stored)
+        return stored
+
+
+def test_the_feeds_echo_of_a_write_does_not_leave_its_cooldown_pending() -> None:
+    store = EchoingStore()
+    guard = guard_of(store)
+    until = datetime.now(UTC).replace(microsecond=123456) + timedelta(seconds=30)
+    guard.extend("healthy", until)  # the echo moves the local copy to the stored .124
+    assert guard.pending == 0
+    store.failing = True
+    guard.extend("outage", until)  # learned while the store is down
+    assert guard.down and guard.pending == 1
+    store.failing = False
+    guard.monotonic = lambda: time.monotonic() + 60  # past the breaker's back-off
+    guard.get("other")  # the first healthy operation writes it back (or the writer did)
+    assert store.get("outage") == until.replace(microsecond=124000)
+    deadline = time.monotonic() + 5  # had the writer thread taken the probe: its write
+    while guard.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert guard.pending == 0 and not guard.down
+    guard.close()
 
 
 def test_sqlite_lock_contention_falls_back_per_operation_and_a_stuck_lock_opens_the_breaker(
