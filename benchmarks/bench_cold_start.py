@@ -36,7 +36,7 @@ from retry_after_adapter import MemoryCooldownStore, RetryAfterAdapter, RetryAft
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         owner: Server = self.server.owner  # type: ignore[attr-defined]
         with owner.lock:
             owner.in_flight += 1

@@ -335,6 +335,11 @@ def main() -> None:
     p.add_argument("--shapes", default="a,b", help="comma-separated shapes to run (default a,b)")
     p.add_argument("--modes", default="threads,sqlite,redis", help="threads, sqlite, redis (default all)")
     p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated words: run only the fleets whose name holds one (e.g. 'stock,learned')",
+    )
+    p.add_argument(
         "--attempt-reserve", type=float, default=0.2, help="the adapter's attempt_reserve in seconds (0.2)"
     )
     args = p.parse_args()
@@ -390,6 +395,9 @@ def main() -> None:
             (f"adapter, max_concurrency=8, {processes} processes, {label}", "adapter+cap8", mode, None),
         ]
 
+    wanted = [w for w in args.only.split(",") if w]
+    if wanted:
+        fleets = [f for f in fleets if any(w in f[0] for w in wanted)]
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     try:
         for shape_name in wanted_shapes:
