@@ -61,15 +61,21 @@ def process_store_place(kind: str, tmp_path: Path, request: pytest.FixtureReques
 def make_session(
     clock: FakeClock | None = None,
     store: MemoryCooldownStore | None = None,
+    learn_rate: bool = True,
     **retry_kwargs: object,
 ) -> requests.Session:
-    """A Session with a RetryAfterAdapter on http:// (its own store unless given one)."""
+    """A Session with a RetryAfterAdapter on http:// (its own store unless given one;
+    ``learn_rate=False``: without the learned send rate)."""
     retry_kwargs.setdefault("total", 5)
     retry = RetryAfterRetry(clock=clock, **retry_kwargs)  # type: ignore[arg-type]
     session = requests.Session()
     session.mount(
         "http://",
-        RetryAfterAdapter(max_retries=retry, cooldown=store if store is not None else MemoryCooldownStore()),
+        RetryAfterAdapter(
+            max_retries=retry,
+            cooldown=store if store is not None else MemoryCooldownStore(),
+            learn_rate=learn_rate,
+        ),
     )
     return session
 

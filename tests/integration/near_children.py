@@ -55,7 +55,10 @@ def learn_429(kind: str, where: str, prefix: str, url: str) -> None:
     the way every worker learns one, and written to the shared store."""
     store = open_store(kind, where, prefix)
     s = requests.Session()
-    s.mount("http://", RetryAfterAdapter(RetryAfterRetry(total=0, raise_on_status=False), cooldown=store))
+    s.mount(
+        "http://",
+        RetryAfterAdapter(RetryAfterRetry(total=0, raise_on_status=False), cooldown=store, learn_rate=False),
+    )
     status = s.get(url, timeout=10).status_code
     report(status=status, done_at=time.time())
 
@@ -98,7 +101,9 @@ def call_then_exit(kind: str, where: str, prefix: str, url: str, how: str) -> No
     ``os._exit`` ("abrupt": no hook runs)."""
     store = open_store(kind, where, prefix)
     s = requests.Session()
-    adapter = RetryAfterAdapter(RetryAfterRetry(total=0), cooldown=store, max_concurrency=2, lease_ttl=30)
+    adapter = RetryAfterAdapter(
+        RetryAfterRetry(total=0), cooldown=store, max_concurrency=2, lease_ttl=30, learn_rate=False
+    )
     s.mount("http://", adapter)
     assert s.get(url, timeout=10).status_code == 200
     if how == "abrupt":
@@ -120,7 +125,7 @@ def slots_worker(url: str, kind: str, where: str, prefix: str, threads: int, cal
     def run() -> None:
         s = requests.Session()
         retry = RetryAfterRetry(total=0, max_wait=10)
-        s.mount("http://", RetryAfterAdapter(retry, cooldown=store, max_concurrency=3))
+        s.mount("http://", RetryAfterAdapter(retry, cooldown=store, max_concurrency=3, learn_rate=False))
         for _ in range(calls):
             assert s.get(url, timeout=10).status_code == 200
 

@@ -162,7 +162,9 @@ def test_retry_after_zero_repeated_is_bounded_by_attempts_and_backoff(server, cl
     server.serve([Reply(429, {"Retry-After": "0"})])
     started = time.monotonic()
     with pytest.raises(requests.exceptions.RetryError):
-        make_session(clock, total=4, backoff_factor=0.5).get(server.url + "/zero")
+        # Stock's schedule, exactly: without the learned rate, which after a first 429
+        # admits one attempt per learned window (1 s + its margin) on top of the backoff.
+        make_session(clock, total=4, backoff_factor=0.5, learn_rate=False).get(server.url + "/zero")
     assert server.count() == 5  # total + 1, never more
     # Retry-After: 0 does not turn the loop hot: the local backoff still applies.
     assert gaps(server) == stock_backoff_schedule(4, backoff_factor=0.5)
@@ -181,7 +183,8 @@ def test_a_503_storm_on_a_long_retry_after_sends_each_worker_once_then_nothing(s
     start = threading.Barrier(workers)
 
     def work() -> None:
-        session = make_session(clock, store, max_wait=10)
+        # Without the learned rate: its cold start would send one worker, not each once.
+        session = make_session(clock, store, max_wait=10, learn_rate=False)
         start.wait(5)
         try:
             outcome: object = session.get(server.url + "/storm").deferral.reason
@@ -204,7 +207,9 @@ def test_a_503_storm_on_a_long_retry_after_sends_each_worker_once_then_nothing(s
     # The second round sends nothing at all: the whole origin is cooling down.
     for _ in range(workers):
         assert (
-            local_deferral(make_session(clock, store, max_wait=10).get(server.url + "/storm")).reason
+            local_deferral(
+                make_session(clock, store, max_wait=10, learn_rate=False).get(server.url + "/storm")
+            ).reason
             == "cooldown"
         )
     assert server.count() == first_round
@@ -217,7 +222,9 @@ def test_a_503_storm_that_fits_is_bounded_by_each_workers_attempts(server, clock
 
     def work() -> None:
         try:
-            make_session(clock, total=total).get(server.url + "/storm")
+            # (Twelve workers on one fake clock: without the learned rate's waits, which
+            # would move that clock for all of them.)
+            make_session(clock, total=total, learn_rate=False).get(server.url + "/storm")
             outcomes.append("returned")
         except requests.exceptions.RetryError:
             outcomes.append("exhausted")

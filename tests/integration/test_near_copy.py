@@ -121,7 +121,9 @@ def news_reached(near: Near, scope: str) -> bool:
 
 def session(store: Any, **adapter_kw: Any) -> requests.Session:
     """A Session on the real clock that never waits: anything that holds an attempt
-    back is a deferral at once (and a 429 is returned, not raised)."""
+    back is a deferral at once (and a 429 is returned, not raised). Without the learned
+    rate unless asked (its cold start admits each attempt in the store, by design)."""
+    adapter_kw.setdefault("learn_rate", False)
     s = requests.Session()
     retry = RetryAfterRetry(total=0, max_wait=0, raise_on_status=False)
     s.mount("http://", RetryAfterAdapter(retry, cooldown=store, **adapter_kw))
