@@ -61,8 +61,9 @@ OPEN_CAP = 32
 BETA = 0.7
 #: The shortest window learned (seconds): a Retry-After of 0 still says "a window".
 MIN_WINDOW = 1.0
-#: Seconds a learned rate is kept past its epoch's start and window: a scope unused
-#: that long is learned again, from a cold start.
+#: Seconds a learned rate is kept past its epoch's start and window (a scope unused
+#: that long is learned again, from a cold start), and how long after its last
+#: throttle's end a rate in use is learned again.
 RATE_KEPT = 3600.0
 
 
@@ -74,7 +75,7 @@ class Rate(NamedTuple):
     - ``ceiling``: the most the server accepted in one window;
     - ``epoch``: counts the epochs (a throttle or a window passed ends one);
     - ``start``: when the current epoch began;
-    - ``ok``: good answers counted in the current epoch (while cold);
+    - ``ok``: good answers counted in the current epoch while cold;
     - ``grown``: while cold, good answers since the cap last grew (past slow start);
       with a learned rate, the windows passed since the last throttle's end;
     - ``grace``: the epoch whose late good answers still raise ``limit`` (-1: none).
@@ -126,19 +127,26 @@ def rate_terms(
 def roll_rate(record: Rate, now: float) -> Rate:
     """The record as of ``now``: with a learned rate, each whole window passed since the
     epoch began ends an epoch without a throttle, and raises ``limit`` half-way back to
-    ``ceiling`` (at least one). Otherwise unchanged."""
+    ``ceiling`` (at least one): never above what it accepted. :data:`RATE_KEPT` seconds
+    after the last throttle's end, the rate is learned again from a cold start (a rate
+    learned from a window that others had mostly spent would stay that low). Otherwise
+    unchanged."""
     if record.limit <= 0 or record.window <= 0 or now < record.start + record.window:
         return record
     windows = math.floor((now - record.start) / record.window)
-    limit = record.limit
+    start = record.start + windows * record.window
+    if (record.grown + windows) * record.window >= RATE_KEPT:
+        return Rate(1, 0, 0.0, record.ceiling, record.epoch + windows, start)
+    limit, ceiling = record.limit, record.ceiling
     for _ in range(min(windows, 64)):
         if limit >= record.ceiling:
             break
         limit = min(record.ceiling, limit + max(1, (record.ceiling - limit + 1) // 2))
     return record._replace(
         limit=limit,
+        ceiling=ceiling,
         epoch=record.epoch + windows,
-        start=record.start + windows * record.window,
+        start=start,
         ok=0,
         grown=record.grown + windows,
         grace=-1,
@@ -158,6 +166,10 @@ def answer_rate(record: Rate, epoch: int | None, until: float | None, now: float
         return record  # that epoch already ended (a throttle, a window): one decrease each
     window = min(max(until - record.start, MIN_WINDOW), MAX_SECONDS)
     start = max(until, now)
+    if record.cold and record.ok <= 0:
+        # Nothing was accepted in the epoch: the quota was spent before it (by others,
+        # or a window before); that says nothing of a rate. Count again after it.
+        return Rate(1, 0, 0.0, record.ceiling, epoch + 1, start)
     if record.cold:
         limit = max(1, min(record.ok, MAX_COUNT))
         return Rate(0, limit, window, limit, epoch + 1, start, 0, 0, epoch)

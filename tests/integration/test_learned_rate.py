@@ -12,6 +12,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 import requests
 
 from retry_after_adapter import MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry
-from retry_after_adapter.cooldown.rate import SLOW_START_CAP
+from retry_after_adapter.cooldown.rate import RATE_KEPT, SLOW_START_CAP
 from retry_after_adapter.scope import RequestInfo, origin_scope
 from retry_after_adapter.testing.server import QuotaServer
 
@@ -253,3 +254,47 @@ def server_field(name: str) -> int:
     from retry_after_adapter.testing.server import LOG_FIELDS
 
     return LOG_FIELDS.index(name)
+
+
+# -- the same rules in every store (Redis runs them as Lua) -----------------------------------
+
+NOW = datetime(2027, 1, 15, 12, 0, tzinfo=timezone.utc)
+
+
+def test_every_store_learns_alike(every_store: Any) -> None:
+    """One sequence of admissions and answers, the same records in every store: the
+    memory and SQLite stores apply ``rate.py``, Redis its Lua copy."""
+    store = every_store
+    first = store.admit("r", NOW, learn=(60.0, "t1"))
+    assert first.not_before is None and first.token == "t1" and first.rate_report
+    assert store.admit("r", NOW, learn=(60.0, "t2")).slot_busy  # one in flight
+    for _ in range(5):
+        store.rate_answer("r", 0, None, NOW)
+    store.release("r", "t1")
+    rate = store.rate_of("r")
+    assert rate is not None and (rate.cap, rate.ok, rate.limit) == (4, 5, 0)  # 1, 2, 3, 4; then a round
+    # A throttle while cold: 5 per (start to the cooldown's end); late good answers add.
+    until = NOW + timedelta(seconds=3)
+    store.rate_answer("r", 0, until, NOW + timedelta(seconds=0.5))
+    store.rate_answer("r", 0, until + timedelta(seconds=9), NOW + timedelta(seconds=0.6))  # once
+    store.rate_answer("r", 0, None, NOW + timedelta(seconds=0.7))
+    rate = store.rate_of("r")
+    assert rate is not None and (rate.cap, rate.limit, rate.ceiling, rate.epoch) == (0, 6, 6, 1)
+    assert rate.window == pytest.approx(3.0, abs=0.002)
+    granted = [store.admit("r", until, learn=(60.0, f"a{n}")) for n in range(7)]
+    assert [g.not_before is None for g in granted] == [True] * 6 + [False]
+    # A throttle of the learned rate, within its window: 0.7 x.
+    store.rate_answer("r", 1, until + timedelta(seconds=2), until + timedelta(seconds=1))
+    rate = store.rate_of("r")
+    assert rate is not None and (rate.limit, rate.epoch) == (4, 2)
+    # A throttle before any good answer learns nothing: counted again.
+    store.rate_answer("fresh", None, None, NOW)  # no record: nothing
+    assert store.rate_of("fresh") is None
+    store.admit("fresh", NOW, learn=(60.0, "f1"))
+    store.rate_answer("fresh", 0, NOW + timedelta(seconds=30), NOW)
+    fresh = store.rate_of("fresh")
+    assert fresh is not None and (fresh.cap, fresh.limit, fresh.epoch) == (1, 0, 1)
+    # An hour after the last throttle's end, learned again from a cold start.
+    later = until + timedelta(seconds=2 + RATE_KEPT + 5)
+    answer = store.admit("r", later, learn=(60.0, "late"))
+    assert answer.not_before is None and answer.token == "late" and answer.rate_report

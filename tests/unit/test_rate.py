@@ -12,6 +12,7 @@ from retry_after_adapter.cooldown.base import Store
 from retry_after_adapter.cooldown.rate import (
     BETA,
     OPEN_CAP,
+    RATE_KEPT,
     SLOW_START_CAP,
     Rate,
     answer_rate,
@@ -170,3 +171,19 @@ def test_a_store_keeps_no_rate_without_learn_and_none_once_an_allowance_is_annou
     answer = store.admit("quoted", NOW, learn=(60.0, "t"))
     assert answer.rate_epoch is None and answer.token is None
     assert store.rate_of("quoted") is None
+
+
+def test_a_throttle_before_any_good_answer_learns_nothing_and_counts_again() -> None:
+    """The quota was spent before the scope's first attempt (by others): that says
+    nothing of a rate; the next epoch counts again from one in flight."""
+    throttled = answer_rate(fresh_rate(T0), 0, T0 + 30.0, T0 + 0.1)
+    assert (throttled.cap, throttled.limit, throttled.start, throttled.epoch) == (1, 0, T0 + 30.0, 1)
+    assert throttled.cold
+
+
+def test_a_learned_rate_is_learned_again_an_hour_after_its_last_throttle() -> None:
+    learned = answer_rate(good(fresh_rate(T0), 3), 0, T0 + 5.0, T0 + 0.3)
+    still = roll_rate(learned, learned.start + RATE_KEPT - 10.0)
+    assert still.limit == 3 and not still.cold
+    again = roll_rate(learned, learned.start + RATE_KEPT + 1.0)
+    assert again.cold and again.cap == 1 and again.limit == 0 and again.ceiling == 3

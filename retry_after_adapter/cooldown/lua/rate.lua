@@ -4,6 +4,7 @@
 local RATE_SLOW_START_CAP = 4
 local RATE_OPEN_CAP = 32
 local RATE_BETA = 0.7
+local RATE_KEPT_MS = 3600000
 local RATE_MIN_WINDOW = 1000
 local RATE_MAX_WINDOW = 315360000000
 local RATE_MAX_COUNT = 2147483647
@@ -23,6 +24,11 @@ end
 local function rate_roll(r, now)
   if r.lim <= 0 or r.win <= 0 or now < r.st + r.win then return end
   local windows = math.floor((now - r.st) / r.win)
+  if (r.gr + windows) * r.win >= RATE_KEPT_MS then
+    -- Learned again from a cold start, an hour after the last throttle's end.
+    r.cap, r.lim, r.win, r.ep, r.st, r.ok, r.gr, r.gc = 1, 0, 0, r.ep + windows, r.st + windows * r.win, 0, 0, -1
+    return
+  end
   local lim = r.lim
   for _ = 1, math.min(windows, 64) do
     if lim >= r.ceil then break end

@@ -29,7 +29,9 @@ elseif epoch ~= r.ep then
 else
   local win = math.min(math.max(untilms - r.st, RATE_MIN_WINDOW), RATE_MAX_WINDOW)
   local start = math.max(untilms, now)
-  if rate_cold(r) then
+  if rate_cold(r) and r.ok <= 0 then
+    r.cap, r.lim, r.win, r.gc = 1, 0, 0, -1
+  elseif rate_cold(r) then
     local lim = math.max(1, math.min(r.ok, RATE_MAX_COUNT))
     r.cap, r.lim, r.win, r.ceil, r.gc = 0, lim, win, lim, epoch
   elseif r.lim <= 0 then
