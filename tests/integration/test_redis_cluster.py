@@ -33,7 +33,7 @@ def test_every_key_of_a_scope_is_in_the_slot_of_its_cooldown_key(
 ) -> None:
     for scope in SCOPES[:-1]:
         slot = cluster_client.keyslot(store.key(scope))
-        for name in ("quota", "allowance", "lease", "fresh"):
+        for name in ("quota", "allowance", "lease", "fresh", "rate", "rate-log"):
             assert cluster_client.keyslot(store.companion(scope, name)) == slot, (scope, name)
 
 
@@ -126,3 +126,19 @@ def test_the_near_copy_follows_the_cluster_change_channel(store: RedisCooldownSt
         answer = guard.admit(scope, now)
         assert answer.not_before is not None  # held back, by the time stored (whole ms, up)
         assert timedelta(0) <= answer.not_before - until < timedelta(milliseconds=1)
+
+
+def test_the_learned_rate_on_the_cluster(store: RedisCooldownStore) -> None:
+    """A scope's learned rate, its permit log and its cold slots live in the slot of its
+    cooldown key: learned and obeyed through the cluster for scopes on every node."""
+    now = datetime(2027, 1, 15, 12, 0, tzinfo=timezone.utc)
+    for scope in SCOPES[:-1]:
+        assert store.admit(scope, now, learn=(60.0, scope + "-1")).token == scope + "-1"
+        assert store.admit(scope, now, learn=(60.0, scope + "-2")).slot_busy
+        store.rate_answer(scope, 0, None, now)
+        store.rate_answer(scope, 0, now + timedelta(seconds=2), now)
+        rate = store.rate_of(scope)
+        assert rate is not None and (rate.limit, rate.cap) == (1, 0)
+        later = now + timedelta(seconds=2)
+        assert store.admit(scope, later, learn=(60.0, scope + "-3")).not_before is None
+        assert store.admit(scope, later, learn=(60.0, scope + "-4")).not_before is not None
