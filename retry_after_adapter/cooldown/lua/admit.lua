@@ -52,16 +52,20 @@ if rec ~= nil then
 end
 local counts = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
+local pkey, member = KEYS[2], ARGV[4]
+local slots, ttl, token = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
+local r, cold = nil, 0
 if ARGV[12] == '1' and counts == 0 and rec == nil then
-  -- The learned rate (rate.py): made at the scope's first admission, rolled, kept.
-  local r = rate_load(KEYS[5])
+  -- The learned rate (rate.py): made at the scope's first admission, rolled, kept; it
+  -- gives the permit (its limit per window, on its own permit set) and the slot (its
+  -- cold cap, under a configured one too) that the steps below take.
+  r = rate_load(KEYS[5])
   if r == nil then
     r = {cap = 1, lim = 0, win = 0, ceil = 0, ep = 0, st = now, ok = 0, gr = 0, gc = -1}
   else
     rate_roll(r, now)
   end
   rate_save(KEYS[5], r, tonumber(ARGV[15]))
-  local slots, ttl, token, cold = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], 0
   if r.cap > 0 then
     if slots > 0 then
       slots = math.min(slots, r.cap)
@@ -69,49 +73,36 @@ if ARGV[12] == '1' and counts == 0 and rec == nil then
       slots, ttl, token, cold = r.cap, tonumber(ARGV[13]), ARGV[14], 1
     end
   end
-  local rcounts = 0
   if r.lim > 0 then
-    rcounts = r.win + 50
-    local refused = take_permit(KEYS[6], now, rcounts, r.lim, ARGV[14], false)
-    if refused >= 0 then return {cooldown, refused, -1, 0, -1, 0, 0, -1} end
+    counts, limit, pkey, member = r.win + 50, r.lim, KEYS[6], ARGV[14]
   end
-  if slots > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-    if redis.call('ZCARD', KEYS[4]) >= slots then
-      local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-      return {cooldown, tonumber(first[2]), -1, 1, -1, 0, 0, -1}
-    end
-    redis.call('ZADD', KEYS[4], now + ttl, token)
-    if redis.call('PTTL', KEYS[4]) < ttl + 1000 then
-      redis.call('PEXPIRE', KEYS[4], ttl + 1000)
-    end
-  end
-  local permit = -1
-  if rcounts > 0 then
-    take_permit(KEYS[6], now, rcounts, r.lim, ARGV[14], true)
-    permit = now + rcounts
-  end
-  local report = 0
-  if rate_reports(r) then report = 1 end
-  return {cooldown, -1, -1, 0, permit, 0, 0, -1, r.ep, report, cold}
 end
 if counts > 0 then
-  local refused = take_permit(KEYS[2], now, counts, limit, ARGV[4], false)
+  local refused = take_permit(pkey, now, counts, limit, member, false)
   if refused >= 0 then return {cooldown, refused, -1, 0, -1, 0, 0, -1} end
 end
-local slots = tonumber(ARGV[7])
 if slots > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
   if redis.call('ZCARD', KEYS[4]) >= slots then
     local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
     return {cooldown, tonumber(first[2]), -1, 1, -1, 0, 0, -1}
   end
-  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[8]), ARGV[9])
+  redis.call('ZADD', KEYS[4], now + ttl, token)
   -- The set lives a second past this lease, never less than it did: a longer lease of
   -- another worker (another lease_ttl) keeps its time.
-  if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[8]) + 1000 then
-    redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[8]) + 1000)
+  if redis.call('PTTL', KEYS[4]) < ttl + 1000 then
+    redis.call('PEXPIRE', KEYS[4], ttl + 1000)
   end
+end
+if r ~= nil then
+  local permit = -1
+  if counts > 0 then
+    take_permit(pkey, now, counts, limit, member, true)
+    permit = now + counts
+  end
+  local report = 0
+  if rate_reports(r) then report = 1 end
+  return {cooldown, -1, -1, 0, permit, 0, 0, -1, r.ep, report, cold}
 end
 local permit = -1
 local extra = 0
