@@ -62,6 +62,8 @@ __all__ = [
     "major_parameter",
     "reset_seconds",
     "secondary_wait",
+    "sf_count",
+    "sf_field",
     "wants_body",
 ]
 
@@ -106,16 +108,18 @@ def reset_seconds(value: float, now: float) -> float:
 
 
 # ------------------------------------------------------------------- Structured Fields
-def _sf_list(raw: str | None) -> Any:
+def sf_field(raw: str | None, kind: str = "list") -> Any:
+    """A Structured Field of ``kind`` ("list", "dictionary") parsed by ``http-sf``, or
+    None when absent, longer than :data:`MAX_FIELD` or not the grammar."""
     if raw is None or len(raw) > MAX_FIELD:
         return None
     try:
-        return http_sf.parse(raw.encode("ascii"), tltype="list")
+        return http_sf.parse(raw.encode("ascii"), tltype=kind)
     except (http_sf.StructuredFieldError, UnicodeEncodeError, ValueError, KeyError):
         return None
 
 
-def _count(value: object) -> int | None:
+def sf_count(value: object) -> int | None:
     """A Structured Fields Integer that is a count (>= 0); bool is not one."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return None
@@ -127,9 +131,9 @@ def ietf_item(params: Any) -> tuple[int | None, int | None]:
     generation (see the module): ``r``/``t`` when ``r`` is there, else ``a``/``w``.
     A value that is not a count is None (the item says nothing of it)."""
     if "r" in params:
-        return _count(params.get("r")), _count(params.get("t"))
+        return sf_count(params.get("r")), sf_count(params.get("t"))
     if "a" in params:
-        return _count(params.get("a")), _count(params.get("w"))
+        return sf_count(params.get("a")), sf_count(params.get("w"))
     return None, None
 
 
@@ -138,15 +142,15 @@ def limit_field(raw: str | None) -> tuple[int | None, float | None]:
     10;w=1;name="per-ip"``: the first member is the limit, a member whose value is the
     limit gives its window ``w`` (else the first member with a valid ``w``). A plain
     ``10`` gives ``(10, None)``; anything unreadable ``(None, None)``."""
-    items = _sf_list(raw)
+    items = sf_field(raw)
     if not items:
         return None, None
-    limit = _count(items[0][0])
+    limit = sf_count(items[0][0])
     if limit is None:
         return None, None
     window: float | None = None
     for value, params in items:
-        w = _count(params.get("w"))
+        w = sf_count(params.get("w"))
         if not w:
             continue
         if value == limit and not isinstance(value, bool):

@@ -35,16 +35,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
-import http_sf
-
-from .dialects import EPOCH_THRESHOLD, ietf_item, limit_field, reset_seconds
+from .dialects import EPOCH_THRESHOLD, ietf_item, limit_field, reset_seconds, sf_count, sf_field
 from .errors import ConfigurationError, InvalidRetryAfter
 from .header import parse_http_date
 
 __all__ = ["EPOCH_THRESHOLD", "MAX_COUNT", "MAX_SECONDS", "Quota", "QuotaHint", "bound_hint", "read_quota"]
 
-#: A quota field longer than this (characters) is ignored.
-MAX_FIELD = 256
 #: An ``X-RateLimit-*`` value longer than this is ignored.
 MAX_NUMBER = 64
 _INTEGER = re.compile(r"[0-9]{1,18}", re.ASCII).fullmatch
@@ -162,28 +158,12 @@ def read_quota(get: HeaderGetter, *, received_at: datetime, date: str | None = N
 
 
 # --------------------------------------------------------------------------- IETF
-def _sf(raw: str | None, kind: str) -> Any:
-    if raw is None or len(raw) > MAX_FIELD:
-        return None
-    try:
-        return http_sf.parse(raw.encode("ascii"), tltype=kind)
-    except (http_sf.StructuredFieldError, UnicodeEncodeError, ValueError, KeyError):
-        return None
-
-
-def _count(value: object) -> int | None:
-    """A Structured Fields Integer that is a count (>= 0); bool is not one."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return None
-    return value
-
-
 def _ietf(get: HeaderGetter) -> QuotaHint | None:
     raw = get("RateLimit")
     remaining: int | None = None
     reset: int | None = None
     name: object = None
-    items = _sf(raw, "list")
+    items = sf_field(raw, "list")
     if items:
         # One item per policy: the tightest one governs (nothing left wins, then the
         # fewest left); an item without a valid r says nothing.
@@ -196,14 +176,14 @@ def _ietf(get: HeaderGetter) -> QuotaHint | None:
     if remaining is None:
         # The earlier drafts' Dictionary: "limit=100, remaining=0, reset=30", or the
         # short "r=0;t=30" (t a parameter of r, or a member of its own).
-        legacy = _sf(raw, "dictionary")
+        legacy = sf_field(raw, "dictionary")
         if legacy:
             for key, reset_key in (("remaining", "reset"), ("r", "t")):
                 entry = legacy.get(key)
-                r = _count(entry[0]) if isinstance(entry, tuple) else None
+                r = sf_count(entry[0]) if isinstance(entry, tuple) else None
                 if r is not None:
-                    t = _count(entry[1].get(reset_key))
-                    remaining, reset = r, t if t is not None else _count(_member(legacy, reset_key))
+                    t = sf_count(entry[1].get(reset_key))
+                    remaining, reset = r, t if t is not None else sf_count(_member(legacy, reset_key))
                     break
     if remaining is None:
         return None
@@ -219,12 +199,12 @@ def _member(dictionary: Any, key: str) -> object:
 def _policy(raw: str | None, name: object) -> tuple[int | None, float | None]:
     """``(q, w)`` of the policy named like the governing ``RateLimit`` item, else of
     the first valid one."""
-    items = _sf(raw, "list")
+    items = sf_field(raw, "list")
     first: tuple[int | None, float | None] = (None, None)
     for value, params in items or ():
-        q, w = _count(params.get("q")), _count(params.get("w"))
+        q, w = sf_count(params.get("q")), sf_count(params.get("w"))
         if q is None and isinstance(value, int) and not isinstance(value, bool):
-            q = _count(value)  # an earlier draft: RateLimit-Policy: 100;w=60
+            q = sf_count(value)  # an earlier draft: RateLimit-Policy: 100;w=60
         if q is None or not w:
             continue
         if name is not None and value == name:
@@ -257,7 +237,7 @@ def _x_ratelimit(get: HeaderGetter, *, received_at: datetime, date: str | None) 
     raw_limit = get("X-RateLimit-Limit")
     limit = _number(raw_limit)
     window: float | None = None
-    if limit is None and raw_limit is not None and len(raw_limit) <= MAX_FIELD:
+    if limit is None and raw_limit is not None:
         count, window = limit_field(raw_limit)  # Envoy's "10, 10;w=1;name=\"per-ip\""
         limit = None if count is None else float(count)
     return QuotaHint(int(left), reset, None if limit is None else int(limit), window, "x-ratelimit")
