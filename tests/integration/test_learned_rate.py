@@ -298,3 +298,46 @@ def test_every_store_learns_alike(every_store: Any) -> None:
     later = until + timedelta(seconds=2 + RATE_KEPT + 5)
     answer = store.admit("r", later, learn=(60.0, "late"))
     assert answer.not_before is None and answer.token == "late" and answer.rate_report
+
+
+def test_learn_rate_is_kept_by_copies_and_pickles_and_the_pool_manager_takes_it() -> None:
+    import copy
+    import pickle
+
+    from retry_after_adapter import Quota, RetryAfterPoolManager
+    from retry_after_adapter.errors import ConfigurationError
+
+    off = RetryAfterAdapter(learn_rate=False)
+    assert not off._plan.learns
+    for clone in (copy.copy(off), copy.deepcopy(off), pickle.loads(pickle.dumps(off))):
+        assert clone.learn_rate is False and not clone._plan.learns
+    assert RetryAfterAdapter()._plan.learns  # on by default
+    assert not RetryAfterAdapter(quota=Quota(10, per=1))._plan.learns  # a Quota governs
+    manager = RetryAfterPoolManager(learn_rate=False)
+    assert not manager._plan.learns
+    assert not pickle.loads(pickle.dumps(manager))._plan.learns
+    assert RetryAfterPoolManager()._plan.learns
+    with pytest.raises(ConfigurationError):
+        RetryAfterAdapter(learn_rate="no")  # type: ignore[arg-type]
+
+
+def test_plain_urllib3_through_the_pool_manager_starts_cold_too(slow_server: SlowServer) -> None:
+    from retry_after_adapter import RetryAfterPoolManager
+
+    manager = RetryAfterPoolManager(
+        retries=RetryAfterRetry(total=2, deadline=20), cooldown=MemoryCooldownStore(), maxsize=16
+    )
+    barrier = threading.Barrier(10)
+    statuses: list[int] = []
+
+    def one() -> None:
+        barrier.wait()
+        statuses.append(manager.request("GET", slow_server.url + "/").status)
+
+    workers = [threading.Thread(target=one) for _ in range(10)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(30)
+    assert statuses == [200] * 10
+    assert slow_server.seen[:2] == [1, 1] and max(slow_server.seen) <= SLOW_START_CAP
