@@ -195,6 +195,7 @@ def _run_processes(kind: str, where: str, url: str, processes: int, threads: int
     return done
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 def test_a_fleet_learns_an_unannounced_quota_and_keeps_to_it(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
