@@ -321,7 +321,9 @@ def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
         check=False,
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"child {spec['mode']}/{spec['store']} failed:\n{proc.stderr[-4000:]}")
+        raise RuntimeError(
+            f"child {spec['mode']}/{spec['store']} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+        )
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 

@@ -436,7 +436,9 @@ class Near:
 
     def release_all(self) -> None:
         """Give every held idle slot back now (a store being closed, the process
-        exiting), and wait for the reaper's give-backs under way."""
+        exiting), after the reaper's give-backs under way: never two give-backs at once
+        (at exit, one racing the reaper on the store's connection crashed the process).
+        The locks are taken in the reaper's order: the copy's, then the give-backs'."""
         with self._lock:
             due = [(scope, slot.token) for scope, slots in self._idle.items() for slot in slots]
             due += self._due
@@ -444,9 +446,11 @@ class Near:
             self._due = []
             for _, token in due:
                 self._held.pop(token, None)
-        self._return(due)
-        with self._giving:
-            pass
+            self._giving.acquire()
+        try:
+            self._return(due)
+        finally:
+            self._giving.release()
 
     def after_fork(self) -> None:
         """In a forked child: the parent's copy, batches and slots are not this
