@@ -182,15 +182,12 @@ class Near:
         None)`` when it answers alone (admitted, or held back by a known cooldown), else
         ``(None, permit, token)``: a permit's end and a held slot it took (None: the
         store must give it), to be put back with :meth:`put_back` if the store refuses."""
-        known = self._known.get(scope)
-        answers = known is not None and self.fresh()
-        if answers:
-            known = self._known.get(scope)  # the feed may just have delivered news of it
-            answers = known is not None
+        known = self._fresh_known(scope)
+        answers = known is not None
         cooldown = known.cooldown if known is not None else None
         if answers and cooldown is not None and cooldown > present:
             return Admission(cooldown, cooldown), None, None
-        if answers and known is not None and known.rated:
+        if known is not None and known.rated:
             answers = False  # the store's learned rate admits
         # A permit of the batch and a held slot serve whether or not the copy can
         # answer for the cooldown (then the store's operation checks it).
@@ -210,6 +207,13 @@ class Near:
                 return Admission(cooldown, None, seq), None, None
             return Granted.of(permit, cooldown, seq, 0, token), None, None
         return None, permit, token
+
+    def _fresh_known(self, scope: str) -> _Known | None:
+        """What the copy knows of ``scope`` when it may answer for it (the feed has
+        delivered every change so far), else None."""
+        if scope not in self._known or not self.fresh():
+            return None
+        return self._known.get(scope)  # the feed may just have delivered news of it
 
     def _spend_unit(self, scope: str, present: datetime) -> int | None:
         """An admission of the scope's announced allowance held here, if one is left to

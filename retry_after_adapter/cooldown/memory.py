@@ -370,29 +370,12 @@ class MemoryCooldownStore(Store):
             if wait is not None:
                 self._allowance[scope] = rolled
                 return Admission(cooldown, wait)
-        rate = None
         if learn is not None and limit is None and record is None:
-            rate = self._rate_locked(scope, at / 1e6)
-            limit, per, lease = rate_terms(rate, lease, learn)
-            margin = _RATE_MARGIN
-        key = None
-        if limit is not None:
-            key = _RATE_LOG(per) if rate is not None else _quota_key(limit, per, margin)
-            refused = self._permit_refused(scope, key, limit, at)
-            if refused is not None:
-                return Admission(cooldown, _as_datetime(refused))
-        if lease is not None:
-            busy = self._take_slot(scope, lease, at)
-            if busy is not None:
-                return Admission(cooldown, _as_datetime(busy), None, True)
-        if rate is not None:
-            epoch, report = rate.epoch, rate.reports(rate.epoch)
-            token = lease[2] if lease is not None and learn is not None and lease[2] == learn[1] else None
-            permit = None
-            if key is not None:
-                self._take_permit(scope, key, at + key[2])
-                permit = now + key[3]
-            return Granted.of(permit, cooldown, None, 0, token, rate_epoch=epoch, rate_report=report)
+            return self._admit_rate(scope, now, at, cooldown, lease, learn)
+        key = None if limit is None else _quota_key(limit, per, margin)
+        refused = self._refused(scope, key, limit, lease, at, cooldown)
+        if refused is not None:
+            return refused
         seq = None
         units = 0
         if rolled is not None:
@@ -417,6 +400,43 @@ class MemoryCooldownStore(Store):
         if seq is None:
             return _ADMITTED if cooldown is None else Admission(cooldown, None)
         return Admission(cooldown, None, seq)
+
+    def _refused(
+        self, scope: str, key: tuple[int, int, int, timedelta] | None, limit: int | None,
+        lease: Lease | None, at: int, cooldown: datetime | None,
+    ) -> Admission | None:
+        """(Lock held; ``at`` in microseconds.) None when a permit of the quota ``key``
+        (None: none asked) is free and the slot of ``lease`` (None: none) is taken, else
+        the refusal (nothing taken)."""
+        if key is not None and limit is not None:
+            refused = self._permit_refused(scope, key, limit, at)
+            if refused is not None:
+                return Admission(cooldown, _as_datetime(refused))
+        if lease is not None:
+            busy = self._take_slot(scope, lease, at)
+            if busy is not None:
+                return Admission(cooldown, _as_datetime(busy), None, True)
+        return None
+
+    def _admit_rate(
+        self, scope: str, now: datetime, at: int, cooldown: datetime | None, lease: Lease | None,
+        learn: Learn,
+    ) -> Admission:
+        """(Lock held, no cooldown running, no quota, no allowance.) Admission by the
+        scope's learned rate: its permit and its slot, as :meth:`_refused` takes them."""
+        rate = self._rate_locked(scope, at / 1e6)
+        limit, window, lease = rate_terms(rate, lease, learn)
+        key = None if limit is None else _RATE_LOG(window)
+        refused = self._refused(scope, key, limit, lease, at, cooldown)
+        if refused is not None:
+            return refused
+        permit = None
+        if key is not None:
+            self._take_permit(scope, key, at + key[2])
+            permit = now + key[3]
+        token = lease[2] if lease is not None and lease[2] == learn[1] else None
+        report = rate.reports(rate.epoch)
+        return Granted.of(permit, cooldown, None, 0, token, rate_epoch=rate.epoch, rate_report=report)
 
     def _rate_locked(self, scope: str, now: float) -> Rate:
         """(Lock held.) The scope's learned rate as of ``now`` (seconds since the epoch),

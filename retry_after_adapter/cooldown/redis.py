@@ -314,23 +314,7 @@ class RedisCooldownStore(Store):
             reply = self._admit_script(keys=keys, args=[str(arg) for arg in args])
         except Exception as exc:
             raise self._failure("admit", exc) from exc
-        try:
-            cooldown, wait, seq, busy, permit, extra, units, reset = (int(value) for value in reply[:8])
-            rated = [int(value) for value in reply[8:11]]
-        except (TypeError, ValueError):
-            raise CooldownStoreError("the Redis admit script returned an unexpected reply") from None
-        known = _ms_or_none(cooldown) if together else stored
-        if rated and wait < 0:
-            assert learn is not None
-            token = learn[1] if rated[2] else None
-            end = from_epoch_ms(permit) if permit >= 0 else None
-            return Granted.of(end, known, None, 0, token, rate_epoch=rated[0], rate_report=bool(rated[1]))
-        number = None if seq < 0 else seq
-        if wait < 0 and (permit >= 0 or units > 0):
-            until = from_epoch_ms(reset) if units > 0 else None
-            end = from_epoch_ms(permit) if permit >= 0 else None
-            return Granted.of(end, known, number, extra, None, units, until)
-        return Admission(known, _ms_or_none(wait), number, bool(busy))
+        return _admission(reply, None if together else stored, together, learn)
 
     def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
         """See ``Store.rate_answer``: one ``EVALSHA`` on the scope's "rate" key."""
@@ -600,6 +584,28 @@ class RedisCooldownStore(Store):
 def _ms_or_none(ms: int) -> datetime | None:
     """A script's time: None for -1 (none)."""
     return None if ms < 0 else from_epoch_ms(ms)
+
+
+def _admission(reply: Any, stored: datetime | None, together: bool, learn: Learn | None) -> Admission:
+    """The admit script's reply as an :class:`Admission`: eight numbers (see
+    ``admit.lua``), three more when the learned rate admitted; ``stored``: the cooldown
+    read before the script when it could not read it (``together`` False)."""
+    try:
+        cooldown, wait, seq, busy, permit, extra, units, reset = (int(value) for value in reply[:8])
+        rated = [int(value) for value in reply[8:11]]
+    except (TypeError, ValueError):
+        raise CooldownStoreError("the Redis admit script returned an unexpected reply") from None
+    known = _ms_or_none(cooldown) if together else stored
+    end = from_epoch_ms(permit) if permit >= 0 else None
+    if rated and wait < 0:
+        assert learn is not None
+        token = learn[1] if rated[2] else None
+        return Granted.of(end, known, None, 0, token, rate_epoch=rated[0], rate_report=bool(rated[1]))
+    number = None if seq < 0 else seq
+    if wait < 0 and (permit >= 0 or units > 0):
+        until = from_epoch_ms(reset) if units > 0 else None
+        return Granted.of(end, known, number, extra, None, units, until)
+    return Admission(known, _ms_or_none(wait), number, bool(busy))
 
 
 def _permit_args(limit: int | None, per: float | None, margin: float) -> tuple[object, ...]:

@@ -323,33 +323,11 @@ class SQLiteCooldownStore(SQLiteFile, Store):
                 if rolled != record:
                     self._put_allowance(conn, scope, rolled)
                 return Admission(cooldown, from_epoch_ms(to_epoch_ms(wait)))
-        rate = None
         if learn is not None and quota is None and record is None:
-            # The learned rate gives the permit (its limit per window, on its own log)
-            # and the slot (its cold cap) that the steps below take.
-            rate = self._rate_now(conn, scope, now_ms)
-            limit, window, lease = rate_terms(rate, lease, learn)
-            if limit is not None and window is not None:
-                quota = (_RATE_LOG, window_ms(window) + _RATE_MARGIN_MS)
-        if quota is not None and limit is not None:
-            refused = self._permit_refused(conn, scope, quota[0], limit, now_ms)
-            if refused is not None:
-                return Admission(cooldown, from_epoch_ms(refused))
-        if lease is not None:
-            busy = self._slot_refused(conn, scope, lease[0], now_ms)
-            if busy is not None:
-                return Admission(cooldown, from_epoch_ms(busy), None, True)
-            expires = now_ms + window_ms(lease[1])
-            conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, lease[2], expires))
-        if rate is not None:
-            assert learn is not None
-            permit = None
-            if quota is not None:
-                self._take_permit(conn, scope, quota[0], now_ms + quota[1])
-                permit = from_epoch_ms(now_ms + quota[1])
-            token = lease[2] if lease is not None and lease[2] == learn[1] else None
-            report = rate.reports(rate.epoch)
-            return Granted.of(permit, cooldown, None, 0, token, rate_epoch=rate.epoch, rate_report=report)
+            return self._admit_rate(conn, scope, now_ms, cooldown, lease, learn)
+        refused = self._refused(conn, scope, quota, limit, lease, now_ms, cooldown)
+        if refused is not None:
+            return refused
         seq = None
         units = 0
         if rolled is not None:
@@ -374,6 +352,46 @@ class SQLiteCooldownStore(SQLiteFile, Store):
             )
         self._take_permit(conn, scope, quota[0], now_ms + quota[1])
         return Granted.of(from_epoch_ms(now_ms + quota[1]), cooldown, seq, extra, None, units, until)
+
+    def _refused(
+        self, conn: sqlite3.Connection, scope: str, quota: tuple[str, int] | None, limit: int | None,
+        lease: Lease | None, now_ms: int, cooldown: datetime | None,
+    ) -> Admission | None:
+        """Inside the write transaction: None when a permit of ``quota`` (None: none
+        asked) is free and the slot of ``lease`` (None: none) is taken, else the refusal
+        (nothing taken)."""
+        if quota is not None and limit is not None:
+            refused = self._permit_refused(conn, scope, quota[0], limit, now_ms)
+            if refused is not None:
+                return Admission(cooldown, from_epoch_ms(refused))
+        if lease is not None:
+            busy = self._slot_refused(conn, scope, lease[0], now_ms)
+            if busy is not None:
+                return Admission(cooldown, from_epoch_ms(busy), None, True)
+            expires = now_ms + window_ms(lease[1])
+            conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, lease[2], expires))
+        return None
+
+    def _admit_rate(
+        self, conn: sqlite3.Connection, scope: str, now_ms: int, cooldown: datetime | None,
+        lease: Lease | None, learn: Learn,
+    ) -> Admission:
+        """Inside the write transaction, no cooldown running, no quota, no allowance:
+        admission by the scope's learned rate, its permit (its limit per window, on its
+        own log) and its slot (its cold cap) taken as :meth:`_refused` takes them."""
+        rate = self._rate_now(conn, scope, now_ms)
+        limit, window, lease = rate_terms(rate, lease, learn)
+        quota = None if window is None else (_RATE_LOG, window_ms(window) + _RATE_MARGIN_MS)
+        refused = self._refused(conn, scope, quota, limit, lease, now_ms, cooldown)
+        if refused is not None:
+            return refused
+        permit = None
+        if quota is not None:
+            self._take_permit(conn, scope, quota[0], now_ms + quota[1])
+            permit = from_epoch_ms(now_ms + quota[1])
+        token = lease[2] if lease is not None and lease[2] == learn[1] else None
+        report = rate.reports(rate.epoch)
+        return Granted.of(permit, cooldown, None, 0, token, rate_epoch=rate.epoch, rate_report=report)
 
     def _rate_now(self, conn: sqlite3.Connection, scope: str, now_ms: int) -> Rate:
         """Inside the write transaction: the scope's learned rate as of ``now_ms``, made

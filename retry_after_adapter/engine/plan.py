@@ -186,10 +186,9 @@ class Plan:
                 call.scope, now, self.limit, self.per, lease, self.margin, budget=budget, learn=learn,
                 opened=opened,
             )
-        elif learn is not None:
-            answer = store.admit(call.scope, now, self.limit, self.per, lease, self.margin, learn=learn)
-        else:
-            answer = store.admit(call.scope, now, self.limit, self.per, lease, self.margin + opened)
+        else:  # a memory store (learn and an open permit never go together: a Quota or none)
+            margin = self.margin + opened
+            answer = store.admit(call.scope, now, self.limit, self.per, lease, margin, learn=learn)
         call.cooldown, not_before, call.admission, call.slot_busy = answer
         # A learned rate's permit is not settled: its window is an estimate with a margin.
         call.permit = answer.permit if self.limit is not None else None
