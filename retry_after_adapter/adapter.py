@@ -161,14 +161,16 @@ class _RequestsTransport:
         return inner if isinstance(inner, (HTTPError, OSError)) else None
 
     @staticmethod
-    def keep(response: requests.Response, limit: int | None, seconds: float | None = None) -> None:
-        """Read the body now (at most ``limit`` bytes, within ``seconds``): the connection
-        goes back to its pool, or is dropped past a bound or when the body breaks."""
+    def keep(response: requests.Response, limit: int | None, seconds: float | None = None) -> bytes | None:
+        """Read the body now (at most ``limit`` bytes, within ``seconds``) and return it:
+        the connection goes back to its pool, or is dropped past a bound or when the
+        body breaks."""
         unread: Any = response  # requests' own (untyped) state of its body
-        if unread._content_consumed or response.raw is None:
-            return  # read already
-        unread._content, _ = body.read_bounded(response.raw, limit, seconds)
-        unread._content_consumed = True
+        if not unread._content_consumed and response.raw is not None:
+            unread._content, _ = body.read_bounded(response.raw, limit, seconds)
+            unread._content_consumed = True
+        content = unread._content
+        return content if isinstance(content, bytes) else None
 
     @staticmethod
     def on_done(response: requests.Response, release: Callable[[], None]) -> None:

@@ -2,7 +2,9 @@
 
 All durations are in seconds (float). ``now()`` is wall-clock time as an aware UTC
 ``datetime``; ``monotonic()`` is a process-local monotonic reading in seconds, used
-only for a running call's own deadline and never stored or shared.
+only for a running call's own deadline and never stored or shared. ``sleep`` waits in
+a thread; ``asleep`` (of :class:`SystemClock` and :class:`FakeClock`) waits on the
+running event loop, which reads the same monotonic clock.
 """
 
 from __future__ import annotations
@@ -15,6 +17,16 @@ from typing import Protocol, runtime_checkable
 
 from . import _forksafe
 from .errors import ConfigurationError
+
+#: Seconds between looks at a cancel event that cannot be waited on where the wait
+#: runs (a ``threading.Event`` in async code, an ``asyncio.Event`` in a thread).
+CANCEL_POLL = 0.05
+
+
+class Event(Protocol):
+    """A cancel event: ``threading.Event`` or ``asyncio.Event`` (what is asked of it)."""
+
+    def is_set(self) -> bool: ...
 
 
 @runtime_checkable
@@ -29,7 +41,7 @@ class Clock(Protocol):
         """Monotonic time in seconds (process-local; only differences matter)."""
         ...
 
-    def sleep(self, seconds: float, cancel: threading.Event | None = None) -> bool:
+    def sleep(self, seconds: float, cancel: Event | None = None) -> bool:
         """Wait ``seconds``; return early when ``cancel`` is set.
 
         Returns True when the full wait elapsed, False when it was cancelled.
@@ -56,13 +68,44 @@ class SystemClock:
     def monotonic(self) -> float:
         return time.monotonic()
 
-    def sleep(self, seconds: float, cancel: threading.Event | None = None) -> bool:
+    def sleep(self, seconds: float, cancel: Event | None = None) -> bool:
         if seconds <= 0:
             return not (cancel is not None and cancel.is_set())
         if cancel is None:
             time.sleep(seconds)
             return True
-        return not cancel.wait(seconds)
+        if isinstance(cancel, threading.Event):
+            return not cancel.wait(seconds)
+        end = time.monotonic() + seconds  # an asyncio.Event set from its loop: looked at
+        while not cancel.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return True
+            time.sleep(min(CANCEL_POLL, left))
+        return False
+
+    async def asleep(self, seconds: float, cancel: Event | None = None) -> bool:
+        """:meth:`sleep` on the running event loop (no thread waits)."""
+        import asyncio
+
+        if seconds <= 0 or cancel is None:
+            if seconds > 0:
+                await asyncio.sleep(seconds)
+            return not (cancel is not None and cancel.is_set())
+        if isinstance(cancel, asyncio.Event):
+            try:
+                await asyncio.wait_for(cancel.wait(), seconds)
+            except asyncio.TimeoutError:
+                return not cancel.is_set()
+            return False
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds  # a threading.Event: looked at every CANCEL_POLL
+        while not cancel.is_set():
+            left = end - loop.time()
+            if left <= 0:
+                return True
+            await asyncio.sleep(min(CANCEL_POLL, left))
+        return False
 
     def __repr__(self) -> str:
         return "SystemClock()"
@@ -71,7 +114,7 @@ class SystemClock:
 class FakeClock:
     """A clock that only moves when told to, or when something sleeps on it.
 
-    ``sleep(s)`` advances both readings by ``s`` at once and returns, so tests (the
+    ``sleep(s)`` (and ``await asleep(s)``) advances both readings by ``s`` at once and returns, so tests (the
     package's and its users') never really wait. Thread-safe. ``sleeps`` records
     every requested sleep in seconds, in order.
     """
@@ -113,7 +156,7 @@ class FakeClock:
         with self._lock:
             self._now = when.astimezone(timezone.utc)
 
-    def sleep(self, seconds: float, cancel: threading.Event | None = None) -> bool:
+    def sleep(self, seconds: float, cancel: Event | None = None) -> bool:
         if cancel is not None and cancel.is_set():
             return False
         seconds = max(0.0, float(seconds))
@@ -121,6 +164,14 @@ class FakeClock:
             self.sleeps.append(seconds)
         self.advance(seconds)
         return True
+
+    async def asleep(self, seconds: float, cancel: Event | None = None) -> bool:
+        """:meth:`sleep`, then one turn of the event loop (other tasks run)."""
+        import asyncio
+
+        done = self.sleep(seconds, cancel)
+        await asyncio.sleep(0)
+        return done
 
     def __repr__(self) -> str:
         return f"FakeClock(now={self._now.isoformat()}, monotonic={self._mono})"

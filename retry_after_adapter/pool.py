@@ -108,15 +108,15 @@ class _PoolTransport:
         return cause if isinstance(cause, _TRANSPORT_ERRORS) else None
 
     @staticmethod
-    def keep(response: Any, limit: int | None, seconds: float | None = None) -> None:
-        """Read the body now (at most ``limit`` bytes, within ``seconds``) and keep it as
-        ``response.data``: the connection goes back to its pool, or is dropped past a
-        bound or when the body breaks."""
-        if response._body is not None or response.closed:
-            response.release_conn()
-            return  # preloaded, or read already
-        response._body, _ = body.read_bounded(response, limit, seconds, decode=None)
+    def keep(response: Any, limit: int | None, seconds: float | None = None) -> bytes | None:
+        """Read the body now (at most ``limit`` bytes, within ``seconds``), keep it as
+        ``response.data`` and return it: the connection goes back to its pool, or is
+        dropped past a bound or when the body breaks."""
+        if response._body is None and not response.closed:
+            response._body, _ = body.read_bounded(response, limit, seconds, decode=None)
         response.release_conn()
+        data = response._body
+        return data if isinstance(data, bytes) else None
 
     @staticmethod
     def on_done(response: Any, release: Callable[[], None]) -> None:

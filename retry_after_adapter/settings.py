@@ -34,6 +34,7 @@ __all__ = [
     "as_retry_after_retry",
     "default_retry",
     "local_429",
+    "local_parts",
 ]
 
 #: The header that marks a 429 built locally (nothing was sent); its value is the
@@ -41,21 +42,24 @@ __all__ = [
 LOCAL_HEADER = "X-Local-Deferral"
 
 
+def local_parts(deferral: Deferral) -> tuple[dict[str, str], bytes]:
+    """The headers and body of the 429 built here for a call deferred before sending:
+    ``Retry-After`` is the whole seconds left (rounded up), the body the deferral's
+    JSON, and the :data:`LOCAL_HEADER` names the reason."""
+    headers = {
+        "Retry-After": str(max(0, math.ceil(deferral.delay))),
+        "Content-Type": "application/json",
+        LOCAL_HEADER: str(deferral.reason),
+    }
+    return headers, json.dumps(deferral.to_dict()).encode("ascii")
+
+
 def local_429(deferral: Deferral, method: str | None, url: str | None) -> Any:
-    """A urllib3 429 built here for a call deferred before sending: ``Retry-After`` is
-    the whole seconds left (rounded up), the body the deferral's JSON, and the
-    :data:`LOCAL_HEADER` names the reason."""
+    """A urllib3 429 built here for a call deferred before sending (see
+    :func:`local_parts`)."""
+    headers, body = local_parts(deferral)
     return local_response(
-        status=429,
-        reason="Too Many Requests",
-        headers={
-            "Retry-After": str(max(0, math.ceil(deferral.delay))),
-            "Content-Type": "application/json",
-            LOCAL_HEADER: str(deferral.reason),
-        },
-        body=json.dumps(deferral.to_dict()).encode("ascii"),
-        method=method,
-        url=url,
+        status=429, reason="Too Many Requests", headers=headers, body=body, method=method, url=url
     )
 
 

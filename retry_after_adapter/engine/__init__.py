@@ -12,14 +12,17 @@ A newcomer reads it in this order (each module one concern, higher ones import l
 - ``learn``: what an answer teaches (Retry-After, quota headers, freshness).
 - ``verdict``: :func:`judge`, learn, count as urllib3 does, then the pure policy decides.
 - ``admission``: :func:`admit`, before every attempt: take what it needs, or wait, or defer.
-- ``loop``: :func:`run`, admit, send one attempt, judge, then the slow path.
+- ``loop``: :func:`steps`, admit, send one attempt, judge, then the slow path, written
+  once as a generator that asks its driver for each wait and each transport operation;
+  :func:`run` drives it here (requests, urllib3, httpx), ``httpx`` drives it on an
+  event loop.
 """
 
 from __future__ import annotations
 
-from .admission import admit, wait_until
+from .admission import Op, Steps, admit, drive, wait_steps, wait_until
 from .call import MIN_ATTEMPT_TIMEOUT, Call
-from .loop import SINGLE_ATTEMPT, Outcome, Transport, judge_redirect, run
+from .loop import SINGLE_ATTEMPT, Outcome, Transport, judge_redirect, run, steps
 from .override import UNSET, Override, budget, current_override
 from .plan import NO_PLAN, Plan
 from .verdict import FINAL, RAISE, REDIRECT, RETURN, Verdict, judge
@@ -34,16 +37,21 @@ __all__ = [
     "SINGLE_ATTEMPT",
     "UNSET",
     "Call",
+    "Op",
     "Outcome",
     "Override",
     "Plan",
+    "Steps",
     "Transport",
     "Verdict",
     "admit",
     "budget",
     "current_override",
+    "drive",
     "judge",
     "judge_redirect",
     "run",
+    "steps",
+    "wait_steps",
     "wait_until",
 ]

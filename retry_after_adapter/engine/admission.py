@@ -7,8 +7,9 @@ without sending (``cooldown``, ``quota``, ``concurrency``, ``deadline``...).
 from __future__ import annotations
 
 import threading
+from collections.abc import Generator
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import _forksafe
 from ..deferral import Deferral
@@ -21,7 +22,29 @@ from .verdict import jitter
 if TYPE_CHECKING:
     from .call import Call
 
-__all__ = ["SLOT_POLL", "UNKNOWN_COOLDOWN_RETRY", "admit", "wait_until"]
+R = TypeVar("R")
+
+__all__ = [
+    "SLEEP",
+    "SLOT_POLL",
+    "UNKNOWN_COOLDOWN_RETRY",
+    "Op",
+    "Steps",
+    "admit",
+    "drive",
+    "wait_steps",
+    "wait_until",
+]
+
+#: What a step of the engine asks its driver to do, as ``(name, *arguments)``: the only
+#: waiting and I/O the engine does not do itself. ``("sleep", seconds)`` is answered with
+#: True when the whole wait passed, False when the call's cancel ended it; every other
+#: name is a method of the transport (``send``, ``keep``, ``close``, ``follow``), called
+#: with the arguments and answered with what it returns (or its exception, thrown back).
+Op = tuple[Any, ...]
+#: A piece of the engine written once for every driver: a generator of :data:`Op`.
+Steps = Generator[Op, Any, "Deferral | None"]
+SLEEP = "sleep"
 
 #: Seconds after which a call deferred with ``cooldown-unknown`` may try again.
 UNKNOWN_COOLDOWN_RETRY = 1.0
@@ -31,10 +54,10 @@ MAX_ROUNDS = 16
 SLOT_POLL = 0.05
 
 
-def admit(call: Call) -> Deferral | None:
+def admit(call: Call) -> Steps:
     """Admit the next attempt: None when it may go now (what the call needs is taken),
     else the deferral. The common case (nothing pending, nothing held) costs one store
-    operation."""
+    operation and asks the driver nothing."""
     if call.plan.store is None and call.not_before is None and call.cancel is None and not call.out_of_time():
         return None  # nothing shared, nothing resumed, time left: nothing to wait for
     if call.cancel is None and call.not_before is None and not call.out_of_time():
@@ -43,10 +66,10 @@ def admit(call: Call) -> Deferral | None:
                 return None
         except CooldownUnavailable:
             pass  # the rounds below apply the failure policy
-    return _admit_slowly(call)
+    return (yield from _admit_slowly(call))
 
 
-def _admit_slowly(call: Call) -> Deferral | None:
+def _admit_slowly(call: Call) -> Steps:
     """Look, wait while it fits, look again: at most :data:`MAX_ROUNDS` waits (a slot's
     short polls not counted), then defer for what held the attempt back last."""
     rounds = 0
@@ -62,13 +85,13 @@ def _admit_slowly(call: Call) -> Deferral | None:
             return None
         if why is Reason.CONCURRENCY:
             # Only a concurrency slot is missing: look again shortly (not a round).
-            deferral = _wait_for_slot(call, until)
+            deferral = yield from _wait_for_slot(call, until)
             if deferral is not None:
                 return deferral
             continue
         rounds += 1
         left = call.seconds_until(until)
-        deferral = _wait(call, until, left, why)
+        deferral = yield from _wait(call, until, left, why)
         if deferral is not None:
             return deferral
     return _defer_after_rounds(call, left, why)
@@ -100,7 +123,7 @@ def _look(call: Call) -> tuple[datetime | None, Reason]:
     return not_before, Reason.QUOTA
 
 
-def _wait(call: Call, until: datetime, left: float, why: Reason) -> Deferral | None:
+def _wait(call: Call, until: datetime, left: float, why: Reason) -> Steps:
     """Wait ``left`` seconds (plus jitter) for ``until`` if that fits the budget and
     the scope's waiting queue; else the deferral (reason ``why``, or the limit's)."""
     if why is Reason.DEADLINE:
@@ -122,7 +145,7 @@ def _wait(call: Call, until: datetime, left: float, why: Reason) -> Deferral | N
         return call.defer(Decision(DEFER, left, why), until=until)
     try:
         call.emit(Decision(RETRY, left, why))
-        slept = call.sleep(left)
+        slept = yield SLEEP, left
     finally:
         _unqueue(call)
     if not slept:
@@ -143,7 +166,7 @@ def _defer_after_rounds(call: Call, left: float, why: Reason) -> Deferral:
     return call.defer(Decision(DEFER, call.seconds_until(until), why), until=until)
 
 
-def _wait_for_slot(call: Call, busy_until: datetime) -> Deferral | None:
+def _wait_for_slot(call: Call, busy_until: datetime) -> Steps:
     """Every slot is held until ``busy_until`` at the latest: wait ``SLOT_POLL`` seconds
     (or less) before looking again, while the whole wait for a slot fits the budget
     (``call.slot_waited`` adds up); else the deferral with reason ``concurrency``,
@@ -163,7 +186,7 @@ def _wait_for_slot(call: Call, busy_until: datetime) -> Deferral | None:
         left = call.seconds_until(busy_until)
         return call.defer(Decision(DEFER, left, Reason.CONCURRENCY), until=busy_until)
     try:
-        slept = call.sleep(step)
+        slept = yield SLEEP, step
     finally:
         _unqueue(call)
     if not slept:
@@ -172,11 +195,34 @@ def _wait_for_slot(call: Call, busy_until: datetime) -> Deferral | None:
     return None
 
 
-def wait_until(call: Call, target: float) -> Deferral | None:
+def wait_steps(call: Call, target: float) -> Steps:
     """Wait until monotonic time ``target``; a cancel ends it with a deferral."""
-    if call.sleep(target - call.clock.monotonic()):
+    if (yield SLEEP, target - call.clock.monotonic()):
         return None
     return call.defer(Decision(DEFER, max(0.0, target - call.clock.monotonic()), Reason.CANCELLED))
+
+
+def wait_until(call: Call, target: float) -> Deferral | None:
+    """:func:`wait_steps` on the call's clock, here and now (a stock urllib3 loop's wait)."""
+    return drive(call, None, wait_steps(call, target))
+
+
+def drive(call: Call, transport: Any, steps: Generator[Op, Any, R]) -> R:
+    """The synchronous driver: carry out each :data:`Op` of ``steps`` here (a sleep on
+    the call's clock, a transport method), hand back its result or throw its exception
+    into the steps, and return what they return."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            op = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        error = None
+        try:
+            value = call.sleep(op[1]) if op[0] is SLEEP else getattr(transport, op[0])(*op[1:])
+        except BaseException as exc:  # thrown back in: the steps clean up, or handle it
+            value, error = None, exc
 
 
 # ---------------------------------------------------------------- the waiting queue

@@ -36,7 +36,7 @@ from ..policy import beyond_bound
 if TYPE_CHECKING:
     from .call import Call
 
-__all__ = ["MAX_ROUTES", "MAX_STREAKS", "Dialects", "base_scope", "peek_body"]
+__all__ = ["MAX_ROUTES", "MAX_STREAKS", "Dialects", "base_scope", "wants_body"]
 
 #: Routes whose bucket a plan remembers.
 MAX_ROUTES = 4096
@@ -197,17 +197,8 @@ def learn_secondary(call: Call, response: Any, status: int | None, body: bytes |
     _on_scope(call, base, now + timedelta(seconds=wait))
 
 
-def peek_body(call: Call, transport: Any, response: Any, raw: Any) -> bytes | None:
-    """The body of an answer a dialect must read to be told apart (a GitHub 403 that
-    names no wait), read and kept now (bounded, as a retried body) so that it stays
-    readable; None for every other answer, and when the caller streams the body."""
-    if raw is None or getattr(raw, "status", None) != 403 or transport.streams:
-        return None
-    if not _wants_body(403, lambda name: response_header(raw, name)):
-        return None
-    transport.keep(response, call.policy.max_retry_body, call.read_time())
-    content = getattr(response, "_content", None)  # requests keeps it here
-    if isinstance(content, bytes):
-        return content
-    data = getattr(raw, "_body", None)  # urllib3 here
-    return data if isinstance(data, bytes) else None
+def wants_body(transport: Any, raw: Any) -> bool:
+    """Whether the body of the answer ``raw`` (a 403) must be read to be told apart (a
+    GitHub 403 that names no wait): the loop then reads and keeps it (bounded, as a
+    retried body), so that it stays readable. Never when the caller streams the body."""
+    return not transport.streams and _wants_body(403, lambda name: response_header(raw, name))

@@ -9,14 +9,13 @@ put in a deferral is an aware UTC ``datetime``.
 from __future__ import annotations
 
 import math
-import threading
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from urllib3.util.retry import Retry
 from urllib3.util.timeout import Timeout
 
-from ..clock import Clock
+from ..clock import Clock, Event
 from ..deferral import Deferral
 from ..errors import DeferralLimitExceeded, InvalidRetryAfter
 from ..header import RetryAfter, parse_retry_after
@@ -98,7 +97,7 @@ class Call:
         self.hooks = policy.on_decision + hooks if hooks else policy.on_decision
         self.deadline: float | None = policy.deadline
         self.max_wait: float | None = policy.max_wait
-        self.cancel: threading.Event | None = None
+        self.cancel: Event | None = None
         self.attempts = 0
         self.deferrals_before = 0
         self.history: tuple[Deferral, ...] = ()

@@ -10,14 +10,18 @@
         if verdict is FINAL: return Outcome(response)            # the happy path
         the slow path: wait and retry, follow a redirect, or end
 
-:func:`run` drives it for :class:`~retry_after_adapter.RetryAfterAdapter` (each attempt
-through ``HTTPAdapter.send``) and :class:`~retry_after_adapter.RetryAfterPoolManager`
-(each attempt through ``PoolManager.urlopen``); urllib3 itself never loops there.
+:func:`steps` is that loop, written once: a generator that does the deciding and the
+store work itself and asks its driver for each wait (``("sleep", seconds)``) and each
+transport operation (``("send", timeout)``, ``keep``, ``close``, ``follow``). :func:`run`
+drives it here for :class:`~retry_after_adapter.RetryAfterAdapter` (each attempt
+through ``HTTPAdapter.send``), :class:`~retry_after_adapter.RetryAfterPoolManager`
+(``PoolManager.urlopen``; urllib3 itself never loops there) and the synchronous httpx
+transport; the async httpx transport drives the same steps on an event loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -28,14 +32,34 @@ from ..deferral import Deferral
 from ..errors import DeferralLimitExceeded
 from ..policy import DEFER, RETRY, STOP, Reason
 from ..scope import strip_query
-from .admission import admit, wait_until
-from .buckets import peek_body
+from .admission import Op, Steps, admit, drive, wait_steps
+from .buckets import wants_body
 from .call import Call
 from .verdict import FINAL, REDIRECT, Verdict, judge, plan_wait
 
-__all__ = ["SINGLE_ATTEMPT", "Outcome", "Transport", "judge_redirect", "run"]
+__all__ = [
+    "CLOSE",
+    "FOLLOW",
+    "KEEP",
+    "SEND",
+    "SINGLE_ATTEMPT",
+    "Attempts",
+    "Outcome",
+    "Transport",
+    "judge_redirect",
+    "redirect_steps",
+    "run",
+    "steps",
+]
+
+#: The transport operations :func:`steps` asks its driver for (see ``admission.Op``).
+SEND = "send"
+KEEP = "keep"
+CLOSE = "close"
+FOLLOW = "follow"
 
 R = TypeVar("R")
+R_in = TypeVar("R_in", contravariant=True)
 
 
 class _SingleAttempt(Retry):
@@ -53,19 +77,18 @@ SINGLE_ATTEMPT: Retry = _SingleAttempt(
 )
 
 
-class Transport(Protocol[R]):
-    """How :func:`run` sends one attempt and reads its outcome.
+class Attempts(Protocol[R_in]):
+    """What :func:`steps` reads of one call's attempts itself (nothing here does I/O).
 
-    ``send`` sends exactly one attempt (no retry, no redirect) and returns the
-    transport's response, or raises the transport's own error. ``transport_error``
-    gives the urllib3 error behind an exception ``send`` raised when it is a transport
-    failure that a retry may heal, else None (the exception then propagates unchanged).
+    ``transport_error`` gives the urllib3 error behind an exception the ``send``
+    operation raised when it is a transport failure that a retry may heal, else None
+    (the exception then propagates unchanged).
     """
 
     method: str
     url: str
-    #: Whether :func:`run` follows redirects (plain urllib3) or returns them (requests,
-    #: which follows them with a new ``send`` that continues the same :class:`Call`).
+    #: Whether :func:`steps` follows redirects (plain urllib3) or returns them (requests,
+    #: httpx: they follow them with a new send that continues the same :class:`Call`).
     follows_redirects: bool
     #: Whether the caller reads the body itself (``stream=True``, ``preload_content=False``):
     #: a deferred response is then handed over unread.
@@ -75,20 +98,28 @@ class Transport(Protocol[R]):
     #: deadline (:meth:`Call.attempt_timeout`).
     user_timeout: Any
 
-    def send(self, timeout: Any) -> R: ...
-
-    def raw(self, response: R) -> Any: ...
+    def raw(self, response: R_in) -> Any: ...
 
     def transport_error(self, exc: Exception) -> Exception | None: ...
 
-    def keep(self, response: R, limit: int | None, seconds: float | None) -> None:
-        """Read and keep the body (at most ``limit`` bytes, within ``seconds``; past
-        either the connection is dropped), so the response stays readable."""
-        ...
-
-    def on_done(self, response: R, release: Callable[[], None]) -> None:
+    def on_done(self, response: R_in, release: Callable[[], None]) -> None:
         """Call ``release`` once the attempt is over: its body read, or the response
         closed (at once when there is no body left to read)."""
+        ...
+
+
+class Transport(Attempts[R], Protocol[R]):
+    """:class:`Attempts` with the operations :func:`run` carries out here (an async
+    driver has them as coroutines): ``send`` sends exactly one attempt (no retry, no
+    redirect) and returns the transport's response, or raises the transport's own
+    error."""
+
+    def send(self, timeout: Any) -> R: ...
+
+    def keep(self, response: R, limit: int | None, seconds: float | None) -> bytes | None:
+        """Read and keep the body (at most ``limit`` bytes, within ``seconds``; past
+        either the connection is dropped), so the response stays readable; return it
+        (None when it cannot be had)."""
         ...
 
     def close(self, response: R) -> None:
@@ -113,42 +144,54 @@ class Outcome(Generic[R]):
 
 
 def run(call: Call, transport: Transport[R]) -> Outcome[R]:
-    """Run the call to its end (see the module). ``DeferralLimitExceeded`` ends it with
-    no result: the last response is read and its connection given back first."""
+    """Run the call to its end here, waiting on the call's clock (the synchronous
+    driver of :func:`steps`)."""
+    return drive(call, transport, steps(call, transport))
+
+
+def steps(call: Call, transport: Attempts[R]) -> Generator[Op, Any, Outcome[R]]:
+    """The loop (see the module), written once for every driver: it asks for each wait
+    and each transport operation with an :data:`~.admission.Op`. ``DeferralLimitExceeded``
+    ends it with no result: the last response is read and its connection given back
+    first."""
     response: R | None = None
     error: Exception | None = None
     try:
         while True:
             call.slot_waited = 0.0
-            deferral = admit(call)
+            deferral = yield from admit(call)
             if deferral is not None:
                 # Before a retry: the last attempt's response (its body kept) or error ends it.
                 return Outcome(response, error, deferral)
-            sent = send(call, transport)
-            response, error, cause = sent
+            response, error, cause = yield from send(call, transport)
             raw = transport.raw(response) if response is not None else None
             body = None
-            if raw is not None and getattr(raw, "status", None) == 403:  # GitHub's secondary limit?
-                body = peek_body(call, transport, response, raw)
+            if raw is not None and getattr(raw, "status", None) == 403 and wants_body(transport, raw):
+                # GitHub's secondary limit? Its body tells: read and kept (bounded).
+                body = yield KEEP, response, call.policy.max_retry_body, call.read_time()
             verdict = judge(call, transport.method, transport.url, raw, cause, body=body)
             if verdict is FINAL:
                 return Outcome(response)  # the happy path: a final answer
-            outcome = _after(call, transport, verdict, response, error)
+            outcome = yield from _after(call, transport, verdict, response, error)
             if outcome is not None:
                 return outcome
             if verdict.action == REDIRECT:
                 response = None  # drained: a deferral before the next hop has no response
     except DeferralLimitExceeded:
         if response is not None:
-            transport.keep(response, call.policy.max_retry_body, call.read_time())
+            yield KEEP, response, call.policy.max_retry_body, call.read_time()
+        raise
+    except GeneratorExit:
         raise
     except BaseException:
         if response is not None:
-            transport.close(response)  # the attempt ends here: its slot is given back
+            yield CLOSE, response  # the attempt ends here: its slot is given back
         raise
 
 
-def send(call: Call, transport: Transport[R]) -> tuple[R | None, Exception | None, Exception | None]:
+def send(
+    call: Call, transport: Attempts[R]
+) -> Generator[Op, Any, tuple[R | None, Exception | None, Exception | None]]:
     """Exactly one attempt, its timeout bounded by the deadline: ``(response, error,
     cause)``, ``cause`` being the urllib3 failure behind ``error``. The meter counts it
     on the wire; its permit and slot are looked after once it is answered."""
@@ -160,7 +203,7 @@ def send(call: Call, transport: Transport[R]) -> tuple[R | None, Exception | Non
     response: R | None = None
     error = cause = None
     try:
-        response = transport.send(call.attempt_timeout(transport.user_timeout, at))
+        response = yield SEND, call.attempt_timeout(transport.user_timeout, at)
     except Exception as exc:
         cause = transport.transport_error(exc)
         if cause is None:
@@ -174,8 +217,8 @@ def send(call: Call, transport: Transport[R]) -> tuple[R | None, Exception | Non
 
 
 def _after(
-    call: Call, transport: Transport[R], verdict: Verdict, response: R | None, error: Exception | None
-) -> Outcome[R] | None:
+    call: Call, transport: Attempts[R], verdict: Verdict, response: R | None, error: Exception | None
+) -> Generator[Op, Any, Outcome[R] | None]:
     """The slow path after a verdict that is not the happy path: wait and retry (None:
     go on), follow a redirect (None: go on), or the outcome that ends the call."""
     action = verdict.action
@@ -185,8 +228,8 @@ def _after(
             # must leave time for the wait.
             left = call.time_left()
             left = None if left is None else max(0.0, left - verdict.wait)
-            transport.keep(response, call.policy.max_retry_body, left)
-        deferral = wait_until(call, call.clock.monotonic() + verdict.wait)
+            yield KEEP, response, call.policy.max_retry_body, left
+        deferral = yield from wait_steps(call, call.clock.monotonic() + verdict.wait)
         if deferral is not None:
             return Outcome(response, error, deferral)
         assert verdict.retry is not None
@@ -194,10 +237,10 @@ def _after(
         return None
     if action == REDIRECT:
         assert response is not None
-        return _redirect(call, transport, verdict, response)
+        return (yield from _redirect(call, transport, verdict, response))
     if verdict.deferral is not None and response is not None and not transport.streams:
         # A deferred answer (a 429 or 503, say) is read like a retried one.
-        transport.keep(response, call.policy.max_retry_body, call.read_time())
+        yield KEEP, response, call.policy.max_retry_body, call.read_time()
     return Outcome(
         response,
         error,
@@ -208,21 +251,23 @@ def _after(
     )
 
 
-def _redirect(call: Call, transport: Transport[R], verdict: Verdict, response: R) -> Outcome[R] | None:
+def _redirect(
+    call: Call, transport: Attempts[R], verdict: Verdict, response: R
+) -> Generator[Op, Any, Outcome[R] | None]:
     """A redirect: its Retry-After waited out (or deferred); followed here when the
     transport follows redirects (None: go on), else returned to the caller."""
-    deferral = judge_redirect(call, verdict.server_delay)
+    deferral = yield from redirect_steps(call, verdict.server_delay)
     if deferral is not None or not transport.follows_redirects:
         return Outcome(response, None, deferral, redirect=True)
     try:
         call.retry = Retry.increment(call.retry, transport.method, transport.url, transport.raw(response))
     except MaxRetryError:
         return Outcome(response, redirect=True, exhausted=True)
-    transport.follow(response, call.retry)
+    yield FOLLOW, response, call.retry
     return None
 
 
-def judge_redirect(call: Call, server_delay: float | None) -> Deferral | None:
+def redirect_steps(call: Call, server_delay: float | None) -> Steps:
     """A redirect that carries a Retry-After: wait it out before the next hop if it
     fits the budget; else (or when cancelled) the deferral."""
     if not server_delay or server_delay <= 0:
@@ -231,4 +276,9 @@ def judge_redirect(call: Call, server_delay: float | None) -> Deferral | None:
     if decision.action == DEFER:
         return call.defer(decision, server_delay)
     call.emit(decision, server_delay)
-    return wait_until(call, call.clock.monotonic() + decision.wait)
+    return (yield from wait_steps(call, call.clock.monotonic() + decision.wait))
+
+
+def judge_redirect(call: Call, server_delay: float | None) -> Deferral | None:
+    """:func:`redirect_steps` here and now (inside a stock urllib3 loop)."""
+    return drive(call, None, redirect_steps(call, server_delay))

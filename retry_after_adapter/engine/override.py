@@ -6,12 +6,12 @@ The only context variable of the engine: each call reads it once, when it starts
 from __future__ import annotations
 
 import contextvars
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Final
 
+from ..clock import Event
 from ..deferral import Deferral
 from ..errors import ConfigurationError
 from ..policy import check_limit
@@ -33,7 +33,7 @@ class Override:
 
     deadline: float | _Unset | None = UNSET
     max_wait: float | _Unset | None = UNSET
-    cancel: threading.Event | None = None
+    cancel: Event | None = None
     resume: Deferral | None = None
 
 
@@ -47,7 +47,7 @@ def budget(
     *,
     deadline: float | _Unset | None = UNSET,
     max_wait: float | _Unset | None = UNSET,
-    cancel: threading.Event | None = None,
+    cancel: Event | None = None,
     resume: Deferral | None = None,
 ) -> Iterator[None]:
     """Override the retry budget of every call made inside the ``with`` block.
@@ -55,8 +55,9 @@ def budget(
     - ``deadline``: seconds each call may take from its start, waits and redirects
       included (``None`` removes the policy's deadline).
     - ``max_wait``: the longest single wait in seconds (``None``: no limit).
-    - ``cancel``: a ``threading.Event``; setting it ends a running wait at once and the
-      call returns a deferral with reason ``"cancelled"``.
+    - ``cancel``: a ``threading.Event`` (or, in async code, an ``asyncio.Event``);
+      setting it ends a running wait at once and the call returns a deferral with
+      reason ``"cancelled"``.
     - ``resume``: a :class:`Deferral` this call continues: its attempt and deferral
       counts and history carry over, and nothing is sent before its ``eligible_at``.
 
@@ -67,7 +68,7 @@ def budget(
     if not isinstance(max_wait, _Unset):
         check_limit("max_wait", max_wait)
     if cancel is not None and not callable(getattr(cancel, "is_set", None)):
-        raise ConfigurationError("cancel must be a threading.Event (or have is_set() and wait())")
+        raise ConfigurationError("cancel must be a threading.Event or an asyncio.Event")
     if resume is not None and not isinstance(resume, Deferral):
         raise ConfigurationError("resume must be a Deferral (use Deferral.from_dict on stored JSON)")
     outer = _OVERRIDE.get() or Override()
