@@ -1,0 +1,567 @@
+"""httpx transports that defer instead of shortening, on the same engine and stores.
+
+``pip install 'retry_after_adapter[httpx]'``; the rest of the package works without
+httpx. :class:`RetryAfterTransport` (``httpx.Client``) and
+:class:`AsyncRetryAfterTransport` (``httpx.AsyncClient``) wrap another transport
+(default: ``httpx.HTTPTransport()`` / ``httpx.AsyncHTTPTransport()``) and take the
+policy first and the same keywords as :class:`~retry_after_adapter.RetryAfterAdapter`::
+
+    transport = RetryAfterTransport(RetryAfterRetry(total=3, max_wait=5), max_concurrency=8)
+    client = httpx.Client(transport=transport)
+
+Each request runs the engine's one loop (:func:`retry_after_adapter.engine.steps`):
+the synchronous transport drives it here, the async one on the event loop, where every
+wait is ``await``-ed on the clock (no thread waits) and the steps that talk to a store
+other than a memory store run on a small thread pool of the transport's, so the loop
+never blocks on SQLite or Redis. The result has the shape of the other front ends':
+
+- a deferral after a response returns that response, its body read (bounded), with
+  ``response.deferral`` set (read it with :func:`~retry_after_adapter.deferral_of`);
+- a deferral before anything was sent returns a local 429 (``X-Local-Deferral``,
+  ``Retry-After``, the deferral as JSON) whose ``local`` is True;
+- when the last attempt fails in transport, the exception httpx raises
+  (``httpx.ReadTimeout``, ``httpx.ConnectError``...) is raised, and carries the
+  deferral when there is one;
+- ``raise_on_defer=True`` raises :class:`~retry_after_adapter.RetryDeferred` instead.
+
+httpx follows redirects itself: each hop comes back through the transport and
+continues the same call (its budget and counts), as with requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+try:
+    import httpx
+except ImportError as missing:  # pragma: no cover - the extra is not installed
+    raise ImportError(
+        "retry_after_adapter.httpx needs httpx: pip install 'retry_after_adapter[httpx]'"
+    ) from missing
+from urllib3.exceptions import ConnectTimeoutError, ProtocolError, ReadTimeoutError
+from urllib3.util.retry import Retry
+
+from .cooldown.base import CooldownStore
+from .cooldown.guard import DEFAULT
+from .deferral import Deferral
+from .engine import Call, Op, Outcome, drive, steps
+from .engine.admission import SLEEP
+from .errors import RetryDeferred
+from .observe import DecisionHook
+from .quota import Quota
+from .retry import RetryAfterRetry
+from .scope import RequestInfo, strip_query
+from .settings import DEFAULT_LEASE_TTL, SharedSettings, as_retry_after_retry, local_parts
+
+__all__ = ["AsyncRetryAfterTransport", "RetryAfterTransport"]
+
+#: Where a call waits between redirect hops: httpx builds each hop's request with the
+#: same ``extensions`` dict.
+_CALL_KEY = "retry_after_adapter.call"
+_REDIRECTS = frozenset((301, 302, 303, 307, 308))
+#: Threads each async transport keeps for the steps that talk to a blocking store.
+STORE_THREADS = 8
+
+
+class _Raw:
+    """What the engine reads of an httpx response (as of a urllib3 one): the status,
+    the headers (case-insensitive, repeated fields joined), the redirect target."""
+
+    __slots__ = ("headers", "status")
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.status = response.status_code
+        self.headers = response.headers
+
+    def get_redirect_location(self) -> str | bool | None:
+        return self.headers.get("location") if self.status in _REDIRECTS else False
+
+
+def _cause(exc: Exception, url: str) -> Exception | None:
+    """The urllib3 failure an httpx transport error stands for (what the retry counters
+    and the idempotency guard read), or None when another attempt cannot heal it (an
+    unsupported scheme, a local protocol error, anything not a transport error).
+    Nothing was sent on a connect failure, a proxy failure or a pool timeout."""
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError)):
+        return ConnectTimeoutError(type(exc).__name__)
+    if isinstance(exc, httpx.ReadTimeout):
+        return ReadTimeoutError(None, url, "read timed out")  # type: ignore[arg-type]
+    if isinstance(exc, (httpx.ReadError, httpx.WriteError, httpx.WriteTimeout, httpx.RemoteProtocolError)):
+        return ProtocolError(type(exc).__name__)
+    return None
+
+
+def _bounded(request: httpx.Request, timeout: Any) -> None:
+    """Bound each of the request's timeouts by what the engine leaves of the deadline
+    (``timeout`` is None when there is none)."""
+    if timeout is None:
+        return
+    left = float(timeout.total)
+    given = request.extensions.get("timeout") or {}
+    request.extensions["timeout"] = {
+        name: left if given.get(name) is None else min(float(given[name]), left)
+        for name in ("connect", "read", "write", "pool")
+    }
+
+
+class _Attempts:
+    """What both transports share: one request's attempts as the engine sees them."""
+
+    follows_redirects = False
+    streams = False  # the client reads the body itself; a kept one stays readable
+    user_timeout = None  # the request's own timeouts are bounded in send()
+
+    def __init__(self, request: httpx.Request) -> None:
+        self.request = request
+        self.method = request.method
+        url = str(request.url)
+        self.url: str = (strip_query(url) or "") if "?" in url or "#" in url else url
+
+    @staticmethod
+    def raw(response: httpx.Response) -> _Raw:
+        return _Raw(response)
+
+    def transport_error(self, exc: Exception) -> Exception | None:
+        return _cause(exc, self.url)
+
+    def follow(self, response: httpx.Response, retry: Retry) -> None:  # pragma: no cover
+        raise AssertionError("httpx follows redirects itself")
+
+
+class _Once:
+    """``release`` called once, however often the stream is closed."""
+
+    __slots__ = ("release",)
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self.release: Callable[[], None] | None = release
+
+    def __call__(self) -> None:
+        release, self.release = self.release, None
+        if release is not None:
+            release()
+
+
+class _SyncBody(httpx.SyncByteStream):
+    def __init__(self, stream: Any, done: _Once) -> None:
+        self._stream = stream
+        self._done = done
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._stream
+
+    def close(self) -> None:
+        try:
+            self._stream.close()
+        finally:
+            self._done()
+
+
+class _SyncAttempts(_Attempts):
+    def __init__(self, inner: httpx.BaseTransport, request: httpx.Request) -> None:
+        super().__init__(request)
+        self.inner = inner
+
+    def send(self, timeout: Any) -> httpx.Response:
+        _bounded(self.request, timeout)
+        return self.inner.handle_request(self.request)
+
+    @staticmethod
+    def keep(response: httpx.Response, limit: int | None, seconds: float | None) -> bytes | None:
+        """Read the body (at most ``limit`` bytes, within ``seconds``; past either the
+        connection is dropped) and keep it readable; return it."""
+        if response.is_stream_consumed:
+            return response.content if hasattr(response, "_content") else None
+        end = None if seconds is None else time.monotonic() + seconds
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                size += len(chunk)
+                if (limit is not None and size > limit) or (end is not None and time.monotonic() > end):
+                    break
+        except httpx.HTTPError:
+            pass  # a broken body: what was read is kept, the connection dropped
+        finally:
+            response.close()
+        data = b"".join(chunks)
+        response._content = data if limit is None else data[:limit]
+        return response._content
+
+    @staticmethod
+    def on_done(response: httpx.Response, release: Callable[[], None]) -> None:
+        if response.is_closed:
+            release()
+            return
+        response.stream = _SyncBody(response.stream, _Once(release))
+
+    @staticmethod
+    def close(response: httpx.Response) -> None:
+        response.close()
+
+
+class _AsyncBody(httpx.AsyncByteStream):
+    def __init__(self, stream: Any, done: _Once, offload: Callable[[Callable[[], None]], Any] | None) -> None:
+        self._stream = stream
+        self._done = done
+        self._offload = offload
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            if self._offload is None:
+                self._done()
+            else:
+                await self._offload(self._done)
+
+
+class _AsyncAttempts(_Attempts):
+    def __init__(
+        self,
+        inner: httpx.AsyncBaseTransport,
+        request: httpx.Request,
+        offload: Callable[[Callable[[], None]], Any] | None,
+    ) -> None:
+        super().__init__(request)
+        self.inner = inner
+        self.offload = offload
+
+    async def send(self, timeout: Any) -> httpx.Response:
+        _bounded(self.request, timeout)
+        return await self.inner.handle_async_request(self.request)
+
+    @staticmethod
+    async def keep(response: httpx.Response, limit: int | None, seconds: float | None) -> bytes | None:
+        """As the synchronous ``keep``, on the event loop."""
+        if response.is_stream_consumed:
+            return response.content if hasattr(response, "_content") else None
+        loop = asyncio.get_running_loop()
+        end = None if seconds is None else loop.time() + seconds
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in response.aiter_bytes():
+                chunks.append(chunk)
+                size += len(chunk)
+                if (limit is not None and size > limit) or (end is not None and loop.time() > end):
+                    break
+        except httpx.HTTPError:
+            pass
+        finally:
+            await response.aclose()
+        data = b"".join(chunks)
+        response._content = data if limit is None else data[:limit]
+        return response._content
+
+    def on_done(self, response: httpx.Response, release: Callable[[], None]) -> None:
+        if response.is_closed:
+            release()  # here, in the step (on the store's thread when it blocks)
+            return
+        response.stream = _AsyncBody(response.stream, _Once(release), self.offload)
+
+    @staticmethod
+    async def close(response: httpx.Response) -> None:
+        await response.aclose()
+
+
+class _Front(SharedSettings):
+    """The settings and result shape both transports share."""
+
+    def _configure(
+        self,
+        max_retries: Any,
+        cooldown: CooldownStore | None,
+        scope: Any,
+        raise_on_defer: bool,
+        store_failure: str,
+        on_decision: DecisionHook | Collection[DecisionHook] | None,
+        quota: Quota | None,
+        max_concurrency: int | None,
+        lease_ttl: float,
+        max_waiting: int | None,
+        learn_rate: bool,
+    ) -> None:
+        self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
+        self._share(
+            cooldown,
+            scope,
+            raise_on_defer,
+            store_failure,
+            on_decision,
+            quota,
+            max_concurrency,
+            lease_ttl,
+            max_waiting,
+            learn_rate,
+        )
+
+    def _start(self, request: httpx.Request) -> Call:
+        """The call ``request`` continues (a redirect hop of it), or a new one."""
+        entry = request.extensions.pop(_CALL_KEY, None)
+        if entry is not None and entry[1] is not request:
+            call: Call = entry[0]
+            call.continue_on(self._plan, self._scope_fn(_info(request)))
+            return call
+        return self._call(self.max_retries, _info(request))
+
+    def _result(self, request: httpx.Request, call: Call, outcome: Outcome[httpx.Response]) -> httpx.Response:
+        deferral = outcome.deferral
+        error = outcome.error
+        if error is not None:
+            if deferral is not None:
+                error.deferral = deferral  # type: ignore[attr-defined]
+            raise error
+        response = outcome.response
+        if response is None:
+            assert deferral is not None
+            if self.raise_on_defer:
+                raise RetryDeferred(deferral, response=None, request=request)
+            return _local(request, deferral)
+        response.deferral = deferral  # type: ignore[attr-defined]
+        response.stop_reason = outcome.stop_reason  # type: ignore[attr-defined]
+        response.local = False  # type: ignore[attr-defined]
+        if deferral is None:
+            if outcome.redirect:
+                request.extensions[_CALL_KEY] = (call, request)  # the next hop continues this call
+            return response
+        if self.raise_on_defer or outcome.redirect or (outcome.exhausted and call.policy.raise_on_status):
+            reason = outcome.limit.reason if outcome.limit is not None else None
+            raise RetryDeferred(deferral, response=response, request=request, reason=reason)
+        return response
+
+    def __repr__(self) -> str:
+        store = type(self.cooldown).__name__ if self.cooldown is not None else None
+        return f"{type(self).__name__}({self.max_retries!r}, cooldown={store})"
+
+
+def _info(request: httpx.Request) -> RequestInfo:
+    return RequestInfo(request.method, str(request.url), request.headers)
+
+
+def _local(request: httpx.Request, deferral: Deferral) -> httpx.Response:
+    """The 429 for a call deferred before anything was sent (no byte went out)."""
+    headers, body = local_parts(deferral)
+    response = httpx.Response(429, headers=headers, content=body, request=request)
+    response.deferral = deferral  # type: ignore[attr-defined]
+    response.stop_reason = None  # type: ignore[attr-defined]
+    response.local = True  # type: ignore[attr-defined]
+    return response
+
+
+class RetryAfterTransport(_Front, httpx.BaseTransport):
+    """An ``httpx`` transport that obeys Retry-After exactly and shares cooldowns.
+
+    ``max_retries`` (the policy: a :class:`RetryAfterRetry`, an int, a stock ``Retry``
+    or None) and every keyword as for :class:`~retry_after_adapter.RetryAfterAdapter`
+    (``cooldown``, ``scope``, ``raise_on_defer``, ``store_failure``, ``on_decision``,
+    ``quota``, ``max_concurrency``, ``lease_ttl``, ``max_waiting``, ``learn_rate``);
+    ``transport``: the transport each attempt goes through (default
+    ``httpx.HTTPTransport()``). Mount it with ``httpx.Client(transport=...)`` or
+    ``mounts={...}``; closing the client closes the wrapped transport.
+    """
+
+    def __init__(
+        self,
+        max_retries: Any = None,
+        *,
+        cooldown: CooldownStore | None = DEFAULT,
+        scope: Any = None,
+        raise_on_defer: bool = False,
+        store_failure: str = "open",
+        on_decision: DecisionHook | Collection[DecisionHook] | None = None,
+        quota: Quota | None = None,
+        max_concurrency: int | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        max_waiting: int | None = None,
+        learn_rate: bool = True,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.transport = transport if transport is not None else httpx.HTTPTransport()
+        self._configure(
+            max_retries,
+            cooldown,
+            scope,
+            raise_on_defer,
+            store_failure,
+            on_decision,
+            quota,
+            max_concurrency,
+            lease_ttl,
+            max_waiting,
+            learn_rate,
+        )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        call = self._start(request)
+        attempts = _SyncAttempts(self.transport, request)
+        return self._result(request, call, drive(call, attempts, steps(call, attempts)))
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+class AsyncRetryAfterTransport(_Front, httpx.AsyncBaseTransport):
+    """:class:`RetryAfterTransport` for ``httpx.AsyncClient`` (default inner transport
+    ``httpx.AsyncHTTPTransport()``).
+
+    Waits are awaited on the policy's clock (``SystemClock`` on the event loop;
+    ``FakeClock`` moves at once), so a waiting task holds no thread. A memory store is
+    used on the loop; any other store (SQLite, Redis, yours) is reached from at most
+    :data:`STORE_THREADS` threads of this transport, with the same bounded time per
+    operation, breaker and write-back as in threads. A task cancelled while it waits
+    or while its attempt is on the wire gets ``CancelledError``, and what it held in
+    the store (a concurrency slot) is given back first. ``budget(cancel=...)`` takes an
+    ``asyncio.Event``.
+    """
+
+    def __init__(
+        self,
+        max_retries: Any = None,
+        *,
+        cooldown: CooldownStore | None = DEFAULT,
+        scope: Any = None,
+        raise_on_defer: bool = False,
+        store_failure: str = "open",
+        on_decision: DecisionHook | Collection[DecisionHook] | None = None,
+        quota: Quota | None = None,
+        max_concurrency: int | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        max_waiting: int | None = None,
+        learn_rate: bool = True,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
+        self._configure(
+            max_retries,
+            cooldown,
+            scope,
+            raise_on_defer,
+            store_failure,
+            on_decision,
+            quota,
+            max_concurrency,
+            lease_ttl,
+            max_waiting,
+            learn_rate,
+        )
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
+        self._pool_lock = threading.Lock()
+
+    def _derive(self) -> None:
+        super()._derive()
+        # Only a store behind the failure layer does I/O: a memory store is used on the loop.
+        self._blocking = self._plan.guard is not None
+
+    def _threads(self) -> ThreadPoolExecutor:
+        pool = self._pool
+        if pool is None or self._pool_pid != os.getpid():  # made lazily, again after a fork
+            with self._pool_lock:
+                if self._pool is None or self._pool_pid != os.getpid():
+                    self._pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="retry-after-store")
+                    self._pool_pid = os.getpid()
+                pool = self._pool
+        return pool
+
+    async def _offload(self, fn: Callable[[], None]) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._threads(), fn)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        call = self._start(request)
+        if self._blocking:
+            attempts = _AsyncAttempts(self.transport, request, self._offload)
+            outcome = await _adrive(call, attempts, steps(call, attempts), self._threads())
+        else:
+            attempts = _AsyncAttempts(self.transport, request, None)
+            outcome = await _adrive(call, attempts, steps(call, attempts), None)
+        return self._result(request, call, outcome)
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+
+def _advance(gen: Generator[Op, Any, Any], value: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """One step of ``gen``: ``(False, op)``, or ``(True, result)`` once it returned (a
+    ``StopIteration`` cannot cross a thread pool's future)."""
+    try:
+        return False, gen.send(value) if error is None else gen.throw(error)
+    except StopIteration as stop:
+        return True, stop.value
+
+
+async def _adrive(
+    call: Call, attempts: _AsyncAttempts, gen: Generator[Op, Any, Outcome[httpx.Response]], pool: Any
+) -> Outcome[httpx.Response]:
+    """The async driver of the engine's steps: each wait awaited on the call's clock,
+    each transport operation awaited, each step between them run here, or on ``pool``
+    (a blocking store). A cancel that lands while a step runs on the pool waits for
+    that step to end, then is thrown into the steps (which give back what they hold)."""
+    loop = asyncio.get_running_loop()
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        if pool is None:
+            done, result = _advance(gen, value, error)
+        else:
+            step = loop.run_in_executor(pool, _advance, gen, value, error)
+            try:
+                done, result = await asyncio.shield(step)
+            except asyncio.CancelledError as cancelled:
+                done, result = await _finish(step)
+                if done:
+                    if result.response is not None:
+                        await result.response.aclose()
+                    raise
+                value, error = None, cancelled
+                continue
+        if done:
+            return result  # type: ignore[no-any-return]
+        error = None
+        op = result
+        try:
+            if op[0] is SLEEP:
+                value = await _asleep(call, op[1])
+            else:
+                value = await getattr(attempts, op[0])(*op[1:])
+        except BaseException as exc:  # thrown back in: the steps clean up, or handle it
+            value, error = None, exc
+
+
+async def _finish(step: asyncio.Future[Any]) -> Any:
+    """The result of a step on the pool, however often the task is cancelled meanwhile
+    (the step is bounded: a store operation's time)."""
+    while True:
+        try:
+            return await asyncio.shield(step)
+        except asyncio.CancelledError:
+            if step.done():
+                return step.result()
+
+
+async def _asleep(call: Call, seconds: float) -> bool:
+    """``call.sleep`` on the event loop: False when the call's cancel event ended it."""
+    cancel = call.cancel
+    if cancel is not None and cancel.is_set():
+        return False
+    if seconds <= 0:
+        return True
+    asleep = getattr(call.clock, "asleep", None)
+    if asleep is not None:
+        return bool(await asleep(seconds, cancel))
+    await asyncio.sleep(seconds)  # a clock of the caller's with no asleep: the loop's time
+    return not (cancel is not None and cancel.is_set())

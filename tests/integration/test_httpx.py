@@ -1,0 +1,418 @@
+"""The httpx transports, sync and async, over real loopback sockets: the same policy,
+deferrals, result shape and stores as the requests adapter, on the same engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+
+from retry_after_adapter import (  # noqa: E402
+    FakeClock,
+    MemoryCooldownStore,
+    Quota,
+    RetryAfterRetry,
+    RetryDeferred,
+    SQLiteCooldownStore,
+    budget,
+    deferral_of,
+)
+from retry_after_adapter.cooldown import store_from_url  # noqa: E402
+from retry_after_adapter.httpx import AsyncRetryAfterTransport, RetryAfterTransport  # noqa: E402
+from retry_after_adapter.settings import LOCAL_HEADER  # noqa: E402
+from retry_after_adapter.testing.server import QuotaServer  # noqa: E402
+
+from .test_adapter_processes import store_urls  # noqa: E402
+from .throttle_server import Reply, ThrottleServer  # noqa: E402
+
+
+def sync_client(clock: FakeClock | None = None, store: Any = None, **kw: Any) -> httpx.Client:
+    retry_kw = {k: kw.pop(k) for k in list(kw) if k in ("total", "max_wait", "deadline", "jitter")}
+    retry_kw.setdefault("total", 3)
+    retry = RetryAfterRetry(clock=clock, **retry_kw)
+    transport = RetryAfterTransport(retry, cooldown=store if store is not None else MemoryCooldownStore(), **kw)
+    return httpx.Client(transport=transport)
+
+
+def async_client(clock: FakeClock | None = None, store: Any = None, **kw: Any) -> httpx.AsyncClient:
+    retry_kw = {k: kw.pop(k) for k in list(kw) if k in ("total", "max_wait", "deadline", "jitter")}
+    retry_kw.setdefault("total", 3)
+    retry = RetryAfterRetry(clock=clock, **retry_kw)
+    store = store if store is not None else MemoryCooldownStore()
+    return httpx.AsyncClient(transport=AsyncRetryAfterTransport(retry, cooldown=store, **kw))
+
+
+# ---------------------------------------------------------------- synchronous
+
+
+def test_sync_waits_out_a_retry_after_on_the_clock_and_never_sends_early(server: ThrottleServer, clock: FakeClock):
+    server.serve([Reply(429, {"Retry-After": "7"}, b"slow down"), Reply(200, body=b"done")])
+    with sync_client(clock, jitter=0) as client:
+        response = client.get(server.url + "/a?token=secret")
+    assert response.status_code == 200 and response.text == "done"
+    assert deferral_of(response) is None
+    assert clock.sleeps == [7.0]
+    first, second = server.seen
+    assert (second.at - first.at).total_seconds() >= 7.0
+
+
+def test_sync_defers_with_the_response_and_its_body_when_the_wait_does_not_fit(
+    server: ThrottleServer, clock: FakeClock
+):
+    server.serve([Reply(429, {"Retry-After": "120"}, b"quota spent")])
+    with sync_client(clock, max_wait=5) as client:
+        response = client.get(server.url + "/a?token=secret")
+        deferral = deferral_of(response)
+        assert response.status_code == 429 and response.text == "quota spent"
+        assert deferral is not None and deferral.reason == "max_wait"
+        assert deferral.delay == pytest.approx(120, abs=1)
+        assert "secret" not in json.dumps(deferral.to_dict())
+        # The next call of the scope is deferred before sending: a local 429.
+        local = client.get(server.url + "/b")
+    assert server.count() == 1
+    assert local.status_code == 429 and local.local is True
+    assert local.headers[LOCAL_HEADER] == "cooldown"
+    assert int(local.headers["Retry-After"]) >= 119
+    assert json.loads(local.content)["reason"] == "cooldown"
+    assert deferral_of(local) is not None and deferral_of(local).reason == "cooldown"
+    assert clock.sleeps == []
+
+
+def test_sync_raise_on_defer(server: ThrottleServer, clock: FakeClock):
+    server.serve([Reply(503, {"Retry-After": "60"}, b"later")])
+    with sync_client(clock, max_wait=1, raise_on_defer=True) as client:
+        with pytest.raises(RetryDeferred) as raised:
+            client.get(server.url + "/a")
+    assert raised.value.deferral.reason == "max_wait"
+    assert raised.value.response.status_code == 503
+
+
+def test_sync_transport_failure_raises_httpx_error_carrying_the_deferral(closed_port: int):
+    clock = FakeClock()
+    with sync_client(clock, total=2, max_wait=0.1) as client:
+        with pytest.raises(httpx.ConnectError) as raised:
+            client.get(f"http://127.0.0.1:{closed_port}/x")
+    deferral = deferral_of(raised.value)
+    assert deferral is not None and deferral.reason in ("max_wait", "attempts")
+    assert deferral.attempts >= 1
+
+
+def test_sync_retries_a_connect_failure_then_gives_the_last_error_when_out_of_attempts(closed_port: int):
+    clock = FakeClock()
+    with sync_client(clock, total=2, max_wait=60, jitter=0) as client:
+        with pytest.raises(httpx.ConnectError) as raised:
+            client.get(f"http://127.0.0.1:{closed_port}/x")
+    deferral = deferral_of(raised.value)
+    assert deferral is not None and deferral.reason == "attempts"
+    assert deferral.attempts == 3  # the first and two retries, then the last error
+
+
+def test_sync_non_idempotent_method_is_not_retried_after_it_was_sent(server: ThrottleServer, clock: FakeClock):
+    server.serve([Reply(503, {"Retry-After": "1"}, b"busy"), Reply(200)])
+    with sync_client(clock) as client:
+        response = client.post(server.url + "/order", content=b"x")
+    assert response.status_code == 503
+    assert server.count() == 1
+
+
+def test_sync_redirect_hops_continue_one_call(server: ThrottleServer, clock: FakeClock):
+    server.serve(
+        [
+            Reply(429, {"Retry-After": "2"}),
+            Reply(302, {"Location": "/next"}),
+            Reply(429, {"Retry-After": "3"}),
+            Reply(200, body=b"there"),
+        ]
+    )
+    with sync_client(clock, total=5, jitter=0) as client:
+        response = client.get(server.url + "/start", follow_redirects=True)
+    assert response.status_code == 200 and response.text == "there"
+    assert [s.path for s in server.seen] == ["/start", "/start", "/next", "/next"]
+    assert clock.sleeps == [2.0, 3.0]
+
+
+def test_sync_an_attempt_is_bounded_by_the_deadline(real_server: ThrottleServer):
+    gate = threading.Event()
+    real_server.serve([Reply(200, gate=gate)])
+    started = time.monotonic()
+    try:
+        with sync_client(deadline=0.3, total=0) as client, pytest.raises(httpx.ReadTimeout):
+            client.get(real_server.url + "/slow", timeout=30)
+    finally:
+        gate.set()
+    assert time.monotonic() - started < 2.0
+
+
+def test_sync_concurrency_slot_given_back_when_the_body_is_read(server: ThrottleServer, clock: FakeClock):
+    store = MemoryCooldownStore()
+    server.serve([Reply(200, body=b"x" * 1000)])
+    with sync_client(clock, store, max_concurrency=1, max_wait=0) as client:
+        for _ in range(3):  # each call's slot back once its body was read
+            assert client.get(server.url + "/a").status_code == 200
+        with client.stream("GET", server.url + "/a") as streamed:
+            held = client.get(server.url + "/b")  # the streamed one holds the one slot
+            assert held.status_code == 429 and held.local is True
+            assert held.headers[LOCAL_HEADER] == "concurrency"
+            streamed.read()
+        assert client.get(server.url + "/c").status_code == 200
+    assert server.count() == 5
+
+
+def test_sync_transport_with_mounts_and_shared_quota(server: ThrottleServer, clock: FakeClock):
+    store = MemoryCooldownStore()
+    server.serve([Reply(200)])
+    transport = RetryAfterTransport(
+        RetryAfterRetry(total=2, max_wait=0, clock=clock), cooldown=store, quota=Quota(2, per=60)
+    )
+    with httpx.Client(mounts={"http://": transport}) as client:
+        statuses = [client.get(server.url + "/q").status_code for _ in range(3)]
+    assert statuses == [200, 200, 429]
+    assert server.count() == 2
+
+
+# ---------------------------------------------------------------- async
+
+
+async def test_async_waits_on_the_fake_clock_without_sleeping(server: ThrottleServer, clock: FakeClock):
+    server.serve([Reply(503, {"Retry-After": "30"}), Reply(200, body=b"ok")])
+    started = time.monotonic()
+    async with async_client(clock, jitter=0, max_wait=60) as client:
+        response = await client.get(server.url + "/a")
+    assert response.status_code == 200 and response.text == "ok"
+    assert clock.sleeps == [30.0]
+    assert time.monotonic() - started < 2.0
+    first, second = server.seen
+    assert (second.at - first.at).total_seconds() >= 30.0
+
+
+async def test_async_defers_after_and_before_sending(server: ThrottleServer, clock: FakeClock):
+    server.serve([Reply(429, {"Retry-After": "90"}, b"spent")])
+    async with async_client(clock, max_wait=5) as client:
+        response = await client.get(server.url + "/a")
+        local = await client.get(server.url + "/b")
+    assert response.status_code == 429 and response.text == "spent"
+    assert deferral_of(response).reason == "max_wait"
+    assert local.local is True and deferral_of(local).reason == "cooldown"
+    assert server.count() == 1
+
+
+async def test_async_transport_failure_raises_httpx_error_with_deferral(closed_port: int):
+    async with async_client(FakeClock(), total=1, max_wait=0.1) as client:
+        with pytest.raises(httpx.ConnectError) as raised:
+            await client.get(f"http://127.0.0.1:{closed_port}/x")
+    assert deferral_of(raised.value) is not None
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_async_fleet_of_tasks_sends_nothing_early(kind: str, tmp_path: Path):
+    store = MemoryCooldownStore() if kind == "memory" else SQLiteCooldownStore(tmp_path / "fleet.db")
+    with QuotaServer(10, 30, quota_headers="ietf") as quota_server:
+        async with async_client(store=store, total=2, max_wait=0.2) as client:
+            responses = await asyncio.gather(*(client.get(quota_server.url + f"/i{i}") for i in range(40)))
+        stats = quota_server.stats()
+    # 40 tasks at once on a new scope: one goes first (cold start), the announced quota
+    # admits the next nine, and the other thirty defer without sending.
+    assert sum(r.status_code == 200 for r in responses) == stats.ok == 10
+    assert stats.early == 0 and stats.throttled <= 2
+    assert all(r.status_code == 429 for r in responses if r.status_code != 200)
+    assert sum(getattr(r, "local", False) for r in responses) == 40 - stats.requests >= 28
+
+
+async def test_async_budget_is_per_task(server: ThrottleServer, clock: FakeClock):
+    server.serve([Reply(503, {"Retry-After": "10"}), Reply(200)])
+    async with async_client(clock, jitter=0, max_wait=60) as client:
+
+        async def tight() -> Any:
+            with budget(max_wait=1):
+                return await client.get(server.url + "/tight")
+
+        async def loose() -> Any:
+            await asyncio.sleep(0)
+            return await client.get(server.url + "/loose")
+
+        tight_response, loose_response = await asyncio.gather(tight(), loose())
+    assert deferral_of(tight_response) is not None and deferral_of(tight_response).reason == "max_wait"
+    # The other task's call had no budget(): it waited the cooldown out on the clock.
+    assert loose_response.status_code == 200
+
+
+async def test_async_cancel_event_ends_a_wait_with_a_deferral(real_server: ThrottleServer):
+    real_server.serve([Reply(503, {"Retry-After": "20"}), Reply(200)])
+    cancel = asyncio.Event()
+    async with async_client(max_wait=60, jitter=0) as client:
+
+        async def call() -> Any:
+            with budget(cancel=cancel):
+                return await client.get(real_server.url + "/a")
+
+        task = asyncio.create_task(call())
+        await asyncio.sleep(0.2)
+        cancel.set()
+        response = await asyncio.wait_for(task, 2)
+    assert deferral_of(response).reason == "cancelled"
+    assert real_server.count() == 1
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_async_cancelled_task_propagates_and_gives_its_slot_back(
+    kind: str, real_server: ThrottleServer, tmp_path: Path
+):
+    gate = threading.Event()
+    real_server.serve([Reply(200, gate=gate)])
+    store = MemoryCooldownStore() if kind == "memory" else SQLiteCooldownStore(tmp_path / "slots.db")
+    try:
+        async with async_client(store=store, max_concurrency=1, max_wait=0) as client:
+            task = asyncio.create_task(client.get(real_server.url + "/hang"))
+            for _ in range(100):  # until the attempt is on the wire, holding the one slot
+                await asyncio.sleep(0.01)
+                if real_server.count():
+                    break
+            busy = await client.get(real_server.url + "/busy")
+            assert busy.local is True and busy.headers[LOCAL_HEADER] == "concurrency"
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            gate.set()
+            after = await client.get(real_server.url + "/after")
+    finally:
+        gate.set()
+    assert after.status_code == 200  # the cancelled task's slot came back at once
+
+
+async def test_async_cancelled_while_waiting_propagates(real_server: ThrottleServer):
+    real_server.serve([Reply(503, {"Retry-After": "30"}), Reply(200)])
+    async with async_client(max_wait=60, jitter=0) as client:
+        task = asyncio.create_task(client.get(real_server.url + "/a"))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        started = time.monotonic()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert time.monotonic() - started < 1.0
+    assert real_server.count() == 1
+
+
+async def test_async_no_thread_per_waiting_task(real_server: ThrottleServer, tmp_path: Path):
+    real_server.serve([Reply(503, {"Retry-After": "30"}), Reply(200)])
+    before = threading.active_count()
+    store = SQLiteCooldownStore(tmp_path / "waiting.db")
+    async with async_client(store=store, max_wait=60, jitter=0) as client:
+        tasks = [asyncio.create_task(client.get(real_server.url + f"/w{i}")) for i in range(50)]
+        await asyncio.sleep(0.5)
+        waiting = threading.active_count() - before
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert waiting <= 16  # the store's few threads, not one per waiting task
+
+
+# ---------------------------------------------------------------- across processes and clients
+
+REQUESTS_WORKER = r"""
+import json, sys
+import requests
+from retry_after_adapter import RetryAfterAdapter, RetryAfterRetry
+from retry_after_adapter.cooldown import store_from_url
+url, store_url = sys.argv[1], sys.argv[2]
+session = requests.Session()
+session.mount("http://", RetryAfterAdapter(RetryAfterRetry(total=1, max_wait=0.1), cooldown=store_from_url(store_url)))
+response = session.get(url, timeout=5)
+print(json.dumps({"status": response.status_code, "reason": response.deferral.reason if response.deferral else None}))
+"""
+
+ASYNC_WORKER = r"""
+import asyncio, json, sys
+import httpx
+from retry_after_adapter import RetryAfterRetry
+from retry_after_adapter.cooldown import store_from_url
+from retry_after_adapter.httpx import AsyncRetryAfterTransport
+url, store_url = sys.argv[1], sys.argv[2]
+async def main():
+    transport = AsyncRetryAfterTransport(RetryAfterRetry(total=1, max_wait=0.1), cooldown=store_from_url(store_url))
+    async with httpx.AsyncClient(transport=transport) as client:
+        responses = await asyncio.gather(*(client.get(url) for _ in range(20)))
+    print(json.dumps([[r.status_code, r.local, r.deferral.reason if r.deferral else None] for r in responses]))
+asyncio.run(main())
+"""
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def shared_store_url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    return store_urls(tmp_path, request)
+
+
+def test_a_requests_worker_learns_a_429_and_an_async_httpx_worker_defers_before_sending(
+    real_server: ThrottleServer, shared_store_url: str
+):
+    real_server.serve([Reply(429, {"Retry-After": "60"}, b"spent")])
+
+    def worker(script: str, path: str) -> Any:
+        done = subprocess.run(
+            [sys.executable, "-c", script, real_server.url + path, shared_store_url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    first = worker(REQUESTS_WORKER, "/learn")
+    assert first == {"status": 429, "reason": "max_wait"}
+    answers = worker(ASYNC_WORKER, "/later")
+    assert answers == [[429, True, "cooldown"]] * 20
+    assert real_server.count() == 1  # the httpx worker sent nothing
+    assert store_from_url(shared_store_url).get(_scope(real_server.url)) is not None
+
+
+def _scope(url: str) -> str:
+    return url.rstrip("/")
+
+
+# ---------------------------------------------------------------- users' own test tools
+
+
+def test_respx_sees_one_attempt_at_a_time(clock: FakeClock):
+    respx = pytest.importorskip("respx")
+    with respx.mock(assert_all_called=True) as mock:
+        route = mock.get("http://api.test/a").mock(
+            side_effect=[httpx.Response(429, headers={"Retry-After": "4"}), httpx.Response(200, text="ok")]
+        )
+        with sync_client(clock, jitter=0) as client:
+            response = client.get("http://api.test/a")
+    assert response.status_code == 200
+    assert route.call_count == 2
+    assert clock.sleeps == [4.0]
+
+
+async def test_pytest_httpx_sees_one_attempt_at_a_time(httpx_mock: Any, fake_clock: FakeClock):
+    httpx_mock.add_response(url="http://api.test/b", status_code=503, headers={"Retry-After": "3"})
+    httpx_mock.add_response(url="http://api.test/b", status_code=200, text="ok")
+    async with async_client(fake_clock, jitter=0) as client:
+        response = await client.get("http://api.test/b")
+    assert response.status_code == 200
+    assert len(httpx_mock.get_requests()) == 2
+    assert fake_clock.sleeps == [3.0]
+
+
+def test_the_package_works_without_httpx():
+    script = (
+        "import sys; sys.modules['httpx'] = None\n"
+        "import retry_after_adapter, requests\n"
+        "s = requests.Session(); s.mount('http://', retry_after_adapter.RetryAfterAdapter())\n"
+        "try:\n"
+        "    import retry_after_adapter.httpx\n"
+        "except ImportError as e:\n"
+        "    print('extra:', e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'retry_after_adapter[httpx]'" in done.stdout
