@@ -9,6 +9,7 @@ import collections
 import math
 import threading
 import weakref
+from datetime import datetime
 
 from .. import _forksafe
 
@@ -26,13 +27,31 @@ class Meter:
     last noted in the store. Updated without a lock: adding to a set, discarding from
     it and appending to a bounded deque are each atomic."""
 
-    __slots__ = ("noted", "sent", "wire")
+    __slots__ = ("noted", "reset", "sent", "wire")
 
     def __init__(self) -> None:
         #: ``id()`` of every call with an attempt on the wire (a call has one at a time).
         self.wire: set[int] = set()
         self.sent: collections.deque[float] = collections.deque(maxlen=SENT_KEPT)
         self.noted = -math.inf
+        #: The earliest reset announced for the server's current window, as answers
+        #: here read it (see :meth:`earliest_reset`); None: none yet.
+        self.reset: datetime | None = None
+
+    def earliest_reset(self, until: datetime, now: datetime, same_window: float) -> datetime:
+        """The earliest reset announced for the window an answer at ``now`` saying
+        ``until`` belongs to. Every announcement of a window bounds its real reset from
+        above (servers round the seconds up), so the earliest is the tightest; two
+        resets within ``same_window`` seconds are one window's, and a reset that has
+        passed is a past window's."""
+        kept = self.reset
+        if kept is None or kept <= now or abs((until - kept).total_seconds()) >= same_window:
+            self.reset = until
+            return until
+        if until < kept:
+            self.reset = until
+            return until
+        return kept
 
     @property
     def in_flight(self) -> int:

@@ -111,3 +111,34 @@ def test_an_absurd_reset_is_not_stored(server: ThrottleServer, clock: FakeClock)
     server.serve([Reply(200, {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset-After": "999999999"})])
     session(clock, store).get(server.url)
     assert store.entries() == {}
+
+
+def test_nothing_left_cools_down_until_the_earliest_reset_announced_for_the_window(
+    server: ThrottleServer, clock: FakeClock
+) -> None:
+    # The server rounds its seconds up: at 0.0 s "t=5" (the reset at 5.0 s), at 0.8 s
+    # "t=5" again (really 4.2 s). The last answer alone says 5.8 s; the window's reset
+    # is at 5.0 s at the latest, and that is the cooldown every worker keeps.
+    store = MemoryCooldownStore()
+    start = clock.now()
+    server.serve([Reply(200, {"RateLimit": '"default";r=1;t=5'}), Reply(200, {"RateLimit": '"default";r=0;t=5'})])
+    worker = session(clock, store)
+    assert worker.get(server.url + "/a").status_code == 200
+    clock.advance(0.8)
+    assert worker.get(server.url + "/b").status_code == 200
+    assert store.get(server.url) == start + timedelta(seconds=5)
+    deferral = local_deferral(session(clock, store).get(server.url + "/c"))
+    assert deferral.eligible_at == start + timedelta(seconds=5)
+
+
+def test_a_new_windows_nothing_left_is_not_bound_by_the_last_windows_reset(
+    server: ThrottleServer, clock: FakeClock
+) -> None:
+    store = MemoryCooldownStore()
+    start = clock.now()
+    server.serve([Reply(200, {"RateLimit": '"default";r=1;t=5'}), Reply(200, {"RateLimit": '"default";r=0;t=5'})])
+    worker = session(clock, store)
+    assert worker.get(server.url + "/a").status_code == 200  # the window ends at 5 s
+    clock.advance(5.5)  # the next window: its answer says its own reset, 10.5 s
+    assert worker.get(server.url + "/b").status_code == 200
+    assert store.get(server.url) == start + timedelta(seconds=10.5)
