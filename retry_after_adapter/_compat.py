@@ -68,15 +68,21 @@ def response_header(response: Any, name: str) -> str | None:
     return None if value is None else str(value)
 
 
+_QUOTA_NAMES = frozenset((b"ratelimit", b"x-ratelimit-remaining"))
+
+
 def announces_quota(response: Any) -> bool:
-    """Whether a urllib3 response has a ``RateLimit`` or ``X-RateLimit-Remaining``
-    field. Asked of every response: on urllib3's own headers (both versions keep them
-    in ``_container``, keyed by the lower-case name) two plain dict lookups."""
+    """Whether a response has a ``RateLimit`` or ``X-RateLimit-Remaining`` field. Asked
+    of every response: on urllib3's own headers (both versions keep them in
+    ``_container``, keyed by the lower-case name) two plain dict lookups; on httpx's
+    (``_list`` of raw name, lower-case name, value) one pass over the names."""
     headers = getattr(response, "headers", None)
     if headers is None:
         return False
     names = getattr(headers, "_container", None)
-    if type(names) is not dict and not isinstance(names, dict):
-        names = headers  # someone else's mapping: its own (case-insensitive) lookup
-        return "RateLimit" in names or "X-RateLimit-Remaining" in names
-    return "ratelimit" in names or "x-ratelimit-remaining" in names
+    if type(names) is dict or isinstance(names, dict):
+        return "ratelimit" in names or "x-ratelimit-remaining" in names
+    items = getattr(headers, "_list", None)
+    if type(items) is list:
+        return not _QUOTA_NAMES.isdisjoint([item[1] for item in items])
+    return "RateLimit" in headers or "X-RateLimit-Remaining" in headers  # its own lookup

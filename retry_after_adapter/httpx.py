@@ -97,16 +97,29 @@ def _cause(exc: Exception, url: str) -> Exception | None:
     return None
 
 
+_TIMEOUTS = ("connect", "read", "write", "pool")
+
+
+def _longest(request: httpx.Request) -> float | None:
+    """The request's longest timeout in seconds (None: one of them is unbounded), what
+    the engine bounds by the deadline (:meth:`Call.attempt_timeout`)."""
+    given = request.extensions.get("timeout")
+    if not given:
+        return None
+    values = given.values()
+    return None if None in values or len(given) < len(_TIMEOUTS) else float(max(values))
+
+
 def _bounded(request: httpx.Request, timeout: Any) -> None:
-    """Bound each of the request's timeouts by what the engine leaves of the deadline
-    (``timeout`` is None when there is none)."""
-    if timeout is None:
+    """Bound each of the request's timeouts by what the engine leaves of the deadline:
+    ``timeout`` is what it made of ``longest`` (that number when they fit, else a
+    urllib3 ``Timeout`` whose ``total`` is what is left)."""
+    if timeout is None or type(timeout) in (int, float):
         return
-    left = float(timeout.total)
+    left = float(timeout.total if timeout.total is not None else timeout.connect_timeout)
     given = request.extensions.get("timeout") or {}
     request.extensions["timeout"] = {
-        name: left if given.get(name) is None else min(float(given[name]), left)
-        for name in ("connect", "read", "write", "pool")
+        name: left if given.get(name) is None else min(float(given[name]), left) for name in _TIMEOUTS
     }
 
 
@@ -115,13 +128,13 @@ class _Attempts:
 
     follows_redirects = False
     streams = False  # the client reads the body itself; a kept one stays readable
-    user_timeout = None  # the request's own timeouts are bounded in send()
 
-    def __init__(self, request: httpx.Request) -> None:
+    def __init__(self, request: httpx.Request, url: str) -> None:
         self.request = request
         self.method = request.method
-        url = str(request.url)
         self.url: str = (strip_query(url) or "") if "?" in url or "#" in url else url
+        #: The request's longest timeout: bounded by the deadline in send().
+        self.user_timeout = _longest(request)
 
     @staticmethod
     def raw(response: httpx.Response) -> _Raw:
@@ -164,8 +177,8 @@ class _SyncBody(httpx.SyncByteStream):
 
 
 class _SyncAttempts(_Attempts):
-    def __init__(self, inner: httpx.BaseTransport, request: httpx.Request) -> None:
-        super().__init__(request)
+    def __init__(self, inner: httpx.BaseTransport, request: httpx.Request, url: str) -> None:
+        super().__init__(request, url)
         self.inner = inner
 
     def send(self, timeout: Any) -> httpx.Response:
@@ -232,9 +245,10 @@ class _AsyncAttempts(_Attempts):
         self,
         inner: httpx.AsyncBaseTransport,
         request: httpx.Request,
+        url: str,
         offload: Callable[[Callable[[], None]], Any] | None,
     ) -> None:
-        super().__init__(request)
+        super().__init__(request, url)
         self.inner = inner
         self.offload = offload
 
@@ -307,14 +321,15 @@ class _Front(SharedSettings):
             learn_rate,
         )
 
-    def _start(self, request: httpx.Request) -> Call:
-        """The call ``request`` continues (a redirect hop of it), or a new one."""
-        entry = request.extensions.pop(_CALL_KEY, None)
+    def _start(self, request: httpx.Request, url: str) -> Call:
+        """The call ``request`` (to ``url``) continues (a redirect hop of it), or a new one."""
+        info = RequestInfo(request.method, url, request.headers)
+        entry = request.extensions.pop(_CALL_KEY, None) if _CALL_KEY in request.extensions else None
         if entry is not None and entry[1] is not request:
             call: Call = entry[0]
-            call.continue_on(self._plan, self._scope_fn(_info(request)))
+            call.continue_on(self._plan, self._scope_fn(info))
             return call
-        return self._call(self.max_retries, _info(request))
+        return self._call(self.max_retries, info)
 
     def _result(self, request: httpx.Request, call: Call, outcome: Outcome[httpx.Response]) -> httpx.Response:
         deferral = outcome.deferral
@@ -344,10 +359,6 @@ class _Front(SharedSettings):
     def __repr__(self) -> str:
         store = type(self.cooldown).__name__ if self.cooldown is not None else None
         return f"{type(self).__name__}({self.max_retries!r}, cooldown={store})"
-
-
-def _info(request: httpx.Request) -> RequestInfo:
-    return RequestInfo(request.method, str(request.url), request.headers)
 
 
 def _local(request: httpx.Request, deferral: Deferral) -> httpx.Response:
@@ -404,8 +415,9 @@ class RetryAfterTransport(_Front, httpx.BaseTransport):
         )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        call = self._start(request)
-        attempts = _SyncAttempts(self.transport, request)
+        url = str(request.url)
+        call = self._start(request, url)
+        attempts = _SyncAttempts(self.transport, request, url)
         return self._result(request, call, drive(call, attempts, steps(call, attempts)))
 
     def close(self) -> None:
@@ -479,12 +491,13 @@ class AsyncRetryAfterTransport(_Front, httpx.AsyncBaseTransport):
         await asyncio.get_running_loop().run_in_executor(self._threads(), fn)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        call = self._start(request)
+        url = str(request.url)
+        call = self._start(request, url)
         if self._blocking:
-            attempts = _AsyncAttempts(self.transport, request, self._offload)
+            attempts = _AsyncAttempts(self.transport, request, url, self._offload)
             outcome = await _adrive(call, attempts, steps(call, attempts), self._threads())
         else:
-            attempts = _AsyncAttempts(self.transport, request, None)
+            attempts = _AsyncAttempts(self.transport, request, url, None)
             outcome = await _adrive(call, attempts, steps(call, attempts), None)
         return self._result(request, call, outcome)
 
