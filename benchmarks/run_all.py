@@ -13,6 +13,7 @@ non-zero when any benchmark fails.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -35,6 +36,7 @@ BENCHMARKS = {
     "scopes": ("bench_scopes.py", "scopes.json"),
     "load": ("bench_load.py", "load.json"),
     "cold_start": ("bench_cold_start.py", "cold_start.json"),
+    "httpx": ("bench_httpx.py", "bench_httpx.json"),
 }
 
 
@@ -100,6 +102,18 @@ def headline(name: str, doc: dict[str, Any]) -> str:
             ratio = _common.fmt(last["ratio_vs_first"], 2)
             parts.append(f"{run_name}: {ratio} x at {last['scopes']:,} scopes")
         return "p50 vs the first checkpoint: " + "; ".join(parts)
+    if name == "httpx":
+        parts = []
+        for kind, variants in doc.get("happy", {}).items():
+            ours = next(v for n, v in variants.items() if "RetryAfter" in n)
+            parts.append(f"{kind} / plain per GET: {_common.fmt_summary(ours['ratio'])} (<= 1.05)")
+        for variant, results in doc.get("fleet", {}).get("runs", {}).items():
+            worst = max(r["wall_over_ideal"] or math.inf for r in results)
+            parts.append(
+                f"fleet {variant}: 429s <= {max(r['429'] for r in results)}, early <= "
+                f"{max(r['early'] for r in results)}, wall <= {_common.fmt(worst)}"
+            )
+        return "; ".join(parts)
     return "see its table above"
 
 

@@ -250,6 +250,24 @@ def test_cold_start_quick(tmp_path: Path) -> None:
         assert entry["wall_s"]["median"] > 0 and entry["most_in_flight"]["max"] >= 1
 
 
+def test_httpx_quick(tmp_path: Path) -> None:
+    pytest.importorskip("httpx_retries")
+    doc = run_quick("bench_httpx.py", tmp_path)
+    for kind, transport in (("sync", "RetryAfterTransport"), ("async", "AsyncRetryAfterTransport")):
+        variants = doc["happy"][kind]
+        assert set(variants) == {"plain", "plain (control)", transport}
+        assert variants["plain"]["ratio"]["median"] == 1.0
+        for entry in variants.values():
+            check_summary(entry["per_get_us"])
+            check_summary(entry["ratio"])
+    runs = doc["fleet"]["runs"]
+    assert set(runs) == {"AsyncRetryAfterTransport", "httpx-retries"}
+    for results in runs.values():
+        for result in results:
+            assert result["items_done"] == result["items"] == doc["fleet"]["shape"]["items"]
+            assert result["requests"] >= result["items"]
+
+
 @pytest.mark.slow
 def test_memory_quick(tmp_path: Path) -> None:
     # --quick makes 5,000 calls; fewer keep this harness check short.

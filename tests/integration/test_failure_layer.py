@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -54,36 +53,6 @@ def server(clock: FakeClock) -> Iterator[ThrottleServer]:
     srv = ThrottleServer(clock).start()
     yield srv
     srv.stop()
-
-
-@pytest.fixture
-def black_hole() -> Iterator[int]:
-    """A port that accepts TCP connections and never answers on them: a hung server."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(128)
-    listener.settimeout(0.05)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                continue
-            held.append(conn)
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join(2)
-        for conn in held:
-            conn.close()
-        listener.close()
 
 
 def session(clock: Any, store: Any, **kw: Any) -> requests.Session:

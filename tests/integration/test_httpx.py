@@ -315,6 +315,43 @@ async def test_async_no_thread_per_waiting_task(real_server: ThrottleServer, tmp
     assert waiting <= 16  # the store's few threads, not one per waiting task
 
 
+@pytest.mark.redis
+@pytest.mark.parametrize("store_failure", ["open", "closed"])
+async def test_async_hung_redis_is_bounded_by_the_budget_and_the_breaker_without_blocking_the_loop(
+    black_hole: int, real_server: ThrottleServer, store_failure: str
+):
+    from retry_after_adapter import RedisCooldownStore
+
+    store = RedisCooldownStore.from_url(f"redis://127.0.0.1:{black_hole}/0")
+    real_server.serve([Reply(429, {"Retry-After": "1"})])
+    ticks = 0
+
+    async def ticker() -> None:  # runs only while the event loop is free
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    transport = AsyncRetryAfterTransport(RetryAfterRetry(total=3), cooldown=store, store_failure=store_failure)
+    async with httpx.AsyncClient(transport=transport) as client:
+        tick = asyncio.create_task(ticker())
+        took, reasons = [], []
+        for _ in range(3):
+            started = time.monotonic()
+            with budget(deadline=0.3):
+                response = await client.get(real_server.url)
+            took.append(time.monotonic() - started)
+            reasons.append(deferral_of(response).reason)
+        tick.cancel()
+    assert max(took) <= 0.35, took
+    assert took[1] < 0.05 and took[2] < 0.05, took  # the breaker spared the next ones
+    assert ticks >= 10  # the loop ran on while the first call waited on the store
+    if store_failure == "open":
+        assert reasons == ["deadline", "cooldown", "cooldown"] and real_server.count() == 1
+    else:
+        assert reasons == ["cooldown-unknown"] * 3 and real_server.count() == 0
+
+
 # ---------------------------------------------------------------- across processes and clients
 
 REQUESTS_WORKER = r"""
