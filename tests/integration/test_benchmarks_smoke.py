@@ -203,8 +203,10 @@ def test_parse_quick(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_fleet_quick(tmp_path: Path) -> None:
-    doc = run_quick("bench_fleet.py", tmp_path)
-    assert set(doc["shapes"]) == {"a", "b"}
+    # Shape a only: shape b runs the same harness with other numbers, and CI has its
+    # 30 minutes.
+    doc = run_quick("bench_fleet.py", tmp_path, "--shapes", "a")
+    assert set(doc["shapes"]) == {"a"}
     for shape_name, report in doc["shapes"].items():
         fleets = report["fleets"]
         learned = "adapter, nothing configured (learned rate), 1 process, memory"
