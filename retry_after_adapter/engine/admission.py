@@ -31,6 +31,8 @@ __all__ = [
     "Op",
     "Steps",
     "admit",
+    "admit_slowly",
+    "admitted",
     "drive",
     "wait_steps",
     "wait_until",
@@ -54,22 +56,30 @@ MAX_ROUNDS = 16
 SLOT_POLL = 0.05
 
 
+def admitted(call: Call) -> bool:
+    """The common case, decided here without waiting: True when the next attempt may go
+    now (nothing pending, nothing held, what it needs taken: one store operation);
+    False when :func:`admit_slowly` must look, wait or defer."""
+    if call.cancel is not None or call.not_before is not None or call.out_of_time():
+        return False
+    if call.plan.store is None:
+        return True  # nothing shared, nothing resumed, time left: nothing to wait for
+    try:
+        return call.plan.admit_once(call) is None
+    except CooldownUnavailable:
+        return False  # the rounds of admit_slowly apply the failure policy
+
+
 def admit(call: Call) -> Steps:
     """Admit the next attempt: None when it may go now (what the call needs is taken),
     else the deferral. The common case (nothing pending, nothing held) costs one store
     operation and asks the driver nothing."""
-    if call.plan.store is None and call.not_before is None and call.cancel is None and not call.out_of_time():
-        return None  # nothing shared, nothing resumed, time left: nothing to wait for
-    if call.cancel is None and call.not_before is None and not call.out_of_time():
-        try:
-            if call.plan.admit_once(call) is None:
-                return None
-        except CooldownUnavailable:
-            pass  # the rounds below apply the failure policy
-    return (yield from _admit_slowly(call))
+    if admitted(call):
+        return None
+    return (yield from admit_slowly(call))
 
 
-def _admit_slowly(call: Call) -> Steps:
+def admit_slowly(call: Call) -> Steps:
     """Look, wait while it fits, look again: at most :data:`MAX_ROUNDS` waits (a slot's
     short polls not counted), then defer for what held the attempt back last."""
     rounds = 0

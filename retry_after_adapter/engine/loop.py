@@ -32,7 +32,7 @@ from ..deferral import Deferral
 from ..errors import DeferralLimitExceeded
 from ..policy import DEFER, RETRY, STOP, Reason
 from ..scope import strip_query
-from .admission import Op, Steps, admit, drive, wait_steps
+from .admission import Op, Steps, admit_slowly, admitted, drive, wait_steps
 from .buckets import wants_body
 from .call import Call
 from .verdict import FINAL, REDIRECT, Verdict, judge, plan_wait
@@ -159,10 +159,11 @@ def steps(call: Call, transport: Attempts[R]) -> Generator[Op, Any, Outcome[R]]:
     try:
         while True:
             call.slot_waited = 0.0
-            deferral = yield from admit(call)
-            if deferral is not None:
-                # Before a retry: the last attempt's response (its body kept) or error ends it.
-                return Outcome(response, error, deferral)
+            if not admitted(call):  # the common case decided without a wait
+                deferral = yield from admit_slowly(call)
+                if deferral is not None:
+                    # Before a retry: the last attempt's response (its body kept) or error ends it.
+                    return Outcome(response, error, deferral)
             response, error, cause = yield from send(call, transport)
             raw = transport.raw(response) if response is not None else None
             body = None
