@@ -47,6 +47,7 @@ except ImportError as missing:  # pragma: no cover - the extra is not installed
 from urllib3.exceptions import ConnectTimeoutError, ProtocolError, ReadTimeoutError
 from urllib3.util.retry import Retry
 
+from . import _forksafe
 from .cooldown.base import CooldownStore
 from .cooldown.guard import DEFAULT
 from .deferral import Deferral
@@ -67,6 +68,16 @@ _CALL_KEY = "retry_after_adapter.call"
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 #: Threads each async transport keeps for the steps that talk to a blocking store.
 STORE_THREADS = 8
+_POOL_LOCK = threading.Lock()
+
+
+def _new_lock() -> None:
+    """In a forked child: a parent thread may have held the lock."""
+    global _POOL_LOCK
+    _POOL_LOCK = threading.Lock()
+
+
+_forksafe.at_fork(_new_lock)
 
 
 class _Raw:
@@ -293,20 +304,24 @@ class _AsyncAttempts(_Attempts):
 class _Front(SharedSettings):
     """The settings and result shape both transports share."""
 
-    def _configure(
+    def __init__(
         self,
-        max_retries: Any,
-        cooldown: CooldownStore | None,
-        scope: Any,
-        raise_on_defer: bool,
-        store_failure: str,
-        on_decision: DecisionHook | Collection[DecisionHook] | None,
-        quota: Quota | None,
-        max_concurrency: int | None,
-        lease_ttl: float,
-        max_waiting: int | None,
-        learn_rate: bool,
+        max_retries: Any = None,
+        *,
+        cooldown: CooldownStore | None = DEFAULT,
+        scope: Any = None,
+        raise_on_defer: bool = False,
+        store_failure: str = "open",
+        on_decision: DecisionHook | Collection[DecisionHook] | None = None,
+        quota: Quota | None = None,
+        max_concurrency: int | None = None,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        max_waiting: int | None = None,
+        learn_rate: bool = True,
+        transport: Any = None,
     ) -> None:
+        #: The transport each attempt goes through.
+        self.transport = transport if transport is not None else self._default_transport()
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
         self._share(
             cooldown,
@@ -320,6 +335,10 @@ class _Front(SharedSettings):
             max_waiting,
             learn_rate,
         )
+
+    @staticmethod
+    def _default_transport() -> Any:
+        raise NotImplementedError
 
     def _start(self, request: httpx.Request, url: str) -> Call:
         """The call ``request`` (to ``url``) continues (a redirect hop of it), or a new one."""
@@ -383,36 +402,11 @@ class RetryAfterTransport(_Front, httpx.BaseTransport):
     ``mounts={...}``; closing the client closes the wrapped transport.
     """
 
-    def __init__(
-        self,
-        max_retries: Any = None,
-        *,
-        cooldown: CooldownStore | None = DEFAULT,
-        scope: Any = None,
-        raise_on_defer: bool = False,
-        store_failure: str = "open",
-        on_decision: DecisionHook | Collection[DecisionHook] | None = None,
-        quota: Quota | None = None,
-        max_concurrency: int | None = None,
-        lease_ttl: float = DEFAULT_LEASE_TTL,
-        max_waiting: int | None = None,
-        learn_rate: bool = True,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        self.transport = transport if transport is not None else httpx.HTTPTransport()
-        self._configure(
-            max_retries,
-            cooldown,
-            scope,
-            raise_on_defer,
-            store_failure,
-            on_decision,
-            quota,
-            max_concurrency,
-            lease_ttl,
-            max_waiting,
-            learn_rate,
-        )
+    transport: httpx.BaseTransport
+
+    @staticmethod
+    def _default_transport() -> httpx.BaseTransport:
+        return httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         url = str(request.url)
@@ -438,39 +432,13 @@ class AsyncRetryAfterTransport(_Front, httpx.AsyncBaseTransport):
     ``asyncio.Event``.
     """
 
-    def __init__(
-        self,
-        max_retries: Any = None,
-        *,
-        cooldown: CooldownStore | None = DEFAULT,
-        scope: Any = None,
-        raise_on_defer: bool = False,
-        store_failure: str = "open",
-        on_decision: DecisionHook | Collection[DecisionHook] | None = None,
-        quota: Quota | None = None,
-        max_concurrency: int | None = None,
-        lease_ttl: float = DEFAULT_LEASE_TTL,
-        max_waiting: int | None = None,
-        learn_rate: bool = True,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self.transport = transport if transport is not None else httpx.AsyncHTTPTransport()
-        self._configure(
-            max_retries,
-            cooldown,
-            scope,
-            raise_on_defer,
-            store_failure,
-            on_decision,
-            quota,
-            max_concurrency,
-            lease_ttl,
-            max_waiting,
-            learn_rate,
-        )
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_pid = 0
-        self._pool_lock = threading.Lock()
+    transport: httpx.AsyncBaseTransport
+    _pool: ThreadPoolExecutor | None = None
+    _pool_pid = 0
+
+    @staticmethod
+    def _default_transport() -> httpx.AsyncBaseTransport:
+        return httpx.AsyncHTTPTransport()
 
     def _derive(self) -> None:
         super()._derive()
@@ -480,7 +448,7 @@ class AsyncRetryAfterTransport(_Front, httpx.AsyncBaseTransport):
     def _threads(self) -> ThreadPoolExecutor:
         pool = self._pool
         if pool is None or self._pool_pid != os.getpid():  # made lazily, again after a fork
-            with self._pool_lock:
+            with _POOL_LOCK:
                 if self._pool is None or self._pool_pid != os.getpid():
                     self._pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="retry-after-store")
                     self._pool_pid = os.getpid()
