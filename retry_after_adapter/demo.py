@@ -489,7 +489,8 @@ if __name__ == "__main__":  # python -m retry_after_adapter.demo --serve QUOTA W
     import sys
 
     told = sys.argv[4:]
-    if len(sys.argv) in (4, 5) and sys.argv[1] == "--serve" and told in ([], ["ietf"], ["x-ratelimit"]):
+    kinds = ([], *([kind] for kind in QUOTA_HEADERS if kind))
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "--serve" and told in kinds:
         serve(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] if len(sys.argv) == 5 else None)
     else:
-        sys.exit("usage: python -m retry_after_adapter.demo --serve QUOTA WINDOW [ietf|x-ratelimit]")
+        sys.exit("usage: python -m retry_after_adapter.demo --serve QUOTA WINDOW [ietf|x-ratelimit|express]")

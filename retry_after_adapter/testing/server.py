@@ -53,8 +53,9 @@ SENT_HEADER = "X-Demo-Sent-At"
 FORMS = ("seconds", "date")
 ALIGNS = ("epoch", "first")
 #: What a :class:`QuotaServer` says of its quota on every response (``quota_headers``):
-#: nothing, the IETF fields, or GitHub's and Discord's ``X-RateLimit-*``.
-QUOTA_HEADERS = (None, "ietf", "x-ratelimit")
+#: nothing, the IETF fields, GitHub's and Discord's ``X-RateLimit-*``, or
+#: express-rate-limit's (v7, its default MemoryStore and legacy headers).
+QUOTA_HEADERS = (None, "ietf", "x-ratelimit", "express")
 
 #: The fields of each entry of :attr:`QuotaServer.log` (and of ``GET /__log``), in
 #: order. Times are ``time.monotonic()`` seconds, one clock for every process of a
@@ -135,7 +136,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/__log":
             status, headers, body, date = 200, {}, self.server.owner.log_json().encode(), None
         else:
-            status, headers, body, date = self.server.owner._decide(self.path, self.headers, arrival)
+            client = self.client_address[0]
+            status, headers, body, date = self.server.owner._decide(self.path, self.headers, arrival, client)
         self._date = date
         self.send_response(status)
         for name, value in headers.items():
@@ -167,7 +169,14 @@ class QuotaServer:
       ``"ietf"`` (``RateLimit-Policy: "default";q=Q;w=W`` and ``RateLimit:
       "default";r=R;t=T``, T the whole seconds to the reset, rounded up) or
       ``"x-ratelimit"`` (``X-RateLimit-Limit``, ``-Remaining``, ``-Reset`` as epoch
-      seconds with milliseconds and ``-Reset-After`` in seconds, as Discord sends).
+      seconds with milliseconds and ``-Reset-After`` in seconds, as Discord sends) or
+      ``"express"``: express-rate-limit v7 with its default ``MemoryStore`` and its
+      default (legacy) headers, exactly: each client (its IP address) has its own
+      window, which starts at its first request after the previous one ended (``align``
+      does not apply); every request counts, 429s too; ``X-RateLimit-Limit``,
+      ``X-RateLimit-Remaining`` (never below 0) and ``X-RateLimit-Reset`` (the reset in
+      epoch seconds, rounded up), no window; past the limit a 429 with ``Retry-After`` =
+      the seconds to the reset, rounded up.
 
     Only requests that are let through count against the quota. Every request is also
     recorded in :attr:`log` (fields :data:`LOG_FIELDS`), served as JSON at ``GET
@@ -201,7 +210,7 @@ class QuotaServer:
         if align == "first" and form != "seconds":
             raise ConfigurationError("windows from the first request announce delay-seconds only")
         if quota_headers not in QUOTA_HEADERS:
-            raise ConfigurationError("quota_headers must be None, 'ietf' or 'x-ratelimit'")
+            raise ConfigurationError("quota_headers must be None, 'ietf', 'x-ratelimit' or 'express'")
         self.quota_headers = quota_headers
         self.align = align
         #: Every request, as a list of :data:`LOG_FIELDS`.
@@ -217,6 +226,9 @@ class QuotaServer:
         self._lock = threading.Lock()
         self._index: int | None = None
         self._used = 0
+        #: express: each client's (hits, reset in epoch ms, window index).
+        self._clients: dict[str, tuple[int, int, int]] = {}
+        self._windows = 0
         self._httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
         self._httpd.owner = self
         self.port: int = self._httpd.server_address[1]
@@ -269,12 +281,12 @@ class QuotaServer:
             return json.dumps({**data, "log": self.log})
 
     def _decide(
-        self, path: str, headers: Any = None, arrival: float | None = None
+        self, path: str, headers: Any = None, arrival: float | None = None, client: str = "127.0.0.1"
     ) -> tuple[int, dict[str, str], bytes, str]:
         """Admit or throttle one request; returns (status, headers, body, Date value).
 
         ``headers`` are the request's (for the clients' stamps), ``arrival`` its arrival
-        on the monotonic clock.
+        on the monotonic clock, ``client`` its address (express's key).
         """
         get = headers.get if headers is not None else (lambda name: None)
         mono = time.monotonic() if arrival is None else arrival
@@ -282,6 +294,8 @@ class QuotaServer:
             now = self.clock.now()
             sent_at = min(now, _parse_stamp(get(SENT_HEADER)) or now)
             early = self._running(sent_at)
+            if self.quota_headers == "express":
+                return self._express(path, get, mono, now, sent_at, early, client)
             stamp = now.timestamp()
             if self.align == "first":
                 if self._t0 is None:
@@ -313,6 +327,41 @@ class QuotaServer:
             self._record(get, mono, 429, delay, index)
             body = f"quota of {self.quota} requests per {self.window:g} s exhausted\n".encode()
             return 429, {"Retry-After": value, **self._announce(stamp, left)}, body, date
+
+    def _express(
+        self, path: str, get: Callable[[str], Any], mono: float, now: datetime, sent_at: datetime,
+        early: bool, client: str,
+    ) -> tuple[int, dict[str, str], bytes, str]:
+        """express-rate-limit v7 (``rateLimit({windowMs, limit})``, its ``MemoryStore``
+        and legacy headers) deciding one request of ``client`` at ``now`` (the lock is
+        held). As its ``MemoryStore.increment``: the client's window starts again, with
+        ``windowMs`` from this request, once its reset is at or before now; the hit is
+        counted, then compared (``totalHits > limit``: 429, which counts too)."""
+        if self._t0 is None:
+            self._t0 = mono
+        now_ms = math.floor(now.timestamp() * 1000)  # Date.now()
+        hits, reset_ms, index = self._clients.get(client, (0, 0, -1))
+        if reset_ms <= now_ms:
+            self._windows += 1
+            hits, reset_ms, index = 0, now_ms + round(self.window * 1000), self._windows - 1
+        hits += 1
+        self._clients[client] = (hits, reset_ms, index)
+        told = {
+            "X-RateLimit-Limit": str(self.quota),
+            "X-RateLimit-Remaining": str(max(self.quota - hits, 0)),
+            "X-RateLimit-Reset": str(math.ceil(reset_ms / 1000)),
+        }
+        date = format_http_date(now)  # new Date().toUTCString(): truncated to the second
+        if hits <= self.quota:
+            self.arrivals.append(Arrival(now, sent_at, path, 200, early))
+            self._record(get, mono, 200, 0, index)
+            return 200, told, b"ok " + path.encode("utf-8", "replace") + b"\n", date
+        # setRetryAfterHeader: Math.max(0, Math.ceil((resetTime - Date.now()) / 1000)).
+        delay = max(0, math.ceil((reset_ms - now_ms) / 1000))
+        self.announcements.append(Announcement(now, now + timedelta(seconds=delay)))
+        self.arrivals.append(Arrival(now, sent_at, path, 429, early))
+        self._record(get, mono, 429, delay, index)
+        return 429, {**told, "Retry-After": str(delay)}, b"Too many requests, please try again later.", date
 
     def _announce(self, stamp: float, left: float) -> dict[str, str]:
         """The quota headers of a response decided at epoch ``stamp``, ``left`` seconds

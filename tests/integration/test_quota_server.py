@@ -97,3 +97,59 @@ def test_the_demo_still_exports_the_server():
     from retry_after_adapter import demo
 
     assert demo.QuotaServer is QuotaServer and demo.LOG_FIELDS is LOG_FIELDS
+
+
+def test_the_express_mode_is_express_rate_limit_v7():
+    """source/memory-store.ts (increment: the window restarts at the first hit at or
+    after its reset; every hit counts), source/headers.ts (setLegacyHeaders,
+    setRetryAfterHeader) and source/lib.ts (429 once totalHits > limit)."""
+    import math
+
+    clock = FakeClock(start=datetime(2026, 1, 1, 0, 0, 0, 300000, tzinfo=timezone.utc))
+    server = QuotaServer(2, 5.0, clock=clock, quota_headers="express")
+    try:
+        epoch = clock.now().timestamp()
+        status, told, _, date = server._decide("/a")
+        assert status == 200 and date == "Thu, 01 Jan 2026 00:00:00 GMT"
+        assert told == {
+            "X-RateLimit-Limit": "2",
+            "X-RateLimit-Remaining": "1",
+            "X-RateLimit-Reset": str(math.ceil(epoch + 5)),
+        }
+        clock.advance(1.0)
+        assert server._decide("/a")[1]["X-RateLimit-Remaining"] == "0"
+        clock.advance(1.0)
+        status, told, _, _ = server._decide("/a")
+        assert status == 429 and told["Retry-After"] == "3"  # ceil(5.3 - 2.3)
+        assert told["X-RateLimit-Remaining"] == "0"
+        clock.advance(3.5)  # past the reset (5.3 s): the next hit starts a new window
+        status, told, _, _ = server._decide("/a")
+        assert status == 200 and told["X-RateLimit-Remaining"] == "1"
+        assert told["X-RateLimit-Reset"] == str(math.ceil(epoch + 5.5 + 5))
+        # Another client has its own window.
+        assert server._decide("/a", client="10.0.0.2")[1]["X-RateLimit-Remaining"] == "1"
+    finally:
+        server.stop()
+
+
+def test_the_adapter_against_express_legacy_headers_sends_nothing_before_a_reset():
+    """express-rate-limit's legacy headers (whole-second resets, no window said), the
+    server and the client on one FakeClock: 12 items, 3 per 5 s, one after another.
+    Each window's nothing-left answer holds the scope until its reset, read as tightly
+    as the answers allow; nothing is sent before it, and the rounding of the resets
+    costs at most two seconds a window."""
+    from retry_after_adapter import MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry
+
+    clock = FakeClock(start=datetime(2026, 1, 1, 0, 0, 0, 300000, tzinfo=timezone.utc))
+    with QuotaServer(3, 5.0, clock=clock, quota_headers="express") as server:
+        session = requests.Session()
+        retry = RetryAfterRetry(total=3, max_wait=10, clock=clock)
+        session.mount("http://", RetryAfterAdapter(retry, cooldown=MemoryCooldownStore()))
+        start = clock.monotonic()
+        for n in range(12):
+            clock.advance(0.1)  # each answer takes a tenth of a second
+            assert session.get(f"{server.url}/item/{n}", timeout=10).status_code == 200
+        took = clock.monotonic() - start
+        stats = server.stats()
+    assert stats.requests == 12 and stats.throttled == 0 and stats.early == 0
+    assert 15 <= took <= 15 + 3 * 2.0, took
