@@ -31,6 +31,7 @@ continues the same call (its budget and counts), as with requests.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import threading
 import time
@@ -53,6 +54,7 @@ from .cooldown.guard import DEFAULT
 from .deferral import Deferral
 from .engine import Call, Op, Outcome, drive, steps
 from .engine.admission import SLEEP
+from .engine.loop import CLOSE, KEEP
 from .errors import RetryDeferred
 from .observe import DecisionHook
 from .quota import Quota
@@ -118,20 +120,24 @@ def _longest(request: httpx.Request) -> float | None:
     if not given:
         return None
     values = given.values()
-    return None if None in values or len(given) < len(_TIMEOUTS) else float(max(values))
+    # httpx times four phases (pool, connect, write, read) where urllib3 times two: the
+    # engine checks "twice this fits", so this is twice the longest.
+    return None if None in values or len(given) < len(_TIMEOUTS) else 2.0 * float(max(values))
 
 
-def _bounded(request: httpx.Request, timeout: Any) -> None:
+def _bounded(request: httpx.Request, timeout: Any) -> float | None:
     """Bound each of the request's timeouts by what the engine leaves of the deadline:
     ``timeout`` is what it made of ``longest`` (that number when they fit, else a
-    urllib3 ``Timeout`` whose ``total`` is what is left)."""
+    urllib3 ``Timeout`` whose ``total`` is what is left). Returns what is left
+    (seconds) when the request had to be bounded, else None."""
     if timeout is None or type(timeout) in (int, float):
-        return
+        return None
     left = float(timeout.total if timeout.total is not None else timeout.connect_timeout)
     given = request.extensions.get("timeout") or {}
     request.extensions["timeout"] = {
         name: left if given.get(name) is None else min(float(given[name]), left) for name in _TIMEOUTS
     }
+    return left
 
 
 class _Attempts:
@@ -156,6 +162,20 @@ class _Attempts:
 
     def follow(self, response: httpx.Response, retry: Retry) -> None:  # pragma: no cover
         raise AssertionError("httpx follows redirects itself")
+
+
+def _kept(response: httpx.Response, data: bytes, limit: int | None) -> bytes:
+    """The body read (at most ``limit`` bytes) handed back as a stream of its own, so
+    that the client reads and closes the response as it does any other (its
+    ``elapsed`` set, its hooks run); the connection it came on is given back already."""
+    if limit is not None:
+        data = data[:limit]
+    response.stream = httpx.ByteStream(data)
+    response.is_closed = False
+    response.is_stream_consumed = False
+    if hasattr(response, "_content"):
+        del response._content
+    return data
 
 
 class _Once:
@@ -215,9 +235,7 @@ class _SyncAttempts(_Attempts):
             pass  # a broken body: what was read is kept, the connection dropped
         finally:
             response.close()
-        data = b"".join(chunks)
-        response._content = data if limit is None else data[:limit]
-        return response._content
+        return _kept(response, b"".join(chunks), limit)
 
     @staticmethod
     def on_done(response: httpx.Response, release: Callable[[], None]) -> None:
@@ -233,6 +251,8 @@ class _SyncAttempts(_Attempts):
 
 class _AsyncBody(httpx.AsyncByteStream):
     def __init__(self, stream: Any, done: _Once, offload: Callable[[Callable[[], None]], Any] | None) -> None:
+        # ``offload(fn)`` hands ``fn`` to the store's threads without waiting for it: a
+        # cancel landing in ``aclose`` must not drop the slot's release.
         self._stream = stream
         self._done = done
         self._offload = offload
@@ -248,7 +268,7 @@ class _AsyncBody(httpx.AsyncByteStream):
             if self._offload is None:
                 self._done()
             else:
-                await self._offload(self._done)
+                self._offload(self._done)
 
 
 class _AsyncAttempts(_Attempts):
@@ -264,8 +284,14 @@ class _AsyncAttempts(_Attempts):
         self.offload = offload
 
     async def send(self, timeout: Any) -> httpx.Response:
-        _bounded(self.request, timeout)
-        return await self.inner.handle_async_request(self.request)
+        left = _bounded(self.request, timeout)
+        if left is None:
+            return await self.inner.handle_async_request(self.request)
+        # Bounded: the four phases together within what is left, not each of them.
+        try:
+            return await asyncio.wait_for(self.inner.handle_async_request(self.request), left)
+        except asyncio.TimeoutError:
+            raise httpx.ReadTimeout("the call's deadline ran out", request=self.request) from None
 
     @staticmethod
     async def keep(response: httpx.Response, limit: int | None, seconds: float | None) -> bytes | None:
@@ -286,9 +312,7 @@ class _AsyncAttempts(_Attempts):
             pass
         finally:
             await response.aclose()
-        data = b"".join(chunks)
-        response._content = data if limit is None else data[:limit]
-        return response._content
+        return _kept(response, b"".join(chunks), limit)
 
     def on_done(self, response: httpx.Response, release: Callable[[], None]) -> None:
         if response.is_closed:
@@ -455,8 +479,8 @@ class AsyncRetryAfterTransport(_Front, httpx.AsyncBaseTransport):
                 pool = self._pool
         return pool
 
-    async def _offload(self, fn: Callable[[], None]) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._threads(), fn)
+    def _offload(self, fn: Callable[[], None]) -> None:
+        self._threads().submit(fn)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = str(request.url)
@@ -490,16 +514,18 @@ async def _adrive(
 ) -> Outcome[httpx.Response]:
     """The async driver of the engine's steps: each wait awaited on the call's clock,
     each transport operation awaited, each step between them run here, or on ``pool``
-    (a blocking store). A cancel that lands while a step runs on the pool waits for
-    that step to end, then is thrown into the steps (which give back what they hold)."""
+    (a blocking store) in the task's context. A cancel that lands while a step runs on
+    the pool waits for that step to end, then is thrown into the steps (which give back
+    what they hold); a response the step was about to read or close is closed first."""
     loop = asyncio.get_running_loop()
+    context = contextvars.copy_context() if pool is not None else None
     value: Any = None
     error: BaseException | None = None
     while True:
-        if pool is None:
+        if context is None:
             done, result = _advance(gen, value, error)
         else:
-            step = loop.run_in_executor(pool, _advance, gen, value, error)
+            step = loop.run_in_executor(pool, context.run, _advance, gen, value, error)
             try:
                 done, result = await asyncio.shield(step)
             except asyncio.CancelledError as cancelled:
@@ -508,6 +534,8 @@ async def _adrive(
                     if result.response is not None:
                         await result.response.aclose()
                     raise
+                if result[0] in (KEEP, CLOSE):
+                    await result[1].aclose()  # the step's own clean-up, cut short
                 value, error = None, cancelled
                 continue
         if done:
@@ -525,7 +553,8 @@ async def _adrive(
 
 async def _finish(step: asyncio.Future[Any]) -> Any:
     """The result of a step on the pool, however often the task is cancelled meanwhile
-    (the step is bounded: a store operation's time)."""
+    (the step is bounded: a store operation's time). A step that failed raises its
+    error after it ended."""
     while True:
         try:
             return await asyncio.shield(step)

@@ -69,9 +69,10 @@ def read_quota_headers(call: Call, response: Any) -> QuotaHint | None:
         # Nothing left: a shared cooldown until the window's reset, as tightly as the
         # answers read here bound it (each answer's whole seconds are rounded up).
         meter = call.meter
-        call.plan.learn(call, until if meter is None else meter.earliest_reset(until, now, SAME_WINDOW))
+        earliest = until if meter is None else meter.earliest_reset(until, now, SAME_WINDOW, hint.limit)
+        call.plan.learn(call, earliest)
     elif call.meter is not None:
-        call.meter.earliest_reset(until, now, SAME_WINDOW)
+        call.meter.earliest_reset(until, now, SAME_WINDOW, hint.limit)
     if call.plan.allows and call.scope is not None:
         # At most `remaining` more before the reset, across every worker: the store
         # takes off what was admitted after this attempt (its admission number).

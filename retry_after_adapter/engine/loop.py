@@ -258,6 +258,10 @@ def _redirect(
     """A redirect: its Retry-After waited out (or deferred); followed here when the
     transport follows redirects (None: go on), else returned to the caller."""
     deferral = yield from redirect_steps(call, verdict.server_delay)
+    if deferral is not None and not transport.streams:
+        # A deferred redirect ends the call: its body is read (bounded), its connection
+        # and slot given back, as for any deferred answer.
+        yield KEEP, response, call.policy.max_retry_body, call.read_time()
     if deferral is not None or not transport.follows_redirects:
         return Outcome(response, None, deferral, redirect=True)
     try:

@@ -35,21 +35,29 @@ class Meter:
         self.sent: collections.deque[float] = collections.deque(maxlen=SENT_KEPT)
         self.noted = -math.inf
         #: The earliest reset announced for the server's current window, as answers
-        #: here read it (see :meth:`earliest_reset`); None: none yet.
-        self.reset: datetime | None = None
+        #: here read it, and the limit it was announced with (see :meth:`earliest_reset`).
+        self.reset: tuple[datetime | None, int | None] = (None, None)
 
-    def earliest_reset(self, until: datetime, now: datetime, same_window: float) -> datetime:
+    def earliest_reset(
+        self, until: datetime, now: datetime, same_window: float, limit: int | None
+    ) -> datetime:
         """The earliest reset announced for the window an answer at ``now`` saying
-        ``until`` belongs to. Every announcement of a window bounds its real reset from
-        above (servers round the seconds up), so the earliest is the tightest; two
-        resets within ``same_window`` seconds are one window's, and a reset that has
-        passed is a past window's."""
-        kept = self.reset
-        if kept is None or kept <= now or abs((until - kept).total_seconds()) >= same_window:
-            self.reset = until
-            return until
-        if until < kept:
-            self.reset = until
+        ``until`` (of a quota of ``limit``) belongs to. Every announcement of a window
+        bounds its real reset from above (servers round the seconds up), so the
+        earliest is the tightest. Two resets are one window's only when they are within
+        ``same_window`` seconds, of the same limit, and the one kept is more than
+        ``same_window`` seconds ahead: a kept reset that close to now may already be
+        past at the server (it is rounded up by less than that), and the answer be the
+        next window's."""
+        kept, kept_limit = self.reset
+        if (
+            kept is None
+            or kept_limit != limit
+            or (kept - now).total_seconds() <= same_window
+            or abs((until - kept).total_seconds()) >= same_window
+            or until < kept
+        ):
+            self.reset = (until, limit)
             return until
         return kept
 

@@ -167,6 +167,29 @@ def test_sync_concurrency_slot_given_back_when_the_body_is_read(server: Throttle
     assert server.count() == 5
 
 
+def test_sync_a_deferred_redirect_is_read_and_gives_its_slot_back(server: ThrottleServer, clock: FakeClock):
+    server.serve([Reply(302, {"Location": "/next", "Retry-After": "100"}, b"moved"), Reply(200)])
+    with sync_client(clock, MemoryCooldownStore(), max_concurrency=1, max_wait=1) as client:
+        with pytest.raises(RetryDeferred) as raised:
+            client.get(server.url + "/a", follow_redirects=True)
+        assert raised.value.response.read() == b"moved"  # read here, kept readable
+        assert client.get(server.url + "/b").status_code == 200  # the one slot is free
+
+
+@pytest.mark.parametrize("sync", [True, False])
+async def test_a_deferred_response_is_a_whole_httpx_response(server: ThrottleServer, clock: FakeClock, sync: bool):
+    server.serve([Reply(429, {"Retry-After": "120"}, b"spent")])
+    if sync:
+        with sync_client(clock, max_wait=5) as client:
+            response = client.get(server.url + "/a")
+    else:
+        async with async_client(clock, max_wait=5) as aclient:
+            response = await aclient.get(server.url + "/a")
+    assert response.text == "spent" and deferral_of(response) is not None
+    assert response.elapsed.total_seconds() >= 0  # read and closed by the client, as its own
+    assert response.is_closed
+
+
 def test_sync_transport_with_mounts_and_shared_quota(server: ThrottleServer, clock: FakeClock):
     store = MemoryCooldownStore()
     server.serve([Reply(200)])
@@ -305,14 +328,40 @@ async def test_async_no_thread_per_waiting_task(real_server: ThrottleServer, tmp
     real_server.serve([Reply(503, {"Retry-After": "30"}), Reply(200)])
     before = threading.active_count()
     store = SQLiteCooldownStore(tmp_path / "waiting.db")
-    async with async_client(store=store, max_wait=60, jitter=0) as client:
+    transport = AsyncRetryAfterTransport(RetryAfterRetry(total=3, max_wait=60), cooldown=store)
+    async with httpx.AsyncClient(transport=transport) as client:
         tasks = [asyncio.create_task(client.get(real_server.url + f"/w{i}")) for i in range(50)]
         await asyncio.sleep(0.5)
         waiting = threading.active_count() - before
+        pool = transport._pool
+        assert pool is not None
+        queued = pool._work_queue.qsize()  # steps waiting for a store thread
+        assert not any(task.done() for task in tasks)  # all 50 wait out the cooldown...
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+    assert queued == 0  # ...on the event loop: no store thread is held by a wait
     assert waiting <= 16  # the store's few threads, not one per waiting task
+
+
+async def test_async_hooks_see_the_tasks_context_on_the_store_threads(server: ThrottleServer, clock: FakeClock, tmp_path: Path):
+    import contextvars
+
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="<unset>")
+    seen: list[tuple[str, str]] = []
+
+    def hook(record: Any) -> None:
+        seen.append((request_id.get(), threading.current_thread().name))
+
+    server.serve([Reply(503, {"Retry-After": "2"}), Reply(200)])
+    store = SQLiteCooldownStore(tmp_path / "context.db")
+    retry = RetryAfterRetry(total=3, max_wait=60, jitter=0, clock=clock)
+    transport = AsyncRetryAfterTransport(retry, cooldown=store, on_decision=hook)
+    async with httpx.AsyncClient(transport=transport) as client:
+        request_id.set("req-42")
+        assert (await client.get(server.url + "/a")).status_code == 200
+    assert seen and all(value == "req-42" for value, _ in seen)
+    assert any(name.startswith("retry-after-store") for _, name in seen)  # judged on a store thread
 
 
 @pytest.mark.redis

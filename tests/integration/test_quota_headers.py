@@ -142,3 +142,21 @@ def test_a_new_windows_nothing_left_is_not_bound_by_the_last_windows_reset(
     clock.advance(5.5)  # the next window: its answer says its own reset, 10.5 s
     assert worker.get(server.url + "/b").status_code == 200
     assert store.get(server.url) == start + timedelta(seconds=10.5)
+
+
+def test_the_earliest_reset_never_reaches_into_the_next_window() -> None:
+    # One-second windows, resets rounded up to the second: an answer at 9.8 s says
+    # "1" (10.8 s; the server resets at 10.0 s); the next window's nothing-left answer
+    # at 10.3 s says "1" (11.3 s; the server resets at 11.0 s). 10.8 s would be early.
+    from datetime import datetime, timezone
+
+    from retry_after_adapter.cooldown.allowance import SAME_WINDOW
+    from retry_after_adapter.engine.meters import Meter
+
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    at = lambda seconds: t0 + timedelta(seconds=seconds)  # noqa: E731
+    meter = Meter()
+    assert meter.earliest_reset(at(10.8), at(9.8), SAME_WINDOW, 10) == at(10.8)
+    assert meter.earliest_reset(at(11.3), at(10.3), SAME_WINDOW, 10) == at(11.3)
+    # Another limit on the same scope is another window.
+    assert meter.earliest_reset(at(11.9), at(10.4), SAME_WINDOW, 100) == at(11.9)
