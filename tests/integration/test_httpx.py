@@ -325,7 +325,9 @@ async def test_async_cancelled_while_waiting_propagates(real_server: ThrottleSer
 
 
 async def test_async_no_thread_per_waiting_task(real_server: ThrottleServer, tmp_path: Path):
-    real_server.serve([Reply(503, {"Retry-After": "30"}), Reply(200)])
+    # Every answer is a 503 with Retry-After: 30 (a task that raced the first one to the
+    # server gets its own and waits too), so every task is waiting half a second later.
+    real_server.serve([Reply(503, {"Retry-After": "30"})])
     before = threading.active_count()
     store = SQLiteCooldownStore(tmp_path / "waiting.db")
     transport = AsyncRetryAfterTransport(RetryAfterRetry(total=3, max_wait=60), cooldown=store)
