@@ -11,7 +11,8 @@ A newcomer reads it in this order (each module one concern, higher ones import l
 - ``meters``: this process's attempts per scope (for quota headers).
 - ``learn``: what an answer teaches (Retry-After, quota headers, freshness).
 - ``verdict``: :func:`judge`, learn, count as urllib3 does, then the pure policy decides.
-- ``admission``: :func:`admit`, before every attempt: take what it needs, or wait, or defer.
+- ``admission``: :func:`admitted` and :func:`admit_slowly`, before every attempt: take
+  what it needs, or wait, or defer.
 - ``loop``: :func:`steps`, admit, send one attempt, judge, then the slow path, written
   once as a generator that asks its driver for each wait and each transport operation;
   :func:`run` drives it here (requests, urllib3, httpx), ``httpx`` drives it on an
@@ -20,7 +21,7 @@ A newcomer reads it in this order (each module one concern, higher ones import l
 
 from __future__ import annotations
 
-from .admission import Op, Steps, admit, drive, wait_steps, wait_until
+from .admission import Op, Steps, admit_slowly, admitted, drive, wait_steps, wait_until
 from .call import MIN_ATTEMPT_TIMEOUT, Call
 from .loop import SINGLE_ATTEMPT, Outcome, Transport, judge_redirect, run, steps
 from .override import UNSET, Override, budget, current_override
@@ -44,7 +45,8 @@ __all__ = [
     "Steps",
     "Transport",
     "Verdict",
-    "admit",
+    "admit_slowly",
+    "admitted",
     "budget",
     "current_override",
     "drive",

@@ -30,7 +30,6 @@ __all__ = [
     "UNKNOWN_COOLDOWN_RETRY",
     "Op",
     "Steps",
-    "admit",
     "admit_slowly",
     "admitted",
     "drive",
@@ -59,7 +58,8 @@ SLOT_POLL = 0.05
 def admitted(call: Call) -> bool:
     """The common case, decided here without waiting: True when the next attempt may go
     now (nothing pending, nothing held, what it needs taken: one store operation);
-    False when :func:`admit_slowly` must look, wait or defer."""
+    False when :func:`admit_slowly` must look, wait or defer (the steps of an
+    admission that is not the common case)."""
     if call.cancel is not None or call.not_before is not None or call.out_of_time():
         return False
     if call.plan.store is None:
@@ -68,15 +68,6 @@ def admitted(call: Call) -> bool:
         return call.plan.admit_once(call) is None
     except CooldownUnavailable:
         return False  # the rounds of admit_slowly apply the failure policy
-
-
-def admit(call: Call) -> Steps:
-    """Admit the next attempt: None when it may go now (what the call needs is taken),
-    else the deferral. The common case (nothing pending, nothing held) costs one store
-    operation and asks the driver nothing."""
-    if admitted(call):
-        return None
-    return (yield from admit_slowly(call))
 
 
 def admit_slowly(call: Call) -> Steps:

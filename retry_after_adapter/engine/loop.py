@@ -4,6 +4,7 @@
 
     while True:
         deferral = admit(call)                  # one store operation, or wait, or defer
+                                                # (admitted(), else admit_slowly())
         if deferral: return Outcome(..., deferral)               # nothing was sent
         response, error, cause = send(call, transport)           # exactly one attempt
         verdict = judge(call, ...)              # learn, count, then the policy decides
