@@ -263,16 +263,32 @@ class Health:
             return True
 
     def _open_breaker(self) -> None:
+        """Open the breaker for the back-off, and double it. A failure while the breaker
+        is already open is an operation that was in flight when the store broke: the
+        same outage, which neither lengthens the back-off nor moves the next probe (a
+        fleet's burst of failures costs one back-off, not ten)."""
         self._failing()
         with self._lock:
             now = self.monotonic()
             self.failures += 1
             self._last_failure = now
             self._probing = False
+            self._down = True
+            if now < self._open_until:
+                return
             self._open_until = now + self._backoff
             cap = BREAKER_MAX_PENDING if self._pending else BREAKER_MAX
             self._backoff = min(self._backoff * 2, cap)
-            self._down = True
+
+    def _hurry(self) -> None:
+        """A cooldown now waits to be written back: the breaker, opened for a long
+        back-off while nothing did, lets a probe through within
+        :data:`BREAKER_MAX_PENDING` seconds of the last failure (other processes do not
+        know the cooldown yet)."""
+        with self._lock:
+            if self._open_until:
+                self._open_until = min(self._open_until, self._last_failure + BREAKER_MAX_PENDING)
+                self._backoff = min(self._backoff, BREAKER_MAX_PENDING)
 
     def _announce(self) -> bool:
         """Whether this failure starts an outage to warn about (not one that goes on,

@@ -78,6 +78,8 @@ class WriteBack(Health):
         with self._lock:
             self._pending.add(scope)
             self._epoch += 1
+        if self._down:
+            self._hurry()
 
     def _write_through(
         self, operation: Callable[..., object], args: tuple[Any, ...], budget: StoreBudget | None

@@ -35,7 +35,7 @@ from retry_after_adapter import (
     deferral_of,
 )
 from retry_after_adapter.cooldown.base import Changed, Feed
-from retry_after_adapter.cooldown.guard import BREAKER_FIRST, QUIET_PERIOD, guard_of
+from retry_after_adapter.cooldown.guard import BREAKER_FIRST, BREAKER_MAX_PENDING, QUIET_PERIOD, guard_of
 
 from ..conftest import RedisServer, local_deferral
 from .throttle_server import Reply, ThrottleServer
@@ -228,6 +228,79 @@ def test_a_flapping_store_logs_a_few_lines_a_minute(
             s.get(server.url)
     assert not guard_of(store).down
     assert recoveries_of(caplog)[-1].getMessage().startswith("cooldown store FlakyStore recovered")
+
+
+class DownStore:
+    """A store that fails every operation while ``broken``; ``calls`` counts the
+    operations that reached it. With ``gate`` set, a failing operation first waits there
+    for the others: operations in flight together when the store breaks."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryCooldownStore()
+        self.broken = True
+        self.calls = 0
+        self.timeout = 1.0
+        self.gate: threading.Barrier | None = None
+
+    def _reached(self) -> None:
+        self.calls += 1
+        if self.broken:
+            if self.gate is not None:
+                self.gate.wait(5)
+            raise CooldownStoreError("connection refused")
+
+    def get(self, scope: str) -> datetime | None:
+        self._reached()
+        return self.inner.get(scope)
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        self._reached()
+        return self.inner.extend(scope, until)
+
+
+def test_operations_in_flight_when_the_store_breaks_cost_one_back_off() -> None:
+    store = DownStore()
+    store.gate = threading.Barrier(8)
+    guard = guard_of(store)
+    fake = FakeClock()
+    guard.monotonic = fake.monotonic
+    threads = [threading.Thread(target=guard.get, args=("s",)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert store.calls == 8 and guard.down  # eight calls of a fleet failed together
+    store.gate = None
+    fake.advance(BREAKER_FIRST)
+    guard.get("s")  # one failure's back-off has passed: this is the probe
+    assert store.calls == 9
+    guard.get("s")  # ...which failed: the next waits out the doubled back-off
+    assert store.calls == 9
+
+
+def test_a_cooldown_learned_late_in_an_outage_is_written_back_within_the_pending_back_off() -> None:
+    store = DownStore()
+    guard = guard_of(store)
+    fake = FakeClock()
+    guard.monotonic = fake.monotonic
+    guard.get("s")
+    for backoff in (0.5, 1, 2, 4):  # each probe fails: the back-off doubles, to 5 s
+        fake.advance(backoff)
+        guard.get("s")
+    assert store.calls == 5
+    # A cooldown learned now is kept locally; other processes do not know it yet.
+    until = datetime.now(UTC) + timedelta(seconds=60)
+    guard.extend("s", until)
+    assert guard.pending == 1 and store.calls == 5
+    store.broken = False
+    fake.advance(BREAKER_MAX_PENDING)
+    # The writer thread probes (no call is needed) and writes the cooldown back.
+    for _ in range(30):
+        if guard.pending == 0:
+            break
+        time.sleep(0.05)
+    assert guard.pending == 0 and not guard.down
+    assert store.inner.get("s") == until
 
 
 # -- a hung Redis: the breaker and the call's budget ----------------------------------
