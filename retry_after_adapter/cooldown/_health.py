@@ -5,9 +5,11 @@ operation, and one warning per outage.
   (``timeout``, seconds; see :data:`STORE_TIMEOUT`) and never more than the call has
   left (its :class:`StoreBudget`).
 - **A circuit breaker.** An operation that fails or times out opens the breaker: the
-  store is skipped for a back-off interval (0.5 s, doubling to 5 s; kept at 0.5 s while
-  cooldowns wait to be written back) and then tried by one probe, so no call pays a
-  store timeout twice and a hung store costs a fleet one timeout per interval.
+  store is skipped for a back-off interval (0.5 s, doubling on each failed probe to
+  5 s; at most 0.5 s after the last failure while cooldowns wait to be written back)
+  and then tried by one probe, so no call pays a store timeout twice and a hung store
+  costs a fleet one timeout per interval. Operations in flight when the breaker opened
+  fail as part of the same failure: they do not lengthen the back-off.
 - **Contention is not an outage.** A store that answers "busy" (locks held by other
   writers past its timeout) makes that operation fall back; only :data:`BUSY_RUN` busy
   answers in a row open the breaker. A store that refuses an operation's values
