@@ -253,19 +253,28 @@ async def test_async_fleet_of_tasks_sends_nothing_early(kind: str, tmp_path: Pat
 async def test_async_budget_is_per_task(server: ThrottleServer, clock: FakeClock):
     server.serve([Reply(503, {"Retry-After": "10"}), Reply(200)])
     async with async_client(clock, jitter=0, max_wait=60) as client:
+        tight_done, loose_done = asyncio.Event(), asyncio.Event()
 
         async def tight() -> Any:
             with budget(max_wait=1):
-                return await client.get(server.url + "/tight")
+                response = await client.get(server.url + "/tight")  # the 503: deferred
+                tight_done.set()
+                await loose_done.wait()  # its budget stays open while the other call runs
+                return response
 
         async def loose() -> Any:
-            await asyncio.sleep(0)
-            return await client.get(server.url + "/loose")
+            await tight_done.wait()  # the 503 is the tight call's (the server answers in order)
+            try:
+                return await client.get(server.url + "/loose")
+            finally:
+                loose_done.set()
 
+        began = clock.monotonic()
         tight_response, loose_response = await asyncio.gather(tight(), loose())
     assert deferral_of(tight_response) is not None and deferral_of(tight_response).reason == "max_wait"
     # The other task's call had no budget(): it waited the cooldown out on the clock.
-    assert loose_response.status_code == 200
+    assert loose_response.status_code == 200 and server.count() == 2
+    assert clock.monotonic() - began >= 10
 
 
 async def test_async_cancel_event_ends_a_wait_with_a_deferral(real_server: ThrottleServer):
