@@ -485,12 +485,9 @@ class AsyncRetryAfterTransport(_Front, httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = str(request.url)
         call = self._start(request, url)
-        if self._blocking:
-            attempts = _AsyncAttempts(self.transport, request, url, self._offload)
-            outcome = await _adrive(call, attempts, steps(call, attempts), self._threads())
-        else:
-            attempts = _AsyncAttempts(self.transport, request, url, None)
-            outcome = await _adrive(call, attempts, steps(call, attempts), None)
+        pool = self._threads() if self._blocking else None  # None: the steps run on the loop
+        attempts = _AsyncAttempts(self.transport, request, url, self._offload if pool is not None else None)
+        outcome = await _adrive(call, attempts, steps(call, attempts), pool)
         return self._result(request, call, outcome)
 
     async def aclose(self) -> None:
