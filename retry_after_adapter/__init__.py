@@ -77,7 +77,7 @@ _WHERE: dict[str, str] = {
     "store_from_url": ".cooldown",
 }
 
-__version__ = "0.9.0"
+__version__ = "0.9.1"
 
 __all__ = [
     "Clock",

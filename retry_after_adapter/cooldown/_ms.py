@@ -2,7 +2,11 @@
 
 A stored time is rounded *up* (a cooldown never ends earlier than asked) and the
 present *down* (compared with a stored time, a cooldown runs until the real present
-reaches it), so machines and processes agree to the millisecond.
+reaches it), so machines and processes agree to the millisecond. An end reckoned from
+the present (a quota permit's grant + its window, a settled permit's answer + per) is
+a stored time: the present is then rounded *up* (``to_epoch_ms``), or the permit would
+stop counting up to a millisecond before the request it admitted leaves the server's
+window.
 """
 
 from __future__ import annotations
@@ -25,11 +29,6 @@ def to_epoch_ms(until: datetime) -> int:
 def now_epoch_ms(now: datetime) -> int:
     """The present as UTC epoch milliseconds, rounded *down*."""
     return ((now - _EPOCH) // _US) // 1000
-
-
-def present_ms() -> int:
-    """The real present as UTC epoch milliseconds, rounded down."""
-    return now_epoch_ms(datetime.now(timezone.utc))
 
 
 def from_epoch_ms(ms: int) -> datetime:

@@ -305,7 +305,7 @@ class RedisCooldownStore(Store):
             allowance,
             self.companion(scope, "lease"),
         ]
-        args = [now_epoch_ms(when), *_permit_args(limit, per, margin), "1" if together else "0"]
+        args = [now_epoch_ms(when), *_permit_args(limit, per, margin, when), "1" if together else "0"]
         args += [int(ALLOWANCE_KEPT * 1000), *_lease_args(lease), int(batch), round(hold * 1000)]
         if learn is not None:
             keys += [self.companion(scope, "rate"), self.companion(scope, "rate-log")]
@@ -351,7 +351,7 @@ class RedisCooldownStore(Store):
         ``MemoryCooldownStore.settle``; ``exact``: until then exactly). One ``EVALSHA``."""
         key = self.quota_key(check_scope(scope), limit, per)
         args = [
-            str(now_epoch_ms(_present(now))),
+            str(to_epoch_ms(_present(now))),  # rounded up: the request reached the server before
             str(window_ms(per)),
             str(to_epoch_ms(check_until(expires))),
             secrets.token_hex(8),
@@ -608,12 +608,15 @@ def _admission(reply: Any, stored: datetime | None, together: bool, learn: Learn
     return Admission(known, _ms_or_none(wait), number, bool(busy))
 
 
-def _permit_args(limit: int | None, per: float | None, margin: float) -> tuple[object, ...]:
-    """The admit script's quota arguments: how long a permit counts (ms, 0: no quota),
-    the limit and a unique member."""
+def _permit_args(limit: int | None, per: float | None, margin: float, when: datetime) -> tuple[object, ...]:
+    """The admit script's quota arguments: how long a permit counts (ms, 0: no quota)
+    from ``when`` as passed (rounded down), the limit and a unique member. When ``when``
+    has a part of a millisecond, a permit counts one millisecond more: its end is
+    ``when`` rounded *up* + per + margin, never before its grant's."""
     if limit is None or per is None:
         return (0, 0, "")
-    return (_counts_ms(per, margin), limit, secrets.token_hex(8))
+    carry = to_epoch_ms(when) - now_epoch_ms(when)
+    return (_counts_ms(per, margin) + carry, limit, secrets.token_hex(8))
 
 
 def _lease_args(lease: Lease | None) -> tuple[object, ...]:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from ..errors import ConfigurationError, CooldownStoreError
-from ._ms import from_epoch_ms, now_epoch_ms, present_ms, to_epoch_ms, window_ms
+from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from ._sqlite_file import CHANGES_KEPT, DEFAULT_TIMEOUT, SQLiteFile, immediate
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance, roll
 from .base import (
@@ -339,19 +339,21 @@ class SQLiteCooldownStore(SQLiteFile, Store):
             if units:
                 return Granted.of(None, cooldown, seq, 0, None, units, until)
             return Admission(cooldown, None, seq)
+        # The permit's end from its grant rounded *up*: never before grant + per + margin.
+        end_ms = to_epoch_ms(now) + quota[1]
         extra = 0
         if batch > 1 and limit is not None:
             live = conn.execute(
                 "SELECT count(*) FROM permit_log WHERE scope = ? AND quota = ?", (scope, quota[0])
             ).fetchall()[0][0]
             extra = extra_permits(batch, limit - int(live), limit)
-            later = now_ms + quota[1] + round(hold * 1000)  # whole ms (see Near.batch)
+            later = end_ms + round(hold * 1000)  # whole ms (see Near.batch)
             conn.executemany(
                 "INSERT INTO permit_log (scope, quota, expires_ms) VALUES (?, ?, ?)",
                 [(scope, quota[0], later)] * extra,
             )
-        self._take_permit(conn, scope, quota[0], now_ms + quota[1])
-        return Granted.of(from_epoch_ms(now_ms + quota[1]), cooldown, seq, extra, None, units, until)
+        self._take_permit(conn, scope, quota[0], end_ms)
+        return Granted.of(from_epoch_ms(end_ms), cooldown, seq, extra, None, units, until)
 
     def _refused(
         self, conn: sqlite3.Connection, scope: str, quota: tuple[str, int] | None, limit: int | None,
@@ -464,10 +466,11 @@ class SQLiteCooldownStore(SQLiteFile, Store):
         check_scope(scope)
         quota, per_ms = _quota(limit, per, 0.0)
         old = to_epoch_ms(check_until(expires))
-        fixed = None if now is None else now_epoch_ms(check_until(now))
+        # The answer's time rounded *up*: the request reached the server before it.
+        fixed = None if now is None else to_epoch_ms(check_until(now))
 
         def settle(conn: sqlite3.Connection) -> None:
-            new = (fixed if fixed is not None else present_ms()) + per_ms
+            new = (fixed if fixed is not None else to_epoch_ms(datetime.now(timezone.utc))) + per_ms
             if new == old or (new < old and not exact):
                 return
             with immediate(conn):

@@ -128,6 +128,53 @@ def test_every_store_grants_at_most_limit_in_any_window(store: Any) -> None:
     assert store.acquire("other", 3, 2.0, granted[-1]) is None  # scopes are independent
 
 
+#: A time 0.7 ms into a whole millisecond: the stores keep whole milliseconds.
+def _inside_a_millisecond() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0) + timedelta(microseconds=700)
+
+
+def test_a_permit_counts_its_whole_window_from_a_grant_inside_a_millisecond(store: Any) -> None:
+    """A permit granted 0.7 ms into a millisecond counts ``per + margin`` from its grant,
+    not from the millisecond's start (0.7 ms less: a request that reached the server
+    within the margin could then share its server window with the next permit's)."""
+    grant = _inside_a_millisecond()
+    answer = store.admit("s", grant, 1, 1.0, None, 0.05)
+    assert answer.not_before is None and answer.permit is not None
+    assert answer.permit >= grant + timedelta(seconds=1.05)
+    just_before = grant + timedelta(seconds=1.05) - timedelta(microseconds=200)
+    refused = store.admit("s", just_before, 1, 1.0, None, 0.05)
+    assert refused.not_before is not None, "a permit stopped counting before its grant + per + margin"
+
+
+def test_a_batch_counts_hold_longer_from_a_grant_inside_a_millisecond(store: Any) -> None:
+    """The extra permits of a batch granted 0.7 ms into a millisecond count ``per +
+    margin + hold`` from the grant: just before that, only the others are free."""
+    grant = _inside_a_millisecond()
+    answer = store.admit("b", grant, 8, 1.0, None, 0.05, 4, 0.1)
+    assert answer.not_before is None and answer.extra > 0
+    at = grant + timedelta(seconds=1.15) - timedelta(microseconds=200)
+    admitted = 0
+    while admitted <= 8 and store.admit("b", at, 8, 1.0, None, 0.05).not_before is None:
+        admitted += 1
+    assert admitted == 8 - answer.extra, "a batch's extra permits stopped counting before grant + per + margin + hold"
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_settled_permit_counts_until_its_answer_plus_per_inside_a_millisecond(store: Any, exact: bool) -> None:
+    """An attempt answered 0.7 ms into a millisecond reached the server by then: its
+    permit, settled at that answer, counts until the answer + ``per``, never up to a
+    millisecond less (the next permit could reach the server inside the same window)."""
+    grant = datetime.now(UTC).replace(microsecond=0)
+    permit = store.admit("s", grant, 1, 1.0, None, 0.0).permit
+    assert permit is not None
+    answered = _inside_a_millisecond() + timedelta(milliseconds=300)
+    store.settle("s", 1, 1.0, permit, answered, exact)
+    just_before = answered + timedelta(seconds=1) - timedelta(microseconds=200)
+    refused = store.admit("s", just_before, 1, 1.0, None, 0.0)
+    assert refused.not_before is not None, "a settled permit stopped counting before its answer + per"
+    assert store.admit("s", answered + timedelta(seconds=1.001), 1, 1.0, None, 0.0).not_before is None
+
+
 # -- real processes on one SQLite file, counted by the server --------------------------
 
 

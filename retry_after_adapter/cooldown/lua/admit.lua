@@ -1,13 +1,15 @@
 -- Admission for one attempt, atomically, all or nothing (MemoryCooldownStore.admit).
 -- Loaded after allowance.lua and rate.lua.
 -- KEYS = the cooldown key, the quota's permit set, the allowance hash, the lease set,
--- all in one cluster slot; ARGV = now (ms; the client's clock: cooldowns are stamped
--- so), how long a permit counts (ms, 0: no quota), the limit, a unique member, "1" to
--- read the cooldown from KEYS[1] ("0": the caller read it), how long (ms) an allowance
--- outlives its reset, the slots (0: no cap), the lease's ttl (ms) and its token, then
--- the batch (permits asked for, 1: one) and the hold (ms) of the extra ones, then "1"
--- to admit by the learned rate (KEYS[5] its hash, KEYS[6] its permit set) with a cold
--- slot's ttl (ms) and token, and how long (ms) a rate is kept past its window.
+-- all in one cluster slot; ARGV = now (ms, rounded down; the client's clock: cooldowns
+-- are stamped so), how long a permit counts from it (ms, 0: no quota; a millisecond
+-- more when now was rounded down, so never less than from the grant), the limit, a
+-- unique member, "1" to read the cooldown from KEYS[1] ("0": the caller read it), how
+-- long (ms) an allowance outlives its reset, the slots (0: no cap), the lease's ttl
+-- (ms) and its token, then the batch (permits asked for, 1: one) and the hold (ms) of
+-- the extra ones, then "1" to admit by the learned rate (KEYS[5] its hash, KEYS[6] its
+-- permit set) with a cold slot's ttl (ms) and token, and how long (ms) a rate is kept
+-- past its window.
 -- Returns {cooldown or -1, -1 when admitted or when to ask again, the admission number
 -- or -1, 1 when only a slot was missing, when the permit taken stops counting or -1,
 -- the extra permits taken (each counting hold ms longer), the extra admissions of the

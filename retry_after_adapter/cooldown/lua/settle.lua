@@ -1,4 +1,4 @@
--- KEYS[1] = a quota's permit set; ARGV = the answer's time (ms), the quota's per (ms),
+-- KEYS[1] = a quota's permit set; ARGV = the answer's time (ms, rounded up), the quota's per (ms),
 -- the permit's stored expiry (ms), a member for it should it be gone and "1" for an
 -- exact settle: that permit (any one with that expiry; put back if it expired
 -- meanwhile) counts until at least the answer + per (exactly, earlier too, when exact);
