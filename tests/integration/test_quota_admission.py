@@ -128,8 +128,8 @@ def test_every_store_grants_at_most_limit_in_any_window(store: Any) -> None:
     assert store.acquire("other", 3, 2.0, granted[-1]) is None  # scopes are independent
 
 
-#: A time 0.7 ms into a whole millisecond: the stores keep whole milliseconds.
 def _inside_a_millisecond() -> datetime:
+    """A time 0.7 ms into a whole millisecond (the stores keep whole milliseconds)."""
     return datetime.now(UTC).replace(microsecond=0) + timedelta(microseconds=700)
 
 
