@@ -17,14 +17,14 @@ from .policy import DEFER_REASONS, Reason
 #: Version of the JSON form written by :meth:`Deferral.to_dict`.
 #:
 #: The rule: a version adds reasons or optional fields, never removes or renames one,
-#: so every reader accepts every version up to its own and writes its own. Version 2
-#: added the reasons ``attempts``, ``quota`` and ``concurrency``; version 1 documents
-#: (the reasons ``deadline``, ``max_wait``, ``cooldown``, ``cancelled``,
-#: ``cooldown-unknown``) read unchanged.
-FORMAT_VERSION = 2
+#: so every reader accepts every version up to its own and writes its own. Version 3
+#: added the reason ``rate``; version 2 the reasons ``attempts``, ``quota`` and
+#: ``concurrency``; version 1 documents (the reasons ``deadline``, ``max_wait``,
+#: ``cooldown``, ``cancelled``, ``cooldown-unknown``) read unchanged.
+FORMAT_VERSION = 3
 
 #: Every version :meth:`Deferral.from_dict` reads.
-READABLE_VERSIONS = frozenset({1, 2})
+READABLE_VERSIONS = frozenset({1, 2, 3})
 
 #: The reasons a call can be deferred, by the JSON version that introduced them.
 REASONS = frozenset(DEFER_REASONS)
@@ -32,7 +32,8 @@ _REASONS_BY_VERSION = {
     1: frozenset(
         {Reason.DEADLINE, Reason.MAX_WAIT, Reason.COOLDOWN, Reason.CANCELLED, Reason.COOLDOWN_UNKNOWN}
     ),
-    2: REASONS,
+    2: REASONS - {Reason.RATE},
+    3: REASONS,
 }
 
 

@@ -47,7 +47,7 @@ __all__ = [
 log = logging.getLogger("retry_after_adapter")
 
 #: Reasons of a ``retry`` record that is a wait before an attempt, not a retry.
-_ADMISSION_WAITS = frozenset({"cooldown", "quota", "concurrency"})
+_ADMISSION_WAITS = frozenset({"cooldown", "quota", "rate", "concurrency"})
 
 
 @dataclass(frozen=True)

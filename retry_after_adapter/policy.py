@@ -56,6 +56,7 @@ class Reason(StrEnum):
     ATTEMPTS = "attempts"  #: the retry budget ran out; eligible when the next try would be
     COOLDOWN = "cooldown"  #: the scope's shared cooldown (or a resumed deferral) runs
     QUOTA = "quota"  #: no quota permit within the budget
+    RATE = "rate"  #: the scope's learned send rate admits nothing more within the budget
     CONCURRENCY = "concurrency"  #: no concurrency slot within the budget
     CANCELLED = "cancelled"  #: the caller's cancel event was set
     COOLDOWN_UNKNOWN = "cooldown-unknown"  #: the shared store failed and fails closed
@@ -95,6 +96,7 @@ DEFER_REASONS: tuple[Reason, ...] = (
     Reason.ATTEMPTS,
     Reason.COOLDOWN,
     Reason.QUOTA,
+    Reason.RATE,
     Reason.CONCURRENCY,
     Reason.CANCELLED,
     Reason.COOLDOWN_UNKNOWN,

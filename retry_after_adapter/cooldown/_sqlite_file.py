@@ -35,6 +35,12 @@ DEFAULT_TIMEOUT = 0.25
 #: Entries of the change log kept (see below).
 CHANGES_KEPT = 1024
 
+#: The columns of a learned rate, one per field of ``rate.Rate`` (``rate.rate_row``).
+RATE_COLUMNS = (
+    "cap", "lim", "window_ms", "epoch", "start_ms", "base_ms", "sent", "ok", "grown", "grace", "quiet",
+    "probed", "fails",
+)  # fmt: skip
+
 _SCHEMA = "CREATE TABLE IF NOT EXISTS cooldown (scope TEXT PRIMARY KEY, until_ms INTEGER NOT NULL)"
 #: Quota permits: one row per permit granted, per scope and quota (``"limit/per_ms"``),
 #: with the time it stops counting (its grant + per + margin), deleted after that.
@@ -52,11 +58,19 @@ _PERMIT_SCHEMA = (
     # Freshness (``freshness.Freshness``): the last success, the last error class and when.
     "CREATE TABLE IF NOT EXISTS freshness (scope TEXT PRIMARY KEY, success_ms INTEGER, error TEXT, "
     "error_ms INTEGER)",
-    # Learned rates (``rate.Rate``, one column per field; times in ms).
-    "CREATE TABLE IF NOT EXISTS rate (scope TEXT PRIMARY KEY, cap INTEGER NOT NULL, lim INTEGER NOT NULL, "
-    "window_ms INTEGER NOT NULL, ceiling INTEGER NOT NULL, epoch INTEGER NOT NULL, "
-    "start_ms INTEGER NOT NULL, ok INTEGER NOT NULL, grown INTEGER NOT NULL, grace INTEGER NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS rate_ended ON rate (start_ms + window_ms)",
+    # Open permits (taken to count until their answer settles them), beside their row of
+    # permit_log: when that row stops counting, and when it would have (grant + per +
+    # margin) had the answer come in time; deleted when settled.
+    "CREATE TABLE IF NOT EXISTS open_permit (scope TEXT NOT NULL, quota TEXT NOT NULL, "
+    "expires_ms INTEGER NOT NULL, expected_ms INTEGER NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS open_permit_scope ON open_permit (scope, quota, expires_ms)",
+    # Learned rates (``rate.Rate``, one column per field as ``rate.rate_row`` gives
+    # them; times in ms). (Version 0.9's ``rate`` table, of another record, is no longer
+    # used.)
+    "CREATE TABLE IF NOT EXISTS learned_rate (scope TEXT PRIMARY KEY, "
+    + ", ".join(f"{column} INTEGER NOT NULL" for column in RATE_COLUMNS)
+    + ")",
+    "CREATE INDEX IF NOT EXISTS learned_rate_ended ON learned_rate (start_ms + window_ms)",
     # When each row stops mattering, so that the rows of every scope are swept a few at a
     # time as others are written (see ``sqlite.py``), never by a scan of a table.
     "CREATE INDEX IF NOT EXISTS cooldown_until ON cooldown (until_ms)",
@@ -80,6 +94,10 @@ _PERMIT_SCHEMA = (
     "BEGIN INSERT INTO change (scope) VALUES (OLD.scope); END",
     "CREATE TRIGGER IF NOT EXISTS allowance_announced BEFORE INSERT ON allowance "
     "WHEN NOT EXISTS (SELECT 1 FROM allowance WHERE scope = NEW.scope) "
+    "BEGIN INSERT INTO change (scope) VALUES (NEW.scope); END",
+    # A learned rate that stops being open (a throttle): near copies admit by it again.
+    "CREATE TRIGGER IF NOT EXISTS learned_rate_closed AFTER UPDATE ON learned_rate "
+    "WHEN OLD.cap + OLD.lim = 0 AND NEW.cap + NEW.lim != 0 "
     "BEGIN INSERT INTO change (scope) VALUES (NEW.scope); END",
     "CREATE TRIGGER IF NOT EXISTS change_kept AFTER INSERT ON change "
     "BEGIN DELETE FROM change WHERE seq <= NEW.seq - 1024; END",  # CHANGES_KEPT

@@ -88,6 +88,18 @@ class Admission(_Fields):
     units_until: datetime | None = None
     rate_epoch: int | None = None
     rate_report: bool = False
+    #: Refused by the scope's learned rate (see :class:`RateHeld`).
+    by_rate = False
+
+
+class RateHeld(Admission):
+    """A refusal by the scope's learned rate (its limit per window spent and no probe
+    admitted, a throttle's backoff, or every probe slot held: ``slot_busy``); the
+    deferral's reason is ``rate``."""
+
+    __slots__ = ()
+
+    by_rate = True
 
 
 class Granted(Admission):
@@ -143,8 +155,9 @@ class Hold(NamedTuple):
 
     ``kind``: ``"cooldown"`` (a Retry-After or an exhausted announcement), ``"allowance"``
     (the server's announced quota used up until its reset), ``"quota"`` (a configured
-    ``Quota``'s permits all taken: ``number`` of them, its limit), or ``"leases"``
-    (``number`` concurrency slots held, the last until ``until``)."""
+    ``Quota``'s permits all taken: ``number`` of them, its limit), ``"leases"``
+    (``number`` concurrency slots held, the last until ``until``), or ``"rate"`` (the
+    learned rate's backoff, or its limit, ``number``, spent for the window)."""
 
     kind: str
     until: datetime
@@ -156,6 +169,21 @@ def extra_permits(batch: int, free: int, limit: int) -> int:
     the headroom only (``free`` permits left before the first is taken, less a quarter
     of ``limit``), so that a quota near its limit is spent one permit at a time."""
     return max(0, min(batch - 1, free - 1 - limit // 4))
+
+
+def free_at(closed: list[int], expected: list[int], limit: int, count: int, floor: int) -> int:
+    """When a permit of a quota that holds ``count`` permits (at least ``limit``) is
+    free at the earliest, in a store's unit of time: once ``count - limit + 1`` of them
+    stopped counting. ``closed``: the earliest ends of the permits that are not open,
+    ascending (at least ``count - limit + 1`` of them, or all); ``expected``: for each
+    open permit (taken to count until its answer settles it), its grant + per + margin,
+    when it ends had its answer come in time; or ``floor`` (the present + per), if that
+    is later: an answer that comes now ends it then at the earliest. So an eligible
+    time is never stretched by how long an unanswered permit is kept, and admission is
+    looked at again then (a late answer moves the permit later)."""
+    k = count - limit + 1
+    ends = sorted([*closed[:k], *(max(end, floor) for end in expected)])
+    return ends[min(k, len(ends)) - 1]
 
 
 def check_scope(scope: object) -> str:
@@ -200,18 +228,23 @@ class Store(ABC):
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
         lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None,
+        learn: Learn | None = None, *, opened: float = 0.0,
     ) -> Admission:
         """Admission for one attempt at ``now`` (None: the present, read by the store as
         it grants), all or nothing: the scope's cooldown, what the server announced is
         left, a quota permit (``limit`` per ``per`` seconds, counted ``per + margin``
         seconds from its grant) and a concurrency slot (``lease``). See
-        :class:`Admission`.
+        :class:`Admission`. A refusal's ``not_before`` is the earliest time admission
+        could succeed from what the store knows (see :func:`free_at`).
+
+        ``opened`` > 0: the permit is an open one, counted ``opened`` seconds longer
+        until its answer settles it (``settle`` with ``exact``); until then a refusal
+        counts it as ending at its grant + per + margin (or the present + per, if later).
 
         ``learn``: with no ``limit`` and no announced allowance, the scope's learned rate
-        (``rate.Rate``, made at its first admission) admits too: a slot of its
-        in-flight cap while cold (taken as ``learn``'s token, or with ``lease`` under
-        the smaller cap), a permit of its learned limit per window once it has one.
+        (``rate.Rate``, made at its first admission) admits too: a permit of its limit
+        per window, else a probe (a slot of its cap, taken as ``learn``'s token, or with
+        ``lease`` under the smaller cap), else :class:`RateHeld`.
 
         ``batch`` > 1 asks for up to ``batch - 1`` more permits for this process to
         spend within ``hold`` seconds of the grant; each counts ``per + margin + hold``
@@ -289,12 +322,14 @@ class Store(ABC):
 
     def supports(self, feature: str) -> bool:
         """Whether the store can carry ``"quota"``, ``"leases"``, ``"allowance"``,
-        ``"freshness"``, ``"rate"`` and ``"exact-settle"`` (``settle``'s ``exact``):
-        every :class:`Store` can (a 0.x store may not; a store written for 0.7 settles
-        exactly only if its ``settle`` takes ``exact``)."""
-        if feature == "exact-settle":
+        ``"freshness"``, ``"rate"``, ``"exact-settle"`` (``settle``'s ``exact``) and
+        ``"open-permits"`` (``admit``'s ``opened``): every :class:`Store` can (a 0.x
+        store may not; a store written for 0.7 settles exactly only if its ``settle``
+        takes ``exact``, and one written for 0.9 takes no ``opened``)."""
+        parameter = {"exact-settle": ("settle", "exact"), "open-permits": ("admit", "opened")}.get(feature)
+        if parameter is not None:
             try:
-                return "exact" in inspect.signature(self.settle).parameters
+                return parameter[1] in inspect.signature(getattr(self, parameter[0])).parameters
             except (TypeError, ValueError):
                 return False
         return True

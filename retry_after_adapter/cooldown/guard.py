@@ -19,6 +19,7 @@ operation in the call's :class:`StoreBudget`; the guard is shared.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -246,9 +247,12 @@ class StoreGuard(WriteBack, Store):
         epoch = self._epoch
         held = lease[2] if lease is not None else learn[1] if learn is not None else None
         abandoned = None if held is None else self._abandoned(scope, held)
-        asked = (scope, now, limit, per, lease, margin + opened, batch, hold)
+        asked = (scope, now, limit, per, lease, margin, batch, hold)
         try:
-            if learn is None:
+            if opened > 0:
+                admit = functools.partial(self.inner.admit, opened=opened)
+                answer = self._bounded(admit, asked, budget, abandoned)
+            elif learn is None:
                 answer = self._bounded(self.inner.admit, asked, budget, abandoned)
             else:
                 answer = self._bounded(self.inner.admit, (*asked, learn), budget, abandoned)

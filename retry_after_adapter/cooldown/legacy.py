@@ -112,10 +112,13 @@ class LegacyStore(Store):
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
         lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None,
+        learn: Learn | None = None, *, opened: float = 0.0,
     ) -> Admission:
         # A store of 0.x learns no rate (``supports("rate")`` is False: ``learn`` unused).
         # A store of 0.x has no change feed: it is never asked for a batch (one permit).
+        # Nor an open permit (``supports("open-permits")`` is False): were it, the permit
+        # counts that much longer, as one of 0.9 did.
+        margin += opened
         if self._modern:
             answer = self._admit(scope, now, limit, per, lease, margin)
             return answer if isinstance(answer, Admission) else Admission(*answer)

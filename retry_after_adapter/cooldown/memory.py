@@ -20,13 +20,15 @@ from .base import (
     Hold,
     Learn,
     Lease,
+    RateHeld,
     Store,
     check_scope,
     check_until,
     extra_permits,
+    free_at,
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, last_noted, merge_note
-from .rate import RATE_KEPT, Rate, answer_rate, fresh_rate, rate_terms, roll_rate
+from .rate import PROBE_RECHECK, RATE_KEPT, Rate, answer_rate, fresh_rate, rate_holds, roll_rate
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
 #: a small store never forgets a time (tests on a fake clock keep theirs).
@@ -126,6 +128,20 @@ def _freshness_ended(record: Freshness, stale: datetime) -> bool:
     return noted is None or noted <= stale
 
 
+def _closed_ends(log: collections.deque[int], opened: dict[int, list[int]], k: int) -> list[int]:
+    """The earliest ``k`` ends of ``log`` (ascending) that are not open permits'."""
+    skip = {end: len(ends) for end, ends in opened.items()}
+    closed: list[int] = []
+    for end in log:
+        if skip.get(end, 0) > 0:
+            skip[end] -= 1
+            continue
+        closed.append(end)
+        if len(closed) >= k:
+            break
+    return closed
+
+
 #: ``_window_micros`` of the windows seen (a few per process).
 _WINDOWS: dict[float, int] = {}
 #: ``_quota_key`` of the quotas seen (a few per process).
@@ -166,20 +182,18 @@ def _window_micros(per: float) -> int:
     return micros
 
 
-#: How long past its window a learned rate's permit counts (seconds): the time from
-#: admission to the server's arrival, as a ``Quota``'s default margin.
-_RATE_MARGIN = 0.05
+#: ``rate.PROBE_RECHECK`` in microseconds.
+_PROBE_RECHECK_US = round(PROBE_RECHECK * 1_000_000)
 
 
-def _RATE_LOG(window: float | None) -> tuple[int, int, int, timedelta]:
-    """The permit log of a scope's learned rate (one log, whatever its limit: a limit
-    lowered or raised keeps counting what was granted) and how long a permit counts."""
-    counts = _window_micros(window or 0.0) + _window_micros(_RATE_MARGIN)
-    return (0, 0, counts, timedelta(microseconds=counts))
+def _granted(cooldown: datetime | None) -> Admission:
+    """Admitted, nothing to report (a cooldown that ran out may be known)."""
+    return _ADMITTED if cooldown is None else Admission(cooldown, None)
 
 
 def _open(rate: Rate | None) -> bool:
-    """Whether a learned rate admits without taking anything (no cap, no limit)."""
+    """Whether a learned rate admits without taking anything (no cap, no limit: ``Rate.open``,
+    inline on the common path)."""
     return rate is not None and rate.cap <= 0 and rate.limit <= 0
 
 
@@ -205,6 +219,10 @@ class MemoryCooldownStore(Store):
         #: Quota permits: per scope and quota (``_quota_key``), when each permit granted
         #: stops counting (microseconds since the epoch, see ``_micros``), soonest first.
         self._permits: dict[str, dict[tuple[int, ...], collections.deque[int]]] = {}
+        #: Open permits (see ``Store.admit``'s ``opened``), per scope and quota: the end
+        #: each counts until as stored -> when each would end had it been answered in
+        #: time (its grant + per + margin), a few per scope (the attempts in flight).
+        self._opened: dict[str, dict[tuple[int, ...], dict[int, list[int]]]] = {}
         #: Concurrency leases: per scope, token -> when the lease expires (microseconds).
         self._leases: dict[str, dict[str, int]] = {}
         #: What servers announced, per scope (see ``Allowance``).
@@ -245,8 +263,10 @@ class MemoryCooldownStore(Store):
         self, scope: str, key: tuple[int, int, int, timedelta], limit: int, at: int
     ) -> int | None:
         """(Lock held; times in microseconds.) None when a permit of the quota ``key`` is
-        free at ``at``, else when one will be; permits that expired are dropped (and
-        a few other scopes' that all did, in a large store)."""
+        free at ``at``, else the earliest time one could be (an open permit counted as
+        ending at its grant + per + margin, or at ``at`` + per should its answer come
+        now: see ``base.free_at``); permits that expired are dropped (and a few other
+        scopes' that all did, in a large store)."""
         if len(self._permit_scopes) > _SWEEP_AT:
             _sweep(self._permit_scopes, self._permits, _permits_ended, at)
         logs = self._permits.get(scope)
@@ -254,14 +274,30 @@ class MemoryCooldownStore(Store):
             check_scope(scope)  # a scope new to the store: checked once
             logs = self._permits[scope] = {}
             self._permit_scopes.append(scope)
+            self._opened.pop(scope, None)  # of permits swept with the scope's
         log = logs.get(key[:2])  # one log per quota (limit, per), whatever each margin
         if log is None:
             log = logs[key[:2]] = collections.deque()
         while log and log[0] <= at:
             log.popleft()
-        return None if len(log) < limit else log[-limit]
+        opened = self._opened.get(scope, {}).get(key[:2]) if self._opened else None
+        if opened:
+            for end in [end for end in opened if end <= at]:
+                del opened[end]  # never answered (its worker stopped): it ran out
+        if len(log) < limit:
+            return None
+        if not opened:
+            return log[-limit]
+        expected = [when for ends in opened.values() for when in ends]
+        closed = _closed_ends(log, opened, len(log) - limit + 1)
+        return free_at(closed, expected, limit, len(log), at + key[1])
 
-    def _take_permit(self, scope: str, key: tuple[int, int, int, timedelta], expires: int) -> None:
+    def _take_permit(
+        self, scope: str, key: tuple[int, int, int, timedelta], expires: int, expected: int = 0
+    ) -> None:
+        """(Lock held; times in microseconds.) Take a permit of the quota ``key`` that
+        counts until ``expires``; ``expected`` > 0: an open one, that would have ended
+        then had its answer come in time."""
         logs = self._permits.get(scope)
         if logs is None:  # dropped since ``_permit_refused`` looked (another scope's write)
             logs = self._permits[scope] = {}
@@ -273,6 +309,9 @@ class MemoryCooldownStore(Store):
             log.append(expires)  # the usual order: no search
         else:
             bisect.insort(log, expires)  # a permit of a smaller margin
+        if expected:
+            opened = self._opened.setdefault(scope, {}).setdefault(key[:2], {})
+            opened.setdefault(expires, []).append(expected)
 
     def _take_slot(self, scope: str, lease: Lease, at: int) -> int | None:
         """(Lock held; times in microseconds.) Take one of ``lease``'s slots at ``at``
@@ -320,7 +359,7 @@ class MemoryCooldownStore(Store):
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
         lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None,
+        learn: Learn | None = None, *, opened: float = 0.0,
     ) -> Admission:
         """Admission for one attempt at ``now`` (None: the present, read once the lock
         is held, so a permit's time is when it is granted), atomically and all or
@@ -332,8 +371,8 @@ class MemoryCooldownStore(Store):
         time from admission to the server's arrival). Each quota (``limit`` per
         ``per``) has its own log, so two quotas on one scope each hold; a permit keeps
         its own expiry, so workers with different margins never drop each other's.
-        ``batch`` and ``hold``: extra permits; ``learn``: the learned rate, see
-        ``Store.admit``."""
+        ``batch`` and ``hold``: extra permits; ``opened``: an open permit; ``learn``: the
+        learned rate, see ``Store.admit``."""
         if limit is None and lease is None and scope not in self._allowance and (
             learn is None or _open(self._rates.get(scope))
         ):
@@ -354,12 +393,14 @@ class MemoryCooldownStore(Store):
             cooldown = self._until.get(scope)
             if cooldown is not None and cooldown > now:
                 return Admission(cooldown, cooldown)
-            return self._admit_locked(scope, now, cooldown, limit, per, lease, margin, batch, hold, learn)
+            return self._admit_locked(
+                scope, now, cooldown, limit, per, lease, margin, batch, hold, learn, opened
+            )
 
     def _admit_locked(
         self, scope: str, now: datetime, cooldown: datetime | None, limit: int | None,
         per: float | None, lease: Lease | None, margin: float, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None,
+        learn: Learn | None = None, opened: float = 0.0,
     ) -> Admission:
         """(Lock held, no cooldown running.) The allowance, the permit and the slot."""
         at = (now - _EPOCH) // _US
@@ -372,7 +413,7 @@ class MemoryCooldownStore(Store):
                 return Admission(cooldown, wait)
         if learn is not None and limit is None and record is None:
             return self._admit_rate(scope, now, at, cooldown, lease, learn)
-        key = None if limit is None else _quota_key(limit, per, margin)
+        key = None if limit is None else _quota_key(limit, per, margin + opened)
         refused = self._refused(scope, key, limit, lease, at, cooldown)
         if refused is not None:
             return refused
@@ -383,7 +424,8 @@ class MemoryCooldownStore(Store):
             rolled, units = admit_more(rolled, now, batch)
             self._allowance[scope] = rolled
         if key is not None:
-            self._take_permit(scope, key, at + key[2])
+            expected = at + _quota_key(limit, per, margin)[2] if opened > 0 else 0  # type: ignore[arg-type]
+            self._take_permit(scope, key, at + key[2], expected)
             extra = 0
             if batch > 1 and limit is not None:
                 log = self._permits[scope][key[:2]]
@@ -423,20 +465,32 @@ class MemoryCooldownStore(Store):
         learn: Learn,
     ) -> Admission:
         """(Lock held, no cooldown running, no quota, no allowance.) Admission by the
-        scope's learned rate: its permit and its slot, as :meth:`_refused` takes them."""
+        scope's learned rate (see ``rate``): a known send (one of its limit in the
+        epoch), else a probe (a slot of its cap), else refused."""
         rate = self._rate_locked(scope, at / 1e6)
-        limit, window, lease = rate_terms(rate, lease, learn)
-        key = None if limit is None else _RATE_LOG(window)
-        refused = self._refused(scope, key, limit, lease, at, cooldown)
-        if refused is not None:
-            return refused
-        permit = None
-        if key is not None:
-            self._take_permit(scope, key, at + key[2])
-            permit = now + key[3]
-        token = lease[2] if lease is not None and lease[2] == learn[1] else None
-        report = rate.reports(rate.epoch)
-        return Granted.of(permit, cooldown, None, 0, token, rate_epoch=rate.epoch, rate_report=report)
+        if rate.start * 1e6 > at:  # a throttle's backoff
+            return RateHeld(cooldown, _as_datetime(round(rate.start * 1e6)))
+        if rate.open or rate.known:
+            refused = self._refused(scope, None, None, lease, at, cooldown)
+            if refused is not None or rate.open:
+                return refused or _granted(cooldown)  # (refused: every configured slot held)
+            self._rates[scope] = rate.sending()
+            return Granted.of(None, cooldown, None, rate_epoch=rate.epoch)
+        ends = round(rate.ends * 1e6) if rate.limit > 0 else None
+        if not rate.probes:
+            assert ends is not None
+            return RateHeld(cooldown, _as_datetime(ends))
+        # A probe: a slot under the cap (with a configured one, under the smaller).
+        cap = (min(lease[0], rate.cap), lease[1], lease[2]) if lease is not None else (rate.cap, *learn)
+        busy = self._take_slot(scope, cap, at)
+        if busy is not None and lease is not None and lease[0] <= rate.cap:
+            return Admission(cooldown, _as_datetime(busy), None, True)  # the configured cap binds
+        if busy is not None:
+            again = min(busy, at + _PROBE_RECHECK_US, ends if ends is not None else busy)
+            return RateHeld(cooldown, _as_datetime(again), None, True)
+        self._rates[scope] = rate.probing()
+        token = cap[2] if lease is None else None
+        return Granted.of(None, cooldown, None, 0, token, rate_epoch=rate.epoch, rate_report=True)
 
     def _rate_locked(self, scope: str, now: float) -> Rate:
         """(Lock held.) The scope's learned rate as of ``now`` (seconds since the epoch),
@@ -479,6 +533,11 @@ class MemoryCooldownStore(Store):
         with self._lock:
             at = _micros(now if now is not None else datetime.now(timezone.utc))
             new = at + key[1]
+            opened = self._opened.get(scope, {}).get(key[:2])
+            if opened and old in opened:  # answered: open no more
+                opened[old].pop()
+                if not opened[old]:
+                    del opened[old]
             if new == old or (new < old and not exact):
                 return  # the stored end already covers the answer
             logs = self._permits.get(scope)
@@ -541,11 +600,13 @@ class MemoryCooldownStore(Store):
             return dict(self._until)
 
     def clear(self) -> None:
-        """Forget every cooldown (tests, and an operator lifting them)."""
+        """Forget every cooldown and everything else kept (tests, and an operator lifting
+        them), learned rates included."""
         with self._lock:
             self._until.clear()
             self._heap.clear()
             self._permits.clear()
+            self._opened.clear()
             self._leases.clear()
             self._allowance.clear()
             self._fresh.clear()
@@ -553,6 +614,8 @@ class MemoryCooldownStore(Store):
             self._lease_scopes.clear()
             self._allowance_scopes.clear()
             self._fresh_scopes.clear()
+            self._rates.clear()
+            self._rate_scopes.clear()
 
     def delete(self, scope: str) -> bool:
         """Lift everything that holds ``scope`` back (an operator clearing it): its
@@ -563,6 +626,7 @@ class MemoryCooldownStore(Store):
                 self._until.pop(scope, None),
                 self._allowance.pop(scope, None),
                 self._permits.pop(scope, None),
+                self._opened.pop(scope, None) and None,
                 self._leases.pop(scope, None),
                 self._rates.pop(scope, None),
             ]
@@ -593,6 +657,11 @@ class MemoryCooldownStore(Store):
                 live = [expires for expires in list(held.values()) if expires > at]
                 if live:
                     found.setdefault(scope, []).append(Hold("leases", _as_datetime(max(live)), len(live)))
+            for scope, rate in self._rates.items():
+                ends = rate_holds(rate, at / 1e6)
+                if ends is not None:
+                    hold = Hold("rate", _as_datetime(round(ends * 1e6)), rate.limit)
+                    found.setdefault(scope, []).append(hold)
         return found
 
     # -- for the failure layer's local copy -------------------------------------------

@@ -3,31 +3,50 @@ I/O, no clock (every function is given ``now``, in seconds since the epoch).
 
 A scope with no configured ``Quota`` and no announced allowance is admitted by what the
 store has learned of it, one :class:`Rate` record shared by every worker of the scope
-(threads, processes, hosts), changed only inside the store's atomic operations:
+(threads, processes, hosts), changed only inside the store's atomic operations. Time is
+cut into **epochs** of ``window`` seconds, each begun at a throttle's end (the server's
+reset, when its window is fixed) or a window after the last epoch began. In an epoch,
+sends are of two kinds:
 
-- **Cold start.** A scope the store has never seen starts with one attempt in flight.
-  Each good answer (not a throttle) adds one: the cap doubles with each round of good
-  answers (TCP's slow start) up to :data:`SLOW_START_CAP`, then grows by one per round
-  (``cap`` good answers) until :data:`OPEN_CAP`, where the cap is lifted (the server
-  showed no limit so far). So 500 workers that start at once send a handful, not 500,
-  into an unknown quota; an API without a limit costs a few rounds once per scope.
-- **A throttle** (a 429, or a 503 or other cooldown status with a valid Retry-After)
-  of an attempt admitted in the current epoch ends the epoch at the cooldown's end.
-  While cold, the server has just shown what it accepts: the good answers counted in
-  the epoch, ``limit``, within ``window`` = from the epoch's start to the cooldown's end
-  (an upper bound on the server's window: a Retry-After is rounded up, and the epoch
-  started no later than the server's window). Good answers of that epoch that arrive
-  after the throttle (sent before it) still count: they were accepted too. A throttle
-  while a rate is learned lowers it multiplicatively (``limit`` x :data:`BETA`), unless
-  the epoch outlasted the learned window (the first epoch began inside the server's
-  window, so the window was learned short): then the window grows to it instead; one
-  while the cap was lifted starts a cold epoch at the cooldown's end, to count again.
-  Later throttles of an epoch already ended change nothing (one decrease per epoch).
-- **A learned rate** admits at most ``limit`` attempts in any ``window`` seconds (a
-  sliding log in the store, like a configured ``Quota``). Each window that passes
-  without a throttle raises ``limit`` half-way back to ``ceiling`` (at least one), the
-  most the server has accepted in one window: never above what it has shown it
-  accepts.
+- **Known sends**: the first ``limit`` of the epoch, the most the server has shown it
+  accepts in a window. They take nothing else and their answers are not told to the
+  store.
+- **Probes**: sends beyond the limit (every send, while nothing is learned), admitted
+  while fewer than ``cap`` probes are in flight (a concurrency slot of the store). Each
+  good answer of a probe is told to the store: it counts as accepted, and the cap grows
+  as TCP's slow start grows its window (one more per good answer up to
+  :data:`SLOW_START_CAP`, so it doubles per round; then one more per round of ``cap``
+  good answers). A cap that reaches :data:`OPEN_CAP` is lifted with the limit: the
+  scope is **open** and admission takes nothing (a near copy answers it without a store
+  operation). So 500 workers that start at once send a handful, not 500, into an
+  unknown quota, and an API without a limit costs a few rounds.
+
+The states, and what moves between them:
+
+- **Cold** (no limit, a cap): a scope the store has never seen starts so, one probe in
+  flight. A throttle that follows good answers learns ``limit`` = the good answers
+  counted in the epoch, within ``window`` = from the epoch's start to the throttle's
+  end (an upper bound on the server's window: a Retry-After is rounded up).
+- **Learned** (a limit, a cap): each window without a throttle ends an epoch and raises
+  the limit by the probes the server accepted in it, so the limit follows a quota that
+  rises, and a limit pinned low by a throttle that had nothing to do with the rate (a
+  sporadic 429, a deploy's 503s) recovers within a window or two: probing past the
+  limit is by slow start within a window, not by one more per window. A throttle ends
+  the epoch: the limit holds when the server refused a probe (that was its limit, and
+  its reset, with the last throttle's end some windows before, measures the window),
+  rises by the probes it accepted before refusing one (or to their number, when the
+  server's window began inside the epoch: its reset is later than the epoch's end), and
+  falls by :data:`BETA` (CUBIC's decrease) when it refused a known send (the quota fell,
+  or the throttle was sporadic); probes start again from one in flight, after
+  :data:`QUIET_HELD` windows without probes when the limit held (a stable quota costs
+  one refused probe every third window at most) or :data:`QUIET_MOVED` when it moved.
+- **Open** (no limit, no cap): a throttle starts a cold epoch at its end.
+
+Every throttle ends the epoch at the throttle's end, before which the rate admits
+nothing: the server's Retry-After, or, for a throttle without a usable one (none,
+invalid, or 0), a backoff of :data:`BACKOFF` seconds doubled per throttle in a row
+without a good answer between, at most :data:`MAX_BACKOFF`: never 0. Only one throttle
+counts per epoch (the others of that epoch were in flight with it).
 
 The rate is off for a scope whose answers carry quota headers (the announced allowance
 governs) and for calls with a configured ``Quota``.
@@ -41,163 +60,236 @@ from typing import NamedTuple
 from ..quota import MAX_COUNT, MAX_SECONDS
 
 __all__ = [
+    "BACKOFF",
     "BETA",
+    "MAX_BACKOFF",
     "OPEN_CAP",
+    "PROBE_RECHECK",
+    "QUIET_HELD",
+    "QUIET_MOVED",
     "RATE_KEPT",
     "SLOW_START_CAP",
     "Rate",
     "answer_rate",
     "fresh_rate",
-    "rate_terms",
+    "rate_from_row",
+    "rate_holds",
+    "rate_row",
     "roll_rate",
 ]
 
-#: In flight while cold, the cap doubles per round of good answers up to this.
+#: Probes in flight: the cap doubles per round of good answers up to this.
 SLOW_START_CAP = 4
-#: A cold scope whose cap reaches this many in flight without a throttle has its cap
-#: lifted: no limit was found.
+#: A cap that reaches this many probes in flight without a throttle is lifted with the
+#: limit: no limit was found, the scope is open.
 OPEN_CAP = 32
-#: A throttle of a learned rate multiplies its limit by this (CUBIC's decrease).
+#: A throttle of a known send multiplies the limit by this (CUBIC's decrease).
 BETA = 0.7
 #: The shortest window learned (seconds): a Retry-After of 0 still says "a window".
 MIN_WINDOW = 1.0
-#: Seconds a learned rate is kept past its epoch's start and window (a scope unused
-#: that long is learned again, from a cold start), and how long after its last
-#: throttle's end a rate in use is learned again.
+#: Windows without probes after a throttle that confirmed the limit, and after one that
+#: moved it (the window after a throttle often still belongs to the server's last).
+QUIET_HELD = 2
+QUIET_MOVED = 1
+#: Seconds a throttle without a usable Retry-After holds the scope's sends back, doubled
+#: per throttle in a row without a good answer between, at most :data:`MAX_BACKOFF`.
+BACKOFF = 1.0
+MAX_BACKOFF = 20.0
+#: Seconds within which a send refused only because every probe slot is held is looked
+#: at again (a probe's answer frees its slot, usually far sooner than its lease ends).
+PROBE_RECHECK = 1.0
+#: Seconds a learned rate unused since its epoch's start and window is kept (a store
+#: drops it then; the scope starts cold again).
 RATE_KEPT = 3600.0
 
 
 class Rate(NamedTuple):
     """One scope's learned rate (see the module). Times in seconds since the epoch.
 
-    - ``cap``: attempts in flight allowed while cold (0: no cap);
-    - ``limit`` per ``window`` seconds: the learned rate (``limit`` 0: none yet);
-    - ``ceiling``: the most the server accepted in one window;
+    - ``cap``: probes in flight allowed (0: none; with ``limit`` 0 too, the scope is open);
+    - ``limit`` per ``window`` seconds: the known sends (``limit`` 0: none learned);
     - ``epoch``: counts the epochs (a throttle or a window passed ends one);
-    - ``start``: when the current epoch began;
-    - ``ok``: good answers counted in the current epoch while cold;
-    - ``grown``: while cold, good answers since the cap last grew (past slow start);
-      with a learned rate, the windows passed since the last throttle's end;
-    - ``grace``: the epoch whose late good answers still raise ``limit`` (-1: none).
+    - ``start``: when the current epoch begins (nothing is admitted before it);
+    - ``base``: when the first epoch after the last throttle began (its end);
+    - ``sent``: known sends admitted in the current epoch;
+    - ``ok``: good answers of probes counted in the current epoch;
+    - ``grown``: good answers of probes since the cap last grew;
+    - ``grace``: the epoch of the last throttle (-1: none): good answers of its probes
+      that arrive after it still raise the limit;
+    - ``quiet``: epochs left in which nothing is probed;
+    - ``probed``: 1 once a probe was admitted in the current epoch;
+    - ``fails``: throttles in a row without a good answer between (the backoff's doubling).
     """
 
     cap: int
     limit: int
     window: float
-    ceiling: int
     epoch: int
     start: float
+    base: float
+    sent: int = 0
     ok: int = 0
     grown: int = 0
     grace: int = -1
+    quiet: int = 0
+    probed: int = 0
+    fails: int = 0
 
     @property
-    def cold(self) -> bool:
-        """Still learning: an in-flight cap, no rate yet; good answers are counted."""
-        return self.cap > 0 and self.limit == 0
+    def open(self) -> bool:
+        """No limit and no cap: admission takes nothing."""
+        return self.cap <= 0 and self.limit <= 0
 
-    def reports(self, epoch: int) -> bool:
-        """Whether a good answer of an attempt admitted in ``epoch`` must be told to the
-        store (:func:`answer_rate` changes the record with it)."""
-        return (epoch == self.epoch and self.cold) or (epoch == self.grace and self.grace == self.epoch - 1)
+    @property
+    def known(self) -> bool:
+        """Whether the next send of the epoch is a known one (within the limit)."""
+        return self.sent < self.limit
+
+    @property
+    def probes(self) -> bool:
+        """Whether a send beyond the limit may be admitted now (under ``cap``)."""
+        return self.cap > 0 and self.quiet <= 0
+
+    @property
+    def ends(self) -> float:
+        """When the current epoch ends (with a limit: the next one's known sends)."""
+        return self.start + self.window
+
+    def sending(self) -> Rate:
+        """The record once a known send was admitted in its epoch."""
+        return self._replace(sent=self.sent + 1)
+
+    def probing(self) -> Rate:
+        """The record once a probe was admitted in its epoch."""
+        return self if self.probed else self._replace(probed=1)
 
 
 def fresh_rate(now: float) -> Rate:
-    """The record of a scope the store has never seen: one attempt in flight."""
-    return Rate(1, 0, 0.0, 0, 0, now)
+    """The record of a scope the store has never seen: cold, one probe in flight."""
+    return Rate(1, 0, 0.0, 0, now, now)
 
 
-def rate_terms(
-    rate: Rate, lease: tuple[int, float, str] | None, learn: tuple[float, str]
-) -> tuple[int | None, float | None, tuple[int, float, str] | None]:
-    """What an admission takes under ``rate``: ``(limit, window, lease)``, the learned
-    limit per window (None: none) and the slot to take (``lease``, a configured cap,
-    under the smaller of the two caps while cold; else ``learn``'s ``(ttl, token)``
-    under the cold cap; None: no slot)."""
-    limit = rate.limit if rate.limit > 0 else None
-    window = rate.window if limit is not None else None
-    if rate.cap > 0:
-        if lease is not None:
-            lease = (min(lease[0], rate.cap), lease[1], lease[2])
-        else:
-            lease = (rate.cap, learn[0], learn[1])
-    return limit, window, lease
+def rate_holds(rate: Rate, now: float) -> float | None:
+    """Until when (seconds since the epoch) ``rate`` holds every send back at ``now``: a
+    throttle's backoff, or the epoch's known sends spent with no probe allowed; None:
+    it admits a send (the operator's view: ``Store.holds``)."""
+    rate = roll_rate(rate, now)
+    if rate.start > now:
+        return rate.start
+    if rate.limit > 0 and not rate.known and not rate.probes:
+        return rate.ends
+    return None
+
+
+def rate_row(rate: Rate) -> tuple[int, ...]:
+    """The record as the SQLite and Redis stores keep it: whole numbers, times and the
+    window in milliseconds, in the order of :class:`Rate`'s fields."""
+    return (
+        rate.cap, rate.limit, round(rate.window * 1000), rate.epoch, round(rate.start * 1000),
+        round(rate.base * 1000), rate.sent, rate.ok, rate.grown, rate.grace, rate.quiet, rate.probed,
+        rate.fails,
+    )  # fmt: skip
+
+
+def rate_from_row(row: tuple[int, ...]) -> Rate:
+    """The record from :func:`rate_row`'s numbers."""
+    cap, limit, window, epoch, start, base, sent, ok, grown, grace, quiet, probed, fails = row
+    return Rate(
+        cap, limit, window / 1000, epoch, start / 1000, base / 1000, sent, ok, grown, grace, quiet, probed,
+        fails,
+    )  # fmt: skip
 
 
 def roll_rate(record: Rate, now: float) -> Rate:
-    """The record as of ``now``: with a learned rate, each whole window passed since the
-    epoch began ends an epoch without a throttle, and raises ``limit`` half-way back to
-    ``ceiling`` (at least one): never above what it accepted. :data:`RATE_KEPT` seconds
-    after the last throttle's end, the rate is learned again from a cold start (a rate
-    learned from a window that others had mostly spent would stay that low). Otherwise
-    unchanged."""
+    """The record as of ``now``: with a learned limit, each whole window passed since the
+    epoch began ends an epoch without a throttle: the next begins a window later, with
+    no known send yet; the probes accepted raise the limit, a quiet window is counted,
+    a backoff's doubling is forgotten. Otherwise unchanged."""
     if record.limit <= 0 or record.window <= 0 or now < record.start + record.window:
         return record
     windows = math.floor((now - record.start) / record.window)
-    start = record.start + windows * record.window
-    if (record.grown + windows) * record.window >= RATE_KEPT:
-        return Rate(1, 0, 0.0, record.ceiling, record.epoch + windows, start)
-    limit, ceiling = record.limit, record.ceiling
-    for _ in range(min(windows, 64)):
-        if limit >= record.ceiling:
-            break
-        limit = min(record.ceiling, limit + max(1, (record.ceiling - limit + 1) // 2))
     return record._replace(
-        limit=limit,
-        ceiling=ceiling,
+        limit=min(MAX_COUNT, record.limit + record.ok),
         epoch=record.epoch + windows,
-        start=start,
+        start=record.start + windows * record.window,
+        sent=0,
         ok=0,
-        grown=record.grown + windows,
-        grace=-1,
+        quiet=max(0, record.quiet - windows),
+        probed=0,
+        fails=0,
     )
 
 
 def answer_rate(record: Rate, epoch: int | None, until: float | None, now: float) -> Rate:
     """The record after an attempt admitted in ``epoch`` (None: the current one) was
-    answered at ``now``: well (``until`` None) or throttled, with a cooldown until
-    ``until`` (see the module)."""
+    answered at ``now``: a probe's good answer (``until`` None), or a throttle whose
+    wait ends at ``until`` (at or before ``now``: no usable wait, the backoff applies).
+    See the module."""
     record = roll_rate(record, now)
     if epoch is None:
         epoch = record.epoch
     if until is None:
         return _good(record, epoch)
     if epoch != record.epoch:
-        return record  # that epoch already ended (a throttle, a window): one decrease each
-    window = min(max(until - record.start, MIN_WINDOW), MAX_SECONDS)
-    start = max(until, now)
-    if record.cold and record.ok <= 0:
-        # Nothing was accepted in the epoch: the quota was spent before it (by others,
-        # or a window before); that says nothing of a rate. Count again after it.
-        return Rate(1, 0, 0.0, record.ceiling, epoch + 1, start)
-    if record.cold:
-        limit = max(1, min(record.ok, MAX_COUNT))
-        return Rate(0, limit, window, limit, epoch + 1, start, 0, 0, epoch)
+        return record  # that epoch already ended (a throttle, a window): one change each
+    if until <= now:
+        until = now + min(MAX_BACKOFF, BACKOFF * 2 ** min(record.fails, 16))
+    until = min(until, now + MAX_SECONDS)
     if record.limit <= 0:
-        # The cap was lifted: count again from the cooldown's end, one in flight.
-        return Rate(1, 0, 0.0, record.ceiling, epoch + 1, start)
-    # Since the last throttle's end (a reset of the server's), ``grown`` windows passed:
-    # this throttle's end is the next reset, one server window after it.
-    since = min(max(until - (record.start - record.grown * record.window), MIN_WINDOW), MAX_SECONDS)
-    if since > record.window:
-        # The server's window is longer than learned (the first epoch began inside it):
-        # the count held, the window was short.
-        return Rate(0, record.limit, since, record.ceiling, epoch + 1, start)
-    limit = max(1, math.floor(record.limit * BETA))
-    return Rate(0, limit, record.window, record.ceiling, epoch + 1, start)
+        if record.cap <= 0 or record.ok <= 0:
+            # Open, or nothing accepted in a cold epoch (the quota was spent before it,
+            # by others, or a window before: that says nothing of a rate): count again
+            # from one probe in flight after the throttle.
+            return _throttled(record, epoch, until, 0, 0.0, 0)
+        window = min(max(until - record.start, MIN_WINDOW), MAX_SECONDS)
+        return _throttled(record, epoch, until, min(record.ok, MAX_COUNT), window, QUIET_HELD)
+    window, limit, quiet = record.window, record.limit, QUIET_MOVED
+    if record.ok > 0 and until > record.ends:
+        # The server's window began inside the epoch (its reset is later than the
+        # epoch's end): what it accepted in it were probes, at most as many as counted.
+        limit = max(limit, min(MAX_COUNT, record.ok))
+    elif record.ok > 0:
+        limit = min(MAX_COUNT, limit + record.ok)  # it accepted that many probes, then refused
+    elif record.probed:
+        quiet = QUIET_HELD  # it refused the first probe: its limit, confirmed
+        window = _window_from_resets(record, epoch, until)
+    else:
+        limit = max(1, math.floor(limit * BETA))  # it refused a known send
+    return _throttled(record, epoch, until, limit, window, quiet)
+
+
+def _window_from_resets(record: Rate, epoch: int, until: float) -> float:
+    """The window as the server's resets tell it, when it refused the first probe of
+    ``epoch``, its limit spent, ending the wait at ``until``: the server's window ends
+    there, as it ended at ``base`` (the last throttle's end) some windows before, one per
+    epoch since (each reset read from a Retry-After rounded up to a whole second: the
+    error of the learned window shrinks with each). The window moves half-way to it, so
+    that one reading's rounding moves it by a quarter second at most; unchanged before
+    an epoch has passed since ``base``."""
+    windows = epoch - record.grace
+    if record.grace < 0 or windows < 2:
+        return record.window
+    estimate = (until - record.base) / windows
+    return min(max((record.window + estimate) / 2, MIN_WINDOW), MAX_SECONDS)
+
+
+def _throttled(record: Rate, epoch: int, until: float, limit: int, window: float, quiet: int) -> Rate:
+    """The record after a throttle of ``epoch`` ending at ``until``: a new epoch begins
+    then, with one probe in flight."""
+    return Rate(1, limit, window, epoch + 1, until, until, 0, 0, 0, epoch, quiet, 0, record.fails + 1)
 
 
 def _good(record: Rate, epoch: int) -> Rate:
-    """A good answer of an attempt admitted in ``epoch``."""
-    if epoch == record.epoch and record.cold:
-        ok = record.ok + 1
-        cap, grown = record.cap, record.grown + 1
+    """A probe's good answer, admitted in ``epoch``."""
+    if epoch > record.grace and record.cap > 0:
+        ok, cap, grown = record.ok + 1, record.cap, record.grown + 1
         if cap < SLOW_START_CAP or grown >= cap:
             cap, grown = cap + 1, 0
         if cap >= OPEN_CAP:
-            cap = 0  # no limit found: lifted
-        return record._replace(cap=cap, ok=ok, grown=grown)
-    if epoch == record.grace and record.grace == record.epoch - 1 and record.limit < MAX_COUNT:
-        limit = record.limit + 1  # accepted in the throttled epoch, answered after it
-        return record._replace(limit=limit, ceiling=max(record.ceiling, limit))
+            # No limit found: lifted, the scope is open.
+            return record._replace(cap=0, limit=0, window=0.0, ok=0, grown=0, quiet=0, probed=0, fails=0)
+        return record._replace(cap=cap, ok=min(ok, MAX_COUNT), grown=grown, fails=0)
+    if epoch == record.grace and record.limit > 0 and epoch == record.epoch - 1:
+        # Accepted in the throttled epoch, answered after the throttle.
+        return record._replace(limit=min(MAX_COUNT, record.limit + 1), fails=0)
     return record

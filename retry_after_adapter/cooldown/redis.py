@@ -23,9 +23,21 @@ from ..redact import client_secrets, redact_url, scrub, url_secrets
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from ._redis_feed import CHANNEL, RedisFeed
 from .allowance import ALLOWANCE_KEPT, SAME_WINDOW, Allowance, roll
-from .base import Admission, Changed, Feed, Granted, Hold, Learn, Lease, Store, check_scope, check_until
+from .base import (
+    Admission,
+    Changed,
+    Feed,
+    Granted,
+    Hold,
+    Learn,
+    Lease,
+    RateHeld,
+    Store,
+    check_scope,
+    check_until,
+)
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome
-from .rate import RATE_KEPT, Rate
+from .rate import RATE_KEPT, Rate, rate_from_row, rate_holds
 
 #: The default connect and reply timeouts (seconds) of a client made by ``from_url``.
 DEFAULT_SOCKET_TIMEOUT = 0.1
@@ -54,6 +66,12 @@ SCRIPTS = {
 
 #: Milliseconds a freshness record is kept after its last note (30 days).
 FRESHNESS_KEPT_MS = int(FRESHNESS_KEPT * 1000)
+
+#: A scope's learned rate (a hash of ``rate.Rate``'s fields; 0.9 kept another record
+#: under "rate") and its fields, and the suffix of a quota's set of open permits.
+_RATE = "learned-rate"
+_RATE_FIELDS = ("cap", "lim", "win", "ep", "st", "base", "sn", "ok", "gr", "gc", "qt", "pr", "fl")
+_OPEN = ":open"
 
 _INSTALL_HINT = "pip install 'retry_after_adapter[redis]' (from a checkout: pip install -e '.[redis]')"
 
@@ -272,15 +290,16 @@ class RedisCooldownStore(Store):
         # The key's own hash tag: the key follows, so that prefixes never share a key.
         return "{" + tag + "}" + name + ":" + key
 
-    def quota_key(self, scope: str, limit: int, per: float) -> str:
+    def quota_key(self, scope: str, limit: int, per: float, suffix: str = "") -> str:
         """The permit set of the quota ``limit`` per ``per`` seconds of ``scope`` (one
-        per quota, so two quotas on one scope each hold; see :meth:`companion`)."""
-        return self.companion(scope, f"quota:{int(limit)}/{window_ms(per)}")
+        per quota, so two quotas on one scope each hold; see :meth:`companion`), or
+        with ``suffix`` ":open" its open permits."""
+        return self.companion(scope, f"quota:{int(limit)}/{window_ms(per)}{suffix}")
 
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
         lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None,
+        learn: Learn | None = None, *, opened: float = 0.0,
     ) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
         the announced allowance, the quota permit (and ``batch`` extra ones, see
@@ -299,17 +318,18 @@ class RedisCooldownStore(Store):
             return Admission(stored, stored)
         quota = limit is not None and per is not None
         allowance = self.companion(scope, "allowance")
-        keys = [
-            key if together else allowance,
-            self.quota_key(scope, limit, per) if quota else allowance,  # type: ignore[arg-type]
-            allowance,
-            self.companion(scope, "lease"),
-        ]
-        args = [now_epoch_ms(when), *_permit_args(limit, per, margin, when), "1" if together else "0"]
+        permits = self.quota_key(scope, limit, per) if quota else allowance  # type: ignore[arg-type]
+        opens = self.quota_key(scope, limit, per, _OPEN) if quota else allowance  # type: ignore[arg-type]
+        keys = [key if together else allowance, permits, allowance, self.companion(scope, "lease")]
+        keys += [self.companion(scope, _RATE), opens]
+        args = [now_epoch_ms(when), *_permit_args(limit, per, margin + opened, when)]
+        args += ["1" if together else "0"]
         args += [int(ALLOWANCE_KEPT * 1000), *_lease_args(lease), int(batch), round(hold * 1000)]
         if learn is not None:
-            keys += [self.companion(scope, "rate"), self.companion(scope, "rate-log")]
             args += ["1", window_ms(learn[0]), learn[1], int(RATE_KEPT * 1000)]
+        else:
+            args += ["0", 0, "", 0]
+        args += [math.ceil(opened * 1000) if quota else 0, window_ms(per) if quota else 0]  # type: ignore[arg-type]
         try:
             reply = self._admit_script(keys=keys, args=[str(arg) for arg in args])
         except Exception as exc:
@@ -318,12 +338,14 @@ class RedisCooldownStore(Store):
 
     def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
         """See ``Store.rate_answer``: one ``EVALSHA`` on the scope's "rate" key."""
-        key = self.companion(check_scope(scope), "rate")
+        key = self.companion(check_scope(scope), _RATE)
         args = [
             -1 if epoch is None else int(epoch),
             -1 if until is None else to_epoch_ms(check_until(until)),
             now_epoch_ms(check_until(now)),
             int(RATE_KEPT * 1000),
+            self._channel,
+            scope,
         ]
         try:
             self._rate_script(keys=[key], args=[str(arg) for arg in args])
@@ -332,15 +354,14 @@ class RedisCooldownStore(Store):
 
     def rate_of(self, scope: str) -> Rate | None:
         """See ``Store.rate_of``: one ``HMGET``."""
-        key = self.companion(check_scope(scope), "rate")
+        key = self.companion(check_scope(scope), _RATE)
         try:
-            raw = self._client.hmget(key, ["cap", "lim", "win", "ceil", "ep", "st", "ok", "gr", "gc"])
+            raw = self._client.hmget(key, list(_RATE_FIELDS))
         except Exception as exc:
             raise self._failure("rate_of", exc) from exc
         if raw[0] is None:
             return None
-        cap, lim, win, ceiling, epoch, start, ok, grown, grace = (int(float(_text(v))) for v in raw)
-        return Rate(cap, lim, win / 1000, ceiling, epoch, start / 1000, ok, grown, grace)
+        return rate_from_row(tuple(int(float(_text(v or b"0"))) for v in raw))
 
     def settle(
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
@@ -358,7 +379,7 @@ class RedisCooldownStore(Store):
             "1" if exact else "0",
         ]
         try:
-            self._settle_script(keys=[key], args=args)
+            self._settle_script(keys=[key, self.quota_key(scope, limit, per, _OPEN)], args=args)
         except Exception as exc:
             raise self._failure("settle", exc) from exc
 
@@ -447,7 +468,7 @@ class RedisCooldownStore(Store):
             quotas = "{" + _glob(tag) + "}quota:*:" + _glob(key)
         try:
             keys = [key, self.companion(scope, "allowance"), self.companion(scope, "lease")]
-            keys += [self.companion(scope, "rate"), self.companion(scope, "rate-log")]
+            keys += [self.companion(scope, _RATE)]
             keys += [_text(found) for found in self._client.scan_iter(match=quotas, count=1000)]
             found = sum(int(self._client.delete(name)) for name in keys) > 0
             if self._channel:
@@ -522,7 +543,14 @@ class RedisCooldownStore(Store):
         if name == "lease":
             live = client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
             return Hold("leases", from_epoch_ms(int(live[-1][1])), len(live)) if live else None
-        if name.startswith("quota:"):
+        if name == _RATE:
+            raw = client.hmget(key, list(_RATE_FIELDS))
+            if raw[0] is None:
+                return None
+            rate = rate_from_row(tuple(int(float(_text(v or b"0"))) for v in raw))
+            ends = rate_holds(rate, now_ms / 1000)
+            return None if ends is None else Hold("rate", from_epoch_ms(round(ends * 1000)), rate.limit)
+        if name.startswith("quota:") and not name.endswith(_OPEN):
             limit = int(name[len("quota:") :].split("/", 1)[0])
             live = client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
             if len(live) >= limit:
@@ -597,6 +625,8 @@ def _admission(reply: Any, stored: datetime | None, together: bool, learn: Learn
         raise CooldownStoreError("the Redis admit script returned an unexpected reply") from None
     known = _ms_or_none(cooldown) if together else stored
     end = from_epoch_ms(permit) if permit >= 0 else None
+    if rated and wait >= 0:
+        return RateHeld(known, from_epoch_ms(wait), None, bool(busy))
     if rated and wait < 0:
         assert learn is not None
         token = learn[1] if rated[2] else None

@@ -12,6 +12,7 @@ options, so it can be handed to ``spawn`` workers.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
@@ -24,7 +25,7 @@ from datetime import datetime, timezone
 
 from ..errors import ConfigurationError, CooldownStoreError
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
-from ._sqlite_file import CHANGES_KEPT, DEFAULT_TIMEOUT, SQLiteFile, immediate
+from ._sqlite_file import CHANGES_KEPT, DEFAULT_TIMEOUT, RATE_COLUMNS, SQLiteFile, immediate
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance, roll
 from .base import (
     Admission,
@@ -34,13 +35,25 @@ from .base import (
     Hold,
     Learn,
     Lease,
+    RateHeld,
     Store,
     check_scope,
     check_until,
     extra_permits,
+    free_at,
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, merge_note
-from .rate import RATE_KEPT, Rate, answer_rate, fresh_rate, rate_terms, roll_rate
+from .rate import (
+    PROBE_RECHECK,
+    RATE_KEPT,
+    Rate,
+    answer_rate,
+    fresh_rate,
+    rate_from_row,
+    rate_holds,
+    rate_row,
+    roll_rate,
+)
 
 __all__ = ["DEFAULT_TIMEOUT", "SQLiteCooldownStore"]
 
@@ -94,23 +107,33 @@ _FRESH = (
 #: The cooldown, and whether an announced allowance runs (without a write transaction).
 _PEEK = (
     "SELECT (SELECT until_ms FROM cooldown WHERE scope = ?), (SELECT n FROM allowance WHERE scope = ?), "
-    "(SELECT cap + lim FROM rate WHERE scope = ?)"
+    "(SELECT cap + lim FROM learned_rate WHERE scope = ?)"
 )
 #: A few learned rates unused for ``RATE_KEPT`` are dropped per new one.
 _SWEEP_RATES = (
-    "DELETE FROM rate WHERE scope IN (SELECT scope FROM rate WHERE start_ms + window_ms <= ? LIMIT ?)"
+    "DELETE FROM learned_rate WHERE scope IN "
+    "(SELECT scope FROM learned_rate WHERE start_ms + window_ms <= ? LIMIT ?)"
 )
-#: A learned rate's permit log, and how long past its window a permit counts (ms).
-_RATE_LOG = "rate"
-_RATE_MARGIN_MS = 50
+#: A scope's learned rate, read and written (an update keeps the row: no trigger of a
+#: delete fires).
+_RATE_ROW = f"SELECT {', '.join(RATE_COLUMNS)} FROM learned_rate WHERE scope = ?"  # noqa: S608
+_PUT_RATE = (
+    f"INSERT INTO learned_rate VALUES (?{', ?' * len(RATE_COLUMNS)}) ON CONFLICT (scope) DO UPDATE SET "  # noqa: S608
+    + ", ".join(f"{column} = excluded.{column}" for column in RATE_COLUMNS)
+)
+#: Every table with rows of a scope (``delete`` lifts them all).
+_SCOPE_TABLES = ("cooldown", "allowance", "permit_log", "open_permit", "lease", "learned_rate")
 
 
-def _quota(limit: int, per: float | None, margin: float) -> tuple[str, int]:
-    """A quota's log name (``"limit/per_ms"``) and how long (ms) a permit counts."""
+def _quota(limit: int, per: float | None, margin: float, opened: float = 0.0) -> tuple[str, int, int, int]:
+    """A quota's log name (``"limit/per_ms"``), how long (ms) a permit counts (an open
+    one ``opened`` seconds longer), how long it would count had its answer come in
+    time (0: not open), and its per (ms)."""
     if per is None:
         raise ConfigurationError("a quota needs a window (per)")
     per_ms = window_ms(per)
-    return f"{int(limit)}/{per_ms}", per_ms + math.ceil(margin * 1000)
+    counts = per_ms + math.ceil(margin * 1000)
+    return f"{int(limit)}/{per_ms}", counts + math.ceil(opened * 1000), counts if opened > 0 else 0, per_ms
 
 
 def _freshness_row(row: tuple[object, ...]) -> Freshness:
@@ -181,11 +204,12 @@ class SQLiteCooldownStore(SQLiteFile, Store):
 
     @staticmethod
     def _permit_refused(
-        conn: sqlite3.Connection, scope: str, quota: str, limit: int, now_ms: int
+        conn: sqlite3.Connection, scope: str, quota: str, limit: int, now_ms: int, per_ms: int = 0
     ) -> int | None:
-        """Inside a write transaction: None when a permit of ``quota`` is free, else
-        when one will be (ms). Permits that stopped counting are deleted: the scope's,
-        and a few of other scopes'."""
+        """Inside a write transaction: None when a permit of ``quota`` is free, else the
+        earliest time (ms) one could be (an open permit counted as ending at its grant +
+        per + margin, or now + ``per_ms`` if later: see ``base.free_at``). Permits that
+        stopped counting are deleted: the scope's, and a few of other scopes'."""
         conn.execute(
             "DELETE FROM permit_log WHERE scope = ? AND quota = ? AND expires_ms <= ?", (scope, quota, now_ms)
         )
@@ -195,13 +219,46 @@ class SQLiteCooldownStore(SQLiteFile, Store):
             "ORDER BY expires_ms DESC LIMIT 1 OFFSET ?",
             (scope, quota, limit - 1),
         ).fetchall()
-        return int(rows[0][0]) if rows else None
+        if not rows:
+            return None
+        conn.execute("DELETE FROM open_permit WHERE expires_ms <= ?", (now_ms,))
+        opened = conn.execute(
+            "SELECT expires_ms, expected_ms FROM open_permit WHERE scope = ? AND quota = ?", (scope, quota)
+        ).fetchall()
+        if not opened:
+            return int(rows[0][0])
+        count = int(
+            conn.execute(
+                "SELECT count(*) FROM permit_log WHERE scope = ? AND quota = ?", (scope, quota)
+            ).fetchall()[0][0]
+        )
+        wanted = count - limit + 1
+        ends = conn.execute(
+            "SELECT expires_ms FROM permit_log WHERE scope = ? AND quota = ? ORDER BY expires_ms LIMIT ?",
+            (scope, quota, wanted + len(opened)),
+        ).fetchall()
+        skip = collections.Counter(int(row[0]) for row in opened)
+        closed = []
+        for (end,) in ends:
+            if skip[int(end)] > 0:
+                skip[int(end)] -= 1
+            else:
+                closed.append(int(end))
+        return free_at(closed, [int(row[1]) for row in opened], limit, count, now_ms + per_ms)
 
     @staticmethod
-    def _take_permit(conn: sqlite3.Connection, scope: str, quota: str, expires_ms: int) -> None:
+    def _take_permit(
+        conn: sqlite3.Connection, scope: str, quota: str, expires_ms: int, expected_ms: int = 0
+    ) -> None:
+        """Inside a write transaction: a permit of ``quota`` counting until
+        ``expires_ms``; ``expected_ms`` > 0: an open one (see ``Store.admit``)."""
         conn.execute(
             "INSERT INTO permit_log (scope, quota, expires_ms) VALUES (?, ?, ?)", (scope, quota, expires_ms)
         )
+        if expected_ms:
+            conn.execute(
+                "INSERT INTO open_permit VALUES (?, ?, ?, ?)", (scope, quota, expires_ms, expected_ms)
+            )
 
     @staticmethod
     def _slot_refused(conn: sqlite3.Connection, scope: str, limit: int, now_ms: int) -> int | None:
@@ -266,7 +323,7 @@ class SQLiteCooldownStore(SQLiteFile, Store):
     def admit(
         self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
         lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None,
+        learn: Learn | None = None, *, opened: float = 0.0,
     ) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
         the announced allowance, the quota permit and the concurrency slot in one
@@ -275,7 +332,7 @@ class SQLiteCooldownStore(SQLiteFile, Store):
         permit's time is when it is granted."""
         check_scope(scope)
         fixed = None if now is None else check_until(now)
-        quota = _quota(limit, per, margin) if limit is not None else None
+        quota = _quota(limit, per, margin, opened) if limit is not None else None
         nothing_to_take = quota is None and lease is None
 
         def admit(conn: sqlite3.Connection) -> Admission:
@@ -305,7 +362,7 @@ class SQLiteCooldownStore(SQLiteFile, Store):
 
     def _admit_locked(
         self, conn: sqlite3.Connection, scope: str, now: datetime, limit: int | None,
-        quota: tuple[str, int] | None, lease: Lease | None, batch: int = 1, hold: float = 0.0,
+        quota: tuple[str, int, int, int] | None, lease: Lease | None, batch: int = 1, hold: float = 0.0,
         learn: Learn | None = None,
     ) -> Admission:
         """Inside the write transaction: the whole admission at ``now`` (``batch``,
@@ -352,18 +409,18 @@ class SQLiteCooldownStore(SQLiteFile, Store):
                 "INSERT INTO permit_log (scope, quota, expires_ms) VALUES (?, ?, ?)",
                 [(scope, quota[0], later)] * extra,
             )
-        self._take_permit(conn, scope, quota[0], end_ms)
+        self._take_permit(conn, scope, quota[0], end_ms, to_epoch_ms(now) + quota[2] if quota[2] else 0)
         return Granted.of(from_epoch_ms(end_ms), cooldown, seq, extra, None, units, until)
 
     def _refused(
-        self, conn: sqlite3.Connection, scope: str, quota: tuple[str, int] | None, limit: int | None,
-        lease: Lease | None, now_ms: int, cooldown: datetime | None,
+        self, conn: sqlite3.Connection, scope: str, quota: tuple[str, int, int, int] | None,
+        limit: int | None, lease: Lease | None, now_ms: int, cooldown: datetime | None,
     ) -> Admission | None:
         """Inside the write transaction: None when a permit of ``quota`` (None: none
         asked) is free and the slot of ``lease`` (None: none) is taken, else the refusal
         (nothing taken)."""
         if quota is not None and limit is not None:
-            refused = self._permit_refused(conn, scope, quota[0], limit, now_ms)
+            refused = self._permit_refused(conn, scope, quota[0], limit, now_ms, quota[3])
             if refused is not None:
                 return Admission(cooldown, from_epoch_ms(refused))
         if lease is not None:
@@ -379,55 +436,60 @@ class SQLiteCooldownStore(SQLiteFile, Store):
         lease: Lease | None, learn: Learn,
     ) -> Admission:
         """Inside the write transaction, no cooldown running, no quota, no allowance:
-        admission by the scope's learned rate, its permit (its limit per window, on its
-        own log) and its slot (its cold cap) taken as :meth:`_refused` takes them."""
+        admission by the scope's learned rate (see ``MemoryCooldownStore._admit_rate``):
+        a known send (one of its limit in the epoch), else a probe (a slot of its cap),
+        else refused."""
         rate = self._rate_now(conn, scope, now_ms)
-        limit, window, lease = rate_terms(rate, lease, learn)
-        quota = None if window is None else (_RATE_LOG, window_ms(window) + _RATE_MARGIN_MS)
-        refused = self._refused(conn, scope, quota, limit, lease, now_ms, cooldown)
-        if refused is not None:
-            return refused
-        permit = None
-        if quota is not None:
-            self._take_permit(conn, scope, quota[0], now_ms + quota[1])
-            permit = from_epoch_ms(now_ms + quota[1])
-        token = lease[2] if lease is not None and lease[2] == learn[1] else None
-        report = rate.reports(rate.epoch)
-        return Granted.of(permit, cooldown, None, 0, token, rate_epoch=rate.epoch, rate_report=report)
+        if round(rate.start * 1000) > now_ms:  # a throttle's backoff
+            return RateHeld(cooldown, from_epoch_ms(round(rate.start * 1000)))
+        if rate.open or rate.known:
+            refused = self._refused(conn, scope, None, None, lease, now_ms, cooldown)
+            if refused is not None or rate.open:
+                return refused or Admission(cooldown, None)  # (refused: every configured slot held)
+            conn.execute("UPDATE learned_rate SET sent = sent + 1 WHERE scope = ?", (scope,))
+            return Granted.of(None, cooldown, None, rate_epoch=rate.epoch)
+        ends = round(rate.ends * 1000) if rate.limit > 0 else None
+        if not rate.probes:
+            assert ends is not None
+            return RateHeld(cooldown, from_epoch_ms(ends))
+        # A probe: a slot under the cap (with a configured one, under the smaller).
+        cap = (min(lease[0], rate.cap), lease[1], lease[2]) if lease is not None else (rate.cap, *learn)
+        busy = self._slot_refused(conn, scope, cap[0], now_ms)
+        if busy is not None and lease is not None and lease[0] <= rate.cap:
+            return Admission(cooldown, from_epoch_ms(busy), None, True)  # the configured cap binds
+        if busy is not None:
+            again = min(busy, now_ms + round(PROBE_RECHECK * 1000), ends if ends is not None else busy)
+            return RateHeld(cooldown, from_epoch_ms(again), None, True)
+        expires = now_ms + window_ms(cap[1])
+        conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, cap[2], expires))
+        if not rate.probed:
+            self._put_rate(conn, scope, rate.probing())
+        token = cap[2] if lease is None else None
+        return Granted.of(None, cooldown, None, 0, token, rate_epoch=rate.epoch, rate_report=True)
 
     def _rate_now(self, conn: sqlite3.Connection, scope: str, now_ms: int) -> Rate:
         """Inside the write transaction: the scope's learned rate as of ``now_ms``, made
-        at its first admission (a few rates unused for ``RATE_KEPT`` swept then); kept."""
+        at its first admission (a few rates unused for ``RATE_KEPT`` swept then); kept
+        when it changed."""
         rate = self._rate_row(conn, scope)
         if rate is None:
             conn.execute(_SWEEP_RATES, (now_ms - int(RATE_KEPT * 1000), _SWEEP_PER_WRITE))
             rate = fresh_rate(now_ms / 1000)
-        else:
-            rate = roll_rate(rate, now_ms / 1000)
-        self._put_rate(conn, scope, rate)
-        return rate
+            self._put_rate(conn, scope, rate)
+            return rate
+        rolled = roll_rate(rate, now_ms / 1000)
+        if rolled is not rate:
+            self._put_rate(conn, scope, rolled)
+        return rolled
 
     @staticmethod
     def _rate_row(conn: sqlite3.Connection, scope: str) -> Rate | None:
-        rows = conn.execute(
-            "SELECT cap, lim, window_ms, ceiling, epoch, start_ms, ok, grown, grace "
-            "FROM rate WHERE scope = ?",
-            (scope,),
-        ).fetchall()
-        if not rows:
-            return None
-        cap, lim, window, ceiling, epoch, start, ok, grown, grace = (int(v) for v in rows[0])
-        return Rate(cap, lim, window / 1000, ceiling, epoch, start / 1000, ok, grown, grace)
+        rows = conn.execute(_RATE_ROW, (scope,)).fetchall()
+        return rate_from_row(tuple(int(v) for v in rows[0])) if rows else None
 
     @staticmethod
     def _put_rate(conn: sqlite3.Connection, scope: str, rate: Rate) -> None:
-        conn.execute(
-            "INSERT OR REPLACE INTO rate VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                scope, rate.cap, rate.limit, round(rate.window * 1000), rate.ceiling, rate.epoch,
-                round(rate.start * 1000), rate.ok, rate.grown, rate.grace,
-            ),
-        )
+        conn.execute(_PUT_RATE, (scope, *rate_row(rate)))
 
     def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
         """See ``Store.rate_answer``: one immediate transaction."""
@@ -464,16 +526,25 @@ class SQLiteCooldownStore(SQLiteFile, Store):
         until ``now + per`` (see ``MemoryCooldownStore.settle``; put back if it expired
         meanwhile); ``exact``: until then exactly."""
         check_scope(scope)
-        quota, per_ms = _quota(limit, per, 0.0)
+        quota, per_ms, _, _ = _quota(limit, per, 0.0)
         old = to_epoch_ms(check_until(expires))
         # The answer's time rounded *up*: the request reached the server before it.
         fixed = None if now is None else to_epoch_ms(check_until(now))
 
         def settle(conn: sqlite3.Connection) -> None:
             new = (fixed if fixed is not None else to_epoch_ms(datetime.now(timezone.utc))) + per_ms
-            if new == old or (new < old and not exact):
-                return
+            moves = new > old or (new < old and exact)
+            if not (moves or exact):
+                return  # the stored end already covers the answer
             with immediate(conn):
+                if exact:  # an open permit's answer: open no more
+                    conn.execute(
+                        "DELETE FROM open_permit WHERE rowid = (SELECT rowid FROM open_permit "
+                        "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
+                        (scope, quota, old),
+                    )
+                if not moves:
+                    return
                 moved = conn.execute(
                     "UPDATE permit_log SET expires_ms = ? WHERE rowid = (SELECT rowid FROM permit_log "
                     "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
@@ -542,7 +613,7 @@ class SQLiteCooldownStore(SQLiteFile, Store):
             with immediate(conn):
                 return sum(
                     conn.execute(f"DELETE FROM {table} WHERE scope = ?", (scope,)).rowcount  # noqa: S608
-                    for table in ("cooldown", "allowance", "permit_log", "lease", "rate")
+                    for table in _SCOPE_TABLES
                 )
 
         return bool(self._run(delete))
@@ -579,6 +650,12 @@ class SQLiteCooldownStore(SQLiteFile, Store):
                 (now_ms,),
             ).fetchall():
                 found.setdefault(str(scope), []).append(Hold("leases", from_epoch_ms(int(last)), int(count)))
+            for (scope,) in conn.execute("SELECT scope FROM learned_rate").fetchall():
+                rate = self._rate_row(conn, str(scope))
+                ends = None if rate is None else rate_holds(rate, now_ms / 1000)
+                if rate is not None and ends is not None:
+                    hold = Hold("rate", from_epoch_ms(round(ends * 1000)), rate.limit)
+                    found.setdefault(str(scope), []).append(hold)
             return found
 
         return self._run(read)

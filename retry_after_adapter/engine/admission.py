@@ -84,9 +84,9 @@ def admit_slowly(call: Call) -> Steps:
             return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
         if until is None:
             return None
-        if why is Reason.CONCURRENCY:
-            # Only a concurrency slot is missing: look again shortly (not a round).
-            deferral = yield from _wait_for_slot(call, until)
+        if why is Reason.CONCURRENCY or (why is Reason.RATE and call.slot_busy):
+            # Only a slot is missing (the cap's, or a probe's): look again shortly (not a round).
+            deferral = yield from _wait_for_slot(call, until, why)
             if deferral is not None:
                 return deferral
             continue
@@ -117,6 +117,8 @@ def _look(call: Call) -> tuple[datetime | None, Reason]:
     not_before = call.plan.admit_once(call)
     if not_before is None:
         return None, Reason.COOLDOWN
+    if call.rate_held:
+        return not_before, Reason.RATE  # its limit, its probes' slots, or a backoff
     if call.slot_busy:
         return not_before, Reason.CONCURRENCY
     if call.cooldown is not None and not_before == call.cooldown:
@@ -167,11 +169,12 @@ def _defer_after_rounds(call: Call, left: float, why: Reason) -> Deferral:
     return call.defer(Decision(DEFER, call.seconds_until(until), why), until=until)
 
 
-def _wait_for_slot(call: Call, busy_until: datetime) -> Steps:
+def _wait_for_slot(call: Call, busy_until: datetime, why: Reason) -> Steps:
     """Every slot is held until ``busy_until`` at the latest: wait ``SLOT_POLL`` seconds
     (or less) before looking again, while the whole wait for a slot fits the budget
-    (``call.slot_waited`` adds up); else the deferral with reason ``concurrency``,
-    eligible when the earliest lease expires (by when a slot is free at the latest)."""
+    (``call.slot_waited`` adds up); else the deferral with reason ``why``
+    (``concurrency``, or ``rate`` for the learned rate's probes), eligible when the
+    earliest lease expires (by when a slot is free at the latest)."""
     step = min(SLOT_POLL, max(call.seconds_until(busy_until), 0.001))
     waited = call.slot_waited
     decision = admit_decision(
@@ -185,7 +188,7 @@ def _wait_for_slot(call: Call, busy_until: datetime) -> Steps:
     # Out of budget, or max_waiting calls already wait on this scope here.
     if decision.action == DEFER or over or not _queue(call):
         left = call.seconds_until(busy_until)
-        return call.defer(Decision(DEFER, left, Reason.CONCURRENCY), until=busy_until)
+        return call.defer(Decision(DEFER, left, why), until=busy_until)
     try:
         slept = yield SLEEP, step
     finally:

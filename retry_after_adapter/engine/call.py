@@ -67,6 +67,7 @@ class Call:
         "policy",
         "queued",
         "rate_epoch",
+        "rate_held",
         "rate_report",
         "retry",
         "scope",
@@ -124,6 +125,8 @@ class Call:
         #: learned rate governed it), and whether its good answer is to be told.
         self.rate_epoch: int | None = None
         self.rate_report = False
+        #: The last admission was refused by the scope's learned rate (reason ``rate``).
+        self.rate_held = False
         #: The last admission was refused only for want of a concurrency slot, and
         #: how long (seconds) this attempt has waited for one so far.
         self.slot_busy = False

@@ -46,7 +46,9 @@ def learn_retry_after(call: Call, response: Any, status: int | None) -> tuple[fl
         return None, Reason.RETRY_AFTER_TOO_LONG if bad.reason == TOO_LONG else Reason.INVALID_RETRY_AFTER
     if status in call.policy.cooldown_statuses:
         learn_cooldown(call, response, parsed.eligible_at)  # a global limit: the origin's
-        call.plan.rate_answer(call, parsed.eligible_at)  # a throttle: the learned rate hears
+        if status == 429 or parsed.delay > 0:
+            # A throttle: the learned rate hears (a 429's wait of 0 backs it off).
+            call.plan.rate_answer(call, parsed.eligible_at)
     return parsed.delay, None
 
 

@@ -35,7 +35,8 @@ log = logging.getLogger("retry_after_adapter")
 #: settles it (see ``Plan.answered``): a worker stalled longer than that between its
 #: grant and its settle is not covered; a permit whose admission was lost (the store
 #: took it, its answer never reached the worker) or whose worker was killed counts
-#: that long more.
+#: that long more. A refusal never waits for it: the store counts an open permit as
+#: ending at its grant + per + margin, or when its answer could end it (``free_at``).
 OPEN_FOR = 10.0
 
 
@@ -122,7 +123,12 @@ class Plan:
         #: Whether the store can settle a permit exactly (earlier too): then a permit
         #: whose answer is expected later than the margin is taken open (see
         #: :meth:`answered`).
-        self.opens = quota is not None and store is not None and store.supports("exact-settle")
+        self.opens = (
+            quota is not None
+            and store is not None
+            and store.supports("exact-settle")
+            and store.supports("open-permits")
+        )
         #: Whether the last answer of this adapter came later than the margin (it starts
         #: so: a first attempt opens its connection after its grant).
         self.late = True
@@ -181,16 +187,17 @@ class Plan:
         call.permit_open = opened > 0
         guard = self.guard
         if guard is not None:
-            budget = call.budget
             answer = guard.admit(
-                call.scope, now, self.limit, self.per, lease, self.margin, budget=budget, learn=learn,
+                call.scope, now, self.limit, self.per, lease, self.margin, budget=call.budget, learn=learn,
                 opened=opened,
             )
+        elif opened:
+            answer = store.admit(call.scope, now, self.limit, self.per, lease, self.margin, opened=opened)
         else:  # a memory store (learn and an open permit never go together: a Quota or none)
-            margin = self.margin + opened
-            answer = store.admit(call.scope, now, self.limit, self.per, lease, margin, learn=learn)
+            answer = store.admit(call.scope, now, self.limit, self.per, lease, self.margin, learn=learn)
         call.cooldown, not_before, call.admission, call.slot_busy = answer
-        # A learned rate's permit is not settled: its window is an estimate with a margin.
+        call.rate_held = answer.by_rate
+        # Only a configured quota's permit is settled (the learned rate counts sends, no permit).
         call.permit = answer.permit if self.limit is not None else None
         call.rate_epoch = answer.rate_epoch
         call.rate_report = answer.rate_report
@@ -198,7 +205,7 @@ class Plan:
             if lease is not None:
                 call.lease_token = answer.token or lease[2]  # a slot this process held, or the new one
             elif answer.token is not None:
-                call.lease_token = answer.token  # a slot of the learned rate's cold cap
+                call.lease_token = answer.token  # a slot of the learned rate's probes
         return not_before
 
     def answered(self, call: Call, response: Any, on_done: Callable[[Any, Slot], None]) -> None:
@@ -273,8 +280,9 @@ class Plan:
 
     def rate_answer(self, call: Call, until: datetime | None) -> None:
         """Tell the scope's learned rate how the attempt was answered: well (``until``
-        None; only while the store counts good answers, ``call.rate_report``) or
-        throttled until ``until``. Never raises (the rate is news)."""
+        None; only a probe's answer, ``call.rate_report``) or throttled until ``until``
+        (at or before now: no usable wait, the rate backs off). Never raises (the rate
+        is news)."""
         if until is None and not call.rate_report:
             return
         if not self.learns or self.store is None or call.scope is None:

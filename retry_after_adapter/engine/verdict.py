@@ -171,6 +171,10 @@ def _learn(
         learn_route(call, response, method, url)  # first: what follows is the bucket's
     if response is not None and policy.respect_retry_after_header:
         server_delay, invalid = learn_retry_after(call, response, status)
+    if status == 429 and server_delay is None:
+        # A throttle without a usable wait (none, invalid, or not read): the learned
+        # rate backs off (never 0).
+        call.plan.rate_answer(call, call.clock.now())
     if response is not None and policy.quota_headers:
         read_quota_headers(call, response)  # nothing left: a shared cooldown until the reset
         if server_delay is None and invalid is None and status in policy.cooldown_statuses:

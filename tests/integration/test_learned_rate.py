@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from retry_after_adapter import MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry
-from retry_after_adapter.cooldown.rate import RATE_KEPT, SLOW_START_CAP
+from retry_after_adapter.cooldown.rate import SLOW_START_CAP
 from retry_after_adapter.scope import RequestInfo, origin_scope
 from retry_after_adapter.testing.server import QuotaServer
 
@@ -247,8 +247,8 @@ def test_a_fleet_learns_an_unannounced_quota_and_keeps_to_it(
     assert statuses.count(200) == ITEMS
     assert statuses.count(429) <= 8, statuses
     rate = store.rate_of(origin_scope(RequestInfo("GET", server.url, {})))
-    assert rate is not None and 1 <= rate.limit <= LIMIT and rate.ceiling <= LIMIT
-    assert WINDOW <= rate.window <= WINDOW + 1.5
+    assert rate is not None and 1 <= rate.limit <= LIMIT, rate
+    assert WINDOW <= rate.window <= WINDOW + 1.5, rate
 
 
 def server_field(name: str) -> int:
@@ -268,26 +268,40 @@ def test_every_store_learns_alike(every_store: Any) -> None:
     store = every_store
     first = store.admit("r", NOW, learn=(60.0, "t1"))
     assert first.not_before is None and first.token == "t1" and first.rate_report
-    assert store.admit("r", NOW, learn=(60.0, "t2")).slot_busy  # one in flight
+    busy = store.admit("r", NOW, learn=(60.0, "t2"))
+    assert busy.slot_busy and busy.by_rate  # one probe in flight
     for _ in range(5):
         store.rate_answer("r", 0, None, NOW)
     store.release("r", "t1")
     rate = store.rate_of("r")
-    assert rate is not None and (rate.cap, rate.ok, rate.limit) == (4, 5, 0)  # 1, 2, 3, 4; then a round
+    assert rate is not None and (rate.cap, rate.ok, rate.limit, rate.probed) == (4, 5, 0, 1)  # 1, 2, 3, 4
     # A throttle while cold: 5 per (start to the cooldown's end); late good answers add.
     until = NOW + timedelta(seconds=3)
     store.rate_answer("r", 0, until, NOW + timedelta(seconds=0.5))
     store.rate_answer("r", 0, until + timedelta(seconds=9), NOW + timedelta(seconds=0.6))  # once
     store.rate_answer("r", 0, None, NOW + timedelta(seconds=0.7))
     rate = store.rate_of("r")
-    assert rate is not None and (rate.cap, rate.limit, rate.ceiling, rate.epoch) == (0, 6, 6, 1)
-    assert rate.window == pytest.approx(3.0, abs=0.002)
+    assert rate is not None and (rate.cap, rate.limit, rate.epoch, rate.quiet, rate.grace) == (1, 6, 1, 2, 0)
+    assert rate.window == pytest.approx(3.0, abs=0.002) and rate.start == pytest.approx(until.timestamp())
+    held = store.admit("r", until - timedelta(seconds=1), learn=(60.0, "early"))
+    assert held.by_rate and held.not_before == until  # nothing before the epoch begins
     granted = [store.admit("r", until, learn=(60.0, f"a{n}")) for n in range(7)]
     assert [g.not_before is None for g in granted] == [True] * 6 + [False]
-    # A throttle of the learned rate, within its window: 0.7 x.
+    assert not any(g.rate_report for g in granted[:6])  # known sends: nothing to tell
+    assert granted[6].by_rate and granted[6].not_before == until + timedelta(seconds=3)  # quiet: the next epoch
+    # A throttle of a known send of the learned rate: 0.7 x, once per epoch.
     store.rate_answer("r", 1, until + timedelta(seconds=2), until + timedelta(seconds=1))
+    store.rate_answer("r", 1, until + timedelta(seconds=5), until + timedelta(seconds=1.1))
     rate = store.rate_of("r")
-    assert rate is not None and (rate.limit, rate.epoch) == (4, 2)
+    assert rate is not None and (rate.limit, rate.epoch, rate.quiet, rate.fails) == (4, 2, 1, 1)
+    # Throttles without a usable wait, in a row: backoffs of 2 s, then 4 s (the first
+    # throttle above, after a good answer, was one of the row).
+    at = until + timedelta(seconds=2)
+    store.rate_answer("r", 2, at, at)
+    assert store.admit("r", at + timedelta(seconds=0.5), learn=(60.0, "b")).not_before == at + timedelta(seconds=2)
+    store.rate_answer("r", 3, at + timedelta(seconds=2), at + timedelta(seconds=2))
+    rate = store.rate_of("r")
+    assert rate is not None and rate.start == pytest.approx((at + timedelta(seconds=6)).timestamp())
     # A throttle before any good answer learns nothing: counted again.
     store.rate_answer("fresh", None, None, NOW)  # no record: nothing
     assert store.rate_of("fresh") is None
@@ -295,10 +309,15 @@ def test_every_store_learns_alike(every_store: Any) -> None:
     store.rate_answer("fresh", 0, NOW + timedelta(seconds=30), NOW)
     fresh = store.rate_of("fresh")
     assert fresh is not None and (fresh.cap, fresh.limit, fresh.epoch) == (1, 0, 1)
-    # An hour after the last throttle's end, learned again from a cold start.
-    later = until + timedelta(seconds=2 + RATE_KEPT + 5)
-    answer = store.admit("r", later, learn=(60.0, "late"))
-    assert answer.not_before is None and answer.token == "late" and answer.rate_report
+    # A scope that shows no limit is opened: admission takes nothing, reports nothing.
+    store.admit("open", NOW, learn=(60.0, "o1"))
+    store.release("open", "o1")
+    for _ in range(600):
+        store.rate_answer("open", 0, None, NOW)
+    opened = store.rate_of("open")
+    assert opened is not None and (opened.cap, opened.limit) == (0, 0)
+    answer = store.admit("open", NOW, learn=(60.0, "o2"))
+    assert answer.not_before is None and answer.token is None and answer.rate_epoch is None
 
 
 def test_learn_rate_is_kept_by_copies_and_pickles_and_the_pool_manager_takes_it() -> None:

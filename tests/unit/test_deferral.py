@@ -106,7 +106,7 @@ def test_the_documented_json_form():
         "started_at",
         "history",
     ]
-    assert data["version"] == FORMAT_VERSION == 2
+    assert data["version"] == FORMAT_VERSION == 3
     assert data["eligible_at"] == "2026-03-01T12:06:40.250000+00:00"
     assert data["started_at"] == "2026-03-01T12:00:00.250000+00:00"
     assert data["delay"] == 300 and data["attempts"] == 3 and data["deferrals"] == 3
@@ -202,7 +202,7 @@ def test_round_trip_property(seconds, micros, delay, attempts, earlier, reason, 
 # -- the version rule ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", [None, 0, 3, "1", [1], True])
+@pytest.mark.parametrize("version", [None, 0, 4, "1", [1], True])
 def test_other_versions_are_refused(version):
     with pytest.raises(InvalidDeferral, match="version"):
         Deferral.from_dict(valid_dict(version=version))
@@ -218,6 +218,12 @@ def test_a_version_1_document_cannot_carry_a_reason_of_version_2(reason):
     with pytest.raises(InvalidDeferral, match="version 1"):
         Deferral.from_dict(valid_dict(version=1, reason=reason))
     assert Deferral.from_dict(valid_dict(version=2, reason=reason)).reason == reason
+
+
+def test_a_version_2_document_cannot_carry_the_rate_reason_of_version_3():
+    with pytest.raises(InvalidDeferral, match="version 2"):
+        Deferral.from_dict(valid_dict(version=2, reason="rate"))
+    assert Deferral.from_dict(valid_dict(version=3, reason="rate")).reason == Reason.RATE
 
 
 def test_reasons_are_one_str_enum_and_json_keeps_the_strings():
@@ -349,9 +355,9 @@ def test_history_must_match_the_deferral_count():
 
 def test_invalid_deferral_is_a_package_error_and_a_value_error():
     with pytest.raises(RetryAfterError):
-        Deferral.from_dict(valid_dict(version=3))
+        Deferral.from_dict(valid_dict(version=4))
     with pytest.raises(ValueError):
-        Deferral.from_dict(valid_dict(version=3))
+        Deferral.from_dict(valid_dict(version=4))
 
 
 # -- naive datetimes and direct construction ------------------------------------------

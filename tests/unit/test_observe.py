@@ -59,6 +59,7 @@ def test_a_fresh_snapshot_has_every_fixed_label_at_zero():
         "attempts",
         "cooldown",
         "quota",
+        "rate",
         "concurrency",
         "cancelled",
         "cooldown-unknown",

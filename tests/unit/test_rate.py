@@ -10,14 +10,18 @@ import pytest
 from retry_after_adapter import MemoryCooldownStore, SQLiteCooldownStore
 from retry_after_adapter.cooldown.base import Store
 from retry_after_adapter.cooldown.rate import (
+    BACKOFF,
     BETA,
+    MAX_BACKOFF,
     OPEN_CAP,
-    RATE_KEPT,
+    QUIET_HELD,
+    QUIET_MOVED,
     SLOW_START_CAP,
     Rate,
     answer_rate,
     fresh_rate,
-    rate_terms,
+    rate_from_row,
+    rate_row,
     roll_rate,
 )
 
@@ -30,11 +34,16 @@ def good(rate: Rate, times: int, epoch: int | None = None, at: float = T0 + 0.5)
     return rate
 
 
-def test_a_new_scope_starts_with_one_attempt_in_flight_and_counts_good_answers() -> None:
+def learned(ok: int = 50, until: float = T0 + 5.0, at: float = T0 + 0.3) -> Rate:
+    """A cold scope that took ``ok`` good answers, then a throttle until ``until``."""
+    return answer_rate(good(fresh_rate(T0), ok), 0, until, at)
+
+
+def test_a_new_scope_starts_cold_with_one_probe_in_flight() -> None:
     rate = fresh_rate(T0)
     assert (rate.cap, rate.limit, rate.epoch, rate.start) == (1, 0, 0, T0)
-    assert rate.cold and rate.reports(0)
-    assert rate_terms(rate, None, (60.0, "tok")) == (None, None, (1, 60.0, "tok"))
+    assert rate.probes and not rate.open
+    assert rate_from_row(rate_row(rate)) == rate
 
 
 def test_the_cap_doubles_per_round_to_the_slow_start_cap_then_grows_one_per_round() -> None:
@@ -54,60 +63,92 @@ def test_the_cap_is_lifted_when_no_limit_shows_up() -> None:
         rate = good(rate, 1)
         answers += 1
         assert answers < 1000
-    assert rate.limit == 0 and not rate.cold
+    assert rate.open and rate.limit == 0
     assert answers == sum(range(SLOW_START_CAP, OPEN_CAP)) + SLOW_START_CAP - 1
-    assert rate_terms(rate, None, (60.0, "tok")) == (None, None, None)
 
 
 def test_a_throttle_while_cold_learns_what_the_server_accepted_within_the_window() -> None:
-    rate = good(fresh_rate(T0), 50)
-    until = T0 + 5.2
-    learned = answer_rate(rate, 0, until, T0 + 0.3)
-    assert (learned.limit, learned.ceiling, learned.cap) == (50, 50, 0)
-    assert learned.window == pytest.approx(5.2)
-    assert (learned.epoch, learned.start, learned.grace) == (1, until, 0)
-    assert rate_terms(learned, None, (60.0, "tok")) == (50, pytest.approx(5.2), None)
+    rate = learned(50, until=T0 + 5.2)
+    assert (rate.limit, rate.cap, rate.quiet) == (50, 1, QUIET_HELD)
+    assert rate.window == pytest.approx(5.2)
+    assert (rate.epoch, rate.start, rate.grace) == (1, T0 + 5.2, 0)
+    assert not rate.probes  # the server just showed its limit: no probe for a while
 
 
 def test_answers_of_the_throttled_epoch_that_arrive_late_still_count_once() -> None:
-    learned = answer_rate(good(fresh_rate(T0), 47), 0, T0 + 5.0, T0 + 0.3)
-    assert learned.limit == 47
-    assert learned.reports(0) and not learned.reports(1)
-    late = good(learned, 3, epoch=0, at=T0 + 0.31)
-    assert (late.limit, late.ceiling) == (50, 50)
+    rate = learned(47)
+    late = good(rate, 3, epoch=0, at=T0 + 0.31)
+    assert late.limit == 50
     # The other attempts of that epoch that were throttled too change nothing more.
     assert answer_rate(late, 0, T0 + 5.0, T0 + 0.32) == late
 
 
-def test_a_throttle_of_a_learned_rate_lowers_it_multiplicatively_once_per_epoch() -> None:
-    learned = answer_rate(good(fresh_rate(T0), 50), 0, T0 + 5.0, T0 + 0.3)
-    throttled = answer_rate(learned, 1, T0 + 7.0, T0 + 6.0)
-    assert throttled.limit == int(50 * BETA)
-    assert throttled.window == pytest.approx(5.0) and throttled.epoch == 2
-    assert answer_rate(throttled, 1, T0 + 8.0, T0 + 6.1) == throttled  # same epoch: once
+def test_a_throttle_before_any_good_answer_learns_nothing_and_counts_again() -> None:
+    """The quota was spent before the scope's first attempt (by others): that says
+    nothing of a rate; the next epoch counts again from one in flight."""
+    throttled = answer_rate(fresh_rate(T0), 0, T0 + 30.0, T0 + 0.1)
+    assert (throttled.cap, throttled.limit, throttled.start, throttled.epoch) == (1, 0, T0 + 30.0, 1)
 
 
-def test_a_learned_window_that_was_too_short_grows_instead_of_the_limit_falling() -> None:
-    # The first epoch began inside the server's window: 3.2 s learned for a 5 s window.
-    learned = answer_rate(good(fresh_rate(T0), 50), 0, T0 + 3.2, T0 + 1.0)
-    assert learned.window == pytest.approx(3.2)
-    # A window later (a roll, no throttle), the next batch is throttled until the reset
-    # 5 s after the last one: the window was short, not the limit too high.
-    rolled = roll_rate(learned, T0 + 6.5)
-    assert rolled.epoch == 2
-    throttled = answer_rate(rolled, 2, T0 + 3.2 + 5.0, T0 + 6.5)
-    assert throttled.limit == 50 and throttled.window == pytest.approx(5.0)
+def test_a_throttle_without_a_usable_wait_backs_off_doubling_never_zero_and_bounded() -> None:
+    rate, at, waits = fresh_rate(T0), T0, []
+    for _ in range(8):
+        rate = answer_rate(rate, None, at, at)  # a 429 without Retry-After (or with 0)
+        waits.append(rate.start - at)
+        at = rate.start
+    assert waits == [min(MAX_BACKOFF, BACKOFF * 2**n) for n in range(8)]
+    assert all(wait > 0 for wait in waits)
+    # A good answer ends the streak: the next throttle backs off from the start again.
+    rate = answer_rate(good(rate, 1, at=at), None, at + 1, at + 1)
+    assert rate.start - (at + 1) == BACKOFF
 
 
-def test_windows_without_a_throttle_raise_the_limit_back_toward_the_ceiling_never_above() -> None:
-    learned = answer_rate(good(fresh_rate(T0), 40), 0, T0 + 5.0, T0 + 0.3)
-    low = answer_rate(learned, 1, T0 + 9.0, T0 + 8.0)
-    assert low.limit == 28
-    one = roll_rate(low, low.start + low.window)
-    assert one.limit == 34 and one.epoch == low.epoch + 1
-    later = roll_rate(one, one.start + 10 * one.window)
-    assert later.limit == 40 == later.ceiling
-    assert roll_rate(later, later.start + 100 * later.window).limit == 40
+def test_windows_without_a_throttle_raise_the_limit_by_the_probes_accepted() -> None:
+    rate = learned(40)
+    rate = roll_rate(rate, rate.start + rate.window)  # a quiet window passes
+    rate = roll_rate(rate, rate.start + rate.window)
+    assert rate.quiet == 0 and rate.probes and rate.limit == 40
+    probed = good(rate.probing(), 12, at=rate.start + 0.5)
+    assert probed.ok == 12 and probed.cap > 1
+    after = roll_rate(probed, probed.start + probed.window)
+    assert (after.limit, after.ok, after.probed, after.epoch) == (52, 0, 0, probed.epoch + 1)
+    assert after.cap == probed.cap  # the probes' slow start goes on
+
+
+def test_a_throttle_of_a_learned_rate_changes_it_once_per_epoch_by_what_it_refused() -> None:
+    rate = learned(50)
+    # A known send refused: the quota fell (or the throttle was sporadic).
+    fell = answer_rate(rate, rate.epoch, rate.start + 1.0, rate.start + 0.5)
+    assert (fell.limit, fell.quiet, fell.cap) == (int(50 * BETA), QUIET_MOVED, 1)
+    assert answer_rate(fell, rate.epoch, rate.start + 2.0, rate.start + 0.6) == fell  # once
+    # The first probe refused: the limit is the server's, confirmed.
+    held = answer_rate(rate.probing(), rate.epoch, rate.start + 1.0, rate.start + 0.5)
+    assert (held.limit, held.quiet) == (50, QUIET_HELD)
+    # Probes accepted, then one refused: the server's limit is that much higher.
+    rose = answer_rate(good(rate.probing(), 7, at=rate.start + 0.2), rate.epoch, rate.start + 1.0, rate.start + 0.5)
+    assert (rose.limit, rose.quiet) == (57, QUIET_MOVED)
+
+
+def test_a_rate_pinned_low_by_sporadic_throttles_is_open_again_within_a_few_windows() -> None:
+    """Four throttles that had nothing to do with the rate leave a low limit; once the
+    server is healthy, probes find no limit within a few windows (120 good answers of
+    probes per window, demand far above the limit) and the scope is open: no ceiling is
+    kept."""
+    rate, at = learned(24, until=T0 + 1.2, at=T0 + 0.2), T0 + 1.2
+    for _ in range(3):  # three more sporadic throttles, each of a known send
+        at = rate.start + rate.window * (rate.quiet + 0.5)
+        rate = roll_rate(rate, at)
+        rate = answer_rate(rate, rate.epoch, at + 1.0, at)
+    assert rate.limit < 24
+    windows = 0
+    while not rate.open:
+        at = max(at, rate.start) + rate.window
+        rate = roll_rate(rate, at)
+        if rate.probes:  # the window's known sends, then probes until the window ends
+            rate = good(rate.probing(), 120, at=at)
+        windows += 1
+        assert windows < 10
+    assert windows <= 1 + QUIET_MOVED + 3
 
 
 def test_a_throttle_after_the_cap_was_lifted_counts_again_from_one_in_flight() -> None:
@@ -116,12 +157,6 @@ def test_a_throttle_after_the_cap_was_lifted_counts_again_from_one_in_flight() -
         rate = good(rate, 1)
     again = answer_rate(rate, None, T0 + 60.0, T0 + 30.0)
     assert (again.cap, again.limit, again.start, again.epoch) == (1, 0, T0 + 60.0, rate.epoch + 1)
-
-
-def test_a_configured_cap_and_the_cold_cap_take_one_slot_under_the_smaller() -> None:
-    rate = good(fresh_rate(T0), 3)
-    assert rate_terms(rate, (2, 30.0, "a"), (60.0, "a"))[2] == (2, 30.0, "a")
-    assert rate_terms(rate, (10, 30.0, "a"), (60.0, "a"))[2] == (rate.cap, 30.0, "a")
 
 
 NOW = datetime(2027, 1, 15, 12, 0, tzinfo=timezone.utc)
@@ -134,34 +169,70 @@ def store(request: pytest.FixtureRequest, tmp_path: object) -> Store:
     return SQLiteCooldownStore(str(tmp_path) + "/rate.db")
 
 
-def test_a_store_admits_a_cold_scope_one_in_flight_and_learns_from_answers(store: Store) -> None:
+def test_a_store_admits_a_cold_scope_one_probe_in_flight_and_learns_from_answers(store: Store) -> None:
     first = store.admit("s", NOW, learn=(60.0, "t1"))
     assert first.not_before is None and first.token == "t1"
     assert (first.rate_epoch, first.rate_report) == (0, True)
     second = store.admit("s", NOW, learn=(60.0, "t2"))
-    assert second.slot_busy and second.not_before is not None  # one in flight
+    assert second.slot_busy and second.not_before is not None and second.by_rate  # one in flight
     store.rate_answer("s", 0, None, NOW)
     store.release("s", "t1")
     assert store.admit("s", NOW, learn=(60.0, "t3")).token == "t3"
     assert store.admit("s", NOW, learn=(60.0, "t4")).token == "t4"  # two in flight now
     rate = store.rate_of("s")
-    assert rate is not None and (rate.cap, rate.ok) == (2, 1)
+    assert rate is not None and (rate.cap, rate.ok, rate.probed) == (2, 1, 1)
 
 
-def test_a_store_admits_a_learned_rate_by_its_permits_across_its_window(store: Store) -> None:
+def _learn(store: Store, ok: int, until: datetime) -> None:
     store.admit("s", NOW, learn=(60.0, "t0"))
-    for _ in range(3):
+    store.release("s", "t0")
+    for _ in range(ok):
         store.rate_answer("s", 0, None, NOW)
-    until = NOW + timedelta(seconds=2)
     store.rate_answer("s", 0, until, NOW)
+
+
+def test_a_store_admits_the_limit_per_epoch_as_known_sends_then_probes(store: Store) -> None:
+    until = NOW + timedelta(seconds=2)
+    _learn(store, 3, until)
     rate = store.rate_of("s")
-    assert rate is not None and (rate.limit, rate.window) == (3, pytest.approx(2.0))
+    assert rate is not None and (rate.limit, rate.window, rate.quiet) == (3, pytest.approx(2.0), QUIET_HELD)
     granted = [store.admit("s", until, learn=(60.0, f"a{n}")) for n in range(4)]
     assert [g.not_before is None for g in granted] == [True, True, True, False]
     assert all(g.token is None and g.rate_epoch == 1 and not g.rate_report for g in granted[:3])
-    # The permits count the window and a margin: free again after it, not before.
-    assert store.admit("s", until + timedelta(seconds=2.0), learn=(60.0, "b")).not_before is not None
-    assert store.admit("s", until + timedelta(seconds=2.06), learn=(60.0, "c")).not_before is None
+    # Quiet: no probe; refused by the rate until the next epoch begins, a window on.
+    assert granted[3].by_rate and not granted[3].slot_busy
+    assert granted[3].not_before == until + timedelta(seconds=2)
+    assert store.admit("s", until + timedelta(seconds=1.999), learn=(60.0, "b")).not_before is not None
+    assert store.admit("s", until + timedelta(seconds=2.0), learn=(60.0, "c")).not_before is None
+    # Two quiet windows later, a send beyond the limit is a probe: one in flight.
+    later = until + timedelta(seconds=3 * 2.0 + 0.1)
+    known = [store.admit("s", later, learn=(60.0, f"k{n}")) for n in range(3)]
+    assert all(k.not_before is None and not k.rate_report for k in known)
+    probe = store.admit("s", later, learn=(60.0, "p1"))
+    assert probe.not_before is None and probe.rate_report and probe.token == "p1"
+    busy = store.admit("s", later, learn=(60.0, "p2"))
+    assert busy.by_rate and busy.slot_busy
+    assert busy.not_before is not None and busy.not_before <= later + timedelta(seconds=1)  # not the lease's 60 s
+
+
+def test_a_store_holds_a_scope_back_for_a_throttle_without_a_usable_wait(store: Store) -> None:
+    store.admit("s", NOW, learn=(60.0, "t0"))
+    store.rate_answer("s", None, NOW, NOW)  # a 429 without Retry-After
+    held = store.admit("s", NOW + timedelta(seconds=0.5), learn=(60.0, "t1"))
+    assert held.by_rate and held.not_before == NOW + timedelta(seconds=BACKOFF)
+    store.release("s", "t0")
+    assert store.admit("s", NOW + timedelta(seconds=BACKOFF), learn=(60.0, "t2")).not_before is None
+
+
+def test_an_open_scope_is_admitted_without_the_rate(store: Store) -> None:
+    store.admit("s", NOW, learn=(60.0, "t0"))
+    store.release("s", "t0")
+    for _ in range(600):
+        store.rate_answer("s", 0, None, NOW)
+    rate = store.rate_of("s")
+    assert rate is not None and rate.open
+    answer = store.admit("s", NOW, learn=(60.0, "t1"))
+    assert answer.not_before is None and answer.rate_epoch is None and answer.token is None
 
 
 def test_a_store_keeps_no_rate_without_learn_and_none_once_an_allowance_is_announced(store: Store) -> None:
@@ -171,19 +242,3 @@ def test_a_store_keeps_no_rate_without_learn_and_none_once_an_allowance_is_annou
     answer = store.admit("quoted", NOW, learn=(60.0, "t"))
     assert answer.rate_epoch is None and answer.token is None
     assert store.rate_of("quoted") is None
-
-
-def test_a_throttle_before_any_good_answer_learns_nothing_and_counts_again() -> None:
-    """The quota was spent before the scope's first attempt (by others): that says
-    nothing of a rate; the next epoch counts again from one in flight."""
-    throttled = answer_rate(fresh_rate(T0), 0, T0 + 30.0, T0 + 0.1)
-    assert (throttled.cap, throttled.limit, throttled.start, throttled.epoch) == (1, 0, T0 + 30.0, 1)
-    assert throttled.cold
-
-
-def test_a_learned_rate_is_learned_again_an_hour_after_its_last_throttle() -> None:
-    learned = answer_rate(good(fresh_rate(T0), 3), 0, T0 + 5.0, T0 + 0.3)
-    still = roll_rate(learned, learned.start + RATE_KEPT - 10.0)
-    assert still.limit == 3 and not still.cold
-    again = roll_rate(learned, learned.start + RATE_KEPT + 1.0)
-    assert again.cold and again.cap == 1 and again.limit == 0 and again.ceiling == 3

@@ -1,32 +1,67 @@
 -- Admission for one attempt, atomically, all or nothing (MemoryCooldownStore.admit).
 -- Loaded after allowance.lua and rate.lua.
 -- KEYS = the cooldown key, the quota's permit set, the allowance hash, the lease set,
+-- the learned rate's hash, and the quota's open permits (a sorted set:
+-- score = when the permit stops counting, member = "<grant + per + margin>:<member>"),
 -- all in one cluster slot; ARGV = now (ms, rounded down; the client's clock: cooldowns
 -- are stamped so), how long a permit counts from it (ms, 0: no quota; a millisecond
 -- more when now was rounded down, so never less than from the grant), the limit, a
 -- unique member, "1" to read the cooldown from KEYS[1] ("0": the caller read it), how
 -- long (ms) an allowance outlives its reset, the slots (0: no cap), the lease's ttl
 -- (ms) and its token, then the batch (permits asked for, 1: one) and the hold (ms) of
--- the extra ones, then "1" to admit by the learned rate (KEYS[5] its hash, KEYS[6] its
--- permit set) with a cold slot's ttl (ms) and token, and how long (ms) a rate is kept
--- past its window.
+-- the extra ones, then "1" to admit by the learned rate (KEYS[5] its hash) with a probe
+-- slot's ttl (ms) and token, and how long (ms) a rate is kept
+-- past its window, then how much longer (ms) an open permit counts (0: not open) and
+-- the quota's per (ms).
 -- Returns {cooldown or -1, -1 when admitted or when to ask again, the admission number
 -- or -1, 1 when only a slot was missing, when the permit taken stops counting or -1,
 -- the extra permits taken (each counting hold ms longer), the extra admissions of the
 -- announced allowance counted (numbered after this one's), and its reset or -1}; by
--- the learned rate, three more: its epoch, 1 when a good answer is to be told, 1 when
--- the slot was taken as the cold slot's token.
+-- the learned rate, three more: its epoch (or, refused, -1), 1 when a probe's good
+-- answer is to be told, 1 when the slot was taken as the probe's token.
+
+-- When a permit of a full permit set (count >= limit) is free at the earliest: once
+-- count - limit + 1 stopped counting, an open permit counted as ending at its grant +
+-- per + margin, or at floor (now + per) if later (base.free_at).
+local function free_at(key, okey, now, count, limit, floor)
+  local k = count - limit + 1
+  local opened = {}
+  if okey ~= nil then
+    redis.call('ZREMRANGEBYSCORE', okey, '-inf', now)
+    opened = redis.call('ZRANGE', okey, 0, -1, 'WITHSCORES')
+  end
+  if #opened == 0 then
+    local edge = redis.call('ZRANGE', key, k - 1, k - 1, 'WITHSCORES')
+    return tonumber(edge[2])
+  end
+  local skip, ends = {}, {}
+  for i = 1, #opened, 2 do
+    skip[opened[i + 1]] = (skip[opened[i + 1]] or 0) + 1
+    ends[#ends + 1] = math.max(tonumber(string.match(opened[i], '^(%d+):')), floor)
+  end
+  local first = redis.call('ZRANGE', key, 0, k - 1 + #opened / 2, 'WITHSCORES')
+  local closed = 0
+  for i = 1, #first, 2 do
+    if (skip[first[i + 1]] or 0) > 0 then
+      skip[first[i + 1]] = skip[first[i + 1]] - 1
+    elseif closed < k then
+      closed = closed + 1
+      ends[#ends + 1] = tonumber(first[i + 1])
+    end
+  end
+  table.sort(ends)
+  return ends[math.min(k, #ends)]
+end
 
 -- One quota's permits on a permit set (a sorted set, score = when a permit stops
 -- counting: its grant + per + margin, epoch ms): drops the permits that stopped
 -- counting; -1 when fewer than the limit remain (one is taken when take is true; the
 -- key lives as long as its last permit), else when one will be free.
-local function take_permit(key, now, counts, limit, member, take)
+local function take_permit(key, now, counts, limit, member, take, okey, floor)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   local count = redis.call('ZCARD', key)
   if count >= limit then
-    local edge = redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')
-    return tonumber(edge[2])
+    return free_at(key, okey, now, count, limit, floor)
   end
   if take then
     redis.call('ZADD', key, now + counts, member)
@@ -54,33 +89,63 @@ if rec ~= nil then
 end
 local counts = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
-local pkey, member = KEYS[2], ARGV[4]
 local slots, ttl, token = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
-local r, cold = nil, 0
+local opened, per = tonumber(ARGV[16]), tonumber(ARGV[17])
 if ARGV[12] == '1' and counts == 0 and rec == nil then
-  -- The learned rate (rate.py): made at the scope's first admission, rolled, kept; it
-  -- gives the permit (its limit per window, on its own permit set) and the slot (its
-  -- cold cap, under a configured one too) that the steps below take.
-  r = rate_load(KEYS[5])
+  -- The learned rate (rate.py): made at the scope's first admission, rolled, kept: a
+  -- known send (one of its limit in the epoch), else a probe (a slot of its cap, under
+  -- a configured one too), else refused.
+  local r = rate_load(KEYS[5])
   if r == nil then
-    r = {cap = 1, lim = 0, win = 0, ceil = 0, ep = 0, st = now, ok = 0, gr = 0, gc = -1}
-  else
-    rate_roll(r, now)
+    r = rate_fresh(now)
+    rate_save(KEYS[5], r, tonumber(ARGV[15]))
+  elseif rate_roll(r, now) then
+    rate_save(KEYS[5], r, tonumber(ARGV[15]))
   end
-  rate_save(KEYS[5], r, tonumber(ARGV[15]))
-  if r.cap > 0 then
+  if r.st > now then return {cooldown, r.st, -1, 0, -1, 0, 0, -1, -1} end
+  local known = r.sn < r.lim
+  local probe = not rate_open(r) and not known
+  local ends = -1
+  if r.lim > 0 then ends = r.st + r.win end
+  if probe and (r.cap <= 0 or r.qt > 0) then return {cooldown, ends, -1, 0, -1, 0, 0, -1, -1} end
+  local cold, capped = 0, false
+  if probe then
     if slots > 0 then
+      capped = slots > r.cap
       slots = math.min(slots, r.cap)
     else
       slots, ttl, token, cold = r.cap, tonumber(ARGV[13]), ARGV[14], 1
     end
   end
-  if r.lim > 0 then
-    counts, limit, pkey, member = r.win + 50, r.lim, KEYS[6], ARGV[14]
+  if slots > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+    if redis.call('ZCARD', KEYS[4]) >= slots then
+      local first = tonumber(redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2])
+      if probe and (capped or cold == 1) then
+        if ends >= 0 and ends < first then first = ends end
+        if now + RATE_PROBE_RECHECK < first then first = now + RATE_PROBE_RECHECK end
+        return {cooldown, first, -1, 1, -1, 0, 0, -1, -1}
+      end
+      return {cooldown, first, -1, 1, -1, 0, 0, -1}
+    end
+    redis.call('ZADD', KEYS[4], now + ttl, token)
+    if redis.call('PTTL', KEYS[4]) < ttl + 1000 then
+      redis.call('PEXPIRE', KEYS[4], ttl + 1000)
+    end
   end
+  if rate_open(r) then return {cooldown, -1, -1, 0, -1, 0, 0, -1} end
+  if known then
+    redis.call('HINCRBY', KEYS[5], 'sn', 1)
+    return {cooldown, -1, -1, 0, -1, 0, 0, -1, r.ep, 0, 0}
+  end
+  if r.pr == 0 then
+    r.pr = 1
+    rate_save(KEYS[5], r, tonumber(ARGV[15]))
+  end
+  return {cooldown, -1, -1, 0, -1, 0, 0, -1, r.ep, 1, cold}
 end
 if counts > 0 then
-  local refused = take_permit(pkey, now, counts, limit, member, false)
+  local refused = take_permit(KEYS[2], now, counts, limit, ARGV[4], false, KEYS[6], now + per)
   if refused >= 0 then return {cooldown, refused, -1, 0, -1, 0, 0, -1} end
 end
 if slots > 0 then
@@ -96,21 +161,16 @@ if slots > 0 then
     redis.call('PEXPIRE', KEYS[4], ttl + 1000)
   end
 end
-if r ~= nil then
-  local permit = -1
-  if counts > 0 then
-    take_permit(pkey, now, counts, limit, member, true)
-    permit = now + counts
-  end
-  local report = 0
-  if rate_reports(r) then report = 1 end
-  return {cooldown, -1, -1, 0, permit, 0, 0, -1, r.ep, report, cold}
-end
 local permit = -1
 local extra = 0
 if counts > 0 then
   take_permit(KEYS[2], now, counts, limit, ARGV[4], true)
   permit = now + counts
+  if opened > 0 then
+    -- An open permit: its grant + per + margin kept beside it, until it is settled.
+    redis.call('ZADD', KEYS[6], permit, string.format('%d', permit - opened) .. ':' .. ARGV[4])
+    redis.call('PEXPIREAT', KEYS[6], permit + 1000)
+  end
   local batch = tonumber(ARGV[10])
   if batch > 1 then
     -- Extra permits from the headroom only (base.extra_permits): the free ones before

@@ -1,47 +1,72 @@
 -- An answer for the learned rate (rate.answer_rate), atomically. Loaded after rate.lua.
--- KEYS = the rate hash; ARGV = the attempt's epoch (-1: the current one), the cooldown
--- it announced (epoch ms, -1: a good answer), now (epoch ms), how long (ms) a rate is
--- kept past its window.
+-- KEYS = the rate hash; ARGV = the attempt's epoch (-1: the current one), the end of the
+-- throttle's wait (epoch ms; -1: a probe's good answer; at or before now: no usable
+-- wait, the backoff applies), now (epoch ms), how long (ms) a rate is kept past its
+-- window, then the change channel (empty: none) and the scope: a rate that stops being
+-- open is published there as "r 0 <scope>" (every near copy admits by it again).
 local r = rate_load(KEYS[1])
 if r == nil then return 0 end
 local epoch = tonumber(ARGV[1])
 local untilms = tonumber(ARGV[2])
 local now = tonumber(ARGV[3])
+local was_open = rate_open(r)
 rate_roll(r, now)
 if epoch < 0 then epoch = r.ep end
 if untilms < 0 then
-  if epoch == r.ep and rate_cold(r) then
-    r.ok = r.ok + 1
+  if epoch > r.gc and r.cap > 0 then
+    r.ok = math.min(RATE_MAX_COUNT, r.ok + 1)
     r.gr = r.gr + 1
     if r.cap < RATE_SLOW_START_CAP or r.gr >= r.cap then
       r.cap = r.cap + 1
       r.gr = 0
     end
-    if r.cap >= RATE_OPEN_CAP then r.cap = 0 end
-  elseif epoch == r.gc and r.gc == r.ep - 1 and r.lim < RATE_MAX_COUNT then
-    r.lim = r.lim + 1
-    if r.lim > r.ceil then r.ceil = r.lim end
+    r.fl = 0
+    if r.cap >= RATE_OPEN_CAP then
+      r.cap, r.lim, r.win, r.ok, r.gr, r.qt, r.pr = 0, 0, 0, 0, 0, 0, 0
+    end
+  elseif epoch == r.gc and r.lim > 0 and epoch == r.ep - 1 then
+    r.lim = math.min(RATE_MAX_COUNT, r.lim + 1)
+    r.fl = 0
   else
     return 0
   end
 elseif epoch ~= r.ep then
   return 0
 else
-  local win = math.min(math.max(untilms - r.st, RATE_MIN_WINDOW), RATE_MAX_WINDOW)
-  local start = math.max(untilms, now)
-  if rate_cold(r) and r.ok <= 0 then
-    r.cap, r.lim, r.win, r.gc = 1, 0, 0, -1
-  elseif rate_cold(r) then
-    local lim = math.max(1, math.min(r.ok, RATE_MAX_COUNT))
-    r.cap, r.lim, r.win, r.ceil, r.gc = 0, lim, win, lim, epoch
-  elseif r.lim <= 0 then
-    r.cap, r.lim, r.win, r.gc = 1, 0, 0, -1
-  elseif math.min(math.max(untilms - (r.st - r.gr * r.win), RATE_MIN_WINDOW), RATE_MAX_WINDOW) > r.win then
-    r.cap, r.win, r.gc = 0, math.min(math.max(untilms - (r.st - r.gr * r.win), RATE_MIN_WINDOW), RATE_MAX_WINDOW), -1
-  else
-    r.cap, r.lim, r.gc = 0, math.max(1, math.floor(r.lim * RATE_BETA)), -1
+  if untilms <= now then
+    untilms = now + math.min(RATE_MAX_BACKOFF, RATE_BACKOFF * 2 ^ math.min(r.fl, 16))
   end
-  r.ep, r.st, r.ok, r.gr = epoch + 1, start, 0, 0
+  untilms = math.min(untilms, now + RATE_MAX_WINDOW)
+  local lim, win, quiet = r.lim, r.win, RATE_QUIET_MOVED
+  if r.lim <= 0 then
+    if r.cap <= 0 or r.ok <= 0 then
+      lim, win, quiet = 0, 0, 0
+    else
+      lim = math.min(r.ok, RATE_MAX_COUNT)
+      win = math.min(math.max(untilms - r.st, RATE_MIN_WINDOW), RATE_MAX_WINDOW)
+      quiet = RATE_QUIET_HELD
+    end
+  else
+    if r.ok > 0 and untilms > r.st + r.win then
+      lim = math.max(lim, math.min(RATE_MAX_COUNT, r.ok))
+    elseif r.ok > 0 then
+      lim = math.min(RATE_MAX_COUNT, r.lim + r.ok)
+    elseif r.pr > 0 then
+      quiet = RATE_QUIET_HELD
+      local windows = epoch - r.gc
+      if r.gc >= 0 and windows >= 2 then
+        win = math.min(math.max((r.win + (untilms - r.base) / windows) / 2, RATE_MIN_WINDOW), RATE_MAX_WINDOW)
+        win = math.floor(win + 0.5)
+      end
+    else
+      lim = math.max(1, math.floor(r.lim * RATE_BETA))
+    end
+  end
+  r.cap, r.lim, r.win, r.ep, r.st, r.base, r.sn = 1, lim, win, epoch + 1, untilms, untilms, 0
+  r.ok, r.gr, r.gc, r.qt, r.pr, r.fl = 0, 0, epoch, quiet, 0, r.fl + 1
 end
 rate_save(KEYS[1], r, tonumber(ARGV[4]))
+if was_open and not rate_open(r) and ARGV[5] ~= nil and ARGV[5] ~= '' then
+  redis.call('PUBLISH', ARGV[5], 'r 0 ' .. ARGV[6])
+end
 return 1

@@ -1,0 +1,373 @@
+"""Liveness as well as safety: holding back is never slower than what the server allows.
+
+Each scenario is a real loopback server whose answers follow a script over the test's
+``FakeClock``, and one worker that sends as fast as it is admitted (waits advance the
+clock, so a scenario of minutes runs in a blink): the learned rate recovers after
+transient throttles and follows a quota that rises or falls; eligible times are the
+earliest time admission could succeed, never a bound kept for unanswered permits; a
+throttle without a usable Retry-After slows the scope down. Nothing is sent early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from retry_after_adapter import (
+    FakeClock,
+    MemoryCooldownStore,
+    Quota,
+    RetryAfterAdapter,
+    RetryAfterRetry,
+    SQLiteCooldownStore,
+    deferral_of,
+)
+from retry_after_adapter.cooldown.rate import QUIET_HELD, QUIET_MOVED
+from retry_after_adapter.observe import DecisionRecord
+from retry_after_adapter.scope import RequestInfo, origin_scope
+
+from .throttle_server import Reply, Seen, ThrottleServer
+
+OK = Reply(200)
+
+
+def throttle(retry_after: str | None = "1", status: int = 429) -> Reply:
+    return Reply(status, {"Retry-After": retry_after} if retry_after is not None else {}, b"slow down")
+
+
+@dataclass
+class Scenario:
+    """A server's script over time: ``answer(n, t)`` for the n-th request (from 1) at
+    ``t`` seconds since the start; what it answered is kept."""
+
+    answer: Callable[[int, float], Reply]
+    start: datetime | None = None
+    log: list[tuple[float, int]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, seen: Seen) -> Reply:
+        with self.lock:
+            assert self.start is not None
+            t = (seen.at - self.start).total_seconds()
+            reply = self.answer(len(self.log) + 1, t)
+            self.log.append((t, reply.status))
+            return reply
+
+    def good(self, since: float, until: float = float("inf")) -> int:
+        return sum(1 for t, status in self.log if since <= t < until and status < 400)
+
+    def statuses(self, status: int) -> list[float]:
+        return [t for t, s in self.log if s == status]
+
+
+@dataclass
+class Run:
+    """What one worker saw: every admission wait and deferral (time, reason)."""
+
+    waits: list[tuple[float, str]] = field(default_factory=list)
+    deferrals: list[tuple[float, str]] = field(default_factory=list)
+
+
+@pytest.fixture
+def scripted(server: ThrottleServer, clock: FakeClock) -> Iterator[Callable[[Callable[[int, float], Reply]], Scenario]]:
+    def start(answer: Callable[[int, float], Reply]) -> Scenario:
+        scenario = Scenario(answer, clock.now())
+        server.responder = scenario
+        return scenario
+
+    yield start
+    server.responder = None
+
+
+#: Seconds of the fake clock each call takes (its answer's time): 100 calls a second at
+#: most, what the server allows when it is healthy.
+CALL_TIME = 0.01
+
+
+def drive(server: ThrottleServer, clock: FakeClock, seconds: float, requests_at_most: int = 8000,
+          store: Any = None, **adapter: Any) -> Run:
+    """One worker that sends as fast as it is admitted for ``seconds`` of the fake clock
+    (at most ``requests_at_most`` calls), each call taking :data:`CALL_TIME`; a deferred
+    call waits for its eligible time."""
+    run = Run()
+    start = clock.now()
+
+    def seen(record: DecisionRecord) -> None:
+        at = (clock.now() - start).total_seconds()
+        if record.action == "retry" and record.reason in ("cooldown", "quota", "rate", "concurrency"):
+            run.waits.append((at, str(record.reason)))
+        elif record.action == "defer":
+            run.deferrals.append((at, str(record.reason)))
+
+    retry = RetryAfterRetry(total=3, deadline=30, clock=clock, on_decision=seen, raise_on_status=False)
+    session = requests.Session()
+    store = store if store is not None else MemoryCooldownStore()
+    session.mount("http://", RetryAfterAdapter(max_retries=retry, cooldown=store, **adapter))
+    for _ in range(requests_at_most):
+        if (clock.now() - start).total_seconds() >= seconds:
+            break
+        response = session.get(server.url)
+        clock.advance(CALL_TIME)
+        deferral = deferral_of(response)
+        if deferral is not None:
+            clock.advance(max(0.0, (deferral.eligible_at - clock.now()).total_seconds()))
+    return run
+
+
+def last_throttle(scenario: Scenario) -> float:
+    return max(scenario.statuses(429) + scenario.statuses(503), default=0.0)
+
+
+# -- the learned rate recovers after transient throttles ------------------------------------------
+
+
+def every_25th(times: int) -> Callable[[int, float], Reply]:
+    def answer(n: int, t: float) -> Reply:
+        return throttle("1") if n % 25 == 0 and n // 25 <= times else OK
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("name", "answer"),
+    [
+        ("sporadic 429s", every_25th(4)),
+        ("a deploy's 503s", lambda n, t: throttle("2", 503) if t < 3 else OK),
+        ("alternating 429s", lambda n, t: throttle("1") if t < 6 and n % 2 == 0 else OK),
+        ("one 429 after two 200s", lambda n, t: throttle("1") if n == 3 else OK),
+    ],
+)
+def test_the_learned_rate_holds_nothing_back_a_few_windows_after_transient_throttles(
+    server: ThrottleServer, clock: FakeClock, scripted: Any, name: str, answer: Callable[[int, float], Reply]
+) -> None:
+    """The throttles had nothing to do with a rate: once they stop, the rate holds
+    nothing back within a few windows (its probes find no limit) and the scope is open
+    again. (0.9 kept the most the server accepted in one window as a ceiling for an
+    hour: it held the worker back every window to the end.)"""
+    scenario = scripted(answer)
+    run = drive(server, clock, seconds=40)
+    ended = last_throttle(scenario)
+    held = [at for at, why in run.waits + run.deferrals if why == "rate"]
+    window = 2.0  # the longest Retry-After here: no window learned is longer
+    assert max(held, default=ended) - ended <= (1 + max(QUIET_HELD, QUIET_MOVED)) * window, (name, held[-5:])
+    # From 5 s after the last throttle, what the server allows (a call per CALL_TIME).
+    assert scenario.good(ended + 5, 40) >= 0.9 * (40 - ended - 5) / CALL_TIME, name
+
+
+def test_a_throttle_without_a_usable_retry_after_backs_the_scope_off(
+    server: ThrottleServer, clock: FakeClock, scripted: Any
+) -> None:
+    """A 429 with no Retry-After (or ``Retry-After: 0``) on every answer: 0.9 sent as
+    fast as it could, every one a 429. The learned rate backs the scope off 1, 2, 4...
+    seconds (never 0, at most 20), and recovers when the server does."""
+    scenario = scripted(lambda n, t: (throttle(None) if n % 2 else throttle("0")) if t < 60 else OK)
+    run = drive(server, clock, seconds=90)
+    throttled = scenario.statuses(429)
+    assert 5 <= len(throttled) <= 12, throttled
+    gaps = [b - a for a, b in itertools.pairwise(throttled)]
+    assert all(gap >= 0.999 for gap in gaps)  # never two within a second: nothing at 0
+    assert max(gaps) <= 20.5
+    assert any(why == "rate" for _, why in run.waits + run.deferrals)
+    assert scenario.good(80, 90) >= 0.9 * 10 / CALL_TIME  # the server came back at 60: so did the worker
+
+
+# -- a quota nobody announced: followed as it rises and falls ---------------------------------------
+
+
+def fixed_window(limit_at: Callable[[float], int], window: float) -> Callable[[int, float], Reply]:
+    counts: dict[int, int] = {}
+
+    def answer(n: int, t: float) -> Reply:
+        index = int(t // window)
+        counts[index] = counts.get(index, 0) + 1
+        if counts[index] > limit_at(t):
+            return throttle(str(int(-(-((index + 1) * window - t) // 1))))
+        return OK
+
+    return answer
+
+
+def test_the_learned_rate_follows_an_unannounced_quota_that_rises(
+    server: ThrottleServer, clock: FakeClock, scripted: Any
+) -> None:
+    """20 per 2 s, then 80 per 2 s from 20 s on: from three windows after the rise, the
+    worker gets 0.9 of what the server allows or more (its Retry-After, in whole seconds,
+    tells its window to a second at best), and the probes cost at most one 429 a
+    window."""
+    scenario = scripted(fixed_window(lambda t: 20 if t < 20 else 80, 2.0))
+    drive(server, clock, seconds=50)
+    assert scenario.good(26, 50) >= 0.9 * 80 * 12  # windows 26-50 s: three after the rise
+    per_window = [sum(1 for t in scenario.statuses(429) if i * 2.0 <= t < i * 2.0 + 2.0) for i in range(25)]
+    assert max(per_window[1:]) <= 1, per_window  # one worker: a refused probe, or a known send
+
+
+def test_the_learned_rate_follows_an_unannounced_quota_that_falls(
+    server: ThrottleServer, clock: FakeClock, scripted: Any
+) -> None:
+    """80 per 2 s, then 20 per 2 s from 20 s on: within a few windows the worker sends
+    what the server allows, one refused send a window at most, never a storm."""
+    scenario = scripted(fixed_window(lambda t: 80 if t < 20 else 20, 2.0))
+    drive(server, clock, seconds=50)
+    assert scenario.good(26, 50) >= 0.9 * 20 * 12
+    per_window = [sum(1 for t in scenario.statuses(429) if i * 2.0 <= t < i * 2.0 + 2.0) for i in range(25)]
+    assert max(per_window) <= 1, per_window
+
+
+# -- tight eligible times ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def test_calls_refused_by_permits_in_flight_wait_for_their_window_not_for_how_long_a_permit_is_kept(
+    kind: str, real_server: ThrottleServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``Quota(4, per=0.5)``, 10 calls at once, each with a 1.6 s deadline: the permits
+    of the first four are open (answers of a new adapter are expected late) and count
+    10 s longer until their answers settle them, but the calls they refuse are told to
+    look again at grant + per + margin: every call fits (three rounds, 1 s), none is
+    deferred, and no window at the server holds more than four. (0.9 deferred the six
+    with an eligible time 10.55 s ahead.)"""
+    if kind == "memory":
+        store: Any = MemoryCooldownStore()
+    elif kind == "sqlite":
+        store = SQLiteCooldownStore(tmp_path / "tight.db")
+    else:
+        from retry_after_adapter import RedisCooldownStore
+
+        store = RedisCooldownStore(request.getfixturevalue("redis_client"), prefix="tight:")
+    adapter = RetryAfterAdapter(
+        max_retries=RetryAfterRetry(total=2, deadline=1.6), cooldown=store, quota=Quota(4, per=0.5)
+    )
+    barrier = threading.Barrier(10)
+    results: list[tuple[int, Any]] = []
+
+    def call() -> None:
+        session = requests.Session()
+        session.mount("http://", adapter)
+        barrier.wait()
+        response = session.get(real_server.url)
+        results.append((response.status_code, deferral_of(response)))
+
+    threads = [threading.Thread(target=call) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert [status for status, _ in results] == [200] * 10, results
+    arrivals = sorted(seen.at for seen in real_server.seen)
+    window = timedelta(seconds=0.5)
+    assert max(sum(1 for b in arrivals if a <= b < a + window) for a in arrivals) <= 4
+
+
+def test_a_deferral_and_a_local_429_name_the_window_not_the_open_permit_bound(
+    server: ThrottleServer, clock: FakeClock
+) -> None:
+    """``Quota(3, per=60)``: three calls on the wire (the server holds their answers), two
+    more refused by their permits, which are open (they count 10 s longer until their
+    answers settle them): the deferrals are eligible at the grant + per + margin, and
+    the local 429s say ``Retry-After: 61`` (whole seconds, up), not 70 or 71."""
+    adapter = RetryAfterAdapter(
+        max_retries=RetryAfterRetry(total=2, deadline=1, clock=clock),
+        cooldown=MemoryCooldownStore(),
+        quota=Quota(3, per=60),
+    )
+    gate = threading.Event()
+    server.serve([Reply(gate=gate)] * 3 + [OK])
+    granted = clock.now()
+    held: list[int] = []
+
+    def call() -> None:
+        session = requests.Session()
+        session.mount("http://", adapter)
+        held.append(session.get(server.url).status_code)
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    while server.count() < 3:
+        threading.Event().wait(0.005)
+    session = requests.Session()
+    session.mount("http://", adapter)
+    for _ in range(2):
+        response = session.get(server.url)
+        deferral = deferral_of(response)
+        assert response.status_code == 429 and response.headers["X-Local-Deferral"]
+        assert deferral is not None and deferral.reason == "quota"
+        assert deferral.eligible_at <= granted + timedelta(seconds=60.05)
+        assert int(response.headers["Retry-After"]) <= 61
+    gate.set()
+    for thread in threads:
+        thread.join(10)
+    assert held == [200] * 3 and server.count() == 3
+
+
+async def test_async_tasks_refused_by_a_quota_are_told_its_window(server: ThrottleServer, clock: FakeClock) -> None:
+    """The async httpx transport: 40 tasks at once on ``Quota(8, per=2)``, a deadline too
+    short to wait for the window (1.9 s, which also bounds each real send): every
+    deferral is eligible within the window plus its margin (0.9 said "+12.05 s", the
+    bound an open permit is kept)."""
+    httpx = pytest.importorskip("httpx")
+    from retry_after_adapter.httpx import AsyncRetryAfterTransport
+
+    transport = AsyncRetryAfterTransport(
+        RetryAfterRetry(total=2, deadline=1.9, clock=clock), cooldown=MemoryCooldownStore(), quota=Quota(8, per=2)
+    )
+    async with httpx.AsyncClient(transport=transport) as client:
+        responses = await asyncio.gather(*(client.get(server.url) for _ in range(40)))
+    delays = [d.delay for d in map(deferral_of, responses) if d is not None]
+    assert len(delays) == 32 and server.count() == 8
+    assert max(delays) <= 2.05 + 1e-6, max(delays)
+    assert all(int(r.headers["Retry-After"]) <= 3 for r in responses if r.status_code == 429)
+
+
+# -- the reason, and an open scope costs no store operation --------------------------------------
+
+
+def test_learned_rate_deferrals_have_a_reason_of_their_own(
+    server: ThrottleServer, clock: FakeClock, scripted: Any
+) -> None:
+    scripted(every_25th(1))
+    run = drive(server, clock, seconds=3)
+    reasons = {why for _, why in run.waits + run.deferrals}
+    assert "rate" in reasons and "quota" not in reasons
+
+
+def test_an_open_scope_is_admitted_near_without_a_store_operation(tmp_path: Path, real_server: ThrottleServer) -> None:
+    """With the defaults on a SQLite store (push on), once the cold start finds no
+    limit the scope is open: admission is answered by the near copy, so a GET costs no
+    write transaction (0.9 asked the store for every attempt while a rate was kept)."""
+    store = SQLiteCooldownStore(tmp_path / "open.db")
+    session = requests.Session()
+    session.mount("http://", RetryAfterAdapter(max_retries=RetryAfterRetry(total=1), cooldown=store))
+    for _ in range(700):
+        assert session.get(real_server.url).status_code == 200
+    scope = origin_scope(RequestInfo("GET", real_server.url, {}))
+    rate = store.rate_of(scope)
+    assert rate is not None and rate.open
+    writes = _count_writes(store, lambda: [session.get(real_server.url) for _ in range(200)])
+    assert writes <= 2, writes
+
+
+def _count_writes(store: SQLiteCooldownStore, work: Callable[[], object]) -> int:
+    """Write transactions ``store`` began while ``work`` ran (its connections' ``BEGIN
+    IMMEDIATE``s, counted by a trace callback on each)."""
+    began = [0]
+
+    def trace(statement: str) -> None:
+        if statement.startswith("BEGIN IMMEDIATE"):
+            began[0] += 1
+
+    for conn in list(store._conns):  # the test's own thread's connection included
+        conn.set_trace_callback(trace)
+    work()
+    for conn in list(store._conns):
+        conn.set_trace_callback(None)
+    return began[0]
