@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ..cooldown.guard import StoreBudget
     from ..retry import RetryAfterRetry
     from .meters import Meter
+    from .plan import Slot
 
 __all__ = ["MIN_ATTEMPT_TIMEOUT", "Call"]
 
@@ -65,6 +66,7 @@ class Call:
         "permit_open",
         "plan",
         "policy",
+        "probe",
         "queued",
         "rate_epoch",
         "rate_held",
@@ -127,6 +129,8 @@ class Call:
         self.rate_report = False
         #: The last admission was refused by the scope's learned rate (reason ``rate``).
         self.rate_held = False
+        #: A learned rate's probe slot, given back once the attempt's answer is judged.
+        self.probe: Slot | None = None
         #: The last admission was refused only for want of a concurrency slot, and
         #: how long (seconds) this attempt has waited for one so far.
         self.slot_busy = False

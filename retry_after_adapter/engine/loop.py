@@ -168,10 +168,13 @@ def steps(call: Call, transport: Attempts[R]) -> Generator[Op, Any, Outcome[R]]:
             response, error, cause = yield from send(call, transport)
             raw = transport.raw(response) if response is not None else None
             body = None
-            if raw is not None and getattr(raw, "status", None) == 403 and wants_body(transport, raw):
-                # GitHub's secondary limit? Its body tells: read and kept (bounded).
-                body = yield KEEP, response, call.policy.max_retry_body, call.read_time()
-            verdict = judge(call, transport.method, transport.url, raw, cause, body=body)
+            try:
+                if raw is not None and getattr(raw, "status", None) == 403 and wants_body(transport, raw):
+                    # GitHub's secondary limit? Its body tells: read and kept (bounded).
+                    body = yield KEEP, response, call.policy.max_retry_body, call.read_time()
+                verdict = judge(call, transport.method, transport.url, raw, cause, body=body)
+            finally:
+                call.plan.judged(call)  # a probe's slot, once what the answer taught is learned
             if verdict is FINAL:
                 return Outcome(response)  # the happy path: a final answer
             outcome = yield from _after(call, transport, verdict, response, error)

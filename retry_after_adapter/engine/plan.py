@@ -237,12 +237,25 @@ class Plan:
             call.lease_token = None
             assert self.release_slot is not None and call.scope is not None
             slot = Slot(self.release_slot, call.scope, token)
-            if response is None or self.slots is None:
-                # No configured cap: the slot is the learned rate's cold one, which
-                # counts requests the server has not answered yet, not bodies still read.
+            if response is None:
                 slot()
+            elif self.slots is None:
+                # No configured cap: the slot is a learned rate's probe, which counts
+                # requests the server has not answered yet, not bodies still read. It
+                # goes back once the answer is judged (:meth:`judged`), so that a
+                # throttle reaches the store before another probe takes the slot.
+                call.probe = slot
             else:
                 on_done(response, slot)
+
+    @staticmethod
+    def judged(call: Call) -> None:
+        """The attempt's answer was judged (what it taught is learned): a probe's slot
+        goes back."""
+        probe = call.probe
+        if probe is not None:
+            call.probe = None
+            probe()
 
     def _settle(self, call: Call) -> None:
         """The attempt that took a quota permit was answered later than the margin: it
