@@ -3,6 +3,9 @@
 - :class:`QuotaServer`: a throttling HTTP server on 127.0.0.1 that enforces one shared
   quota per window and answers 429 with a Retry-After (see
   ``retry_after_adapter.testing.server``);
+- :class:`ScenarioServer`: a loopback HTTP server whose answers follow a script of
+  phases over time (healthy, every n-th throttled, a deploy's 503s, a 429 storm, fixed
+  and sliding windows; see ``retry_after_adapter.testing.scenarios``);
 - :class:`FakeClock`: a clock that moves only when told to or when something waits on
   it (the same class as ``retry_after_adapter.FakeClock``);
 - :func:`reset_default_store`: forget every cooldown in the process-wide default store;
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
     from ._store import reset_default_store
     from .plugin import fake_clock as fake_clock
     from .plugin import fake_retry as fake_retry
+    from .scenarios import ScenarioServer
     from .server import QuotaServer
 
 #: This package was the plugin module before the plugin had a module of its own: loaded
@@ -39,9 +43,10 @@ _WHERE: dict[str, str] = {
     "fake_clock": ".plugin",
     "fake_retry": ".plugin",
     "reset_default_store": "._store",
+    "ScenarioServer": ".scenarios",
 }
 
-__all__ = ["FakeClock", "QuotaServer", "reset_default_store"]
+__all__ = ["FakeClock", "QuotaServer", "ScenarioServer", "reset_default_store"]
 
 
 # No ``__dir__`` that lists these names: pytest and pluggy look up every name ``dir()``
