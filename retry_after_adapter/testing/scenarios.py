@@ -130,6 +130,12 @@ def _retry_after(value: str | None) -> Headers:
     return {} if value is None else {"Retry-After": value}
 
 
+def _ordinal(n: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``4th``... ``11th``, ``21st``."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
 def _whole_seconds(seconds: float) -> int:
     """``seconds`` rounded up to whole seconds, at least 1 (a wait is never told short;
     a float a hair above a whole number counts as that number)."""
@@ -179,7 +185,7 @@ class EveryNth:
     def describe(self) -> str:
         told = f" Retry-After {self.retry_after}" if self.retry_after is not None else " no Retry-After"
         cap = f", {self.times} times" if self.times is not None else ""
-        return f"every {self.n}th {self.status}{told}{cap}"
+        return f"every {_ordinal(self.n)} {self.status}{told}{cap}"
 
 
 @dataclass(frozen=True)
