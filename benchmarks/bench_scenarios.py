@@ -260,6 +260,16 @@ def work(session: requests.Session, url: str, end: float, calls: list[dict[str, 
             time.sleep(max(0.0, min(wait, end - time.monotonic())))
 
 
+def warm_up() -> None:
+    """One GET through each fleet's kind of Session against a throwaway server, so that
+    the first run does not pay the first request's imports and set-up."""
+    scenario = _no_quota("warm-up", (Phase(healthy()),), 1.0)
+    with ScenarioServer(scenario.phases) as server:
+        for fleet in FLEETS:
+            with make_session(fleet, scenario, MemoryCooldownStore()) as session:
+                session.get(server.url + "/warm-up", timeout=10).close()
+
+
 def run(scenario: Scenario, fleet: str, threads: int, latency: float) -> dict[str, Any]:
     """One fleet through one scenario on a fresh server: what the server saw (arrivals,
     announcements), what the workers did and the learned rate over time."""
@@ -287,11 +297,18 @@ def run(scenario: Scenario, fleet: str, threads: int, latency: float) -> dict[st
 # -- the figures ------------------------------------------------------------------------------
 
 
+def phase_starts(scenario: Scenario) -> list[float]:
+    """When each phase begins, in seconds since the start."""
+    starts = [0.0]
+    for phase in scenario.phases[:-1]:
+        starts.append(starts[-1] + (phase.seconds or 0.0))
+    return starts
+
+
 def measured_from(scenario: Scenario, settle: float) -> float:
-    """Seconds since the start from which goodput is measured: the transient's end plus
-    max(``settle``, 3 windows of the last phase)."""
-    start = sum(p.seconds or 0.0 for p in scenario.phases[:-1])
-    return start + max(settle, 3 * scenario.window())
+    """Seconds since the start from which goodput is measured: the transient's end (the
+    last phase's start) plus max(``settle``, 3 windows of the last phase)."""
+    return phase_starts(scenario)[-1] + max(settle, 3 * scenario.window())
 
 
 def per_second(server: ScenarioServer, seconds: float) -> list[int]:
@@ -326,6 +343,7 @@ def summarise(scenario: Scenario, fleet: str, result: dict[str, Any], begin: flo
     changes = result["rate_changes"]
     return {
         "fleet": fleet,
+        "measured_from_s": begin,
         "config": scenario.best_label if fleet == "best" else fleet,
         "goodput_per_s": rate.per_second,
         "allowed_per_s_by_script": rate.allowed_per_second,
@@ -349,20 +367,23 @@ def summarise(scenario: Scenario, fleet: str, result: dict[str, Any], begin: flo
 COLOURS = {"2xx": "#2ca02c", "429": "#ff7f0e", "5xx": "#d62728", "other": "#7f7f7f"}
 COOLDOWN = "#6baed6"
 RATE = "#1f4e9c"
-ALLOWED = "#000000"
+QUOTA = "#000000"
+#: The picture's geometry in pixels: width, margins, a lane's height and the gap under it.
+WIDTH, LEFT, RIGHT, LANE, GAP, TOP = 1100, 70, 70, 150, 62, 92
 
 
 def _buckets(server: ScenarioServer, seconds: float) -> list[dict[str, int]]:
-    out = [{k: 0 for k in COLOURS} for _ in range(math.ceil(seconds / BUCKET))]
+    """Arrivals per :data:`BUCKET` seconds, by status class."""
+    out = [dict.fromkeys(COLOURS, 0) for _ in range(math.ceil(seconds / BUCKET))]
     for a in server.seen():
         if 0 <= a.t < seconds:
             kind = "2xx" if 200 <= a.status < 300 else "429" if a.status == 429 else "5xx"
-            kind = kind if a.status < 600 else "other"
-            out[min(int(a.t / BUCKET), len(out) - 1)][kind] += 1
+            out[min(int(a.t / BUCKET), len(out) - 1)][kind if a.status < 600 else "other"] += 1
     return out
 
 
 def _merged(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Overlapping spans as one."""
     out: list[tuple[float, float]] = []
     for lo, hi in sorted(spans):
         if out and lo <= out[-1][1]:
@@ -372,31 +393,144 @@ def _merged(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def _tick_step(span: float, most: int) -> float:
+def _step(span: float, most: int) -> float:
+    """A round tick step that puts at most ``most`` ticks on ``span``."""
     for step in (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000):
         if span / step <= most:
             return step
-    return 10000
+    return 10000.0
 
 
-def svg(scenario: Scenario, lanes: list[tuple[str, dict[str, Any], dict[str, Any]]], begin: float) -> str:
-    """The scenario as one SVG picture: a lane per fleet (name, run, summary)."""
-    width, left, right, lane_h, gap, top = 1100, 70, 30, 150, 62, 92
-    plot_w = width - left - right
-    height = top + len(lanes) * (lane_h + gap) + 20
-    seconds = scenario.seconds
+def _axis(top: float, scale: float, step: float, x: float, side: int) -> list[str]:
+    """Ticks and labels of a vertical axis at ``x`` (``side`` -1: left, 1: right) from 0
+    to ``scale`` (at ``top``), one per ``step``."""
+    out, v = [], 0.0
+    anchor = "end" if side < 0 else "start"
+    while v <= scale + 1e-9:
+        y = top + LANE - LANE * v / scale
+        out.append(f'<line x1="{x}" y1="{y:.1f}" x2="{x + 4 * side}" y2="{y:.1f}" stroke="#333"/>')
+        out.append(f'<text x="{x + 6 * side}" y="{y + 4:.1f}" text-anchor="{anchor}">{v:g}</text>')
+        v += step
+    return out
+
+
+def _lane(
+    scenario: Scenario, name: str, result: dict[str, Any], summary: dict[str, Any], top: float
+) -> list[str]:
+    """One fleet's lane: bars of arrivals per bucket by status (left axis), cooldowns
+    announced as shaded spans, the quota and the learned rate as requests per second
+    (right axis), the phases' changes, a seconds axis and the bracket of the goodput's
+    interval."""
+    seconds, plot_w, base = scenario.seconds, WIDTH - LEFT - RIGHT, top + LANE
+    server: ScenarioServer = result["server"]
 
     def x(t: float) -> float:
-        return left + plot_w * min(max(t, 0.0), seconds) / seconds
+        return LEFT + plot_w * min(max(t, 0.0), seconds) / seconds
 
-    starts = [0.0]
-    for p in scenario.phases[:-1]:
-        starts.append(starts[-1] + (p.seconds or 0.0))
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{left}" y="20" font-size="15" font-weight="bold">scenario {escape(scenario.name)}: '
+    starts = phase_starts(scenario)
+    buckets = _buckets(server, seconds)
+    bars_step = _step(max([sum(b.values()) for b in buckets] + [1]), 4)
+    bars_max = math.ceil(max([sum(b.values()) for b in buckets] + [1]) * 1.05 / bars_step) * bars_step
+    rates = [(c["t"], rate_per_second(c)) for c in result["rate_changes"]]
+    quotas = []
+    for index, phase in enumerate(scenario.phases):
+        limit, window = getattr(phase.behaviour, "limit", None), getattr(phase.behaviour, "window", None)
+        if limit and window:
+            quotas.append(
+                (starts[index], starts[index + 1] if index + 1 < len(starts) else seconds, limit / window)
+            )
+    tallest = max([r for _, r in rates if r] + [q for _, _, q in quotas] + [1.0])
+    rate_step = _step(tallest, 4)
+    rate_max = math.ceil(tallest * 1.1 / rate_step) * rate_step
+
+    def y_rate(v: float) -> float:
+        return base - LANE * min(v, rate_max) / rate_max
+
+    ratio = summary.get("ratio")
+    title = (
+        f"{name}{' (' + summary['config'] + ')' if name == 'best' else ''}: goodput "
+        f"{summary['goodput_per_s']:.1f}/s"
+        + (f" ({ratio:.2f} of allowed)" if ratio is not None else "")
+        + f", 429s {summary['429']}, 5xx {summary['5xx']}, early {summary['early']}, "
+        f"overruns {summary['overruns']}"
+        + (f", learned at end {summary['learned_at_end']}" if name != "stock" else "")
+    )
+    out = [
+        f'<text x="{LEFT}" y="{top - 8}" font-size="12" font-weight="bold">{escape(title)}</text>',
+        f'<rect x="{LEFT}" y="{top}" width="{plot_w}" height="{LANE}" fill="#fafafa" stroke="#999"/>',
+    ]
+    for lo, hi in _merged([(a.t, a.t_until) for a in server.announcements]):
+        if lo < seconds:
+            out.append(
+                f'<rect x="{x(lo):.1f}" y="{top}" width="{max(x(hi) - x(lo), 0.5):.1f}" height="{LANE}" '
+                f'fill="{COOLDOWN}" fill-opacity="0.3"/>'
+            )
+    for t in starts[1:]:
+        out.append(
+            f'<line x1="{x(t):.1f}" y1="{top}" x2="{x(t):.1f}" y2="{base}" stroke="#555" '
+            'stroke-dasharray="2,2"/>'
+        )
+    bar_w = plot_w * BUCKET / seconds
+    for k, bucket in enumerate(buckets):
+        below = 0
+        for kind, colour in COLOURS.items():
+            if bucket[kind]:
+                y_top = base - LANE * (below + bucket[kind]) / bars_max
+                out.append(
+                    f'<rect x="{LEFT + k * bar_w:.1f}" y="{y_top:.1f}" width="{max(bar_w - 0.4, 0.5):.2f}" '
+                    f'height="{LANE * bucket[kind] / bars_max:.1f}" fill="{colour}"/>'
+                )
+                below += bucket[kind]
+    for lo, hi, q in quotas:
+        out.append(
+            f'<line x1="{x(lo):.1f}" y1="{y_rate(q):.1f}" x2="{x(hi):.1f}" y2="{y_rate(q):.1f}" '
+            f'stroke="{QUOTA}" stroke-width="1.5" stroke-dasharray="5,3"/>'
+        )
+    path = []
+    for i, (t, r) in enumerate(rates):
+        if r is None or t >= seconds:
+            continue
+        following = rates[i + 1] if i + 1 < len(rates) else (seconds, None)
+        path.append(f"M{x(t):.1f},{y_rate(r):.1f} H{x(following[0]):.1f}")
+        if following[1] is not None:
+            path.append(f"V{y_rate(following[1]):.1f}")
+    if path:
+        out.append(f'<path d="{" ".join(path)}" fill="none" stroke="{RATE}" stroke-width="2"/>')
+    out += _axis(top, bars_max, bars_step, LEFT, -1)
+    middle = top + LANE / 2
+    out.append(
+        f'<text transform="translate({LEFT - 44},{middle}) rotate(-90)" text-anchor="middle">'
+        f"bars: per {BUCKET * 1000:g} ms</text>"
+    )
+    if path or quotas:  # a lane without lines has no right axis
+        out += _axis(top, rate_max, rate_step, LEFT + plot_w, 1)
+        out.append(
+            f'<text transform="translate({LEFT + plot_w + 50},{middle}) rotate(90)" text-anchor="middle">'
+            "lines: per second</text>"
+        )
+    t, x_step = 0.0, _step(seconds, 16)
+    while t <= seconds + 1e-9:
+        out.append(f'<line x1="{x(t):.1f}" y1="{base}" x2="{x(t):.1f}" y2="{base + 4}" stroke="#333"/>')
+        out.append(f'<text x="{x(t):.1f}" y="{base + 15}" text-anchor="middle">{t:g}</text>')
+        t += x_step
+    begin = summary["measured_from_s"]
+    out.append(f'<path d="M{x(begin):.1f},{base + 22} v4 H{x(seconds):.1f} v-4" fill="none" stroke="#333"/>')
+    out.append(
+        f'<text x="{LEFT + plot_w}" y="{base + 38}" text-anchor="end">seconds since the script started</text>'
+    )
+    return out
+
+
+def svg(scenario: Scenario, lanes: Sequence[tuple[str, dict[str, Any], dict[str, Any]]]) -> str:
+    """The scenario as one SVG picture: a title, a legend and a lane per ``(fleet, run,
+    summary)``."""
+    height = TOP + len(lanes) * (LANE + GAP) + 20
+    begin = lanes[0][2]["measured_from_s"]
+    head = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{WIDTH}" height="{height}" fill="white"/>',
+        f'<text x="{LEFT}" y="20" font-size="15" font-weight="bold">scenario {escape(scenario.name)}: '
         + escape("; then ".join(p.behaviour.describe() for p in scenario.phases))
         + "</text>",
     ]
@@ -406,123 +540,29 @@ def svg(scenario: Scenario, lanes: list[tuple[str, dict[str, Any], dict[str, Any
         ("rect", COLOURS["5xx"], "5xx"),
         ("span", COOLDOWN, "cooldown announced (Retry-After)"),
         ("line", RATE, "learned rate (limit / window)"),
-        ("dash", ALLOWED, "quota of the script"),
+        ("dash", QUOTA, "the script's quota"),
         ("dots", "#555", "next phase"),
     ]
-    lx = left
+    lx = float(LEFT)
     for kind, colour, label in legend:
         if kind in ("rect", "span"):
             opacity = ' fill-opacity="0.3"' if kind == "span" else ""
-            parts.append(f'<rect x="{lx}" y="32" width="14" height="10" fill="{colour}"{opacity}/>')
+            head.append(f'<rect x="{lx:.0f}" y="32" width="14" height="10" fill="{colour}"{opacity}/>')
         else:
             dash = {"dash": ' stroke-dasharray="5,3"', "dots": ' stroke-dasharray="2,2"'}.get(kind, "")
-            parts.append(
-                f'<line x1="{lx}" y1="37" x2="{lx + 14}" y2="37" stroke="{colour}" stroke-width="2"{dash}/>'
+            head.append(
+                f'<line x1="{lx:.0f}" y1="37" x2="{lx + 14:.0f}" y2="37" stroke="{colour}" '
+                f'stroke-width="2"{dash}/>'
             )
-        parts.append(f'<text x="{lx + 18}" y="41">{escape(label)}</text>')
+        head.append(f'<text x="{lx + 18:.0f}" y="41">{escape(label)}</text>')
         lx += 26 + 6.2 * len(label)
-    parts.append(
-        f'<text x="{left}" y="62" fill="#444">bars: requests arriving per {BUCKET * 1000:g} ms; '
-        f"lines: rates as requests per {BUCKET * 1000:g} ms; goodput measured from {begin:g} s "
-        f"(the bracket under each lane) to {seconds:g} s</text>"
+    head.append(
+        f'<text x="{LEFT}" y="62" fill="#444">bars: requests arriving per {BUCKET * 1000:g} ms (left axis); '
+        f"lines: requests per second (right axis); goodput measured from {begin:g} s to "
+        f"{scenario.seconds:g} s (the bracket under each lane)</text>"
     )
-    for n, (name, result, summary) in enumerate(lanes):
-        y0 = top + n * (lane_h + gap)
-        base = y0 + lane_h
-        server: ScenarioServer = result["server"]
-        buckets = _buckets(server, seconds)
-        rates = [(c["t"], rate_per_second(c)) for c in result["rate_changes"]]
-        quota_lines = []
-        for index, phase in enumerate(scenario.phases):
-            limit, window = getattr(phase.behaviour, "limit", None), getattr(phase.behaviour, "window", None)
-            if limit and window:
-                hi = starts[index + 1] if index + 1 < len(starts) else seconds
-                quota_lines.append((starts[index], hi, limit / window * BUCKET))
-        tallest = max([sum(b.values()) for b in buckets] + [r * BUCKET for _, r in rates if r] + [1])
-        tallest = max(tallest, *(q for _, _, q in quota_lines)) if quota_lines else tallest
-        y_step = _tick_step(tallest, 4)
-        y_max = math.ceil(tallest * 1.05 / y_step) * y_step
-
-        def y(v: float, base: float = base, y_max: float = y_max) -> float:
-            return base - lane_h * min(v, y_max) / y_max
-
-        ratio = summary.get("ratio")
-        title = (
-            f"{name}{' (' + summary['config'] + ')' if name == 'best' else ''}: goodput "
-            f"{summary['goodput_per_s']:.1f}/s"
-            + (f" ({ratio:.2f} of allowed)" if ratio is not None else "")
-            + f", 429s {summary['429']}, 5xx {summary['5xx']}, early {summary['early']}, "
-            f"overruns {summary['overruns']}"
-            + (f", learned at end {summary['learned_at_end']}" if name != "stock" else "")
-        )
-        parts.append(
-            f'<text x="{left}" y="{y0 - 8}" font-size="12" font-weight="bold">{escape(title)}</text>'
-        )
-        parts.append(
-            f'<rect x="{left}" y="{y0}" width="{plot_w}" height="{lane_h}" fill="#fafafa" stroke="#999"/>'
-        )
-        for lo, hi in _merged([(a.t, a.t_until) for a in server.announcements]):
-            if lo < seconds:
-                parts.append(
-                    f'<rect x="{x(lo):.1f}" y="{y0}" width="{max(x(hi) - x(lo), 0.5):.1f}" height="{lane_h}" '
-                    f'fill="{COOLDOWN}" fill-opacity="0.3"/>'
-                )
-        for t in starts[1:]:
-            parts.append(
-                f'<line x1="{x(t):.1f}" y1="{y0}" x2="{x(t):.1f}" y2="{base}" stroke="#555" '
-                'stroke-dasharray="2,2"/>'
-            )
-        bar_w = plot_w * BUCKET / seconds
-        for k, bucket in enumerate(buckets):
-            h0 = 0
-            for kind, colour in COLOURS.items():
-                if bucket[kind]:
-                    top_y, bottom_y = y(h0 + bucket[kind]), y(h0)
-                    parts.append(
-                        f'<rect x="{left + k * bar_w:.1f}" y="{top_y:.1f}" '
-                        f'width="{max(bar_w - 0.4, 0.5):.2f}" '
-                        f'height="{bottom_y - top_y:.1f}" fill="{colour}"/>'
-                    )
-                    h0 += bucket[kind]
-        for lo, hi, q in quota_lines:
-            parts.append(
-                f'<line x1="{x(lo):.1f}" y1="{y(q):.1f}" x2="{x(hi):.1f}" y2="{y(q):.1f}" stroke="{ALLOWED}" '
-                'stroke-width="1.5" stroke-dasharray="5,3"/>'
-            )
-        path: list[str] = []
-        for i, (t, r) in enumerate(rates):
-            t_next = rates[i + 1][0] if i + 1 < len(rates) else seconds
-            if r is None or t >= seconds:
-                continue
-            path.append(f"M{x(t):.1f},{y(r * BUCKET):.1f} H{x(t_next):.1f}")
-            if i + 1 < len(rates) and rates[i + 1][1] is not None:
-                path.append(f"V{y((rates[i + 1][1] or 0) * BUCKET):.1f}")
-        if path:
-            parts.append(f'<path d="{" ".join(path)}" fill="none" stroke="{RATE}" stroke-width="2"/>')
-        v = 0.0
-        while v <= y_max + 1e-9:
-            parts.append(f'<line x1="{left - 4}" y1="{y(v):.1f}" x2="{left}" y2="{y(v):.1f}" stroke="#333"/>')
-            parts.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:g}</text>')
-            v += y_step
-        parts.append(
-            f'<text transform="translate({left - 44},{y0 + lane_h / 2}) rotate(-90)" text-anchor="middle">'
-            f"per {BUCKET * 1000:g} ms</text>"
-        )
-        x_step = _tick_step(seconds, 16)
-        t = 0.0
-        while t <= seconds + 1e-9:
-            parts.append(f'<line x1="{x(t):.1f}" y1="{base}" x2="{x(t):.1f}" y2="{base + 4}" stroke="#333"/>')
-            parts.append(f'<text x="{x(t):.1f}" y="{base + 15}" text-anchor="middle">{t:g}</text>')
-            t += x_step
-        parts.append(
-            f'<path d="M{x(begin):.1f},{base + 22} v4 H{x(seconds):.1f} v-4" fill="none" stroke="#333"/>'
-        )
-        parts.append(
-            f'<text x="{left + plot_w}" y="{base + 38}" text-anchor="end">'
-            "seconds since the script started</text>"
-        )
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+    body = [line for n, lane in enumerate(lanes) for line in _lane(scenario, *lane, TOP + n * (LANE + GAP))]
+    return "\n".join([*head, *body, "</svg>"]) + "\n"
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -546,6 +586,7 @@ def main() -> None:
             p.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
         chosen = [s for s in chosen if s.name in wanted]
     _fleet.install_send_stamp()
+    warm_up()
     load_at_start = _common.loadavg()
     began = time.monotonic()
 
@@ -591,7 +632,7 @@ def main() -> None:
                 flush=True,
             )
         picture = args.out / f"scenario-{scenario.name}.svg"
-        picture.write_text(svg(scenario, lanes, begin), encoding="utf-8")
+        picture.write_text(svg(scenario, lanes), encoding="utf-8")
         report[scenario.name] = {
             "phases": [
                 {"seconds": ph.seconds, "behaviour": ph.behaviour.describe()} for ph in scenario.phases
