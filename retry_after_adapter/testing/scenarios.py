@@ -53,6 +53,7 @@ from ..header import format_http_date
 from .server import IN_FLIGHT_ALLOWANCE
 
 __all__ = [
+    "CHECKED_AT_HEADER",
     "SENT_AT_HEADER",
     "AllStatus",
     "Behaviour",
@@ -77,6 +78,10 @@ __all__ = [
 #: The request header with the client's send time (``time.monotonic()`` seconds, the
 #: server clock's monotonic reading when it is the real one), as the fleets stamp it.
 SENT_AT_HEADER = "X-Sent-At"
+#: The request header with the time the client last read its cooldown store before
+#: this request (monotonic seconds, as :data:`SENT_AT_HEADER`; the fleets' recording
+#: stores stamp it): whether the store already knew of a cooldown when it admitted it.
+CHECKED_AT_HEADER = "X-Checked-At"
 
 #: What a :func:`fixed_window` may say of its quota on every answer.
 ANNOUNCE = (None, "ietf", "x-ratelimit")
@@ -372,6 +377,7 @@ class ScriptedArrival:
     - ``at``: arrival, the server clock's monotonic seconds; ``t``: the same in seconds
       since :meth:`ScenarioServer.start`;
     - ``sent_at``: the client's ``X-Sent-At`` stamp (monotonic seconds) or None;
+      ``checked_at``: its ``X-Checked-At`` stamp, the same way;
     - ``status`` and ``retry_after`` (the header's value as sent, None without one);
     - ``phase``: the index of the phase that answered;
     - ``early``: sent while a cooldown the server announced was running.
@@ -384,6 +390,7 @@ class ScriptedArrival:
     retry_after: str | None
     phase: int
     early: bool
+    checked_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -445,7 +452,7 @@ class _Handler(BaseHTTPRequestHandler):
         if length:
             self.rfile.read(length)
         owner = self.server.owner
-        status, headers = owner.decide(self.headers.get(SENT_AT_HEADER))
+        status, headers = owner.decide(self.headers.get(SENT_AT_HEADER), self.headers.get(CHECKED_AT_HEADER))
         if owner.latency > 0:
             time.sleep(owner.latency)
         body = f"{status}\n".encode()
@@ -542,9 +549,9 @@ class ScenarioServer:
         """The index of the phase running ``t`` seconds after the start."""
         return max(0, bisect.bisect_right(self.starts, t) - 1)
 
-    def decide(self, sent_stamp: str | None = None) -> tuple[int, Headers]:
-        """Answer one request arriving now: its status and headers. ``sent_stamp``: the
-        client's ``X-Sent-At`` header, if any."""
+    def decide(self, sent_stamp: str | None = None, checked_stamp: str | None = None) -> tuple[int, Headers]:
+        """Answer one request arriving now: its status and headers. ``sent_stamp`` and
+        ``checked_stamp``: the client's ``X-Sent-At`` and ``X-Checked-At`` headers, if any."""
         with self._lock:
             at = self.clock.monotonic()
             if self.t0 is None:
@@ -563,7 +570,8 @@ class ScenarioServer:
                 self.announcements.append(ScriptedAnnouncement(at, until, t, until - self.t0))
                 self._ats.append(at)
                 self._until_max.append(max(until, self._until_max[-1] if self._until_max else until))
-            self.arrivals.append(ScriptedArrival(at, t, sent, status, told, index, early))
+            checked = _number(checked_stamp)
+            self.arrivals.append(ScriptedArrival(at, t, sent, status, told, index, early, checked))
             return status, headers
 
     def _running(self, sent: float) -> bool:

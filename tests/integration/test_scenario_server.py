@@ -180,6 +180,15 @@ def test_early_sends_are_judged_by_the_clients_stamp_with_the_in_flight_allowanc
     assert server.early() == 3
 
 
+def test_the_clients_stamps_are_kept():
+    with ScenarioServer([Phase(healthy())]) as server:
+        get(server, **{"X-Sent-At": "12.5", "X-Checked-At": "12.25"})
+        get(server, **{"X-Sent-At": "nonsense"})
+    first, second = server.seen()
+    assert (first.sent_at, first.checked_at) == (12.5, 12.25)
+    assert (second.sent_at, second.checked_at) == (None, None)
+
+
 def test_the_adapter_waits_out_the_scripted_cooldown_on_a_fake_clock():
     """The package against a script, server and client on one clock: a deploy's 503s
     with Retry-After 2 for 3 s, then healthy; the call waits twice and gets the 200,
