@@ -36,8 +36,10 @@ Reported per run:
   beside it the stock run's, and what the server allowed there: a quota's limit per
   window, or, for a server without one, the stock run's goodput; their ratio;
 - 429s and 5xx answers, requests sent early (while a cooldown the server announced was
-  running, 0.25 s after the announcement on), overruns (windows of a quota in which
-  more requests arrived than its limit), and 2xx answers per second over the whole run;
+  running, 0.25 s after the announcement on) and, of those, the ones the store had
+  already learned of when it admitted them (a defect; the others were admitted before
+  the answer reached the store), overruns (windows of a quota in which more requests
+  arrived than its limit), and 2xx answers per second over the whole run;
 - the learned rate of the server's origin, sampled every 0.1 s from the store
   (``rate_of``: whatever numeric fields its record has, kept at each change).
 
@@ -52,6 +54,7 @@ announced, the learned rate and the quota's rate (both as requests per 100 ms).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import threading
@@ -272,8 +275,11 @@ def warm_up() -> None:
 
 def run(scenario: Scenario, fleet: str, threads: int, latency: float) -> dict[str, Any]:
     """One fleet through one scenario on a fresh server: what the server saw (arrivals,
-    announcements), what the workers did and the learned rate over time."""
-    store = MemoryCooldownStore() if fleet != "stock" else None
+    announcements), what the workers did, when the store learned of cooldowns and the
+    learned rate over time. The adapters' store is a ``MemoryCooldownStore`` that also
+    stamps when it was read (``X-Checked-At``) and written (``_fleet.make_store``)."""
+    store = _fleet.make_store(None) if fleet != "stock" else None
+    _fleet.STORE_WRITES.clear()
     sessions = [make_session(fleet, scenario, store) for _ in range(threads)]
     calls: list[dict[str, Any]] = []
     with ScenarioServer(scenario.phases, latency=latency) as server:
@@ -291,7 +297,8 @@ def run(scenario: Scenario, fleet: str, threads: int, latency: float) -> dict[st
         changes = sampler.stop() if sampler is not None else []
     for session in sessions:
         session.close()
-    return {"server": server, "calls": calls, "rate_changes": changes, "t0": server.t0}
+    writes = sorted(_fleet.STORE_WRITES)
+    return {"server": server, "calls": calls, "rate_changes": changes, "store_writes": writes}
 
 
 # -- the figures ------------------------------------------------------------------------------
@@ -309,6 +316,26 @@ def measured_from(scenario: Scenario, settle: float) -> float:
     """Seconds since the start from which goodput is measured: the transient's end (the
     last phase's start) plus max(``settle``, 3 windows of the last phase)."""
     return phase_starts(scenario)[-1] + max(settle, 3 * scenario.window())
+
+
+def early_after_store_knew(server: ScenarioServer, writes: Sequence[float]) -> int | None:
+    """Early requests admitted after the store had learned of the cooldown they were
+    sent in: a store write after the first 429 (or 503) announcing it was sent, and
+    before the request's admission read the store (``checked_at``). The rest of the
+    early requests were admitted before the store knew (the answer was on its way, or
+    just being written). None without store stamps (stock reads no store)."""
+    seen = server.seen()
+    if not any(a.checked_at is not None for a in seen):
+        return None
+    known = 0
+    for a in seen:
+        if not a.early or a.checked_at is None:
+            continue
+        sent = a.sent_at if a.sent_at is not None else a.at
+        first = min(x.at for x in server.announcements if x.at + server.in_flight <= sent < x.until)
+        k = bisect.bisect_left(writes, first)
+        known += k < len(writes) and writes[k] < a.checked_at
+    return known
 
 
 def per_second(server: ScenarioServer, seconds: float) -> list[int]:
@@ -352,6 +379,7 @@ def summarise(scenario: Scenario, fleet: str, result: dict[str, Any], begin: flo
         "429": sum(1 for a in seen if a.status == 429),
         "5xx": sum(1 for a in seen if a.status >= 500),
         "early": server.early(),
+        "early_after_store_knew": early_after_store_knew(server, result["store_writes"]),
         "overruns": server.overruns(),
         "good_per_second": per_second(server, scenario.seconds),
         "calls": len(calls),
@@ -568,6 +596,12 @@ def svg(scenario: Scenario, lanes: Sequence[tuple[str, dict[str, Any], dict[str,
 # -- the report -------------------------------------------------------------------------------
 
 
+def early_cell(summary: dict[str, Any]) -> str:
+    """``early (after the store knew)``, or ``early`` alone for stock."""
+    known = summary["early_after_store_knew"]
+    return str(summary["early"]) + (f" ({known})" if known is not None else "")
+
+
 def main() -> None:
     p = _common.parser(__doc__ or "")
     p.add_argument("--threads", type=int, help="worker threads per fleet (default 32; quick 8)")
@@ -619,7 +653,7 @@ def main() -> None:
                     f"{allowed:.1f}" + ("" if by_script is not None else " (stock)"),
                     _common.fmt(summary["ratio"], 2),
                     f"{summary['429']} / {summary['5xx']}",
-                    summary["early"],
+                    early_cell(summary),
                     summary["overruns"],
                     summary["learned_at_end"] if summary["fleet"] != "stock" else "-",
                     " ".join(str(n) for n in summary["good_per_second"]),
@@ -657,7 +691,7 @@ def main() -> None:
                 "allowed /s",
                 "ratio",
                 "429s / 5xx",
-                "early",
+                "early (after the store knew)",
                 "overruns",
                 "learned at end",
                 "2xx per second",

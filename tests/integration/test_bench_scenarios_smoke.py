@@ -57,6 +57,9 @@ def test_scenarios_quick(tmp_path: Path) -> None:
                 assert run["allowed_per_s"] == scenario["fleets"]["stock"]["goodput_per_s"]
             if fleet == "stock":
                 assert run["rate_changes"] == [] and run["learned_at_end"] == "-"
+                assert run["early_after_store_knew"] is None  # stock reads no store
+            else:
+                assert 0 <= run["early_after_store_knew"] <= run["early"]
         picture = tmp_path / f"scenario-{name}.svg"
         root = ET.parse(picture).getroot()
         text = " ".join(t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text"))
