@@ -87,6 +87,9 @@ OPEN_CAP = 32
 BETA = 0.7
 #: The shortest window learned (seconds): a Retry-After of 0 still says "a window".
 MIN_WINDOW = 1.0
+#: Seconds a throttle's end may lie past the server's reset: a Retry-After in
+#: delay-seconds is rounded up to a whole second.
+RESET_ROUNDING = 1.0
 #: Windows without probes after a throttle that confirmed the limit, and after one that
 #: moved it (the window after a throttle often still belongs to the server's last).
 QUIET_HELD = 2
@@ -98,6 +101,8 @@ MAX_BACKOFF = 20.0
 #: Seconds within which a send refused only because every probe slot is held is looked
 #: at again (a probe's answer frees its slot, usually far sooner than its lease ends).
 PROBE_RECHECK = 1.0
+#: A microsecond: times within it of an epoch's end are at it (see ``roll_rate``).
+_TICK = 1e-6
 #: Seconds a learned rate unused since its epoch's start and window is kept (a store
 #: drops it then; the scope starts cold again).
 RATE_KEPT = 3600.0
@@ -205,9 +210,11 @@ def roll_rate(record: Rate, now: float) -> Rate:
     epoch began ends an epoch without a throttle: the next begins a window later, with
     no known send yet; the probes accepted raise the limit, a quiet window is counted,
     a backoff's doubling is forgotten. Otherwise unchanged."""
-    if record.limit <= 0 or record.window <= 0 or now < record.start + record.window:
+    if record.limit <= 0 or record.window <= 0 or now < record.start + record.window - _TICK:
         return record
-    windows = math.floor((now - record.start) / record.window)
+    # (Within a microsecond counts as there: the stores keep whole milliseconds, and a
+    # sum of them in floating point may fall a hair short of the same sum in integers.)
+    windows = math.floor((now - record.start + _TICK) / record.window)
     return record._replace(
         limit=min(MAX_COUNT, record.limit + record.ok),
         epoch=record.epoch + windows,
@@ -241,12 +248,13 @@ def answer_rate(record: Rate, epoch: int | None, until: float | None, now: float
             # by others, or a window before: that says nothing of a rate): count again
             # from one probe in flight after the throttle.
             return _throttled(record, epoch, until, 0, 0.0, 0)
-        window = min(max(until - record.start, MIN_WINDOW), MAX_SECONDS)
+        window = round(min(max(until - record.start, MIN_WINDOW), MAX_SECONDS), 3)  # whole ms, as stored
         return _throttled(record, epoch, until, min(record.ok, MAX_COUNT), window, QUIET_HELD)
     window, limit, quiet = record.window, record.limit, QUIET_MOVED
-    if record.ok > 0 and until > record.ends:
-        # The server's window began inside the epoch (its reset is later than the
-        # epoch's end): what it accepted in it were probes, at most as many as counted.
+    if record.ok > 0 and until - RESET_ROUNDING > record.ends:
+        # The server's window began inside the epoch (its reset, a whole second rounded
+        # up at most, is later than the epoch's end): what it accepted in it were probes,
+        # at most as many as counted.
         limit = max(limit, min(MAX_COUNT, record.ok))
     elif record.ok > 0:
         limit = min(MAX_COUNT, limit + record.ok)  # it accepted that many probes, then refused
@@ -270,7 +278,7 @@ def _window_from_resets(record: Rate, epoch: int, until: float) -> float:
     if record.grace < 0 or windows < 2:
         return record.window
     estimate = (until - record.base) / windows
-    return min(max((record.window + estimate) / 2, MIN_WINDOW), MAX_SECONDS)
+    return round(min(max((record.window + estimate) / 2, MIN_WINDOW), MAX_SECONDS), 3)  # whole ms
 
 
 def _throttled(record: Rate, epoch: int, until: float, limit: int, window: float, quiet: int) -> Rate:

@@ -361,3 +361,65 @@ def test_plain_urllib3_through_the_pool_manager_starts_cold_too(slow_server: Slo
         worker.join(30)
     assert statuses == [200] * 10
     assert slow_server.seen[:2] == [1, 1] and max(slow_server.seen) <= SLOW_START_CAP
+
+
+#: The parity run's phases: steps, the share of admissions, the share up to which the
+#: rest are good answers (throttles after), the gaps (ms) between steps. Together they
+#: reach every rule: the cold start, known sends, probes, backoffs, decreases, probes
+#: accepted within and across the server's reset, a window measured again, the scope
+#: opened, admitted open, and closed by a throttle.
+PARITY_PHASES = (
+    (600, 0.55, 0.9, (0, 1, 10, 100, 500, 1300)),
+    (700, 0.1, 1.0, (0, 1, 10)),
+    (400, 0.5, 0.97, (0, 10, 300)),
+    (1200, 0.9, 0.93, (0, 10, 300, 700, 1100)),
+)
+
+
+def test_every_store_keeps_the_record_rate_py_computes(every_store: Any) -> None:
+    """A long pseudo-random run of admissions, good answers of probes and throttles (with
+    and without a usable wait, of the current epoch and of past ones), over a fake
+    timeline in whole milliseconds: after each step, the store's record is the one
+    ``rate.py`` computes from the same steps (Redis's Lua included)."""
+    import random
+
+    from retry_after_adapter.cooldown.rate import answer_rate, fresh_rate, roll_rate
+
+    rng = random.Random(29)
+    store = every_store
+    t0_ms = round(NOW.timestamp() * 1000)
+    at_ms, step = 0, 0
+    model = None
+    last_epoch: int | None = None
+    for steps, admits, goods, gaps in PARITY_PHASES:
+        for _ in range(steps):
+            step += 1
+            at_ms += rng.choice(gaps)
+            now = (t0_ms + at_ms) / 1000  # whole milliseconds, as the stores keep them
+            when = datetime.fromtimestamp(0, timezone.utc) + timedelta(milliseconds=t0_ms + at_ms)
+            kind = rng.random()
+            if kind < admits or model is None:
+                answer = store.admit("p", when, learn=(60.0, f"t{step}"))
+                model = fresh_rate(now) if model is None else roll_rate(model, now)
+                if model.start <= now and not model.open:
+                    if model.known:
+                        model = model.sending()
+                    elif model.probes:
+                        model = model.probing()
+                if answer.token is not None:
+                    store.release("p", answer.token)
+                last_epoch = answer.rate_epoch if answer.rate_epoch is not None else model.epoch
+            elif kind < goods:
+                store.rate_answer("p", last_epoch, None, when)
+                model = answer_rate(model, last_epoch, None, now)
+            else:
+                wait_ms = rng.choice((0, 400, 1000, 2000, 3700))
+                epoch = rng.choice((last_epoch, model.epoch, None))
+                store.rate_answer("p", epoch, when + timedelta(milliseconds=wait_ms), when)
+                model = answer_rate(model, epoch, (t0_ms + at_ms + wait_ms) / 1000, now)
+            stored = store.rate_of("p")
+            assert stored is not None
+            for name in ("cap", "limit", "epoch", "sent", "ok", "grown", "grace", "quiet", "probed", "fails"):
+                assert getattr(stored, name) == getattr(model, name), (step, name, stored, model)
+            for name in ("window", "start", "base"):
+                assert getattr(stored, name) == pytest.approx(getattr(model, name), abs=0.003), (step, name)

@@ -129,6 +129,32 @@ def test_a_throttle_of_a_learned_rate_changes_it_once_per_epoch_by_what_it_refus
     assert (rose.limit, rose.quiet) == (57, QUIET_MOVED)
 
 
+def test_probes_accepted_across_the_server_s_reset_raise_the_limit_only_to_their_number() -> None:
+    """The server's window began inside the epoch when its reset lies past the epoch's
+    end by more than a Retry-After's rounding: the probes it accepted were all it took in
+    that window, so the limit becomes their number, not the limit plus them."""
+    rate = roll_rate(roll_rate(learned(20, until=T0 + 2.0, at=T0 + 0.2), T0 + 4.0), T0 + 6.0)
+    assert rate.probes and rate.window == pytest.approx(2.0) and rate.start == pytest.approx(T0 + 6.0)
+    probed = good(rate.probing(), 30, at=T0 + 6.5)
+    within = answer_rate(probed, probed.epoch, probed.ends + 0.9, T0 + 7.5)  # rounding: same window
+    assert within.limit == 50
+    across = answer_rate(probed, probed.epoch, probed.ends + 1.5, T0 + 7.9)
+    assert across.limit == 30
+
+
+def test_a_refused_probe_measures_the_window_again_from_the_server_s_resets() -> None:
+    """Learned 2.8 s for a 2 s window (a Retry-After rounded up); a probe refused two
+    epochs after the last throttle's end, whose reset lies 3 server windows (and a
+    rounding) after it, moves the window half-way to what the resets say."""
+    rate = learned(80, until=T0 + 2.8, at=T0 + 0.8)
+    rate = roll_rate(roll_rate(rate, rate.start + rate.window), rate.start + 2 * rate.window)
+    assert rate.epoch == 3 and rate.probes
+    until = rate.base + 3 * 2.0 + 0.4
+    measured = answer_rate(rate.probing(), rate.epoch, until, rate.start + 0.8)
+    assert measured.limit == 80 and measured.quiet == QUIET_HELD
+    assert measured.window == pytest.approx(round((2.8 + (until - rate.base) / 3) / 2, 3))
+
+
 def test_a_rate_pinned_low_by_sporadic_throttles_is_open_again_within_a_few_windows() -> None:
     """Four throttles that had nothing to do with the rate leave a low limit; once the
     server is healthy, probes find no limit within a few windows (120 good answers of

@@ -10,7 +10,7 @@ local epoch = tonumber(ARGV[1])
 local untilms = tonumber(ARGV[2])
 local now = tonumber(ARGV[3])
 local was_open = rate_open(r)
-rate_roll(r, now)
+local rolled = rate_roll(r, now)
 if epoch < 0 then epoch = r.ep end
 if untilms < 0 then
   if epoch > r.gc and r.cap > 0 then
@@ -28,9 +28,11 @@ if untilms < 0 then
     r.lim = math.min(RATE_MAX_COUNT, r.lim + 1)
     r.fl = 0
   else
+    if rolled then rate_save(KEYS[1], r, tonumber(ARGV[4])) end
     return 0
   end
 elseif epoch ~= r.ep then
+  if rolled then rate_save(KEYS[1], r, tonumber(ARGV[4])) end
   return 0
 else
   if untilms <= now then
@@ -47,7 +49,7 @@ else
       quiet = RATE_QUIET_HELD
     end
   else
-    if r.ok > 0 and untilms > r.st + r.win then
+    if r.ok > 0 and untilms - RATE_RESET_ROUNDING > r.st + r.win then
       lim = math.max(lim, math.min(RATE_MAX_COUNT, r.ok))
     elseif r.ok > 0 then
       lim = math.min(RATE_MAX_COUNT, r.lim + r.ok)
