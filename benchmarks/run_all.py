@@ -37,6 +37,7 @@ BENCHMARKS = {
     "load": ("bench_load.py", "load.json"),
     "cold_start": ("bench_cold_start.py", "cold_start.json"),
     "httpx": ("bench_httpx.py", "bench_httpx.json"),
+    "scenarios": ("bench_scenarios.py", "scenarios.json"),
 }
 
 

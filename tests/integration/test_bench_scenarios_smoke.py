@@ -53,8 +53,8 @@ def test_scenarios_quick(tmp_path: Path) -> None:
             assert len(run["good_per_second"]) == math.ceil(seconds)
             assert sum(run["good_per_second"]) <= run["2xx"]
             assert all("t" in change for change in run["rate_changes"])
-            if run["allowed_from"] == "stock run":
-                assert run["allowed_per_s"] == scenario["fleets"]["stock"]["goodput_per_s"]
+            if run["allowed_from"] == "best run":
+                assert run["allowed_per_s"] == scenario["fleets"]["best"]["goodput_per_s"]
             if fleet == "stock":
                 assert run["rate_changes"] == [] and run["learned_at_end"] == "-"
                 assert run["early_after_store_knew"] is None  # stock reads no store
