@@ -14,6 +14,9 @@ without a store round trip while nothing has changed (a base of the failure laye
   batch is sized to the process's rate over the last second (about
   :data:`BATCH_TARGET` permits per operation, ``hold`` at most a tenth of ``per``);
   what is not spent in time lapses, and a process that dies loses at most its batch.
+  An open permit (a quota whose ``per + margin`` is shorter than ``OPEN_FOR``, on a
+  store that settles exactly: see ``Plan.answered``) is never batched: the store gives
+  it alone.
 - **Concurrency slots held per process.** A slot given back by an attempt stays with
   the process for :data:`IDLE` seconds, for its next attempt on the scope (any
   thread), then goes back to the store. Its lease is taken a little longer than the

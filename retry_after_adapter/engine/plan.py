@@ -4,8 +4,9 @@ per call, worked out once, and the store operations a call makes through it.
 A plan holds the store calls talk to (a memory store as it is, any other store behind
 its failure layer), the quota's limits as the store takes them, the concurrency cap,
 ``max_waiting``, and the meters of the store object. Per attempt, a call makes one
-store operation for its admission (:meth:`Plan.admit_once`); everything else here is
-the slow path or news (a cooldown learned, an allowance announced, freshness).
+store operation for its admission (:meth:`Plan.admit_once`), and one more when its
+answer settles a quota permit (:meth:`Plan.answered`); everything else here is the
+slow path or news (a cooldown learned, an allowance announced, freshness).
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ log = logging.getLogger("retry_after_adapter")
 
 #: Seconds an open permit counts beyond ``per + margin`` in the store until its answer
 #: settles it (see ``Plan.answered``): a worker stalled longer than that between its
-#: grant and its settle is not covered; a permit whose admission was lost (the store
-#: took it, its answer never reached the worker) or whose worker was killed counts
-#: that long more. A refusal never waits for it: the store counts an open permit as
-#: ending at its grant + per + margin, or when its answer could end it (``free_at``).
+#: grant and its settle (or a store that cannot take the settle for that long) is not
+#: covered; a permit whose admission was lost (the store took it, its answer never
+#: reached the worker) or whose worker was killed counts that long more. A quota whose
+#: ``per + margin`` is at least this long covers such a stall without it: its permits
+#: are not taken open. A refusal never waits for it: the store counts an open permit
+#: as ending at its grant + per + margin, or when its answer could end it (``free_at``).
 OPEN_FOR = 10.0
 
 
@@ -77,15 +80,13 @@ class Slot:
 
 
 class Plan:
-    """What calls of one adapter share (see the module). Immutable once made, but for
-    :attr:`late` (a hint: see :meth:`answered`)."""
+    """What calls of one adapter share (see the module). Immutable once made."""
 
     __slots__ = (
         "allows",
         "dialects",
         "fail_closed",
         "guard",
-        "late",
         "learns",
         "limit",
         "margin",
@@ -120,18 +121,16 @@ class Plan:
         self.limit = quota.limit if quota is not None else None
         self.per = quota.per if quota is not None else None
         self.margin = quota.margin if quota is not None else 0.0
-        #: Whether the store can settle a permit exactly (earlier too): then a permit
-        #: whose answer is expected later than the margin is taken open (see
-        #: :meth:`answered`).
+        #: Whether every quota permit is taken open (see :meth:`answered`): the store
+        #: can settle a permit exactly (earlier too), and ``per + margin`` alone is
+        #: shorter than :data:`OPEN_FOR`.
         self.opens = (
             quota is not None
+            and quota.window < OPEN_FOR
             and store is not None
             and store.supports("exact-settle")
             and store.supports("open-permits")
         )
-        #: Whether the last answer of this adapter came later than the margin (it starts
-        #: so: a first attempt opens its connection after its grant).
-        self.late = True
         #: The concurrency cap: slots per scope, each a lease of ``ttl`` seconds at most.
         self.slots = slots
         self.ttl = ttl
@@ -182,7 +181,7 @@ class Plan:
         opened = 0.0
         if self.limit is not None:
             call.admitted_at = call.clock.monotonic()  # before the grant: its lower bound
-            if self.opens and (self.late or self.margin <= 0):
+            if self.opens:
                 opened = OPEN_FOR
         call.permit_open = opened > 0
         guard = self.guard
@@ -216,20 +215,22 @@ class Plan:
         A permit counts ``per + margin`` from its grant, which covers the arrival only
         when it came within the margin; else the answer moves it to ``answer + per``,
         which covers it only if the move reaches the store before the permit stopped
-        counting: a worker descheduled longer than ``per + margin`` between its grant
-        and its settle (a loaded machine, a first attempt opening its connection) would
-        let others' permits in while its request still counts at the server. So a
-        permit whose answer is expected late (margin 0, or this adapter's last answer
-        came late) is taken open: it counts :data:`OPEN_FOR` seconds longer in the
-        store, and its answer always settles it exactly to ``answer + per``, earlier
-        too. The answer always comes (or the attempt failed): one store
-        operation, as a late answer needs anyway."""
+        counting. Whether it will is not known when the permit is taken: a worker
+        descheduled between its grant and its settle, a busy server that counts the
+        request when it gets to it, or a busy store that takes the move late can each
+        take longer than ``per + margin``, right after answers that all came within the
+        margin, and others' permits would be let in while the request still counts at
+        the server. So on a store that can settle exactly, every permit of a quota
+        whose ``per + margin`` is shorter than :data:`OPEN_FOR` is taken open: it counts
+        :data:`OPEN_FOR` seconds longer in the store, and its answer always settles it
+        exactly to ``answer + per``, earlier too (one more store operation per
+        attempt). Any other permit (a longer window already gives the move that long; a
+        store that cannot settle exactly) is moved only when its answer came later than
+        the margin."""
         if call.permit is not None:
             late = call.clock.monotonic() - call.admitted_at > self.margin
-            if late != self.late:
-                self.late = late
             if late or call.permit_open:
-                self._settle(call)  # answered later than the margin: the permit moves
+                self._settle(call)  # open, or answered later than the margin: it moves
             else:
                 call.permit = None  # its stored end already covers the arrival
         token = call.lease_token
@@ -258,9 +259,10 @@ class Plan:
             probe()
 
     def _settle(self, call: Call) -> None:
-        """The attempt that took a quota permit was answered later than the margin: it
-        reached the server by now, so the permit must count until at least ``now +
-        per`` (one more store operation, only then)."""
+        """The attempt that took a quota permit was answered (or failed): it reached the
+        server by now, so the permit must count until ``now + per``: exactly, for an open
+        permit; at least, for one answered later than the margin (one more store
+        operation)."""
         expires, call.permit = call.permit, None
         exact, call.permit_open = call.permit_open, False
         assert expires is not None and self.per is not None and self.limit is not None

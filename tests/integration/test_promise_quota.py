@@ -11,13 +11,17 @@ real processes.
 2. Permits are stamped when granted: 8 processes x 8 threads on one store, the server
    counting arrivals by their time of arrival at it (stamped by its kernel), never see
    more than the quota in any sliding window (default margin; and with mixed margins
-   on one store).
+   on one store). A permit counts until its answer whenever that comes: a worker
+   stalled past its permit, or a busy server that counts a request late right after
+   fast answers, still holds the others back.
 3. Two quotas on one scope each hold (or the configuration is refused with a
    ``ConfigurationError``).
 """
 
 from __future__ import annotations
 
+import http.server
+import itertools
 import json
 import multiprocessing
 import selectors
@@ -626,6 +630,140 @@ def test_a_worker_stalled_past_its_permit_still_holds_the_others_back(
     assert deferral_of(after) is None and fake_server.count() == 2, (
         f"{kind}, margin {margin}: B is still held back at 2.15 s, past A's answer (1.1 s) + "
         f"per: {deferral_of(after)}"
+    )
+
+
+#: ``Quota(1, per=LATE_PER, margin=LATE_MARGIN)``: A's first answer comes within the
+#: margin on a loaded machine too; a busy server gets to A's second request
+#: LATE_BUSY seconds after it came, past ``per + margin`` from its grant.
+LATE_PER, LATE_MARGIN, LATE_BUSY = 0.4, 0.25, 0.9
+
+
+class BusyServer:
+    """A loopback HTTP/1.1 server (keep-alive) that counts each request when it gets to
+    it, as a busy server's limiter does: a request with an ``X-Busy`` header (seconds)
+    waits that long in its queue first, every other one is counted at once. Records
+    ``(monotonic time counted, path)``; ``queued`` is set when the busy request came,
+    ``counting`` just before it is counted (and answered)."""
+
+    def __init__(self) -> None:
+        self.counted: list[tuple[float, str]] = []
+        self.queued = threading.Event()
+        self.counting = threading.Event()
+        self.queued_at = 0.0
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                busy = float(self.headers.get("X-Busy") or 0)
+                if busy:
+                    owner.queued_at = time.monotonic()
+                    owner.queued.set()
+                    time.sleep(busy)
+                    owner.counting.set()
+                owner.counted.append((time.monotonic(), self.path))
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05})
+
+    def __enter__(self) -> BusyServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5)
+
+
+def _fast_then_counted_late(url: str, kind: str, where: str, go: Any, results: Any) -> None:
+    """Worker A, a process of its own: one request answered at once, then (once the
+    quota lets it) one that the busy server counts LATE_BUSY seconds after it came."""
+    quota = Quota(1, per=LATE_PER, margin=LATE_MARGIN)
+    store = process_store(kind, where, "late-count:")
+    s = requests.Session()
+    s.mount("http://", RetryAfterAdapter(
+        RetryAfterRetry(total=0, max_wait=5), cooldown=store, quota=quota, store_failure="closed",
+    ))  # fmt: skip
+    go.wait(60)
+    start = time.monotonic()
+    first = s.get(url + "/a-first", timeout=30)
+    took = time.monotonic() - start
+    second = s.get(url + "/a-second", headers={"X-Busy": str(LATE_BUSY)}, timeout=30)
+    results.put((first.status_code, took, second.status_code))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def test_a_request_a_busy_server_counts_late_holds_the_others_back_after_fast_answers(
+    tmp_path: Path, request: pytest.FixtureRequest, kind: str
+) -> None:
+    """``Quota(1, per=0.4, margin=0.25)`` on one store, two processes. Worker A's first
+    request is answered at once (within the margin); its second (granted once the first
+    permit ends) reaches a busy server that counts it 0.9 s later, past the ``per +
+    margin`` its permit would count from its grant. Worker B asks from just after that
+    until A's request is counted: it must be held back every time, since A's request
+    counts at the server until it is answered + per. (A fast answer says nothing of the
+    next one: the permit must count until its answer, however the last one came.)"""
+    where = process_store_place(kind, tmp_path, request)
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    ctx: Any = multiprocessing.get_context(method)
+    go, results = ctx.Event(), ctx.Queue()
+    b = requests.Session()
+    b.mount("http://", RetryAfterAdapter(
+        RetryAfterRetry(total=0, max_wait=0), cooldown=process_store(kind, where, "late-count:"),
+        quota=Quota(1, per=LATE_PER, margin=LATE_MARGIN), store_failure="closed",
+    ))  # fmt: skip
+    server = BusyServer()
+    worker = ctx.Process(
+        target=_fast_then_counted_late, args=(server.url, kind, where, go, results), daemon=True
+    )
+    worker.start()  # before the server's thread: nothing of it is forked
+    asked: list[tuple[float, bool]] = []
+    try:
+        with server:
+            go.set()
+            assert server.queued.wait(60), "A's second request never came"
+            # From just after A's permit would end (its grant is before the request came)
+            # until the server counts A's request: B is asked, as many times as it can.
+            time.sleep(max(0.0, server.queued_at + LATE_PER + LATE_MARGIN + 0.02 - time.monotonic()))
+            while not server.counting.is_set() and len(asked) < 1000:
+                answer = b.get(server.url + "/b", timeout=30)
+                asked.append((time.monotonic() - server.queued_at, deferral_of(answer) is None))
+                if deferral_of(answer) is None:
+                    break
+                time.sleep(0.01)
+            first, took, second = results.get(timeout=60)
+        worker.join(30)
+        assert worker.exitcode == 0
+    finally:
+        if worker.is_alive():
+            worker.kill()
+            worker.join(5)
+    assert first == second == 200, (first, second)
+    assert asked, "B was never asked while A's request waited to be counted"
+    counted = sorted(server.counted)
+    pairs = [
+        (round(t2 - t1, 3), p1, p2)
+        for (t1, p1), (t2, p2) in itertools.pairwise(counted)
+        if t2 - t1 < LATE_PER
+    ]
+    assert not pairs, (
+        f"{kind}: the server counted two requests less than per = {LATE_PER} s apart (quota 1): {pairs}; "
+        f"A's first answer took {took:.3f} s (margin {LATE_MARGIN}); B was asked at (s after A's "
+        f"request came, sent) {asked[:5]}"
     )
 
 
