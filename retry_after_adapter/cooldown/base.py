@@ -329,9 +329,12 @@ class Store(ABC):
         parameter = {"exact-settle": ("settle", "exact"), "open-permits": ("admit", "opened")}.get(feature)
         if parameter is not None:
             try:
-                return parameter[1] in inspect.signature(getattr(self, parameter[0])).parameters
+                parameters = inspect.signature(getattr(self, parameter[0])).parameters
             except (TypeError, ValueError):
                 return False
+            return parameter[1] in parameters or any(
+                p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+            )  # (a wrapper passing its keywords on takes it)
         return True
 
     def close(self) -> None:  # noqa: B027 - most stores have nothing to close

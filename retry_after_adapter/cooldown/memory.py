@@ -468,8 +468,9 @@ class MemoryCooldownStore(Store):
         scope's learned rate (see ``rate``): a known send (one of its limit in the
         epoch), else a probe (a slot of its cap), else refused."""
         rate = self._rate_locked(scope, at / 1e6)
-        if rate.start * 1e6 > at:  # a throttle's backoff
-            return RateHeld(cooldown, _as_datetime(round(rate.start * 1e6)))
+        start = round(rate.start * 1e6)
+        if start > at:  # a throttle's backoff
+            return RateHeld(cooldown, _as_datetime(start))
         if rate.open or rate.known:
             refused = self._refused(scope, None, None, lease, at, cooldown)
             if refused is not None or rate.open:

@@ -179,7 +179,7 @@ def rate_holds(rate: Rate, now: float) -> float | None:
     throttle's backoff, or the epoch's known sends spent with no probe allowed; None:
     it admits a send (the operator's view: ``Store.holds``)."""
     rate = roll_rate(rate, now)
-    if rate.start > now:
+    if rate.start - _TICK > now:
         return rate.start
     if rate.limit > 0 and not rate.known and not rate.probes:
         return rate.ends
@@ -218,7 +218,7 @@ def roll_rate(record: Rate, now: float) -> Rate:
     return record._replace(
         limit=min(MAX_COUNT, record.limit + record.ok),
         epoch=record.epoch + windows,
-        start=record.start + windows * record.window,
+        start=round(record.start + windows * record.window, 3),  # whole ms, as stored: no drift
         sent=0,
         ok=0,
         quiet=max(0, record.quiet - windows),

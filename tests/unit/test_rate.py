@@ -150,7 +150,7 @@ def test_a_refused_probe_measures_the_window_again_from_the_server_s_resets() ->
     rate = roll_rate(roll_rate(rate, rate.start + rate.window), rate.start + 2 * rate.window)
     assert rate.epoch == 3 and rate.probes
     until = rate.base + 3 * 2.0 + 0.4
-    measured = answer_rate(rate.probing(), rate.epoch, until, rate.start + 0.8)
+    measured = answer_rate(rate.probing(), rate.epoch, until, rate.start + 0.5)
     assert measured.limit == 80 and measured.quiet == QUIET_HELD
     assert measured.window == pytest.approx(round((2.8 + (until - rate.base) / 3) / 2, 3))
 
