@@ -45,12 +45,56 @@ class CooldownStoreError(RetryAfterError):
 
     ``busy`` is True when the store works but was locked by other writers past its
     timeout (contention): the failure layer then falls back for that one operation and
-    opens its circuit breaker only when several in a row are busy.
+    opens its circuit breaker only when several in a row are busy. ``cause`` names
+    what went wrong in a few words (see :func:`failure_cause`), and ``lasting`` says
+    it is a misconfiguration that will not heal by itself (a wrong password, a missing
+    permission, a TLS mismatch, a file that is not a database, a full disk).
     """
 
-    def __init__(self, *args: object, busy: bool = False) -> None:
+    def __init__(self, *args: object, busy: bool = False, cause: str = "", lasting: bool = False) -> None:
         super().__init__(*args)
         self.busy = busy
+        self.cause = cause
+        self.lasting = lasting
+
+
+#: ``(what, lasting, words)``: a store failure whose exception (or one in its chain)
+#: has one of ``words`` in its class name or message, lower-cased, is ``what``;
+#: ``lasting``: it will not heal by itself. The first that matches wins.
+_CAUSES: tuple[tuple[str, bool, tuple[str, ...]], ...] = (
+    ("authentication failed", True, ("authenticationerror", "wrongpass", "noauth", "invalid password",
+                                     "invalid username-password", "authentication required")),
+    ("permission denied", True, ("nopermission", "noperm", "no permissions", "can't run this command",
+                                 "permissionerror", "permission denied", "readonly database",
+                                 "read-only database", "access denied")),
+    ("TLS failed", True, ("sslerror", "certificate", "[ssl", "_ssl.c", "wrong version number", "tlsv",
+                          "tls handshake")),
+    ("disk full", True, ("disk is full", "no space left", "enospc", "disk quota")),
+    ("not a database", True, ("not a database", "malformed", "file is encrypted")),
+    ("cannot open the file", True, ("unable to open database", "no such file", "is a directory")),
+    ("timed out", False, ("timeout", "timed out")),
+    ("connection refused", False, ("connection refused", "connectionrefused", "error 111")),
+    ("locked", False, ("database is locked", "database table is locked")),
+    ("connection lost", False, ("connectionerror", "connection reset", "broken pipe", "closed by server",
+                                "connection closed", "eof")),
+)
+
+
+def failure_cause(exc: BaseException) -> tuple[str, bool]:
+    """What a store failure was, in a few words, and whether it is a misconfiguration
+    that will not heal by itself (see :data:`_CAUSES`): read off the exception and
+    those in its chain (their class names and messages: nothing is imported).
+    Anything else is its class name, and not lasting."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(seen) < 8 and all(current is not e for e in seen):
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    texts = [f"{type(e).__name__} {e}".lower() for e in seen]
+    for what, lasting, words in _CAUSES:
+        if any(word in text for text in texts for word in words):
+            return what, lasting
+    return type(exc).__name__, False
 
 
 class RetryDeferred(RetryError, RetryAfterError):

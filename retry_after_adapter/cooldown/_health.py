@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..errors import ConfigurationError, CooldownStoreError
+from ..errors import ConfigurationError, CooldownStoreError, failure_cause
 from .base import Store
 
 _T = TypeVar("_T")
@@ -88,6 +88,15 @@ class StoreBudget:
 
 class OutOfTime(Exception):
     """A store operation was cut short by the call's own deadline, not the store's."""
+
+
+def _cause_of(exc: BaseException) -> tuple[str, bool]:
+    """What a failure was and whether it will not heal by itself: as the store's error
+    named it, else read off the exception (``errors.failure_cause``)."""
+    cause = getattr(exc, "cause", "")
+    if isinstance(exc, CooldownStoreError) and cause:
+        return str(cause), bool(getattr(exc, "lasting", False))
+    return failure_cause(exc)
 
 
 def declared_timeout(store: object) -> float | None:
@@ -243,13 +252,16 @@ class Health:
         self._open_breaker()
         if self._announce():
             name = self.name
+            cause, lasting = _cause_of(exc)
             log.warning(
-                "cooldown store %s failed (%s); cooldowns are kept in this process and written "
-                "back when it recovers; it is skipped for %.3g s at a time until then",
+                "cooldown store %s failed: %s (%s)%s; cooldowns are kept in this process and "
+                "written back when it recovers; it is skipped for %.3g s at a time until then",
                 name,
+                cause,
                 type(exc).__name__,
+                "; this looks like a misconfiguration, which will not heal by itself" if lasting else "",
                 BREAKER_FIRST,
-                extra={"store": name, "error": type(exc).__name__},
+                extra={"store": name, "error": type(exc).__name__, "cause": cause, "lasting": lasting},
             )
 
     def _busy_once(self) -> bool:

@@ -4,9 +4,11 @@ without a store round trip while nothing has changed (a base of the failure laye
 - **Cooldowns, pushed.** A scope read once from the store is kept with its stored
   cooldown. While the store's change feed is fresh (``Store.feed``: a pub/sub channel
   on Redis, a change log checked through ``PRAGMA data_version`` on SQLite), a change
-  made anywhere (a cooldown learned or lifted, an allowance announced) reaches this
-  copy, so an unchanged scope is answered here. A feed that is not fresh sends every
-  attempt to the store, at once, until it is fresh again (and the copy starts over).
+  made anywhere (a cooldown learned or lifted, an allowance announced, a learned rate
+  closed) reaches this copy as "read it again" (never as a value to trust: see
+  :meth:`Near.changed`), so an unchanged scope is answered here. A feed that is not
+  fresh sends every attempt to the store, at once, until it is fresh again (and the
+  copy starts over).
 - **Quota permits in batches.** A process that spends a quota's permits fast enough
   takes several in one store operation (``admit``'s ``batch``) and spends them within
   ``hold`` seconds of their grant; each counts ``per + margin + hold`` seconds in the
@@ -116,13 +118,9 @@ class Near:
     """The near copy (see the module). Thread-safe; made by the failure layer when its
     store has a change feed."""
 
-    def __init__(
-        self, give_back: Callable[[str, str], None], learn: Callable[[str, datetime], object] | None = None
-    ) -> None:
+    def __init__(self, give_back: Callable[[str, str], None]) -> None:
         #: Gives a slot back to the store (the failure layer's release).
         self._give_back = give_back
-        #: Keeps a pushed cooldown in the failure layer's local copy (later wins).
-        self._learn = learn
         self._lock = threading.Lock()
         self._known: dict[str, _Known] = {}
         #: Goes up at every change delivered: an answer read across one is not kept.
@@ -140,23 +138,16 @@ class Near:
 
     # -- the feed ------------------------------------------------------------------
     def changed(self, scope: str | None, until: datetime | None = None) -> None:
-        """The feed's news: ``scope`` changed (None: anything may have); ``until``: its
-        cooldown moved to that (kept, later wins, here and in the failure layer's local
-        copy, so a store that fails next still holds the scope back), else the scope is
-        read again."""
-        if scope is not None and until is not None and self._learn is not None:
-            self._learn(scope, until)
+        """The feed's news: ``scope`` changed (None: anything may have): what the copy
+        knew of it is dropped, and the next attempt reads the store. ``until`` (what the
+        news said the cooldown is) is never trusted: a message anyone may publish moves
+        no cooldown, it costs a round trip at most."""
         with self._lock:
             self.epoch += 1
             if scope is None:
                 self._known.clear()
-                return
-            known = self._known.get(scope)
-            if until is None or known is None:
+            else:
                 self._known.pop(scope, None)
-            elif known.cooldown is None or until > known.cooldown:
-                # A cooldown may end a learned rate's epoch: ask the store once after it.
-                self._known[scope] = known._replace(cooldown=until, rated=True)
 
     def unrated(self, scope: str) -> bool:
         """Whether the copy knows ``scope`` and no learned rate governs it."""

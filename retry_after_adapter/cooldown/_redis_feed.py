@@ -1,20 +1,30 @@
 """The change feed of a Redis store in one process: a thread subscribed to the store's
 channel, on which the store's scripts publish every cooldown that moved (``extend``),
-every scope first announced an allowance (``allow``) and every scope an operator lifted
-(``delete``).
+every scope first announced an allowance (``allow``), every learned rate that stopped
+being open (``rate_answer``) and every scope an operator lifted (``delete``), each
+before it is written, so a writer that may not PUBLISH writes nothing.
 
-The feed is fresh while its subscription is confirmed and the server was heard within
-:data:`STALE_AFTER` seconds (a ``PING`` on the subscription every :data:`PING_EVERY`
-seconds, answered on it): a connection that breaks or hangs makes it stale at once or
-within that bound, every attempt then goes to the store, and this is logged once (at
-INFO: nothing is lost, only speed; a store that is down has its own warning).
-The thread subscribes again with a backoff; once confirmed, the near copy starts over
-(messages published meanwhile were missed) and the feed is fresh again.
+A message only says *which* scope changed: the near copy drops what it knew of it and
+the next attempt reads the store, so a message nobody should have sent (a forged
+``PUBLISH`` of a cooldown that ends in 9999) costs a round trip, never a wait. The
+channel is one per database and key prefix.
+
+The feed is fresh while its subscription is confirmed and a message came through the
+channel within :data:`STALE_AFTER` seconds: a canary that this process publishes
+on it when nothing came for :data:`PING_EVERY` seconds (a little more, at random: in a
+fleet, one process's canary serves every subscriber), or any change. A subscription
+that answers but carries nothing (a proxy, a channel no writer reaches) is stale
+within that bound, like one that breaks or hangs: every attempt then goes to the store,
+and this is logged once (at INFO: nothing is lost, only speed; a store that is down has
+its own warning). A canary this process may not publish is logged once, by name, at
+WARNING (its own writes fail the same way). The thread subscribes again with a backoff;
+once confirmed, the near copy starts over (messages published meanwhile were missed).
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 import weakref
@@ -22,7 +32,6 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _forksafe
-from ._ms import from_epoch_ms
 from .base import Changed, Feed
 
 __all__ = ["CHANNEL", "PING_EVERY", "STALE_AFTER", "RedisFeed"]
@@ -31,10 +40,13 @@ log = logging.getLogger("retry_after_adapter")
 
 #: The channel's name: this, then the store's key prefix.
 CHANNEL = "retry-after-adapter:changes:"
-#: Seconds between PINGs on the subscription.
+#: Seconds without a message on the channel after which this process publishes a
+#: canary on it (plus up to half as much again, at random).
 PING_EVERY = 0.5
-#: Seconds without a word from the server after which the feed is stale.
+#: Seconds without a message on the channel after which the feed is stale.
 STALE_AFTER = 1.5
+#: The canary's message: no scope changed (an older reader drops the scope "-").
+CANARY = "k 0 -"
 #: Seconds without an attempt asking after which the thread unsubscribes and ends (the
 #: next attempt starts it again: a store nobody uses holds no connection).
 UNUSED_FOR = 30.0
@@ -60,6 +72,7 @@ class RedisFeed(Feed):
         #: Fresh until this time.monotonic() (0: not subscribed).
         self._until = 0.0
         self._warned = False
+        self._canary_refused = False
         #: When (time.monotonic()) an attempt last asked.
         self._asked = 0.0
         #: Times the subscription was confirmed (the first one included).
@@ -116,8 +129,9 @@ class RedisFeed(Feed):
                 self._failure("subscribe", exc),
             )
 
-    def _heard(self, message: dict[str, Any], confirmed: bool) -> bool:
-        """Handle one message; returns whether the subscription is confirmed."""
+    def _heard(self, message: dict[str, Any], confirmed: bool) -> tuple[bool, bool]:
+        """Handle one message: ``(confirmed, carried)``, whether the subscription is
+        confirmed and whether the message came through the channel."""
         kind = message.get("type")
         if kind in ("subscribe", b"subscribe"):
             # Every confirmation, the first or one after a client's own reconnect: what
@@ -127,25 +141,38 @@ class RedisFeed(Feed):
             if self._warned:
                 self._warned = False
                 log.info("the cooldown store's change channel is back")
-            return True
+            return True, False
         if kind in ("message", b"message"):
             self._deliver(message.get("data"))
-        return confirmed
+            return confirmed, True
+        return confirmed, False
+
+    def _canary(self) -> None:
+        """Publish a canary on the channel (see the module); a refusal is logged once."""
+        try:
+            self._client.publish(self._channel, CANARY)
+        except Exception as exc:
+            if not self._canary_refused:
+                self._canary_refused = True
+                log.warning(
+                    "this process may not publish on the cooldown store's change channel (%s): "
+                    "it relies on other processes' messages to trust its near copy, and "
+                    "every cooldown it learns fails to be written",
+                    self._failure("publish", exc),
+                )
     def _deliver(self, data: object) -> None:
-        """``"c <ms> <scope>"``: a cooldown moved to that time; ``"a 0 <scope>"``: an
-        allowance announced; ``"d 0 <scope>"``: lifted. Anything else: start over."""
+        """``"<kind> <value> <scope>"``: ``scope`` changed (``c``: a cooldown moved, ``a``:
+        an allowance announced, ``r``: a rate closed, ``d``: lifted): read again, the
+        value never trusted. ``"k 0 -"``: a canary, nothing changed. Anything else:
+        start over."""
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+        if text == CANARY:
+            return
         parts = text.split(" ", 2)
         if len(parts) != 3 or not parts[2]:
             self._changed(None, None)
             return
-        until = None
-        if parts[0] == "c":
-            try:
-                until = from_epoch_ms(int(parts[1]))
-            except (ValueError, OverflowError):
-                until = None
-        self._changed(parts[2], until)
+        self._changed(parts[2], None)
 
     def _after_fork(self) -> None:
         """In a forked child: the parent's thread and connection are not this process's."""
@@ -207,31 +234,40 @@ def _follow(ref: weakref.ref[RedisFeed]) -> None:
 
 
 def _listen(ref: weakref.ref[RedisFeed], pubsub: Any) -> bool:
-    """Deliver messages until the feed is gone or done (False), the connection fails
-    or goes quiet past :data:`STALE_AFTER` (True once it was confirmed)."""
-    confirmed = False
-    heard = pinged = time.monotonic()
+    """Deliver messages until the feed is gone or done (False), the connection fails,
+    or the channel carries nothing past :data:`STALE_AFTER` (True once it was
+    confirmed). The feed is fresh only once a message came through the channel after
+    the subscription was confirmed (a canary goes out at once, then whenever nothing
+    came for :data:`PING_EVERY` seconds and a random part of as much again)."""
+    confirmed = carried = False
+    heard = time.monotonic()
+    quiet = 0.0  # the first canary goes out as soon as the subscription is confirmed
+    published = -PING_EVERY
     while True:
         try:
-            message = pubsub.get_message(timeout=PING_EVERY / 2)
-            now = time.monotonic()
-            if now - pinged >= PING_EVERY:
-                pubsub.ping()
-                pinged = now
+            message = pubsub.get_message(timeout=PING_EVERY / 4)
         except Exception as exc:
             feed = ref()
             if feed is not None:
                 feed._broke(exc)
             return confirmed
+        now = time.monotonic()
         feed = ref()
         if feed is None or feed._done():
             return False
         if message is not None:
-            heard = now
-            confirmed = feed._heard(message, confirmed)
+            was, (confirmed, through) = confirmed, feed._heard(message, confirmed)
+            if through or confirmed != was:
+                heard = now  # a message through the channel, or the subscription confirmed
+            carried = carried or through
         if now - heard > STALE_AFTER:
-            feed._broke(ConnectionError("the change channel went quiet"))
+            feed._broke(ConnectionError("the change channel carried nothing"))
             return confirmed
         if confirmed:
-            feed._until = heard + STALE_AFTER
+            if carried:
+                feed._until = heard + STALE_AFTER  # trusted: messages come through
+            if now - heard >= quiet and now - published >= PING_EVERY:
+                published = now
+                quiet = PING_EVERY * (1 + random.random() / 2)
+                feed._canary()
         del feed

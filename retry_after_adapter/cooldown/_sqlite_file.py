@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from .. import _forksafe
-from ..errors import ConfigurationError, CooldownStoreError
+from ..errors import ConfigurationError, CooldownStoreError, failure_cause
 
 _T = TypeVar("_T")
 
@@ -421,11 +421,17 @@ class SQLiteFile:
                 slot.conn.execute("ROLLBACK")
 
     def _failure(self, exc: sqlite3.Error, *, waited: bool) -> CooldownStoreError:
+        """``exc`` as the package's error, naming what it was (``failure_cause``: a full
+        disk, a file that is not a database or may not be written, told apart from a
+        lock held past the timeout)."""
         reason = str(exc) or type(exc).__name__
         after = f" after trying for {self._timeout:g} s" if waited else ""
+        cause, lasting = failure_cause(exc)
         return CooldownStoreError(
-            f"the SQLite cooldown store {self._path!r} is unavailable ({reason}){after}",
+            f"the SQLite cooldown store {self._path!r} is unavailable: {cause} ({reason}){after}",
             busy=waited,  # locks held by other writers past the timeout: contention
+            cause=cause,
+            lasting=lasting and not waited,
         )
 
     def close(self) -> None:

@@ -138,8 +138,8 @@ class Feed(ABC):
         """Stop the feed (its thread and connection, if it has any)."""
 
 
-#: What a feed calls with each changed scope (None: anything may have changed) and, when
-#: the news says, the scope's new cooldown (None: read it again).
+#: What a feed calls with each changed scope (None: anything may have changed); the
+#: second argument (a cooldown the news may carry) is not trusted: the scope is read again.
 Changed = Callable[[str | None, datetime | None], None]
 
 

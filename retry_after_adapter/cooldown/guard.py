@@ -112,7 +112,7 @@ class StoreGuard(WriteBack, Store):
         self._init_health(inner, time.monotonic)
         #: The near copy, when the store has a change feed (see ``_near``).
         self.near: Near | None = None
-        near = Near(self._release_now, self.local.extend)
+        near = Near(self._release_now)
         feed = inner.feed(near.changed)
         if feed is not None:
             near.feed = feed

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from importlib import resources
 from typing import Any
 
-from ..errors import ConfigurationError, CooldownStoreError
+from ..errors import ConfigurationError, CooldownStoreError, failure_cause
 from ..redact import client_secrets, redact_url, scrub, url_secrets
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from ._redis_feed import CHANNEL, RedisFeed
@@ -161,8 +161,10 @@ class RedisCooldownStore(Store):
         self._settle_script = scripts["settle"]
         self._rate_script = scripts["rate_answer"]
         self._url_args: tuple[str, dict[str, Any]] | None = None
-        #: The pub/sub channel changes are published on ("": push off, see :meth:`feed`).
-        self._channel = CHANNEL + prefix if push else ""
+        #: The pub/sub channel changes are published on ("": push off, see :meth:`feed`):
+        #: one per database and prefix (Redis's pub/sub is one for all its databases, so
+        #: tenants on two databases of one server never hear each other's changes).
+        self._channel = f"{CHANNEL}{_database(client)}:{prefix}" if push else ""
 
     @classmethod
     def from_url(
@@ -470,6 +472,10 @@ class RedisCooldownStore(Store):
             keys = [key, self.companion(scope, "allowance"), self.companion(scope, "lease")]
             keys += [self.companion(scope, _RATE)]
             keys += [_text(found) for found in self._client.scan_iter(match=quotas, count=1000)]
+            if self._channel:
+                # Once before (a client that may not PUBLISH deletes nothing: no near copy
+                # misses it), once after (a copy that read the scope meanwhile reads again).
+                self._client.publish(self._channel, "d 0 " + scope)
             found = sum(int(self._client.delete(name)) for name in keys) > 0
             if self._channel:
                 self._client.publish(self._channel, "d 0 " + scope)
@@ -602,10 +608,17 @@ class RedisCooldownStore(Store):
         return f"RedisCooldownStore({type(self._client).__name__}, prefix={self._prefix!r})"
 
     def _failure(self, operation: str, exc: BaseException) -> CooldownStoreError:
+        """``exc`` as the package's error: what it was (``failure_cause``: an
+        authentication, a permission or TLS that will not heal told apart from a
+        timeout or a refused connection), without the URL's credentials."""
         detail = scrub(str(exc), self._secrets)
+        cause, lasting = failure_cause(exc)
         return CooldownStoreError(
-            f"the Redis cooldown store failed during {operation}: {type(exc).__name__}"
+            f"the Redis cooldown store failed during {operation}: {cause} ({type(exc).__name__}"
             + (f": {detail}" if detail else "")
+            + ")",
+            cause=cause,
+            lasting=lasting,
         )
 
 
@@ -692,6 +705,16 @@ def _as_redis_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     mapped = {"valkey": "redis", "valkeys": "rediss"}.get(scheme.lower())
     return f"{mapped}{sep}{rest}" if mapped and sep else url
+
+
+def _database(client: Any) -> int:
+    """The database a redis-py style client uses (a cluster has one: 0)."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    database = kwargs.get("db", 0) if isinstance(kwargs, dict) else 0
+    try:
+        return int(database or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _client_timeout(client: Any) -> float | None:

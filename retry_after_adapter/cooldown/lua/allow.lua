@@ -2,7 +2,8 @@
 -- KEYS[1] = the allowance hash; ARGV = remaining, until, now (epoch ms), the answered
 -- attempt's admission number (-1: none), the limit and the window (ms; 0: not said),
 -- the same-window tolerance and how long a record outlives its reset (ms), then the
--- change channel (empty: none) and the scope: a scope's first allowance is published
+-- change channel (empty: none) and the scope: a scope's first allowance is published,
+-- before it is written,
 -- there as "a 0 <scope>" (its admissions are counted by the store from then on).
 local remaining = math.max(0, tonumber(ARGV[1]))
 local untl, now, seq = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -26,10 +27,10 @@ if rec ~= nil and rec.u <= now and rec.x and lim > 0 then
   return 1
 end
 if rec == nil or rec.u <= now then
-  save(KEYS[1], {r = remaining, a = at, u = untl, n = count, l = lim, w = win, x = false}, kept)
   if rec == nil and ARGV[9] ~= nil and ARGV[9] ~= '' then
-    redis.call('PUBLISH', ARGV[9], 'a 0 ' .. ARGV[10])
+    redis.call('PUBLISH', ARGV[9], 'a 0 ' .. ARGV[10])  -- before the write (see extend.lua)
   end
+  save(KEYS[1], {r = remaining, a = at, u = untl, n = count, l = lim, w = win, x = false}, kept)
   return 1
 end
 local gap = untl - rec.u

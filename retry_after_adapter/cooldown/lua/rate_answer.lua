@@ -67,8 +67,8 @@ else
   r.cap, r.lim, r.win, r.ep, r.st, r.base, r.sn = 1, lim, win, epoch + 1, untilms, untilms, 0
   r.ok, r.gr, r.gc, r.qt, r.pr, r.fl = 0, 0, epoch, quiet, 0, r.fl + 1
 end
-rate_save(KEYS[1], r, tonumber(ARGV[4]))
 if was_open and not rate_open(r) and ARGV[5] ~= nil and ARGV[5] ~= '' then
-  redis.call('PUBLISH', ARGV[5], 'r 0 ' .. ARGV[6])
+  redis.call('PUBLISH', ARGV[5], 'r 0 ' .. ARGV[6])  -- before the write (see extend.lua)
 end
+rate_save(KEYS[1], r, tonumber(ARGV[4]))
 return 1

@@ -1,0 +1,246 @@
+"""Trust: a shared cooldown that nobody can blind, spoof or cross, with a real
+``redis-server`` (ACL users, two databases, a forged ``PUBLISH``).
+
+- A writer that may not PUBLISH writes nothing (its scripts publish first), says so by
+  name, and still never sends inside the cooldown it received; the others' near copies
+  never disagree with the store.
+- A near copy trusts the channel only while messages come through it (canaries); a
+  subscription that answers but carries nothing is stale within a bound.
+- Tenants on two databases of one server never hear each other's changes.
+- A pushed message is never trusted for its value: a forged one costs a round trip.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from retry_after_adapter import RedisCooldownStore
+from retry_after_adapter.cooldown.guard import guard_of
+from retry_after_adapter.errors import CooldownStoreError
+
+pytestmark = pytest.mark.redis
+
+SCOPE = "https://api.example.com:443"
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 3.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return condition()
+
+
+@pytest.fixture
+def acl_server(redis_factory: Callable[..., Any], redis_module: Any) -> Iterator[tuple[Any, Callable[..., Any]]]:
+    """A server of the test's own with a user ``app`` that may not PUBLISH; yields an
+    admin client and ``connect(user, db)`` for more clients."""
+    server = redis_factory()
+    admin = redis_module.Redis(host="127.0.0.1", port=server.port, socket_timeout=2.0)
+    admin.execute_command("ACL", "SETUSER", "app", "on", ">app-pw", "~*", "&*", "+@all", "-publish")
+    clients: list[Any] = []
+
+    def connect(user: str | None = None, db: int = 0) -> Any:
+        kwargs: dict[str, Any] = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, "db": db}
+        if user is not None:
+            kwargs.update(username=user, password=f"{user}-pw")
+        client = redis_module.Redis(host="127.0.0.1", port=server.port, **kwargs)
+        clients.append(client)
+        return client
+
+    yield admin, connect
+    for client in clients:
+        client.close()
+    admin.close()
+
+
+def fresh_guard(store: RedisCooldownStore) -> Any:
+    guard = guard_of(store)
+    assert guard.near is not None
+    assert wait_for(guard.near.fresh), "the near copy never became fresh"
+    return guard
+
+
+def test_a_writer_that_may_not_publish_writes_nothing_and_says_so_by_name(
+    acl_server: tuple[Any, Callable[..., Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Worker B's user may not PUBLISH: its extend fails before anything is written (the
+    script publishes first), naming the cause, and B holds the scope back from its own
+    local copy; worker A's near copy, fresh on its own canaries, agrees with the store,
+    which holds nothing (0.9: the store held it, A's near copy did not: 57 sends)."""
+    admin, connect = acl_server
+    a = RedisCooldownStore(connect(), prefix="t:")
+    b = RedisCooldownStore(connect("app"), prefix="t:")
+    now = datetime.now(timezone.utc)
+    until = now + timedelta(seconds=30)
+    with pytest.raises(CooldownStoreError, match=r"(?i)permission|noperm") as raised:
+        b.extend(SCOPE, until)
+    assert "app-pw" not in str(raised.value)
+    assert admin.get("t:" + SCOPE) is None  # nothing written: no copy can miss it
+    guard_a = fresh_guard(a)
+    assert guard_a.admit(SCOPE, now).not_before is None
+    with caplog.at_level(logging.WARNING, logger="retry_after_adapter"):
+        guard_b = guard_of(b)
+        assert guard_b.extend(SCOPE, until) == until  # kept locally
+        answer = guard_b.admit(SCOPE, now)
+    assert answer.not_before == until  # B never sends inside the cooldown it received
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("permission" in w.lower() for w in warnings), warnings
+    assert not any("app-pw" in w for w in warnings)
+
+
+def test_a_near_copy_that_may_not_publish_trusts_the_channel_only_while_others_speak(
+    acl_server: tuple[Any, Callable[..., Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """B may not publish its canaries: alone on the channel its near copy never turns
+    fresh (every attempt reads the store), and its refusal is logged once by name; once
+    A (who may) follows the channel too, A's canaries make B's copy fresh."""
+    _, connect = acl_server
+    b = RedisCooldownStore(connect("app"), prefix="t:")
+    guard_b = guard_of(b)
+    assert guard_b.near is not None
+    with caplog.at_level(logging.WARNING, logger="retry_after_adapter"):
+        assert not wait_for(guard_b.near.fresh, 2.5)
+    assert any("may not publish" in r.getMessage() for r in caplog.records)
+    a = RedisCooldownStore(connect(), prefix="t:")
+    fresh_guard(a)
+    assert wait_for(guard_b.near.fresh, 3.0)
+
+
+def test_a_subscription_that_answers_but_carries_nothing_goes_stale(
+    acl_server: tuple[Any, Callable[..., Any]],
+) -> None:
+    """The channel is checked end to end: with every canary published elsewhere (the
+    store's channel renamed under the copy), the subscription still answers, yet the
+    copy is stale within the bound and every attempt reads the store."""
+    _, connect = acl_server
+    store = RedisCooldownStore(connect(), prefix="t:")
+    guard = fresh_guard(store)
+    feed = guard.near.feed
+    feed._channel = "somewhere-else"  # canaries no longer travel through the subscription
+    assert wait_for(lambda: not guard.near.fresh(), 3.0)
+
+
+def test_tenants_on_two_databases_never_hear_each_other(acl_server: tuple[Any, Callable[..., Any]]) -> None:
+    """Pub/sub is one for the server: the channel is one per database (and prefix), so a
+    cooldown stored in database 0 never holds back a worker of database 1 (0.9: 123
+    local deferrals), and database 1's status does not show it."""
+    _, connect = acl_server
+    zero = RedisCooldownStore(connect(db=0), prefix="t:")
+    one = RedisCooldownStore(connect(db=1), prefix="t:")
+    now = datetime.now(timezone.utc)
+    guard_one = fresh_guard(one)
+    for _ in range(3):
+        assert guard_one.admit(SCOPE, now).not_before is None  # known near
+    received: list[str] = []
+    feed = guard_one.near.feed
+    original = feed._changed
+    feed._changed = lambda scope, until: (received.append(str(scope)), original(scope, until))  # type: ignore[method-assign]
+    guard_zero = fresh_guard(zero)
+    guard_zero.extend(SCOPE, now + timedelta(seconds=30))
+    time.sleep(0.2)
+    assert SCOPE not in received
+    assert all(guard_one.admit(SCOPE, now).not_before is None for _ in range(50))
+    assert SCOPE not in one.holds()
+    assert SCOPE in zero.holds()
+
+
+def test_a_forged_publish_costs_a_round_trip_never_a_wait(acl_server: tuple[Any, Callable[..., Any]]) -> None:
+    """Someone publishes a cooldown ending in 9999 on the channel: the near copy reads the
+    scope again (the store holds nothing) and admits; nothing is learned from the value
+    (0.9 deferred every worker past max_retry_after)."""
+    admin, connect = acl_server
+    store = RedisCooldownStore(connect(), prefix="t:")
+    guard = fresh_guard(store)
+    now = datetime.now(timezone.utc)
+    assert guard.admit(SCOPE, now).not_before is None
+    assert guard.near.knows(SCOPE)
+    channel = store._channel
+    admin.publish(channel, f"c 253402300799000 {SCOPE}")
+    assert wait_for(lambda: not guard.near.knows(SCOPE), 2.0)  # dropped: read again
+    answer = guard.admit(SCOPE, now)
+    assert answer.not_before is None and answer.cooldown is None
+    assert guard.local.get(SCOPE) is None  # the local copy learned nothing from it
+
+
+# -- errors that name their cause ---------------------------------------------------------------------------
+
+
+def test_a_wrong_redis_password_is_named_as_a_misconfiguration(
+    redis_factory: Callable[..., Any], redis_module: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wrong password will never heal: the error and the failure layer's first warning
+    say "authentication failed" and that it looks like a misconfiguration (0.9 said only
+    "failed (CooldownStoreError)"), and neither carries the password."""
+    server = redis_factory("--requirepass", "the-right-one")
+    store = RedisCooldownStore.from_url(f"redis://:not-this-one@127.0.0.1:{server.port}/0", prefix="t:")
+    with pytest.raises(CooldownStoreError) as raised:
+        store.get(SCOPE)
+    assert raised.value.cause == "authentication failed" and raised.value.lasting
+    assert "not-this-one" not in str(raised.value)
+    with caplog.at_level(logging.WARNING, logger="retry_after_adapter"):
+        guard_of(store).admit(SCOPE, datetime.now(timezone.utc))
+    warning = next(r for r in caplog.records if r.levelno == logging.WARNING)
+    assert "authentication failed" in warning.getMessage()
+    assert "misconfiguration" in warning.getMessage() and warning.lasting  # type: ignore[attr-defined]
+    assert "not-this-one" not in warning.getMessage()
+
+
+def test_tls_against_a_plain_redis_is_named_and_a_refused_connection_is_not_lasting(
+    redis_factory: Callable[..., Any],
+) -> None:
+    server = redis_factory()
+    tls = RedisCooldownStore.from_url(f"rediss://127.0.0.1:{server.port}/0", prefix="t:")
+    with pytest.raises(CooldownStoreError) as raised:
+        tls.get(SCOPE)
+    assert (raised.value.cause, raised.value.lasting) == ("TLS failed", True), str(raised.value)
+    port = server.port
+    server.stop()
+    refused = RedisCooldownStore.from_url(f"redis://127.0.0.1:{port}/0", prefix="t:")
+    with pytest.raises(CooldownStoreError) as raised:
+        refused.get(SCOPE)
+    assert raised.value.cause == "connection refused" and not raised.value.lasting
+
+
+def test_a_file_that_is_not_a_database_is_named(tmp_path: Any) -> None:
+    from retry_after_adapter import SQLiteCooldownStore
+
+    path = tmp_path / "notes.txt"
+    path.write_bytes(b"these are someone's notes, not a database\n" * 100)
+    with pytest.raises(CooldownStoreError) as raised:
+        SQLiteCooldownStore(path).get(SCOPE)
+    assert (raised.value.cause, raised.value.lasting) == ("not a database", True), str(raised.value)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Any) -> Iterator[Any]:
+    """A 512 KiB tmpfs of the test's own (root can mount one; elsewhere the test skips)."""
+    import subprocess
+
+    where = tmp_path / "tiny"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(where)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (not root)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_full_disk_is_named(tiny_disk: Any) -> None:
+    from retry_after_adapter import SQLiteCooldownStore
+
+    store = SQLiteCooldownStore(tiny_disk / "cooldowns.db")
+    until = datetime.now(timezone.utc) + timedelta(hours=1)
+    with pytest.raises(CooldownStoreError) as raised:
+        for n in range(100_000):
+            store.extend(f"https://host-{n}.example.com:443/" + "x" * 300, until)
+    assert (raised.value.cause, raised.value.lasting) == ("disk full", True), str(raised.value)
