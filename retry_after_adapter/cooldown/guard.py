@@ -202,7 +202,28 @@ class StoreGuard(WriteBack, Store):
         ``opened`` > 0: the quota permit is an open one (see ``Plan.answered``): taken
         by itself from the store, never from or for a batch, counting ``opened`` seconds
         longer there until its answer settles it exactly. (Taken from the local copy
-        while the store is down, it counts ``per + margin``, as any local permit.)"""
+        while the store is down, it counts ``per + margin``, as any local permit.)
+
+        Every grant is checked against the local copy last: a cooldown this process
+        learned while the grant was in flight (a slow store, a busy near copy) holds the
+        attempt back, whatever the store said (the slot taken goes back; a permit
+        counts)."""
+        answer = self._admit(scope, now, limit, per, lease, margin, learn, budget, opened)
+        if answer.not_before is not None:
+            return answer
+        local = self.local.get(scope)
+        if local is None or local <= (now if now is not None else datetime.now(timezone.utc)):
+            return answer
+        token = answer.token or (lease[2] if lease is not None else None)
+        if token is not None:
+            self.release(scope, token)
+        return Admission(local, local, None, False)
+
+    def _admit(
+        self, scope: str, now: datetime | None, limit: int | None, per: float | None, lease: Lease | None,
+        margin: float, learn: Learn | None, budget: StoreBudget | None, opened: float,
+    ) -> Admission:
+        """:meth:`admit` but for its last check."""
         present = now if now is not None else datetime.now(timezone.utc)
         if self._skipped(budget):
             return self._local_admit((scope, now, limit, per, lease, margin), budget)

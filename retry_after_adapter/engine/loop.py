@@ -165,6 +165,8 @@ def steps(call: Call, transport: Attempts[R]) -> Generator[Op, Any, Outcome[R]]:
                 if deferral is not None:
                     # Before a retry: the last attempt's response (its body kept) or error ends it.
                     return Outcome(response, error, deferral)
+            if call.plan.learned_meanwhile(call):
+                continue  # a cooldown this process learned since the grant: admitted again
             response, error, cause = yield from send(call, transport)
             raw = transport.raw(response) if response is not None else None
             body = None

@@ -84,6 +84,7 @@ class Plan:
 
     __slots__ = (
         "allows",
+        "cooldown_of",
         "dialects",
         "fail_closed",
         "guard",
@@ -145,6 +146,12 @@ class Plan:
         self.learns = learn_rate and quota is None and store is not None and store.supports("rate")
         #: How a slot goes back (bound once).
         self.release_slot: Callable[[str, str], None] | None = store.release if store is not None else None
+        #: The scope's cooldown as this process knows it, without a store operation: the
+        #: failure layer's local copy of a shared store (bound once; None for a memory
+        #: store, whose admission reads its own cooldown as it grants).
+        self.cooldown_of: Callable[[str], datetime | None] | None = (
+            self.guard.local.get if self.guard is not None else None
+        )
         #: What providers' dialects taught this adapter: routes refined by their
         #: bucket, secondary-limit streaks (bounded, in memory; see ``buckets``).
         self.dialects = Dialects()
@@ -249,6 +256,20 @@ class Plan:
             else:
                 on_done(response, slot)
 
+    def learned_meanwhile(self, call: Call) -> bool:
+        """Right before an admitted attempt goes out: whether this process learned a
+        cooldown of the scope since the grant (another thread received a 429 while this
+        one was on its way to the wire). Then nothing is sent: what the admission took
+        is given back (its slot; its permit counts), and the call is admitted again."""
+        if self.cooldown_of is None or call.scope is None:
+            return False
+        until = self.cooldown_of(call.scope)
+        if until is None or until <= call.clock.now():
+            return False
+        self.answered(call, None, _not_sent)
+        self.judged(call)
+        return True
+
     @staticmethod
     def judged(call: Call) -> None:
         """The attempt's answer was judged (what it taught is learned): a probe's slot
@@ -329,6 +350,12 @@ class Plan:
         if self.guard is not None:
             return operation(*args, budget=call.budget)
         return operation(*args)
+
+
+def _not_sent(response: Any, slot: Slot) -> None:
+    """(``answered``'s ``on_done`` for an attempt that was not sent: never called, as
+    there is no response; its slot goes back at once.)"""
+    slot()
 
 
 #: The plan of a call made without a store (a policy used alone).

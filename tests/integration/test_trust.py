@@ -244,3 +244,76 @@ def test_a_full_disk_is_named(tiny_disk: Any) -> None:
         for n in range(100_000):
             store.extend(f"https://host-{n}.example.com:443/" + "x" * 300, until)
     assert (raised.value.cause, raised.value.lasting) == ("disk full", True), str(raised.value)
+
+
+# -- a process never sends inside a cooldown it has itself received ---------------------------------------
+
+
+def test_a_grant_in_flight_when_this_process_learns_a_cooldown_is_held_back(redis_factory: Callable[..., Any]) -> None:
+    """Redis paused (``CLIENT PAUSE``): an admission is on its way to the store when
+    another thread of the process receives a 429 and learns its cooldown (kept locally
+    at once, its write waiting too). The store then grants the admission, as it knew
+    nothing else: the failure layer checks the local copy after the grant and holds the
+    attempt back (0.9: 9-53 attempts started 50-250 ms after the process received a
+    Retry-After, with CLIENT PAUSE 300 every 0.7 s)."""
+    import threading
+
+    server = redis_factory()
+    url = f"redis://127.0.0.1:{server.port}/0"
+    store = RedisCooldownStore.from_url(url, prefix="t:", socket_timeout=3.0, socket_connect_timeout=3.0)
+    guard = guard_of(store)
+    now = datetime.now(timezone.utc)
+    assert guard.admit(SCOPE, now).not_before is None  # known, and the scripts loaded
+    admin = RedisCooldownStore.from_url(url, prefix="admin:")._client
+    admin.execute_command("CLIENT", "PAUSE", "400", "WRITE")
+    answers: list[Any] = []
+    lease = (4, 30.0, "slot-1")
+    admitting = threading.Thread(target=lambda: answers.append(guard.admit(SCOPE, None, lease=lease)))
+    admitting.start()
+    time.sleep(0.1)  # the admission waits on the paused server
+    until = datetime.now(timezone.utc) + timedelta(seconds=30)
+    learning = threading.Thread(target=lambda: guard.extend(SCOPE, until))
+    learning.start()
+    admitting.join(5)
+    learning.join(5)
+    assert answers and answers[0].not_before == until  # held back by what the process knew
+    assert store.holds().get(SCOPE, []) != []  # the cooldown reached the store too
+    leases = [hold for hold in store.holds().get(SCOPE, []) if hold.kind == "leases"]
+    assert not leases  # the slot the store granted went back
+
+
+def test_an_attempt_admitted_before_this_process_learned_a_cooldown_is_not_sent(
+    tmp_path: Any, real_server: Any
+) -> None:
+    """The last look before the wire: a call admitted (a slot taken) on a SQLite store,
+    then another thread of the process receives a 429 before the attempt goes out. The
+    attempt is not sent: its slot goes back and the call, admitted again, waits for the
+    cooldown or defers (here: defers, its deadline too short)."""
+    import requests
+
+    from retry_after_adapter import RetryAfterAdapter, RetryAfterRetry, SQLiteCooldownStore, deferral_of
+    from retry_after_adapter.engine.plan import Plan
+
+    store = SQLiteCooldownStore(tmp_path / "shared.db")
+    adapter = RetryAfterAdapter(max_retries=RetryAfterRetry(total=1, deadline=1), cooldown=store, max_concurrency=2)
+    session = requests.Session()
+    session.mount("http://", adapter)
+    scope = adapter.scope_for(requests.Request("GET", real_server.url).prepare())
+    assert session.get(real_server.url).status_code == 200
+    original = Plan.learned_meanwhile
+    until = datetime.now(timezone.utc) + timedelta(seconds=30)
+
+    def another_thread_learns_first(plan: Plan, call: Any) -> bool:
+        guard_of(store).extend(scope, until)  # as another thread's 429 would, after the grant
+        return original(plan, call)
+
+    Plan.learned_meanwhile = another_thread_learns_first  # type: ignore[method-assign]
+    try:
+        response = session.get(real_server.url)
+    finally:
+        Plan.learned_meanwhile = original  # type: ignore[method-assign]
+    deferral = deferral_of(response)
+    assert response.status_code == 429 and deferral is not None and deferral.reason == "cooldown"
+    assert until <= deferral.eligible_at < until + timedelta(milliseconds=1)  # stored in whole ms, up
+    assert real_server.count() == 1  # the second call sent nothing
+    assert not [hold for hold in store.holds().get(scope, []) if hold.kind == "leases"]
