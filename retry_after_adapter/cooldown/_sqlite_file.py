@@ -157,6 +157,75 @@ def _intact(path: str, timeout: float) -> bool:
         conn.close()
 
 
+class _ForkGate:
+    """No thread is inside SQLite when this process forks.
+
+    SQLite keeps mutexes of its own (its memory allocator's, the table of open files): a
+    thread of the parent inside SQLite at ``fork()`` leaves them held in the child,
+    whose first ``sqlite3.connect`` then never returns. Every call into SQLite enters
+    this gate (shared: threads do not wait for each other); ``fork()`` closes it first,
+    waiting (at most :data:`FORK_WAIT` seconds) until no thread is inside, and holds it
+    shut through the fork, so the child starts with every SQLite mutex free. The child
+    gets a new gate; the parent reopens its own."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._inside = 0
+        self._closing = False
+
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[None]:
+        with self._cond:
+            while self._closing:  # a fork waits for those inside: none may come in meanwhile
+                self._cond.wait()
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._inside -= 1
+                if not self._inside:
+                    self._cond.notify_all()
+
+    def close(self) -> None:
+        """Before a fork: wait until no thread is inside, and keep others out."""
+        self._cond.acquire()
+        self._closing = True
+        deadline = time.monotonic() + FORK_WAIT
+        while self._inside and time.monotonic() < deadline:
+            self._cond.wait(deadline - time.monotonic())
+
+    def reopen(self) -> None:
+        """After a fork, in the parent."""
+        self._closing = False
+        self._cond.notify_all()
+        self._cond.release()
+
+
+#: The longest (seconds) a fork waits for the threads inside SQLite to come out: an
+#: operation waits for a lock at most its store's timeout (0.25 s by default).
+FORK_WAIT = 5.0
+_GATE = _ForkGate()
+
+
+def _gate_after_fork_in_child() -> None:
+    global _GATE
+    _GATE = _ForkGate()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=lambda: _GATE.close(),
+        after_in_parent=lambda: _GATE.reopen(),
+        after_in_child=_gate_after_fork_in_child,
+    )
+
+
+def sqlite_gate() -> contextlib.AbstractContextManager[None]:
+    """The gate every call into SQLite goes through (see :class:`_ForkGate`)."""
+    return _GATE.inside()
+
+
 class _Slot:
     """One thread's connection, held only by that thread's ``threading.local``.
 
@@ -189,7 +258,7 @@ def _release(store_ref: weakref.ref[SQLiteFile], conn: sqlite3.Connection, pid: 
     store = store_ref()
     if store is not None:
         store._forget(conn)
-    with contextlib.suppress(sqlite3.Error):
+    with sqlite_gate(), contextlib.suppress(sqlite3.Error):
         conn.close()
 
 
@@ -393,9 +462,10 @@ class SQLiteFile:
         pause = 0.002
         while True:
             try:
-                slot = self._connection()
-                self._set_busy(slot, busy_ms)
-                return operation(slot.conn)
+                with sqlite_gate():
+                    slot = self._connection()
+                    self._set_busy(slot, busy_ms)
+                    return operation(slot.conn)
             except sqlite3.Error as exc:
                 self._after_error()
                 if not _transient(exc) and not self._moved():
@@ -440,5 +510,5 @@ class SQLiteFile:
             self._closed = True
             conns, self._conns = self._conns, set()
         for conn in conns:
-            with contextlib.suppress(sqlite3.Error):
+            with sqlite_gate(), contextlib.suppress(sqlite3.Error):
                 conn.close()

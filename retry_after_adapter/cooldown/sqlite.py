@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 
 from ..errors import ConfigurationError, CooldownStoreError
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
-from ._sqlite_file import CHANGES_KEPT, DEFAULT_TIMEOUT, RATE_COLUMNS, SQLiteFile, immediate
+from ._sqlite_file import CHANGES_KEPT, DEFAULT_TIMEOUT, RATE_COLUMNS, SQLiteFile, immediate, sqlite_gate
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance, roll
 from .base import (
     Admission,
@@ -752,7 +752,8 @@ class SQLiteFeed(Feed):
         ):
             # The common case: this thread's connection, the file checked just now.
             try:
-                last = slot.conn.execute(_LAST_CHANGE).fetchone()[0]
+                with sqlite_gate():
+                    last = slot.conn.execute(_LAST_CHANGE).fetchone()[0]
             except sqlite3.Error:
                 return False
             if (last or 0) == self._seen:

@@ -317,3 +317,67 @@ def test_an_attempt_admitted_before_this_process_learned_a_cooldown_is_not_sent(
     assert until <= deferral.eligible_at < until + timedelta(milliseconds=1)  # stored in whole ms, up
     assert real_server.count() == 1  # the second call sent nothing
     assert not [hold for hold in store.holds().get(scope, []) if hold.kind == "leases"]
+
+
+# -- fork-safe SQLite --------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_two_hundred_forks_while_threads_use_a_sqlite_store_every_child_finishes(tmp_path: Any) -> None:
+    """Four threads use one SQLite store without pause while the main thread forks 200
+    times; each child uses the store (connects, reads, writes) and exits. A child that
+    inherited one of SQLite's own mutexes held by a parent thread would hang in
+    ``sqlite3.connect`` for good (0.9: 1 child in 12 in one run); none may take more
+    than 10 s (each takes a few milliseconds)."""
+    import os
+    import signal
+    import threading
+
+    from retry_after_adapter import SQLiteCooldownStore
+
+    path = tmp_path / "forked.db"
+    store = SQLiteCooldownStore(path)
+    stop = threading.Event()
+    now = datetime.now(timezone.utc)
+
+    def hammer(n: int) -> None:
+        while not stop.is_set():
+            store.extend(f"https://h{n}.example.com:443", now + timedelta(seconds=1))
+            store.admit(f"https://h{n}.example.com:443", None, 1000, 1.0)
+            store.get(SCOPE)
+
+    threads = [threading.Thread(target=hammer, args=(n,), daemon=True) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    hung = 0
+    failed = 0
+    try:
+        for n in range(200):
+            pid = os.fork()
+            if pid == 0:  # the child: its own connection, a read and a write
+                code = 0
+                try:
+                    child = SQLiteCooldownStore(path)
+                    child.extend(f"https://child-{n}.example.com:443", now + timedelta(seconds=5))
+                    store.get(SCOPE)  # the parent's store object, inherited: reopens its own
+                except BaseException:
+                    code = 1
+                os._exit(code)
+            deadline = time.monotonic() + 10.0
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    failed += int(not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0)
+                    break
+                if time.monotonic() > deadline:
+                    hung += 1
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    break
+                time.sleep(0.001)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+    assert (hung, failed) == (0, 0)
+    assert len(store.entries()) >= 200  # every child's write is in the file
