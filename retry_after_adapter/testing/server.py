@@ -14,6 +14,8 @@ and the package's own tests run on it. Every duration here is in seconds.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import math
 import threading
@@ -54,8 +56,14 @@ FORMS = ("seconds", "date")
 ALIGNS = ("epoch", "first")
 #: What a :class:`QuotaServer` says of its quota on every response (``quota_headers``):
 #: nothing, the IETF fields, GitHub's and Discord's ``X-RateLimit-*``, or
-#: express-rate-limit's (v7, its default MemoryStore and legacy headers).
+#: express-rate-limit's (v7 and v8, its default MemoryStore and legacy headers).
 QUOTA_HEADERS = (None, "ietf", "x-ratelimit", "express")
+#: Node's http server (express mode): the keep-alive timeout it announces
+#: (``Keep-Alive: timeout=5``), and the idle time after which it closes a connection:
+#: that plus ``HTTP_SERVER_KEEP_ALIVE_TIMEOUT_BUFFER`` (1 s), counted from the end of
+#: the last response.
+NODE_KEEP_ALIVE = 5
+NODE_IDLE_CLOSE = NODE_KEEP_ALIVE + 1.0
 
 #: The fields of each entry of :attr:`QuotaServer.log` (and of ``GET /__log``), in
 #: order. Times are ``time.monotonic()`` seconds, one clock for every process of a
@@ -139,14 +147,38 @@ class _Handler(BaseHTTPRequestHandler):
             client = self.client_address[0]
             status, headers, body, date = self.server.owner._decide(self.path, self.headers, arrival, client)
         self._date = date
+        node = self.server.owner.quota_headers == "express" and self.path != "/__log"
         self.send_response(status)
+        if node:
+            self.send_header("X-Powered-By", "Express")
         for name, value in headers.items():
             self.send_header(name, value)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
+        if node:
+            # express: res.send() of a string (text/html unless the type was set, as the
+            # handler that answers 200 does), its weak ETag, Node's keep-alive fields.
+            kind = "text/html" if status == 429 else "text/plain"
+            self.send_header("Content-Type", f"{kind}; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("ETag", _weak_etag(body))
+            self.send_header("Connection", "keep-alive")
+            self.send_header("Keep-Alive", f"timeout={NODE_KEEP_ALIVE}")
+        else:
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
+        if node:
+            # Node closes a connection left idle this long after its last response.
+            self.connection.settimeout(NODE_IDLE_CLOSE)
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        if self.server.owner.quota_headers == "express" and self.path != "/__log":
+            # No Server field; Date is among the rate limiter's fields.
+            self.log_request(code)
+            self.send_response_only(code, message)
+            return
+        super().send_response(code, message)
 
     do_HEAD = do_POST = do_PUT = do_DELETE = do_GET
 
@@ -170,13 +202,18 @@ class QuotaServer:
       "default";r=R;t=T``, T the whole seconds to the reset, rounded up) or
       ``"x-ratelimit"`` (``X-RateLimit-Limit``, ``-Remaining``, ``-Reset`` as epoch
       seconds with milliseconds and ``-Reset-After`` in seconds, as Discord sends) or
-      ``"express"``: express-rate-limit v7 with its default ``MemoryStore`` and its
-      default (legacy) headers, exactly: each client (its IP address) has its own
-      window, which starts at its first request after the previous one ended (``align``
-      does not apply); every request counts, 429s too; ``X-RateLimit-Limit``,
-      ``X-RateLimit-Remaining`` (never below 0) and ``X-RateLimit-Reset`` (the reset in
-      epoch seconds, rounded up), no window; past the limit a 429 with ``Retry-After`` =
-      the seconds to the reset, rounded up.
+      ``"express"``: express-rate-limit (v7 and v8, checked against 8.7.5 on express
+      5 and Node 20) with its default ``MemoryStore`` and legacy headers, exactly: each
+      client (its IP address) has its own window, which starts at its first request at
+      or after the previous one's reset (``align`` does not apply); every request
+      counts, 429s too; ``X-RateLimit-Limit``, ``X-RateLimit-Remaining`` (never below
+      0) and ``X-RateLimit-Reset`` (the reset in epoch seconds, rounded up), no window;
+      past the limit a 429 with ``Retry-After`` = the seconds to the reset, rounded up.
+      ``Date`` is the decision's second, truncated (Node caches it for the second);
+      the other fields are express's and Node's (``X-Powered-By``, a weak ``ETag``,
+      ``Connection: keep-alive``, ``Keep-Alive: timeout=5``), and as Node does, a
+      connection left idle 6 s after its last response is closed
+      (:data:`NODE_IDLE_CLOSE`): a client that reuses it then loses that request.
 
     Only requests that are let through count against the quota. Every request is also
     recorded in :attr:`log` (fields :data:`LOG_FIELDS`), served as JSON at ``GET
@@ -228,6 +265,9 @@ class QuotaServer:
         self._used = 0
         #: express: each client's (hits, reset in epoch ms, window index).
         self._clients: dict[str, tuple[int, int, int]] = {}
+        #: express: for each entry of :attr:`log`, the decision and its window's reset
+        #: in epoch seconds, and the reset announced (``X-RateLimit-Reset``).
+        self.epochs: list[tuple[float, float, int]] = []
         self._windows = 0
         self._httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
         self._httpd.owner = self
@@ -275,10 +315,14 @@ class QuotaServer:
 
     def log_json(self) -> str:
         """The request log as JSON: ``t0`` (monotonic start of window 0 with
-        ``align="first"``), ``quota``, ``window``, ``fields`` and ``log``."""
+        ``align="first"``), ``quota``, ``window``, ``fields`` and ``log``; in express
+        mode also ``epochs`` (see :attr:`epochs`)."""
         with self._lock:
-            data = {"t0": self._t0, "quota": self.quota, "window": self.window, "fields": LOG_FIELDS}
-            return json.dumps({**data, "log": self.log})
+            data: dict[str, Any] = {"t0": self._t0, "quota": self.quota, "window": self.window}
+            data.update(fields=LOG_FIELDS, log=self.log)
+            if self.quota_headers == "express":
+                data["epochs"] = self.epochs
+            return json.dumps(data)
 
     def _decide(
         self, path: str, headers: Any = None, arrival: float | None = None, client: str = "127.0.0.1"
@@ -332,11 +376,12 @@ class QuotaServer:
         self, path: str, get: Callable[[str], Any], mono: float, now: datetime, sent_at: datetime,
         early: bool, client: str,
     ) -> tuple[int, dict[str, str], bytes, str]:
-        """express-rate-limit v7 (``rateLimit({windowMs, limit})``, its ``MemoryStore``
-        and legacy headers) deciding one request of ``client`` at ``now`` (the lock is
-        held). As its ``MemoryStore.increment``: the client's window starts again, with
-        ``windowMs`` from this request, once its reset is at or before now; the hit is
-        counted, then compared (``totalHits > limit``: 429, which counts too)."""
+        """express-rate-limit v7/v8 (``rateLimit({windowMs, limit})``, its
+        ``MemoryStore`` and legacy headers) deciding one request of ``client`` at ``now``
+        (the lock is held). As its ``MemoryStore.increment``: the client's window starts
+        again, with ``windowMs`` from this request, once its reset is at or before now;
+        the hit is counted, then compared (``totalHits > limit``: 429, which counts
+        too)."""
         if self._t0 is None:
             self._t0 = mono
         now_ms = math.floor(now.timestamp() * 1000)  # Date.now()
@@ -346,12 +391,16 @@ class QuotaServer:
             hits, reset_ms, index = 0, now_ms + round(self.window * 1000), self._windows - 1
         hits += 1
         self._clients[client] = (hits, reset_ms, index)
+        self.epochs.append((now_ms / 1000, reset_ms / 1000, math.ceil(reset_ms / 1000)))
+        # setLegacyHeaders sets Date itself, between these: new Date().toUTCString(),
+        # the decision's second, truncated.
+        date = format_http_date(now)
         told = {
             "X-RateLimit-Limit": str(self.quota),
             "X-RateLimit-Remaining": str(max(self.quota - hits, 0)),
+            "Date": date,
             "X-RateLimit-Reset": str(math.ceil(reset_ms / 1000)),
         }
-        date = format_http_date(now)  # new Date().toUTCString(): truncated to the second
         if hits <= self.quota:
             self.arrivals.append(Arrival(now, sent_at, path, 200, early))
             self._record(get, mono, 200, 0, index)
@@ -397,6 +446,13 @@ class QuotaServer:
                 index,
             ]
         )
+
+
+def _weak_etag(body: bytes) -> str:
+    """express's ETag of a body (the ``etag`` package, weak): its length in hex and the
+    first 27 characters of its SHA-1 in base64."""
+    digest = base64.b64encode(hashlib.sha1(body, usedforsecurity=False).digest()).decode("ascii")[:27]
+    return f'W/"{len(body):x}-{digest}"'
 
 
 def _number(text: str | None) -> float | None:

@@ -101,8 +101,9 @@ def test_the_demo_still_exports_the_server():
 
 def test_the_express_mode_is_express_rate_limit_v7():
     """source/memory-store.ts (increment: the window restarts at the first hit at or
-    after its reset; every hit counts), source/headers.ts (setLegacyHeaders,
-    setRetryAfterHeader) and source/lib.ts (429 once totalHits > limit)."""
+    after its reset; every hit counts), source/headers.ts (setLegacyHeaders, which sets
+    Date itself, and setRetryAfterHeader) and source/lib.ts (429 once totalHits >
+    limit); the same in v8 (8.7.5)."""
     import math
 
     clock = FakeClock(start=datetime(2026, 1, 1, 0, 0, 0, 300000, tzinfo=timezone.utc))
@@ -111,11 +112,12 @@ def test_the_express_mode_is_express_rate_limit_v7():
         epoch = clock.now().timestamp()
         status, told, _, date = server._decide("/a")
         assert status == 200 and date == "Thu, 01 Jan 2026 00:00:00 GMT"
-        assert told == {
-            "X-RateLimit-Limit": "2",
-            "X-RateLimit-Remaining": "1",
-            "X-RateLimit-Reset": str(math.ceil(epoch + 5)),
-        }
+        assert list(told.items()) == [
+            ("X-RateLimit-Limit", "2"),
+            ("X-RateLimit-Remaining", "1"),
+            ("Date", "Thu, 01 Jan 2026 00:00:00 GMT"),  # the decision's second, truncated
+            ("X-RateLimit-Reset", str(math.ceil(epoch + 5))),
+        ]
         clock.advance(1.0)
         assert server._decide("/a")[1]["X-RateLimit-Remaining"] == "0"
         clock.advance(1.0)
@@ -153,3 +155,35 @@ def test_the_adapter_against_express_legacy_headers_sends_nothing_before_a_reset
         stats = server.stats()
     assert stats.requests == 12 and stats.throttled == 0 and stats.early == 0
     assert 15 <= took <= 15 + 3 * 2.0, took
+
+
+def test_the_express_mode_sends_what_node_sends_and_closes_idle_connections(monkeypatch):
+    """express 5 on Node 20 with express-rate-limit 8.7.5, as recorded: its fields in
+    its order, and a connection closed 6 s (here shortened) after its last answer, as
+    Node's keepAliveTimeout (5 s, announced) plus its 1 s buffer do."""
+    import socket
+
+    from retry_after_adapter.testing import server as module
+
+    monkeypatch.setattr(module, "NODE_IDLE_CLOSE", 0.3)
+    with QuotaServer(1, 5.0, quota_headers="express") as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            reader = sock.makefile("rb")
+            names = []
+            for path in ("/a", "/b"):
+                sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                status = reader.readline()
+                fields = {}
+                while (line := reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.decode().partition(":")
+                    fields[name] = value.strip()
+                reader.read(int(fields["Content-Length"]))
+                names.append((status.split()[1], list(fields)))
+            assert names[0] == (
+                b"200",
+                ["X-Powered-By", "X-RateLimit-Limit", "X-RateLimit-Remaining", "Date", "X-RateLimit-Reset",
+                 "Content-Type", "Content-Length", "ETag", "Connection", "Keep-Alive"],
+            )  # fmt: skip
+            assert names[1][0] == b"429" and "Retry-After" in names[1][1]
+            sock.settimeout(2)
+            assert reader.read(1) == b""  # closed by the server once idle
