@@ -17,7 +17,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.exceptions import HTTPError, MaxRetryError
 from urllib3.util.retry import Retry
 
-from . import body
+from . import _keepalive, body
 from .cooldown.base import CooldownStore
 from .cooldown.guard import DEFAULT
 from .cooldown.memory import DEFAULT_STORE
@@ -270,6 +270,16 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
     def _derive(self) -> None:
         super()._derive()
         self._view: HTTPAdapter | None = None
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        """``HTTPAdapter``'s, with pools that do not reuse a connection idle past the
+        server's announced ``Keep-Alive`` timeout (see ``_keepalive``)."""
+        super().init_poolmanager(*args, **kwargs)
+        _keepalive.install(self.poolmanager)
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        """``HTTPAdapter``'s, with the same idle-aware pools."""
+        return _keepalive.install(super().proxy_manager_for(proxy, **proxy_kwargs))
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[misc]

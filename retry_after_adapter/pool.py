@@ -25,7 +25,7 @@ from urllib3.exceptions import (
 )
 from urllib3.util.retry import Retry
 
-from . import body
+from . import _keepalive, body
 from .cooldown.base import CooldownStore
 from .cooldown.guard import DEFAULT
 from .deferral import Deferral
@@ -194,6 +194,7 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         **connection_pool_kw: Any,
     ) -> None:
         super().__init__(num_pools=num_pools, headers=headers, **connection_pool_kw)
+        _keepalive.install(self)  # no reuse of a connection idle past its Keep-Alive
         self.retries: RetryAfterRetry = as_retry_after_retry(retries)
         self._share(
             cooldown,
