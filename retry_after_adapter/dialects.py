@@ -55,6 +55,7 @@ __all__ = [
     "SECONDARY_MIN",
     "bucket_key",
     "bucket_of",
+    "epoch_seconds",
     "github_secondary",
     "ietf_item",
     "is_global",
@@ -95,15 +96,19 @@ SECONDARY_BODY = 64 * 1024
 
 
 # ------------------------------------------------------------------ X-RateLimit-Reset
+def epoch_seconds(value: float) -> float:
+    """An epoch ``X-RateLimit-Reset`` (at least :data:`EPOCH_THRESHOLD`) in epoch
+    seconds: milliseconds from :data:`EPOCH_MS_THRESHOLD` on."""
+    return value / 1000.0 if value >= EPOCH_MS_THRESHOLD else value
+
+
 def reset_seconds(value: float, now: float) -> float:
     """Seconds from the response until an ``X-RateLimit-Reset`` of ``value``: epoch
     milliseconds (at least :data:`EPOCH_MS_THRESHOLD`), epoch seconds (at least
     :data:`EPOCH_THRESHOLD`) or seconds from now (smaller). ``now`` is the response's
     own time in epoch seconds (its valid ``Date``, else receipt). A past epoch is 0."""
-    if value >= EPOCH_MS_THRESHOLD:
-        return max(0.0, value / 1000.0 - now)
     if value >= EPOCH_THRESHOLD:
-        return max(0.0, value - now)
+        return max(0.0, epoch_seconds(value) - now)
     return value
 
 

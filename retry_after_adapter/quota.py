@@ -23,7 +23,9 @@ A field that is malformed (not the grammar, a negative or non-ASCII number, a va
 over 64 characters, a repeated field that disagrees) is ignored, as the draft says:
 never fatal, and never read as 0. An epoch reset is measured against the response's
 own ``Date`` when that is valid (so a skewed local clock does not matter), else
-against the receipt time given by the caller.
+against the receipt time given by the caller; the hint also keeps the epoch and the
+``Date`` as they were sent (``reset_at``, ``date``), for a reader that knows the
+server's clock better than one whole-second ``Date`` tells.
 """
 
 from __future__ import annotations
@@ -35,7 +37,15 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from .dialects import EPOCH_THRESHOLD, ietf_item, limit_field, reset_seconds, sf_count, sf_field
+from .dialects import (
+    EPOCH_THRESHOLD,
+    epoch_seconds,
+    ietf_item,
+    limit_field,
+    reset_seconds,
+    sf_count,
+    sf_field,
+)
 from .errors import ConfigurationError, InvalidRetryAfter
 from .header import parse_http_date
 
@@ -101,6 +111,12 @@ class QuotaHint:
     - ``reset``: seconds from the response until it resets.
     - ``limit`` / ``window``: the policy, requests per ``window`` seconds.
     - ``source``: ``"ratelimit"`` (IETF fields) or ``"x-ratelimit"``.
+    - ``reset_at``: the reset as the server named it, in epoch seconds of the server's
+      clock, when it named an epoch (``X-RateLimit-Reset``); None for seconds from now.
+    - ``date``: with ``reset_at``, the response's valid ``Date`` in epoch seconds (None
+      without one): ``reset`` is ``reset_at`` less it. Whole seconds, truncated by the
+      server, so one answer bounds the server's clock only within a second; the engine
+      narrows that across answers (``engine.meters.ServerClock``).
     """
 
     remaining: int | None
@@ -108,6 +124,8 @@ class QuotaHint:
     limit: int | None = None
     window: float | None = None
     source: str = "ratelimit"
+    reset_at: float | None = None
+    date: float | None = None
 
     @property
     def exhausted(self) -> bool:
@@ -141,7 +159,11 @@ def bound_hint(hint: QuotaHint | None, bound: float | None) -> QuotaHint | None:
     limit = None if hint.limit is None else min(hint.limit, MAX_COUNT)
     if (remaining, reset, limit, window) == (hint.remaining, hint.reset, hint.limit, hint.window):
         return hint
-    return replace(hint, remaining=remaining, reset=reset, limit=limit, window=window)
+    # A reset dropped takes the epoch and the Date it was read with along.
+    reset_at, date = (hint.reset_at, hint.date) if reset is not None else (None, None)
+    return replace(
+        hint, remaining=remaining, reset=reset, limit=limit, window=window, reset_at=reset_at, date=date
+    )
 
 
 def read_quota(get: HeaderGetter, *, received_at: datetime, date: str | None = None) -> QuotaHint | None:
@@ -229,25 +251,31 @@ def _x_ratelimit(get: HeaderGetter, *, received_at: datetime, date: str | None) 
     if left is None:
         return None
     reset = _number(get("X-RateLimit-Reset-After"), decimals=True)
+    reset_at = said = None
     if reset is None:
         at = _number(get("X-RateLimit-Reset"), decimals=True)
-        if at is not None:
-            # Epoch milliseconds, epoch seconds or seconds from now, by magnitude.
-            reset = reset_seconds(at, _epoch_now(received_at, date)) if at >= EPOCH_THRESHOLD else at
+        if at is not None and at >= EPOCH_THRESHOLD:
+            # Epoch milliseconds or epoch seconds, by magnitude: measured against the
+            # response's own Date, else its receipt.
+            reset_at, said = epoch_seconds(at), _date_epoch(received_at, date)
+            reset = reset_seconds(at, received_at.astimezone(_UTC).timestamp() if said is None else said)
+        elif at is not None:
+            reset = at  # seconds from now
     raw_limit = get("X-RateLimit-Limit")
     limit = _number(raw_limit)
     window: float | None = None
     if limit is None and raw_limit is not None:
         count, window = limit_field(raw_limit)  # Envoy's "10, 10;w=1;name=\"per-ip\""
         limit = None if count is None else float(count)
-    return QuotaHint(int(left), reset, None if limit is None else int(limit), window, "x-ratelimit")
+    policy = None if limit is None else int(limit)
+    return QuotaHint(int(left), reset, policy, window, "x-ratelimit", reset_at, said)
 
 
-def _epoch_now(received_at: datetime, date: str | None) -> float:
-    """The response's own time as epoch seconds: its valid ``Date``, else receipt."""
+def _date_epoch(received_at: datetime, date: str | None) -> float | None:
+    """The response's valid ``Date`` as epoch seconds, else None."""
     if date is not None:
         try:
             return parse_http_date(date, received_at=received_at).timestamp()
         except InvalidRetryAfter:
             pass
-    return received_at.astimezone(_UTC).timestamp()
+    return None

@@ -59,6 +59,7 @@ def read_quota_headers(call: Call, response: Any) -> QuotaHint | None:
     sends no more before the reset. Malformed quota fields are ignored."""
     if not announces_quota(response):
         return None
+    received = call.clock.monotonic()  # before `now`: each errs late, never early
     now = call.clock.now()
     date = response_header(response, "Date")
     hint = read_quota(lambda name: response_header(response, name), received_at=now, date=date)
@@ -66,7 +67,7 @@ def read_quota_headers(call: Call, response: Any) -> QuotaHint | None:
     hint = bound_hint(hint, call.policy.max_retry_after)
     if hint is None or hint.reset is None or hint.remaining is None or hint.reset <= 0:
         return hint
-    until = now + timedelta(seconds=hint.reset)
+    until = _reset_here(call, hint, now, received)
     if hint.exhausted:
         # Nothing left: a shared cooldown until the window's reset, as tightly as the
         # answers read here bound it (each answer's whole seconds are rounded up).
@@ -82,6 +83,26 @@ def read_quota_headers(call: Call, response: Any) -> QuotaHint | None:
         remaining = hint.remaining if seq is not None else _left_unseen(call, hint, until)
         call.plan.allow(call, remaining, until, now, seq, hint.limit, hint.window)
     return hint
+
+
+def _reset_here(call: Call, hint: QuotaHint, now: datetime, received: float) -> datetime:
+    """When the announced reset comes on this host's clock. A reset in seconds from now
+    counts from ``now``. An epoch reset is read against the server's clock as the
+    scope's answers bound it (its whole-second ``Date`` learned across answers:
+    ``meters.ServerClock``), at the latest time it may come, so never before the server
+    allows; without a meter, against this answer's ``Date`` alone."""
+    until = now + timedelta(seconds=hint.reset or 0.0)
+    meter = call.meter
+    if meter is None or hint.date is None:
+        return until
+    meter.server.observe(hint.date, call.sent_at, received)
+    if hint.reset_at is None:
+        return until
+    latest = meter.server.latest(hint.reset_at, received)
+    if latest is None:
+        return until
+    # Never later than this answer alone says: its Date is one of the bounds.
+    return min(until, now + timedelta(seconds=latest - received))
 
 
 def _left_unseen(call: Call, hint: QuotaHint, until: datetime) -> int:

@@ -137,9 +137,10 @@ def test_the_express_mode_is_express_rate_limit_v7():
 def test_the_adapter_against_express_legacy_headers_sends_nothing_before_a_reset():
     """express-rate-limit's legacy headers (whole-second resets, no window said), the
     server and the client on one FakeClock: 12 items, 3 per 5 s, one after another.
-    Each window's nothing-left answer holds the scope until its reset, read as tightly
-    as the answers allow; nothing is sent before it, and the rounding of the resets
-    costs at most two seconds a window."""
+    Each window's nothing-left answer holds the scope until its reset, read against
+    the server's clock as the answers' Dates bound it; nothing is sent before it, and
+    each window costs at most the reset's rounding (a second) and the answer that
+    finds it open (a tenth)."""
     from retry_after_adapter import MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry
 
     clock = FakeClock(start=datetime(2026, 1, 1, 0, 0, 0, 300000, tzinfo=timezone.utc))
@@ -154,7 +155,92 @@ def test_the_adapter_against_express_legacy_headers_sends_nothing_before_a_reset
         took = clock.monotonic() - start
         stats = server.stats()
     assert stats.requests == 12 and stats.throttled == 0 and stats.early == 0
-    assert 15 <= took <= 15 + 3 * 2.0, took
+    assert 15 <= took <= 15 + 3 * (1.0 + 0.1) + 1e-6, took
+
+
+def _express_worker(clock: FakeClock, store: object) -> requests.Session:
+    """A session whose calls defer at once (max_wait 0) instead of waiting."""
+    from retry_after_adapter import RetryAfterAdapter, RetryAfterRetry
+
+    session = requests.Session()
+    retry = RetryAfterRetry(total=0, max_wait=0, clock=clock)
+    session.mount("http://", RetryAfterAdapter(retry, cooldown=store))  # type: ignore[arg-type]
+    return session
+
+
+def test_express_resets_are_read_against_the_server_clock_learned_across_windows():
+    """Whole-second Dates: an answer made just after a tick tells the server's clock
+    within its round trip, and that holds for later windows, whose own answers come
+    late in their second. Nothing is sent before the server's reset."""
+    from retry_after_adapter import MemoryCooldownStore
+
+    from ..conftest import local_deferral
+
+    day = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    at = lambda seconds: day + timedelta(seconds=seconds)  # noqa: E731
+    clock = FakeClock(start=at(0.95))
+    store = MemoryCooldownStore()
+    with QuotaServer(2, 5.0, clock=clock, quota_headers="express") as server:
+        worker = _express_worker(clock, store)
+        # Window 1 starts at 0.95 (its reset 5.95, said "6"); the answer at 1.05 (Date
+        # 1) places the server's clock within the answer's round trip (none here).
+        assert worker.get(server.url + "/a", timeout=5).status_code == 200
+        clock.advance(0.1)
+        assert worker.get(server.url + "/b", timeout=5).headers["X-RateLimit-Remaining"] == "0"
+        deferral = local_deferral(worker.get(server.url + "/c", timeout=5))
+        assert deferral.reason == "cooldown" and deferral.eligible_at == at(6.05)
+        # Window 2 starts at 6.7 (its reset 11.7, said "12"): its answers, at 6.7 and
+        # 6.8 with Date 6, say 12.7 and 12.8 each. The server's clock learned in window
+        # 1 says 12.05 (and 0.1 ms of drift allowed since).
+        clock.advance(5.65)
+        assert worker.get(server.url + "/d", timeout=5).status_code == 200
+        clock.advance(0.1)
+        assert worker.get(server.url + "/e", timeout=5).headers["X-RateLimit-Remaining"] == "0"
+        deferral = local_deferral(worker.get(server.url + "/f", timeout=5))
+        assert at(12.05) <= deferral.eligible_at <= at(12.051)
+        # At that time the server has reset: the next request is a 200, nothing early.
+        clock.advance((deferral.eligible_at - clock.now()).total_seconds())
+        assert worker.get(server.url + "/g", timeout=5).status_code == 200
+        stats = server.stats()
+    assert (stats.requests, stats.throttled, stats.early) == (5, 0, 0)
+
+
+def test_a_server_clock_stepped_back_is_noticed_and_nothing_is_sent_early():
+    """What the answers taught of the server's clock no longer fits once it steps back
+    3 s: the bounds start again from the newest answer, and the reset the server
+    announced on its new clock is waited for in full."""
+    from retry_after_adapter import MemoryCooldownStore
+
+    from ..conftest import local_deferral
+
+    day = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    at = lambda seconds: day + timedelta(seconds=seconds)  # noqa: E731
+    clock = FakeClock(start=at(0.95))
+    server_clock = FakeClock(start=at(0.95))
+    store = MemoryCooldownStore()
+
+    def advance(seconds: float) -> None:
+        clock.advance(seconds)
+        server_clock.advance(seconds)
+
+    with QuotaServer(2, 5.0, clock=server_clock, quota_headers="express") as server:
+        worker = _express_worker(clock, store)
+        assert worker.get(server.url + "/a", timeout=5).status_code == 200
+        advance(0.1)
+        assert worker.get(server.url + "/b", timeout=5).status_code == 200  # learned: within 0
+        advance(6.0)
+        assert worker.get(server.url + "/c", timeout=5).status_code == 200  # window 2 (7.05 to 12.05)
+        server_clock.set_now(server_clock.now() - timedelta(seconds=3))  # the server's clock steps back
+        advance(0.1)
+        answer = worker.get(server.url + "/d", timeout=5)
+        assert answer.headers["X-RateLimit-Remaining"] == "0" and answer.headers["Date"].endswith("00:00:04 GMT")
+        # The server resets at its 12.05, our 15.05, said "13" (our 16): read against its
+        # new clock, not the 3 s earlier one learned before the step.
+        deferral = local_deferral(worker.get(server.url + "/e", timeout=5))
+        assert deferral.eligible_at >= at(15.05)
+        advance((deferral.eligible_at - clock.now()).total_seconds())
+        assert worker.get(server.url + "/f", timeout=5).status_code == 200
+        assert server.stats().throttled == 0
 
 
 def test_the_express_mode_sends_what_node_sends_and_closes_idle_connections(monkeypatch):

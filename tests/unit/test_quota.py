@@ -61,3 +61,76 @@ def test_every_value_a_header_gives_passes_one_bound(hint: QuotaHint, bound, exp
     if hint == expected:
         assert bounded is hint
     assert bound_hint(None, bound) is None
+
+
+def test_an_epoch_reset_keeps_the_epoch_and_the_date_it_was_read_with() -> None:
+    from .quota_corpus import DATE, EPOCH
+
+    get = getter({"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": str(EPOCH + 30), "Date": DATE})
+    hint = read_quota(get, received_at=RECEIVED_AT, date=DATE)
+    assert hint == QuotaHint(0, 30.0, None, None, "x-ratelimit", float(EPOCH + 30), float(EPOCH))
+    # Milliseconds are read as seconds; without a valid Date, no date (receipt is used).
+    ms = getter({"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": str((EPOCH + 30) * 1000)})
+    hint = read_quota(ms, received_at=RECEIVED_AT, date="yesterday")
+    assert hint is not None and (hint.reset, hint.reset_at, hint.date) == (30.0, float(EPOCH + 30), None)
+    # Seconds from now, or Reset-After, are no epoch: nothing to read against a clock.
+    for headers in ({"X-RateLimit-Reset": "30"}, {"X-RateLimit-Reset-After": "30", "X-RateLimit-Reset": str(EPOCH)}):
+        hint = read_quota(getter({"X-RateLimit-Remaining": "0", **headers}), received_at=RECEIVED_AT, date=DATE)
+        assert hint is not None and (hint.reset, hint.reset_at, hint.date) == (30.0, None, None)
+
+
+def test_a_reset_dropped_by_the_bound_takes_its_epoch_along() -> None:
+    hint = QuotaHint(0, 1e15, 5, None, "x-ratelimit", 1e15 + 1.0, 1.0)
+    assert bound_hint(hint, 86400.0) == QuotaHint(0, None, 5, None, "x-ratelimit")
+    kept = QuotaHint(10**40, 30.0, None, None, "x-ratelimit", 2e9, 2e9 - 30)
+    assert bound_hint(kept, 86400.0) == QuotaHint(MAX_COUNT, 30.0, None, None, "x-ratelimit", 2e9, 2e9 - 30)
+
+
+# -- the server's clock, learned from whole-second Dates (engine.meters.ServerClock) ---------------
+
+
+def test_answers_narrow_the_server_clock_to_the_ticks_they_straddle() -> None:
+    from retry_after_adapter.engine.meters import ServerClock
+
+    # The server's clock is the monotonic clock + 1000.3 s; every answer takes 10 ms.
+    offset = 1000.3
+
+    def answer(clock: ServerClock, sent: float) -> None:
+        made = sent + 0.005
+        clock.observe(float(int(made + offset)), sent, sent + 0.01)
+
+    clock = ServerClock()
+    assert clock.latest(2000.0, 0.0) is None and clock.width() is None
+    answer(clock, 10.0)  # made at server 1010.305: Date 1010, so the offset is in [999.99, 1001)
+    low, _, high, _ = clock.bounds or (0, 0, 0, 0)
+    assert (round(low, 6), round(high, 6)) == (999.99, 1001.0)
+    answer(clock, 10.6)  # made at 1010.905, just before a tick: the offset is under 1000.4
+    answer(clock, 10.7)  # made at 1011.005, just after it: the offset is above 1000.29
+    low, _, high, _ = clock.bounds or (0, 0, 0, 0)
+    assert (round(low, 6), round(high, 6)) == (1000.29, 1000.4)
+    assert low <= offset < high
+    # The reset at server 1016 comes at monotonic 15.7: read as 15.71 at the latest,
+    # never before (the first answer alone said 16.01).
+    latest = clock.latest(1016.0, 10.71)
+    assert latest is not None and 15.7 < latest < 15.71 + 1e-5
+    assert clock.restarts == 0
+
+
+def test_a_bound_is_let_go_with_time_and_a_stepped_clock_starts_it_again() -> None:
+    from retry_after_adapter.engine.meters import BOUND_KEPT, DRIFT, ServerClock
+
+    clock = ServerClock()
+    clock.observe(1000.0, 9.99, 10.0)  # offset in [990, 991.01)
+    # 200 s on, the bound is looser by DRIFT per second: the reset comes later.
+    latest = clock.latest(2000.0, 210.0)
+    assert latest is not None and abs(latest - (1010.0 + DRIFT * 200)) < 1e-9
+    # Past BOUND_KEPT it is not used at all (an answer's own Date says then).
+    assert clock.latest(2000.0, 10.0 + BOUND_KEPT + 1) is None
+    # The server's clock steps 5 s back: its next answer fits no kept bound.
+    clock.observe(1000.0, 19.99, 20.0)  # offset in [980, 981.01): below 990
+    assert clock.restarts == 1
+    assert clock.bounds == (980.0, 20.0, 1000.0 + 1.0 - 19.99, 20.0)
+    # Without a send time an answer bounds the offset from below only.
+    other = ServerClock()
+    other.observe(1000.0, None, 10.0)
+    assert other.bounds == (990.0, 10.0, float("inf"), 10.0)
