@@ -48,39 +48,38 @@ def idle_limit(value: str | None) -> float | None:
 
 
 class _IdleAware:
-    """Mixed into a urllib3 connection pool: stamps a connection when it comes back to
-    the pool, reads each answer's ``Keep-Alive``, and closes a connection idle past
-    it before handing it out."""
-
-    def _put_conn(self, conn: Any) -> None:
-        if conn is not None:
-            conn._raa_idle_since = time.monotonic()
-        super()._put_conn(conn)  # type: ignore[misc]
-
-    def _get_conn(self, timeout: Any = None) -> Any:
-        conn = super()._get_conn(timeout)  # type: ignore[misc]
-        limit = getattr(conn, "_raa_idle_limit", None)
-        if limit is not None:
-            since = getattr(conn, "_raa_idle_since", None)
-            if since is not None and time.monotonic() - since >= limit:
-                log.debug("closing a connection idle past the server's keep-alive timeout")
-                conn.close()
-                conn._raa_idle_limit = None
-        return conn
-
-    def _make_request(self, conn: Any, *args: Any, **kwargs: Any) -> Any:
-        response = super()._make_request(conn, *args, **kwargs)  # type: ignore[misc]
-        headers = getattr(response, "headers", None)
-        if headers is not None:
-            conn._raa_idle_limit = idle_limit(headers.get("Keep-Alive"))
-        return response
+    """The mark of a pool class made idle-aware by :func:`_idle_aware`."""
 
 
 @functools.cache
-def _idle_aware(pool_class: type) -> type:
+def _idle_aware(pool_class: Any) -> Any:
+    """``pool_class`` (a urllib3 connection pool) that reads each answer's
+    ``Keep-Alive`` and, before the next request on that connection, closes it when it
+    has been idle past that (the request then goes out on a new one, as urllib3 does
+    for a connection found dropped). Idle is counted from the answer's arrival (a
+    little longer than from the body's end: it errs towards a new connection). One
+    method, bound here once: it runs on every request."""
     if issubclass(pool_class, _IdleAware):
         return pool_class
-    return type(pool_class.__name__, (_IdleAware, pool_class), {"__module__": __name__})
+    base_request = pool_class._make_request
+    monotonic = time.monotonic
+
+    def _make_request(self: Any, conn: Any, *args: Any, **kwargs: Any) -> Any:
+        limit = getattr(conn, "_raa_idle_limit", None)
+        if limit is not None and monotonic() - conn._raa_idle_since >= limit:
+            log.debug("closing a connection idle past the server's keep-alive timeout")
+            conn.close()
+        response = base_request(self, conn, *args, **kwargs)
+        headers = getattr(response, "headers", None)
+        if headers is not None and "keep-alive" in headers:
+            conn._raa_idle_limit = idle_limit(headers.get("keep-alive"))
+            conn._raa_idle_since = monotonic()
+        elif limit is not None:
+            conn._raa_idle_limit = None  # the last answer says
+        return response
+
+    members = {"__module__": __name__, "_make_request": _make_request}
+    return type(pool_class.__name__, (_IdleAware, pool_class), members)
 
 
 def install(manager: Any) -> Any:
