@@ -4,12 +4,13 @@ A server may close a kept-alive connection once it has been idle for a while, an
 client that sends on it at that moment loses the request (``RemoteDisconnected`` or a
 reset): it never reached the server, yet it was admitted, and it is sent again. Many
 servers say how long they keep an idle connection (``Keep-Alive: timeout=5``, as
-Node's http server and Apache send); urllib3 does not read it. The pools of the
-adapter and of :class:`~retry_after_adapter.RetryAfterPoolManager` do: a connection
-whose last answer announced ``timeout=N`` and that has been idle ``N - 1`` seconds or
-more is closed instead of reused (a new one is opened in its place), a second short of
-the announcement as other clients do (Node itself closes a second after it, Apache at
-it). Without the field nothing changes.
+Node's http server and Apache send); urllib3 does not read it. The adapter and
+:class:`~retry_after_adapter.RetryAfterPoolManager` do (:func:`note`, after each
+attempt): once a server announces it, its pool reads it from every answer, and a
+connection whose last answer announced ``timeout=N`` and that has been idle ``N - 1``
+seconds or more is closed instead of reused (a new one is opened in its place), a
+second short of the announcement as other clients do (Node itself closes a second
+after it, Apache at it). Without the field nothing changes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import logging
 import time
 from typing import Any
 
-__all__ = ["KEEP_ALIVE_MARGIN", "idle_limit", "install"]
+__all__ = ["KEEP_ALIVE_MARGIN", "idle_limit", "note"]
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +83,22 @@ def _idle_aware(pool_class: Any) -> Any:
     return type(pool_class.__name__, (_IdleAware, pool_class), members)
 
 
-def install(manager: Any) -> Any:
-    """Make ``manager`` (a urllib3 ``PoolManager`` or ``ProxyManager``) build its pools
-    idle-aware from now on; returns it."""
-    classes = getattr(manager, "pool_classes_by_scheme", None)
-    if isinstance(classes, dict):
-        manager.pool_classes_by_scheme = {scheme: _idle_aware(cls) for scheme, cls in classes.items()}
-    return manager
+def note(response: Any) -> None:
+    """After an attempt's answer (a urllib3 response): when it announces
+    ``Keep-Alive``, its pool becomes idle-aware (once; its class is swapped for the
+    subclass, which adds one method) and its connection is stamped. Pools of servers
+    that announce nothing are left as urllib3 made them: this test is all they pay."""
+    headers = getattr(response, "headers", None)
+    if headers is None or "keep-alive" not in headers:
+        return
+    pool = getattr(response, "_pool", None)
+    if pool is None or isinstance(pool, _IdleAware):
+        return
+    try:
+        pool.__class__ = _idle_aware(pool.__class__)
+    except TypeError:  # a pool class whose layout a subclass cannot take over
+        return
+    conn = getattr(response, "_connection", None)
+    if conn is not None:
+        conn._raa_idle_limit = idle_limit(headers.get("keep-alive"))
+        conn._raa_idle_since = time.monotonic()

@@ -134,7 +134,7 @@ class _RequestsTransport:
         self.url: str = (strip_query(url) or "") if "?" in url or "#" in url else url
 
     def send(self, timeout: Any) -> requests.Response:
-        return HTTPAdapter.send(
+        response = HTTPAdapter.send(
             self.view,
             self.request,
             stream=self.stream,
@@ -143,6 +143,8 @@ class _RequestsTransport:
             cert=self.cert,
             proxies=self.proxies,
         )
+        _keepalive.note(response.raw)  # no reuse of a connection idle past its Keep-Alive
+        return response
 
     @staticmethod
     def raw(response: requests.Response) -> Any:
@@ -271,15 +273,6 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         super()._derive()
         self._view: HTTPAdapter | None = None
 
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        """``HTTPAdapter``'s, with pools that do not reuse a connection idle past the
-        server's announced ``Keep-Alive`` timeout (see ``_keepalive``)."""
-        super().init_poolmanager(*args, **kwargs)
-        _keepalive.install(self.poolmanager)
-
-    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
-        """``HTTPAdapter``'s, with the same idle-aware pools."""
-        return _keepalive.install(super().proxy_manager_for(proxy, **proxy_kwargs))
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[misc]

@@ -83,6 +83,7 @@ class _PoolTransport:
             preload_content=False,
             **kw,
         )
+        _keepalive.note(response)  # no reuse of a connection idle past its Keep-Alive
         if self.preload and not self._may_retry(response.status):
             # A final answer: read as urllib3 reads it (a broken body is a read error);
             # one that may be retried is read later, and only up to a bound, if retried.
@@ -194,7 +195,6 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         **connection_pool_kw: Any,
     ) -> None:
         super().__init__(num_pools=num_pools, headers=headers, **connection_pool_kw)
-        _keepalive.install(self)  # no reuse of a connection idle past its Keep-Alive
         self.retries: RetryAfterRetry = as_retry_after_retry(retries)
         self._share(
             cooldown,
