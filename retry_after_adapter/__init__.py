@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         RetryDeferred,
     )
     from .header import RetryAfter, parse_retry_after
-    from .observe import Counters, DecisionRecord, redact_urllib3_logs
+    from .observe import Counters, DecisionRecord, redact_logs, redact_urllib3_logs
     from .policy import Reason
     from .pool import RetryAfterPoolManager
     from .quota import Quota
@@ -73,6 +73,7 @@ _WHERE: dict[str, str] = {
     "deferral_of": ".deferral",
     "parse_retry_after": ".header",
     "public_scope": ".scope",
+    "redact_logs": ".observe",
     "redact_urllib3_logs": ".observe",
     "store_from_url": ".cooldown",
 }
@@ -109,6 +110,7 @@ __all__ = [
     "deferral_of",
     "parse_retry_after",
     "public_scope",
+    "redact_logs",
     "redact_urllib3_logs",
     "store_from_url",
 ]

@@ -27,8 +27,9 @@ from .errors import RetryDeferred
 from .observe import DecisionHook
 from .policy import Reason
 from .quota import Quota
+from .redact import message_url
 from .retry import RetryAfterRetry
-from .scope import ScopeFunction, credential_scope, hash_scope, origin_scope, strip_query
+from .scope import ScopeFunction, credential_scope, hash_scope, origin_scope
 from .settings import (
     DEFAULT_LEASE_TTL,
     LOCAL_HEADER,
@@ -131,7 +132,7 @@ class _RequestsTransport:
         self.proxies = proxies
         self.method = request.method or "GET"
         url = request.url or ""
-        self.url: str = (strip_query(url) or "") if "?" in url or "#" in url else url
+        self.url: str = message_url(url)  # what urllib3 counts and logs: no user info, no query
 
     def send(self, timeout: Any) -> requests.Response:
         response = HTTPAdapter.send(

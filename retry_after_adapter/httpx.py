@@ -58,8 +58,9 @@ from .engine.loop import CLOSE, KEEP
 from .errors import RetryDeferred
 from .observe import DecisionHook
 from .quota import Quota
+from .redact import message_url
 from .retry import RetryAfterRetry
-from .scope import RequestInfo, strip_query
+from .scope import RequestInfo
 from .settings import DEFAULT_LEASE_TTL, SharedSettings, as_retry_after_retry, local_parts
 
 __all__ = ["AsyncRetryAfterTransport", "RetryAfterTransport"]
@@ -149,7 +150,7 @@ class _Attempts:
     def __init__(self, request: httpx.Request, url: str) -> None:
         self.request = request
         self.method = request.method
-        self.url: str = (strip_query(url) or "") if "?" in url or "#" in url else url
+        self.url: str = message_url(url)  # what urllib3 counts and logs: no user info, no query
         #: The request's longest timeout: bounded by the deadline in send().
         self.user_timeout = _longest(request)
 

@@ -41,6 +41,7 @@ __all__ = [
     "as_hooks",
     "emit",
     "redact",
+    "redact_logs",
     "redact_urllib3_logs",
 ]
 
@@ -318,8 +319,8 @@ class Counters:
 
 
 # ------------------------------------------------------------- other libraries' logs
-#: The loggers :func:`redact_urllib3_logs` filters (and any ``urllib3.*`` logger that
-#: exists when it is called).
+#: The loggers :func:`redact_logs` filters (and every logger under one of
+#: :data:`REDACTED_FAMILIES` that exists when it is called).
 REDACTED_LOGGERS = (
     "urllib3",
     "urllib3.connectionpool",
@@ -329,27 +330,44 @@ REDACTED_LOGGERS = (
     "urllib3.util.retry",
     "urllib3.util.ssl_",
     "requests",
+    "httpx",
+    "httpcore",
+    "httpcore.connection",
+    "httpcore.http11",
+    "httpcore.http2",
+    "httpcore.proxy",
+    "httpx2",
 )
+#: The families of loggers whose every member :func:`redact_logs` filters.
+REDACTED_FAMILIES = ("urllib3.", "httpx.", "httpcore.", "httpx2.")
 
 _INSTALLED = RedactingFilter()
 
 
-def redact_urllib3_logs() -> RedactingFilter:
-    """Mask query values and URL user info in every record urllib3 (and requests) logs.
+def redact_logs() -> RedactingFilter:
+    """Mask query values and URL user info in every record urllib3, requests, httpx
+    (with httpcore) and httpx2 log.
 
     urllib3 prints the request target *with its query string* at DEBUG
     (``"GET /items?token=... HTTP/1.1" 200``) and, when it retries on its own, at
-    WARNING. One call installs a :class:`RedactingFilter` on those loggers (idempotent);
-    returns it, so ``logging.getLogger(name).removeFilter(f)`` undoes it.
+    WARNING; httpx prints the whole URL, user info and query included, at INFO
+    (``HTTP Request: GET https://user:...@host/items?token=...``). One call installs a
+    :class:`RedactingFilter` on those loggers (idempotent); returns it, so
+    ``logging.getLogger(name).removeFilter(f)`` undoes it. A logger of theirs made
+    after the call (a library imported later) is not covered: call it again then.
     """
     names = set(REDACTED_LOGGERS)
     names.update(
         name
         for name, logger in logging.Logger.manager.loggerDict.items()
-        if name.startswith("urllib3.") and isinstance(logger, logging.Logger)
+        if name.startswith(REDACTED_FAMILIES) and isinstance(logger, logging.Logger)
     )
     for name in sorted(names):
         logger = logging.getLogger(name)
         if _INSTALLED not in logger.filters:
             logger.addFilter(_INSTALLED)
     return _INSTALLED
+
+
+#: The name of :func:`redact_logs` before it covered httpx (kept: it does the same).
+redact_urllib3_logs = redact_logs

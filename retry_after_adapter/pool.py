@@ -33,8 +33,9 @@ from .engine import SINGLE_ATTEMPT, Call, Outcome, run
 from .errors import MaxRetryDeferred
 from .observe import DecisionHook
 from .quota import Quota
+from .redact import message_url
 from .retry import RetryAfterRetry
-from .scope import RequestInfo, ScopeFunction, strip_query
+from .scope import RequestInfo, ScopeFunction
 from .settings import DEFAULT_LEASE_TTL, SharedSettings, as_retry_after_retry, local_429
 
 __all__ = ["RetryAfterPoolManager"]
@@ -60,7 +61,7 @@ class _PoolTransport:
         self.manager = manager
         self.method = method
         self.full_url = url
-        self.url = strip_query(url) or ""
+        self.url = message_url(url)  # what urllib3 counts and logs: no user info, no query
         self.follows_redirects = redirect
         self.kw = kw
         self.user_timeout = kw.pop("timeout", _ABSENT)
@@ -144,7 +145,7 @@ class _PoolTransport:
         self.kw["headers"] = headers
         response.drain_conn()
         self.full_url = location
-        self.url = strip_query(location) or ""
+        self.url = message_url(location)
 
 
 def _origin(url: str) -> tuple[str, str | None, int | None]:

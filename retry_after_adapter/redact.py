@@ -3,7 +3,8 @@
 One implementation of each way the package hides a secret:
 
 - a URL for a message: :func:`strip_query` (no query, no fragment), :func:`safe_url`
-  (no user info either), :func:`redact_url` (user info shown as ``***@``, bounded);
+  (no user info either; :func:`message_url` without parsing a URL that has none),
+  :func:`redact_url` (user info shown as ``***@``, bounded);
 - free text: :func:`redact` masks every query value and every URL's user info, and
   :class:`RedactingFilter` does it to log records;
 - known secrets: :func:`url_secrets`, :func:`argument_secrets` and
@@ -27,6 +28,7 @@ __all__ = [
     "Redactor",
     "argument_secrets",
     "client_secrets",
+    "message_url",
     "redact",
     "redact_url",
     "safe_url",
@@ -78,6 +80,15 @@ def strip_query(url: str | None) -> str | None:
     if url is None or ("?" not in url and "#" not in url):
         return url
     return _cut_query(url)
+
+
+def message_url(url: str) -> str:
+    """``url`` for what the package hands urllib3 or httpx to count or log (a retry's
+    history, an error): no user info, no query, no fragment (:func:`safe_url`); as it
+    is when it holds none of them (the common case, no parsing)."""
+    if "@" not in url and "?" not in url and "#" not in url:
+        return url
+    return safe_url(url)
 
 
 def safe_url(url: str) -> str:

@@ -68,15 +68,15 @@ def print_json(data: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def open_store(text: str | None, default: Any) -> Any:
+def open_store(text: str | None, default: Any, *, create: bool = True) -> Any:
     """The cooldown store ``--cooldown`` names; ``memory://`` (or nothing) is the process
-    default store."""
+    default store. ``create=False``: only a store that exists (``status``, ``clear``)."""
     if text is None or text.strip().lower() == "memory://":
         return default
     redactor.add_all(argument_secrets(text))
     from ..cooldown import store_from_url
 
-    return store_from_url(text)
+    return store_from_url(text, create=create)
 
 
 class _ScrubFilter(logging.Filter):

@@ -26,7 +26,7 @@ def _shared_store(text: str) -> tuple[Any, int]:
         err("error: --cooldown: memory:// lives inside one process; use sqlite:// or redis://")
         return None, EX_USAGE
     try:
-        return open_store(text, None), EX_OK
+        return open_store(text, None, create=False), EX_OK
     except (ConfigurationError, ImportError) as exc:
         err(f"error: --cooldown: {exc}")
         return None, EX_USAGE
@@ -172,6 +172,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
         err(f"error: {_plain(exc)}")
         return EX_UNAVAILABLE
     if not removed:
+        nearest = [found for found in nearest if found != scope]  # never the one just missed
         hint = f"; stored scopes like it: {', '.join(nearest)}" if nearest else ""
         err(f"nothing is stored for {scope}{hint}")
         return EX_FAILED

@@ -17,7 +17,7 @@ import math
 import os
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, CooldownStoreError
 from ..redact import redact_url
 from .base import CooldownStore
 from .memory import DEFAULT_STORE
@@ -27,12 +27,14 @@ from .sqlite import DEFAULT_TIMEOUT, SQLiteCooldownStore
 _REDIS_SCHEMES = ("redis", "rediss", "valkey", "valkeys")
 
 
-def store_from_url(text: str) -> CooldownStore:
+def store_from_url(text: str, *, create: bool = True) -> CooldownStore:
     """The cooldown store ``text`` names (see the module's table).
 
     Raises :class:`ConfigurationError` for a malformed or unknown URL; its message never
-    repeats the URL's credentials or query string.
-    """
+    repeats the URL's credentials or query string. ``create=False`` opens only a store
+    that exists: a SQLite file that is not there raises :class:`CooldownStoreError`
+    (an operator's ``status`` on a mistyped path must not make an empty store and
+    report that nothing holds anything back)."""
     if not isinstance(text, str):
         raise ConfigurationError("a cooldown store URL must be a str")
     url = text.strip()
@@ -50,7 +52,7 @@ def store_from_url(text: str) -> CooldownStore:
         # memory:// and the default mean the same cooldowns.
         return DEFAULT_STORE
     if scheme == "sqlite":
-        return _sqlite(url)
+        return _sqlite(url, create)
     if scheme in _REDIS_SCHEMES:
         return _redis(url)
     raise ConfigurationError(
@@ -59,7 +61,7 @@ def store_from_url(text: str) -> CooldownStore:
     )
 
 
-def _sqlite(url: str) -> SQLiteCooldownStore:
+def _sqlite(url: str, create: bool = True) -> SQLiteCooldownStore:
     parts = urlsplit(url)
     if parts.netloc:
         raise ConfigurationError(
@@ -81,6 +83,12 @@ def _sqlite(url: str) -> SQLiteCooldownStore:
             raise ConfigurationError("the SQLite cooldown URL timeout must be a number of seconds") from None
         if not (math.isfinite(timeout) and timeout > 0):
             raise ConfigurationError("the SQLite cooldown URL timeout must be a number of seconds > 0")
+    if not create and not os.path.exists(path):
+        raise CooldownStoreError(
+            f"no SQLite cooldown store at {os.path.abspath(path)!r}: the file does not exist",
+            cause="no such file",
+            lasting=True,
+        )
     try:
         return SQLiteCooldownStore(path, timeout=timeout)
     except ConfigurationError as exc:

@@ -32,7 +32,7 @@ from urllib3.util.retry import Retry
 from ..deferral import Deferral
 from ..errors import DeferralLimitExceeded
 from ..policy import DEFER, RETRY, STOP, Reason
-from ..scope import strip_query
+from ..redact import message_url
 from .admission import Op, Steps, admit_slowly, admitted, drive, wait_steps
 from .buckets import wants_body
 from .call import Call
@@ -64,10 +64,10 @@ R_in = TypeVar("R_in", contravariant=True)
 
 
 class _SingleAttempt(Retry):
-    """urllib3's ``Retry(0, read=False)`` that names no query string in its errors."""
+    """urllib3's ``Retry(0, read=False)`` that names no user info or query string in its errors."""
 
     def increment(self, method: str | None = None, url: str | None = None, *args: Any, **kw: Any) -> Retry:  # type: ignore[override]
-        return super().increment(method, strip_query(url), *args, **kw)
+        return super().increment(method, message_url(url) if url is not None else None, *args, **kw)
 
 
 #: What urllib3 gets for each attempt the engine sends: one attempt, no retry, no

@@ -351,7 +351,10 @@ def test_status_lists_running_cooldowns_and_clear_lifts_one(
     assert cleared.returncode == 0, cleared.stderr
     assert f"cleared the cooldown of {scope}" in cleared.stdout
     assert json.loads(run("status", "--cooldown", db, "--json").stdout)["cooldowns"] == []
-    assert run("clear", scope, "--cooldown", db).returncode == 1  # nothing left to clear
+    again = run("clear", scope, "--cooldown", db)
+    assert again.returncode == 1  # nothing left to clear
+    assert f"nothing is stored for {scope}" in again.stderr
+    assert "like it" not in again.stderr  # the hint never names the scope it just missed
     real_server.serve([Reply(200, body=b"ok\n")])
     assert run("get", real_server.url + "/x", "--cooldown", db).returncode == 0
     assert real_server.count() == 1
@@ -382,6 +385,18 @@ def test_status_of_an_unreachable_store_exits_69(tmp_path: Path) -> None:
     result = run("status", "--cooldown", f"sqlite:///{garbage}")
     assert result.returncode == 69, result.stderr
     assert "is not a database" in one_line(result.stderr)
+
+
+def test_status_and_clear_never_create_a_store_file(tmp_path: Path) -> None:
+    """A mistyped path is not an all-clear: 0.9 created an empty database there and said
+    "no cooldown is running" (exit 0). Now it exits 69, says the file does not exist,
+    and no file is made."""
+    missing = tmp_path / "cooldwon.db"
+    for args in (("status",), ("clear", "https://api.example.com:443")):
+        result = run(*args, "--cooldown", f"sqlite:///{missing}")
+        assert result.returncode == 69, (args, result.stdout, result.stderr)
+        assert "does not exist" in one_line(result.stderr)
+        assert not missing.exists()
 
 
 def test_explain_rejects_an_absurd_retry_after_and_names_the_bound() -> None:

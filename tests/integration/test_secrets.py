@@ -439,3 +439,47 @@ def test_a_public_scope_without_credential_material_stays_readable(server, clock
     plain = make(evidence, clock, bearer=True, scope=tenant.function, max_wait=10)
     hashed = plain.get(secret_url(server.port), headers={"X-Tenant": "42"}).deferral.scope
     assert hashed == hash_scope("tenant-42")
+
+
+def test_the_httpx_transport_hands_urllib3_no_user_info_and_one_call_redacts_httpx(server, clock, caplog):
+    """Through the httpx transport (0.9: urllib3's DEBUG ``Incremented Retry for
+    (url='http://user:PASSWORD@...')``; httpx's own INFO line untouched by the filter):
+    without any filter, what the package hands urllib3 carries no user info or query
+    value; with ``redact_logs()``, httpx's and httpcore's lines carry neither either."""
+    httpx = pytest.importorskip("httpx")
+    from retry_after_adapter import redact_logs
+    from retry_after_adapter.httpx import RetryAfterTransport
+
+    caplog.set_level(logging.DEBUG)
+    server.serve([Reply(503, {"Retry-After": "1"}), Reply(200)])
+    transport = RetryAfterTransport(RetryAfterRetry(total=2, clock=clock), cooldown=MemoryCooldownStore())
+    url = secret_url(server.port)
+    with httpx.Client(transport=transport) as client:
+        assert client.get(url).status_code == 200
+    urllib3_lines = [r.getMessage() for r in caplog.records if r.name.startswith("urllib3")]
+    assert any("Incremented Retry" in line for line in urllib3_lines), urllib3_lines
+    assert_clean(urllib3_lines)  # no filter installed: clean as handed over
+    httpx_lines = [r.getMessage() for r in caplog.records if r.name.startswith(("httpx", "httpcore"))]
+    assert any(PASSWORD in line or QUERY in line for line in httpx_lines)  # httpx's own, unfiltered
+    caplog.clear()
+    redact_logs()
+    try:
+        server.serve([Reply(503, {"Retry-After": "1"}), Reply(200)])
+        with httpx.Client(transport=RetryAfterTransport(RetryAfterRetry(total=2, clock=clock))) as client:
+            assert client.get(url).status_code == 200
+        assert any(r.name == "httpx" for r in caplog.records)
+        assert_clean(all_log_text(caplog))
+    finally:
+        remove_log_redaction()
+
+
+def test_the_requests_adapter_hands_urllib3_no_user_info(server, clock, caplog):
+    caplog.set_level(logging.DEBUG)
+    server.serve([Reply(503, {"Retry-After": "1"}), Reply(200)])
+    session = requests.Session()
+    session.trust_env = False
+    session.mount("http://", RetryAfterAdapter(RetryAfterRetry(total=2, clock=clock), cooldown=MemoryCooldownStore()))
+    assert session.get(secret_url(server.port)).status_code == 200
+    lines = [r.getMessage() for r in caplog.records if r.name == "urllib3.util.retry"]
+    assert any("Incremented Retry" in line for line in lines), lines
+    assert_clean(lines)
