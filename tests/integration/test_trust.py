@@ -357,7 +357,7 @@ def test_two_hundred_forks_while_threads_use_a_sqlite_store_every_child_finishes
             if pid == 0:  # the child: its own connection, a read and a write
                 code = 0
                 try:
-                    child = SQLiteCooldownStore(path)
+                    child = SQLiteCooldownStore(path, timeout=5.0)  # the hammering threads' locks: waited out
                     child.extend(f"https://child-{n}.example.com:443", now + timedelta(seconds=5))
                     store.get(SCOPE)  # the parent's store object, inherited: reopens its own
                 except BaseException:
