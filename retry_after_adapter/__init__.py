@@ -78,7 +78,7 @@ _WHERE: dict[str, str] = {
     "store_from_url": ".cooldown",
 }
 
-__version__ = "0.9.1"
+__version__ = "0.10.0"
 
 __all__ = [
     "Clock",
