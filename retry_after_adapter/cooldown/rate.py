@@ -261,6 +261,11 @@ def answer_rate(record: Rate, epoch: int | None, until: float | None, now: float
     elif record.probed:
         quiet = QUIET_HELD  # it refused the first probe: its limit, confirmed
         window = _window_from_resets(record, epoch, until)
+    elif epoch - record.grace >= 2 and window < until - record.base <= 2 * window:
+        # It refused a known send a window or more after its last reset, and its window
+        # ends no more than two learned windows after that reset: the window was learned
+        # short (the first epoch began inside the server's), not the limit too high.
+        window = round(until - record.base, 3)
     else:
         limit = max(1, math.floor(limit * BETA))  # it refused a known send
     return _throttled(record, epoch, until, limit, window, quiet)

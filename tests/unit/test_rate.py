@@ -155,6 +155,21 @@ def test_a_refused_probe_measures_the_window_again_from_the_server_s_resets() ->
     assert measured.window == pytest.approx(round((2.8 + (until - rate.base) / 3) / 2, 3))
 
 
+def test_a_window_learned_short_grows_when_a_known_send_is_refused_a_window_later() -> None:
+    """The cold start began 0.96 s into a 2 s window: 1.04 s learned. The next epoch's
+    known sends are accepted, the one after refused by the same server window, which
+    ends 2 s after the last reset: the window grows to that, the limit stays. Further
+    than two learned windows, the throttle is read as the quota falling."""
+    rate = learned(20, until=T0 + 1.04, at=T0 + 0.1)
+    assert rate.window == pytest.approx(1.04)
+    rolled = roll_rate(rate, T0 + 2.1)
+    assert rolled.epoch == 2
+    short = answer_rate(rolled, 2, T0 + 3.04, T0 + 2.1)
+    assert (short.limit, short.window) == (20, pytest.approx(2.0))
+    far = answer_rate(roll_rate(rate, T0 + 4.2), 4, T0 + 5.2, T0 + 4.2)
+    assert far.limit == int(20 * BETA) and far.window == pytest.approx(1.04)
+
+
 def test_a_rate_pinned_low_by_sporadic_throttles_is_open_again_within_a_few_windows() -> None:
     """Four throttles that had nothing to do with the rate leave a low limit; once the
     server is healthy, probes find no limit within a few windows (120 good answers of

@@ -60,6 +60,8 @@ else
         win = math.min(math.max((r.win + (untilms - r.base) / windows) / 2, RATE_MIN_WINDOW), RATE_MAX_WINDOW)
         win = math.floor(win + 0.5)
       end
+    elseif epoch - r.gc >= 2 and r.win < untilms - r.base and untilms - r.base <= 2 * r.win then
+      win = untilms - r.base
     else
       lim = math.max(1, math.floor(r.lim * RATE_BETA))
     end
