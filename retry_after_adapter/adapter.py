@@ -274,7 +274,6 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         super()._derive()
         self._view: HTTPAdapter | None = None
 
-
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[misc]
         self._derive()

@@ -165,41 +165,59 @@ class _ForkGate:
     whose first ``sqlite3.connect`` then never returns. Every call into SQLite enters
     this gate (shared: threads do not wait for each other); ``fork()`` closes it first,
     waiting (at most :data:`FORK_WAIT` seconds) until no thread is inside, and holds it
-    shut through the fork, so the child starts with every SQLite mutex free. The child
-    gets a new gate; the parent reopens its own."""
+    shut through the fork, so the child starts with every SQLite mutex free. A thread
+    already inside enters again freely (a finalizer, a nested call); the forking thread
+    may be inside itself. The child resets the gate in place; the parent reopens it."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._inside = 0
-        self._closing = False
+        self._cond = threading.Condition(threading.RLock())
+        self._inside = 0  # threads inside (a thread inside again counts once)
+        self._closer: int | None = None  # the thread forking, while the gate is shut
+        self._depth = threading.local()  # how deep this thread is inside
 
     @contextlib.contextmanager
     def inside(self) -> Iterator[None]:
-        with self._cond:
-            while self._closing:  # a fork waits for those inside: none may come in meanwhile
-                self._cond.wait()
-            self._inside += 1
+        depth = getattr(self._depth, "n", 0)
+        if depth == 0:
+            with self._cond:
+                # A fork waits for the threads inside: no other may come in meanwhile
+                # (the forking thread itself may: a finalizer run during the fork).
+                while self._closer is not None and self._closer != threading.get_ident():
+                    self._cond.wait()
+                self._inside += 1
+        self._depth.n = depth + 1
         try:
             yield
         finally:
-            with self._cond:
-                self._inside -= 1
-                if not self._inside:
-                    self._cond.notify_all()
+            self._depth.n = depth
+            if depth == 0:
+                with self._cond:
+                    self._inside -= 1
+                    if not self._inside:
+                        self._cond.notify_all()
 
     def close(self) -> None:
-        """Before a fork: wait until no thread is inside, and keep others out."""
+        """Before a fork: wait until no other thread is inside, and keep them out."""
         self._cond.acquire()
-        self._closing = True
+        me = threading.get_ident()
+        self._closer = me
+        own = 1 if getattr(self._depth, "n", 0) else 0  # the forking thread inside itself
         deadline = time.monotonic() + FORK_WAIT
-        while self._inside and time.monotonic() < deadline:
+        while self._inside > own and time.monotonic() < deadline:
             self._cond.wait(deadline - time.monotonic())
 
     def reopen(self) -> None:
         """After a fork, in the parent."""
-        self._closing = False
+        self._closer = None
         self._cond.notify_all()
         self._cond.release()
+
+    def reset_in_child(self) -> None:
+        """After a fork, in the child: the one thread is the forking one (inside, if it
+        was); the lock is new (the parent's holder is not here)."""
+        self._cond = threading.Condition(threading.RLock())
+        self._inside = 1 if getattr(self._depth, "n", 0) else 0
+        self._closer = None
 
 
 #: The longest (seconds) a fork waits for the threads inside SQLite to come out: an
@@ -208,17 +226,8 @@ FORK_WAIT = 5.0
 _GATE = _ForkGate()
 
 
-def _gate_after_fork_in_child() -> None:
-    global _GATE
-    _GATE = _ForkGate()
-
-
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=lambda: _GATE.close(),
-        after_in_parent=lambda: _GATE.reopen(),
-        after_in_child=_gate_after_fork_in_child,
-    )
+    os.register_at_fork(before=_GATE.close, after_in_parent=_GATE.reopen, after_in_child=_GATE.reset_in_child)
 
 
 def sqlite_gate() -> contextlib.AbstractContextManager[None]:
@@ -467,7 +476,8 @@ class SQLiteFile:
                     self._set_busy(slot, busy_ms)
                     return operation(slot.conn)
             except sqlite3.Error as exc:
-                self._after_error()
+                with sqlite_gate():
+                    self._after_error()
                 if not _transient(exc) and not self._moved():
                     raise self._failure(exc, waited=False) from exc
                 # A lock, or a file replaced under this connection: again. Only the

@@ -214,10 +214,24 @@ class StoreGuard(WriteBack, Store):
         local = self.local.get(scope)
         if local is None or local <= (now if now is not None else datetime.now(timezone.utc)):
             return answer
+        self._undo(scope, answer, now, lease, limit, per, opened)
+        return Admission(local, local, None, False)
+
+    def _undo(
+        self, scope: str, answer: Admission, now: datetime | None, lease: Lease | None, limit: int | None,
+        per: float | None, opened: float,
+    ) -> None:
+        """A grant the local copy holds back after all (nothing will be sent): the slot
+        goes back, and the permit is settled to count from now (an open one would count
+        ``opened`` seconds longer for nothing)."""
         token = answer.token or (lease[2] if lease is not None else None)
         if token is not None:
             self.release(scope, token)
-        return Admission(local, local, None, False)
+        if answer.permit is not None and limit is not None and per is not None:
+            try:
+                self.settle(scope, limit, per, answer.permit, now, exact=opened > 0)
+            except Exception as exc:  # it still counts until its stored end
+                log.debug("settling a permit held back failed: %s", type(exc).__name__)
 
     def _admit(
         self, scope: str, now: datetime | None, limit: int | None, per: float | None, lease: Lease | None,
@@ -288,16 +302,17 @@ class StoreGuard(WriteBack, Store):
         cooldown = self._reconcile(scope, answer.cooldown, epoch, self._succeeded())
         if cooldown is None or cooldown == answer.cooldown:
             return answer
-        return self._held_locally(scope, answer, cooldown, present, lease)
+        return self._held_locally(scope, answer, cooldown, present, lease, (limit, per, opened))
 
     def _held_locally(
-        self, scope: str, answer: Admission, cooldown: datetime, present: datetime, lease: Lease | None
+        self, scope: str, answer: Admission, cooldown: datetime, present: datetime, lease: Lease | None,
+        quota: tuple[int | None, float | None, float],
     ) -> Admission:
         """The store's answer when a later local time (not yet written back) holds the
-        attempt back: a slot the store granted is given back at once."""
+        attempt back: what the store granted goes back at once (see :meth:`_undo`)."""
         not_before = cooldown if cooldown > present else answer.not_before
-        if answer.not_before is None and not_before is not None and lease is not None:
-            self.release(scope, lease[2])
+        if answer.not_before is None and not_before is not None:
+            self._undo(scope, answer, present, lease, *quota)
         if not_before is None and answer.permit is not None:
             return Granted.of(answer.permit, cooldown, answer.seq, answer.extra)
         return Admission(cooldown, not_before, answer.seq, answer.slot_busy)

@@ -28,7 +28,7 @@ from .base import (
     free_at,
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, last_noted, merge_note
-from .rate import PROBE_RECHECK, RATE_KEPT, Rate, answer_rate, fresh_rate, rate_holds, roll_rate
+from .rate import PROBE_RECHECK, Rate, answer_rate, fresh_rate, rate_holds, rate_kept_until, roll_rate
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
 #: a small store never forgets a time (tests on a fake clock keep theirs).
@@ -115,10 +115,10 @@ def _allowance_ended(record: Allowance, stale: datetime) -> bool:
     return record.until <= stale
 
 
-def _rate_ended(record: Rate, stale: float) -> bool:
-    """Whether a learned rate's epoch began at or before ``stale`` (seconds since the
-    epoch: the present less ``RATE_KEPT``) and its window, if any, too."""
-    return record.start + record.window <= stale
+def _rate_ended(record: Rate, now: float) -> bool:
+    """Whether a learned rate was unused long enough to be dropped at ``now`` (seconds
+    since the epoch; see ``rate.rate_kept_until``)."""
+    return rate_kept_until(record) <= now
 
 
 def _freshness_ended(record: Freshness, stale: datetime) -> bool:
@@ -499,7 +499,7 @@ class MemoryCooldownStore(Store):
         rate = self._rates.get(scope)
         if rate is None:
             if len(self._rate_scopes) > _SWEEP_AT:
-                _sweep(self._rate_scopes, self._rates, _rate_ended, now - RATE_KEPT)
+                _sweep(self._rate_scopes, self._rates, _rate_ended, now)
             rate = fresh_rate(now)
             self._rate_scopes.append(scope)
         else:

@@ -64,6 +64,7 @@ __all__ = [
     "BETA",
     "MAX_BACKOFF",
     "OPEN_CAP",
+    "OPEN_KEPT",
     "PROBE_RECHECK",
     "QUIET_HELD",
     "QUIET_MOVED",
@@ -74,6 +75,7 @@ __all__ = [
     "fresh_rate",
     "rate_from_row",
     "rate_holds",
+    "rate_kept_until",
     "rate_row",
     "roll_rate",
 ]
@@ -106,6 +108,10 @@ _TICK = 1e-6
 #: Seconds a learned rate unused since its epoch's start and window is kept (a store
 #: drops it then; the scope starts cold again).
 RATE_KEPT = 3600.0
+#: Seconds an open rate is kept past its epoch's start: admissions of an open scope
+#: change nothing in the store (a near copy answers them), so its record says nothing
+#: of its use; a scope open a day starts cold once more, at worst.
+OPEN_KEPT = 86400.0
 
 
 class Rate(NamedTuple):
@@ -172,6 +178,11 @@ class Rate(NamedTuple):
 def fresh_rate(now: float) -> Rate:
     """The record of a scope the store has never seen: cold, one probe in flight."""
     return Rate(1, 0, 0.0, 0, now, now)
+
+
+def rate_kept_until(rate: Rate) -> float:
+    """Until when (seconds since the epoch) a store keeps ``rate`` unused."""
+    return rate.start + rate.window + (OPEN_KEPT if rate.open else RATE_KEPT)
 
 
 def rate_holds(rate: Rate, now: float) -> float | None:
@@ -282,8 +293,10 @@ def _window_from_resets(record: Rate, epoch: int, until: float) -> float:
     windows = epoch - record.grace
     if record.grace < 0 or windows < 2:
         return record.window
-    estimate = (until - record.base) / windows
-    return round(min(max((record.window + estimate) / 2, MIN_WINDOW), MAX_SECONDS), 3)  # whole ms
+    # In whole milliseconds, as every store keeps them, the half rounded up (as in Lua).
+    since_ms = round(until * 1000) - round(record.base * 1000)
+    half_way = math.floor((round(record.window * 1000) + since_ms / windows) / 2 + 0.5) / 1000
+    return min(max(half_way, MIN_WINDOW), MAX_SECONDS)
 
 
 def _throttled(record: Rate, epoch: int, until: float, limit: int, window: float, quiet: int) -> Rate:

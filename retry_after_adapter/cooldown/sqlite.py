@@ -44,6 +44,7 @@ from .base import (
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, merge_note
 from .rate import (
+    OPEN_KEPT,
     PROBE_RECHECK,
     RATE_KEPT,
     Rate,
@@ -109,10 +110,11 @@ _PEEK = (
     "SELECT (SELECT until_ms FROM cooldown WHERE scope = ?), (SELECT n FROM allowance WHERE scope = ?), "
     "(SELECT cap + lim FROM learned_rate WHERE scope = ?)"
 )
-#: A few learned rates unused for ``RATE_KEPT`` are dropped per new one.
+#: A few learned rates unused for ``RATE_KEPT`` (an open one for ``OPEN_KEPT``: see
+#: ``rate.rate_kept_until``) are dropped per new one.
 _SWEEP_RATES = (
-    "DELETE FROM learned_rate WHERE scope IN "
-    "(SELECT scope FROM learned_rate WHERE start_ms + window_ms <= ? LIMIT ?)"
+    "DELETE FROM learned_rate WHERE scope IN (SELECT scope FROM learned_rate WHERE start_ms + window_ms <= ? "
+    "AND (cap + lim != 0 OR start_ms + window_ms <= ?) LIMIT ?)"
 )
 #: A scope's learned rate, read and written (an update keeps the row: no trigger of a
 #: delete fires).
@@ -473,7 +475,8 @@ class SQLiteCooldownStore(SQLiteFile, Store):
         when it changed."""
         rate = self._rate_row(conn, scope)
         if rate is None:
-            conn.execute(_SWEEP_RATES, (now_ms - int(RATE_KEPT * 1000), _SWEEP_PER_WRITE))
+            kept, open_kept = int(RATE_KEPT * 1000), int(OPEN_KEPT * 1000)
+            conn.execute(_SWEEP_RATES, (now_ms - kept, now_ms - open_kept, _SWEEP_PER_WRITE))
             rate = fresh_rate(now_ms / 1000)
             self._put_rate(conn, scope, rate)
             return rate
@@ -494,7 +497,7 @@ class SQLiteCooldownStore(SQLiteFile, Store):
     def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
         """See ``Store.rate_answer``: one immediate transaction."""
         check_scope(scope)
-        at = to_epoch_ms(check_until(now)) / 1000
+        at = now_epoch_ms(check_until(now)) / 1000  # the present rounded down, as Redis reads it
         end = None if until is None else to_epoch_ms(check_until(until)) / 1000
 
         def answer(conn: sqlite3.Connection) -> None:

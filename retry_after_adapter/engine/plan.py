@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _forksafe
 from ..cooldown.base import Store
 from ..cooldown.guard import StoreBudget, StoreGuard
+from ..cooldown.memory import MemoryCooldownStore
 from ..quota import Quota
 from .buckets import Dialects
 from .meters import Meter, Meters, meters_of
@@ -147,10 +148,12 @@ class Plan:
         #: How a slot goes back (bound once).
         self.release_slot: Callable[[str, str], None] | None = store.release if store is not None else None
         #: The scope's cooldown as this process knows it, without a store operation: the
-        #: failure layer's local copy of a shared store (bound once; None for a memory
-        #: store, whose admission reads its own cooldown as it grants).
+        #: failure layer's local copy of a shared store, or a memory store's own table (a
+        #: dict read: the cooldown its admission read as it granted, and since); bound once.
         self.cooldown_of: Callable[[str], datetime | None] | None = (
-            self.guard.local.get if self.guard is not None else None
+            self.guard.local.get if self.guard is not None
+            else store._until.get if isinstance(store, MemoryCooldownStore)
+            else None
         )
         #: What providers' dialects taught this adapter: routes refined by their
         #: bucket, secondary-limit streaks (bounded, in memory; see ``buckets``).
@@ -214,7 +217,7 @@ class Plan:
                 call.lease_token = answer.token  # a slot of the learned rate's probes
         return not_before
 
-    def answered(self, call: Call, response: Any, on_done: Callable[[Any, Slot], None]) -> None:
+    def answered(self, call: Call, response: Any, on_done: Callable[[Any, Slot], None] | None = None) -> None:
         """The attempt is answered (or failed, ``response`` None): its permit counts
         until at least its answer + per; its slot is given back when the attempt is
         over (``on_done(response, slot)``: its body read or the response closed).
@@ -254,6 +257,7 @@ class Plan:
                 # throttle reaches the store before another probe takes the slot.
                 call.probe = slot
             else:
+                assert on_done is not None  # a response has a way to be done with
                 on_done(response, slot)
 
     def learned_meanwhile(self, call: Call) -> bool:
@@ -266,8 +270,7 @@ class Plan:
         until = self.cooldown_of(call.scope)
         if until is None or until <= call.clock.now():
             return False
-        self.answered(call, None, _not_sent)
-        self.judged(call)
+        self.answered(call, None)  # not sent: its slot back, its permit settled
         return True
 
     @staticmethod
@@ -350,12 +353,6 @@ class Plan:
         if self.guard is not None:
             return operation(*args, budget=call.budget)
         return operation(*args)
-
-
-def _not_sent(response: Any, slot: Slot) -> None:
-    """(``answered``'s ``on_done`` for an attempt that was not sent: never called, as
-    there is no response; its slot goes back at once.)"""
-    slot()
 
 
 #: The plan of a call made without a store (a policy used alone).

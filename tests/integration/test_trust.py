@@ -384,3 +384,26 @@ def test_two_hundred_forks_while_threads_use_a_sqlite_store_every_child_finishes
             thread.join(5)
     assert (hung, failed) == (0, 0)
     assert len(store.entries()) >= 200  # every child's write is in the file
+
+
+def test_an_open_permit_granted_then_held_back_by_the_local_copy_is_settled(tmp_path: Any) -> None:
+    """A grant the failure layer holds back after all (a cooldown this process keeps that
+    the store does not have yet) sends nothing: its open permit is settled from then,
+    not kept 10 s longer (the next call waited 11.5 s for a 1-per-second quota)."""
+    import sqlite3
+
+    from retry_after_adapter import SQLiteCooldownStore
+
+    path = tmp_path / "held.db"
+    store = SQLiteCooldownStore(path)
+    guard = guard_of(store)
+    now = datetime.now(timezone.utc)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")  # another process holds the file: the write waits
+    guard.extend(SCOPE, now + timedelta(seconds=0.3))  # learned here, kept until written back
+    blocker.execute("COMMIT")
+    blocker.close()
+    assert guard.local.get(SCOPE) is not None
+    assert guard.admit(SCOPE, now, 1, 1.0, opened=10.0).not_before is not None
+    later = now + timedelta(seconds=1.4)
+    assert guard.admit(SCOPE, later, 1, 1.0, opened=10.0).not_before is None

@@ -11,6 +11,7 @@ local RATE_QUIET_MOVED = 1
 local RATE_BACKOFF = 1000
 local RATE_MAX_BACKOFF = 20000
 local RATE_PROBE_RECHECK = 1000
+local RATE_OPEN_KEPT = 86400000
 local RATE_MAX_WINDOW = 315360000000
 local RATE_MAX_COUNT = 2147483647
 local RATE_FIELDS = {'cap', 'lim', 'win', 'ep', 'st', 'base', 'sn', 'ok', 'gr', 'gc', 'qt', 'pr', 'fl'}
@@ -21,6 +22,9 @@ local function rate_load(key)
   for i, name in ipairs(RATE_FIELDS) do r[name] = tonumber(h[i]) or 0 end
   return r
 end
+local function rate_open(r)
+  return r.cap <= 0 and r.lim <= 0
+end
 local function rate_save(key, r, kept)
   local args = {}
   for _, name in ipairs(RATE_FIELDS) do
@@ -28,14 +32,12 @@ local function rate_save(key, r, kept)
     args[#args + 1] = string.format('%d', r[name])
   end
   redis.call('HSET', key, unpack(args))
+  if rate_open(r) then kept = RATE_OPEN_KEPT end  -- its admissions write nothing (rate.OPEN_KEPT)
   redis.call('PEXPIREAT', key, r.st + r.win + kept)
 end
 local function rate_fresh(now)
   return {cap = 1, lim = 0, win = 0, ep = 0, st = now, base = now, sn = 0, ok = 0, gr = 0, gc = -1, qt = 0,
           pr = 0, fl = 0}
-end
-local function rate_open(r)
-  return r.cap <= 0 and r.lim <= 0
 end
 -- Each whole window passed without a throttle ends an epoch: the probes accepted raise
 -- the limit (rate.roll_rate). Returns true when the record changed.

@@ -57,8 +57,8 @@ else
       quiet = RATE_QUIET_HELD
       local windows = epoch - r.gc
       if r.gc >= 0 and windows >= 2 then
-        win = math.min(math.max((r.win + (untilms - r.base) / windows) / 2, RATE_MIN_WINDOW), RATE_MAX_WINDOW)
-        win = math.floor(win + 0.5)
+        win = math.floor((r.win + (untilms - r.base) / windows) / 2 + 0.5)
+        win = math.min(math.max(win, RATE_MIN_WINDOW), RATE_MAX_WINDOW)
       end
     elseif epoch - r.gc >= 2 and r.win < untilms - r.base and untilms - r.base <= 2 * r.win then
       win = untilms - r.base
