@@ -307,7 +307,7 @@ def test_an_attempt_admitted_before_this_process_learned_a_cooldown_is_not_sent(
         guard_of(store).extend(scope, until)  # as another thread's 429 would, after the grant
         return original(plan, call)
 
-    Plan.learned_meanwhile = another_thread_learns_first  # type: ignore[method-assign]
+    Plan.learned_meanwhile = another_thread_learns_first  # type: ignore[method-assign,assignment]
     try:
         response = session.get(real_server.url)
     finally:
@@ -407,3 +407,103 @@ def test_an_open_permit_granted_then_held_back_by_the_local_copy_is_settled(tmp_
     assert guard.admit(SCOPE, now, 1, 1.0, opened=10.0).not_before is not None
     later = now + timedelta(seconds=1.4)
     assert guard.admit(SCOPE, later, 1, 1.0, opened=10.0).not_before is None
+
+
+@pytest.mark.slow
+def test_no_call_begun_after_a_cooldown_was_recorded_sends_inside_it_while_redis_pauses(
+    redis_factory: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's scenario end to end: 120 threads of one process on a Redis store
+    that an operator pauses (``CLIENT PAUSE 300`` every 0.7 s, so the store's calls time
+    out, its breaker opens and admission fails open), against a server answering every
+    25th request with a 429 and ``Retry-After: 1``. Every cooldown is stamped once the
+    process has recorded it, every call as it begins and every request as it goes to
+    the socket: no call that began after a cooldown was recorded may send before that
+    cooldown ends. (Calls admitted before the 429 was known may still be on their way;
+    they are not counted.)"""
+    import threading
+
+    import requests
+    from urllib3.connection import HTTPConnection
+
+    from retry_after_adapter import RetryAfterAdapter, RetryAfterRetry, deferral_of
+    from retry_after_adapter.cooldown.guard import StoreGuard
+    from retry_after_adapter.testing.scenarios import Phase, ScenarioServer, every_nth, healthy
+
+    lock = threading.Lock()
+    began = threading.local()  # when this thread's current call began (monotonic seconds)
+    throttles: list[float] = []  # when this process read each 429
+    recorded: list[tuple[float, float]] = []  # (cooldown recorded, its end), monotonic seconds
+    early: list[float] = []
+    original_request = HTTPConnection.request
+    original_getresponse = HTTPConnection.getresponse
+    original_extend = StoreGuard.extend
+
+    def request(self: Any, *args: Any, **kwargs: Any) -> Any:
+        now = time.monotonic()
+        with lock:
+            if any(began.at > at and now < end - 0.005 for at, end in recorded):
+                early.append(now)
+        return original_request(self, *args, **kwargs)
+
+    def getresponse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        response = original_getresponse(self, *args, **kwargs)
+        if response.status == 429:
+            with lock:
+                throttles.append(time.monotonic())
+        return response
+
+    def extend(self: Any, scope: str, until: datetime, budget: Any = None) -> datetime:
+        result = original_extend(self, scope, until, budget)
+        now = time.monotonic()
+        end = now + (until - datetime.now(timezone.utc)).total_seconds()
+        with lock:
+            recorded.append((now, end))
+        return result
+
+    monkeypatch.setattr(HTTPConnection, "request", request)
+    monkeypatch.setattr(HTTPConnection, "getresponse", getresponse)
+    monkeypatch.setattr(StoreGuard, "extend", extend)
+
+    redis = redis_factory()
+    url = f"redis://127.0.0.1:{redis.port}/0"
+    store = RedisCooldownStore.from_url(url, prefix="paused:")
+    admin = RedisCooldownStore.from_url(url, prefix="admin:")._client
+    stop = threading.Event()
+
+    def operator() -> None:
+        while not stop.wait(0.7):
+            admin.execute_command("CLIENT", "PAUSE", "300", "WRITE")
+
+    script = [Phase(every_nth(25, 429, "1", times=6), 3.0), Phase(healthy())]
+    deferred = [0]
+    with ScenarioServer(script) as server:
+
+        def worker() -> None:
+            adapter = RetryAfterAdapter(max_retries=RetryAfterRetry(total=2, max_wait=0.05), cooldown=store)
+            with requests.Session() as session:
+                session.mount("http://", adapter)
+                while not stop.is_set():
+                    began.at = time.monotonic()
+                    response = session.get(server.url + "/w", timeout=5)
+                    if deferral_of(response) is not None:
+                        with lock:
+                            deferred[0] += 1
+                        time.sleep(0.01)
+
+        threads = [threading.Thread(target=worker) for _ in range(120)]
+        pausing = threading.Thread(target=operator)
+        pausing.start()
+        for thread in threads:
+            thread.start()
+        time.sleep(3.5)
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        pausing.join(5)
+        assert not any(thread.is_alive() for thread in threads)
+    admin.execute_command("CLIENT", "UNPAUSE")
+    store.close()
+
+    assert len(throttles) >= 2 and len(recorded) >= 2 and deferred[0] > 0  # the scenario happened
+    assert early == [], f"{len(early)} sends inside a cooldown recorded before their call began"
