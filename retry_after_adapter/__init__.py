@@ -1,7 +1,7 @@
 """Obey a server's Retry-After exactly in requests and urllib3.
 
 Never shortened, never slept past the caller's deadline, and shared by every worker
-that spends the same quota. See the README for usage.
+that spends the same quota. See the README for usage and docs/ for the rest.
 """
 
 from __future__ import annotations

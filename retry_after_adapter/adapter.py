@@ -218,7 +218,7 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
       it would have waited for, instead of tying up a worker.
     - ``learn_rate``: with no ``quota`` and no quota headers from the server, admit
       each scope by the send rate the store learns from its answers, shared by every
-      worker (default True; see the README's "Learned rate"). False: off.
+      worker (default True; see docs/quotas.md, "A rate nobody announced"). False: off.
 
     Every other argument is ``HTTPAdapter``'s (``pool_connections``, ``pool_maxsize``,
     ``pool_block``). The adapter copies, deep-copies and pickles (the default store

@@ -2,7 +2,7 @@
 engine read beyond the two header families. Pure: no I/O, no clock (every time is an
 argument, in seconds).
 
-What each provider sends and what is read of it (the README's table says what the
+What each provider sends and what is read of it (docs/dialects.md's table says what the
 adapter then does):
 
 - **IETF drafts.** 07's Dictionary (``limit=100, remaining=0, reset=30``) and the Lists of

@@ -3,7 +3,7 @@
 Each case of urllib3's ``test/test_retry.py`` that a subclass must pass is restated
 here and run against stock ``Retry`` and ``RetryAfterRetry`` alike: the stock run proves
 the case is stated right, ours that the subclass is a drop-in. Where ``RetryAfterRetry``
-differs on purpose, a test below pins the difference (and the README lists it):
+differs on purpose, a test below pins the difference (and docs/behaviour.md lists it):
 
 1. ``status_forcelist`` defaults to 429, 502, 503, 504 (stock: none), so cases that rely
    on the stock default pass ``status_forcelist`` explicitly;
