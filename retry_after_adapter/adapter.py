@@ -9,8 +9,11 @@ decision, then a wait or the result. Every response it returns is a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -18,25 +21,24 @@ from urllib3.exceptions import HTTPError, MaxRetryError
 from urllib3.util.retry import Retry
 
 from . import _keepalive, body
-from .cooldown.base import CooldownStore
-from .cooldown.guard import DEFAULT
 from .cooldown.memory import DEFAULT_STORE
 from .deferral import Deferral
 from .engine import SINGLE_ATTEMPT, Call, Outcome, run
 from .errors import RetryDeferred
-from .observe import DecisionHook
 from .policy import Reason
-from .quota import Quota
 from .redact import message_url
 from .retry import RetryAfterRetry
-from .scope import ScopeFunction, credential_scope, hash_scope, origin_scope
+from .scope import credential_scope, hash_scope, origin_scope
 from .settings import (
     DEFAULT_LEASE_TTL,
     LOCAL_HEADER,
+    Options,
+    Settings,
     SharedSettings,
     as_retry_after_retry,
     default_retry,
     local_429,
+    store_name,
 )
 
 __all__ = [
@@ -187,6 +189,15 @@ class _RequestsTransport:
         raise AssertionError("requests follows redirects itself")
 
 
+class AdapterOptions(Options, total=False):
+    """:class:`RetryAfterAdapter`'s keywords: the shared :class:`Options` and
+    ``HTTPAdapter``'s own."""
+
+    pool_connections: int
+    pool_maxsize: int
+    pool_block: bool
+
+
 class RetryAfterAdapter(SharedSettings, HTTPAdapter):
     """An ``HTTPAdapter`` that obeys Retry-After exactly and shares cooldowns.
 
@@ -225,50 +236,14 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
     maps back to itself, SQLite to its path, Redis to its URL).
     """
 
-    __attrs__ = [
-        *HTTPAdapter.__attrs__,
-        "cooldown",
-        "scope",
-        "raise_on_defer",
-        "store_failure",
-        "on_decision",
-        "quota",
-        "max_concurrency",
-        "lease_ttl",
-        "max_waiting",
-        "learn_rate",
-    ]
+    __attrs__ = [*HTTPAdapter.__attrs__, "settings"]
 
-    def __init__(
-        self,
-        max_retries: Any = None,
-        *,
-        cooldown: CooldownStore | None = DEFAULT,
-        scope: str | ScopeFunction | None = None,
-        raise_on_defer: bool = False,
-        store_failure: str = "open",
-        on_decision: DecisionHook | Collection[DecisionHook] | None = None,
-        quota: Quota | None = None,
-        max_concurrency: int | None = None,
-        lease_ttl: float = DEFAULT_LEASE_TTL,
-        max_waiting: int | None = None,
-        learn_rate: bool = True,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, max_retries: Any = None, **kwargs: Unpack[AdapterOptions]) -> None:
+        keywords: dict[str, Any] = dict(kwargs)
+        settings = Settings.take(keywords)
+        super().__init__(**keywords)
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
-        self._share(
-            cooldown,
-            scope,
-            raise_on_defer,
-            store_failure,
-            on_decision,
-            quota,
-            max_concurrency,
-            lease_ttl,
-            max_waiting,
-            learn_rate,
-        )
+        self._share(settings)
 
     def _derive(self) -> None:
         super()._derive()
@@ -329,7 +304,7 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
             raise error
         if outcome.response is None:
             assert deferral is not None
-            if self.raise_on_defer:
+            if self.settings.raise_on_defer:
                 raise RetryDeferred(deferral, response=None, request=request)
             return self._local(request, deferral)
         received = outcome.response
@@ -348,7 +323,8 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
                 request.hooks[_CALL_KEY] = (call, request)  # the next hop continues this call
             return response
         # A deferred redirect is raised, not returned: requests would follow it at once.
-        if self.raise_on_defer or outcome.redirect or (outcome.exhausted and call.policy.raise_on_status):
+        raise_on_defer = self.settings.raise_on_defer
+        if raise_on_defer or outcome.redirect or (outcome.exhausted and call.policy.raise_on_status):
             # Its body stays readable (up to the bound), its connection pooled.
             _RequestsTransport.keep(response, call.policy.max_retry_body)
             reason = outcome.limit.reason if outcome.limit is not None else None
@@ -366,5 +342,5 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(max_retries={self.max_retries!r}, "
-            f"cooldown={type(self.cooldown).__name__ if self.cooldown is not None else None})"
+            f"cooldown={store_name(self.settings.cooldown)})"
         )

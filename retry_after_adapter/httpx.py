@@ -35,9 +35,12 @@ import contextvars
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 try:
     import httpx
@@ -49,19 +52,15 @@ from urllib3.exceptions import ConnectTimeoutError, ProtocolError, ReadTimeoutEr
 from urllib3.util.retry import Retry
 
 from . import _forksafe
-from .cooldown.base import CooldownStore
-from .cooldown.guard import DEFAULT
 from .deferral import Deferral
 from .engine import Call, Op, Outcome, drive, steps
 from .engine.admission import SLEEP
 from .engine.loop import CLOSE, KEEP
 from .errors import RetryDeferred
-from .observe import DecisionHook
-from .quota import Quota
 from .redact import message_url
 from .retry import RetryAfterRetry
 from .scope import RequestInfo
-from .settings import DEFAULT_LEASE_TTL, SharedSettings, as_retry_after_retry, local_parts
+from .settings import Options, Settings, SharedSettings, as_retry_after_retry, local_parts, store_name
 
 __all__ = ["AsyncRetryAfterTransport", "RetryAfterTransport"]
 
@@ -329,37 +328,11 @@ class _AsyncAttempts(_Attempts):
 class _Front(SharedSettings):
     """The settings and result shape both transports share."""
 
-    def __init__(
-        self,
-        max_retries: Any = None,
-        *,
-        cooldown: CooldownStore | None = DEFAULT,
-        scope: Any = None,
-        raise_on_defer: bool = False,
-        store_failure: str = "open",
-        on_decision: DecisionHook | Collection[DecisionHook] | None = None,
-        quota: Quota | None = None,
-        max_concurrency: int | None = None,
-        lease_ttl: float = DEFAULT_LEASE_TTL,
-        max_waiting: int | None = None,
-        learn_rate: bool = True,
-        transport: Any = None,
-    ) -> None:
+    def __init__(self, max_retries: Any = None, *, transport: Any = None, **options: Unpack[Options]) -> None:
         #: The transport each attempt goes through.
         self.transport = transport if transport is not None else self._default_transport()
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
-        self._share(
-            cooldown,
-            scope,
-            raise_on_defer,
-            store_failure,
-            on_decision,
-            quota,
-            max_concurrency,
-            lease_ttl,
-            max_waiting,
-            learn_rate,
-        )
+        self._share(Settings(**options))
 
     @staticmethod
     def _default_transport() -> Any:
@@ -385,7 +358,7 @@ class _Front(SharedSettings):
         response = outcome.response
         if response is None:
             assert deferral is not None
-            if self.raise_on_defer:
+            if self.settings.raise_on_defer:
                 raise RetryDeferred(deferral, response=None, request=request)
             return _local(request, deferral)
         response.deferral = deferral  # type: ignore[attr-defined]
@@ -395,14 +368,14 @@ class _Front(SharedSettings):
             if outcome.redirect:
                 request.extensions[_CALL_KEY] = (call, request)  # the next hop continues this call
             return response
-        if self.raise_on_defer or outcome.redirect or (outcome.exhausted and call.policy.raise_on_status):
+        raise_on_defer = self.settings.raise_on_defer
+        if raise_on_defer or outcome.redirect or (outcome.exhausted and call.policy.raise_on_status):
             reason = outcome.limit.reason if outcome.limit is not None else None
             raise RetryDeferred(deferral, response=response, request=request, reason=reason)
         return response
 
     def __repr__(self) -> str:
-        store = type(self.cooldown).__name__ if self.cooldown is not None else None
-        return f"{type(self).__name__}({self.max_retries!r}, cooldown={store})"
+        return f"{type(self).__name__}({self.max_retries!r}, cooldown={store_name(self.settings.cooldown)})"
 
 
 def _local(request: httpx.Request, deferral: Deferral) -> httpx.Response:

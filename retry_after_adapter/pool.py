@@ -9,7 +9,7 @@ are followed here, hop by hop, inside the one deadline.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -26,17 +26,13 @@ from urllib3.exceptions import (
 from urllib3.util.retry import Retry
 
 from . import _keepalive, body
-from .cooldown.base import CooldownStore
-from .cooldown.guard import DEFAULT
 from .deferral import Deferral
 from .engine import SINGLE_ATTEMPT, Call, Outcome, run
 from .errors import MaxRetryDeferred
-from .observe import DecisionHook
-from .quota import Quota
 from .redact import message_url
 from .retry import RetryAfterRetry
-from .scope import RequestInfo, ScopeFunction
-from .settings import DEFAULT_LEASE_TTL, SharedSettings, as_retry_after_retry, local_429
+from .scope import RequestInfo
+from .settings import Settings, SharedSettings, as_retry_after_retry, local_429
 
 __all__ = ["RetryAfterPoolManager"]
 
@@ -183,47 +179,20 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         headers: Mapping[str, str] | None = None,
         *,
         retries: Any = None,
-        cooldown: CooldownStore | None = DEFAULT,
-        scope: str | ScopeFunction | None = None,
-        raise_on_defer: bool = False,
-        store_failure: str = "open",
-        on_decision: DecisionHook | Collection[DecisionHook] | None = None,
-        quota: Quota | None = None,
-        max_concurrency: int | None = None,
-        lease_ttl: float = DEFAULT_LEASE_TTL,
-        max_waiting: int | None = None,
-        learn_rate: bool = True,
-        **connection_pool_kw: Any,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(num_pools=num_pools, headers=headers, **connection_pool_kw)
+        """``kwargs``: the shared :class:`~retry_after_adapter.settings.Options`
+        (``cooldown``, ``quota``...) and ``PoolManager``'s connection pool keywords."""
+        settings = Settings.take(kwargs)
+        super().__init__(num_pools=num_pools, headers=headers, **kwargs)
         self.retries: RetryAfterRetry = as_retry_after_retry(retries)
-        self._share(
-            cooldown,
-            scope,
-            raise_on_defer,
-            store_failure,
-            on_decision,
-            quota,
-            max_concurrency,
-            lease_ttl,
-            max_waiting,
-            learn_rate,
-        )
+        self._share(settings)
         self._config: dict[str, Any] = dict(
             num_pools=num_pools,
             headers=None if headers is None else dict(headers),
             retries=self.retries,
-            cooldown=self.cooldown,
-            scope=self.scope,
-            raise_on_defer=self.raise_on_defer,
-            store_failure=self.store_failure,
-            on_decision=self.on_decision,
-            quota=self.quota,
-            max_concurrency=self.max_concurrency,
-            lease_ttl=self.lease_ttl,
-            max_waiting=self.max_waiting,
-            learn_rate=self.learn_rate,
-            **connection_pool_kw,
+            **settings.keywords(),
+            **kwargs,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -253,7 +222,7 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
             response.data  # noqa: B018 - preload_content=True: read now, as urllib3 does
         if response is None:
             assert deferral is not None
-            if self.raise_on_defer:
+            if self.settings.raise_on_defer:
                 raise MaxRetryDeferred(None, url, ResponseError(f"deferred ({deferral.reason})"), deferral)
             return self._local(transport, deferral)
         if outcome.redirect and outcome.exhausted and deferral is None:
@@ -264,7 +233,7 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         response.deferral = deferral
         response.stop_reason = outcome.stop_reason
         if deferral is not None and (
-            self.raise_on_defer or (outcome.exhausted and call.policy.raise_on_status)
+            self.settings.raise_on_defer or (outcome.exhausted and call.policy.raise_on_status)
         ):
             limit = outcome.limit  # out of retries: urllib3's own reason
             why = limit.reason if limit is not None else ResponseError(f"deferred ({deferral.reason})")

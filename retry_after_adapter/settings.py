@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Collection
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, TypedDict
 
 from urllib3.util.retry import Retry
 
@@ -30,11 +31,14 @@ from .scope import RequestInfo, ScopeFunction, resolve_scope
 __all__ = [
     "DEFAULT_LEASE_TTL",
     "LOCAL_HEADER",
+    "Options",
+    "Settings",
     "SharedSettings",
     "as_retry_after_retry",
     "default_retry",
     "local_429",
     "local_parts",
+    "store_name",
 ]
 
 #: The header that marks a 429 built locally (nothing was sent); its value is the
@@ -52,6 +56,11 @@ def local_parts(deferral: Deferral) -> tuple[dict[str, str], bytes]:
         LOCAL_HEADER: str(deferral.reason),
     }
     return headers, json.dumps(deferral.to_dict()).encode("ascii")
+
+
+def store_name(store: object) -> str | None:
+    """The name of a store's type for a ``repr`` (None for no store)."""
+    return type(store).__name__ if store is not None else None
 
 
 def local_429(deferral: Deferral, method: str | None, url: str | None) -> Any:
@@ -119,75 +128,131 @@ def _check_ttl(value: object) -> float:
     return float(value)
 
 
-class SharedSettings:
-    """What :class:`RetryAfterAdapter` and :class:`~retry_after_adapter.RetryAfterPoolManager`
-    share: the cooldown store and its failure policy, the scope, ``raise_on_defer``, the
-    ``on_decision`` hooks, the quota, the concurrency cap, and the plan every call of
-    the owner runs on (built once, again after a copy or an unpickling)."""
+class Options(TypedDict, total=False):
+    """The keywords every front end takes besides its library's own, as the caller
+    gives them (see :class:`Settings` for what each means once checked)."""
 
     cooldown: CooldownStore | None
-    scope: str | ScopeFunction
+    scope: str | ScopeFunction | None
     raise_on_defer: bool
     store_failure: str
-    on_decision: tuple[DecisionHook, ...]
+    on_decision: DecisionHook | Collection[DecisionHook] | None
+    quota: Quota | None
+    max_concurrency: int | None
+    lease_ttl: float
+    max_waiting: int | None
+    learn_rate: bool
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The options of a front end (:class:`RetryAfterAdapter`,
+    :class:`~retry_after_adapter.RetryAfterPoolManager`, the httpx transports), checked
+    once when it is built; every field is as :class:`Options` takes it, normalised:
+
+    - ``cooldown``: the store shared by every worker of a quota (``DEFAULT``: the
+      process-wide memory store; None: no sharing);
+    - ``scope``: ``"origin"``, ``"credential"`` or ``callable(request) -> str``;
+    - ``raise_on_defer``: raise instead of returning a deferred response;
+    - ``store_failure``: ``"open"`` or ``"closed"`` while the store fails;
+    - ``on_decision``: the decision hooks, a tuple;
+    - ``quota``: a :class:`~retry_after_adapter.Quota` or None;
+    - ``max_concurrency``: attempts of a scope on the wire at once, or None;
+    - ``lease_ttl``: seconds a concurrency slot is held at most;
+    - ``max_waiting``: calls of a scope that may wait in this process, or None;
+    - ``learn_rate``: learn a send rate per scope when nothing is configured or announced.
+
+    A new option is a field here and a key of :class:`Options`, and nothing else of
+    the front ends changes."""
+
+    cooldown: Any = DEFAULT
+    scope: Any = None
+    raise_on_defer: bool = False
+    store_failure: str = "open"
+    on_decision: Any = None
     quota: Quota | None = None
     max_concurrency: int | None = None
     lease_ttl: float = DEFAULT_LEASE_TTL
     max_waiting: int | None = None
     learn_rate: bool = True
 
-    def _share(
-        self,
-        cooldown: CooldownStore | None,
-        scope: str | ScopeFunction | None,
-        raise_on_defer: bool,
-        store_failure: str,
-        on_decision: DecisionHook | Collection[DecisionHook] | None,
-        quota: Quota | None = None,
-        max_concurrency: int | None = None,
-        lease_ttl: float = DEFAULT_LEASE_TTL,
-        max_waiting: int | None = None,
-        learn_rate: bool = True,
-    ) -> None:
-        self.on_decision = as_hooks(on_decision)
-        self.store_failure = check_store_failure(store_failure)
-        self.cooldown = DEFAULT_STORE if cooldown is DEFAULT else cooldown
-        self.scope = "origin" if scope is None else scope
-        self.raise_on_defer = bool(raise_on_defer)
-        self.quota = _check_quota(quota, self.cooldown)
-        self.max_concurrency = _check_count("max_concurrency", max_concurrency, 1)
-        if self.max_concurrency is not None and self.cooldown is None:
+    def __post_init__(self) -> None:
+        cooldown = DEFAULT_STORE if self.cooldown is DEFAULT else self.cooldown
+        checked = {
+            "on_decision": as_hooks(self.on_decision),
+            "store_failure": check_store_failure(self.store_failure),
+            "cooldown": cooldown,
+            "scope": "origin" if self.scope is None else self.scope,
+            "raise_on_defer": bool(self.raise_on_defer),
+            "quota": _check_quota(self.quota, cooldown),
+            "max_concurrency": _check_count("max_concurrency", self.max_concurrency, 1),
+            "lease_ttl": _check_ttl(self.lease_ttl),
+            "max_waiting": _check_count("max_waiting", self.max_waiting, 0),
+        }
+        if checked["max_concurrency"] is not None and cooldown is None:
             raise ConfigurationError("max_concurrency is shared through a store: cooldown= must not be None")
-        self.lease_ttl = _check_ttl(lease_ttl)
-        self.max_waiting = _check_count("max_waiting", max_waiting, 0)
-        if not isinstance(learn_rate, bool):
+        if not isinstance(self.learn_rate, bool):
             raise ConfigurationError("learn_rate must be True or False")
-        self.learn_rate = learn_rate
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def take(cls, keywords: dict[str, Any]) -> Settings:
+        """The settings from the option keywords in ``keywords`` (removed from it: what
+        is left is the library's own)."""
+        return cls(**{name: keywords.pop(name) for name in _OPTION_NAMES if name in keywords})
+
+    def keywords(self) -> dict[str, Any]:
+        """The options as keywords a front end takes again (a copy or an unpickling)."""
+        return {name: getattr(self, name) for name in _OPTION_NAMES}
+
+
+_OPTION_NAMES = tuple(field.name for field in fields(Settings))
+
+
+class SharedSettings:
+    """What every front end shares: its :class:`Settings` (``settings``; each option is
+    also readable as an attribute of the front end, ``adapter.quota``), and the plan
+    every call of the front end runs on (built once, again after a copy or an
+    unpickling)."""
+
+    settings: Settings
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names the front end does not have: the options.
+        if name in _OPTION_NAMES and "settings" in self.__dict__:
+            return getattr(self.__dict__["settings"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _share(self, settings: Settings) -> None:
+        self.settings = settings
         self._derive()
 
     def _derive(self) -> None:
         """Derive what is not kept when the owner is copied or pickled: the plan."""
-        store = shared(self.cooldown)
-        if store is not None and self.quota is not None and not store.supports("quota"):
+        settings = self.settings
+        store = shared(settings.cooldown)
+        if store is not None and settings.quota is not None and not store.supports("quota"):
             raise ConfigurationError(
-                f"a quota needs a store that can take permits (acquire()); {type(self.cooldown).__name__} "
-                "cannot: use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
+                "a quota needs a store that can take permits (acquire()); "
+                f"{type(settings.cooldown).__name__} cannot: "
+                "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
             )
-        if store is not None and self.max_concurrency is not None and not store.supports("leases"):
+        if store is not None and settings.max_concurrency is not None and not store.supports("leases"):
             raise ConfigurationError(
                 "max_concurrency needs a store that holds leases (lease() and release()): "
                 "MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
             )
         self._plan = Plan(
             store,
-            fail_closed=self.store_failure == "closed",
-            quota=self.quota,
-            slots=self.max_concurrency,
-            ttl=self.lease_ttl,
-            max_waiting=self.max_waiting,
-            learn_rate=self.learn_rate,
+            fail_closed=settings.store_failure == "closed",
+            quota=settings.quota,
+            slots=settings.max_concurrency,
+            ttl=settings.lease_ttl,
+            max_waiting=settings.max_waiting,
+            learn_rate=settings.learn_rate,
         )
-        self._scope_fn = resolve_scope(self.scope)
+        self._scope_fn = resolve_scope(settings.scope)
 
     def freshness(self, target: str) -> Freshness | None:
         """The freshness of a scope, or of the scope of a URL (``target`` with ``://``,
@@ -207,7 +272,7 @@ class SharedSettings:
             policy,
             self._plan,
             scope=self._scope_fn(request),
-            hooks=self.on_decision,
+            hooks=self.settings.on_decision,
             override=current_override(),
         )
         if self._plan.dialects.routes:

@@ -1,0 +1,98 @@
+"""The front ends' options are one frozen value, checked once: every front end takes
+the same keywords, reads them back alike, and keeps them through a copy or a pickle."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+from typing import Any
+
+import pytest
+
+from retry_after_adapter import (
+    ConfigurationError,
+    MemoryCooldownStore,
+    Quota,
+    RetryAfterAdapter,
+    RetryAfterPoolManager,
+    RetryAfterRetry,
+)
+from retry_after_adapter.httpx import AsyncRetryAfterTransport, RetryAfterTransport
+from retry_after_adapter.settings import Options, Settings
+
+OPTIONS: dict[str, Any] = dict(
+    scope="credential",
+    raise_on_defer=True,
+    store_failure="closed",
+    quota=Quota(10, per=2),
+    max_concurrency=3,
+    lease_ttl=7.5,
+    max_waiting=4,
+    learn_rate=False,
+)
+
+
+def front_ends(**options: Any) -> list[Any]:
+    retry = RetryAfterRetry(total=2)
+    return [
+        RetryAfterAdapter(retry, pool_maxsize=3, **options),
+        RetryAfterPoolManager(retries=retry, maxsize=3, **options),
+        RetryAfterTransport(retry, **options),
+        AsyncRetryAfterTransport(retry, **options),
+    ]
+
+
+def test_the_options_are_the_settings_fields() -> None:
+    assert set(Options.__annotations__) == {field.name for field in dataclasses.fields(Settings)}
+
+
+def test_every_front_end_takes_the_same_options_and_reads_them_back_alike() -> None:
+    store = MemoryCooldownStore()
+    built = front_ends(cooldown=store, **OPTIONS)
+    settings = [end.settings for end in built]
+    assert all(s == settings[0] for s in settings)
+    for end in built:
+        assert end.quota == Quota(10, per=2) and end.cooldown is store
+        assert end.max_waiting == 4 and end.lease_ttl == 7.5 and end.on_decision == ()
+    assert built[0]._pool_maxsize == 3
+    assert built[1].connection_pool_kw["maxsize"] == 3
+
+
+def test_the_settings_are_frozen_and_normalised() -> None:
+    adapter = RetryAfterAdapter()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        adapter.settings.quota = Quota(1, per=1)  # type: ignore[misc]
+    assert adapter.settings.scope == "origin" and adapter.settings.on_decision == ()
+    assert adapter.settings.cooldown is not None  # the process-wide default store
+    with pytest.raises(AttributeError, match="no attribute 'quotas'"):
+        adapter.quotas  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("options", "cause"),
+    [
+        ({"lease_ttl": 0}, "lease_ttl"),
+        ({"max_concurrency": 0}, "max_concurrency"),
+        ({"learn_rate": "yes"}, "learn_rate"),
+        ({"store_failure": "maybe"}, "store_failure"),
+        ({"quota": Quota(1, per=1), "cooldown": None}, "quota"),
+        ({"max_concurrency": 2, "cooldown": None}, "max_concurrency"),
+    ],
+)
+def test_every_front_end_refuses_a_bad_option_by_name(options: dict[str, Any], cause: str) -> None:
+    for build in (RetryAfterAdapter, RetryAfterTransport, AsyncRetryAfterTransport):
+        with pytest.raises(ConfigurationError, match=cause):
+            build(**options)
+    with pytest.raises(ConfigurationError, match=cause):
+        RetryAfterPoolManager(**options)
+
+
+def test_the_settings_survive_a_copy_and_a_pickle() -> None:
+    adapter = RetryAfterAdapter(RetryAfterRetry(total=2), **OPTIONS)
+    pool = RetryAfterPoolManager(retries=RetryAfterRetry(total=2), maxsize=3, **OPTIONS)
+    for end in (adapter, pool):
+        for other in (copy.copy(end), copy.deepcopy(end), pickle.loads(pickle.dumps(end))):
+            assert other.settings == end.settings
+            assert (other._plan.limit, other._plan.per, other._plan.fail_closed) == (10, 2, True)  # built again
+    assert pickle.loads(pickle.dumps(pool)).connection_pool_kw["maxsize"] == 3
