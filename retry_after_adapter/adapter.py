@@ -10,7 +10,7 @@ decision, then a wait or the result. Every response it returns is a
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -282,7 +282,8 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         transport = _RequestsTransport(
             self._view or self._attempt_view(), request, stream, timeout, verify, cert, proxies
         )
-        return self._result(request, call, run(call, transport))
+        result: RetryAfterResponse = self._result(request, call, run(call, transport))
+        return result
 
     def _continued(self, request: requests.PreparedRequest) -> Call | None:
         """The call this request continues (a redirect hop of it), or None."""
@@ -293,43 +294,47 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         call.continue_on(self._plan, self._scope_fn(request))
         return call
 
-    def _result(
-        self, request: requests.PreparedRequest, call: Call, outcome: Outcome[requests.Response]
+    def _failed(
+        self, request: requests.PreparedRequest, error: BaseException, deferral: Deferral | None
+    ) -> BaseException:
+        if deferral is not None and isinstance(error, requests.exceptions.RequestException):
+            return RetryDeferred.keeping(error, deferral)
+        return error
+
+    def _adopt(
+        self, request: requests.PreparedRequest, received: requests.Response, outcome: Outcome[Any]
     ) -> RetryAfterResponse:
-        deferral = outcome.deferral
-        error = outcome.error
-        if error is not None:
-            if deferral is not None and isinstance(error, requests.exceptions.RequestException):
-                raise RetryDeferred.keeping(error, deferral) from error
-            raise error
-        if outcome.response is None:
-            assert deferral is not None
-            if self.settings.raise_on_defer:
-                raise RetryDeferred(deferral, response=None, request=request)
-            return self._local(request, deferral)
-        received = outcome.response
         if not isinstance(received, RetryAfterResponse):
             received.__class__ = RetryAfterResponse  # RetryAfterResponse.adopt(), one call less
         response: RetryAfterResponse = received  # type: ignore[assignment]
         # The adapter, not its one-attempt view: requests' auth handlers (digest) send
         # their follow-up through response.connection, and that must run the engine too.
         response.connection = self
-        if deferral is not None:
-            response.deferral = deferral
+        if outcome.deferral is not None:
+            response.deferral = outcome.deferral
         if outcome.stop_reason is not None:
             response.stop_reason = outcome.stop_reason
-        if deferral is None:
-            if outcome.redirect and isinstance(request.hooks, dict):
-                request.hooks[_CALL_KEY] = (call, request)  # the next hop continues this call
-            return response
-        # A deferred redirect is raised, not returned: requests would follow it at once.
-        raise_on_defer = self.settings.raise_on_defer
-        if raise_on_defer or outcome.redirect or (outcome.exhausted and call.policy.raise_on_status):
-            # Its body stays readable (up to the bound), its connection pooled.
-            _RequestsTransport.keep(response, call.policy.max_retry_body)
-            reason = outcome.limit.reason if outcome.limit is not None else None
-            raise RetryDeferred(deferral, response=response, request=request, reason=reason)
         return response
+
+    def _finished(
+        self, request: requests.PreparedRequest, call: Call, response: Any, outcome: Outcome[Any]
+    ) -> RetryAfterResponse:
+        if outcome.redirect and isinstance(request.hooks, dict):
+            request.hooks[_CALL_KEY] = (call, request)  # the next hop continues this call
+        return cast(RetryAfterResponse, response)
+
+    def _deferred(
+        self,
+        request: requests.PreparedRequest,
+        call: Call,
+        deferral: Deferral,
+        response: Any,
+        limit: MaxRetryError | None,
+    ) -> RetryDeferred:
+        if response is not None:  # its body stays readable (up to the bound), its connection pooled
+            _RequestsTransport.keep(response, call.policy.max_retry_body)
+        reason = limit.reason if limit is not None else None
+        return RetryDeferred(deferral, response=response, request=request, reason=reason)
 
     def _local(self, request: requests.PreparedRequest, deferral: Deferral) -> RetryAfterResponse:
         """The 429 for a call deferred before anything was sent (no byte went out)."""

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -48,7 +48,7 @@ except ImportError as missing:  # pragma: no cover - the extra is not installed
     raise ImportError(
         "retry_after_adapter.httpx needs httpx: pip install 'retry_after_adapter[httpx]'"
     ) from missing
-from urllib3.exceptions import ConnectTimeoutError, ProtocolError, ReadTimeoutError
+from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, ProtocolError, ReadTimeoutError
 from urllib3.util.retry import Retry
 
 from . import _forksafe
@@ -348,31 +348,41 @@ class _Front(SharedSettings):
             return call
         return self._call(self.max_retries, info)
 
-    def _result(self, request: httpx.Request, call: Call, outcome: Outcome[httpx.Response]) -> httpx.Response:
-        deferral = outcome.deferral
-        error = outcome.error
-        if error is not None:
-            if deferral is not None:
-                error.deferral = deferral  # type: ignore[attr-defined]
-            raise error
-        response = outcome.response
-        if response is None:
-            assert deferral is not None
-            if self.settings.raise_on_defer:
-                raise RetryDeferred(deferral, response=None, request=request)
-            return _local(request, deferral)
-        response.deferral = deferral  # type: ignore[attr-defined]
+    def _failed(
+        self, request: httpx.Request, error: BaseException, deferral: Deferral | None
+    ) -> BaseException:
+        if deferral is not None:
+            error.deferral = deferral  # type: ignore[attr-defined]
+        return error
+
+    def _local(self, request: httpx.Request, deferral: Deferral) -> httpx.Response:
+        return _local(request, deferral)
+
+    def _adopt(
+        self, request: httpx.Request, response: httpx.Response, outcome: Outcome[Any]
+    ) -> httpx.Response:
+        response.deferral = outcome.deferral  # type: ignore[attr-defined]
         response.stop_reason = outcome.stop_reason  # type: ignore[attr-defined]
         response.local = False  # type: ignore[attr-defined]
-        if deferral is None:
-            if outcome.redirect:
-                request.extensions[_CALL_KEY] = (call, request)  # the next hop continues this call
-            return response
-        raise_on_defer = self.settings.raise_on_defer
-        if raise_on_defer or outcome.redirect or (outcome.exhausted and call.policy.raise_on_status):
-            reason = outcome.limit.reason if outcome.limit is not None else None
-            raise RetryDeferred(deferral, response=response, request=request, reason=reason)
         return response
+
+    def _finished(
+        self, request: httpx.Request, call: Call, response: Any, outcome: Outcome[Any]
+    ) -> httpx.Response:
+        if outcome.redirect:
+            request.extensions[_CALL_KEY] = (call, request)  # the next hop continues this call
+        return cast(httpx.Response, response)
+
+    def _deferred(
+        self,
+        request: httpx.Request,
+        call: Call,
+        deferral: Deferral,
+        response: Any,
+        limit: MaxRetryError | None,
+    ) -> RetryDeferred:
+        reason = limit.reason if limit is not None else None
+        return RetryDeferred(deferral, response=response, request=request, reason=reason)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.max_retries!r}, cooldown={store_name(self.settings.cooldown)})"
@@ -410,7 +420,8 @@ class RetryAfterTransport(_Front, httpx.BaseTransport):
         url = str(request.url)
         call = self._start(request, url)
         attempts = _SyncAttempts(self.transport, request, url)
-        return self._result(request, call, drive(call, attempts, steps(call, attempts)))
+        result: httpx.Response = self._result(request, call, drive(call, attempts, steps(call, attempts)))
+        return result
 
     def close(self) -> None:
         self.transport.close()
@@ -462,7 +473,8 @@ class AsyncRetryAfterTransport(_Front, httpx.AsyncBaseTransport):
         pool = self._threads() if self._blocking else None  # None: the steps run on the loop
         attempts = _AsyncAttempts(self.transport, request, url, self._offload if pool is not None else None)
         outcome = await _adrive(call, attempts, steps(call, attempts), pool)
-        return self._result(request, call, outcome)
+        result: httpx.Response = self._result(request, call, outcome)
+        return result
 
     async def aclose(self) -> None:
         await self.transport.aclose()

@@ -208,41 +208,45 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         transport = _PoolTransport(self, method, url, redirect, kw, policy)
         return self._result(transport, call, run(call, transport))
 
-    def _result(self, transport: _PoolTransport, call: Call, outcome: Outcome[Any]) -> Any:
-        deferral = outcome.deferral
-        error = outcome.error
-        url = transport.url
-        if error is not None:
-            if deferral is not None:
-                reason = error.reason if isinstance(error, MaxRetryError) else error
-                raise MaxRetryDeferred(None, url, reason, deferral) from error
-            raise error
-        response = outcome.response
-        if response is not None and transport.preload and response._body is None:
+    #: urllib3 returns a redirect it does not follow, deferred or not.
+    defers_redirects = False
+
+    def _failed(
+        self, transport: _PoolTransport, error: BaseException, deferral: Deferral | None
+    ) -> BaseException:
+        if deferral is None:
+            return error
+        reason = error.reason if isinstance(error, MaxRetryError) else error
+        return MaxRetryDeferred(None, transport.url, reason, deferral)  # type: ignore[arg-type]
+
+    def _adopt(self, transport: _PoolTransport, response: Any, outcome: Outcome[Any]) -> Any:
+        if transport.preload and response._body is None:
             response.data  # noqa: B018 - preload_content=True: read now, as urllib3 does
-        if response is None:
-            assert deferral is not None
-            if self.settings.raise_on_defer:
-                raise MaxRetryDeferred(None, url, ResponseError(f"deferred ({deferral.reason})"), deferral)
-            return self._local(transport, deferral)
-        if outcome.redirect and outcome.exhausted and deferral is None:
-            if call.retry.raise_on_redirect:
-                response.drain_conn()
-                raise MaxRetryError(None, url, ResponseError("too many redirects"))  # type: ignore[arg-type]
-            return response
-        response.deferral = deferral
+        response.deferral = outcome.deferral
         response.stop_reason = outcome.stop_reason
-        if deferral is not None and (
-            self.settings.raise_on_defer or (outcome.exhausted and call.policy.raise_on_status)
-        ):
-            limit = outcome.limit  # out of retries: urllib3's own reason
-            why = limit.reason if limit is not None else ResponseError(f"deferred ({deferral.reason})")
-            _PoolTransport.keep(response, call.policy.max_retry_body)  # readable, its connection pooled
-            raise MaxRetryDeferred(None, url, why, deferral, response)
         return response
 
-    @staticmethod
-    def _local(transport: _PoolTransport, deferral: Deferral) -> Any:
+    def _finished(self, transport: _PoolTransport, call: Call, response: Any, outcome: Outcome[Any]) -> Any:
+        if outcome.redirect and outcome.exhausted and call.retry.raise_on_redirect:
+            response.drain_conn()
+            raise MaxRetryError(None, transport.url, ResponseError("too many redirects"))  # type: ignore[arg-type]
+        return response
+
+    def _deferred(
+        self,
+        transport: _PoolTransport,
+        call: Call,
+        deferral: Deferral,
+        response: Any,
+        limit: MaxRetryError | None,
+    ) -> MaxRetryDeferred:
+        # Out of retries: urllib3's own reason.
+        why = limit.reason if limit is not None else ResponseError(f"deferred ({deferral.reason})")
+        if response is not None:
+            _PoolTransport.keep(response, call.policy.max_retry_body)  # readable, its connection pooled
+        return MaxRetryDeferred(None, transport.url, why, deferral, response)
+
+    def _local(self, transport: _PoolTransport, deferral: Deferral) -> Any:
         response = local_429(deferral, transport.method, transport.url)
         if transport.preload:
             response.data  # noqa: B018 - as urllib3 does for preload_content=True

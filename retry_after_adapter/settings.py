@@ -12,6 +12,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, fields
 from typing import Any, TypedDict
 
+from urllib3.exceptions import MaxRetryError
 from urllib3.util.retry import Retry
 
 from ._compat import local_response
@@ -20,7 +21,7 @@ from .cooldown.freshness import Freshness
 from .cooldown.guard import DEFAULT, check_store_failure, shared
 from .cooldown.memory import DEFAULT_STORE
 from .deferral import Deferral
-from .engine import Call, Plan, current_override
+from .engine import Call, Outcome, Plan, current_override
 from .engine.buckets import refine_call
 from .errors import ConfigurationError
 from .observe import DecisionHook, as_hooks
@@ -227,6 +228,63 @@ class SharedSettings:
     def _share(self, settings: Settings) -> None:
         self.settings = settings
         self._derive()
+
+    # -- the result: one decision, each library's own types ----------------------------
+    #: Whether a deferred redirect is raised rather than returned (requests and httpx
+    #: would follow a returned one at once; urllib3 returns it).
+    defers_redirects = True
+
+    def _result(self, context: Any, call: Call, outcome: Outcome[Any]) -> Any:
+        """Turn ``outcome`` into what the library's caller gets: its response, its local
+        429, or its exception, built by the front end's hooks below from ``context``
+        (what the call carries: its request)."""
+        deferral = outcome.deferral
+        error = outcome.error
+        if error is not None:
+            failure = self._failed(context, error, deferral)
+            if failure is error:
+                raise error
+            raise failure from error
+        if outcome.response is None:  # deferred before anything was sent
+            assert deferral is not None
+            if self.settings.raise_on_defer:
+                raise self._deferred(context, call, deferral, None, None)
+            return self._local(context, deferral)
+        response = self._adopt(context, outcome.response, outcome)
+        if deferral is None:
+            return self._finished(context, call, response, outcome)
+        if (
+            self.settings.raise_on_defer
+            or (outcome.redirect and self.defers_redirects)
+            or (outcome.exhausted and call.policy.raise_on_status)
+        ):
+            raise self._deferred(context, call, deferral, response, outcome.limit)
+        return response
+
+    def _failed(self, context: Any, error: BaseException, deferral: Deferral | None) -> BaseException:
+        """The exception for a last attempt that failed in transport (``error`` itself,
+        or the library's deferral exception wrapping it)."""
+        raise NotImplementedError
+
+    def _local(self, context: Any, deferral: Deferral) -> Any:
+        """The library's 429 for a call deferred before anything was sent."""
+        raise NotImplementedError
+
+    def _adopt(self, context: Any, response: Any, outcome: Outcome[Any]) -> Any:
+        """The library's response with the outcome's deferral and stop reason on it."""
+        raise NotImplementedError
+
+    def _finished(self, context: Any, call: Call, response: Any, outcome: Outcome[Any]) -> Any:
+        """A response that is not deferred (a redirect hop records its call here)."""
+        return response
+
+    def _deferred(
+        self, context: Any, call: Call, deferral: Deferral, response: Any, limit: MaxRetryError | None
+    ) -> BaseException:
+        """The library's exception for a deferred call (``response`` None: nothing was
+        sent; else its body is kept readable first); ``limit``: the policy that ran
+        out, if retries did."""
+        raise NotImplementedError
 
     def _derive(self) -> None:
         """Derive what is not kept when the owner is copied or pickled: the plan."""
