@@ -3,7 +3,7 @@ without a store round trip while nothing has changed (a base of the failure laye
 
 - **Cooldowns, pushed.** A scope read once from the store is kept with its stored
   cooldown. While the store's change feed is fresh (``Store.feed``: a pub/sub channel
-  on Redis, a change log checked through ``PRAGMA data_version`` on SQLite), a change
+  on Redis, a change log whose last number is read before each attempt on SQLite), a change
   made anywhere (a cooldown learned or lifted, an allowance announced, a learned rate
   closed) reaches this copy as "read it again" (never as a value to trust: see
   :meth:`Near.changed`), so an unchanged scope is answered here. A feed that is not
