@@ -9,6 +9,9 @@
 - :class:`FakeClock`: a clock that moves only when told to or when something waits on
   it (the same class as ``retry_after_adapter.FakeClock``);
 - :func:`reset_default_store`: forget every cooldown in the process-wide default store;
+- ``retry_after_adapter.testing.conformance.StoreContract``: the contract tests every
+  store of the package passes, for a store of your own (subclass it with a ``store``
+  fixture);
 - the pytest plugin (``retry_after_adapter.testing.plugin``), which pytest loads by
   itself: the ``fake_clock`` and ``fake_retry`` fixtures, and the default store emptied
   around each test (``-p no:retry_after_adapter`` turns it off).

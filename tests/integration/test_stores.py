@@ -1,7 +1,7 @@
 """The cooldown stores against real backends: a SQLite file and a real redis-server.
 
-Every backend goes through the same protocol tests; then each backend's own behaviour
-(locks, expiry, outages, URLs). No mocks: the database, the server and its failures are
+The protocol every backend keeps is the conformance kit's (``test_conformance.py``);
+here is each backend's own behaviour (locks, expiry, outages, URLs). No mocks: the database, the server and its failures are
 real.
 """
 
@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 from retry_after_adapter.cooldown import (
-    CooldownStore,
     MemoryCooldownStore,
     RedisCooldownStore,
     SQLiteCooldownStore,
@@ -44,164 +43,9 @@ def now_ms() -> datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CooldownStore]:
-    if request.param == "memory":
-        yield MemoryCooldownStore()
-    elif request.param == "sqlite":
-        with SQLiteCooldownStore(tmp_path / "cooldown.db") as sqlite_store:
-            yield sqlite_store
-    else:
-        client = request.getfixturevalue("redis_client")
-        yield RedisCooldownStore(client, prefix="test:")
-
-
-# -- (a) the protocol, on every backend ------------------------------------------------
-
-
-def test_unknown_scope_is_none(store: CooldownStore) -> None:
-    assert store.get("https://nobody.example:443") is None
-
-
-def test_later_wins_and_extend_returns_the_effective_time(store: CooldownStore) -> None:
-    base = now_ms()
-    early, late, later = base + timedelta(seconds=5), base + timedelta(seconds=30), base + timedelta(hours=2)
-    assert store.extend("s", late) == late
-    assert store.extend("s", early) == late  # a shorter cooldown never replaces a longer one
-    assert store.get("s") == late
-    assert store.extend("s", late) == late
-    assert store.extend("s", later) == later
-    assert store.get("s") == later
-
-
-def test_entries_list_and_delete_lifts_one_scope(store: Any) -> None:
-    base = now_ms()
-    store.extend("a", base + timedelta(seconds=10))
-    store.extend("b*[x]", base + timedelta(seconds=20))  # glob characters are literal
-    assert store.entries() == {"a": base + timedelta(seconds=10), "b*[x]": base + timedelta(seconds=20)}
-    assert store.delete("b*[x]") is True
-    assert store.delete("b*[x]") is False
-    assert store.get("b*[x]") is None
-    assert store.get("a") == base + timedelta(seconds=10)
-    # Lifted, a scope starts again from nothing: later-wins applies to new cooldowns only.
-    assert store.extend("b*[x]", base + timedelta(seconds=1)) == base + timedelta(seconds=1)
-
-
-def test_scopes_are_independent(store: CooldownStore) -> None:
-    base = now_ms()
-    store.extend("a", base + timedelta(seconds=10))
-    store.extend("b", base + timedelta(seconds=20))
-    assert store.get("a") == base + timedelta(seconds=10)
-    assert store.get("b") == base + timedelta(seconds=20)
-    assert store.get("c") is None
-
-
-def test_aware_time_in_any_zone_comes_back_in_utc(store: CooldownStore) -> None:
-    instant = now_ms() + timedelta(minutes=3)
-    india = timezone(timedelta(hours=5, minutes=30))
-    effective = store.extend("zone", instant.astimezone(india))
-    stored = store.get("zone")
-    for value in (effective, stored):
-        assert value is not None
-        assert value.utcoffset() == timedelta(0)
-        assert value == instant
-
-
-def test_naive_datetime_is_refused(store: CooldownStore) -> None:
-    with pytest.raises(ConfigurationError):
-        store.extend("naive", datetime.now() + timedelta(seconds=10))
-    assert store.get("naive") is None
-
-
-@pytest.mark.parametrize("scope", ["", "x" * 513, None, 42])
-def test_bad_scope_is_refused(store: CooldownStore, scope: Any) -> None:
-    with pytest.raises(ConfigurationError):
-        store.extend(scope, now_ms() + timedelta(seconds=1))
-
-
-@pytest.mark.parametrize("scope", ["", "x" * 513, None, 42, ("a", "tuple")])
-def test_admission_with_a_bad_scope_is_refused_every_time(store: CooldownStore, scope: Any) -> None:
-    # Asked again and again: a refused admission must not leave the scope behind as known.
-    for _ in range(3):
-        with pytest.raises(ConfigurationError):
-            store.admit(scope, now_ms(), 5, 1.0, (2, 10.0, "token"))  # type: ignore[attr-defined]
-
-
-def test_admission_at_a_naive_time_is_refused(store: CooldownStore) -> None:
-    with pytest.raises(ConfigurationError):
-        store.admit("naive", datetime.now(), 5, 1.0, (2, 10.0, "token"))  # type: ignore[attr-defined]
-    answer = store.admit("naive", now_ms(), 1, 1.0, (1, 10.0, "token"))  # type: ignore[attr-defined]
-    assert answer.not_before is None  # the refused call took neither the permit nor the slot
-
-
-def test_longest_scope_is_accepted(store: CooldownStore) -> None:
-    scope = "s" * 512
-    until = now_ms() + timedelta(seconds=1)
-    assert store.extend(scope, until) == until
-    assert store.get(scope) == until
-
-
-def test_sub_millisecond_time_is_rounded_up_never_shortened(store: CooldownStore) -> None:
-    until = now_ms() + timedelta(seconds=10, microseconds=123_456)
-    effective = store.extend("round", until)
-    assert effective >= until
-    assert effective - until < timedelta(milliseconds=1)
-    assert store.get("round") == effective
-    # Asking again for the same instant never lowers what is stored.
-    assert store.extend("round", until) == effective
-
-
-def test_far_future_time_round_trips(store: CooldownStore) -> None:
-    far = datetime.max.replace(tzinfo=UTC)
-    assert store.extend("far", far) == far
-    assert store.get("far") == far
-
-
-def test_past_time_is_accepted(store: CooldownStore) -> None:
-    past = now_ms() - timedelta(minutes=5)
-    assert store.extend("past", past) == past
-    # A store may drop an expired cooldown; it never reports a later time than written.
-    assert store.get("past") in (None, past)
-
-
-# -- (c) a long cooldown is never replaced by shorter ones under contention ------------
-
-
-def test_long_cooldown_survives_threads_hammering_short_ones(store: CooldownStore) -> None:
-    base = now_ms()
-    long = base + timedelta(hours=1)
-    long_written = threading.Event()
-    failures: list[str] = []
-    threads_n, calls_per_thread = 8, 60
-
-    def hammer(seed: int) -> None:
-        rng = random.Random(seed)
-        for i in range(calls_per_thread):
-            if seed == 0 and i == calls_per_thread // 2:
-                if store.extend("quota", long) != long:
-                    failures.append("the long write did not take effect")
-                long_written.set()
-                continue
-            after_long = long_written.is_set()
-            until = base + timedelta(milliseconds=rng.randrange(1, 10_000))
-            effective = store.extend("quota", until)
-            if effective < until:
-                failures.append(f"extend returned {effective} < asked {until}")
-            if after_long and effective != long:
-                failures.append(f"after the long write, extend returned {effective}")
-            got = store.get("quota")
-            if got is None or got < effective:
-                failures.append(f"get returned {got} after extend returned {effective}")
-
-    threads = [threading.Thread(target=hammer, args=(seed,)) for seed in range(threads_n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert not any(thread.is_alive() for thread in threads)
-    assert long_written.is_set()
-    assert failures == []
-    assert store.get("quota") == long
+# The protocol every backend keeps (get, extend later-wins, entries and delete, bad
+# scopes and naive times refused, admission all or nothing) is the conformance kit's:
+# retry_after_adapter.testing.conformance, run on every store by test_conformance.py.
 
 
 # -- SQLite --------------------------------------------------------------------------

@@ -1,0 +1,242 @@
+"""The contract tests every cooldown store passes, for a store of your own.
+
+The package's memory, SQLite and Redis stores run these same tests. Subclass
+:class:`StoreContract` in a test module, give it a ``store`` fixture, and pytest runs
+the contract against your store::
+
+    import pytest
+    from retry_after_adapter.testing.conformance import StoreContract
+
+    class TestMyStore(StoreContract):
+        @pytest.fixture
+        def store(self, tmp_path):
+            return MyStore(tmp_path / "cooldowns.json")
+
+        @pytest.fixture
+        def other_store(self, store, tmp_path):  # optional: another handle, same data
+            return MyStore(tmp_path / "cooldowns.json")
+
+What is checked:
+
+- **the core**, for every store (``get`` and ``extend``): an unknown scope is None; the
+  later time wins and ``extend`` returns it; scopes are independent; times come back
+  aware, in UTC, never earlier than asked (a store may round up, by less than a
+  millisecond); past, far-future and 512-character scopes work; eight threads racing
+  short cooldowns never replace a long one; and two adapters on two handles of the
+  store share a cooldown: after one is answered 429, the other defers without sending;
+- **the operator's view**, when the store has ``entries`` and ``delete``;
+- **the whole interface**, when the store is a :class:`~retry_after_adapter.cooldown.Store`
+  (as the package's are): naive times and bad scopes refused with ``ConfigurationError``,
+  a quota's permits and a concurrency slot admitted all or nothing.
+
+Times are real (the contract sleeps nowhere); a test takes milliseconds, the adapter's
+one a loopback round trip or two.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from ..cooldown.base import Store
+from ..errors import ConfigurationError
+
+__all__ = ["StoreContract"]
+
+UTC = timezone.utc
+
+
+def now_ms() -> datetime:
+    """Now, truncated to whole milliseconds (what every store keeps exactly)."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+class StoreContract:
+    """The contract; subclass it as ``Test...`` and provide the ``store`` fixture (and,
+    for a shared backend, ``other_store``: a second handle on the same data, as another
+    process would open it)."""
+
+    @pytest.fixture
+    def store(self) -> Any:  # pragma: no cover - a subclass provides it
+        raise NotImplementedError("give the StoreContract subclass a `store` fixture")
+
+    @pytest.fixture
+    def other_store(self, store: Any) -> Any:
+        return store
+
+    # -- the core: get and extend ----------------------------------------------------
+    def test_an_unknown_scope_is_none(self, store: Any) -> None:
+        assert store.get("https://nobody.example:443") is None
+
+    def test_the_later_time_wins_and_extend_returns_it(self, store: Any) -> None:
+        base = now_ms()
+        early, late = base + timedelta(seconds=5), base + timedelta(seconds=30)
+        later = base + timedelta(hours=2)
+        assert store.extend("s", late) == late
+        assert store.extend("s", early) == late  # a shorter cooldown never replaces a longer one
+        assert store.get("s") == late
+        assert store.extend("s", late) == late
+        assert store.extend("s", later) == later
+        assert store.get("s") == later
+
+    def test_scopes_are_independent(self, store: Any) -> None:
+        base = now_ms()
+        store.extend("a", base + timedelta(seconds=10))
+        store.extend("b", base + timedelta(seconds=20))
+        assert store.get("a") == base + timedelta(seconds=10)
+        assert store.get("b") == base + timedelta(seconds=20)
+        assert store.get("c") is None
+
+    def test_an_aware_time_in_any_zone_comes_back_in_utc(self, store: Any) -> None:
+        instant = now_ms() + timedelta(minutes=3)
+        india = timezone(timedelta(hours=5, minutes=30))
+        effective = store.extend("zone", instant.astimezone(india))
+        stored = store.get("zone")
+        for value in (effective, stored):
+            assert value is not None and value.utcoffset() == timedelta(0)
+            assert value == instant
+
+    def test_a_sub_millisecond_time_is_rounded_up_never_shortened(self, store: Any) -> None:
+        until = now_ms() + timedelta(seconds=10, microseconds=123_456)
+        effective = store.extend("round", until)
+        assert until <= effective < until + timedelta(milliseconds=1)
+        assert store.get("round") == effective
+        assert store.extend("round", until) == effective  # asking again never lowers it
+
+    def test_the_longest_scope_is_accepted(self, store: Any) -> None:
+        scope = "s" * 512
+        until = now_ms() + timedelta(seconds=1)
+        assert store.extend(scope, until) == until
+        assert store.get(scope) == until
+
+    def test_a_far_future_time_round_trips(self, store: Any) -> None:
+        far = datetime.max.replace(tzinfo=UTC)
+        assert store.extend("far", far) == far
+        assert store.get("far") == far
+
+    def test_a_past_time_is_accepted(self, store: Any) -> None:
+        past = now_ms() - timedelta(minutes=5)
+        assert store.extend("past", past) == past
+        # A store may drop an expired cooldown; it never reports a later time than written.
+        assert store.get("past") in (None, past)
+
+    def test_a_long_cooldown_survives_threads_racing_short_ones(self, store: Any) -> None:
+        base = now_ms()
+        long = base + timedelta(hours=1)
+        long_written = threading.Event()
+        failures: list[str] = []
+
+        def race(seed: int) -> None:
+            rng = random.Random(seed)
+            for i in range(60):
+                if seed == 0 and i == 30:
+                    if store.extend("quota", long) != long:
+                        failures.append("the long write did not take effect")
+                    long_written.set()
+                    continue
+                after_long = long_written.is_set()
+                until = base + timedelta(milliseconds=rng.randrange(1, 10_000))
+                effective = store.extend("quota", until)
+                if effective < until or (after_long and effective != long):
+                    failures.append(f"extend({until}) returned {effective}")
+                got = store.get("quota")
+                if got is None or got < effective:
+                    failures.append(f"get returned {got} after extend returned {effective}")
+
+        threads = [threading.Thread(target=race, args=(seed,)) for seed in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not any(thread.is_alive() for thread in threads)
+        assert long_written.is_set() and failures == []
+        assert store.get("quota") == long
+
+    def test_two_adapters_on_two_handles_share_a_cooldown(self, store: Any, other_store: Any) -> None:
+        import requests
+
+        from ..adapter import RetryAfterAdapter
+        from ..deferral import deferral_of
+        from ..retry import RetryAfterRetry
+        from .server import QuotaServer
+
+        with QuotaServer(quota=1, window=3600) as server:
+            sessions = []
+            for handle in (store, other_store):
+                session = requests.Session()
+                retry = RetryAfterRetry(total=0, max_wait=1, raise_on_status=False)
+                session.mount("http://", RetryAfterAdapter(retry, cooldown=handle, learn_rate=False))
+                sessions.append(session)
+            first, second = sessions
+            assert first.get(server.url + "/a", timeout=10).status_code == 200
+            throttled = first.get(server.url + "/a", timeout=10)  # the server's 429: a cooldown stored
+            assert throttled.status_code == 429 and not getattr(throttled, "local", False)
+            held = second.get(server.url + "/b", timeout=10)  # the other handle's worker
+            deferral = deferral_of(held)
+            assert getattr(held, "local", False) and deferral is not None and deferral.reason == "cooldown"
+            assert server.stats().requests == 2  # nothing was sent into the cooldown
+            for session in sessions:
+                session.close()
+
+    # -- the operator's view -----------------------------------------------------------
+    def test_entries_list_and_delete_lifts_one_scope(self, store: Any) -> None:
+        if not (callable(getattr(store, "entries", None)) and callable(getattr(store, "delete", None))):
+            pytest.skip("the store lists and deletes nothing (no entries() and delete())")
+        base = now_ms()
+        store.extend("a", base + timedelta(seconds=10))
+        store.extend("b*[x]", base + timedelta(seconds=20))  # glob characters are literal
+        assert store.entries() == {"a": base + timedelta(seconds=10), "b*[x]": base + timedelta(seconds=20)}
+        assert store.delete("b*[x]") is True
+        assert store.delete("b*[x]") is False
+        assert store.get("b*[x]") is None and store.get("a") == base + timedelta(seconds=10)
+        # Lifted, a scope starts again from nothing: later-wins applies to new cooldowns only.
+        assert store.extend("b*[x]", base + timedelta(seconds=1)) == base + timedelta(seconds=1)
+
+    # -- the whole interface -------------------------------------------------------------
+    @staticmethod
+    def whole(store: Any) -> Store:
+        if not isinstance(store, Store):
+            pytest.skip("not a retry_after_adapter.cooldown.Store: the core contract applies")
+        return store
+
+    def test_a_naive_time_is_refused(self, store: Any) -> None:
+        whole = self.whole(store)
+        with pytest.raises(ConfigurationError):
+            whole.extend("naive", datetime.now() + timedelta(seconds=10))
+        with pytest.raises(ConfigurationError):
+            whole.admit("naive", datetime.now(), 5, 1.0, (2, 10.0, "token"))
+        assert whole.get("naive") is None
+        answer = whole.admit("naive", now_ms(), 1, 1.0, (1, 10.0, "token"))
+        assert answer.not_before is None  # the refused calls took neither the permit nor the slot
+
+    @pytest.mark.parametrize("scope", ["", "x" * 513, None, 42, ("a", "tuple")])
+    def test_a_bad_scope_is_refused_every_time(self, store: Any, scope: Any) -> None:
+        whole = self.whole(store)
+        for _ in range(3):  # a refused admission must not leave the scope behind as known
+            with pytest.raises(ConfigurationError):
+                whole.extend(scope, now_ms() + timedelta(seconds=1))
+            with pytest.raises(ConfigurationError):
+                whole.admit(scope, now_ms(), 5, 1.0, (2, 10.0, "token"))
+
+    def test_a_quota_admits_its_limit_then_says_when(self, store: Any) -> None:
+        whole = self.whole(store)
+        now = now_ms()
+        assert [whole.admit("q", now, 2, 60.0).not_before for _ in range(2)] == [None, None]
+        refused = whole.admit("q", now, 2, 60.0)
+        assert refused.not_before is not None and refused.not_before >= now + timedelta(seconds=60)
+
+    def test_a_slot_is_held_all_or_nothing_and_given_back(self, store: Any) -> None:
+        whole = self.whole(store)
+        now = now_ms()
+        assert whole.admit("c", now, None, None, (1, 30.0, "one")).not_before is None
+        assert whole.admit("c", now, None, None, (1, 30.0, "two")).not_before is not None
+        whole.release("c", "one")
+        assert whole.admit("c", now, None, None, (1, 30.0, "two")).not_before is None
+        whole.extend("c", now + timedelta(seconds=30))  # a cooldown refuses the slot too
+        refused = whole.admit("c", now, None, None, (2, 30.0, "three"))
+        assert refused.not_before is not None and refused.not_before >= now + timedelta(seconds=30)
