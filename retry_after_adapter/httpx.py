@@ -54,8 +54,7 @@ from urllib3.util.retry import Retry
 from . import _forksafe
 from .deferral import Deferral
 from .engine import Call, Op, Outcome, drive, steps
-from .engine.admission import SLEEP
-from .engine.loop import CLOSE, KEEP
+from .engine.ops import Close, Follow, Keep, Send, Sleep
 from .errors import RetryDeferred
 from .redact import message_url
 from .retry import RetryAfterRetry
@@ -517,21 +516,32 @@ async def _adrive(
                     if result.response is not None:
                         await result.response.aclose()
                     raise
-                if result[0] in (KEEP, CLOSE):
-                    await result[1].aclose()  # the step's own clean-up, cut short
+                if isinstance(result, (Keep, Close)):
+                    await result.response.aclose()  # the step's own clean-up, cut short
                 value, error = None, cancelled
                 continue
         if done:
             return result  # type: ignore[no-any-return]
         error = None
-        op = result
         try:
-            if op[0] is SLEEP:
-                value = await _asleep(call, op[1])
-            else:
-                value = await getattr(attempts, op[0])(*op[1:])
+            value = await _carry_out(call, attempts, result)
         except BaseException as exc:  # thrown back in: the steps clean up, or handle it
             value, error = None, exc
+
+
+async def _carry_out(call: Call, attempts: _AsyncAttempts, op: Op) -> Any:
+    """One :data:`~.engine.ops.Op` of the engine, awaited."""
+    if isinstance(op, Send):
+        return await attempts.send(op.timeout)
+    if isinstance(op, Sleep):
+        return await _asleep(call, op.seconds)
+    if isinstance(op, Keep):
+        return await attempts.keep(op.response, op.limit, op.seconds)
+    if isinstance(op, Close):
+        return await attempts.close(op.response)
+    assert isinstance(op, Follow)
+    attempts.follow(op.response, op.retry)  # never asked: httpx follows redirects itself
+    return None
 
 
 async def _finish(step: asyncio.Future[Any]) -> Any:

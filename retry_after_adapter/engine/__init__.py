@@ -13,6 +13,8 @@ A newcomer reads it in this order (each module one concern, higher ones import l
 - ``verdict``: :func:`judge`, learn, count as urllib3 does, then the pure policy decides.
 - ``admission``: :func:`admitted` and :func:`admit_slowly`, before every attempt: take
   what it needs, or wait, or defer.
+- ``ops``: what the engine asks its drivers to do, as typed values (``Sleep``,
+  ``Send``, ``Keep``, ``Close``, ``Follow``).
 - ``loop``: :func:`steps`, admit, send one attempt, judge, then the slow path, written
   once as a generator that asks its driver for each wait and each transport operation;
   :func:`run` drives it here (requests, urllib3, httpx), ``httpx`` drives it on an
@@ -21,9 +23,10 @@ A newcomer reads it in this order (each module one concern, higher ones import l
 
 from __future__ import annotations
 
-from .admission import Op, Steps, admit_slowly, admitted, drive, wait_steps, wait_until
+from .admission import admit_slowly, admitted, drive, wait_steps, wait_until
 from .call import MIN_ATTEMPT_TIMEOUT, Call
 from .loop import SINGLE_ATTEMPT, Outcome, Transport, judge_redirect, run, steps
+from .ops import Close, Follow, Keep, Op, Send, Sleep, Steps
 from .override import UNSET, Override, budget, current_override
 from .plan import NO_PLAN, Plan
 from .verdict import FINAL, RAISE, REDIRECT, RETURN, Verdict, judge
@@ -38,10 +41,15 @@ __all__ = [
     "SINGLE_ATTEMPT",
     "UNSET",
     "Call",
+    "Close",
+    "Follow",
+    "Keep",
     "Op",
     "Outcome",
     "Override",
     "Plan",
+    "Send",
+    "Sleep",
     "Steps",
     "Transport",
     "Verdict",

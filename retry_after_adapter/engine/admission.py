@@ -17,6 +17,7 @@ from ..errors import CooldownUnavailable
 from ..policy import DEFER, RETRY, Decision, Reason
 from ..policy import admit as admit_decision
 from .call import MIN_ATTEMPT_TIMEOUT
+from .ops import Close, Follow, Keep, Op, Send, Sleep, Steps
 from .verdict import jitter
 
 if TYPE_CHECKING:
@@ -25,27 +26,15 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 __all__ = [
-    "SLEEP",
     "SLOT_POLL",
     "UNKNOWN_COOLDOWN_RETRY",
-    "Op",
-    "Steps",
     "admit_slowly",
     "admitted",
+    "carry_out",
     "drive",
     "wait_steps",
     "wait_until",
 ]
-
-#: What a step of the engine asks its driver to do, as ``(name, *arguments)``: the only
-#: waiting and I/O the engine does not do itself. ``("sleep", seconds)`` is answered with
-#: True when the whole wait passed, False when the call's cancel ended it; every other
-#: name is a method of the transport (``send``, ``keep``, ``close``, ``follow``), called
-#: with the arguments and answered with what it returns (or its exception, thrown back).
-Op = tuple[Any, ...]
-#: A piece of the engine written once for every driver: a generator of :data:`Op`.
-Steps = Generator[Op, Any, "Deferral | None"]
-SLEEP = "sleep"
 
 #: Seconds after which a call deferred with ``cooldown-unknown`` may try again.
 UNKNOWN_COOLDOWN_RETRY = 1.0
@@ -148,7 +137,7 @@ def _wait(call: Call, until: datetime, left: float, why: Reason) -> Steps:
         return call.defer(Decision(DEFER, left, why), until=until)
     try:
         call.emit(Decision(RETRY, left, why))
-        slept = yield SLEEP, left
+        slept = yield Sleep(left)
     finally:
         _unqueue(call)
     if not slept:
@@ -190,7 +179,7 @@ def _wait_for_slot(call: Call, busy_until: datetime, why: Reason) -> Steps:
         left = call.seconds_until(busy_until)
         return call.defer(Decision(DEFER, left, why), until=busy_until)
     try:
-        slept = yield SLEEP, step
+        slept = yield Sleep(step)
     finally:
         _unqueue(call)
     if not slept:
@@ -201,7 +190,7 @@ def _wait_for_slot(call: Call, busy_until: datetime, why: Reason) -> Steps:
 
 def wait_steps(call: Call, target: float) -> Steps:
     """Wait until monotonic time ``target``; a cancel ends it with a deferral."""
-    if (yield SLEEP, target - call.clock.monotonic()):
+    if (yield Sleep(target - call.clock.monotonic())):
         return None
     return call.defer(Decision(DEFER, max(0.0, target - call.clock.monotonic()), Reason.CANCELLED))
 
@@ -212,9 +201,9 @@ def wait_until(call: Call, target: float) -> Deferral | None:
 
 
 def drive(call: Call, transport: Any, steps: Generator[Op, Any, R]) -> R:
-    """The synchronous driver: carry out each :data:`Op` of ``steps`` here (a sleep on
-    the call's clock, a transport method), hand back its result or throw its exception
-    into the steps, and return what they return."""
+    """The synchronous driver: carry out each :data:`~.ops.Op` of ``steps`` here (a
+    sleep on the call's clock, a transport operation), hand back its result or throw
+    its exception into the steps, and return what they return."""
     value: Any = None
     error: BaseException | None = None
     while True:
@@ -224,9 +213,23 @@ def drive(call: Call, transport: Any, steps: Generator[Op, Any, R]) -> R:
             return stop.value  # type: ignore[no-any-return]
         error = None
         try:
-            value = call.sleep(op[1]) if op[0] is SLEEP else getattr(transport, op[0])(*op[1:])
+            value = carry_out(call, transport, op)
         except BaseException as exc:  # thrown back in: the steps clean up, or handle it
             value, error = None, exc
+
+
+def carry_out(call: Call, transport: Any, op: Op) -> Any:
+    """One :data:`~.ops.Op`, here and now."""
+    if isinstance(op, Send):
+        return transport.send(op.timeout)
+    if isinstance(op, Sleep):
+        return call.sleep(op.seconds)
+    if isinstance(op, Keep):
+        return transport.keep(op.response, op.limit, op.seconds)
+    if isinstance(op, Close):
+        return transport.close(op.response)
+    assert isinstance(op, Follow)
+    return transport.follow(op.response, op.retry)
 
 
 # ---------------------------------------------------------------- the waiting queue

@@ -12,8 +12,8 @@
         the slow path: wait and retry, follow a redirect, or end
 
 :func:`steps` is that loop, written once: a generator that does the deciding and the
-store work itself and asks its driver for each wait (``("sleep", seconds)``) and each
-transport operation (``("send", timeout)``, ``keep``, ``close``, ``follow``). :func:`run`
+store work itself and asks its driver for each wait and each transport operation, as
+the typed values of ``ops`` (``Sleep``, ``Send``, ``Keep``, ``Close``, ``Follow``). :func:`run`
 drives it here for :class:`~retry_after_adapter.RetryAfterAdapter` (each attempt
 through ``HTTPAdapter.send``), :class:`~retry_after_adapter.RetryAfterPoolManager`
 (``PoolManager.urlopen``; urllib3 itself never loops there) and the synchronous httpx
@@ -33,16 +33,13 @@ from ..deferral import Deferral
 from ..errors import DeferralLimitExceeded
 from ..policy import DEFER, RETRY, STOP, Reason
 from ..redact import message_url
-from .admission import Op, Steps, admit_slowly, admitted, drive, wait_steps
+from .admission import admit_slowly, admitted, drive, wait_steps
 from .buckets import wants_body
 from .call import Call
+from .ops import Close, Follow, Keep, Op, Send, Steps
 from .verdict import FINAL, REDIRECT, Verdict, judge, plan_wait
 
 __all__ = [
-    "CLOSE",
-    "FOLLOW",
-    "KEEP",
-    "SEND",
     "SINGLE_ATTEMPT",
     "Attempts",
     "Outcome",
@@ -52,12 +49,6 @@ __all__ = [
     "run",
     "steps",
 ]
-
-#: The transport operations :func:`steps` asks its driver for (see ``admission.Op``).
-SEND = "send"
-KEEP = "keep"
-CLOSE = "close"
-FOLLOW = "follow"
 
 R = TypeVar("R")
 R_in = TypeVar("R_in", contravariant=True)
@@ -152,7 +143,7 @@ def run(call: Call, transport: Transport[R]) -> Outcome[R]:
 
 def steps(call: Call, transport: Attempts[R]) -> Generator[Op, Any, Outcome[R]]:
     """The loop (see the module), written once for every driver: it asks for each wait
-    and each transport operation with an :data:`~.admission.Op`. ``DeferralLimitExceeded``
+    and each transport operation with an :data:`~.ops.Op`. ``DeferralLimitExceeded``
     ends it with no result: the last response is read and its connection given back
     first."""
     response: R | None = None
@@ -173,7 +164,7 @@ def steps(call: Call, transport: Attempts[R]) -> Generator[Op, Any, Outcome[R]]:
             try:
                 if raw is not None and getattr(raw, "status", None) == 403 and wants_body(transport, raw):
                     # GitHub's secondary limit? Its body tells: read and kept (bounded).
-                    body = yield KEEP, response, call.policy.max_retry_body, call.read_time()
+                    body = yield Keep(response, call.policy.max_retry_body, call.read_time())
                 verdict = judge(call, transport.method, transport.url, raw, cause, body=body)
             finally:
                 call.plan.judged(call)  # a probe's slot, once what the answer taught is learned
@@ -186,13 +177,13 @@ def steps(call: Call, transport: Attempts[R]) -> Generator[Op, Any, Outcome[R]]:
                 response = None  # drained: a deferral before the next hop has no response
     except DeferralLimitExceeded:
         if response is not None:
-            yield KEEP, response, call.policy.max_retry_body, call.read_time()
+            yield Keep(response, call.policy.max_retry_body, call.read_time())
         raise
     except GeneratorExit:
         raise
     except BaseException:
         if response is not None:
-            yield CLOSE, response  # the attempt ends here: its slot is given back
+            yield Close(response)  # the attempt ends here: its slot is given back
         raise
 
 
@@ -210,7 +201,7 @@ def send(
     response: R | None = None
     error = cause = None
     try:
-        response = yield SEND, call.attempt_timeout(transport.user_timeout, at)
+        response = yield Send(call.attempt_timeout(transport.user_timeout, at))
     except Exception as exc:
         cause = transport.transport_error(exc)
         if cause is None:
@@ -235,7 +226,7 @@ def _after(
             # must leave time for the wait.
             left = call.time_left()
             left = None if left is None else max(0.0, left - verdict.wait)
-            yield KEEP, response, call.policy.max_retry_body, left
+            yield Keep(response, call.policy.max_retry_body, left)
         deferral = yield from wait_steps(call, call.clock.monotonic() + verdict.wait)
         if deferral is not None:
             return Outcome(response, error, deferral)
@@ -247,7 +238,7 @@ def _after(
         return (yield from _redirect(call, transport, verdict, response))
     if verdict.deferral is not None and response is not None and not transport.streams:
         # A deferred answer (a 429 or 503, say) is read like a retried one.
-        yield KEEP, response, call.policy.max_retry_body, call.read_time()
+        yield Keep(response, call.policy.max_retry_body, call.read_time())
     return Outcome(
         response,
         error,
@@ -267,14 +258,14 @@ def _redirect(
     if deferral is not None and not transport.streams:
         # A deferred redirect ends the call: its body is read (bounded), its connection
         # and slot given back, as for any deferred answer.
-        yield KEEP, response, call.policy.max_retry_body, call.read_time()
+        yield Keep(response, call.policy.max_retry_body, call.read_time())
     if deferral is not None or not transport.follows_redirects:
         return Outcome(response, None, deferral, redirect=True)
     try:
         call.retry = Retry.increment(call.retry, transport.method, transport.url, transport.raw(response))
     except MaxRetryError:
         return Outcome(response, redirect=True, exhausted=True)
-    yield FOLLOW, response, call.retry
+    yield Follow(response, call.retry)
     return None
 
 
