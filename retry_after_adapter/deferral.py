@@ -7,6 +7,7 @@ survives a process restart and can be resumed on another machine.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -74,20 +75,7 @@ class Deferral:
         if not isinstance(self.reason, str) or self.reason not in REASONS:
             raise InvalidDeferral(f"unknown deferral reason {self.reason!r}")
         object.__setattr__(self, "reason", Reason(self.reason))
-        if isinstance(self.delay, bool) or not _finite(self.delay) or self.delay < 0:
-            raise InvalidDeferral("delay must be a finite number of seconds >= 0")
-        if self.clock_skew is not None and (
-            isinstance(self.clock_skew, bool) or not _finite(self.clock_skew)
-        ):
-            raise InvalidDeferral("clock_skew must be a finite number of seconds or None")
-        if self.status is not None and (
-            isinstance(self.status, bool) or not isinstance(self.status, int) or not 100 <= self.status <= 999
-        ):
-            raise InvalidDeferral("status must be an HTTP status code (100-999) or None")
-        if not (isinstance(self.attempts, int) and self.attempts >= 0):
-            raise InvalidDeferral("attempts must be an int >= 0")
-        if not (isinstance(self.deferrals, int) and self.deferrals >= 1):
-            raise InvalidDeferral("deferrals must be an int >= 1")
+        _check_numbers(self)
         # Normalise to UTC so equality and JSON round trips are exact.
         object.__setattr__(self, "eligible_at", _utc("eligible_at", self.eligible_at))
         if self.started_at is not None:
@@ -145,40 +133,73 @@ class Deferral:
         if not isinstance(data, dict):
             raise InvalidDeferral("a deferral must be a JSON object")
         try:
+            _check_json_types(data)
             started = data.get("started_at")
-            skew = data.get("clock_skew")
-            status = data.get("status")
-            retry_after = data.get("retry_after")
-            scope = data.get("scope")
-            delay = data["delay"]
-            if isinstance(delay, bool) or not isinstance(delay, (int, float)):
-                raise InvalidDeferral("delay must be a number")
-            if not isinstance(data.get("reason"), str):
-                raise InvalidDeferral("reason must be a string")
-            if skew is not None and (isinstance(skew, bool) or not isinstance(skew, (int, float))):
-                raise InvalidDeferral("clock_skew must be a number or null")
-            if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
-                raise InvalidDeferral("status must be an int or null")
-            for name, text in (("retry_after", retry_after), ("scope", scope)):
-                if text is not None and not isinstance(text, str):
-                    raise InvalidDeferral(f"{name} must be a string or null")
-            for name in ("attempts", "deferrals"):
-                if isinstance(data[name], bool) or not isinstance(data[name], int):
-                    raise InvalidDeferral(f"{name} must be an int")
             return cls(
                 eligible_at=_parse_iso("eligible_at", data["eligible_at"]),
-                delay=delay,
+                delay=data["delay"],
                 reason=data["reason"],
-                scope=scope,
+                scope=data.get("scope"),
                 attempts=data["attempts"],
                 deferrals=data["deferrals"],
-                status=status,
-                retry_after=retry_after,
-                clock_skew=skew,
+                status=data.get("status"),
+                retry_after=data.get("retry_after"),
+                clock_skew=data.get("clock_skew"),
                 started_at=None if started is None else _parse_iso("started_at", started),
             )
         except KeyError as missing:
             raise InvalidDeferral(f"missing field {missing.args[0]!r}") from None
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_numbers(deferral: Deferral) -> None:
+    """The numeric fields' ranges (seconds, counts, an HTTP status)."""
+    if not _number(deferral.delay) or not _finite(deferral.delay) or deferral.delay < 0:
+        raise InvalidDeferral("delay must be a finite number of seconds >= 0")
+    skew = deferral.clock_skew
+    if skew is not None and not (_number(skew) and _finite(skew)):
+        raise InvalidDeferral("clock_skew must be a finite number of seconds or None")
+    status = deferral.status
+    if status is not None and not (_integer(status) and 100 <= status <= 999):
+        raise InvalidDeferral("status must be an HTTP status code (100-999) or None")
+    if not (isinstance(deferral.attempts, int) and deferral.attempts >= 0):
+        raise InvalidDeferral("attempts must be an int >= 0")
+    if not (isinstance(deferral.deferrals, int) and deferral.deferrals >= 1):
+        raise InvalidDeferral("deferrals must be an int >= 1")
+
+
+def _string(value: object) -> bool:
+    return isinstance(value, str)
+
+
+#: The JSON types of a deferral's fields: (name, test, what the message says it must
+#: be, how a missing field is met: "required" raises KeyError, "typed" is tested as
+#: null, "nullable" may be missing or null).
+_JSON_TYPES: tuple[tuple[str, Callable[[object], bool], str, str], ...] = (
+    ("delay", _number, "a number", "required"),
+    ("reason", _string, "a string", "typed"),
+    ("clock_skew", _number, "a number or null", "nullable"),
+    ("status", _integer, "an int or null", "nullable"),
+    ("retry_after", _string, "a string or null", "nullable"),
+    ("scope", _string, "a string or null", "nullable"),
+    ("attempts", _integer, "an int", "required"),
+    ("deferrals", _integer, "an int", "required"),
+)
+
+
+def _check_json_types(data: dict[str, Any]) -> None:
+    """Each field of a deferral's JSON of its type (a missing required one: KeyError)."""
+    for name, test, kind, missing in _JSON_TYPES:
+        value = data[name] if missing == "required" else data.get(name)
+        if not (missing == "nullable" and value is None) and not test(value):
+            raise InvalidDeferral(f"{name} must be {kind}")
 
 
 def deferral_of(thing: object) -> Deferral | None:
