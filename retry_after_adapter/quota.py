@@ -182,35 +182,43 @@ def read_quota(get: HeaderGetter, *, received_at: datetime, date: str | None = N
 # --------------------------------------------------------------------------- IETF
 def _ietf(get: HeaderGetter) -> QuotaHint | None:
     raw = get("RateLimit")
-    remaining: int | None = None
-    reset: int | None = None
-    name: object = None
-    items = sf_field(raw, "list")
-    if items:
-        # One item per policy: the tightest one governs (nothing left wins, then the
-        # fewest left); an item without a valid r says nothing.
-        for value, params in items:
-            r, t = ietf_item(params)  # r/t, or the rename's a/w: never mixed
-            if r is None:
-                continue
-            if remaining is None or r < remaining or (r == remaining and (t or 0) > (reset or 0)):
-                remaining, reset, name = r, t, value
+    remaining, reset, name = _tightest(sf_field(raw, "list"))
     if remaining is None:
-        # The earlier drafts' Dictionary: "limit=100, remaining=0, reset=30", or the
-        # short "r=0;t=30" (t a parameter of r, or a member of its own).
-        legacy = sf_field(raw, "dictionary")
-        if legacy:
-            for key, reset_key in (("remaining", "reset"), ("r", "t")):
-                entry = legacy.get(key)
-                r = sf_count(entry[0]) if isinstance(entry, tuple) else None
-                if r is not None:
-                    t = sf_count(entry[1].get(reset_key))
-                    remaining, reset = r, t if t is not None else sf_count(_member(legacy, reset_key))
-                    break
+        remaining, reset = _dictionary(sf_field(raw, "dictionary"))
     if remaining is None:
         return None
     limit, window = _policy(get("RateLimit-Policy"), name)
     return QuotaHint(remaining, None if reset is None else float(reset), limit, window, "ratelimit")
+
+
+def _tightest(items: Any) -> tuple[int | None, int | None, object]:
+    """``(r, t, name)`` of the List form's tightest item: one item per policy, nothing
+    left wins, then the fewest left; an item without a valid r says nothing."""
+    remaining: int | None = None
+    reset: int | None = None
+    name: object = None
+    for value, params in items or ():
+        r, t = ietf_item(params)  # r/t, or the rename's a/w: never mixed
+        if r is None:
+            continue
+        if remaining is None or r < remaining or (r == remaining and (t or 0) > (reset or 0)):
+            remaining, reset, name = r, t, value
+    return remaining, reset, name
+
+
+def _dictionary(legacy: Any) -> tuple[int | None, int | None]:
+    """``(remaining, reset)`` of the earlier drafts' Dictionary: "limit=100,
+    remaining=0, reset=30", or the short "r=0;t=30" (t a parameter of r, or a member
+    of its own)."""
+    for key, reset_key in (("remaining", "reset"), ("r", "t")):
+        entry = legacy.get(key) if legacy else None
+        if not isinstance(entry, tuple):
+            continue
+        r = sf_count(entry[0])
+        if r is not None:
+            t = sf_count(entry[1].get(reset_key))
+            return r, t if t is not None else sf_count(_member(legacy, reset_key))
+    return None, None
 
 
 def _member(dictionary: Any, key: str) -> object:
