@@ -187,18 +187,15 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         super().__init__(num_pools=num_pools, headers=headers, **kwargs)
         self.retries: RetryAfterRetry = as_retry_after_retry(retries)
         self._share(settings)
+        #: What a copy is built from, besides the settings (read when it is made).
         self._config: dict[str, Any] = dict(
-            num_pools=num_pools,
-            headers=None if headers is None else dict(headers),
-            retries=self.retries,
-            **settings.keywords(),
-            **kwargs,
+            num_pools=num_pools, headers=None if headers is None else dict(headers), **kwargs
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pools hold sockets and locks: a copy or an unpickled manager is a new one
         # with the same configuration (and the same store, for a shallow copy).
-        return (_rebuild, (self._config,))
+        return (_rebuild, ({**self._config, "retries": self.retries, **self.settings.keywords()},))
 
     def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> Any:  # type: ignore[override]
         """Open ``url`` under the retry policy; see the class docstring."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Collection
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, TypedDict
 
 from urllib3.exceptions import MaxRetryError
@@ -213,7 +213,8 @@ _OPTION_NAMES = tuple(field.name for field in fields(Settings))
 
 class SharedSettings:
     """What every front end shares: its :class:`Settings` (``settings``; each option is
-    also readable as an attribute of the front end, ``adapter.quota``), and the plan
+    also an attribute of the front end, ``adapter.quota``, and setting one checks it and
+    makes the plan again), and the plan
     every call of the front end runs on (built once, again after a copy or an
     unpickling)."""
 
@@ -224,6 +225,15 @@ class SharedSettings:
         if name in _OPTION_NAMES and "settings" in self.__dict__:
             return getattr(self.__dict__["settings"], name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # An option set after construction (``adapter.on_decision += (hook,)``) is
+        # checked as at construction, and the plan is made again from it.
+        if name in _OPTION_NAMES and "settings" in self.__dict__:
+            self.settings = replace(self.settings, **{name: value})
+            self._derive()
+            return
+        object.__setattr__(self, name, value)
 
     def _share(self, settings: Settings) -> None:
         self.settings = settings

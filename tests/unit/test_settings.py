@@ -96,3 +96,17 @@ def test_the_settings_survive_a_copy_and_a_pickle() -> None:
             assert other.settings == end.settings
             assert (other._plan.limit, other._plan.per, other._plan.fail_closed) == (10, 2, True)  # built again
     assert pickle.loads(pickle.dumps(pool)).connection_pool_kw["maxsize"] == 3
+
+
+def test_an_option_set_after_construction_is_checked_and_takes_effect() -> None:
+    seen: list[object] = []
+    pool = RetryAfterPoolManager(retries=RetryAfterRetry(total=2))
+    for end in (RetryAfterAdapter(), pool, RetryAfterTransport()):
+        end.on_decision += (seen.append,)
+        assert end.settings.on_decision == (seen.append,)
+        end.quota = Quota(3, per=1)
+        assert end._plan.limit == 3  # the plan is made again from the new settings
+        with pytest.raises(ConfigurationError, match="lease_ttl"):
+            end.lease_ttl = -1
+        assert end.settings.lease_ttl == 60.0 and "lease_ttl" not in vars(end)
+    assert pickle.loads(pickle.dumps(pool)).settings.quota == Quota(3, per=1)
