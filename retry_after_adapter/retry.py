@@ -76,6 +76,22 @@ class _StockLoop:
         return cls(call.start, call.started_at, call.attempts, call.cooldown, last, wake)
 
 
+def _count_or_none(name: str, value: object, unit: str) -> int | None:
+    """``value`` if it is None or an int >= 0 (``unit`` names what it counts)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ConfigurationError(f"{name} must be an int >= 0{unit} or None, got {value!r}")
+    return value
+
+
+def _clock(clock: object) -> Clock:
+    """The policy's clock: ``clock``, or the system's when None."""
+    if clock is None:
+        return DEFAULT_CLOCK
+    if not isinstance(clock, Clock):
+        raise ConfigurationError("clock must have now(), monotonic() and sleep(seconds, cancel)")
+    return clock
+
+
 class RetryAfterRetry(Retry):
     """A urllib3 ``Retry`` that never shortens a server's Retry-After.
 
@@ -151,21 +167,9 @@ class RetryAfterRetry(Retry):
         self.max_retry_after = check_limit("max_retry_after", max_retry_after)
         self.cooldown_statuses = _statuses(cooldown_statuses)
         self.quota_headers = bool(quota_headers)
-        if max_deferrals is not None and (
-            isinstance(max_deferrals, bool) or not isinstance(max_deferrals, int) or max_deferrals < 0
-        ):
-            raise ConfigurationError(f"max_deferrals must be an int >= 0 or None, got {max_deferrals!r}")
-        self.max_deferrals = max_deferrals
-        if max_retry_body is not None and (
-            isinstance(max_retry_body, bool) or not isinstance(max_retry_body, int) or max_retry_body < 0
-        ):
-            raise ConfigurationError(
-                f"max_retry_body must be an int >= 0 (bytes) or None, got {max_retry_body!r}"
-            )
-        self.max_retry_body = max_retry_body
-        if clock is not None and not isinstance(clock, Clock):
-            raise ConfigurationError("clock must have now(), monotonic() and sleep(seconds, cancel)")
-        self.clock: Clock = clock if clock is not None else DEFAULT_CLOCK
+        self.max_deferrals = _count_or_none("max_deferrals", max_deferrals, "")
+        self.max_retry_body = _count_or_none("max_retry_body", max_retry_body, " (bytes)")
+        self.clock: Clock = _clock(clock)
         #: The clock reads the real present: a store may then read it itself when it
         #: grants a permit (inside its lock), rather than be handed a time read before.
         self.real_clock = type(self.clock).now is SystemClock.now

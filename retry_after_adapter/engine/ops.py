@@ -1,6 +1,7 @@
 """What the engine asks its drivers to do: the only waiting and transport I/O it does
 not do itself, as small typed values (checked by mypy where they are made and where
-they are carried out).
+they are carried out; not frozen, which would cost each GET a microsecond, but
+never changed once made).
 
 - :class:`Sleep`: wait ``seconds`` on the call's clock; answered True when the whole
   wait passed, False when the call's cancel ended it.
@@ -29,21 +30,21 @@ if TYPE_CHECKING:
 __all__ = ["Close", "Follow", "Keep", "Op", "Send", "Sleep", "Steps"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sleep:
     """Wait ``seconds`` (may be <= 0: no wait) on the call's clock."""
 
     seconds: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Send:
     """Send exactly one attempt (no retry, no redirect) with the transport's ``timeout``."""
 
     timeout: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Keep:
     """Read and keep ``response``'s body: at most ``limit`` bytes (None: no bound), within
     ``seconds`` (None: no bound); past either the connection is dropped."""
@@ -53,14 +54,14 @@ class Keep:
     seconds: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Close:
     """Close ``response``, dropping its connection (the attempt ends here)."""
 
     response: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Follow:
     """Follow the redirect ``response`` with the policy ``retry`` (counted already)."""
 
