@@ -153,18 +153,7 @@ def parse_retry_after(value: str, *, received_at: datetime, date: str | None = N
             return _date_result(value, v, received_at, date, None)
         if m.lastindex is None:  # the IMF-fixdate alternative
             return _date_result(value, v, received_at, date, _imf_fast(v))
-        digits, fraction = m.group(1, 2)
-        seconds = int(digits)  # at most MAX_LENGTH digits, far below int()'s digit limit
-        if fraction is not None and fraction.strip("0"):
-            seconds += 1  # 2.1 s: the next whole second up, never shorter
-        delay = float(seconds) if seconds <= MAX_DELAY else _MAX_DELAY_F
-        try:
-            known = (delay, _ONE_SECOND * seconds)
-        except OverflowError:  # more days than a timedelta holds
-            known = (delay, None)
-        if len(_SECONDS) >= _SECONDS_CACHED:
-            _SECONDS.clear()
-        _SECONDS[value] = known
+        known = _seconds(value, *m.group(1, 2))
     delay, step = known
     if step is None:
         eligible_at = _FAR_FUTURE
@@ -180,6 +169,25 @@ def parse_retry_after(value: str, *, received_at: datetime, date: str | None = N
     fields["form"] = "seconds"
     fields["clock_skew"] = None if date is None else _clock_skew(date, received_at)
     return result
+
+
+def _seconds(value: str, digits: str, fraction: str | None) -> tuple[float, timedelta | None]:
+    """``(delay, step)`` of a delay-seconds ``value`` (its ``digits``, and a decimal's
+    ``fraction``), remembered for the next answer that says the same; ``step`` None:
+    more days than a timedelta holds."""
+    seconds = int(digits)  # at most MAX_LENGTH digits, far below int()'s digit limit
+    if fraction is not None and fraction.strip("0"):
+        seconds += 1  # 2.1 s: the next whole second up, never shorter
+    delay = float(seconds) if seconds <= MAX_DELAY else _MAX_DELAY_F
+    known: tuple[float, timedelta | None]
+    try:
+        known = (delay, _ONE_SECOND * seconds)
+    except OverflowError:
+        known = (delay, None)
+    if len(_SECONDS) >= _SECONDS_CACHED:
+        _SECONDS.clear()
+    _SECONDS[value] = known
+    return known
 
 
 def _imf_fast(v: str) -> datetime | None:
