@@ -80,6 +80,34 @@ class Slot:
             self.free(self.scope, token)
 
 
+def _supports(store: Store | None, feature: str) -> bool:
+    return store is not None and store.supports(feature)
+
+
+def _opens(store: Store | None, quota: Quota | None) -> bool:
+    """Whether every permit of ``quota`` is taken open: the store can settle a permit
+    exactly (earlier too), and ``per + margin`` alone is shorter than :data:`OPEN_FOR`."""
+    return (
+        quota is not None
+        and quota.window < OPEN_FOR
+        and _supports(store, "exact-settle")
+        and _supports(store, "open-permits")
+    )
+
+
+def _cooldown_reader(
+    store: Store | None, guard: StoreGuard | None
+) -> Callable[[str], datetime | None] | None:
+    """How a scope's cooldown is read without a store operation: the failure layer's
+    local copy of a shared store, or a memory store's own table (a dict read: the
+    cooldown its admission read as it granted, and since); None: not at all."""
+    if guard is not None:
+        return guard.local.get
+    if isinstance(store, MemoryCooldownStore):
+        return store._until.get
+    return None
+
+
 class Plan:
     """What calls of one adapter share (see the module). Immutable once made."""
 
@@ -123,16 +151,9 @@ class Plan:
         self.limit = quota.limit if quota is not None else None
         self.per = quota.per if quota is not None else None
         self.margin = quota.margin if quota is not None else 0.0
-        #: Whether every quota permit is taken open (see :meth:`answered`): the store
-        #: can settle a permit exactly (earlier too), and ``per + margin`` alone is
-        #: shorter than :data:`OPEN_FOR`.
-        self.opens = (
-            quota is not None
-            and quota.window < OPEN_FOR
-            and store is not None
-            and store.supports("exact-settle")
-            and store.supports("open-permits")
-        )
+        #: Whether every quota permit is taken open (see :meth:`answered` and
+        #: :func:`_opens`).
+        self.opens = _opens(store, quota)
         #: The concurrency cap: slots per scope, each a lease of ``ttl`` seconds at most.
         self.slots = slots
         self.ttl = ttl
@@ -140,21 +161,16 @@ class Plan:
         self.meters: Meters | None = meters_of(store) if store is not None else None
         #: Whether the store records announced allowances and freshness (a store of 0.x
         #: may not: it is then not asked).
-        self.allows = store is not None and store.supports("allowance")
-        self.notes = store is not None and store.supports("freshness")
+        self.allows = _supports(store, "allowance")
+        self.notes = _supports(store, "freshness")
         #: Whether calls are admitted by the scope's learned rate too (no quota
         #: configured, and a store that learns one).
-        self.learns = learn_rate and quota is None and store is not None and store.supports("rate")
+        self.learns = learn_rate and quota is None and _supports(store, "rate")
         #: How a slot goes back (bound once).
         self.release_slot: Callable[[str, str], None] | None = store.release if store is not None else None
-        #: The scope's cooldown as this process knows it, without a store operation: the
-        #: failure layer's local copy of a shared store, or a memory store's own table (a
-        #: dict read: the cooldown its admission read as it granted, and since); bound once.
-        self.cooldown_of: Callable[[str], datetime | None] | None = (
-            self.guard.local.get if self.guard is not None
-            else store._until.get if isinstance(store, MemoryCooldownStore)
-            else None
-        )
+        #: The scope's cooldown as this process knows it, without a store operation (see
+        #: :func:`_cooldown_reader`); bound once.
+        self.cooldown_of = _cooldown_reader(store, self.guard)
         #: What providers' dialects taught this adapter: routes refined by their
         #: bucket, secondary-limit streaks (bounded, in memory; see ``buckets``).
         self.dialects = Dialects()
