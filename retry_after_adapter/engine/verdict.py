@@ -109,34 +109,43 @@ def judge(
     if not isinstance(status, int):
         status = None
     if not decided and error is None and status is not None and _plainly_final(call.retry, method, status):
-        # The happy path: nothing to parse or plan but the quota headers.
-        call.last_status = status
-        if call.policy.quota_headers and announces_quota(response):
-            learn_route(call, response, method, url)  # a bucket refines the route's scope
-            read_quota_headers(call, response)
-        if call.rate_report and _good(call, status):
-            call.plan.rate_answer(call, None)
-        meter, sent = call.meter, call.sent_at
-        if meter is None or sent is None or sent - meter.noted >= SUCCESS_EVERY:
-            note(call, SUCCESS)  # else noted less than SUCCESS_EVERY ago: nothing new
-        return FINAL
+        return _happy(call, method, url, response, status)
     server_delay, invalid = _learn(call, method, url, response, status, error, body)
     final = _final(call, method, response, status, error, server_delay, decided)
     if final is not None:
         return final
-    policy = call.policy
-    rule = after_attempt(
+    rule = _rule(call, method, error, invalid)
+    if rule is not None:
+        call.emit(rule)
+        return Verdict(RAISE if error is not None else STOP, reason=rule.reason, error=error)
+    return _count_and_plan(call, method, url, response, error, stacktrace, server_delay)
+
+
+def _happy(call: Call, method: str | None, url: str | None, response: Any, status: int) -> Verdict:
+    """The happy path: a final answer, with nothing to parse or plan but the quota
+    headers."""
+    call.last_status = status
+    if call.policy.quota_headers and announces_quota(response):
+        learn_route(call, response, method, url)  # a bucket refines the route's scope
+        read_quota_headers(call, response)
+    if call.rate_report and _good(call, status):
+        call.plan.rate_answer(call, None)
+    meter, sent = call.meter, call.sent_at
+    if meter is None or sent is None or sent - meter.noted >= SUCCESS_EVERY:
+        note(call, SUCCESS)  # else noted less than SUCCESS_EVERY ago: nothing new
+    return FINAL
+
+
+def _rule(call: Call, method: str | None, error: Exception | None, invalid: Reason | None) -> Decision | None:
+    """The rules that end a call before counting (see ``policy.after_attempt``)."""
+    return after_attempt(
         failed=error is not None,
         idempotent=method is None or call.retry._is_method_retryable(method),
         connection_error=error is not None and call.retry._is_connection_error(error),
         cannot_heal=error is not None and _cannot_heal(error),
         invalid=invalid,
-        on_invalid=policy.on_invalid,
+        on_invalid=call.policy.on_invalid,
     )
-    if rule is not None:
-        call.emit(rule)
-        return Verdict(RAISE if error is not None else STOP, reason=rule.reason, error=error)
-    return _count_and_plan(call, method, url, response, error, stacktrace, server_delay)
 
 
 def _good(call: Call, status: int | None) -> bool:
@@ -176,13 +185,20 @@ def _learn(
         # rate backs off (never 0).
         call.plan.rate_answer(call, call.clock.now())
     if response is not None and policy.quota_headers:
-        read_quota_headers(call, response)  # nothing left: a shared cooldown until the reset
-        if server_delay is None and invalid is None and status in policy.cooldown_statuses:
-            learn_secondary(call, response, status, body)  # GitHub's: 60 s or more
+        _learn_quota(call, response, status, body, quiet=server_delay is None and invalid is None)
     if call.rate_report and error is None and _good(call, status):
         call.plan.rate_answer(call, None)
     note(call, outcome_class(status, error, invalid, server_delay, policy.cooldown_statuses))
     return server_delay, invalid
+
+
+def _learn_quota(call: Call, response: Any, status: int | None, body: bytes | None, *, quiet: bool) -> None:
+    """Quota headers (nothing left: a shared cooldown until the reset) and, for an
+    answer without a Retry-After (``quiet``) of a cooldown status, a secondary limit
+    (GitHub's: 60 s or more)."""
+    read_quota_headers(call, response)
+    if quiet and status in call.policy.cooldown_statuses:
+        learn_secondary(call, response, status, body)
 
 
 def _final(
