@@ -96,23 +96,35 @@ def _look(call: Call) -> tuple[datetime | None, Reason]:
     ahead = call.not_before if call.not_before is not None and call.not_before > now else None
     late = call.out_of_time()
     if ahead is not None or late:
-        stored = call.plan.read_cooldown(call)
-        until = max((t for t in (ahead, stored) if t is not None and t > now), default=None)
-        if until is not None:
-            return until, Reason.COOLDOWN
-        return (now, Reason.DEADLINE) if late else (None, Reason.COOLDOWN)
+        return _held(call, now, ahead, late)
     if call.plan.store is None:
         return None, Reason.COOLDOWN
     not_before = call.plan.admit_once(call)
     if not_before is None:
         return None, Reason.COOLDOWN
+    return not_before, _why(call, not_before)
+
+
+def _held(call: Call, now: datetime, ahead: datetime | None, late: bool) -> tuple[datetime | None, Reason]:
+    """A resumed deferral's time is ahead, or the call is out of time: nothing is taken;
+    when to look again (the later of that time and the stored cooldown), or ``(now,
+    DEADLINE)`` out of time with nothing else to wait for."""
+    stored = call.plan.read_cooldown(call)
+    until = max((t for t in (ahead, stored) if t is not None and t > now), default=None)
+    if until is not None:
+        return until, Reason.COOLDOWN
+    return (now, Reason.DEADLINE) if late else (None, Reason.COOLDOWN)
+
+
+def _why(call: Call, not_before: datetime) -> Reason:
+    """What held back an admission the store refused until ``not_before``."""
     if call.rate_held:
-        return not_before, Reason.RATE  # its limit, its probes' slots, or a backoff
+        return Reason.RATE  # its limit, its probes' slots, or a backoff
     if call.slot_busy:
-        return not_before, Reason.CONCURRENCY
+        return Reason.CONCURRENCY
     if call.cooldown is not None and not_before == call.cooldown:
-        return not_before, Reason.COOLDOWN
-    return not_before, Reason.QUOTA
+        return Reason.COOLDOWN
+    return Reason.QUOTA
 
 
 def _wait(call: Call, until: datetime, left: float, why: Reason) -> Steps:

@@ -162,8 +162,7 @@ def steps(call: Call, transport: Attempts[R]) -> Generator[Op, Any, Outcome[R]]:
             raw = transport.raw(response) if response is not None else None
             body = None
             try:
-                if raw is not None and getattr(raw, "status", None) == 403 and wants_body(transport, raw):
-                    # GitHub's secondary limit? Its body tells: read and kept (bounded).
+                if _body_tells(transport, raw):  # read and kept (bounded)
                     body = yield Keep(response, call.policy.max_retry_body, call.read_time())
                 verdict = judge(call, transport.method, transport.url, raw, cause, body=body)
             finally:
@@ -185,6 +184,12 @@ def steps(call: Call, transport: Attempts[R]) -> Generator[Op, Any, Outcome[R]]:
         if response is not None:
             yield Close(response)  # the attempt ends here: its slot is given back
         raise
+
+
+def _body_tells(transport: Attempts[Any], raw: Any) -> bool:
+    """Whether the answer is a 403 whose body tells whether it is GitHub's secondary
+    limit (see ``buckets.wants_body``)."""
+    return raw is not None and getattr(raw, "status", None) == 403 and wants_body(transport, raw)
 
 
 def send(
