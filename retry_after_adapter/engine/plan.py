@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import _forksafe
-from ..cooldown.base import Store
+from ..cooldown.base import Admission, Learn, Lease, Store
 from ..cooldown.guard import StoreBudget, StoreGuard
 from ..cooldown.memory import MemoryCooldownStore
 from ..quota import Quota
@@ -199,11 +199,7 @@ class Plan:
         # A real clock is read by the store itself as it grants (inside its lock): a
         # permit's time is then its grant's, however long the lock took.
         now = None if call.policy.real_clock else call.clock.now()
-        lease = learn = None
-        if self.slots is not None and call.lease_token is None:
-            lease = (self.slots, self.ttl, next(_lease_tokens))
-        if self.learns and call.lease_token is None:
-            learn = (self.ttl, lease[2] if lease is not None else next(_lease_tokens))
+        lease, learn = self._tokens(call)
         opened = 0.0
         if self.limit is not None:
             call.admitted_at = call.clock.monotonic()  # before the grant: its lower bound
@@ -220,6 +216,21 @@ class Plan:
             answer = store.admit(call.scope, now, self.limit, self.per, lease, self.margin, opened=opened)
         else:  # a memory store (learn and an open permit never go together: a Quota or none)
             answer = store.admit(call.scope, now, self.limit, self.per, lease, self.margin, learn=learn)
+        return self._took(call, answer, lease)
+
+    def _tokens(self, call: Call) -> tuple[Lease | None, Learn | None]:
+        """What an admission asks for besides a permit: a concurrency slot and the
+        learned rate's probe slot, each under a new token (none while the call holds one)."""
+        if call.lease_token is not None:
+            return None, None
+        lease = (self.slots, self.ttl, next(_lease_tokens)) if self.slots is not None else None
+        learn = None
+        if self.learns:
+            learn = (self.ttl, lease[2] if lease is not None else next(_lease_tokens))
+        return lease, learn
+
+    def _took(self, call: Call, answer: Admission, lease: Lease | None) -> datetime | None:
+        """Keep on ``call`` what the store's ``answer`` says; its ``not_before``."""
         call.cooldown, not_before, call.admission, call.slot_busy = answer
         call.rate_held = answer.by_rate
         # Only a configured quota's permit is settled (the learned rate counts sends, no permit).
