@@ -41,18 +41,8 @@ from ..conftest import RedisServer, local_deferral
 from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(start=datetime.now(UTC))
-
-
-@pytest.fixture
-def server(clock: FakeClock) -> Iterator[ThrottleServer]:
-    srv = ThrottleServer(clock).start()
-    yield srv
-    srv.stop()
+#: Calls run on a FakeClock started at the real time, read as the clock is made.
+pytestmark = pytest.mark.clock_start(lambda: datetime.now(UTC))
 
 
 def session(clock: Any, store: Any, **kw: Any) -> requests.Session:
