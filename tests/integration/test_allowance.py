@@ -36,11 +36,6 @@ pytestmark = pytest.mark.clock_start(NOW)
 # -- the stores: admit and allow --------------------------------------------------------
 
 
-@pytest.fixture
-def store(every_store: Any) -> Any:
-    return every_store
-
-
 def test_admit_without_an_allowance_takes_nothing_and_reports_the_cooldown(store: Any) -> None:
     assert store.admit("s", NOW) == (None, None, None, False)
     store.extend("s", NOW + timedelta(seconds=5))

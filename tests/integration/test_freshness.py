@@ -33,11 +33,6 @@ NOW = AHEAD
 pytestmark = pytest.mark.clock_start(NOW)
 
 
-@pytest.fixture
-def store(every_store: Any) -> Any:
-    return every_store
-
-
 def test_a_store_keeps_the_last_success_and_the_last_error_class(store: Any) -> None:
     assert store.freshness("s") is None
     store.note("s", "success", NOW)
