@@ -28,9 +28,25 @@ from tests.integration.throttle_server import ThrottleServer
 START_TIMEOUT = 10.0
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "clock_start(when): the ``clock`` fixture's FakeClock starts at ``when`` (an aware "
+        "datetime, or a function returning one, called as the clock is made), not on 2026-01-01",
+    )
+
+
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock(request: pytest.FixtureRequest) -> FakeClock:
+    """The test's FakeClock: on FakeClock's default start, or where a ``clock_start``
+    marker of the test (or of its module, ``pytestmark``) says. A module whose times
+    must match its own constants, or stay ahead of a store's real clock, marks itself;
+    the clock stays one definition for every test."""
+    marker = request.node.get_closest_marker("clock_start")
+    if marker is None:
+        return FakeClock()
+    (when,) = marker.args
+    return FakeClock(start=when() if callable(when) else when)
 
 
 @pytest.fixture(autouse=True)

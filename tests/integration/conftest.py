@@ -39,6 +39,25 @@ def every_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     return RedisCooldownStore(request.getfixturevalue("redis_client"), prefix="every:")
 
 
+@pytest.fixture
+def store(every_store: Any) -> Any:
+    """``every_store`` under the name the store tests use. (test_stores.py, which closes
+    its SQLite store after each test, and test_redis_cluster.py, on a cluster, have a
+    ``store`` of their own.)"""
+    return every_store
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def store_url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """The URL of a store shared by processes: a new SQLite file, or the session's Redis
+    server (for ``store_from_url``)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/cooldown.db"
+    # Timeouts for a loaded machine: the 0.1 s default is for outages, which these
+    # tests do not stage (a timed-out read fails open, and sends early).
+    return request.getfixturevalue("redis_url") + "?socket_timeout=2&socket_connect_timeout=2"
+
+
 def process_store(kind: str, where: str, prefix: str) -> Any:
     """The shared store a worker process opens: a SQLite file, or Redis (with timeouts
     for a loaded machine: the 0.1 s default is for outages, which these tests do not

@@ -12,9 +12,6 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timedelta
-from pathlib import Path
-
-import pytest
 
 from retry_after_adapter.cooldown import store_from_url
 
@@ -49,19 +46,6 @@ def run_worker(url: str, store_url: str, max_wait: float) -> dict:
         check=True,
     )
     return json.loads(done.stdout)
-
-
-def store_urls(tmp_path: Path, request: pytest.FixtureRequest) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/cooldown.db"
-    # Timeouts for a loaded machine: the 0.1 s default is for outages, which these
-    # tests do not stage (a timed-out read fails open, and sends early).
-    return request.getfixturevalue("redis_url") + "?socket_timeout=2&socket_connect_timeout=2"
-
-
-@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
-def store_url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
-    return store_urls(tmp_path, request)
 
 
 def test_the_other_process_waits_until_the_eligible_time(real_server: ThrottleServer, store_url: str):

@@ -29,14 +29,11 @@ from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
 NOW = AHEAD
+#: Every call runs on a FakeClock at NOW: a day ahead, so Redis keeps what it writes.
+pytestmark = pytest.mark.clock_start(NOW)
 
 
 # -- the stores: admit and allow --------------------------------------------------------
-
-
-@pytest.fixture
-def store(every_store: Any) -> Any:
-    return every_store
 
 
 def test_admit_without_an_allowance_takes_nothing_and_reports_the_cooldown(store: Any) -> None:
@@ -158,11 +155,6 @@ def session(clock: Any, store: Any, learn_rate: bool = True, **kw: Any) -> reque
         RetryAfterAdapter(RetryAfterRetry(clock=clock, **policy), cooldown=store, learn_rate=learn_rate),
     )
     return s
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(start=NOW)
 
 
 @pytest.mark.parametrize("form", sorted(HEADERS))

@@ -328,7 +328,9 @@ def test_get_on_an_unreachable_host_returns_within_the_deadline() -> None:
     result = run("get", f"http://127.0.0.1:{closed_port()}/x", "--deadline", "0.8")
     took = time.monotonic() - started
     assert result.returncode == 69 and "connection refused" in one_line(result.stderr)
-    assert took < 0.8 + 1.5  # the interpreter's start-up, and slack for a loaded machine
+    # The interpreter's start-up and the 0.8 s deadline take 1.8 s with both cores busy;
+    # the bound is three times that, well short of the 15 s of back-off.
+    assert took < 0.8 + 4.8
 
 
 # --------------------------------------------------------------------------- status, clear

@@ -17,10 +17,8 @@ from ..conftest import local_deferral
 from ..unit.dialect_corpus import EXCHANGES, RECEIVED_AT, Exchange, exchange
 from .throttle_server import Reply, Seen, ThrottleServer
 
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(start=RECEIVED_AT)
+#: Every call runs on a FakeClock at the corpus's RECEIVED_AT (its Date headers say so).
+pytestmark = pytest.mark.clock_start(RECEIVED_AT)
 
 
 def session(clock: FakeClock, store: Any, **kw: Any) -> requests.Session:

@@ -29,11 +29,8 @@ from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
 NOW = AHEAD
-
-
-@pytest.fixture
-def store(every_store: Any) -> Any:
-    return every_store
+#: Every call runs on a FakeClock at NOW: a day ahead, so Redis keeps what it writes.
+pytestmark = pytest.mark.clock_start(NOW)
 
 
 def test_a_store_keeps_the_last_success_and_the_last_error_class(store: Any) -> None:
@@ -57,11 +54,6 @@ def test_a_store_keeps_the_last_success_and_the_last_error_class(store: Any) -> 
 def test_a_note_of_an_unknown_class_is_refused(store: Any) -> None:
     with pytest.raises(ConfigurationError):
         store.note("s", "bad-gateway", NOW)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(start=NOW)
 
 
 def adapter(clock: FakeClock, store: Any, **kw: Any) -> tuple[requests.Session, RetryAfterAdapter]:

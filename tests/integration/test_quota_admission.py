@@ -107,11 +107,6 @@ def test_a_quota_needs_a_store_that_takes_permits() -> None:
 # -- the stores: the sliding log ------------------------------------------------------
 
 
-@pytest.fixture
-def store(every_store: Any) -> Any:
-    return every_store
-
-
 def test_every_store_grants_at_most_limit_in_any_window(store: Any) -> None:
     base = datetime.now(UTC).replace(microsecond=0)
     granted = []

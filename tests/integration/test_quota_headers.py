@@ -15,10 +15,8 @@ from ..conftest import local_deferral
 from ..unit.quota_corpus import CORPUS, DATE, RECEIVED_AT
 from .throttle_server import Reply, ThrottleServer
 
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(start=RECEIVED_AT)
+#: Every call runs on a FakeClock at the corpus's RECEIVED_AT (its Date headers say so).
+pytestmark = pytest.mark.clock_start(RECEIVED_AT)
 
 
 def session(clock: FakeClock, store: Any, **kw: Any) -> requests.Session:

@@ -10,8 +10,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from retry_after_adapter import FakeClock, SQLiteCooldownStore
 from retry_after_adapter.cooldown.allowance import allowance_reserve
 from retry_after_adapter.cooldown.base import Granted, extra_permits
@@ -20,11 +18,6 @@ from retry_after_adapter.cooldown.guard import guard_of
 from .conftest import AHEAD
 
 SCOPE = "https://api.example.com:443"
-
-
-@pytest.fixture
-def store(every_store: Any) -> Any:
-    return every_store
 
 
 def free_now(store: Any, limit: int, per: float, at: Any) -> int:
