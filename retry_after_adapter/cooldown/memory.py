@@ -6,7 +6,7 @@ import bisect
 import collections
 import heapq
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
@@ -641,29 +641,42 @@ class MemoryCooldownStore(Store):
         at = _micros(now)
         found: dict[str, list[Hold]] = {}
         with self._lock:
-            for scope, until in self._until.items():
-                if until > now:
-                    found.setdefault(scope, []).append(Hold("cooldown", until))
-            for scope, record in self._allowance.items():
-                rolled = roll(record, now)
-                if rolled.until > now and rolled.remaining <= 0:
-                    found.setdefault(scope, []).append(Hold("allowance", rolled.until))
-            for scope, logs in self._permits.items():
-                for (limit, *_), log in logs.items():
-                    live = [expires for expires in log if expires > at]
-                    if len(live) >= limit:
-                        until = _as_datetime(live[len(live) - limit])
-                        found.setdefault(scope, []).append(Hold("quota", until, limit))
-            for scope, held in self._leases.items():
-                live = [expires for expires in list(held.values()) if expires > at]
-                if live:
-                    found.setdefault(scope, []).append(Hold("leases", _as_datetime(max(live)), len(live)))
-            for scope, rate in self._rates.items():
-                ends = rate_holds(rate, at / 1e6)
-                if ends is not None:
-                    hold = Hold("rate", _as_datetime(round(ends * 1e6)), rate.limit)
+            for kind in (self._cooldown_holds, self._allowance_holds, self._quota_holds,
+                         self._lease_holds, self._rate_holds):
+                for scope, hold in kind(now, at):
                     found.setdefault(scope, []).append(hold)
         return found
+
+    # (Lock held; ``at``: ``now`` in microseconds.) Each kind of record's holds.
+    def _cooldown_holds(self, now: datetime, at: int) -> Iterator[tuple[str, Hold]]:
+        for scope, until in self._until.items():
+            if until > now:
+                yield scope, Hold("cooldown", until)
+
+    def _allowance_holds(self, now: datetime, at: int) -> Iterator[tuple[str, Hold]]:
+        for scope, record in self._allowance.items():
+            rolled = roll(record, now)
+            if rolled.until > now and rolled.remaining <= 0:
+                yield scope, Hold("allowance", rolled.until)
+
+    def _quota_holds(self, now: datetime, at: int) -> Iterator[tuple[str, Hold]]:
+        for scope, logs in self._permits.items():
+            for (limit, *_), log in logs.items():
+                live = [expires for expires in log if expires > at]
+                if len(live) >= limit:
+                    yield scope, Hold("quota", _as_datetime(live[len(live) - limit]), limit)
+
+    def _lease_holds(self, now: datetime, at: int) -> Iterator[tuple[str, Hold]]:
+        for scope, held in self._leases.items():
+            live = [expires for expires in list(held.values()) if expires > at]
+            if live:
+                yield scope, Hold("leases", _as_datetime(max(live)), len(live))
+
+    def _rate_holds(self, now: datetime, at: int) -> Iterator[tuple[str, Hold]]:
+        for scope, rate in self._rates.items():
+            ends = rate_holds(rate, at / 1e6)
+            if ends is not None:
+                yield scope, Hold("rate", _as_datetime(round(ends * 1e6)), rate.limit)
 
     # -- for the failure layer's local copy -------------------------------------------
     def _replace(self, scope: str, until: datetime | None) -> None:

@@ -537,31 +537,36 @@ class RedisCooldownStore(Store):
 
     def _hold(self, key: str, name: str, now: datetime, now_ms: int) -> Hold | None:
         """What the companion record ``key`` (its ``name``) holds its scope back with."""
-        client = self._client
         if name == "allowance":
-            fields = client.hmget(key, ["r", "a", "u", "n", "l", "w", "x"])
-            if fields[3] is None:
-                return None
-            left, at, until, count, lim, window = (int(float(_text(v or 0))) for v in fields[:6])
-            record = Allowance(left, at, from_epoch_ms(until), count, lim, window / 1000, fields[6] == b"1")
-            rolled = roll(record, now)
-            return Hold("allowance", rolled.until) if rolled.until > now and rolled.remaining <= 0 else None
+            return self._allowance_hold(key, now)
         if name == "lease":
-            live = client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
+            live = self._client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
             return Hold("leases", from_epoch_ms(int(live[-1][1])), len(live)) if live else None
         if name == _RATE:
-            raw = client.hmget(key, list(_RATE_FIELDS))
-            if raw[0] is None:
-                return None
-            rate = rate_from_row(tuple(int(float(_text(v or b"0"))) for v in raw))
-            ends = rate_holds(rate, now_ms / 1000)
-            return None if ends is None else Hold("rate", from_epoch_ms(round(ends * 1000)), rate.limit)
+            return self._rate_hold(key, now_ms)
         if name.startswith("quota:") and not name.endswith(_OPEN):
             limit = int(name[len("quota:") :].split("/", 1)[0])
-            live = client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
+            live = self._client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
             if len(live) >= limit:
                 return Hold("quota", from_epoch_ms(int(live[len(live) - limit][1])), limit)
         return None
+
+    def _allowance_hold(self, key: str, now: datetime) -> Hold | None:
+        fields = self._client.hmget(key, ["r", "a", "u", "n", "l", "w", "x"])
+        if fields[3] is None:
+            return None
+        left, at, until, count, lim, window = (int(float(_text(v or 0))) for v in fields[:6])
+        record = Allowance(left, at, from_epoch_ms(until), count, lim, window / 1000, fields[6] == b"1")
+        rolled = roll(record, now)
+        return Hold("allowance", rolled.until) if rolled.until > now and rolled.remaining <= 0 else None
+
+    def _rate_hold(self, key: str, now_ms: int) -> Hold | None:
+        raw = self._client.hmget(key, list(_RATE_FIELDS))
+        if raw[0] is None:
+            return None
+        rate = rate_from_row(tuple(int(float(_text(v or b"0"))) for v in raw))
+        ends = rate_holds(rate, now_ms / 1000)
+        return None if ends is None else Hold("rate", from_epoch_ms(round(ends * 1000)), rate.limit)
 
     def entries(self) -> dict[str, datetime]:
         """Every scope under this store's prefix and its eligible time (SCAN, so it
