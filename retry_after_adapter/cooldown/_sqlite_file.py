@@ -418,26 +418,34 @@ class SQLiteFile:
             with self._lock:
                 ident, version = _file_state(self._path)
                 if ident != self._ident and (self._ident is not None or ident is not None):
-                    if self._ident is not None:  # a first open (None) is not a replacement
-                        self._generation += 1
-                        self.replaced_reason = (
-                            "the database file was deleted"
-                            if ident is None
-                            else "the database file was replaced"
-                        )
-                    self._ident = None  # set again when a connection opens the new file
-                    self._bad = False
+                    self._new_file(ident)
                 if version != self._version:
-                    self._version = version
-                    was_bad = self._bad
-                    self._bad = ident is not None and not _looks_like_sqlite(self._path)
-                    if was_bad and not self._bad and not _intact(self._path, self._timeout):
-                        self._bad = True  # the header came back (a checkpoint), the rest did not
-                    if was_bad and not self._bad:  # a database again: reopen and write back
-                        self._generation += 1
-                        self.replaced_reason = "the database file was replaced"
+                    self._new_version(ident, version)
         if self._bad:
             raise sqlite3.DatabaseError("file is not a database")
+
+    def _new_file(self, ident: tuple[int, int] | None) -> None:
+        """(Lock held.) The path names another file (``ident``), or none: deleted or
+        replaced, a new generation (a first open is not a replacement)."""
+        if self._ident is not None:
+            self._generation += 1
+            self.replaced_reason = (
+                "the database file was deleted" if ident is None else "the database file was replaced"
+            )
+        self._ident = None  # set again when a connection opens the new file
+        self._bad = False
+
+    def _new_version(self, ident: tuple[int, int] | None, version: tuple[int, int] | None) -> None:
+        """(Lock held.) The file changed in place: is it still a database? One that is
+        a database again is reopened and written back (a new generation)."""
+        self._version = version
+        was_bad = self._bad
+        self._bad = ident is not None and not _looks_like_sqlite(self._path)
+        if was_bad and not self._bad and not _intact(self._path, self._timeout):
+            self._bad = True  # the header came back (a checkpoint), the rest did not
+        if was_bad and not self._bad:
+            self._generation += 1
+            self.replaced_reason = "the database file was replaced"
 
     def _forget(self, conn: sqlite3.Connection) -> None:
         # Without the lock: this runs from a finalizer, which the garbage collector may
