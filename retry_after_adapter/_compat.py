@@ -38,11 +38,6 @@ def retry_arguments(retry: Retry) -> dict[str, Any]:
     return {name: getattr(retry, name) for name in names if hasattr(retry, name)}
 
 
-def supported_retry_arguments() -> frozenset[str]:
-    """The keyword arguments this urllib3's ``Retry.__init__`` accepts."""
-    return _RETRY_PARAMS
-
-
 def local_response(
     *, status: int, reason: str, headers: dict[str, str], body: bytes, method: str | None, url: str | None
 ) -> HTTPResponse:

@@ -3,7 +3,7 @@
 Pure: every input is a plain value (seconds as floats), nothing here reads a clock,
 draws a random number or does I/O, so every rule can be tested exactly.
 
-The rules (see the design's behaviour contract, items 3 and 4):
+The rules (docs/behaviour.md states them for users):
 
 - ``wait = max(server delay, local backoff, shared cooldown left) + jitter``, where the
   jitter sample is already drawn from ``[0, jitter]`` by the caller: it only adds.

@@ -582,10 +582,6 @@ class MemoryCooldownStore(Store):
                 for scope in scopes
             }
 
-    def allowance(self, scope: str) -> Allowance | None:
-        """The scope's allowance record (see ``allowance.Allowance``), or None."""
-        return self._allowance.get(scope)
-
     def release(self, scope: str, token: str) -> None:
         """Give ``token``'s slot of ``scope`` back (nothing if it expired meanwhile).
         Without the lock: one ``dict.pop`` is atomic, and a slot given back early is
