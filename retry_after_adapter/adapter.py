@@ -144,7 +144,7 @@ class _RequestsTransport:
             timeout=timeout,
             verify=self.verify,
             cert=self.cert,
-            proxies=self.proxies,
+            proxies=cast(Any, self.proxies),
         )
         _keepalive.note(response.raw)  # no reuse of a connection idle past its Keep-Alive
         return response
@@ -250,7 +250,7 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         self._view: HTTPAdapter | None = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)  # type: ignore[misc]
+        super().__setstate__(state)  # type: ignore[misc, unused-ignore]  # untyped in types-requests
         self._derive()
 
     def scope_for(self, request: requests.PreparedRequest) -> str:
@@ -287,7 +287,8 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
 
     def _continued(self, request: requests.PreparedRequest) -> Call | None:
         """The call this request continues (a redirect hop of it), or None."""
-        entry = request.hooks.pop(_CALL_KEY, None)
+        hooks: Any = request.hooks  # requests' hook lists, and the call this request continues
+        entry = hooks.pop(_CALL_KEY, None)
         if entry is None or entry[1] is request:
             return None
         call: Call = entry[0]
@@ -320,7 +321,8 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         self, request: requests.PreparedRequest, call: Call, response: Any, outcome: Outcome[Any]
     ) -> RetryAfterResponse:
         if outcome.redirect and isinstance(request.hooks, dict):
-            request.hooks[_CALL_KEY] = (call, request)  # the next hop continues this call
+            hooks: Any = request.hooks
+            hooks[_CALL_KEY] = (call, request)  # the next hop continues this call
         return cast(RetryAfterResponse, response)
 
     def _deferred(
