@@ -58,12 +58,14 @@ class JSONFileStore:
             raise CooldownStoreError(f"cannot read {self.path.name}: {type(exc).__name__}") from exc
 
     def _write(self, cooldowns: dict[str, int]) -> None:
+        temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}.new")  # lock held: ours
         try:
-            fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name)
-            with os.fdopen(fd, "w", encoding="utf-8") as file:
+            with open(temporary, "w", encoding="utf-8") as file:
                 json.dump(cooldowns, file)
+                file.flush(), os.fsync(file.fileno())  # on disk before it replaces the file
             os.replace(temporary, self.path)
         except OSError as exc:
+            temporary.unlink(missing_ok=True)
             raise CooldownStoreError(f"cannot write {self.path.name}: {type(exc).__name__}") from exc
 
 
@@ -90,14 +92,14 @@ def _scope(scope: object) -> str:
 def _micros(until: datetime) -> int:
     if until.tzinfo is None or until.utcoffset() is None:
         raise ConfigurationError("a cooldown time must be an aware datetime")
-    return (until - datetime(1970, 1, 1, tzinfo=timezone.utc)) // _MICROSECOND
+    return (until - _EPOCH) // datetime.resolution  # whole microseconds: datetime.max too
 
 
 def _time(micros: int) -> datetime:
-    return datetime(1970, 1, 1, tzinfo=timezone.utc) + micros * _MICROSECOND
+    return _EPOCH + micros * datetime.resolution
 
 
-_MICROSECOND = datetime.resolution
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 if __name__ == "__main__":
     import requests
@@ -106,12 +108,10 @@ if __name__ == "__main__":
     from retry_after_adapter.testing import QuotaServer
 
     with QuotaServer(quota=1, window=3600) as server, tempfile.TemporaryDirectory() as temporary:
-        folder = Path(temporary)
         workers = []
         for _ in range(2):  # each as another process would open it: its own handle on the file
-            session = requests.Session()
-            retry = RetryAfterRetry(total=0, raise_on_status=False)
-            store = JSONFileStore(folder / "cooldowns.json")
+            session, retry = requests.Session(), RetryAfterRetry(total=0, raise_on_status=False)
+            store = JSONFileStore(Path(temporary) / "cooldowns.json")
             session.mount("http://", RetryAfterAdapter(retry, cooldown=store))
             workers.append(session)
         print("worker 1:", workers[0].get(server.url).status_code, workers[0].get(server.url).status_code)

@@ -245,11 +245,13 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
         self._share(settings)
 
-    def _derive(self) -> None:
-        super()._derive()
-        self._view: HTTPAdapter | None = None
+    def _published(self) -> None:
+        self._view: HTTPAdapter | None = None  # made again, for the new plan
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if "settings" not in state:  # pickled by 0.9 or before: the options one by one
+            state = dict(state)
+            state["settings"] = Settings.take(state)
         super().__setstate__(state)  # type: ignore[misc, unused-ignore]  # untyped in types-requests
         self._derive()
 

@@ -331,7 +331,12 @@ class _Front(SharedSettings):
         #: The transport each attempt goes through.
         self.transport = transport if transport is not None else self._default_transport()
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
-        self._share(Settings(**options))
+        keywords: dict[str, Any] = dict(options)
+        settings = Settings.take(keywords)
+        if keywords:
+            unknown = next(iter(keywords))
+            raise TypeError(f"{type(self).__name__} got an unexpected keyword argument {unknown!r}")
+        self._share(settings)
 
     @staticmethod
     def _default_transport() -> Any:
@@ -448,8 +453,7 @@ class AsyncRetryAfterTransport(_Front, httpx.AsyncBaseTransport):
     def _default_transport() -> httpx.AsyncBaseTransport:
         return httpx.AsyncHTTPTransport()
 
-    def _derive(self) -> None:
-        super()._derive()
+    def _published(self) -> None:
         # Only a store behind the failure layer does I/O: a memory store is used on the loop.
         self._blocking = self._plan.guard is not None
 
@@ -539,9 +543,10 @@ async def _carry_out(call: Call, attempts: _AsyncAttempts, op: Op) -> Any:
         return await attempts.keep(op.response, op.limit, op.seconds)
     if isinstance(op, Close):
         return await attempts.close(op.response)
-    assert isinstance(op, Follow)
-    attempts.follow(op.response, op.retry)  # never asked: httpx follows redirects itself
-    return None
+    if isinstance(op, Follow):
+        attempts.follow(op.response, op.retry)  # never asked: httpx follows redirects itself
+        return None
+    raise TypeError(f"not an operation of the engine: {type(op).__name__}")
 
 
 async def _finish(step: asyncio.Future[Any]) -> Any:

@@ -6,15 +6,18 @@ policy an argument stands for, and the 429 built for a call deferred before send
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
-from collections.abc import Collection
+import threading
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, fields, replace
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from urllib3.exceptions import MaxRetryError
 from urllib3.util.retry import Retry
 
+from . import _forksafe
 from ._compat import local_response
 from .cooldown.base import CooldownStore
 from .cooldown.freshness import Freshness
@@ -197,11 +200,32 @@ class Settings:
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
+    def __repr__(self) -> str:
+        # The store and the hooks by type only: their own reprs may name a URL with a
+        # password, a token in a partial's arguments.
+        scope = self.scope if isinstance(self.scope, str) else type(self.scope).__name__
+        hooks = ", ".join(type(hook).__name__ for hook in self.on_decision)
+        return (
+            f"Settings(cooldown={store_name(self.cooldown)}, scope={scope!r}, "
+            f"raise_on_defer={self.raise_on_defer}, store_failure={self.store_failure!r}, "
+            f"on_decision=({hooks}), quota={self.quota!r}, max_concurrency={self.max_concurrency}, "
+            f"lease_ttl={self.lease_ttl}, max_waiting={self.max_waiting}, learn_rate={self.learn_rate})"
+        )
+
     @classmethod
     def take(cls, keywords: dict[str, Any]) -> Settings:
         """The settings from the option keywords in ``keywords`` (removed from it: what
         is left is the library's own)."""
         return cls(**{name: keywords.pop(name) for name in _OPTION_NAMES if name in keywords})
+
+    @classmethod
+    def near_miss(cls, keywords: Collection[str]) -> str | None:
+        """A keyword that looks like a misspelled option (``quoat``), or None."""
+        for keyword in keywords:
+            close = difflib.get_close_matches(keyword, _OPTION_NAMES, n=1, cutoff=0.8)
+            if close:
+                return f"unknown keyword {keyword!r}: did you mean {close[0]!r}?"
+        return None
 
     def keywords(self) -> dict[str, Any]:
         """The options as keywords a front end takes again (a copy or an unpickling)."""
@@ -211,33 +235,117 @@ class Settings:
 _OPTION_NAMES = tuple(field.name for field in fields(Settings))
 
 
+#: Serialises options set after construction, in every front end (rare).
+_SETTING = threading.Lock()
+_forksafe.at_fork(lambda: globals().update(_SETTING=threading.Lock()))
+
+
+def _plan_of(settings: Settings) -> tuple[Any, ...]:
+    """What a plan is made from."""
+    return (
+        settings.cooldown, settings.store_failure, settings.quota, settings.max_concurrency,
+        settings.lease_ttl, settings.max_waiting, settings.learn_rate,
+    )
+
+
+def _plan(settings: Settings) -> Plan:
+    """The plan every call of a front end with ``settings`` runs on: raises
+    ``ConfigurationError`` when the store cannot carry what the settings ask."""
+    store = shared(settings.cooldown)
+    if store is not None and settings.quota is not None and not store.supports("quota"):
+        raise ConfigurationError(
+            "a quota needs a store that can take permits (acquire()); "
+            f"{type(settings.cooldown).__name__} cannot: "
+            "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
+        )
+    if store is not None and settings.max_concurrency is not None and not store.supports("leases"):
+        raise ConfigurationError(
+            "max_concurrency needs a store that holds leases (lease() and release()): "
+            "MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
+        )
+    return Plan(
+        store,
+        fail_closed=settings.store_failure == "closed",
+        quota=settings.quota,
+        slots=settings.max_concurrency,
+        ttl=settings.lease_ttl,
+        max_waiting=settings.max_waiting,
+        learn_rate=settings.learn_rate,
+    )
+
+
 class SharedSettings:
     """What every front end shares: its :class:`Settings` (``settings``; each option is
-    also an attribute of the front end, ``adapter.quota``, and setting one checks it and
-    makes the plan again), and the plan
-    every call of the front end runs on (built once, again after a copy or an
-    unpickling)."""
+    also an attribute of the front end, ``adapter.quota``, and setting one, or
+    ``settings`` itself, checks it and makes again what it changes), and the plan every
+    call of the front end runs on (built once, again after a copy or an unpickling)."""
 
     settings: Settings
+    #: The plan every call runs on, and how a request's scope is found (see _derived).
+    _plan: Plan
+    _scope_fn: Callable[[Any], str]
 
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for names the front end does not have: the options.
-        if name in _OPTION_NAMES and "settings" in self.__dict__:
-            return getattr(self.__dict__["settings"], name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    if TYPE_CHECKING:  # the options, as attributes (see __getattr__)
+        cooldown: CooldownStore | None
+        scope: str | ScopeFunction
+        raise_on_defer: bool
+        store_failure: str
+        on_decision: tuple[DecisionHook, ...]
+        quota: Quota | None
+        max_concurrency: int | None
+        lease_ttl: float
+        max_waiting: int | None
+        learn_rate: bool
+    else:
+
+        def __getattr__(self, name: str) -> Any:
+            # Only reached for names the front end does not have: the options.
+            if name in _OPTION_NAMES and "settings" in self.__dict__:
+                return getattr(self.__dict__["settings"], name)
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         # An option set after construction (``adapter.on_decision += (hook,)``) is
-        # checked as at construction, and the plan is made again from it.
-        if name in _OPTION_NAMES and "settings" in self.__dict__:
-            self.settings = replace(self.settings, **{name: value})
-            self._derive()
+        # checked as at construction; nothing changes unless all of it is good.
+        if (name in _OPTION_NAMES or name == "settings") and "settings" in self.__dict__:
+            with _SETTING:  # two threads setting options: neither update is lost
+                old: Settings = self.__dict__["settings"]
+                new = value if name == "settings" else replace(old, **{name: value})
+                if not isinstance(new, Settings):
+                    raise ConfigurationError("settings must be a Settings")
+                self._publish(new, self._derived(new, old))
             return
         object.__setattr__(self, name, value)
 
     def _share(self, settings: Settings) -> None:
         self.settings = settings
         self._derive()
+
+    def _derive(self) -> None:
+        """Derive what is not kept when the owner is copied or pickled: the plan."""
+        self._publish(self.settings, self._derived(self.settings, None))
+
+    def _derived(self, settings: Settings, old: Settings | None) -> dict[str, Any]:
+        """The plan and the scope function ``settings`` make (checked: raises before
+        anything is set). From ``old`` settings, what they made is kept where nothing
+        it depends on changed: a plan's dialects (routes, streaks) stay while its store
+        and scope do."""
+        derived: dict[str, Any] = {}
+        if old is None or _plan_of(old) != _plan_of(settings):
+            derived["_plan"] = _plan(settings)
+            if old is not None and (old.cooldown, old.scope) == (settings.cooldown, settings.scope):
+                derived["_plan"].dialects = self.__dict__["_plan"].dialects
+        if old is None or old.scope != settings.scope:
+            derived["_scope_fn"] = resolve_scope(settings.scope)
+        return derived
+
+    def _publish(self, settings: Settings, derived: dict[str, Any]) -> None:
+        """Set ``settings`` and what they made at once, then the front end's own."""
+        self.__dict__.update(settings=settings, **derived)
+        self._published()
+
+    def _published(self) -> None:
+        """A front end's own state made from its plan (nothing here)."""
 
     # -- the result: one decision, each library's own types ----------------------------
     #: Whether a deferred redirect is raised rather than returned (requests and httpx
@@ -295,32 +403,6 @@ class SharedSettings:
         sent; else its body is kept readable first); ``limit``: the policy that ran
         out, if retries did."""
         raise NotImplementedError
-
-    def _derive(self) -> None:
-        """Derive what is not kept when the owner is copied or pickled: the plan."""
-        settings = self.settings
-        store = shared(settings.cooldown)
-        if store is not None and settings.quota is not None and not store.supports("quota"):
-            raise ConfigurationError(
-                "a quota needs a store that can take permits (acquire()); "
-                f"{type(settings.cooldown).__name__} cannot: "
-                "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
-            )
-        if store is not None and settings.max_concurrency is not None and not store.supports("leases"):
-            raise ConfigurationError(
-                "max_concurrency needs a store that holds leases (lease() and release()): "
-                "MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
-            )
-        self._plan = Plan(
-            store,
-            fail_closed=settings.store_failure == "closed",
-            quota=settings.quota,
-            slots=settings.max_concurrency,
-            ttl=settings.lease_ttl,
-            max_waiting=settings.max_waiting,
-            learn_rate=settings.learn_rate,
-        )
-        self._scope_fn = resolve_scope(settings.scope)
 
     def freshness(self, target: str) -> Freshness | None:
         """The freshness of a scope, or of the scope of a URL (``target`` with ``://``,

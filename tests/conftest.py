@@ -32,7 +32,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "clock_start(when): the ``clock`` fixture's FakeClock starts at ``when`` (an aware "
-        "datetime, or a function returning one, called as the clock is made), not on 2026-01-01",
+        "datetime, or a lambda returning one, called as the clock is made; a named function "
+        "would be taken by pytest as the marked object), not on 2026-01-01",
     )
 
 

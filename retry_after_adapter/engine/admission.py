@@ -240,8 +240,9 @@ def carry_out(call: Call, transport: Any, op: Op) -> Any:
         return transport.keep(op.response, op.limit, op.seconds)
     if isinstance(op, Close):
         return transport.close(op.response)
-    assert isinstance(op, Follow)
-    return transport.follow(op.response, op.retry)
+    if isinstance(op, Follow):
+        return transport.follow(op.response, op.retry)
+    raise TypeError(f"not an operation of the engine: {type(op).__name__}")
 
 
 # ---------------------------------------------------------------- the waiting queue

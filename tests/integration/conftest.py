@@ -41,9 +41,8 @@ def every_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 @pytest.fixture
 def store(every_store: Any) -> Any:
-    """``every_store`` under the name the store tests use. (test_stores.py, which closes
-    its SQLite store after each test, and test_redis_cluster.py, on a cluster, have a
-    ``store`` of their own.)"""
+    """``every_store`` under the name the store tests use. (test_redis_cluster.py, on a
+    cluster, and the conformance kit's classes have a ``store`` of their own.)"""
     return every_store
 
 

@@ -110,3 +110,107 @@ def test_an_option_set_after_construction_is_checked_and_takes_effect() -> None:
             end.lease_ttl = -1
         assert end.settings.lease_ttl == 60.0 and "lease_ttl" not in vars(end)
     assert pickle.loads(pickle.dumps(pool)).settings.quota == Quota(3, per=1)
+
+
+def test_an_option_set_that_fails_changes_nothing() -> None:
+    """A scope or a store capability is checked while the plan is made: a refusal there
+    leaves the settings, the plan and the scope function as they were."""
+
+    class CoreOnly:  # a store with the core alone: no quota, no leases
+        def get(self, scope: str) -> Any:
+            return None
+
+        def extend(self, scope: str, until: Any) -> Any:
+            return until
+
+    adapter = RetryAfterAdapter(cooldown=CoreOnly())
+    before = (adapter.settings, adapter._plan, adapter._scope_fn)
+    with pytest.raises(ConfigurationError):
+        adapter.scope = "bogus"
+    with pytest.raises(ConfigurationError, match="quota"):
+        adapter.quota = Quota(3, per=1)
+    assert (adapter.settings, adapter._plan, adapter._scope_fn) == before
+    adapter.on_decision += (print,)  # still usable, and still copies
+    assert copy.copy(adapter).settings.on_decision == (print,)
+
+
+def test_setting_hooks_keeps_the_plan_and_what_it_learned() -> None:
+    adapter = RetryAfterAdapter()
+    plan, dialects = adapter._plan, adapter._plan.dialects
+    adapter.on_decision += (print,)
+    adapter.raise_on_defer = True
+    assert adapter._plan is plan  # nothing the plan is made from changed
+    adapter.max_waiting = 3
+    assert adapter._plan is not plan and adapter._plan.max_waiting == 3
+    assert adapter._plan.dialects is dialects  # Discord's routes, GitHub's streaks: kept
+
+
+def test_options_set_from_many_threads_never_leave_the_plan_torn() -> None:
+    """Settings, plan and scope function are published together: however sets from
+    several threads interleave, the plan is always the one the settings make. (A
+    ``+=`` is a read, then a set: two threads adding hooks at once may lose one, as
+    with any attribute; set options before the front end is shared.)"""
+    import sys
+    import threading
+
+    adapter = RetryAfterAdapter()
+    torn: list[str] = []
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+
+        def set_waiting(seed: int) -> None:
+            for n in range(40):
+                adapter.max_waiting = seed * 100 + n
+
+        def set_quota(seed: int) -> None:
+            for n in range(1, 40):
+                adapter.quota = Quota(seed * 100 + n, per=1)
+
+        def watch() -> None:
+            for _ in range(400):
+                settings, plan = adapter.settings, adapter._plan
+                if (settings.max_waiting, settings.quota) != (
+                    plan.max_waiting, None if plan.limit is None else Quota(plan.limit, per=1)
+                ) and adapter.settings is settings:
+                    torn.append(f"{settings.max_waiting}/{plan.max_waiting}")
+
+        threads = [threading.Thread(target=f, args=(k,)) for k in (1, 2) for f in (set_waiting, set_quota)]
+        threads.append(threading.Thread(target=watch))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        sys.setswitchinterval(switch)
+    assert torn == []
+    assert adapter._plan.max_waiting == adapter.settings.max_waiting
+    assert adapter._plan.limit == adapter.settings.quota.limit  # type: ignore[union-attr]
+
+
+def test_settings_assigned_whole_take_effect() -> None:
+    adapter = RetryAfterAdapter()
+    adapter.settings = Settings(quota=Quota(4, per=2))
+    assert adapter.quota == Quota(4, per=2) and adapter._plan.limit == 4
+    with pytest.raises(ConfigurationError):
+        adapter.settings = {"quota": None}  # type: ignore[assignment]
+
+
+def test_an_adapter_pickled_before_the_settings_value_unpickles() -> None:
+    """0.9 pickled each option as its own attribute (``__attrs__``)."""
+    adapter = RetryAfterAdapter(RetryAfterRetry(total=2), **OPTIONS)
+    state = adapter.__getstate__()
+    del state["settings"]
+    state.update({name: getattr(adapter.settings, name) for name in OPTIONS})
+    state["cooldown"] = adapter.settings.cooldown
+    state["on_decision"] = ()
+    revived = RetryAfterAdapter.__new__(RetryAfterAdapter)
+    revived.__setstate__(state)
+    assert revived.settings == adapter.settings and revived._plan.limit == 10
+
+
+def test_a_misspelled_option_is_named_at_once() -> None:
+    with pytest.raises(ConfigurationError, match="did you mean 'quota'"):
+        RetryAfterPoolManager(quoat=Quota(1, per=1))
+    with pytest.raises(TypeError, match="RetryAfterTransport got an unexpected keyword argument 'quoat'"):
+        RetryAfterTransport(quoat=Quota(1, per=1))  # type: ignore[call-arg]
