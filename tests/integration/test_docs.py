@@ -78,3 +78,32 @@ def test_the_pages_are_in_the_site_and_the_site_builds_strictly(tmp_path: Path) 
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8").count("RetryAfterRetry") > 5
+
+
+def test_every_name_the_design_page_gives_exists() -> None:
+    """docs/design.md follows one GET through the code by name (``engine.loop.steps``):
+    each name must still be there, or the page has gone stale."""
+    import importlib
+
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    names = set(re.findall(r"`([a-z_]+(?:\.[A-Za-z_][A-Za-z_0-9]*)+)`", text))
+    package = {p.stem for p in (ROOT / "retry_after_adapter").iterdir()} | {"retry_after_adapter"}
+    gone = object()
+    missing = []
+    for name in sorted(names):
+        parts = name.removeprefix("retry_after_adapter.").split(".")
+        if parts[0] not in package or name.endswith((".py", ".lua")):
+            continue  # another library's name (Session.get), or a file
+        for cut in range(len(parts), 0, -1):
+            try:
+                found: object = importlib.import_module("retry_after_adapter." + ".".join(parts[:cut]))
+            except ImportError:
+                continue
+            for part in parts[cut:]:
+                found = getattr(found, part, gone)
+            if found is gone:
+                missing.append(name)
+            break
+        else:
+            missing.append(name)
+    assert len(names) > 100 and missing == [], missing
