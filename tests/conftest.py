@@ -1,5 +1,6 @@
-"""Shared fixtures: a FakeClock and a real loopback HTTP server that stamps requests with
-it, and a real ``redis-server`` on loopback, started and stopped by the tests.
+"""Shared fixtures: a FakeClock; the loopback servers of ``tests/servers.py`` (one
+fixture each: a real HTTP server that stamps requests with the FakeClock, and the
+others); and a real ``redis-server`` on loopback, started and stopped by the tests.
 
 Without a ``redis-server`` binary the Redis tests are skipped, unless the environment
 variable ``CI`` is set (to anything but ``0``/``false``/``no``): in CI a missing server is
@@ -22,7 +23,16 @@ import pytest
 
 from retry_after_adapter import FakeClock
 from retry_after_adapter.cooldown import sqlite as sqlite_store
-from tests.integration.throttle_server import ThrottleServer
+from tests import servers
+from tests.servers import (
+    BodyServer,
+    HoldingServer,
+    KeepAliveServer,
+    PromiseServer,
+    RawServer,
+    ThrottleServer,
+    TLSServer,
+)
 
 #: How long a freshly started server may take to answer PING.
 START_TIMEOUT = 10.0
@@ -60,9 +70,18 @@ def _no_random_sweep(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
         monkeypatch.setattr(sqlite_store, "_SWEEP_ONE_IN", 1 << 62)
 
 
+# ------------------------------------------------------------------ loopback servers
 @pytest.fixture
 def server(clock: FakeClock) -> Iterator[ThrottleServer]:
     """A loopback server whose arrivals (and Date headers) follow the test's FakeClock."""
+    srv = ThrottleServer(clock).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def other_server(clock: FakeClock) -> Iterator[ThrottleServer]:
+    """A second origin beside ``server``, on the same FakeClock."""
     srv = ThrottleServer(clock).start()
     yield srv
     srv.stop()
@@ -77,17 +96,105 @@ def real_server() -> Iterator[ThrottleServer]:
 
 
 @pytest.fixture
+def holding() -> Iterator[HoldingServer]:
+    """Holds each request 30 ms and counts the most it held at once."""
+    srv = HoldingServer(0.03)
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def slow_server() -> Iterator[HoldingServer]:
+    """Holds each request 30 ms, one request per connection (HTTP/1.0), at the origin
+    itself (``url`` has no path); ``seen``: how many were in flight at each arrival."""
+    srv = HoldingServer(0.03, path="", protocol_version="HTTP/1.0")
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def make_promise_server() -> Iterator[Callable[..., PromiseServer]]:
+    """``make_promise_server(**kwargs)``: a running PromiseServer, closed after the test."""
+    made: list[PromiseServer] = []
+
+    def make(**kwargs: Any) -> PromiseServer:
+        srv = PromiseServer(**kwargs)
+        made.append(srv)
+        return srv
+
+    yield make
+    for srv in made:
+        srv.close()
+
+
+@pytest.fixture
+def body_server() -> Iterator[Callable[[Callable[[int, str], servers.Body]], BodyServer]]:
+    """``body_server(plan)``: a started BodyServer, stopped after the test."""
+    made: list[BodyServer] = []
+
+    def make(plan: Callable[[int, str], servers.Body]) -> BodyServer:
+        srv = BodyServer(plan).start()
+        made.append(srv)
+        return srv
+
+    yield make
+    for srv in made:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def raw_server() -> Iterator[RawServer]:
+    """A RawServer for the whole module (each test scripts it with its own clock)."""
+    srv = RawServer()
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def keepalive_server() -> Iterator[KeepAliveServer]:
+    srv = KeepAliveServer()
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def tls_server() -> Iterator[TLSServer]:
+    srv = TLSServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def server_process() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A server in a process of its own (503 with ``Retry-After: 1``): (process, port)."""
+    with servers.server_process() as running:
+        yield running
+
+
+@pytest.fixture
 def closed_port() -> Iterator[int]:
     """A port with a bound but not listening socket: connecting is refused (and the
     port cannot be taken by anyone else while the test runs)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        sock.close()
+    with servers.closed_port() as port:
+        yield port
 
 
+@pytest.fixture
+def black_hole() -> Iterator[int]:
+    """A port that accepts TCP connections and never answers on them: a hung server."""
+    with servers.black_hole() as port:
+        yield port
+
+
+@pytest.fixture
+def connect_hangs() -> Iterator[int]:
+    """A port whose accept queue is full: a new connect gets no answer (its SYN is
+    dropped) until the client gives up."""
+    with servers.connect_hangs() as port:
+        yield port
+
+
+# ------------------------------------------------------------------ Redis
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 

@@ -1,11 +1,8 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -133,33 +130,3 @@ def release_and_gather(procs: list[Any], server: Any, barrier: Any, results: Any
                 p.kill()
                 p.join(5)
     return reports
-
-
-@pytest.fixture
-def black_hole() -> Iterator[int]:
-    """A port that accepts TCP connections and never answers on them: a hung server."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(128)
-    listener.settimeout(0.05)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                continue
-            held.append(conn)
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join(2)
-        for conn in held:
-            conn.close()
-        listener.close()

@@ -25,8 +25,8 @@ from retry_after_adapter import (
 )
 from retry_after_adapter.adapter import LOCAL_HEADER
 
+from ..servers import Reply, ThrottleServer, format_http_date
 from .conftest import make_session
-from .throttle_server import Reply, ThrottleServer, format_http_date
 
 
 def gaps(server: ThrottleServer) -> list[float]:

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from retry_after_adapter.cooldown import store_from_url
 
-from .throttle_server import Reply, ThrottleServer
+from ..servers import Reply, ThrottleServer
 
 WORKER = r"""
 import json, sys

@@ -8,7 +8,6 @@ The child processes use the real clock, so every scripted wait here is a deferra
 from __future__ import annotations
 
 import json
-import socket
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -17,8 +16,8 @@ import pytest
 
 from retry_after_adapter import Deferral
 
+from ..servers import Reply, ThrottleServer, format_http_date
 from .conftest import run_cli
-from .throttle_server import Reply, ThrottleServer, format_http_date
 
 SECRET = "s3cr3t-t0ken-value"
 QUERY_SECRET = "q-secret-4242"
@@ -32,12 +31,6 @@ def one_line(stderr: str) -> str:
     assert len(lines) == 1, stderr
     assert "Traceback" not in stderr
     return lines[0]
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- get
@@ -132,8 +125,8 @@ def test_get_retries_used_up_exits_1_with_the_last_body(real_server: ThrottleSer
     assert real_server.count() == 3
 
 
-def test_get_connection_refused_exits_69_without_traceback() -> None:
-    url = f"http://127.0.0.1:{closed_port()}/x?api_key={QUERY_SECRET}"
+def test_get_connection_refused_exits_69_without_traceback(closed_port: int) -> None:
+    url = f"http://127.0.0.1:{closed_port}/x?api_key={QUERY_SECRET}"
     result = run("get", url, "--retries", "0", "--header", f"Authorization: Bearer {SECRET}")
     assert result.returncode == 69
     assert result.stdout == ""
@@ -322,10 +315,10 @@ def test_get_has_a_documented_default_deadline() -> None:
     assert "| `--deadline S` | 10 |" in (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
 
 
-def test_get_on_an_unreachable_host_returns_within_the_deadline() -> None:
+def test_get_on_an_unreachable_host_returns_within_the_deadline(closed_port: int) -> None:
     # Without a deadline the default policy would back off 0 + 1 + 2 + 4 + 8 s.
     started = time.monotonic()
-    result = run("get", f"http://127.0.0.1:{closed_port()}/x", "--deadline", "0.8")
+    result = run("get", f"http://127.0.0.1:{closed_port}/x", "--deadline", "0.8")
     took = time.monotonic() - started
     assert result.returncode == 69 and "connection refused" in one_line(result.stderr)
     # The interpreter's start-up and the 0.8 s deadline take 1.8 s with both cores busy;

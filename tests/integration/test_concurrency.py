@@ -10,9 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,60 +27,10 @@ from retry_after_adapter import (
 )
 
 from ..conftest import local_deferral
+from ..servers import HoldingServer, Reply, ThrottleServer
 from .conftest import process_store, process_store_place
-from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
-
-
-class HoldingServer:
-    """Answers 200 after ``hold`` seconds and records the most requests it held at once."""
-
-    def __init__(self, hold: float) -> None:
-        self.lock = threading.Lock()
-        self.now = 0
-        self.most = 0
-        self.total = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                with outer.lock:
-                    outer.now += 1
-                    outer.total += 1
-                    outer.most = max(outer.most, outer.now)
-                time.sleep(hold)
-                with outer.lock:
-                    outer.now -= 1
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            request_queue_size = 128
-
-        self.httpd = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/x"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def holding() -> Iterator[HoldingServer]:
-    server = HoldingServer(0.03)
-    yield server
-    server.close()
 
 
 def test_threads_never_exceed_the_cap(holding: HoldingServer) -> None:

@@ -14,8 +14,8 @@ import requests
 from retry_after_adapter import FakeClock, MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry, budget
 
 from ..conftest import local_deferral
+from ..servers import Reply, Seen, ThrottleServer
 from ..unit.dialect_corpus import EXCHANGES, RECEIVED_AT, Exchange, exchange
-from .throttle_server import Reply, Seen, ThrottleServer
 
 #: Every call runs on a FakeClock at the corpus's RECEIVED_AT (its Date headers say so).
 pytestmark = pytest.mark.clock_start(RECEIVED_AT)

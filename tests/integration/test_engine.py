@@ -29,8 +29,8 @@ from retry_after_adapter import (
 from retry_after_adapter.cooldown.memory import DEFAULT_STORE
 
 from ..conftest import local_deferral
+from ..servers import Reply, ThrottleServer
 from .conftest import make_session
-from .throttle_server import Reply, ThrottleServer
 
 # -- one deadline per session.get(), redirects included -------------------------------------
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from retry_after_adapter import Deferral
 
-from .throttle_server import Reply
+from ..servers import Reply
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_QUEUE = REPO / "examples" / "sqlite_job_queue.py"

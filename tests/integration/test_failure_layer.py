@@ -38,7 +38,7 @@ from retry_after_adapter.cooldown.base import Changed, Feed
 from retry_after_adapter.cooldown.guard import BREAKER_FIRST, BREAKER_MAX_PENDING, QUIET_PERIOD, guard_of
 
 from ..conftest import RedisServer, local_deferral
-from .throttle_server import Reply, ThrottleServer
+from ..servers import Reply, ThrottleServer
 
 UTC = timezone.utc
 #: Calls run on a FakeClock started at the real time, read as the clock is made.

@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from itertools import pairwise
 
@@ -36,8 +32,8 @@ from retry_after_adapter import (
 from retry_after_adapter.engine import MIN_ATTEMPT_TIMEOUT, Call
 
 from ..conftest import local_deferral
+from ..servers import Reply, ThrottleServer
 from .conftest import make_session
-from .throttle_server import Reply, ThrottleServer
 
 
 def gaps(server: ThrottleServer) -> list[float]:
@@ -101,30 +97,6 @@ def test_a_silent_server_costs_at_most_the_deadline_plus_one_clamped_timeout(rea
     assert raised.value.deferral.reason == "deadline"
     assert raised.value.response is None
     assert 1 <= real_server.count() <= 2
-
-
-@pytest.fixture
-def connect_hangs() -> Iterator[int]:
-    """A port whose accept queue is full: a new connect gets no answer (its SYN is
-    dropped) until the client gives up."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    fillers = []
-    for _ in range(3):
-        filler = socket.socket()
-        filler.setblocking(False)
-        try:
-            filler.connect(("127.0.0.1", port))
-        except BlockingIOError:
-            pass
-        fillers.append(filler)
-    time.sleep(0.05)
-    yield port
-    for filler in fillers:
-        filler.close()
-    listener.close()
 
 
 @pytest.mark.parametrize("timeout", [10, (10, 10)], ids=["one-number", "connect-read-pair"])
@@ -396,42 +368,6 @@ def test_connection_refused_defers_when_the_backoff_does_not_fit(closed_port):
     assert deferral.reason == "deadline"
     assert deferral.attempts == 2 and deferral.status is None
     assert deferral.delay == 20.0  # urllib3's backoff after two errors, not shortened
-
-
-SERVER_PROGRAM = r"""
-import sys
-from http.server import BaseHTTPRequestHandler, HTTPServer
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def log_message(self, *args):
-        pass
-    def do_GET(self):
-        self.send_response(503)
-        self.send_header("Retry-After", "1")
-        self.send_header("Content-Length", "4")
-        self.end_headers()
-        self.wfile.write(b"busy")
-
-httpd = HTTPServer(("127.0.0.1", 0), Handler)
-print(httpd.server_address[1], flush=True)
-httpd.serve_forever()
-"""
-
-
-@pytest.fixture
-def server_process() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    proc = subprocess.Popen([sys.executable, "-c", SERVER_PROGRAM], stdout=subprocess.PIPE)
-    try:
-        assert proc.stdout is not None
-        port = int(proc.stdout.readline())
-        yield proc, port
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(5)
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 def test_killing_the_server_mid_call_ends_in_a_connection_error(server_process):

@@ -24,8 +24,8 @@ from retry_after_adapter import (
     SQLiteCooldownStore,
 )
 
+from ..servers import Reply, ThrottleServer
 from .conftest import AHEAD
-from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
 NOW = AHEAD

@@ -16,10 +16,6 @@ of leading whitespace (the transport trims it, so a shorter, different value arr
 
 from __future__ import annotations
 
-import socket
-import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from itertools import pairwise
 from typing import Any
@@ -31,6 +27,8 @@ from retry_after_adapter import FakeClock, MemoryCooldownStore, RetryAfterAdapte
 from retry_after_adapter.header import MAX_LENGTH, format_http_date
 from retry_after_adapter.policy import DEFAULT_MAX_RETRY_AFTER
 
+from ..servers import RawServer
+
 try:
     from tests.unit.retry_after_corpus import CORPUS, INVALID, RECEIVED_AT
 except ImportError as exc:  # pragma: no cover - only while the corpus is being written
@@ -39,83 +37,6 @@ except ImportError as exc:  # pragma: no cover - only while the corpus is being 
 FAR_FUTURE = datetime.max.replace(tzinfo=timezone.utc)
 MAX_WAIT = 60.0  # the policy's default: longer delays defer
 BACKOFF_FACTOR = 0.5
-
-
-@dataclass
-class Arrival:
-    path: str
-    at: datetime
-
-
-class RawServer:
-    """A loopback HTTP/1.1 server that answers each connection with scripted raw bytes.
-
-    One request per connection (every reply says ``Connection: close``); the last
-    scripted reply repeats. ``clock`` stamps arrivals and may be swapped per test.
-    """
-
-    def __init__(self) -> None:
-        self.clock: FakeClock = FakeClock()
-        self.replies: list[bytes] = []
-        self.arrivals: list[Arrival] = []
-        self._lock = threading.Lock()
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(32)
-        self.port = self._sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._closing = False
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def script(self, clock: FakeClock, replies: list[bytes]) -> None:
-        with self._lock:
-            self.clock = clock
-            self.replies = list(replies)
-            self.arrivals = []
-
-    def count(self) -> int:
-        with self._lock:
-            return len(self.arrivals)
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            if self._closing:
-                conn.close()
-                return
-            with conn:
-                conn.settimeout(5)
-                data = b""
-                try:
-                    while b"\r\n\r\n" not in data and len(data) < 65536:
-                        chunk = conn.recv(65536)
-                        if not chunk:
-                            break
-                        data += chunk
-                except OSError:
-                    continue
-                if b"\r\n\r\n" not in data:
-                    continue
-                path = data.split(b" ", 2)[1].decode("latin-1")
-                with self._lock:
-                    self.arrivals.append(Arrival(path, self.clock.now()))
-                    reply = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
-                try:
-                    conn.sendall(reply)
-                except OSError:
-                    continue
-
-    def close(self) -> None:
-        self._closing = True
-        # A blocked accept() does not notice close(); one last connection wakes it.
-        with socket.create_connection(("127.0.0.1", self.port), timeout=2):
-            pass
-        self._thread.join(5)
-        self._sock.close()
 
 
 def header_bytes(value: str) -> bytes:
@@ -138,13 +59,6 @@ def busy(*retry_after: bytes) -> bytes:
 
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
-
-
-@pytest.fixture(scope="module")
-def raw_server() -> Iterator[RawServer]:
-    srv = RawServer()
-    yield srv
-    srv.close()
 
 
 def session_for(clock: FakeClock, on_invalid: str = "stop", **kw: Any) -> requests.Session:

@@ -31,7 +31,7 @@ from retry_after_adapter.httpx import AsyncRetryAfterTransport, RetryAfterTransp
 from retry_after_adapter.settings import LOCAL_HEADER  # noqa: E402
 from retry_after_adapter.testing.server import QuotaServer  # noqa: E402
 
-from .throttle_server import Reply, ThrottleServer  # noqa: E402
+from ..servers import Reply, ThrottleServer  # noqa: E402
 
 
 def sync_client(clock: FakeClock | None = None, store: Any = None, **kw: Any) -> httpx.Client:

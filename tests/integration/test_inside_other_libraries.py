@@ -10,7 +10,7 @@ import requests
 
 from retry_after_adapter import MaxRetryDeferred, RetryAfterRetry, deferral_of
 
-from .throttle_server import Reply
+from ..servers import Reply
 
 github = pytest.importorskip("github", reason="PyGithub is a test dependency: pip install -e '.[test]'")
 

@@ -4,14 +4,12 @@ processes sharing a SQLite file or a real redis-server."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -24,52 +22,8 @@ from retry_after_adapter.cooldown.rate import SLOW_START_CAP
 from retry_after_adapter.scope import RequestInfo, origin_scope
 from retry_after_adapter.testing.server import QuotaServer
 
+from ..servers import HoldingServer
 from .conftest import process_store, process_store_place
-
-
-class _Slow(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        owner: SlowServer = self.server.owner  # type: ignore[attr-defined]
-        with owner.lock:
-            owner.in_flight += 1
-            owner.seen.append(owner.in_flight)
-        time.sleep(0.03)
-        with owner.lock:
-            owner.in_flight -= 1
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-class SlowServer:
-    """Answers every GET 200 after 30 ms, and records how many were in flight at each
-    arrival (itself included)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.in_flight = 0
-        self.seen: list[int] = []
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
-        self.httpd.daemon_threads = True
-        self.httpd.owner = self  # type: ignore[attr-defined]
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def slow_server() -> Iterator[SlowServer]:
-    server = SlowServer()
-    yield server
-    server.close()
 
 
 def _burst(url: str, adapter: RetryAfterAdapter, threads: int) -> list[int]:
@@ -90,7 +44,7 @@ def _burst(url: str, adapter: RetryAfterAdapter, threads: int) -> list[int]:
     return statuses
 
 
-def test_a_cold_scope_sends_one_attempt_first_then_more_per_good_answer(slow_server: SlowServer) -> None:
+def test_a_cold_scope_sends_one_attempt_first_then_more_per_good_answer(slow_server: HoldingServer) -> None:
     """Twenty threads start at once on a scope the store never saw: the first request
     goes alone, and what is in flight grows with the good answers (never 20 at once)."""
     store = MemoryCooldownStore()
@@ -104,7 +58,7 @@ def test_a_cold_scope_sends_one_attempt_first_then_more_per_good_answer(slow_ser
     assert rate is not None and rate.ok == 20 and rate.cap > 1
 
 
-def test_learn_rate_false_sends_the_burst_at_once(slow_server: SlowServer) -> None:
+def test_learn_rate_false_sends_the_burst_at_once(slow_server: HoldingServer) -> None:
     store = MemoryCooldownStore()
     adapter = RetryAfterAdapter(
         max_retries=RetryAfterRetry(total=2, deadline=20), cooldown=store, learn_rate=False
@@ -114,7 +68,7 @@ def test_learn_rate_false_sends_the_burst_at_once(slow_server: SlowServer) -> No
     assert store.rate_of(origin_scope(RequestInfo("GET", slow_server.url, {}))) is None
 
 
-def test_quota_headers_switch_the_learned_rate_off(slow_server: SlowServer) -> None:
+def test_quota_headers_switch_the_learned_rate_off(slow_server: HoldingServer) -> None:
     """A server that announces its quota is admitted by what it announces: after its
     first answer, no learned cap holds the burst back."""
     with QuotaServer(1000, 60.0, align="first", quota_headers="ietf") as server:
@@ -341,7 +295,7 @@ def test_learn_rate_is_kept_by_copies_and_pickles_and_the_pool_manager_takes_it(
         RetryAfterAdapter(learn_rate="no")  # type: ignore[arg-type]
 
 
-def test_plain_urllib3_through_the_pool_manager_starts_cold_too(slow_server: SlowServer) -> None:
+def test_plain_urllib3_through_the_pool_manager_starts_cold_too(slow_server: HoldingServer) -> None:
     from retry_after_adapter import RetryAfterPoolManager
 
     manager = RetryAfterPoolManager(

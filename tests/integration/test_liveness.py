@@ -35,7 +35,7 @@ from retry_after_adapter.cooldown.rate import QUIET_HELD, QUIET_MOVED
 from retry_after_adapter.observe import DecisionRecord
 from retry_after_adapter.scope import RequestInfo, origin_scope
 
-from .throttle_server import Reply, Seen, ThrottleServer
+from ..servers import Reply, Seen, ThrottleServer
 
 OK = Reply(200)
 

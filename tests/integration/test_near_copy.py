@@ -53,11 +53,9 @@ from retry_after_adapter.cooldown.guard import guard_of
 from retry_after_adapter.engine.plan import OPEN_FOR
 
 from ..conftest import RedisServer, local_deferral
+from ..servers import ArrivalServer, HoldingServer, Reply, ThrottleServer
 from . import near_children
 from .conftest import process_store_place, release_and_gather
-from .test_concurrency import HoldingServer
-from .test_promise_quota import ArrivalServer
-from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
 #: Where the children import the tests from.

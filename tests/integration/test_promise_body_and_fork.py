@@ -21,13 +21,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -49,6 +47,11 @@ from retry_after_adapter.cooldown import memory
 from retry_after_adapter.cooldown.guard import guard_of
 from retry_after_adapter.engine import admission
 
+from ..servers import TRICKLE_EVERY, Body, BodyServer
+
+# The server (``BodyServer``, in tests/servers.py) streams endless bodies of
+# ENDLESS_BYTES, trickles one byte every TRICKLE_EVERY s, and stops after STREAM_CAP s.
+
 KiB = 1024
 MiB = 1024 * KiB
 #: The default ``max_retry_body``.
@@ -62,217 +65,8 @@ CALL_LIMIT = 2.0
 #: with both cores busy; not three times that, which would pass a call that read on
 #: until the server's STREAM_CAP ends the trickle.
 TRICKLE_LIMIT = 2.0
-#: Seconds between the bytes of a trickling body.
-TRICKLE_EVERY = 0.05
-#: No body streams longer than this (seconds), whatever the client does.
-STREAM_CAP = 3.0
 #: Seconds the server may take, once the call has returned, to see its connections dropped.
 DROP_SEEN_WITHIN = 1.0
-#: How long an "endless" body is: 64 times the default bound, 4 times WRITTEN_AT_MOST;
-#: endless to a client that keeps its bound. (Fixed, so that code that reads it all
-#: fails on its size within a second instead of filling memory for seconds.)
-ENDLESS_BYTES = 64 * MiB
-
-
-# ---------------------------------------------------------------------- the server
-@dataclass
-class Body:
-    """One planned response. ``kind``: "endless" (ENDLESS_BYTES in 64 KiB pieces, as
-    fast as the socket takes them), "trickle" (one byte every ``TRICKLE_EVERY`` s, until
-    STREAM_CAP) or "fixed" (``data``). ``framing`` of an endless or trickling body:
-    "chunked" or "length" (a Content-Length of ENDLESS_BYTES)."""
-
-    status: int = 503
-    headers: dict[str, str] = field(default_factory=lambda: {"Retry-After": "0"})
-    kind: str = "endless"
-    framing: str = "chunked"
-    data: bytes = b""
-
-
-@dataclass
-class Served:
-    """One request the server received, and what became of its response."""
-
-    path: str
-    sent: int = 0  # bytes of the response the socket accepted
-    #: "complete", "client_gone" (the client dropped the connection), "stopped" (the
-    #: test stopped the server) or "capped" (STREAM_CAP reached).
-    ended: str = ""
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-_REASONS = {200: "OK", 429: "Too Many Requests", 503: "Service Unavailable"}
-
-
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-class BodyServer:
-    """An HTTP/1.1 server on 127.0.0.1 (port 0), on plain sockets: ``plan(index,
-    path)`` says how to answer the index-th request; ``served`` records each one."""
-
-    def __init__(self, plan: Callable[[int, str], Body]) -> None:
-        self.plan = plan
-        self.served: list[Served] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._listener = socket.create_server(("127.0.0.1", 0), backlog=64)
-        self._listener.settimeout(0.1)
-        self.port = int(self._listener.getsockname()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._threads: list[threading.Thread] = []
-
-    def start(self) -> BodyServer:
-        thread = threading.Thread(target=self._accept, name="body-server", daemon=True)
-        self._threads.append(thread)
-        thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        with self._lock:
-            threads = list(self._threads)
-        for thread in threads:
-            thread.join(timeout=2.0)
-
-    def count(self) -> int:
-        with self._lock:
-            return len(self.served)
-
-    def snapshot(self) -> list[tuple[str, int, str]]:
-        with self._lock:
-            return [(s.path, s.sent, s.ended) for s in self.served]
-
-    def wait_done(self, timeout: float) -> bool:
-        """Whether every response so far has ended (completed, or its connection
-        dropped) within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            served = list(self.served)
-        return all(s.done.wait(max(0.0, deadline - time.monotonic())) for s in served)
-
-    # -- internals ----------------------------------------------------------------
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            thread = threading.Thread(target=self._connection, args=(conn,), daemon=True)
-            with self._lock:
-                self._threads.append(thread)
-            thread.start()
-
-    def _connection(self, conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(0.1)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            buffer = b""
-            while not self._stop.is_set():  # one request after another (keep-alive)
-                head, buffer = self._read_head(conn, buffer)
-                if head is None:
-                    return
-                parts = head.split(b" ", 2)
-                path = parts[1].decode("latin-1") if len(parts) > 1 else ""
-                served = Served(path)
-                with self._lock:
-                    index = len(self.served)
-                    self.served.append(served)
-                try:
-                    served.ended = self._respond(conn, self.plan(index, path), served)
-                finally:
-                    served.done.set()
-                if served.ended != "complete":
-                    return  # the connection is closed on leaving
-
-    def _read_head(self, conn: socket.socket, buffer: bytes) -> tuple[bytes | None, bytes]:
-        while b"\r\n\r\n" not in buffer:  # bounded: by stop() and by the size check
-            if self._stop.is_set() or len(buffer) > 64 * KiB:
-                return None, b""
-            try:
-                data = conn.recv(64 * KiB)
-            except TimeoutError:
-                continue
-            except OSError:
-                return None, b""
-            if not data:
-                return None, b""
-            buffer += data
-        head, _, rest = buffer.partition(b"\r\n\r\n")
-        return head, rest
-
-    def _send(self, conn: socket.socket, data: bytes, served: Served, cap: float) -> str:
-        """Write ``data``; "" when all of it went, else why the response ended."""
-        view = memoryview(data)
-        while view:  # bounded: by stop(), by the cap, by the client leaving
-            if self._stop.is_set():
-                return "stopped"
-            if time.monotonic() > cap:
-                return "capped"
-            try:
-                sent = conn.send(view)
-            except TimeoutError:
-                continue  # the client is not reading: look at stop and the cap again
-            except OSError:
-                return "client_gone"
-            served.sent += sent
-            view = view[sent:]
-        return ""
-
-    def _respond(self, conn: socket.socket, body: Body, served: Served) -> str:
-        cap = time.monotonic() + STREAM_CAP
-        lines = [f"HTTP/1.1 {body.status} {_REASONS.get(body.status, 'Status')}"]
-        lines += [f"{name}: {value}" for name, value in body.headers.items()]
-        if body.kind == "fixed":
-            lines.append(f"Content-Length: {len(body.data)}")
-        elif body.framing == "chunked":
-            lines.append("Transfer-Encoding: chunked")
-        else:
-            lines.append(f"Content-Length: {ENDLESS_BYTES}")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        if body.kind == "fixed":
-            return self._send(conn, head + body.data, served, cap) or "complete"
-        ended = self._send(conn, head, served, cap)
-        if ended:
-            return ended
-        chunked = body.framing == "chunked"
-        if body.kind == "endless":
-            raw = b"x" * (64 * KiB)
-            piece = _chunk(raw) if chunked else raw
-            for _ in range(ENDLESS_BYTES // len(raw)):
-                ended = self._send(conn, piece, served, cap)
-                if ended:
-                    return ended
-            return self._send(conn, b"0\r\n\r\n" if chunked else b"", served, cap) or "complete"
-        piece = _chunk(b"x") if chunked else b"x"
-        while True:  # a trickle; bounded by the cap
-            ended = self._send(conn, piece, served, cap)
-            if ended:
-                return ended
-            if self._stop.wait(TRICKLE_EVERY):
-                return "stopped"
-            if time.monotonic() > cap:
-                return "capped"
-
-
-@pytest.fixture
-def body_server() -> Iterator[Callable[[Callable[[int, str], Body]], BodyServer]]:
-    """``body_server(plan)``: a started BodyServer, stopped after the test."""
-    servers: list[BodyServer] = []
-
-    def make(plan: Callable[[int, str], Body]) -> BodyServer:
-        server = BodyServer(plan).start()
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.stop()
 
 
 # ------------------------------------------------------------------------ helpers

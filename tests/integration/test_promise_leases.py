@@ -1,5 +1,5 @@
 """Three promises about what admission holds and gives back, with real parts: a loopback
-HTTP server (written here) that counts the requests it has in progress, real SQLite
+HTTP server (``PromiseServer``) that counts the requests it has in progress, real SQLite
 files, and real ``redis-server`` processes (the session's, and ones of the test's own
 that are killed and restarted on the same port).
 
@@ -18,10 +18,9 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import closing
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -41,120 +40,9 @@ from retry_after_adapter import (
 from retry_after_adapter.cooldown.guard import BREAKER_FIRST, guard_of
 
 from ..conftest import RedisServer, local_deferral
+from ..servers import PromiseServer
 
 UTC = timezone.utc
-
-
-class PromiseServer:
-    """A loopback HTTP/1.1 server that answers every GET with a scripted status and
-    records how many requests it has *in progress* at once.
-
-    A request is in progress from its arrival until just before the server writes its
-    body: the status line and headers (with ``Content-Length``) go out first and are
-    flushed, then, ``body_delay`` seconds later, the counter goes down and the body is
-    written. A client that gives its slot back after reading the last byte can never be
-    counted against a cap by the server's own bookkeeping.
-
-    ``replies`` maps an arrival index (0 for the first request) to ``(status, headers)``;
-    other arrivals get ``default``. ``before_reply(index)``, when set, runs before a
-    request is answered (a test moves its FakeClock there). With ``gather`` set, a
-    request waits (at most ``gather_timeout`` seconds) until that many are in progress
-    before it is answered, so a batch that may run ``gather`` at once is seen doing so.
-    """
-
-    def __init__(self, *, body: bytes = b"ok", body_delay: float = 0.0, hold: float = 0.0) -> None:
-        self.body = body
-        self.body_delay = body_delay
-        self.hold = hold
-        self.replies: dict[int, tuple[int, dict[str, str]]] = {}
-        self.default: tuple[int, dict[str, str]] = (200, {})
-        self.before_reply: Callable[[int], None] | None = None
-        self.gather = 0
-        self.gather_timeout = 0.5
-        self.cond = threading.Condition()
-        self.now = 0
-        self.most = 0
-        self.total = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                with outer.cond:
-                    index = outer.total
-                    outer.total += 1
-                    outer.now += 1
-                    outer.most = max(outer.most, outer.now)
-                    outer.cond.notify_all()
-                    status, headers = outer.replies.get(index, outer.default)
-                    if outer.gather:
-                        until = time.monotonic() + outer.gather_timeout
-                        for _ in range(1000):  # bounded: each wait ends by ``until``
-                            left = until - time.monotonic()
-                            if outer.now >= outer.gather or left <= 0:
-                                break
-                            outer.cond.wait(left)
-                if outer.hold:
-                    time.sleep(outer.hold)
-                if outer.before_reply is not None:
-                    outer.before_reply(index)
-                body = outer.body
-                try:
-                    self.send_response(status)
-                    for name, value in headers.items():
-                        self.send_header(name, value)
-                    self.send_header("Content-Type", "application/octet-stream")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()  # the status line and headers go out now
-                    self.wfile.flush()
-                    if outer.body_delay:
-                        time.sleep(outer.body_delay)
-                finally:
-                    with outer.cond:
-                        outer.now -= 1  # just before the body's bytes are written
-                        outer.cond.notify_all()
-                self.wfile.write(body)
-                self.wfile.flush()
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            request_queue_size = 128
-
-        self.httpd = Server(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        self.scope = f"http://127.0.0.1:{self.port}"
-        self.url = self.scope + "/items"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
-        self._thread.start()
-
-    def restart_counts(self) -> None:
-        """Count a new phase: the most in progress at once from now on."""
-        with self.cond:
-            self.most = self.now
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self._thread.join(5)
-
-
-@pytest.fixture
-def make_server() -> Iterator[Callable[..., PromiseServer]]:
-    servers: list[PromiseServer] = []
-
-    def make(**kwargs: Any) -> PromiseServer:
-        server = PromiseServer(**kwargs)
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.close()
 
 
 def leases_held(store: Any, scope: str, client: Any = None) -> int:
@@ -248,7 +136,10 @@ class Outage:
 
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 def test_a_slot_granted_by_the_store_but_held_back_by_a_pending_cooldown_is_given_back(
-    kind: str, tmp_path: Path, request: pytest.FixtureRequest, make_server: Callable[..., PromiseServer]
+    kind: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    make_promise_server: Callable[..., PromiseServer],
 ) -> None:
     """The smallest scenario: a 429 learned while the store is down waits in the failure
     layer's local copy; the store comes back empty; the next call's admission is granted
@@ -256,7 +147,7 @@ def test_a_slot_granted_by_the_store_but_held_back_by_a_pending_cooldown_is_give
     in the same operation). That slot must be given back: with ``max_concurrency=1``,
     a call after the cooldown goes out."""
     clock = FakeClock(start=datetime.now(UTC))
-    server = make_server()
+    server = make_promise_server()
     server.replies = {1: (429, {"Retry-After": "5"})}  # the second request; 200s otherwise
     outage = Outage(kind, tmp_path, request)
     store = outage.store
@@ -297,7 +188,10 @@ def test_a_slot_granted_by_the_store_but_held_back_by_a_pending_cooldown_is_give
 
 @pytest.mark.parametrize("kind", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 def test_a_slot_granted_while_a_stranded_cooldown_is_written_back_is_given_back(
-    kind: str, tmp_path: Path, request: pytest.FixtureRequest, make_server: Callable[..., PromiseServer]
+    kind: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    make_promise_server: Callable[..., PromiseServer],
 ) -> None:
     """No outage at all: a 429 arrives after its call's deadline, so the cooldown it
     sets is kept in the local copy and its write is left for the next store operation
@@ -305,7 +199,7 @@ def test_a_slot_granted_while_a_stranded_cooldown_is_written_back_is_given_back(
     held back by that cooldown (written back in the same operation). The slot must be
     given back."""
     clock = FakeClock(start=datetime.now(UTC))
-    server = make_server()
+    server = make_promise_server()
     server.replies = {0: (429, {"Retry-After": "5"})}  # 200s after the first
     # The first answer takes two seconds (of the test's clock): past its call's deadline.
     server.before_reply = lambda index: clock.advance(2.0) if index == 0 else None
@@ -357,7 +251,7 @@ def burst_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
 
 
 def test_sixty_four_threads_and_a_429_leak_no_slot(
-    burst_store: Any, make_server: Callable[..., PromiseServer]
+    burst_store: Any, make_promise_server: Callable[..., PromiseServer]
 ) -> None:
     """The bug report's scenario: 64 threads with a Session each, ``max_concurrency=8``,
     ``total=0``; the server answers one request with 429 ``Retry-After: 1`` while the
@@ -371,7 +265,7 @@ def test_sixty_four_threads_and_a_429_leak_no_slot(
     store = burst_store
     kind = kind_of(store)
     clock = FakeClock(start=datetime.now(UTC))
-    server = make_server(hold=0.01)
+    server = make_promise_server(hold=0.01)
     outcomes: list[str] = []
     lock = threading.Lock()
 
@@ -442,12 +336,12 @@ BODY_DELAY = 0.3
 
 
 def test_the_cap_holds_until_the_body_has_arrived(
-    every_store: Any, make_server: Callable[..., PromiseServer]
+    every_store: Any, make_promise_server: Callable[..., PromiseServer]
 ) -> None:
     """16 threads, ``max_concurrency=2``, a server that sends its headers at once and
     its body 0.3 s later: never more than 2 requests in progress at the server."""
     store = every_store
-    server = make_server(body=BODY, body_delay=BODY_DELAY)
+    server = make_promise_server(body=BODY, body_delay=BODY_DELAY)
     bodies: list[bytes] = []
 
     def call(i: int) -> None:
@@ -473,7 +367,7 @@ def test_the_cap_holds_until_the_body_has_arrived(
 
 
 def test_a_streamed_response_holds_its_slot_until_closed_or_read(
-    every_store: Any, make_server: Callable[..., PromiseServer]
+    every_store: Any, make_promise_server: Callable[..., PromiseServer]
 ) -> None:
     """With ``stream=True`` the slot is held until the response is closed or its body
     read to the end: two open streamed responses fill ``max_concurrency=2``, a third
@@ -482,7 +376,7 @@ def test_a_streamed_response_holds_its_slot_until_closed_or_read(
     store = every_store
     kind = kind_of(store)
     clock = FakeClock(start=datetime.now(UTC))  # waits for a slot cost no real time
-    server = make_server(body=BODY)
+    server = make_promise_server(body=BODY)
     s = requests.Session()
     retry = RetryAfterRetry(total=0, clock=clock, max_wait=5, raise_on_status=False)
     s.mount("http://", RetryAfterAdapter(retry, cooldown=store, max_concurrency=2))
@@ -528,14 +422,16 @@ def test_a_streamed_response_holds_its_slot_until_closed_or_read(
 
 @pytest.mark.redis
 def test_a_cooldown_learned_while_redis_was_down_is_written_back_without_another_call(
-    redis_factory: Callable[..., RedisServer], redis_module: Any, make_server: Callable[..., PromiseServer]
+    redis_factory: Callable[..., RedisServer],
+    redis_module: Any,
+    make_promise_server: Callable[..., PromiseServer],
 ) -> None:
     """A 429 with ``Retry-After: 30`` met while Redis is down is kept in the process;
     Redis restarts (empty, same port) and the process makes no further call. Within
     two seconds the cooldown is in Redis, and a fresh store object on the same URL and
     prefix, through a new adapter, defers with reason ``cooldown`` before sending."""
     redis = redis_factory()
-    server = make_server()
+    server = make_promise_server()
     server.default = (429, {"Retry-After": "30"})
     server.replies = {0: (200, {})}
     store = RedisCooldownStore.from_url(redis.url)

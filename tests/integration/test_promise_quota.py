@@ -20,14 +20,10 @@ real processes.
 
 from __future__ import annotations
 
-import http.server
 import itertools
 import json
 import multiprocessing
-import selectors
-import socket
 import sqlite3
-import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -50,8 +46,8 @@ from retry_after_adapter import (
 )
 from retry_after_adapter.cooldown.guard import guard_of
 
+from ..servers import ArrivalServer, BusyServer, Reply, ThrottleServer
 from .conftest import process_store, process_store_place, release_and_gather, run_cli
-from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
 #: The policy's default bound on any wait a server can impose (one day).
@@ -71,6 +67,11 @@ def real_now() -> datetime:
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
+#: The ``clock`` fixture (and with it ``server``, whose arrivals and Date headers follow
+#: it) starts at the real time.
+pytestmark = pytest.mark.clock_start.with_args(real_now)
+
+
 def kind_of(store: Any) -> str:
     if isinstance(store, SQLiteCooldownStore):
         return "sqlite"
@@ -88,27 +89,6 @@ def session(clock: Any, store: Any, *, who: str | None = None, **adapter_kw: Any
     if who is not None:
         s.headers["X-Who"] = who
     return s
-
-
-@pytest.fixture
-def live_clock() -> FakeClock:
-    return FakeClock(start=real_now())
-
-
-@pytest.fixture
-def fake_server(live_clock: FakeClock) -> Iterator[ThrottleServer]:
-    """A loopback server whose arrivals and Date headers follow ``live_clock``."""
-    srv = ThrottleServer(live_clock).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def healthy_server(live_clock: FakeClock) -> Iterator[ThrottleServer]:
-    """A second origin that sends no quota headers at all."""
-    srv = ThrottleServer(live_clock).start()
-    yield srv
-    srv.stop()
 
 
 def redis_ttls(client: Any) -> dict[str, float]:
@@ -149,25 +129,25 @@ def sqlite_times_beyond(path: str, limit: datetime) -> list[str]:
 
 # ============================================================ 1. hostile quota headers
 def test_a_hostile_announced_window_never_defers_past_max_retry_after(
-    every_store: Any, live_clock: FakeClock, fake_server: ThrottleServer, request: pytest.FixtureRequest
+    every_store: Any, clock: FakeClock, server: ThrottleServer, request: pytest.FixtureRequest
 ) -> None:
     """``q=2;w=3153600000`` (100 years) with ``r=1;t=1``: no deferral's delay, no stored
     time and no Redis TTL derived from it exceeds ``max_retry_after`` (plus the stores'
     own keep-time); a day later the scope is usable again."""
     store = every_store
     kind = kind_of(store)
-    fake_server.serve([Reply(200, HOSTILE)])
-    s = session(live_clock, store)
-    start = live_clock.now()
+    server.serve([Reply(200, HOSTILE)])
+    s = session(clock, store)
+    start = clock.now()
     problems: list[str] = []
     for i in range(12):  # 6 s of fake time in 0.5 s steps: well past the reset t=1
-        deferral = deferral_of(s.get(fake_server.url))
+        deferral = deferral_of(s.get(server.url))
         if deferral is not None:
-            left = (deferral.eligible_at - live_clock.now()).total_seconds()
+            left = (deferral.eligible_at - clock.now()).total_seconds()
             if deferral.delay > MAX_RETRY_AFTER or left > MAX_RETRY_AFTER + 1:
                 problems.append(f"call {i}: deferred ({deferral.reason}) for {deferral.delay:.0f} s")
-        live_clock.advance(0.5)
-    assert fake_server.count() >= 1
+        clock.advance(0.5)
+    assert server.count() >= 1
     if kind == "redis":
         ttls = redis_ttls(request.getfixturevalue("redis_client"))
         assert ttls, "the Redis store wrote no key"
@@ -183,10 +163,10 @@ def test_a_hostile_announced_window_never_defers_past_max_retry_after(
             for row in sqlite_times_beyond(store.path, start + timedelta(seconds=TWO_DAYS))
         ]
     # A day (the bound) later, the scope is usable again: the call is sent.
-    live_clock.advance(MAX_RETRY_AFTER + 1)
-    before = fake_server.count()
-    response = s.get(fake_server.url)
-    if not (response.status_code == 200 and fake_server.count() == before + 1):
+    clock.advance(MAX_RETRY_AFTER + 1)
+    before = server.count()
+    response = s.get(server.url)
+    if not (response.status_code == 200 and server.count() == before + 1):
         deferral = deferral_of(response)
         problems.append(
             f"a day later the call is not sent: status {response.status_code}, deferral "
@@ -215,22 +195,22 @@ HUGE = "999999999999999"
 )  # fmt: skip
 def test_values_too_large_for_a_datetime_neither_escape_nor_take_the_store_down(
     every_store: Any,
-    live_clock: FakeClock,
-    fake_server: ThrottleServer,
-    healthy_server: ThrottleServer,
+    clock: FakeClock,
+    server: ThrottleServer,
+    other_server: ThrottleServer,
     headers: dict[str, str],
 ) -> None:
     """No exception escapes ``session.get``, the store is not marked down, and with
     ``store_failure="closed"`` a healthy origin on the same store is still sent."""
     store = every_store
     kind = kind_of(store)
-    fake_server.serve([Reply(200, headers)])
-    healthy_server.serve([Reply(200)])
-    s = session(live_clock, store, store_failure="closed")
+    server.serve([Reply(200, headers)])
+    other_server.serve([Reply(200)])
+    s = session(clock, store, store_failure="closed")
     problems: list[str] = []
     for i in range(8):  # 4 s of fake time: past the reset t=1, where a window rolls
         try:
-            response = s.get(fake_server.url)
+            response = s.get(server.url)
         except Exception as exc:
             problems.append(f"call {i} raised {type(exc).__name__}: {exc}")
         else:
@@ -243,11 +223,11 @@ def test_values_too_large_for_a_datetime_neither_escape_nor_take_the_store_down(
                 deferral.reason not in ("quota", "cooldown") or deferral.delay > MAX_RETRY_AFTER
             ):
                 problems.append(f"call {i}: deferred ({deferral.reason}) for {deferral.delay:.0f} s")
-        live_clock.advance(0.5)
+        clock.advance(0.5)
     if guard_of(store).down:
         problems.append("the store is marked down")
-    response = s.get(healthy_server.url)
-    if not (response.status_code == 200 and healthy_server.count() == 1):
+    response = s.get(other_server.url)
+    if not (response.status_code == 200 and other_server.count() == 1):
         deferral = deferral_of(response)
         problems.append(
             f"a healthy origin on the same store is not sent: status {response.status_code}, "
@@ -324,8 +304,8 @@ def cli_store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Any]
 )
 def test_status_shows_an_announced_block_with_its_end_and_clear_lifts_it(
     cli_store: tuple[str, Any],
-    live_clock: FakeClock,
-    fake_server: ThrottleServer,
+    clock: FakeClock,
+    server: ThrottleServer,
     headers: dict[str, str],
     must_block: bool,
 ) -> None:
@@ -333,22 +313,22 @@ def test_status_shows_an_announced_block_with_its_end_and_clear_lifts_it(
     is listed by ``status --all --json`` with a non-null end, and ``clear SCOPE`` lifts
     it: the next call, by a new worker, is sent."""
     url, open_store = cli_store
-    scope = f"http://127.0.0.1:{fake_server.port}"
-    fake_server.serve([Reply(200, headers)])
+    scope = f"http://127.0.0.1:{server.port}"
+    server.serve([Reply(200, headers)])
     stores = [open_store()]
     try:
-        s = session(live_clock, stores[0])
+        s = session(clock, stores[0])
         blocked = None
         for _ in range(8):  # until the scope is held back, in 0.5 s steps of (near-real) time
-            blocked = deferral_of(s.get(fake_server.url))
+            blocked = deferral_of(s.get(server.url))
             if blocked is not None:
                 break
-            live_clock.advance(0.5)
+            clock.advance(0.5)
         if must_block:
-            assert blocked is not None and blocked.delay > 500, (blocked, fake_server.count())
+            assert blocked is not None and blocked.delay > 500, (blocked, server.count())
         elif blocked is None or blocked.delay < 60:
             return  # usable again within a minute: nothing for an operator to see or lift
-        sent = fake_server.count()
+        sent = server.count()
 
         listed = run_cli("status", "--cooldown", url, "--all", "--json")
         assert listed.returncode == 0, listed.stderr
@@ -366,9 +346,9 @@ def test_status_shows_an_announced_block_with_its_end_and_clear_lifts_it(
 
         cleared = run_cli("clear", scope, "--cooldown", url)
         stores.append(open_store())  # a new worker: no local copy of anything
-        after = session(live_clock, stores[-1]).get(fake_server.url)
+        after = session(clock, stores[-1]).get(server.url)
         deferral = deferral_of(after)
-        assert fake_server.count() == sent + 1 and after.status_code == 200, (
+        assert server.count() == sent + 1 and after.status_code == 200, (
             f"after `clear {scope}` (exit {cleared.returncode}: "
             f"{(cleared.stdout + cleared.stderr).strip()!r}) the next call is still held back: "
             f"status {after.status_code}, deferral {deferral and (str(deferral.reason), round(deferral.delay))}"
@@ -380,98 +360,6 @@ def test_status_shows_an_announced_block_with_its_end_and_clear_lifts_it(
 
 
 # ============================================================ 2. permits stamped when granted
-#: Linux: ask the kernel to stamp each received segment (``SO_TIMESTAMPNS``; the
-#: ``socket`` module does not name it) with CLOCK_REALTIME, read as ancillary data.
-_SO_TIMESTAMPNS = 35
-_RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-
-
-class ArrivalServer:
-    """A loopback HTTP/1.1 server (keep-alive, one thread, answers 200 to everything)
-    that records when each request arrived at it: the time the kernel stamped on the
-    bytes that completed the request, so a server process the busy machine schedules
-    late cannot bunch arrivals together (without kernel stamps, its own clock when it
-    reads them)."""
-
-    def __init__(self) -> None:
-        self.arrivals: list[float] = []
-        self.kernel_stamps = 0
-        self._stop = threading.Event()
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(256)
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/"
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-
-    def __enter__(self) -> ArrivalServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._listener.close()
-
-    def _serve(self) -> None:
-        selector = selectors.DefaultSelector()
-        selector.register(self._listener, selectors.EVENT_READ, None)
-        buffers: dict[socket.socket, bytearray] = {}
-        try:
-            while not self._stop.is_set():
-                for key, _ in selector.select(0.05):
-                    if key.data is None:
-                        conn, _ = self._listener.accept()
-                        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                        try:
-                            conn.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-                        except OSError:
-                            pass
-                        buffers[conn] = bytearray()
-                        selector.register(conn, selectors.EVENT_READ, "conn")
-                        continue
-                    conn = key.fileobj  # type: ignore[assignment]
-                    try:
-                        data, ancillary, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(16))
-                    except OSError:
-                        data, ancillary = b"", []
-                    if not data:
-                        selector.unregister(conn)
-                        buffers.pop(conn, None)
-                        conn.close()
-                        continue
-                    stamp = time.time()
-                    for level, kind, payload in ancillary:
-                        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(payload) >= 16:
-                            seconds, nanos = struct.unpack("qq", payload[:16])
-                            stamp = seconds + nanos / 1e9
-                            self.kernel_stamps += 1
-                    buffer = buffers[conn]
-                    buffer += data
-                    while (end := buffer.find(b"\r\n\r\n")) >= 0:  # GETs: no body
-                        del buffer[: end + 4]
-                        self.arrivals.append(stamp)
-                        try:
-                            conn.sendall(_RESPONSE)
-                        except OSError:
-                            break
-        finally:
-            for conn in list(buffers):
-                conn.close()
-            selector.close()
-
-    def worst_window(self, seconds: float) -> int:
-        """The most arrivals in any window [t, t + seconds) that starts at an arrival."""
-        times = sorted(self.arrivals)
-        worst = 0
-        j = 0
-        for i, start in enumerate(times):
-            j = max(j, i)
-            while j < len(times) and times[j] < start + seconds:
-                j += 1
-            worst = max(worst, j - i)
-        return worst
-
-
 PROCESSES = 8
 THREADS = 8
 RUN_SECONDS = 2.5
@@ -575,7 +463,7 @@ def test_eight_processes_of_eight_threads_stay_within_quota_20_at_the_server(
 
 @pytest.mark.parametrize("margin", [0.0, 0.05])
 def test_a_worker_stalled_past_its_permit_still_holds_the_others_back(
-    every_store: Any, live_clock: FakeClock, fake_server: ThrottleServer, monkeypatch: pytest.MonkeyPatch,
+    every_store: Any, clock: FakeClock, server: ThrottleServer, monkeypatch: pytest.MonkeyPatch,
     margin: float,
 ) -> None:
     """``Quota(1, per=1)``: worker A is granted its permit at 0 s, is descheduled 0.5 s
@@ -588,7 +476,7 @@ def test_a_worker_stalled_past_its_permit_still_holds_the_others_back(
     kind = kind_of(store)
     quota = Quota(1, per=1, margin=margin)
     gate = threading.Event()
-    fake_server.responder = lambda seen: Reply(200, gate=gate if seen.headers.get("X-Who") == "A" else None)
+    server.responder = lambda seen: Reply(200, gate=gate if seen.headers.get("X-Who") == "A" else None)
     import http.client
 
     send = http.client.HTTPConnection.send
@@ -597,37 +485,37 @@ def test_a_worker_stalled_past_its_permit_still_holds_the_others_back(
     def stalling_send(conn: Any, data: Any) -> None:
         if threading.current_thread().name == "A" and not stalled:
             stalled.append(True)
-            live_clock.advance(0.5)  # descheduled between its grant and its send
+            clock.advance(0.5)  # descheduled between its grant and its send
         send(conn, data)
 
     monkeypatch.setattr(http.client.HTTPConnection, "send", stalling_send)
-    a = session(live_clock, store, who="A", quota=quota)
-    b = session(live_clock, store, who="B", quota=quota)
-    start = live_clock.now()
+    a = session(clock, store, who="A", quota=quota)
+    b = session(clock, store, who="B", quota=quota)
+    start = clock.now()
     answers: list[Any] = []
-    worker = threading.Thread(target=lambda: answers.append(a.get(fake_server.url)), name="A")
+    worker = threading.Thread(target=lambda: answers.append(a.get(server.url)), name="A")
     worker.start()
     try:
         deadline = time.monotonic() + 5
-        while fake_server.count() < 1 and time.monotonic() < deadline:
+        while server.count() < 1 and time.monotonic() < deadline:
             time.sleep(0.005)
-        assert fake_server.count() == 1, "A's request never arrived"
-        live_clock.advance(0.6)  # 1.1 s: A's answer has not come yet
-        during = b.get(fake_server.url)
+        assert server.count() == 1, "A's request never arrived"
+        clock.advance(0.6)  # 1.1 s: A's answer has not come yet
+        during = b.get(server.url)
     finally:
         gate.set()  # A is answered at 1.1 s
         worker.join(10)
     assert answers and answers[0].status_code == 200
-    arrivals = [(seen.at - start).total_seconds() for seen in fake_server.seen]
+    arrivals = [(seen.at - start).total_seconds() for seen in server.seen]
     assert deferral_of(during) is not None and len(arrivals) == 1, (
         f"{kind}, margin {margin}: B was sent at 1.1 s while A's request (arrived at 0.5 s, "
         f"answered at 1.1 s) still counted at the server; arrivals at {arrivals}"
     )
-    live_clock.advance(0.95)  # 2.05 s: A's arrival no longer counts, its answer's permit still does
-    assert deferral_of(b.get(fake_server.url)) is not None, (kind, margin)
-    live_clock.advance(0.1)  # 2.15 s: past A's answer + per
-    after = b.get(fake_server.url)
-    assert deferral_of(after) is None and fake_server.count() == 2, (
+    clock.advance(0.95)  # 2.05 s: A's arrival no longer counts, its answer's permit still does
+    assert deferral_of(b.get(server.url)) is not None, (kind, margin)
+    clock.advance(0.1)  # 2.15 s: past A's answer + per
+    after = b.get(server.url)
+    assert deferral_of(after) is None and server.count() == 2, (
         f"{kind}, margin {margin}: B is still held back at 2.15 s, past A's answer (1.1 s) + "
         f"per: {deferral_of(after)}"
     )
@@ -637,55 +525,6 @@ def test_a_worker_stalled_past_its_permit_still_holds_the_others_back(
 #: margin on a loaded machine too; a busy server gets to A's second request
 #: LATE_BUSY seconds after it came, past ``per + margin`` from its grant.
 LATE_PER, LATE_MARGIN, LATE_BUSY = 0.4, 0.25, 0.9
-
-
-class BusyServer:
-    """A loopback HTTP/1.1 server (keep-alive) that counts each request when it gets to
-    it, as a busy server's limiter does: a request with an ``X-Busy`` header (seconds)
-    waits that long in its queue first, every other one is counted at once. Records
-    ``(monotonic time counted, path)``; ``queued`` is set when the busy request came,
-    ``counting`` just before it is counted (and answered)."""
-
-    def __init__(self) -> None:
-        self.counted: list[tuple[float, str]] = []
-        self.queued = threading.Event()
-        self.counting = threading.Event()
-        self.queued_at = 0.0
-        owner = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                busy = float(self.headers.get("X-Busy") or 0)
-                if busy:
-                    owner.queued_at = time.monotonic()
-                    owner.queued.set()
-                    time.sleep(busy)
-                    owner.counting.set()
-                owner.counted.append((time.monotonic(), self.path))
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05})
-
-    def __enter__(self) -> BusyServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(5)
 
 
 def _fast_then_counted_late(url: str, kind: str, where: str, go: Any, results: Any) -> None:
@@ -769,7 +608,7 @@ def test_a_request_a_busy_server_counts_late_holds_the_others_back_after_fast_an
 
 # ============================================================ 3. two quotas on one scope
 def test_two_quotas_on_one_scope_each_hold(
-    every_store: Any, live_clock: FakeClock, fake_server: ThrottleServer
+    every_store: Any, clock: FakeClock, server: ThrottleServer
 ) -> None:
     """Adapter A with ``Quota(10, per=5)`` and adapter B with ``Quota(10, per=1)`` on one
     store and one origin, calls interleaved: A's own requests are at most 10 in any
@@ -777,20 +616,19 @@ def test_two_quotas_on_one_scope_each_hold(
     promise too."""
     store = every_store
     kind = kind_of(store)
-    clock = live_clock  # the server's arrivals follow it too
-    fake_server.serve([Reply(200)])
+    server.serve([Reply(200)])
     a = session(clock, store, who="A", quota=Quota(10, per=5))
     try:
         b = session(clock, store, who="B", quota=Quota(10, per=1))
         for _ in range(120):  # 30 s of fake time in 0.25 s steps
-            a.get(fake_server.url)
-            b.get(fake_server.url)
+            a.get(server.url)
+            b.get(server.url)
             clock.advance(0.25)
     except ConfigurationError as exc:
         assert "quota" in str(exc).lower(), f"refused without saying why: {exc!r}"
         return
-    sent_by_a = sorted(seen.at for seen in fake_server.seen if seen.headers.get("X-Who") == "A")
-    sent_by_b = [seen.at for seen in fake_server.seen if seen.headers.get("X-Who") == "B"]
+    sent_by_a = sorted(seen.at for seen in server.seen if seen.headers.get("X-Who") == "A")
+    sent_by_b = [seen.at for seen in server.seen if seen.headers.get("X-Who") == "B"]
     assert len(sent_by_a) >= 10 and sent_by_b, (len(sent_by_a), len(sent_by_b))
     worst = max(
         sum(1 for t in sent_by_a[i:] if t < start + timedelta(seconds=5)) for i, start in enumerate(sent_by_a)

@@ -26,8 +26,8 @@ from retry_after_adapter import (
 from retry_after_adapter.cooldown.guard import guard_of
 
 from ..conftest import local_deferral
+from ..servers import Reply, ThrottleServer
 from .conftest import process_store, process_store_place
-from .throttle_server import Reply, ThrottleServer
 
 UTC = timezone.utc
 

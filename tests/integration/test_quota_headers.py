@@ -12,8 +12,8 @@ import requests
 from retry_after_adapter import FakeClock, MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry
 
 from ..conftest import local_deferral
+from ..servers import Reply, ThrottleServer
 from ..unit.quota_corpus import CORPUS, DATE, RECEIVED_AT
-from .throttle_server import Reply, ThrottleServer
 
 #: Every call runs on a FakeClock at the corpus's RECEIVED_AT (its Date headers say so).
 pytestmark = pytest.mark.clock_start(RECEIVED_AT)

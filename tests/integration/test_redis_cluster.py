@@ -13,7 +13,7 @@ import requests
 from retry_after_adapter import FakeClock, Quota, RedisCooldownStore, RetryAfterAdapter, RetryAfterRetry
 
 from ..conftest import local_deferral
-from .throttle_server import Reply, ThrottleServer
+from ..servers import Reply, ThrottleServer
 
 pytestmark = pytest.mark.redis
 

@@ -38,8 +38,8 @@ from retry_after_adapter import (
 )
 
 from ..conftest import local_deferral
+from ..servers import Reply, ThrottleServer
 from .conftest import make_session
-from .throttle_server import Reply, ThrottleServer
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,7 @@ from retry_after_adapter import (
     SQLiteCooldownStore,
 )
 
-from .throttle_server import Reply, ThrottleServer
+from ..servers import Reply, ThrottleServer
 
 ABSURD = ["99999999999999999999", "Fri, 31 Dec 9999 23:59:59 GMT", "86401"]
 

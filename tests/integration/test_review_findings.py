@@ -38,7 +38,7 @@ from retry_after_adapter.cooldown.guard import BREAKER_FIRST, guard_of
 from retry_after_adapter.errors import CooldownStoreError, MaxRetryDeferred
 
 from ..conftest import local_deferral
-from .throttle_server import Reply, Seen, ThrottleServer
+from ..servers import Reply, Seen, ThrottleServer
 
 #: Quota headers announcing one request left in a 60 s window.
 ONE_LEFT = {"X-RateLimit-Limit": "10", "X-RateLimit-Remaining": "1", "X-RateLimit-Reset-After": "60"}

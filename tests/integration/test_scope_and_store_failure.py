@@ -19,7 +19,7 @@ from retry_after_adapter.adapter import credential_scope, origin_scope
 from retry_after_adapter.cooldown.guard import BREAKER_FIRST, guard_of
 
 from ..conftest import local_deferral
-from .throttle_server import Reply
+from ..servers import Reply
 
 
 def prepared(url: str, headers: dict[str, str] | None = None) -> requests.PreparedRequest:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import socket
 import threading
 from collections.abc import Iterator
 
@@ -45,7 +44,7 @@ from retry_after_adapter.observe import Counters
 from retry_after_adapter.scope import hash_scope
 
 from ..conftest import remove_log_redaction
-from .throttle_server import Reply
+from ..servers import Reply, closed_port
 
 TOKEN = "s3cr3t-token-AAA"
 COOKIE = "s3cr3t-cookie-BBB"
@@ -269,9 +268,7 @@ def test_no_secret_in_anything_the_package_produces(server, clock, evidence, log
     evidence.call(lambda: make(evidence, clock, bearer=bearer, max_deferrals=0).get(secret_url(port)))
 
     # Connection refused: urllib3's MaxRetryError names the URL it was given.
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        dead = closed.getsockname()[1]
+    with closed_port() as dead:
         evidence.call(
             lambda: make(evidence, clock, bearer=bearer, backoff_factor=0).get(secret_url(dead), timeout=2)
         )

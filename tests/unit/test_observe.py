@@ -19,7 +19,7 @@ from retry_after_adapter import (
     public_scope,
 )
 from retry_after_adapter.observe import DEFER_REASONS, OTHER, STOP_REASONS, Counters
-from tests.integration.throttle_server import Reply
+from tests.servers import Reply
 
 
 def session_with(counters, clock, store=None, scope=None, **retry_kwargs) -> requests.Session:
