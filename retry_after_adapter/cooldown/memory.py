@@ -6,14 +6,35 @@ import bisect
 import collections
 import heapq
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 from .. import _forksafe
-from ..errors import ConfigurationError
-from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance, roll
+from ._memory_log import (  # time in microseconds, and what the store's records say
+    _ADMITTED,
+    _EPOCH,
+    _PROBE_RECHECK_US,
+    _US,
+    _allowance_ended,
+    _allowance_holds,
+    _as_datetime,
+    _closed_ends,
+    _cooldown_holds,
+    _freshness_ended,
+    _granted,
+    _lease_holds,
+    _leases_ended,
+    _micros,
+    _open,
+    _permits_ended,
+    _quota_holds,
+    _quota_key,
+    _rate_ended,
+    _rate_holds,
+)
+from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance
 from .base import (
     Admission,
     Granted,
@@ -27,8 +48,8 @@ from .base import (
     extra_permits,
     free_at,
 )
-from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, last_noted, merge_note
-from .rate import PROBE_RECHECK, Rate, answer_rate, fresh_rate, rate_holds, rate_kept_until, roll_rate
+from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, merge_note
+from .rate import Rate, answer_rate, fresh_rate, roll_rate
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
 #: a small store never forgets a time (tests on a fake clock keep theirs).
@@ -52,27 +73,6 @@ _FRESHNESS_KEPT = timedelta(seconds=FRESHNESS_KEPT)
 _ALLOWANCE_KEPT = timedelta(seconds=ALLOWANCE_KEPT)
 
 
-#: The answer of ``admit`` with nothing stored and nothing to take (shared: immutable).
-_ADMITTED = Admission(None, None)
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_US = timedelta(microseconds=1)
-
-
-def _micros(at: datetime) -> int:
-    """``at`` (an aware datetime) as whole microseconds since the epoch: exact, since a
-    datetime holds microseconds; permits and leases are kept so (cheap to compare)."""
-    try:
-        return (at - _EPOCH) // _US
-    except TypeError:  # naive, or not a datetime
-        check_until(at)
-        raise
-
-
-def _as_datetime(micros: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=micros)
-
-
 def _sweep(
     scopes: collections.deque[str], records: dict[str, _R], ended: Callable[[_R, _T], bool], at: _T
 ) -> None:
@@ -92,109 +92,6 @@ def _sweep(
             scopes.append(scope)
             return
         del records[scope]
-
-
-def _permits_ended(logs: dict[tuple[int, ...], collections.deque[int]], at: int) -> bool:
-    """Whether a scope's permit logs hold no permit that counts at ``at`` (each log is
-    sorted: its last permit stops counting last)."""
-    for log in logs.values():  # noqa: SIM110 - a loop: no generator made per look
-        if log and log[-1] > at:
-            return False
-    return True
-
-
-def _leases_ended(held: dict[str, int], at: int) -> bool:
-    """Whether a scope holds no lease that runs at ``at`` (a copy of the values:
-    ``release`` pops without the lock)."""
-    return max(list(held.values()), default=at) <= at
-
-
-def _allowance_ended(record: Allowance, stale: datetime) -> bool:
-    """Whether an allowance's reset is at or before ``stale`` (the present less
-    ``ALLOWANCE_KEPT``): what it counted is over."""
-    return record.until <= stale
-
-
-def _rate_ended(record: Rate, now: float) -> bool:
-    """Whether a learned rate was unused long enough to be dropped at ``now`` (seconds
-    since the epoch; see ``rate.rate_kept_until``)."""
-    return rate_kept_until(record) <= now
-
-
-def _freshness_ended(record: Freshness, stale: datetime) -> bool:
-    """Whether a freshness record was last noted at or before ``stale`` (the present
-    less ``FRESHNESS_KEPT``): news no longer."""
-    noted = last_noted(record)
-    return noted is None or noted <= stale
-
-
-def _closed_ends(log: collections.deque[int], opened: dict[int, list[int]], k: int) -> list[int]:
-    """The earliest ``k`` ends of ``log`` (ascending) that are not open permits'."""
-    skip = {end: len(ends) for end, ends in opened.items()}
-    closed: list[int] = []
-    for end in log:
-        if skip.get(end, 0) > 0:
-            skip[end] -= 1
-            continue
-        closed.append(end)
-        if len(closed) >= k:
-            break
-    return closed
-
-
-#: ``_window_micros`` of the windows seen (a few per process).
-_WINDOWS: dict[float, int] = {}
-#: ``_quota_key`` of the quotas seen (a few per process).
-_QUOTAS: dict[tuple[int, float, float], tuple[int, int, int, timedelta]] = {}
-
-
-def _quota_key(limit: int, per: float | None, margin: float) -> tuple[int, int, int, timedelta]:
-    """A quota's log key ``(limit, per)`` (``key[:2]``), how long its permits count
-    (``per + margin``) in whole microseconds, and that as a timedelta."""
-    try:
-        return _QUOTAS[(limit, per, margin)]  # type: ignore[index]
-    except (KeyError, TypeError):
-        pass
-    if per is None:
-        raise ConfigurationError("a quota needs a window (per)")
-    per_us = _window_micros(per)
-    counts = per_us + _window_micros(margin)
-    key = (limit, per_us, counts, timedelta(microseconds=counts))
-    if len(_QUOTAS) >= 1024:
-        _QUOTAS.clear()
-    _QUOTAS[(limit, per, margin)] = key
-    return key
-
-
-def _window_micros(per: float) -> int:
-    """``per`` seconds in whole microseconds (as ``timedelta(seconds=per)`` rounds)."""
-    try:
-        return _WINDOWS[per]
-    except (KeyError, TypeError):
-        pass
-    try:
-        micros = timedelta(seconds=per) // _US
-    except (TypeError, OverflowError, ValueError):
-        raise ConfigurationError("a window must be a number of seconds") from None
-    if len(_WINDOWS) >= 1024:
-        _WINDOWS.clear()
-    _WINDOWS[per] = micros
-    return micros
-
-
-#: ``rate.PROBE_RECHECK`` in microseconds.
-_PROBE_RECHECK_US = round(PROBE_RECHECK * 1_000_000)
-
-
-def _granted(cooldown: datetime | None) -> Admission:
-    """Admitted, nothing to report (a cooldown that ran out may be known)."""
-    return _ADMITTED if cooldown is None else Admission(cooldown, None)
-
-
-def _open(rate: Rate | None) -> bool:
-    """Whether a learned rate admits without taking anything (no cap, no limit: ``Rate.open``,
-    inline on the common path)."""
-    return rate is not None and rate.cap <= 0 and rate.limit <= 0
 
 
 class MemoryCooldownStore(Store):
@@ -637,42 +534,15 @@ class MemoryCooldownStore(Store):
         at = _micros(now)
         found: dict[str, list[Hold]] = {}
         with self._lock:
-            for kind in (self._cooldown_holds, self._allowance_holds, self._quota_holds,
-                         self._lease_holds, self._rate_holds):
-                for scope, hold in kind(now, at):
-                    found.setdefault(scope, []).append(hold)
+            for scope, hold in (
+                *_cooldown_holds(self._until, now),
+                *_allowance_holds(self._allowance, now),
+                *_quota_holds(self._permits, at),
+                *_lease_holds(self._leases, at),
+                *_rate_holds(self._rates, at),
+            ):
+                found.setdefault(scope, []).append(hold)
         return found
-
-    # (Lock held; ``at``: ``now`` in microseconds.) Each kind of record's holds.
-    def _cooldown_holds(self, now: datetime, at: int) -> Iterator[tuple[str, Hold]]:
-        for scope, until in self._until.items():
-            if until > now:
-                yield scope, Hold("cooldown", until)
-
-    def _allowance_holds(self, now: datetime, at: int) -> Iterator[tuple[str, Hold]]:
-        for scope, record in self._allowance.items():
-            rolled = roll(record, now)
-            if rolled.until > now and rolled.remaining <= 0:
-                yield scope, Hold("allowance", rolled.until)
-
-    def _quota_holds(self, now: datetime, at: int) -> Iterator[tuple[str, Hold]]:
-        for scope, logs in self._permits.items():
-            for (limit, *_), log in logs.items():
-                live = [expires for expires in log if expires > at]
-                if len(live) >= limit:
-                    yield scope, Hold("quota", _as_datetime(live[len(live) - limit]), limit)
-
-    def _lease_holds(self, now: datetime, at: int) -> Iterator[tuple[str, Hold]]:
-        for scope, held in self._leases.items():
-            live = [expires for expires in list(held.values()) if expires > at]
-            if live:
-                yield scope, Hold("leases", _as_datetime(max(live)), len(live))
-
-    def _rate_holds(self, now: datetime, at: int) -> Iterator[tuple[str, Hold]]:
-        for scope, rate in self._rates.items():
-            ends = rate_holds(rate, at / 1e6)
-            if ends is not None:
-                yield scope, Hold("rate", _as_datetime(round(ends * 1e6)), rate.limit)
 
     # -- for the failure layer's local copy -------------------------------------------
     def _replace(self, scope: str, until: datetime | None) -> None:

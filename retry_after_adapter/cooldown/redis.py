@@ -12,26 +12,36 @@ time; only :meth:`RedisCooldownStore.from_url` does, when called.
 from __future__ import annotations
 
 import math
-import re
 import secrets
 from datetime import datetime, timezone
-from importlib import resources
 from typing import Any
 
 from ..errors import ConfigurationError, CooldownStoreError, failure_cause
 from ..redact import client_secrets, redact_url, scrub, url_secrets
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from ._redis_feed import CHANNEL, RedisFeed
+from ._redis_wire import (
+    SCRIPTS,
+    _admission,
+    _as_redis_url,
+    _client_timeout,
+    _database,
+    _freshness,
+    _glob,
+    _lease_args,
+    _permit_args,
+    _slot_string,
+    _source,
+    _text,
+)
 from .allowance import ALLOWANCE_KEPT, SAME_WINDOW, Allowance, roll
 from .base import (
     Admission,
     Changed,
     Feed,
-    Granted,
     Hold,
     Learn,
     Lease,
-    RateHeld,
     Store,
     check_scope,
     check_until,
@@ -46,24 +56,6 @@ DEFAULT_SOCKET_TIMEOUT = 0.1
 GRACE_MS = 60_000
 
 
-def lua(*names: str) -> str:
-    """The Lua scripts ``names`` (files of the package's ``lua`` folder), joined in
-    that order: a library such as ``allowance`` comes before the script that uses it."""
-    folder = resources.files(__package__).joinpath("lua")
-    return "\n".join(folder.joinpath(f"{name}.lua").read_text("utf-8") for name in names)
-
-
-#: Each script's files, in load order.
-SCRIPTS = {
-    "extend": ("extend",),
-    "admit": ("allowance", "rate", "admit"),
-    "rate_answer": ("rate", "rate_answer"),
-    "allow": ("allowance", "allow"),
-    "settle": ("settle",),
-    "note": ("note",),
-}
-
-
 #: Milliseconds a freshness record is kept after its last note (30 days).
 FRESHNESS_KEPT_MS = int(FRESHNESS_KEPT * 1000)
 
@@ -75,33 +67,11 @@ _OPEN = ":open"
 
 _INSTALL_HINT = "pip install 'retry_after_adapter[redis]' (from a checkout: pip install -e '.[redis]')"
 
-_GLOB_SPECIAL = re.compile(r"[*?\[\]\\]")
-
-
-_SOURCES: dict[str, str] = {}
-
-
-def _source(name: str) -> str:
-    """The source of the script ``name`` (read once per process)."""
-    source = _SOURCES.get(name)
-    if source is None:
-        source = _SOURCES[name] = lua(*SCRIPTS[name])
-    return source
-
-
-def _glob(text: str) -> str:
-    """``text`` as a SCAN pattern that matches it literally."""
-    return _GLOB_SPECIAL.sub(r"\\\g<0>", text)
 
 
 def _present(now: datetime | None) -> datetime:
     """``now`` checked, or this host's present."""
     return datetime.now(timezone.utc) if now is None else check_until(now)
-
-
-def _counts_ms(per: float, margin: float) -> int:
-    """How long (ms) a permit of a quota of ``per`` seconds counts: ``per + margin``."""
-    return window_ms(per) + math.ceil(margin * 1000)
 
 
 def _restore(url: str, prefix: str, client_kwargs: dict[str, Any]) -> RedisCooldownStore:
@@ -625,115 +595,3 @@ class RedisCooldownStore(Store):
             cause=cause,
             lasting=lasting,
         )
-
-
-def _ms_or_none(ms: int) -> datetime | None:
-    """A script's time: None for -1 (none)."""
-    return None if ms < 0 else from_epoch_ms(ms)
-
-
-def _admission(reply: Any, stored: datetime | None, together: bool, learn: Learn | None) -> Admission:
-    """The admit script's reply as an :class:`Admission`: eight numbers (see
-    ``admit.lua``), three more when the learned rate admitted; ``stored``: the cooldown
-    read before the script when it could not read it (``together`` False)."""
-    try:
-        cooldown, wait, seq, busy, permit, extra, units, reset = (int(value) for value in reply[:8])
-        rated = [int(value) for value in reply[8:11]]
-    except (TypeError, ValueError):
-        raise CooldownStoreError("the Redis admit script returned an unexpected reply") from None
-    known = _ms_or_none(cooldown) if together else stored
-    end = from_epoch_ms(permit) if permit >= 0 else None
-    if rated and wait >= 0:
-        return RateHeld(known, from_epoch_ms(wait), None, bool(busy))
-    if rated and wait < 0:
-        assert learn is not None
-        token = learn[1] if rated[2] else None
-        return Granted.of(end, known, None, 0, token, rate_epoch=rated[0], rate_report=bool(rated[1]))
-    number = None if seq < 0 else seq
-    if wait < 0 and (permit >= 0 or units > 0):
-        until = from_epoch_ms(reset) if units > 0 else None
-        return Granted.of(end, known, number, extra, None, units, until)
-    return Admission(known, _ms_or_none(wait), number, bool(busy))
-
-
-def _permit_args(limit: int | None, per: float | None, margin: float, when: datetime) -> tuple[object, ...]:
-    """The admit script's quota arguments: how long a permit counts (ms, 0: no quota)
-    from ``when`` as passed (rounded down), the limit and a unique member. When ``when``
-    has a part of a millisecond, a permit counts one millisecond more: its end is
-    ``when`` rounded *up* + per + margin, never before its grant's."""
-    if limit is None or per is None:
-        return (0, 0, "")
-    carry = to_epoch_ms(when) - now_epoch_ms(when)
-    return (_counts_ms(per, margin) + carry, limit, secrets.token_hex(8))
-
-
-def _lease_args(lease: Lease | None) -> tuple[object, ...]:
-    """The admit script's lease arguments: the slots (0: no cap), ttl (ms), token."""
-    if lease is None:
-        return (0, 0, "")
-    return (lease[0], window_ms(lease[1]), lease[2])
-
-
-def _text(raw: Any) -> str:
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-
-
-def _freshness(fields: list[Any], until: datetime | None) -> Freshness:
-    """A freshness hash's (s, e, t) fields as a Freshness."""
-
-    def when(raw: Any) -> datetime | None:
-        try:
-            return None if raw is None else from_epoch_ms(int(raw))
-        except (TypeError, ValueError):
-            return None
-
-    success, error, error_at = fields
-    text = error.decode("ascii", "replace") if isinstance(error, bytes) else error
-    return Freshness(when(success), None if text is None else str(text), when(error_at), until)
-
-
-def _slot_string(key: str) -> tuple[str, bool]:
-    """What Redis Cluster hashes of ``key`` (its hash tag, else the whole key), with a
-    tag free of braces for the scope's other keys, and whether ``{tag}...`` keys share
-    the cooldown key's slot (False only for a key whose ``}`` is not part of a tag)."""
-    start = key.find("{")
-    if start >= 0:
-        end = key.find("}", start + 1)
-        if end > start + 1:
-            return key[start + 1 : end], True
-    if "}" in key:
-        return key.replace("}", ""), False
-    return key, True
-
-
-def _as_redis_url(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    mapped = {"valkey": "redis", "valkeys": "rediss"}.get(scheme.lower())
-    return f"{mapped}{sep}{rest}" if mapped and sep else url
-
-
-def _database(client: Any) -> int:
-    """The database a redis-py style client uses (a cluster has one: 0)."""
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
-    database = kwargs.get("db", 0) if isinstance(kwargs, dict) else 0
-    try:
-        return int(database or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def _client_timeout(client: Any) -> float | None:
-    """Connect plus socket timeout of a redis-py style client's pool, if both are set."""
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
-    if not isinstance(kwargs, dict):
-        return None
-    reply = kwargs.get("socket_timeout")
-    connect = kwargs.get("socket_connect_timeout", reply)
-    if connect is None:
-        connect = reply
-    total = 0.0
-    for value in (reply, connect):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            return None
-        total += float(value)
-    return total

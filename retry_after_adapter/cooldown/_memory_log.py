@@ -1,0 +1,177 @@
+"""The memory store's units and records, as pure functions: times in whole
+microseconds since the epoch, when a kind of record can no longer matter, a quota's
+log key, the answers admission gives."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+
+from ..errors import ConfigurationError
+from .allowance import Allowance, roll
+from .base import Admission, Hold, check_until
+from .freshness import Freshness, last_noted
+from .rate import PROBE_RECHECK, Rate, rate_holds, rate_kept_until
+
+#: The answer of ``admit`` with nothing stored and nothing to take (shared: immutable).
+_ADMITTED = Admission(None, None)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
+
+
+def _micros(at: datetime) -> int:
+    """``at`` (an aware datetime) as whole microseconds since the epoch: exact, since a
+    datetime holds microseconds; permits and leases are kept so (cheap to compare)."""
+    try:
+        return (at - _EPOCH) // _US
+    except TypeError:  # naive, or not a datetime
+        check_until(at)
+        raise
+
+
+def _as_datetime(micros: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=micros)
+
+
+def _permits_ended(logs: dict[tuple[int, ...], collections.deque[int]], at: int) -> bool:
+    """Whether a scope's permit logs hold no permit that counts at ``at`` (each log is
+    sorted: its last permit stops counting last)."""
+    for log in logs.values():  # noqa: SIM110 - a loop: no generator made per look
+        if log and log[-1] > at:
+            return False
+    return True
+
+
+def _leases_ended(held: dict[str, int], at: int) -> bool:
+    """Whether a scope holds no lease that runs at ``at`` (a copy of the values:
+    ``release`` pops without the lock)."""
+    return max(list(held.values()), default=at) <= at
+
+
+def _allowance_ended(record: Allowance, stale: datetime) -> bool:
+    """Whether an allowance's reset is at or before ``stale`` (the present less
+    ``ALLOWANCE_KEPT``): what it counted is over."""
+    return record.until <= stale
+
+
+def _rate_ended(record: Rate, now: float) -> bool:
+    """Whether a learned rate was unused long enough to be dropped at ``now`` (seconds
+    since the epoch; see ``rate.rate_kept_until``)."""
+    return rate_kept_until(record) <= now
+
+
+def _freshness_ended(record: Freshness, stale: datetime) -> bool:
+    """Whether a freshness record was last noted at or before ``stale`` (the present
+    less ``FRESHNESS_KEPT``): news no longer."""
+    noted = last_noted(record)
+    return noted is None or noted <= stale
+
+
+def _closed_ends(log: collections.deque[int], opened: dict[int, list[int]], k: int) -> list[int]:
+    """The earliest ``k`` ends of ``log`` (ascending) that are not open permits'."""
+    skip = {end: len(ends) for end, ends in opened.items()}
+    closed: list[int] = []
+    for end in log:
+        if skip.get(end, 0) > 0:
+            skip[end] -= 1
+            continue
+        closed.append(end)
+        if len(closed) >= k:
+            break
+    return closed
+
+
+#: ``_window_micros`` of the windows seen (a few per process).
+_WINDOWS: dict[float, int] = {}
+#: ``_quota_key`` of the quotas seen (a few per process).
+_QUOTAS: dict[tuple[int, float, float], tuple[int, int, int, timedelta]] = {}
+
+
+def _quota_key(limit: int, per: float | None, margin: float) -> tuple[int, int, int, timedelta]:
+    """A quota's log key ``(limit, per)`` (``key[:2]``), how long its permits count
+    (``per + margin``) in whole microseconds, and that as a timedelta."""
+    try:
+        return _QUOTAS[(limit, per, margin)]  # type: ignore[index]
+    except (KeyError, TypeError):
+        pass
+    if per is None:
+        raise ConfigurationError("a quota needs a window (per)")
+    per_us = _window_micros(per)
+    counts = per_us + _window_micros(margin)
+    key = (limit, per_us, counts, timedelta(microseconds=counts))
+    if len(_QUOTAS) >= 1024:
+        _QUOTAS.clear()
+    _QUOTAS[(limit, per, margin)] = key
+    return key
+
+
+def _window_micros(per: float) -> int:
+    """``per`` seconds in whole microseconds (as ``timedelta(seconds=per)`` rounds)."""
+    try:
+        return _WINDOWS[per]
+    except (KeyError, TypeError):
+        pass
+    try:
+        micros = timedelta(seconds=per) // _US
+    except (TypeError, OverflowError, ValueError):
+        raise ConfigurationError("a window must be a number of seconds") from None
+    if len(_WINDOWS) >= 1024:
+        _WINDOWS.clear()
+    _WINDOWS[per] = micros
+    return micros
+
+
+#: ``rate.PROBE_RECHECK`` in microseconds.
+_PROBE_RECHECK_US = round(PROBE_RECHECK * 1_000_000)
+
+
+def _granted(cooldown: datetime | None) -> Admission:
+    """Admitted, nothing to report (a cooldown that ran out may be known)."""
+    return _ADMITTED if cooldown is None else Admission(cooldown, None)
+
+
+def _open(rate: Rate | None) -> bool:
+    """Whether a learned rate admits without taking anything (no cap, no limit: ``Rate.open``,
+    inline on the common path)."""
+    return rate is not None and rate.cap <= 0 and rate.limit <= 0
+
+
+# What holds each scope back, per kind of record (``now`` aware, ``at`` the same
+# instant in microseconds; the store's lock held by the caller).
+def _cooldown_holds(until: dict[str, datetime], now: datetime) -> Iterator[tuple[str, Hold]]:
+    for scope, end in until.items():
+        if end > now:
+            yield scope, Hold("cooldown", end)
+
+
+def _allowance_holds(allowances: dict[str, Allowance], now: datetime) -> Iterator[tuple[str, Hold]]:
+    for scope, record in allowances.items():
+        rolled = roll(record, now)
+        if rolled.until > now and rolled.remaining <= 0:
+            yield scope, Hold("allowance", rolled.until)
+
+
+def _quota_holds(
+    permits: dict[str, dict[tuple[int, ...], collections.deque[int]]], at: int
+) -> Iterator[tuple[str, Hold]]:
+    for scope, logs in permits.items():
+        for (limit, *_), log in logs.items():
+            live = [expires for expires in log if expires > at]
+            if len(live) >= limit:
+                yield scope, Hold("quota", _as_datetime(live[len(live) - limit]), limit)
+
+
+def _lease_holds(leases: dict[str, dict[str, int]], at: int) -> Iterator[tuple[str, Hold]]:
+    for scope, held in leases.items():
+        live = [expires for expires in list(held.values()) if expires > at]
+        if live:
+            yield scope, Hold("leases", _as_datetime(max(live)), len(live))
+
+
+def _rate_holds(rates: dict[str, Rate], at: int) -> Iterator[tuple[str, Hold]]:
+    for scope, rate in rates.items():
+        ends = rate_holds(rate, at / 1e6)
+        if ends is not None:
+            yield scope, Hold("rate", _as_datetime(round(ends * 1e6)), rate.limit)
