@@ -5,8 +5,9 @@ log key, the answers admission gives."""
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
+from typing import TypeVar
 
 from ..errors import ConfigurationError
 from .allowance import Allowance, roll
@@ -17,6 +18,8 @@ from .rate import PROBE_RECHECK, Rate, rate_holds, rate_kept_until
 #: The answer of ``admit`` with nothing stored and nothing to take (shared: immutable).
 _ADMITTED = Admission(None, None)
 
+_R = TypeVar("_R")
+_T = TypeVar("_T")
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _US = timedelta(microseconds=1)
 
@@ -175,3 +178,28 @@ def _rate_holds(rates: dict[str, Rate], at: int) -> Iterator[tuple[str, Hold]]:
         ends = rate_holds(rate, at / 1e6)
         if ends is not None:
             yield scope, Hold("rate", _as_datetime(round(ends * 1e6)), rate.limit)
+
+
+def _sweep(
+    scopes: collections.deque[str],
+    records: dict[str, _R],
+    ended: Callable[[_R, _T], bool],
+    at: _T,
+    most: int,
+) -> None:
+    """(Lock held.) Drop the records of the scopes longest in ``scopes`` (every scope
+    with a record in ``records``, in the order they got one) that ``ended`` says can no
+    longer matter at ``at``, at most ``most`` of them (the store's ``_SWEEP_PER_WRITE``), up to the first that
+    still matters: that one goes to the end of the queue. A write that adds one scope thus
+    removes one (or more) that no longer matter or moves one that does, so the queue
+    stays under twice the scopes that matter; and while every record matters (a young
+    store), it costs one look. A scope gone meanwhile (``delete``) leaves the queue."""
+    for _ in range(most):
+        scope = scopes.popleft()
+        record = records.get(scope)
+        if record is None:
+            continue
+        if not ended(record, at):
+            scopes.append(scope)
+            return
+        del records[scope]

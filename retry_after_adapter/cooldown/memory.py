@@ -6,10 +6,9 @@ import bisect
 import collections
 import heapq
 import threading
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar
+from typing import Any
 
 from .. import _forksafe
 from ._memory_log import (  # time in microseconds, and what the store's records say
@@ -33,6 +32,7 @@ from ._memory_log import (  # time in microseconds, and what the store's records
     _quota_key,
     _rate_ended,
     _rate_holds,
+    _sweep,
 )
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance
 from .base import (
@@ -67,31 +67,8 @@ _SWEEP_AT = 1024
 #: each in O(1): never a scan of the store.
 _SWEEP_PER_WRITE = 4
 
-_R = TypeVar("_R")
-_T = TypeVar("_T")
 _FRESHNESS_KEPT = timedelta(seconds=FRESHNESS_KEPT)
 _ALLOWANCE_KEPT = timedelta(seconds=ALLOWANCE_KEPT)
-
-
-def _sweep(
-    scopes: collections.deque[str], records: dict[str, _R], ended: Callable[[_R, _T], bool], at: _T
-) -> None:
-    """(Lock held.) Drop the records of the scopes longest in ``scopes`` (every scope
-    with a record in ``records``, in the order they got one) that ``ended`` says can no
-    longer matter at ``at``, at most ``_SWEEP_PER_WRITE`` of them, up to the first that
-    still matters: that one goes to the end of the queue. A write that adds one scope thus
-    removes one (or more) that no longer matter or moves one that does, so the queue
-    stays under twice the scopes that matter; and while every record matters (a young
-    store), it costs one look. A scope gone meanwhile (``delete``) leaves the queue."""
-    for _ in range(_SWEEP_PER_WRITE):
-        scope = scopes.popleft()
-        record = records.get(scope)
-        if record is None:
-            continue
-        if not ended(record, at):
-            scopes.append(scope)
-            return
-        del records[scope]
 
 
 class MemoryCooldownStore(Store):
@@ -165,7 +142,7 @@ class MemoryCooldownStore(Store):
         now: see ``base.free_at``); permits that expired are dropped (and a few other
         scopes' that all did, in a large store)."""
         if len(self._permit_scopes) > _SWEEP_AT:
-            _sweep(self._permit_scopes, self._permits, _permits_ended, at)
+            _sweep(self._permit_scopes, self._permits, _permits_ended, at, _SWEEP_PER_WRITE)
         logs = self._permits.get(scope)
         if logs is None:
             check_scope(scope)  # a scope new to the store: checked once
@@ -217,7 +194,7 @@ class MemoryCooldownStore(Store):
         a few other scopes' that all expired, in a large store)."""
         slots, ttl, token = lease
         if len(self._lease_scopes) > _SWEEP_AT:
-            _sweep(self._lease_scopes, self._leases, _leases_ended, at)
+            _sweep(self._lease_scopes, self._leases, _leases_ended, at, _SWEEP_PER_WRITE)
         held = self._leases.get(scope)
         if held is None:
             check_scope(scope)  # a scope new to the store: checked once
@@ -245,7 +222,8 @@ class MemoryCooldownStore(Store):
         now = check_until(now)
         with self._lock:
             if len(self._allowance_scopes) > _SWEEP_AT:
-                _sweep(self._allowance_scopes, self._allowance, _allowance_ended, now - _ALLOWANCE_KEPT)
+                stale = now - _ALLOWANCE_KEPT
+                _sweep(self._allowance_scopes, self._allowance, _allowance_ended, stale, _SWEEP_PER_WRITE)
             current = self._allowance.get(scope)
             merged = merge_allowance(current, remaining, until, now, seq, limit, window)
             if merged is not None:
@@ -396,7 +374,7 @@ class MemoryCooldownStore(Store):
         rate = self._rates.get(scope)
         if rate is None:
             if len(self._rate_scopes) > _SWEEP_AT:
-                _sweep(self._rate_scopes, self._rates, _rate_ended, now)
+                _sweep(self._rate_scopes, self._rates, _rate_ended, now, _SWEEP_PER_WRITE)
             rate = fresh_rate(now)
             self._rate_scopes.append(scope)
         else:
@@ -456,7 +434,8 @@ class MemoryCooldownStore(Store):
         at = check_until(at)
         with self._lock:
             if len(self._fresh_scopes) > _SWEEP_AT:
-                _sweep(self._fresh_scopes, self._fresh, _freshness_ended, at - _FRESHNESS_KEPT)
+                stale = at - _FRESHNESS_KEPT
+                _sweep(self._fresh_scopes, self._fresh, _freshness_ended, stale, _SWEEP_PER_WRITE)
             current = self._fresh.get(scope)
             if current is None:
                 self._fresh_scopes.append(scope)
