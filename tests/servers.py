@@ -46,6 +46,19 @@ KiB = 1024
 MiB = 1024 * KiB
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """What every loopback test server's handler shares: HTTP/1.1 keep-alive, no Nagle
+    delay (headers and body go out as two writes: without this, Nagle's algorithm and
+    the client's delayed ACK hold the body back 40 ms on a kept-alive connection), and
+    no log line per request."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
 # ------------------------------------------------------------------ ThrottleServer
 def format_http_date(when: datetime) -> str:
     return when.strftime("%a, %d %b %Y %H:%M:%S GMT")
@@ -98,15 +111,7 @@ class ThrottleServer:
         self._stop = threading.Event()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            # Headers and body go out as two writes: without this, Nagle's algorithm and
-            # the client's delayed ACK hold the body back 40 ms on a kept-alive connection.
-            disable_nagle_algorithm = True
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def date_time_string(self, timestamp: float | None = None) -> str:
                 # The Date header follows the test's clock, so date-form tests are exact.
                 return format_http_date(server.clock.now())
@@ -199,11 +204,7 @@ class HoldingServer:
         self.seen: list[int] = []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            disable_nagle_algorithm = True
-
-            def log_message(self, *args: Any) -> None:
-                pass
+        class Handler(QuietHandler):
 
             def do_GET(self) -> None:
                 with outer.lock:
@@ -269,12 +270,7 @@ class PromiseServer:
         self.total = 0
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-
-            def log_message(self, *args: Any) -> None:
-                pass
+        class Handler(QuietHandler):
 
             def do_GET(self) -> None:
                 with outer.cond:
@@ -350,12 +346,7 @@ class BusyServer:
         self.queued_at = 0.0
         owner = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-
-            def log_message(self, *args: Any) -> None:
-                pass
+        class Handler(QuietHandler):
 
             def do_GET(self) -> None:
                 busy = float(self.headers.get("X-Busy") or 0)
