@@ -107,11 +107,11 @@ if __name__ == "__main__":
     from retry_after_adapter import RetryAfterAdapter, RetryAfterRetry, deferral_of
     from retry_after_adapter.testing import QuotaServer
 
-    with QuotaServer(quota=1, window=3600) as server, tempfile.TemporaryDirectory() as temporary:
+    with QuotaServer(quota=1, window=3600, align="first") as server, tempfile.TemporaryDirectory() as tmp:
         workers = []
         for _ in range(2):  # each as another process would open it: its own handle on the file
             session, retry = requests.Session(), RetryAfterRetry(total=0, raise_on_status=False)
-            store = JSONFileStore(Path(temporary) / "cooldowns.json")
+            store = JSONFileStore(Path(tmp) / "cooldowns.json")
             session.mount("http://", RetryAfterAdapter(retry, cooldown=store))
             workers.append(session)
         print("worker 1:", workers[0].get(server.url).status_code, workers[0].get(server.url).status_code)

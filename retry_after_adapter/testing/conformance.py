@@ -187,7 +187,7 @@ class StoreContract:
         from ..retry import RetryAfterRetry
         from .server import QuotaServer
 
-        with QuotaServer(quota=1, window=3600) as server:
+        with QuotaServer(quota=1, window=3600, align="first") as server:
             sessions = []
             for handle in (store, other_store):
                 session = requests.Session()
