@@ -379,9 +379,9 @@ class _Recorder:
         value: datetime | None = super().get(scope)  # type: ignore[misc]
         return value
 
-    def admit(self, scope: str, *args: Any, **kwargs: Any) -> Any:
+    def admit(self, ask: Any) -> Any:
         _checked.at = time.monotonic()
-        return super().admit(scope, *args, **kwargs)  # type: ignore[misc]
+        return super().admit(ask)  # type: ignore[misc]
 
     def extend(self, scope: str, until: datetime) -> datetime:
         value: datetime = super().extend(scope, until)  # type: ignore[misc]

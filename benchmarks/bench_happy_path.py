@@ -96,7 +96,7 @@ from urllib3.util.timeout import Timeout
 
 from retry_after_adapter import MemoryCooldownStore, Quota, RetryAfterAdapter, RetryAfterRetry
 from retry_after_adapter.adapter import DEFAULT_STORE, RetryAfterResponse
-from retry_after_adapter.cooldown import RedisCooldownStore, SQLiteCooldownStore
+from retry_after_adapter.cooldown import Ask, RedisCooldownStore, SQLiteCooldownStore
 from retry_after_adapter.cooldown.guard import DEFAULT, guard_of
 from retry_after_adapter.engine import Call, admitted
 
@@ -361,12 +361,12 @@ def breakdown(
         key = kind.lower()
         if key in made:
             guard = guard_of(made[key])
-            ops[f"admit, {kind} near copy (a scope it knows)"] = lambda g=guard: g.admit(scope, None)
+            ops[f"admit, {kind} near copy (a scope it knows)"] = lambda g=guard: g.admit(Ask(scope, None))
         if key + "-qc" in made:
             guard = guard_of(made[key + "-qc"])
 
             def permit(g: Any = guard) -> object:
-                return g.admit(scope, None, quota.limit, quota.per, None, quota.margin)
+                return g.admit(Ask(scope, None, quota.limit, quota.per, None, quota.margin))
 
             end = time.perf_counter() + warm_seconds  # a second of history: batches form
             while time.perf_counter() < end:

@@ -46,6 +46,8 @@ from typing import Any
 
 import _common
 
+from retry_after_adapter.cooldown import Ask
+
 STORES = ("memory", "sqlite", "redis")
 MODES = ("adapter", "store")
 #: Scopes seen at each checkpoint (full run).
@@ -189,7 +191,7 @@ def store_calls(view: Any) -> tuple[Any, Any]:
     def call(n: int) -> None:
         scope = f"tenant-{n}"
         token = f"t{n}"
-        answer = view.admit(scope, None, 100, 1.0, (8, lease_ttl, token), 0.0)
+        answer = view.admit(Ask(scope, None, 100, 1.0, (8, lease_ttl, token), 0.0))
         if answer.not_before is not None:
             raise RuntimeError(f"a new scope was not admitted: {answer}")
         now = datetime.now(timezone.utc)
@@ -213,7 +215,7 @@ def expire(kind: str, store: Any, view: Any, scopes: int, rounds: int) -> dict[s
         for _ in range(500):
             at = base + timedelta(milliseconds=done)
             scope = f"{PROBE}{done}"
-            view.admit(scope, at, 100, 1.0, (8, 60.0, f"p{done}"), 0.0)
+            view.admit(Ask(scope, at, 100, 1.0, (8, 60.0, f"p{done}"), 0.0))
             view.release(scope, f"p{done}")
             view.allow(scope, 50, at + timedelta(seconds=1), at, None, 100, 1.0)
             view.note(scope, "success", at)

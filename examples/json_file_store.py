@@ -1,9 +1,7 @@
 """A cooldown store of your own, with the core alone: a JSON file shared by the
-processes of one host, written under an exclusive file lock.
-
-It has ``get`` and ``extend`` and nothing else: the adapter shares cooldowns through
-it (a 429 seen by one worker holds back every other); a ``Quota`` or ``max_concurrency``
-needs a store with admission. It passes the package's conformance kit. Run it to see
+processes of one host, written under an exclusive file lock. A ``Store`` with ``get``
+and ``extend`` and no capability mixin, it shares cooldowns (a 429 seen by one worker
+holds back every other; a ``Quota`` needs ``QuotaLogs``) and passes the conformance kit. Run it to see
 two workers share a cooldown: ``python3 examples/json_file_store.py``.
 """
 
@@ -17,10 +15,11 @@ import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
+from retry_after_adapter.cooldown import Store
 from retry_after_adapter.errors import ConfigurationError, CooldownStoreError
 
 
-class JSONFileStore:
+class JSONFileStore(Store):
     """Cooldowns in one JSON file (``{scope: epoch microseconds}``), later wins. Every
     operation holds an exclusive ``flock`` on a lock file beside it; a write replaces
     the file atomically, so a reader never sees half of one."""

@@ -19,7 +19,7 @@ from urllib3.util.retry import Retry
 
 from . import _forksafe
 from ._compat import local_response
-from .cooldown.base import CooldownStore
+from .cooldown.base import CooldownStore, FreshnessLog, Leases, QuotaLogs
 from .cooldown.freshness import Freshness
 from .cooldown.guard import DEFAULT, check_store_failure, shared
 from .cooldown.memory import DEFAULT_STORE
@@ -252,16 +252,18 @@ def _plan(settings: Settings) -> Plan:
     """The plan every call of a front end with ``settings`` runs on: raises
     ``ConfigurationError`` when the store cannot carry what the settings ask."""
     store = shared(settings.cooldown)
-    if store is not None and settings.quota is not None and not store.supports("quota"):
+    if store is not None and settings.quota is not None and QuotaLogs not in store.capabilities:
         raise ConfigurationError(
-            "a quota needs a store that can take permits (acquire()); "
-            f"{type(settings.cooldown).__name__} cannot: "
+            "a quota needs a store that takes permits (the QuotaLogs capability; acquire() in 0.x); "
+            f"{type(settings.cooldown).__name__} does not: "
             "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
         )
-    if store is not None and settings.max_concurrency is not None and not store.supports("leases"):
+    if store is not None and settings.max_concurrency is not None and Leases not in store.capabilities:
         raise ConfigurationError(
-            "max_concurrency needs a store that holds leases (lease() and release()): "
-            "MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
+            "max_concurrency needs a store that holds leases "
+            "(the Leases capability; lease() and release() in 0.x); "
+            f"{type(settings.cooldown).__name__} does not: "
+            "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
         )
     return Plan(
         store,
@@ -410,7 +412,7 @@ class SharedSettings:
         eligible time, as every worker sharing the store noted them (None: nothing
         known, or no store)."""
         store = self._plan.store
-        if store is None or not store.supports("freshness"):
+        if store is None or FreshnessLog not in store.capabilities:
             return None
         scope = self._scope_fn(RequestInfo("GET", target, {})) if "://" in target else target
         return store.freshness(scope)

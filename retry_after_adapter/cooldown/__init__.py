@@ -1,7 +1,11 @@
 """Cooldown stores: where workers share a scope's next eligible time and admission.
 
-- :class:`Store`: the whole interface every store implements (see ``base``); a store
-  of 0.x with only ``get`` and ``extend`` (:class:`CooldownStore`) is adapted once.
+- :class:`Store`: the core every store implements (``get``, ``extend``, ``admit`` of
+  one :class:`Ask`, ``answer`` of one :class:`Answer`), and one mixin per capability
+  (:class:`QuotaLogs`, :class:`Leases`, :class:`Allowances`, :class:`LearnedRate`,
+  :class:`FreshnessLog`, :class:`Listing`, :class:`ChangeFeed`; see ``base``). A store
+  of 0.x (:class:`CooldownStore`: ``get`` and ``extend``, and what else it had) is
+  adapted once.
 - :class:`MemoryCooldownStore`: the threads of one process.
 - :class:`SQLiteCooldownStore`: the processes of one host, through one SQLite file.
 - :class:`RedisCooldownStore`: processes on any number of hosts, through Redis or Valkey
@@ -14,7 +18,28 @@
 
 from __future__ import annotations
 
-from .base import Admission, CooldownStore, Granted, Hold, Store
+from .base import (
+    CAPABILITIES,
+    Admission,
+    Allowances,
+    Announced,
+    Answer,
+    Ask,
+    ChangeFeed,
+    CooldownStore,
+    Feed,
+    FreshnessLog,
+    FullStore,
+    Granted,
+    Hold,
+    LearnedRate,
+    Leases,
+    Listing,
+    Permit,
+    QuotaLogs,
+    RateOutcome,
+    Store,
+)
 from .freshness import Freshness
 from .memory import MemoryCooldownStore
 from .redis import RedisCooldownStore
@@ -22,12 +47,27 @@ from .sqlite import SQLiteCooldownStore
 from .url import store_from_url
 
 __all__ = [
+    "CAPABILITIES",
     "Admission",
+    "Allowances",
+    "Announced",
+    "Answer",
+    "Ask",
+    "ChangeFeed",
     "CooldownStore",
+    "Feed",
     "Freshness",
+    "FreshnessLog",
+    "FullStore",
     "Granted",
     "Hold",
+    "LearnedRate",
+    "Leases",
+    "Listing",
     "MemoryCooldownStore",
+    "Permit",
+    "QuotaLogs",
+    "RateOutcome",
     "RedisCooldownStore",
     "SQLiteCooldownStore",
     "Store",

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..errors import ConfigurationError, CooldownStoreError, failure_cause
-from .base import Store
+from .base import FullStore
 
 _T = TypeVar("_T")
 
@@ -126,7 +126,7 @@ def _answered_late(abandoned: Callable[[Any], None]) -> Callable[[concurrent.fut
 class Health:
     """The breaker and outage state of one store (a base of the failure layer)."""
 
-    inner: Store
+    inner: FullStore
     #: The store's class name, for messages (a 0.x store's own, not its adapter's).
     name: str
     monotonic: Callable[[], float]

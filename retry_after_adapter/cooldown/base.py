@@ -7,16 +7,19 @@ the allowance a server announced, the concurrency slots held. Times are wall-clo
 so that processes and machines agree; a cooldown's only write is an atomic *later-wins*
 extend, so a shorter cooldown never replaces a longer one.
 
-- :class:`Store` is the whole interface, one atomic operation per concern; the memory,
-  SQLite and Redis stores implement all of it, and so does the failure layer that wraps
-  a shared store.
+- :class:`Store` is the core every store implements: ``get`` and ``extend`` (the
+  cooldown), ``admit`` of one :class:`Ask` and ``answer`` of one :class:`Answer` (both
+  with defaults that fit a store of the core alone).
+- One mixin per capability, recognised by type: :class:`QuotaLogs`, :class:`Leases`,
+  :class:`Allowances`, :class:`LearnedRate`, :class:`FreshnessLog`, :class:`Listing`,
+  :class:`ChangeFeed`. :class:`FullStore` has them all: the memory, SQLite and Redis
+  stores, the failure layer, and what ``legacy.as_store`` makes of any other store.
 - :class:`CooldownStore` is the protocol of version 0.x (``get`` and ``extend``): a
   store written for it keeps working, adapted once by ``legacy.LegacyStore``.
 """
 
 from __future__ import annotations
 
-import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -200,20 +203,94 @@ def check_until(until: object) -> datetime:
     return until.astimezone(timezone.utc)
 
 
-class Store(ABC):
-    """The whole store interface. Implementations are thread-safe; a backend's errors
-    are raised as ``CooldownStoreError`` (the failure layer turns them into the
-    adapter's failure policy), a value the store cannot hold as ``ConfigurationError``.
+class Ask(NamedTuple):
+    """What one attempt asks a store to admit, all or nothing (see :meth:`Store.admit`).
 
-    Times are aware UTC datetimes; durations are seconds. Each operation is atomic on
-    its own (one lock, one SQLite transaction, one Redis script).
+    ``scope``; ``now``: the attempt's time (None: the present, read by the store as it
+    grants). A configured quota (:class:`QuotaLogs`): ``limit`` permits per ``per``
+    seconds, each counted ``per + margin`` seconds from its grant; ``opened`` > 0 takes
+    the permit *open* (counted ``opened`` seconds longer until its answer settles it
+    exactly); ``batch`` > 1 asks for up to ``batch - 1`` more permits for this process
+    to spend within ``hold`` seconds (each counted ``hold`` seconds longer; granted from
+    headroom only, see :func:`extra_permits`; an announced allowance is counted the same
+    way). ``lease`` (:class:`Leases`): a concurrency slot to take. ``learn``
+    (:class:`LearnedRate`): admit by the scope's learned rate too."""
+
+    scope: str
+    now: datetime | None = None
+    limit: int | None = None
+    per: float | None = None
+    lease: Lease | None = None
+    margin: float = 0.0
+    batch: int = 1
+    hold: float = 0.0
+    learn: Learn | None = None
+    opened: float = 0.0
+
+
+class Permit(NamedTuple):
+    """An answered attempt's quota permit: of ``limit`` per ``per`` seconds, stored to
+    stop counting at ``expires``. It must count at least until the answer + ``per``;
+    ``exact``: exactly until then, earlier than ``expires`` too (an open permit)."""
+
+    limit: int
+    per: float
+    expires: datetime
+    exact: bool = False
+
+
+class Announced(NamedTuple):
+    """The server allows ``remaining`` more requests until ``until`` (``limit`` per
+    ``window`` seconds, when it said), in answer to the attempt admitted as ``seq``."""
+
+    remaining: int
+    until: datetime
+    seq: int | None = None
+    limit: int | None = None
+    window: float | None = None
+
+
+class RateOutcome(NamedTuple):
+    """How an attempt admitted in the learned rate's ``epoch`` (None: the current one)
+    was answered: well (``until`` None) or throttled, the scope cooling down until
+    ``until``."""
+
+    epoch: int | None
+    until: datetime | None = None
+
+
+class Answer(NamedTuple):
+    """What an answered (or finished) attempt tells a store, in one operation (see
+    :meth:`Store.answer`): ``token``, a concurrency slot to give back; ``permit``, its
+    quota permit to settle; ``announced``, the allowance its answer announced;
+    ``rate``, its learned rate's outcome. ``now``: the answer's time (None: the
+    present). A part a store does not carry is ignored."""
+
+    scope: str
+    now: datetime | None = None
+    token: str | None = None
+    permit: Permit | None = None
+    announced: Announced | None = None
+    rate: RateOutcome | None = None
+
+
+class Store(ABC):
+    """The core every store implements: a scope's cooldown, read (:meth:`get`) and
+    learned later-wins (:meth:`extend`); an attempt's admission (:meth:`admit`, one
+    :class:`Ask`) and its answer (:meth:`answer`, one :class:`Answer`).
+
+    A store with :meth:`get` and :meth:`extend` alone shares cooldowns: ``admit``
+    then reads the cooldown and ``answer`` does nothing. Each capability beyond that is
+    one mixin, recognised by its type: :class:`QuotaLogs`, :class:`Leases`,
+    :class:`Allowances`, :class:`LearnedRate`, :class:`FreshnessLog`, :class:`Listing`
+    and :class:`ChangeFeed`; an adapter refuses settings the store cannot carry.
+
+    Implementations are thread-safe; a backend's errors are raised as
+    ``CooldownStoreError`` (the adapter turns them into its failure policy), a value the
+    store cannot hold as ``ConfigurationError``. Times are aware UTC datetimes;
+    durations are seconds. Each operation is atomic on its own.
     """
 
-    #: ``admit`` stamps a permit with the time it grants it (``now`` None) and keeps
-    #: each quota's margin: true of every :class:`Store` (kept for stores of 0.x).
-    stamps_grants = True
-
-    # -- the cooldown ----------------------------------------------------------------
     @abstractmethod
     def get(self, scope: str) -> datetime | None:
         """The scope's stored eligible time (may be past), or None."""
@@ -223,73 +300,93 @@ class Store(ABC):
         """Learn a cooldown: the scope's eligible time becomes the later of the stored
         one and ``until``; returns the effective (later) time."""
 
-    # -- admission -------------------------------------------------------------------
-    @abstractmethod
-    def admit(
-        self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
-        lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None, *, opened: float = 0.0,
-    ) -> Admission:
-        """Admission for one attempt at ``now`` (None: the present, read by the store as
-        it grants), all or nothing: the scope's cooldown, what the server announced is
-        left, a quota permit (``limit`` per ``per`` seconds, counted ``per + margin``
-        seconds from its grant) and a concurrency slot (``lease``). See
-        :class:`Admission`. A refusal's ``not_before`` is the earliest time admission
-        could succeed from what the store knows (see :func:`free_at`).
+    def admit(self, ask: Ask) -> Admission:
+        """Admission for one attempt, all or nothing, in one atomic operation: the
+        scope's cooldown and what the store's capabilities add (a quota permit, what
+        the server announced is left, a concurrency slot, the learned rate). See
+        :class:`Ask` and :class:`Admission`; a refusal's ``not_before`` is the earliest
+        time admission could succeed from what the store knows (see :func:`free_at`).
+        The default, for a store of the core alone: the cooldown, read."""
+        cooldown = self.get(ask.scope)
+        now = ask.now if ask.now is not None else datetime.now(timezone.utc)
+        return Admission(cooldown, cooldown if cooldown is not None and cooldown > now else None)
 
-        ``opened`` > 0: the permit is an open one, counted ``opened`` seconds longer
-        until its answer settles it (``settle`` with ``exact``); until then a refusal
-        counts it as ending at its grant + per + margin (or the present + per, if later).
+    def answer(self, answer: Answer) -> None:  # noqa: B027 - the core keeps nothing per answer
+        """An attempt's answer (see :class:`Answer`), in one atomic operation: its slot
+        given back, its permit settled, the allowance announced, the learned rate
+        told. The default, for a store of the core alone: nothing."""
 
-        ``learn``: with no ``limit`` and no announced allowance, the scope's learned rate
-        (``rate.Rate``, made at its first admission) admits too: a permit of its limit
-        per window, else a probe (a slot of its cap, taken as ``learn``'s token, or with
-        ``lease`` under the smaller cap), else :class:`RateHeld`.
+    def close(self) -> None:  # noqa: B027 - most stores have nothing to close
+        """Release the store's connections (nothing, unless a store holds some)."""
 
-        ``batch`` > 1 asks for up to ``batch - 1`` more permits for this process to
-        spend within ``hold`` seconds of the grant; each counts ``per + margin + hold``
-        seconds from the grant, so an arrival at the server still falls inside what the
-        store counts. The store grants extras only from headroom: at most the free
-        permits less a quarter of the limit (see :func:`extra_permits`). Likewise, up to
-        ``batch - 1`` more admissions of an announced allowance are counted, from what
-        is left less a quarter of the server's limit (``Granted.units``)."""
+    # -- shorthands over admit and answer (one path each) -----------------------------
+    def acquire(
+        self, scope: str, limit: int, per: float, now: datetime | None = None, margin: float = 0.0
+    ) -> datetime | None:
+        """Take a quota permit: None when taken, else when to ask again."""
+        return self.admit(Ask(scope, now, limit, per, None, margin)).not_before
 
-    @abstractmethod
+    def lease(self, scope: str, limit: int, ttl: float, now: datetime | None, token: str) -> datetime | None:
+        """Take one of ``limit`` concurrency slots for ``ttl`` seconds as ``token``: None
+        when taken, else when to ask again."""
+        return self.admit(Ask(scope, now, None, None, (limit, ttl, token))).not_before
+
     def release(self, scope: str, token: str) -> None:
         """Give the slot taken as ``token`` back (nothing if it expired meanwhile)."""
+        self.answer(Answer(scope, token=token))
 
-    @abstractmethod
     def settle(
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
         exact: bool = False,
     ) -> None:
-        """The attempt whose permit stops counting at ``expires`` was answered at ``now``
-        (None: the present): the permit counts at least until ``now + per``. ``exact``:
-        it counts until ``now + per`` exactly, earlier than ``expires`` too (an open
-        permit, taken to count until its answer: see ``Plan.answered``)."""
+        """Settle a permit answered at ``now`` (see :class:`Permit`)."""
+        self.answer(Answer(scope, now, permit=Permit(limit, per, expires, exact)))
 
-    @abstractmethod
     def allow(
         self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,
         limit: int | None = None, window: float | None = None,
     ) -> None:
-        """Record that the server allows ``remaining`` more requests until ``until``
-        (``limit`` per ``window`` seconds, when it said), in answer to the attempt
-        admitted as ``seq`` (see ``allowance.merge_allowance``)."""
+        """Record an allowance announced at ``now`` (see :class:`Announced`)."""
+        self.answer(Answer(scope, now, announced=Announced(remaining, until, seq, limit, window)))
 
-    # -- the learned rate --------------------------------------------------------------
-    @abstractmethod
     def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
-        """An attempt admitted in the learned rate's ``epoch`` (None: the current one)
-        was answered at ``now``: well (``until`` None) or throttled, the scope cooling
-        down until ``until`` (see ``rate.answer_rate``). Nothing when the scope has no
-        learned rate."""
+        """Tell the learned rate of an answer at ``now`` (see :class:`RateOutcome`)."""
+        self.answer(Answer(scope, now, rate=RateOutcome(epoch, until)))
+
+    @property
+    def capabilities(self) -> frozenset[type]:
+        """The capability mixins the store carries (a wrapper answers for what it wraps)."""
+        return frozenset(mixin for mixin in CAPABILITIES if isinstance(self, mixin))
+
+
+# -- capabilities: one mixin each ------------------------------------------------------
+class QuotaLogs(ABC):  # noqa: B024 - a capability declared by type; its work is admit's
+    """``admit`` takes a configured quota's permits (``Ask.limit``, ``per``, ``margin``,
+    ``batch``, ``hold``, ``opened``) and ``answer`` settles them (``Answer.permit``)."""
+
+
+class Leases(ABC):  # noqa: B024 - a capability declared by type; its work is admit's
+    """``admit`` takes a concurrency slot (``Ask.lease``) and ``answer`` gives it back
+    (``Answer.token``)."""
+
+
+class Allowances(ABC):  # noqa: B024 - a capability declared by type; its work is admit's
+    """``answer`` records what the server announced is left (``Answer.announced``) and
+    ``admit`` spreads it over every worker (``Admission.seq``, ``Granted.units``)."""
+
+
+class LearnedRate(ABC):
+    """``admit`` admits by the scope's learned rate (``Ask.learn``, see ``rate``) and
+    ``answer`` tells it how attempts were answered (``Answer.rate``)."""
 
     @abstractmethod
     def rate_of(self, scope: str) -> Rate | None:
         """The scope's learned rate as stored (None: none)."""
 
-    # -- freshness -------------------------------------------------------------------
+
+class FreshnessLog(ABC):
+    """A scope's health: its last success, next eligible time and last error class."""
+
     @abstractmethod
     def note(self, scope: str, outcome: str, at: datetime) -> None:
         """Note a success or an error class of ``scope`` at ``at`` (later wins)."""
@@ -302,7 +399,10 @@ class Store(ABC):
     def freshness_entries(self) -> dict[str, Freshness]:
         """Every scope's freshness."""
 
-    # -- the operator's view ---------------------------------------------------------
+
+class Listing(ABC):
+    """The operator's view: what is stored, what holds each scope back, and lifting it."""
+
     @abstractmethod
     def entries(self) -> dict[str, datetime]:
         """Every stored scope and its eligible time (a few past ones may be among them)."""
@@ -315,39 +415,64 @@ class Store(ABC):
     def delete(self, scope: str) -> bool:
         """Lift everything that holds ``scope`` back; True if there was any of it."""
 
+
+class ChangeFeed(ABC):
+    """A change feed for each process's near copy, so that an unchanged scope is
+    admitted without a store operation."""
+
+    @abstractmethod
     def feed(self, changed: Changed) -> Feed | None:
-        """A change feed for this process's near copy (None, the default: the store
-        has none, and every attempt is admitted by a store operation)."""
+        """A feed calling ``changed`` with each scope changed elsewhere (None: none
+        this time, and every attempt is admitted by a store operation)."""
+
+
+#: Every capability mixin, in the order the docs list them.
+CAPABILITIES: tuple[type, ...] = (
+    QuotaLogs, Leases, Allowances, LearnedRate, FreshnessLog, Listing, ChangeFeed,
+)
+
+
+class FullStore(Store, QuotaLogs, Leases, Allowances, LearnedRate, FreshnessLog, Listing, ChangeFeed):
+    """A store with every capability: the memory, SQLite and Redis stores, and what
+    the adapter sees of any store (``legacy.as_store`` completes one that lacks some,
+    with what it lacks done without). Each part of an :class:`Answer` is applied by
+    its own operation (the shorthands ``settle``, ``allow``, ``rate_answer`` and
+    ``release``, each atomic), in that order."""
+
+    def answer(self, answer: Answer) -> None:
+        scope, now, token, permit, announced, rate = answer
+        if permit is not None:
+            self.settle(scope, permit.limit, permit.per, permit.expires, now, permit.exact)
+        if announced is not None or rate is not None:
+            at = now if now is not None else datetime.now(timezone.utc)
+            if announced is not None:
+                remaining, until, seq, limit, window = announced
+                self.allow(scope, remaining, until, at, seq, limit, window)
+            if rate is not None:
+                self.rate_answer(scope, rate.epoch, rate.until, at)
+        if token is not None:
+            self.release(scope, token)
+
+    def feed(self, changed: Changed) -> Feed | None:
         return None
 
-    def supports(self, feature: str) -> bool:
-        """Whether the store can carry ``"quota"``, ``"leases"``, ``"allowance"``,
-        ``"freshness"``, ``"rate"``, ``"exact-settle"`` (``settle``'s ``exact``) and
-        ``"open-permits"`` (``admit``'s ``opened``): every :class:`Store` can (a 0.x
-        store may not; a store written for 0.7 settles exactly only if its ``settle``
-        takes ``exact``, and one written for 0.9 takes no ``opened``)."""
-        parameter = {"exact-settle": ("settle", "exact"), "open-permits": ("admit", "opened")}.get(feature)
-        if parameter is not None:
-            try:
-                parameters = inspect.signature(getattr(self, parameter[0])).parameters
-            except (TypeError, ValueError):
-                return False
-            return parameter[1] in parameters or any(
-                p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-            )  # (a wrapper passing its keywords on takes it)
-        return True
+    @abstractmethod
+    def settle(
+        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
+        exact: bool = False,
+    ) -> None: ...
 
-    def close(self) -> None:  # noqa: B027 - most stores have nothing to close
-        """Release the store's connections (nothing, unless a store holds some)."""
+    @abstractmethod
+    def allow(
+        self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,
+        limit: int | None = None, window: float | None = None,
+    ) -> None: ...
 
-    # -- conveniences over admit (one path) ------------------------------------------
-    def acquire(
-        self, scope: str, limit: int, per: float, now: datetime | None = None, margin: float = 0.0
-    ) -> datetime | None:
-        """Take a quota permit: None when taken, else when to ask again (see ``admit``)."""
-        return self.admit(scope, now, limit, per, None, margin).not_before
+    @abstractmethod
+    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None: ...
 
-    def lease(self, scope: str, limit: int, ttl: float, now: datetime | None, token: str) -> datetime | None:
-        """Take one of ``limit`` concurrency slots for ``ttl`` seconds as ``token``: None
-        when taken, else when to ask again (see ``admit``)."""
-        return self.admit(scope, now, None, None, (limit, ttl, token)).not_before
+    @abstractmethod
+    def release(self, scope: str, token: str) -> None: ...
+
+    @abstractmethod
+    def admit(self, ask: Ask) -> Admission: ...

@@ -19,7 +19,6 @@ operation in the call's :class:`StoreBudget`; the guard is shared.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -42,7 +41,7 @@ from ._health import (
 )
 from ._near import Near
 from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack, stored_covers
-from .base import Admission, Granted, Hold, Learn, Lease, Store
+from .base import Admission, Ask, FullStore, Granted, Hold, Learn, Lease
 from .freshness import Freshness
 from .legacy import as_store
 from .memory import MemoryCooldownStore
@@ -94,13 +93,13 @@ def _local_answer_allowed(budget: StoreBudget | None) -> None:
         raise CooldownUnavailable("the shared cooldown store is unavailable")
 
 
-class StoreGuard(WriteBack, Store):
+class StoreGuard(WriteBack, FullStore):
     """The failure layer of one store object in this process (see the module).
 
     Each operation takes the calling call's :class:`StoreBudget` (``budget=``; None:
     no deadline, fail open)."""
 
-    def __init__(self, inner: Store, owner: object = None) -> None:
+    def __init__(self, inner: FullStore, owner: object = None) -> None:
         self.inner = inner
         #: The store object this guard was made for (``inner`` adapts it if it is of 0.x).
         self.owner: object = inner if owner is None else owner
@@ -119,8 +118,9 @@ class StoreGuard(WriteBack, Store):
             self.near = near
         _forksafe.register(self)
 
-    def supports(self, feature: str) -> bool:
-        return self.inner.supports(feature)
+    @property
+    def capabilities(self) -> frozenset[type]:
+        return self.inner.capabilities
 
     # -- the cooldown ----------------------------------------------------------------
     def get(self, scope: str, budget: StoreBudget | None = None) -> datetime | None:
@@ -186,11 +186,7 @@ class StoreGuard(WriteBack, Store):
         return effective
 
     # -- admission -------------------------------------------------------------------
-    def admit(
-        self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
-        lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None, budget: StoreBudget | None = None, opened: float = 0.0,
-    ) -> Admission:
+    def admit(self, ask: Ask, budget: StoreBudget | None = None) -> Admission:
         """Admission for one attempt: from the near copy when it can answer (nothing
         changed, a permit of its batch, a slot it holds: see ``_near``), else in one
         store operation for what is still missing: the cooldown (mirrored as
@@ -208,6 +204,7 @@ class StoreGuard(WriteBack, Store):
         learned while the grant was in flight (a slow store, a busy near copy) holds the
         attempt back, whatever the store said (the slot taken goes back; a permit
         counts)."""
+        scope, now, limit, per, lease, margin, _, _, learn, opened = ask
         answer = self._admit(scope, now, limit, per, lease, margin, learn, budget, opened)
         if answer.not_before is not None:
             return answer
@@ -282,15 +279,9 @@ class StoreGuard(WriteBack, Store):
         epoch = self._epoch
         held = lease[2] if lease is not None else learn[1] if learn is not None else None
         abandoned = None if held is None else self._abandoned(scope, held)
-        asked = (scope, now, limit, per, lease, margin, batch, hold)
+        asked = Ask(scope, now, limit, per, lease, margin, batch, hold, learn, opened)
         try:
-            if opened > 0:
-                admit = functools.partial(self.inner.admit, opened=opened)
-                answer = self._bounded(admit, asked, budget, abandoned)
-            elif learn is None:
-                answer = self._bounded(self.inner.admit, asked, budget, abandoned)
-            else:
-                answer = self._bounded(self.inner.admit, (*asked, learn), budget, abandoned)
+            answer = self._bounded(self.inner.admit, (asked,), budget, abandoned)
         except OutOfTime:
             self._gave_up(budget)
             return self._later(args, present)
@@ -339,7 +330,7 @@ class StoreGuard(WriteBack, Store):
         """The store is down: the local copy admits (fail open; its admission numbers are
         not the store's) or CooldownUnavailable (fail closed)."""
         _local_answer_allowed(budget)
-        return self.local.admit(*args)._replace(seq=None)
+        return self.local.admit(Ask(*args))._replace(seq=None)
 
     def release(self, scope: str, token: str) -> None:
         """Give a slot back, in the store and locally. A store that is busy or down
@@ -513,7 +504,7 @@ def guard_of(store: object) -> StoreGuard:
         return guard
 
 
-def shared(cooldown: object) -> Store | None:
+def shared(cooldown: object) -> FullStore | None:
     """What calls talk to for ``cooldown`` (None: no sharing): a memory store as it is
     (it cannot fail), any other store through its process-wide guard."""
     if cooldown is None:

@@ -1,23 +1,48 @@
-"""A store written for version 0.x, seen through the whole :class:`~.base.Store` interface.
+"""Any store, seen through the whole interface (:class:`~.base.FullStore`).
 
-Version 0.x asked a store for ``get`` and ``extend`` only and discovered the rest by
-name: ``acquire`` (a quota), ``admit`` and ``allow`` (admission in one operation, quota
-headers spread over workers), ``lease``/``release`` (a concurrency cap), ``note``,
-``freshness`` and ``freshness_entries``, ``settle``, ``entries``, ``holds`` and
-``delete``. :class:`LegacyStore` is the one place that looks for them: what the store
-has is used as it is, what it lacks is done without (an admission then reads the
-cooldown, takes a permit and a slot in up to three operations, not atomically across
-them), and :meth:`LegacyStore.supports` says which settings the store can carry.
+The adapter talks to every store through the same operations. A store that carries
+every capability is used as it is; any other is completed once, here, with what it
+lacks done without:
+
+- :class:`Completed`: a :class:`~.base.Store` with some capability mixins, or none.
+  What it carries is read from its type; the rest answers "nothing" (no freshness, no
+  learned rate, the cooldowns alone listed).
+- :class:`LegacyStore`: a store written for version 0.x: an object with ``get`` and
+  ``extend`` (:class:`~.base.CooldownStore`), perhaps with more of 0.x's operations,
+  found by name (``acquire``, ``admit`` and ``allow``, ``lease`` and ``release``,
+  ``settle``, ``note`` and ``freshness``, ``entries``, ``holds``, ``delete``); or a
+  subclass of the ``Store`` class of 0.6-0.10, recognised by its type (it defines
+  ``settle``, not ``answer``). Its ``admit`` is called as 0.4 did (``now`` given, the
+  margin in the window) unless the store says it stamps grants (``stamps_grants``, 0.5
+  on). A permit of such a store is never taken open, nor settled exactly, and what it
+  lacks is done without: an admission then reads the cooldown, takes a permit and a
+  slot in up to three operations, not atomically across them.
 """
 
 from __future__ import annotations
 
-import inspect
 from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConfigurationError
-from .base import Admission, CooldownStore, Hold, Learn, Lease, Store
+from .base import (
+    Admission,
+    Allowances,
+    Answer,
+    Ask,
+    Changed,
+    ChangeFeed,
+    CooldownStore,
+    Feed,
+    FreshnessLog,
+    FullStore,
+    Hold,
+    LearnedRate,
+    Leases,
+    Listing,
+    QuotaLogs,
+    Store,
+)
 from .freshness import Freshness
 from .rate import Rate
 
@@ -27,50 +52,19 @@ def _method(store: object, name: str) -> Any:
     return method if callable(method) else None
 
 
-def _takes_margin(admit: Any) -> bool:
-    """Whether ``admit`` has the signature of 0.5 (``margin``; ``now`` may be None)."""
-    try:
-        parameters = inspect.signature(admit).parameters
-    except (TypeError, ValueError):
-        return False
-    return "margin" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+class _Wrapper(FullStore):
+    """What both completions share: the wrapped store, its failure layer's hints, the
+    shorthands over ``answer`` and the listing's defaults."""
 
-
-def _takes(method: Any, name: str) -> bool:
-    """Whether ``method`` (None: not had) takes the keyword ``name``."""
-    if method is None:
-        return False
-    try:
-        parameters = inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in parameters
-
-
-class LegacyStore(Store):
-    """``store`` (any object with ``get`` and ``extend``) as a :class:`~.base.Store`."""
-
-    def __init__(self, store: CooldownStore) -> None:
+    def __init__(self, store: object, carried: frozenset[type]) -> None:
         self.inner = store
-        self._get = store.get
-        self._extend = store.extend
-        self._acquire = _method(store, "acquire")
-        self._admit: Any = _method(store, "admit") if _method(store, "allow") else None
-        #: The store's admit stamps permits itself (``now`` None) and keeps margins.
-        self._modern = bool(getattr(store, "stamps_grants", False)) and _takes_margin(self._admit)
-        self._lease = _method(store, "lease")
-        self._release = _method(store, "release")
-        # The bound operations the interface forwards as they are (None: not had).
-        self._forward = {
-            name: _method(store, name)
-            for name in ("allow", "settle", "note", "freshness", "freshness_entries", "entries", "holds")
-        }
-        #: The store's settle takes ``exact`` (it may move a permit earlier).
-        self._exact = _takes(self._forward["settle"], "exact")
-        self._delete = _method(store, "delete")
-        self._close = _method(store, "close")
-        #: ``generation`` and ``timeout`` are read by the failure layer: passed through.
+        self._carried = carried
+        #: Read by the failure layer: passed through.
         self.timeout = getattr(store, "timeout", None)
+
+    @property
+    def capabilities(self) -> frozenset[type]:
+        return self._carried
 
     @property
     def generation(self) -> object:
@@ -80,44 +74,151 @@ class LegacyStore(Store):
     def replaced_reason(self) -> str:
         return str(getattr(self.inner, "replaced_reason", "its data is gone"))
 
-    def supports(self, feature: str) -> bool:
-        """Whether the store can carry ``"quota"`` (permits), ``"leases"`` (a
-        concurrency cap), ``"allowance"`` (quota headers spread over workers) or
-        ``"freshness"``."""
-        if feature == "quota":
-            return self._acquire is not None or self._admit is not None
-        if feature == "leases":
-            return self._release is not None and (self._lease is not None or self._modern)
-        if feature == "allowance":
-            return self._admit is not None
-        if feature == "freshness":
-            return self._forward["note"] is not None and self._forward["freshness"] is not None
-        if feature == "exact-settle":
-            return self._exact
+    def settle(
+        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
+        exact: bool = False,
+    ) -> None:
+        Store.settle(self, scope, limit, per, expires, now, exact)
+
+    def allow(
+        self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,
+        limit: int | None = None, window: float | None = None,
+    ) -> None:
+        Store.allow(self, scope, remaining, until, now, seq, limit, window)
+
+    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
+        Store.rate_answer(self, scope, epoch, until, now)
+
+    def release(self, scope: str, token: str) -> None:
+        Store.release(self, scope, token)
+
+    def rate_of(self, scope: str) -> Rate | None:
+        return None
+
+    def note(self, scope: str, outcome: str, at: datetime) -> None:
+        """No freshness kept: nothing."""
+
+    def freshness(self, scope: str) -> Freshness | None:
+        return None
+
+    def freshness_entries(self) -> dict[str, Freshness]:
+        return {}
+
+    def entries(self) -> dict[str, datetime]:
+        return {}
+
+    def holds(self, now: datetime | None = None) -> dict[str, list[Hold]]:
+        now = now if now is not None else datetime.now(timezone.utc)
+        return {scope: [Hold("cooldown", until)] for scope, until in self.entries().items() if until > now}
+
+    def delete(self, scope: str) -> bool:
         return False
+
+    def close(self) -> None:
+        close = _method(self.inner, "close")
+        if close is not None:
+            close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.inner!r})"
+
+
+class Completed(_Wrapper):
+    """A :class:`~.base.Store` that lacks some capabilities, completed: each mixin it
+    carries is used, the rest answers "nothing"."""
+
+    inner: Store
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store, store.capabilities)
+
+    def get(self, scope: str) -> datetime | None:
+        return self.inner.get(scope)
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        return self.inner.extend(scope, until)
+
+    def admit(self, ask: Ask) -> Admission:
+        return self.inner.admit(ask)
+
+    def answer(self, answer: Answer) -> None:
+        self.inner.answer(answer)
+
+    def rate_of(self, scope: str) -> Rate | None:
+        inner = self.inner
+        return inner.rate_of(scope) if isinstance(inner, LearnedRate) else None
+
+    def note(self, scope: str, outcome: str, at: datetime) -> None:
+        if isinstance(self.inner, FreshnessLog):
+            self.inner.note(scope, outcome, at)
+
+    def freshness(self, scope: str) -> Freshness | None:
+        inner = self.inner
+        return inner.freshness(scope) if isinstance(inner, FreshnessLog) else None
+
+    def freshness_entries(self) -> dict[str, Freshness]:
+        inner = self.inner
+        return inner.freshness_entries() if isinstance(inner, FreshnessLog) else {}
+
+    def entries(self) -> dict[str, datetime]:
+        inner = self.inner
+        return inner.entries() if isinstance(inner, Listing) else {}
+
+    def holds(self, now: datetime | None = None) -> dict[str, list[Hold]]:
+        inner = self.inner
+        return inner.holds(now) if isinstance(inner, Listing) else super().holds(now)
+
+    def delete(self, scope: str) -> bool:
+        inner = self.inner
+        return inner.delete(scope) if isinstance(inner, Listing) else False
+
+    def feed(self, changed: Changed) -> Feed | None:
+        inner = self.inner
+        return inner.feed(changed) if isinstance(inner, ChangeFeed) else None
+
+
+class LegacyStore(_Wrapper):
+    """``store``, written for 0.x (see the module), as a :class:`~.base.FullStore`."""
+
+    def __init__(self, store: CooldownStore) -> None:
+        self._get = store.get
+        self._extend = store.extend
+        self._acquire = _method(store, "acquire")
+        self._admit: Any = _method(store, "admit") if _method(store, "allow") else None
+        #: The store's admit stamps permits itself (``now`` None) and keeps margins (0.5 on).
+        self._modern = self._admit is not None and bool(getattr(store, "stamps_grants", False))
+        self._lease = _method(store, "lease")
+        self._release = _method(store, "release")
+        # The bound operations the interface forwards as they are (None: not had).
+        self._forward = {
+            name: _method(store, name)
+            for name in ("allow", "settle", "note", "freshness", "freshness_entries", "entries", "holds")
+        }
+        self._delete = _method(store, "delete")
+        carried: set[type] = set()
+        if self._acquire is not None or self._admit is not None:
+            carried.add(QuotaLogs)
+        if self._release is not None and (self._lease is not None or self._modern):
+            carried.add(Leases)
+        if self._admit is not None:
+            carried.add(Allowances)
+        if self._forward["note"] is not None and self._forward["freshness"] is not None:
+            carried.add(FreshnessLog)
+        if self._forward["entries"] is not None:
+            carried.add(Listing)
+        super().__init__(store, frozenset(carried))
 
     def get(self, scope: str) -> datetime | None:
         return self._get(scope)
 
-    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
-        """A store of 0.x learns no rate: nothing."""
-
-    def rate_of(self, scope: str) -> Rate | None:
-        """A store of 0.x learns no rate: None."""
-        return None
-
     def extend(self, scope: str, until: datetime) -> datetime:
         return self._extend(scope, until)
 
-    def admit(
-        self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
-        lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None, *, opened: float = 0.0,
-    ) -> Admission:
-        # A store of 0.x learns no rate (``supports("rate")`` is False: ``learn`` unused).
-        # A store of 0.x has no change feed: it is never asked for a batch (one permit).
-        # Nor an open permit (``supports("open-permits")`` is False): were it, the permit
-        # counts that much longer, as one of 0.9 did.
+    def admit(self, ask: Ask) -> Admission:
+        # A store of 0.x learns no rate (``learn`` unused), has no change feed (it is
+        # never asked for a batch) and takes no open permit (never asked: see
+        # :func:`opens_permits`; were it, the permit counts that much longer).
+        scope, now, limit, per, lease, margin, _, _, _, opened = ask
         margin += opened
         if self._modern:
             answer = self._admit(scope, now, limit, per, lease, margin)
@@ -132,8 +233,7 @@ class LegacyStore(Store):
         return self._composed(scope, now, limit, per, lease, margin)
 
     def _composed(
-        self, scope: str, now: datetime, limit: int | None, per: float | None, lease: Lease | None,
-        margin: float,
+        self, scope: str, now: datetime, limit: int | None, per: float | None, lease: Any, margin: float,
     ) -> Admission:
         """Admission in up to three operations: the cooldown, a permit, a slot."""
         cooldown = self._get(scope)
@@ -152,28 +252,18 @@ class LegacyStore(Store):
                 return Admission(cooldown, busy, None, True)
         return Admission(cooldown, None)
 
-    def release(self, scope: str, token: str) -> None:
-        if self._release is not None:
-            self._release(scope, token)
-
-    def settle(
-        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
-        exact: bool = False,
-    ) -> None:
+    def answer(self, answer: Answer) -> None:
+        scope, now, token, permit, announced, _ = answer  # (a store of 0.x learns no rate)
         settle = self._forward["settle"]
-        if settle is not None:
-            if exact and self._exact:
-                settle(scope, limit, per, expires, now, exact=True)
-            else:
-                settle(scope, limit, per, expires, now)
-
-    def allow(
-        self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,
-        limit: int | None = None, window: float | None = None,
-    ) -> None:
+        if permit is not None and settle is not None:
+            settle(scope, permit.limit, permit.per, permit.expires, now)  # never exactly
         allow = self._forward["allow"]
-        if allow is not None:
-            allow(scope, remaining, until, now, seq, limit, window)
+        if announced is not None and allow is not None:
+            at = now if now is not None else datetime.now(timezone.utc)
+            remaining, until, seq, limit, window = announced
+            allow(scope, remaining, until, at, seq, limit, window)
+        if token is not None and self._release is not None:
+            self._release(scope, token)
 
     def note(self, scope: str, outcome: str, at: datetime) -> None:
         note = self._forward["note"]
@@ -197,26 +287,32 @@ class LegacyStore(Store):
         if holds is not None:
             found: dict[str, list[Hold]] = holds(now)
             return found
-        now = now if now is not None else datetime.now(timezone.utc)
-        return {scope: [Hold("cooldown", until)] for scope, until in self.entries().items() if until > now}
+        return super().holds(now)
 
     def delete(self, scope: str) -> bool:
         return False if self._delete is None else bool(self._delete(scope))
 
-    def close(self) -> None:
-        if self._close is not None:
-            self._close()
 
-    def __repr__(self) -> str:
-        return f"LegacyStore({self.inner!r})"
+def _written_for_0x(kind: type) -> bool:
+    """A subclass of the ``Store`` class of 0.6-0.10: it defines ``settle`` (abstract
+    then) and not ``answer`` (which replaced it)."""
+    return kind.settle is not Store.settle and kind.answer is Store.answer  # type: ignore[attr-defined]
 
 
-def as_store(cooldown: object) -> Store:
-    """``cooldown`` as a :class:`~.base.Store`: itself, or a 0.x store adapted once (a
-    subclass of a store of this package that overrides ``admit`` with the signature of
-    0.4, without ``margin``, is one)."""
-    if isinstance(cooldown, Store):
-        return cooldown if _takes_margin(cooldown.admit) else LegacyStore(cooldown)
+def as_store(cooldown: object) -> FullStore:
+    """``cooldown`` as a :class:`~.base.FullStore`: itself, or completed once (see the
+    module)."""
+    if isinstance(cooldown, FullStore):
+        return cooldown
+    if isinstance(cooldown, Store) and not _written_for_0x(type(cooldown)):
+        return Completed(cooldown)
     if not isinstance(cooldown, CooldownStore):
-        raise ConfigurationError("cooldown must be a CooldownStore (get and extend) or None")
+        raise ConfigurationError("cooldown must be a Store or a CooldownStore (get and extend) or None")
     return LegacyStore(cooldown)
+
+
+def opens_permits(store: object) -> bool:
+    """Whether ``store`` (a failure layer, or what it wraps) takes quota permits open
+    and settles them exactly: every store but one written for 0.x."""
+    inner = getattr(store, "inner", store)
+    return QuotaLogs in getattr(inner, "capabilities", ()) and not isinstance(inner, LegacyStore)

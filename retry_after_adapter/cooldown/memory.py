@@ -37,12 +37,13 @@ from ._memory_log import (  # time in microseconds, and what the store's records
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance
 from .base import (
     Admission,
+    Ask,
+    FullStore,
     Granted,
     Hold,
     Learn,
     Lease,
     RateHeld,
-    Store,
     check_scope,
     check_until,
     extra_permits,
@@ -71,7 +72,7 @@ _FRESHNESS_KEPT = timedelta(seconds=FRESHNESS_KEPT)
 _ALLOWANCE_KEPT = timedelta(seconds=ALLOWANCE_KEPT)
 
 
-class MemoryCooldownStore(Store):
+class MemoryCooldownStore(FullStore):
     """Cooldowns shared by every thread of one process.
 
     ``get`` is one dict lookup, without the lock (a single dict read is atomic).
@@ -231,11 +232,7 @@ class MemoryCooldownStore(Store):
                     self._allowance_scopes.append(scope)
                 self._allowance[scope] = merged
 
-    def admit(
-        self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
-        lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None, *, opened: float = 0.0,
-    ) -> Admission:
+    def admit(self, ask: Ask) -> Admission:
         """Admission for one attempt at ``now`` (None: the present, read once the lock
         is held, so a permit's time is when it is granted), atomically and all or
         nothing: the scope's cooldown, what the server announced is left, a quota permit
@@ -248,6 +245,7 @@ class MemoryCooldownStore(Store):
         its own expiry, so workers with different margins never drop each other's.
         ``batch`` and ``hold``: extra permits; ``opened``: an open permit; ``learn``: the
         learned rate, see ``Store.admit``."""
+        scope, now, limit, per, lease, margin, batch, hold, learn, opened = ask
         if limit is None and lease is None and scope not in self._allowance and (
             learn is None or _open(self._rates.get(scope))
         ):

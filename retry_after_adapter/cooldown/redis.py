@@ -37,12 +37,11 @@ from ._redis_wire import (
 from .allowance import ALLOWANCE_KEPT, SAME_WINDOW, Allowance, roll
 from .base import (
     Admission,
+    Ask,
     Changed,
     Feed,
+    FullStore,
     Hold,
-    Learn,
-    Lease,
-    Store,
     check_scope,
     check_until,
 )
@@ -78,7 +77,7 @@ def _restore(url: str, prefix: str, client_kwargs: dict[str, Any]) -> RedisCoold
     return RedisCooldownStore.from_url(url, prefix=prefix, **client_kwargs)
 
 
-class RedisCooldownStore(Store):
+class RedisCooldownStore(FullStore):
     """Cooldowns shared by every process on every machine through Redis or Valkey.
 
     ``client`` is any synchronous redis-py compatible client: ``redis.Redis``,
@@ -268,11 +267,7 @@ class RedisCooldownStore(Store):
         with ``suffix`` ":open" its open permits."""
         return self.companion(scope, f"quota:{int(limit)}/{window_ms(per)}{suffix}")
 
-    def admit(
-        self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
-        lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None, *, opened: float = 0.0,
-    ) -> Admission:
+    def admit(self, ask: Ask) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
         the announced allowance, the quota permit (and ``batch`` extra ones, see
         ``Store.admit``) and the concurrency slot in one
@@ -282,6 +277,7 @@ class RedisCooldownStore(Store):
         permit later (:meth:`settle`). (A scope whose key has a ``}`` that Redis would
         not read as a hash tag has its cooldown read by a ``GET`` before: two round
         trips.)"""
+        scope, now, limit, per, lease, margin, batch, hold, learn, opened = ask
         key = self.key(check_scope(scope))
         _, together = _slot_string(key)
         stored = None if together else self.get(scope)

@@ -27,14 +27,15 @@ from ._sqlite_file import DEFAULT_TIMEOUT, RATE_COLUMNS, SQLiteFile, immediate
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance, roll
 from .base import (
     Admission,
+    Ask,
     Changed,
     Feed,
+    FullStore,
     Granted,
     Hold,
     Learn,
     Lease,
     RateHeld,
-    Store,
     check_scope,
     check_until,
     extra_permits,
@@ -150,7 +151,7 @@ def _restore(path: str, timeout: float, push: bool = True) -> SQLiteCooldownStor
     return SQLiteCooldownStore(path, timeout=timeout, push=push)
 
 
-class SQLiteCooldownStore(SQLiteFile, Store):
+class SQLiteCooldownStore(SQLiteFile, FullStore):
     """Cooldowns shared by every process and thread on one host through a SQLite file.
 
     ``path`` is the database file (created when missing; its directory must exist). A
@@ -320,16 +321,13 @@ class SQLiteCooldownStore(SQLiteFile, Store):
             ),
         )
 
-    def admit(
-        self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
-        lease: Lease | None = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None, *, opened: float = 0.0,
-    ) -> Admission:
+    def admit(self, ask: Ask) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
         the announced allowance, the quota permit and the concurrency slot in one
         transaction, all or nothing (a plain read while the scope has none of them).
         ``now`` None: the real present, read once the transaction holds the lock, so a
         permit's time is when it is granted."""
+        scope, now, limit, per, lease, margin, batch, hold, learn, opened = ask
         check_scope(scope)
         fixed = None if now is None else check_until(now)
         quota = _quota(limit, per, margin, opened) if limit is not None else None

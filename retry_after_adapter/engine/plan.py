@@ -19,8 +19,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import _forksafe
-from ..cooldown.base import Admission, Learn, Lease, Store
+from ..cooldown.base import Admission, Allowances, Ask, FreshnessLog, FullStore, Learn, LearnedRate, Lease
 from ..cooldown.guard import StoreBudget, StoreGuard
+from ..cooldown.legacy import opens_permits
 from ..cooldown.memory import MemoryCooldownStore
 from ..quota import Quota
 from .buckets import Dialects
@@ -80,23 +81,23 @@ class Slot:
             self.free(self.scope, token)
 
 
-def _supports(store: Store | None, feature: str) -> bool:
-    return store is not None and store.supports(feature)
+def _carries(store: FullStore | None, capability: type) -> bool:
+    return store is not None and capability in store.capabilities
 
 
-def _opens(store: Store | None, quota: Quota | None) -> bool:
+def _opens(store: FullStore | None, quota: Quota | None) -> bool:
     """Whether every permit of ``quota`` is taken open: the store can settle a permit
     exactly (earlier too), and ``per + margin`` alone is shorter than :data:`OPEN_FOR`."""
     return (
         quota is not None
         and quota.window < OPEN_FOR
-        and _supports(store, "exact-settle")
-        and _supports(store, "open-permits")
+        and store is not None
+        and opens_permits(store)
     )
 
 
 def _cooldown_reader(
-    store: Store | None, guard: StoreGuard | None
+    store: FullStore | None, guard: StoreGuard | None
 ) -> Callable[[str], datetime | None] | None:
     """How a scope's cooldown is read without a store operation: the failure layer's
     local copy of a shared store, or a memory store's own table (a dict read: the
@@ -133,7 +134,7 @@ class Plan:
 
     def __init__(
         self,
-        store: Store | None = None,
+        store: FullStore | None = None,
         *,
         fail_closed: bool = False,
         quota: Quota | None = None,
@@ -161,11 +162,11 @@ class Plan:
         self.meters: Meters | None = meters_of(store) if store is not None else None
         #: Whether the store records announced allowances and freshness (a store of 0.x
         #: may not: it is then not asked).
-        self.allows = _supports(store, "allowance")
-        self.notes = _supports(store, "freshness")
+        self.allows = _carries(store, Allowances)
+        self.notes = _carries(store, FreshnessLog)
         #: Whether calls are admitted by the scope's learned rate too (no quota
         #: configured, and a store that learns one).
-        self.learns = learn_rate and quota is None and _supports(store, "rate")
+        self.learns = learn_rate and quota is None and _carries(store, LearnedRate)
         #: How a slot goes back (bound once).
         self.release_slot: Callable[[str, str], None] | None = store.release if store is not None else None
         #: The scope's cooldown as this process knows it, without a store operation (see
@@ -206,16 +207,9 @@ class Plan:
             if self.opens:
                 opened = OPEN_FOR
         call.permit_open = opened > 0
+        ask = Ask(call.scope, now, self.limit, self.per, lease, self.margin, 1, 0.0, learn, opened)
         guard = self.guard
-        if guard is not None:
-            answer = guard.admit(
-                call.scope, now, self.limit, self.per, lease, self.margin, budget=call.budget, learn=learn,
-                opened=opened,
-            )
-        elif opened:
-            answer = store.admit(call.scope, now, self.limit, self.per, lease, self.margin, opened=opened)
-        else:  # a memory store (learn and an open permit never go together: a Quota or none)
-            answer = store.admit(call.scope, now, self.limit, self.per, lease, self.margin, learn=learn)
+        answer = store.admit(ask) if guard is None else guard.admit(ask, call.budget)
         return self._took(call, answer, lease)
 
     def _tokens(self, call: Call) -> tuple[Lease | None, Learn | None]:

@@ -27,10 +27,15 @@ What is checked:
   (skipped, saying so, unless ``other_store`` gives a second handle: the memory store
   shares one object);
 - **the operator's view**, when the store has ``entries`` and ``delete``;
-- **the whole interface**, when the store is a :class:`~retry_after_adapter.cooldown.Store`
-  (as the package's are): naive times and bad scopes refused with ``ConfigurationError``,
-  a quota's permits and a concurrency slot admitted atomically (eight threads racing)
-  and all or nothing (a free permit is not taken when the slot is refused).
+- **the core's admission**, when the store is a :class:`~retry_after_adapter.cooldown.Store`:
+  ``admit`` answers the cooldown, an empty ``answer`` is nothing, naive times and bad
+  scopes are refused with ``ConfigurationError``;
+- **each capability the store carries** (its mixins; a test of one it does not carry is
+  skipped, saying so): ``QuotaLogs`` (a quota's limit, then when; an open permit settled
+  exactly by its answer), ``Leases`` (a slot held and given back by an answer), both
+  (admitted atomically under eight racing threads, all or nothing: a free permit is not
+  taken when the slot is refused), ``Allowances`` (an announced allowance spent, then
+  held until its reset) and ``FreshnessLog`` (later wins).
 
 Each test uses scopes of its own (a random prefix), so a store that keeps data between
 runs, or is shared with other tests, can run the contract.
@@ -49,7 +54,7 @@ from typing import Any
 
 import pytest
 
-from ..cooldown.base import Store
+from ..cooldown.base import Allowances, Announced, Answer, Ask, FreshnessLog, Leases, Permit, QuotaLogs, Store
 from ..errors import ConfigurationError
 
 __all__ = ["StoreContract"]
@@ -223,54 +228,88 @@ class StoreContract:
         # Lifted, a scope starts again from nothing: later-wins applies to new cooldowns only.
         assert store.extend(self.s("b*[x]"), base + timedelta(seconds=1)) == base + timedelta(seconds=1)
 
-    # -- the whole interface -------------------------------------------------------------
+    # -- the core's admission and answer ---------------------------------------------
     @staticmethod
-    def whole(store: Any) -> Store:
+    def carrying(store: Any, *capabilities: type) -> Store:
+        """``store``, if it is a :class:`Store` with each of ``capabilities``; else the
+        test is skipped, saying what is missing."""
         if not isinstance(store, Store):
-            pytest.skip("not a retry_after_adapter.cooldown.Store: the core contract applies")
+            pytest.skip("not a retry_after_adapter.cooldown.Store: get and extend are its contract")
+        missing = [c.__name__ for c in capabilities if not isinstance(store, c)]
+        if missing:
+            pytest.skip(f"the store does not carry {', '.join(missing)}")
         return store
 
+    def test_admit_answers_the_cooldown(self, store: Any) -> None:
+        core = self.carrying(store)
+        now = now_ms()
+        assert core.admit(Ask(self.s("free"), now)).not_before is None
+        core.extend(self.s("held"), now + timedelta(seconds=30))
+        held = core.admit(Ask(self.s("held"), now))
+        assert held.not_before == now + timedelta(seconds=30) and held.cooldown == held.not_before
+        assert core.admit(Ask(self.s("held"), now + timedelta(seconds=31))).not_before is None
+        core.answer(Answer(self.s("held"), now))  # an answer with nothing in it is nothing
+
     def test_a_naive_time_is_refused(self, store: Any) -> None:
-        whole = self.whole(store)
+        core = self.carrying(store)
         with pytest.raises(ConfigurationError):
-            whole.extend(self.s("naive"), datetime.now() + timedelta(seconds=10))
-        with pytest.raises(ConfigurationError):
-            whole.admit(self.s("naive"), datetime.now(), 5, 1.0, (2, 10.0, "token"))
-        assert whole.get(self.s("naive")) is None
-        answer = whole.admit(self.s("naive"), now_ms(), 1, 1.0, (1, 10.0, "token"))
-        assert answer.not_before is None  # the refused calls took neither the permit nor the slot
+            core.extend(self.s("naive"), datetime.now() + timedelta(seconds=10))
+        assert core.get(self.s("naive")) is None
 
     @pytest.mark.parametrize("scope", ["", "x" * 513, None, 42, ("a", "tuple")])
     def test_a_bad_scope_is_refused_every_time(self, store: Any, scope: Any) -> None:
-        whole = self.whole(store)
+        core = self.carrying(store)
         for _ in range(3):  # a refused admission must not leave the scope behind as known
             with pytest.raises(ConfigurationError):
-                whole.extend(scope, now_ms() + timedelta(seconds=1))
+                core.extend(scope, now_ms() + timedelta(seconds=1))
+
+    # -- QuotaLogs and Leases ----------------------------------------------------------
+    def test_a_refused_admission_with_a_naive_time_takes_nothing(self, store: Any) -> None:
+        whole = self.carrying(store, QuotaLogs, Leases)
+        with pytest.raises(ConfigurationError):
+            whole.admit(Ask(self.s("naive"), datetime.now(), 5, 1.0, (2, 10.0, "token")))
+        answer = whole.admit(Ask(self.s("naive"), now_ms(), 1, 1.0, (1, 10.0, "token")))
+        assert answer.not_before is None  # the refused calls took neither the permit nor the slot
+        for scope in ("", "x" * 513, None):
             with pytest.raises(ConfigurationError):
-                whole.admit(scope, now_ms(), 5, 1.0, (2, 10.0, "token"))
+                whole.admit(Ask(scope, now_ms(), 5, 1.0, (2, 10.0, "token")))  # type: ignore[arg-type]
 
     def test_a_quota_admits_its_limit_then_says_when(self, store: Any) -> None:
-        whole = self.whole(store)
+        quota = self.carrying(store, QuotaLogs)
         now = now_ms()
-        assert [whole.admit(self.s("q"), now, 2, 60.0).not_before for _ in range(2)] == [None, None]
-        refused = whole.admit(self.s("q"), now, 2, 60.0)
+        assert [quota.admit(Ask(self.s("q"), now, 2, 60.0)).not_before for _ in range(2)] == [None, None]
+        refused = quota.admit(Ask(self.s("q"), now, 2, 60.0))
         assert refused.not_before is not None and refused.not_before >= now + timedelta(seconds=60)
 
+    def test_an_open_permit_counts_until_its_answer_settles_it_exactly(self, store: Any) -> None:
+        """A permit taken open counts ``opened`` seconds longer; its answer brings its
+        end to the answer + per exactly, earlier too, and never before."""
+        quota = self.carrying(store, QuotaLogs)
+        now, scope = now_ms(), self.s("open")
+        granted = quota.admit(Ask(scope, now, 1, 1.0, opened=10.0))
+        assert granted.not_before is None and granted.permit is not None
+        assert granted.permit >= now + timedelta(seconds=11)
+        assert quota.admit(Ask(scope, now + timedelta(seconds=2), 1, 1.0)).not_before is not None
+        answered = now + timedelta(seconds=2)
+        quota.answer(Answer(scope, answered, permit=Permit(1, 1.0, granted.permit, exact=True)))
+        assert quota.admit(Ask(scope, answered + timedelta(milliseconds=500), 1, 1.0)).not_before is not None
+        assert quota.admit(Ask(scope, answered + timedelta(seconds=1), 1, 1.0)).not_before is None
+
     def test_a_slot_is_held_all_or_nothing_and_given_back(self, store: Any) -> None:
-        whole = self.whole(store)
+        slots = self.carrying(store, Leases)
         now = now_ms()
-        assert whole.admit(self.s("c"), now, None, None, (1, 30.0, "one")).not_before is None
-        assert whole.admit(self.s("c"), now, None, None, (1, 30.0, "two")).not_before is not None
-        whole.release(self.s("c"), "one")
-        assert whole.admit(self.s("c"), now, None, None, (1, 30.0, "two")).not_before is None
-        whole.extend(self.s("c"), now + timedelta(seconds=30))  # a cooldown refuses the slot too
-        refused = whole.admit(self.s("c"), now, None, None, (2, 30.0, "three"))
+        assert slots.admit(Ask(self.s("c"), now, None, None, (1, 30.0, "one"))).not_before is None
+        assert slots.admit(Ask(self.s("c"), now, None, None, (1, 30.0, "two"))).not_before is not None
+        slots.answer(Answer(self.s("c"), token="one"))  # noqa: S106 - a slot's token
+        assert slots.admit(Ask(self.s("c"), now, None, None, (1, 30.0, "two"))).not_before is None
+        slots.extend(self.s("c"), now + timedelta(seconds=30))  # a cooldown refuses the slot too
+        refused = slots.admit(Ask(self.s("c"), now, None, None, (2, 30.0, "three")))
         assert refused.not_before is not None and refused.not_before >= now + timedelta(seconds=30)
 
     def test_admission_is_atomic_under_threads(self, store: Any) -> None:
         """Eight threads race for 5 permits of a quota and for 1 slot: exactly 5 and 1
         are granted (a read-then-write store grants more)."""
-        whole = self.whole(store)
+        whole = self.carrying(store, QuotaLogs, Leases)
         now = now_ms()
         granted = {"permits": 0, "slots": 0}
         lock = threading.Lock()
@@ -279,8 +318,8 @@ class StoreContract:
         def race(seed: int) -> None:
             start.wait()
             for i in range(4):
-                permit = whole.admit(self.s("atomic-q"), now, 5, 60.0).not_before is None
-                slot = whole.admit(self.s("atomic-c"), now, None, None, (1, 60.0, f"t{seed}-{i}"))
+                permit = whole.admit(Ask(self.s("atomic-q"), now, 5, 60.0)).not_before is None
+                slot = whole.admit(Ask(self.s("atomic-c"), now, None, None, (1, 60.0, f"t{seed}-{i}")))
                 with lock:
                     granted["permits"] += permit
                     granted["slots"] += slot.not_before is None
@@ -294,13 +333,35 @@ class StoreContract:
 
     def test_admission_is_all_or_nothing(self, store: Any) -> None:
         """A quota permit that is free while the slot is not: nothing is taken."""
-        whole = self.whole(store)
+        whole = self.carrying(store, QuotaLogs, Leases)
         now = now_ms()
         scope = self.s("both")
-        assert whole.admit(scope, now, None, None, (1, 60.0, "holder")).not_before is None
-        refused = whole.admit(scope, now, 1, 60.0, (1, 60.0, "second"))
+        assert whole.admit(Ask(scope, now, None, None, (1, 60.0, "holder"))).not_before is None
+        refused = whole.admit(Ask(scope, now, 1, 60.0, (1, 60.0, "second")))
         assert refused.not_before is not None  # the slot is held
-        whole.release(scope, "holder")
+        whole.answer(Answer(scope, token="holder"))  # noqa: S106 - a slot's token
         # The refused admission took no permit: the quota's one permit is still free.
-        assert whole.admit(scope, now, 1, 60.0, (1, 60.0, "second")).not_before is None
+        assert whole.admit(Ask(scope, now, 1, 60.0, (1, 60.0, "second"))).not_before is None
 
+    # -- Allowances, FreshnessLog ---------------------------------------------------------
+    def test_an_announced_allowance_is_spent_then_holds_until_its_reset(self, store: Any) -> None:
+        announced = self.carrying(store, Allowances)
+        now, scope = now_ms(), self.s("announced")
+        reset = now + timedelta(seconds=30)
+        announced.answer(Answer(scope, now, announced=Announced(1, reset, None, 10, 30.0)))
+        assert announced.admit(Ask(scope, now)).not_before is None  # the one left
+        refused = announced.admit(Ask(scope, now))
+        assert refused.not_before is not None and refused.not_before >= reset
+        assert announced.admit(Ask(scope, reset + timedelta(seconds=1))).not_before is None
+
+    def test_freshness_keeps_the_last_success_and_error(self, store: Any) -> None:
+        log = self.carrying(store, FreshnessLog)
+        assert isinstance(log, FreshnessLog)
+        now, scope = now_ms(), self.s("fresh")
+        assert log.freshness(scope) is None
+        log.note(scope, "success", now)
+        log.note(scope, "throttled", now + timedelta(seconds=1))
+        log.note(scope, "success", now - timedelta(seconds=5))  # older: the later one stays
+        fresh = log.freshness(scope)
+        assert fresh is not None and fresh.last_success == now and fresh.last_error == "throttled"
+        assert scope in log.freshness_entries()

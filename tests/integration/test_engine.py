@@ -313,9 +313,9 @@ class CountingStore(MemoryCooldownStore):
         self.gets += 1
         return super().get(scope)
 
-    def admit(self, scope, now, limit=None, per=None, lease=None):
+    def admit(self, ask):
         self.gets += 1  # admission: the cooldown read (and the allowance) in one operation
-        return super().admit(scope, now, limit, per, lease)
+        return super().admit(ask)
 
     def extend(self, scope, until):
         self.extends += 1
@@ -362,10 +362,10 @@ def test_a_follow_up_sent_through_response_connection_runs_the_policy(server, cl
 class AlwaysBusyStore(MemoryCooldownStore):
     """Every admission answers "ask again in 20 ms", as a contended shared store does."""
 
-    def admit(self, scope, now, limit=None, per=None, lease=None):
+    def admit(self, ask):
         from retry_after_adapter.cooldown.base import Admission
 
-        return Admission(None, now + timedelta(milliseconds=20))
+        return Admission(None, ask.now + timedelta(milliseconds=20))
 
 
 def test_admission_that_never_comes_defers_with_its_reason_and_a_future_time(server, clock):

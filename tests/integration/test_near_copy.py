@@ -48,6 +48,7 @@ from retry_after_adapter import (
     RetryAfterRetry,
     SQLiteCooldownStore,
 )
+from retry_after_adapter.cooldown import Ask
 from retry_after_adapter.cooldown._near import HOLD_SHARE, IDLE, Near
 from retry_after_adapter.cooldown.guard import guard_of
 from retry_after_adapter.engine.plan import OPEN_FOR
@@ -389,12 +390,12 @@ def test_a_killed_and_restarted_redis_during_push_never_leaves_a_stale_answer(
         # The copy answers again, and follows the channel: a second scope, known, then
         # held back by a cooldown another client learns.
         second = scope + "/second"
-        assert guard_of(store).admit(second, None).not_before is None and knows(near, second)
+        assert guard_of(store).admit(Ask(second, None)).not_before is None and knows(near, second)
         start = time.monotonic()
         write_cooldown(other, prefix, second, 60)
         pushed = wait_for(lambda: news_reached(near, second), PUSH_BOUND, step=0.0005)
         assert pushed is not None, "a cooldown written after the restart was not pushed within 1 s"
-        assert guard_of(store).admit(second, None).not_before is not None
+        assert guard_of(store).admit(Ask(second, None)).not_before is not None
     PUSH_DELAYS["redis: after a restart"] = time.monotonic() - start
     print(
         f"\nredis restart: stale {stale * 1000:.0f} ms after the kill; subscribed again "
@@ -415,7 +416,7 @@ def take_all(
     one is refused: how many were taken, and when the refusal says to ask again. (With
     a long ``margin``, the test's own permits outlast everything it looks at.)"""
     for taken in range(2 * LIMIT + 1):
-        not_before = store.admit(scope, now, LIMIT, PER, None, margin).not_before
+        not_before = store.admit(Ask(scope, now, LIMIT, PER, None, margin)).not_before
         if not_before is not None:
             return taken, not_before
     raise AssertionError(f"more than {2 * LIMIT} permits of a quota of {LIMIT}")
@@ -783,7 +784,7 @@ class PermitLog:
             )
 
     def admit(self, limit: int, per: float) -> Any:
-        answer = self.guard.admit("batching", self.clock.now(), limit, per, None, MARGIN)
+        answer = self.guard.admit(Ask("batching", self.clock.now(), limit, per, None, MARGIN))
         assert answer.not_before is None, answer
         return answer
 

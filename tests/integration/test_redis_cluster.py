@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from retry_after_adapter import FakeClock, Quota, RedisCooldownStore, RetryAfterAdapter, RetryAfterRetry
+from retry_after_adapter.cooldown import Ask
 
 from ..conftest import local_deferral
 from ..servers import Reply, ThrottleServer
@@ -45,16 +46,16 @@ def test_scopes_spread_over_the_nodes(store: RedisCooldownStore, cluster_client:
 def test_cooldowns_permits_allowances_leases_and_freshness_on_the_cluster(store: RedisCooldownStore) -> None:
     for scope in SCOPES:
         assert store.extend(scope, NOW + timedelta(seconds=5)) == NOW + timedelta(seconds=5)
-        assert store.admit(scope, NOW)[1] == NOW + timedelta(seconds=5)  # cooling: nothing taken
+        assert store.admit(Ask(scope, NOW))[1] == NOW + timedelta(seconds=5)  # cooling: nothing taken
         later = NOW + timedelta(seconds=6)
-        assert [store.admit(scope, later, 2, 10.0)[1] for _ in range(3)] == [
+        assert [store.admit(Ask(scope, later, 2, 10.0))[1] for _ in range(3)] == [
             None,
             None,
             later + timedelta(seconds=10),
         ]
         store.allow(scope, 1, later + timedelta(seconds=30), later)
-        assert store.admit(scope, later)[1] is None
-        assert store.admit(scope, later)[1] == later + timedelta(seconds=30)
+        assert store.admit(Ask(scope, later))[1] is None
+        assert store.admit(Ask(scope, later))[1] == later + timedelta(seconds=30)
         # A slot is admitted like anything else: past the cooldown and the allowance.
         free = later + timedelta(seconds=31)
         assert store.lease(scope, 1, 30.0, free, "a") is None
@@ -109,7 +110,7 @@ def test_the_near_copy_follows_the_cluster_change_channel(store: RedisCooldownSt
         time.sleep(0.01)
     assert near.fresh()
     for scope in scopes:
-        assert guard.admit(scope, now).not_before is None  # read once: known
+        assert guard.admit(Ask(scope, now)).not_before is None  # read once: known
         assert near.knows(scope)
     other = RedisCooldownStore(cluster_client, prefix=store.prefix)  # another worker's writes
     until = now + timedelta(seconds=30)
@@ -123,7 +124,7 @@ def test_the_near_copy_follows_the_cluster_change_channel(store: RedisCooldownSt
         time.sleep(0.005)
     assert pushed() == len(scopes)  # every node's publish arrived: each scope is read again
     for scope in scopes:
-        answer = guard.admit(scope, now)
+        answer = guard.admit(Ask(scope, now))
         assert answer.not_before is not None  # held back, by the time stored (whole ms, up)
         assert timedelta(0) <= answer.not_before - until < timedelta(milliseconds=1)
 
@@ -133,12 +134,12 @@ def test_the_learned_rate_on_the_cluster(store: RedisCooldownStore) -> None:
     cooldown key: learned and obeyed through the cluster for scopes on every node."""
     now = datetime(2027, 1, 15, 12, 0, tzinfo=timezone.utc)
     for scope in SCOPES[:-1]:
-        assert store.admit(scope, now, learn=(60.0, scope + "-1")).token == scope + "-1"
-        assert store.admit(scope, now, learn=(60.0, scope + "-2")).slot_busy
+        assert store.admit(Ask(scope, now, learn=(60.0, scope + "-1"))).token == scope + "-1"
+        assert store.admit(Ask(scope, now, learn=(60.0, scope + "-2"))).slot_busy
         store.rate_answer(scope, 0, None, now)
         store.rate_answer(scope, 0, now + timedelta(seconds=2), now)
         rate = store.rate_of(scope)
         assert rate is not None and (rate.limit, rate.cap, rate.quiet) == (1, 1, 2)
         later = now + timedelta(seconds=2)
-        assert store.admit(scope, later, learn=(60.0, scope + "-3")).not_before is None
-        assert store.admit(scope, later, learn=(60.0, scope + "-4")).not_before is not None
+        assert store.admit(Ask(scope, later, learn=(60.0, scope + "-3"))).not_before is None
+        assert store.admit(Ask(scope, later, learn=(60.0, scope + "-4"))).not_before is not None

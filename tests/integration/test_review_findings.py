@@ -34,6 +34,7 @@ from retry_after_adapter import (
     RetryAfterRetry,
     budget,
 )
+from retry_after_adapter.cooldown import Ask
 from retry_after_adapter.cooldown.guard import BREAKER_FIRST, guard_of
 from retry_after_adapter.errors import CooldownStoreError, MaxRetryDeferred
 
@@ -90,7 +91,7 @@ class SwitchableStore:
         margin: float = 0.0,
     ) -> Any:
         self._gate("admit")
-        return self.m.admit(scope, now, limit, per, lease, margin)
+        return self.m.admit(Ask(scope, now, limit, per, lease, margin))
 
     def acquire(self, scope: str, limit: int, per: float, now: Any = None, margin: float = 0.0) -> Any:
         self._gate("acquire")
@@ -294,7 +295,7 @@ class Store04:
         self, scope: str, now: datetime, limit: Any = None, window: Any = None, lease: Any = None
     ) -> Any:
         self.ops.append("admit")
-        return tuple(self.m.admit(scope, now, limit, window, lease))
+        return tuple(self.m.admit(Ask(scope, now, limit, window, lease)))
 
     def allow(self, *args: Any) -> Any:
         return self.m.allow(*args)

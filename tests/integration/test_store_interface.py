@@ -1,0 +1,182 @@
+"""The store interface: a core every store implements and one mixin per capability,
+recognised by type; a store of 0.x (an object with its methods, or a subclass of 0.10's
+``Store``) still adapted, by name and type, never by its signatures."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import requests
+
+from retry_after_adapter import (
+    ConfigurationError,
+    MemoryCooldownStore,
+    Quota,
+    RetryAfterAdapter,
+    RetryAfterRetry,
+    deferral_of,
+)
+from retry_after_adapter.cooldown import (
+    CAPABILITIES,
+    Admission,
+    Answer,
+    Ask,
+    Freshness,
+    FreshnessLog,
+    QuotaLogs,
+    Store,
+)
+from retry_after_adapter.cooldown.legacy import Completed, LegacyStore, as_store, opens_permits
+from retry_after_adapter.testing import QuotaServer
+
+
+class DictStore(Store):
+    """The core alone: a dict of cooldowns."""
+
+    def __init__(self) -> None:
+        self.until: dict[str, datetime] = {}
+        self.lock = threading.Lock()
+        self.admits = 0
+
+    def get(self, scope: str) -> datetime | None:
+        return self.until.get(scope)
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        with self.lock:
+            kept = self.until[scope] = max(self.until.get(scope, until), until)
+            return kept
+
+    def admit(self, ask: Ask) -> Admission:
+        self.admits += 1
+        return super().admit(ask)
+
+
+class FreshDictStore(DictStore, FreshnessLog):
+    """The core and one mixin: freshness."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fresh: dict[str, Freshness] = {}
+
+    def note(self, scope: str, outcome: str, at: datetime) -> None:
+        old = self.fresh.get(scope, Freshness())
+        if outcome == "success":
+            self.fresh[scope] = Freshness(at, old.last_error, old.last_error_at)
+        else:
+            self.fresh[scope] = Freshness(old.last_success, outcome, at)
+
+    def freshness(self, scope: str) -> Freshness | None:
+        return self.fresh.get(scope)
+
+    def freshness_entries(self) -> dict[str, Freshness]:
+        return dict(self.fresh)
+
+
+def session_on(store: Any, **options: Any) -> tuple[requests.Session, RetryAfterAdapter]:
+    session = requests.Session()
+    retry = RetryAfterRetry(total=0, max_wait=1, raise_on_status=False)
+    adapter = RetryAfterAdapter(retry, cooldown=store, learn_rate=False, **options)
+    session.mount("http://", adapter)
+    return session, adapter
+
+
+def test_capabilities_are_read_from_the_type() -> None:
+    assert MemoryCooldownStore().capabilities == frozenset(CAPABILITIES)
+    assert DictStore().capabilities == frozenset()
+    assert FreshDictStore().capabilities == {FreshnessLog}
+    completed = as_store(FreshDictStore())
+    assert isinstance(completed, Completed) and completed.capabilities == {FreshnessLog}
+    assert not opens_permits(completed) and opens_permits(MemoryCooldownStore())
+
+
+def test_a_core_store_shares_cooldowns_and_admits_every_attempt() -> None:
+    store = DictStore()
+    with QuotaServer(quota=1, window=3600, align="first") as server:
+        (first, _), (second, _) = session_on(store), session_on(store)
+        assert first.get(server.url + "/a", timeout=10).status_code == 200
+        assert first.get(server.url + "/a", timeout=10).status_code == 429  # a cooldown stored
+        held = second.get(server.url + "/b", timeout=10)
+        assert held.local and deferral_of(held).reason == "cooldown"  # type: ignore[attr-defined, union-attr]
+        assert server.stats().requests == 2
+    assert store.admits >= 3  # every attempt asked the store's admit, the core's default
+    answered = store.admit(Ask(next(iter(store.until)), datetime.now(timezone.utc)))
+    assert answered.not_before is not None
+
+
+def test_a_setting_the_store_cannot_carry_names_the_mixin() -> None:
+    with pytest.raises(ConfigurationError, match="QuotaLogs"):
+        session_on(DictStore(), quota=Quota(5, per=1))[0].get("http://127.0.0.1:9/")
+    with pytest.raises(ConfigurationError, match="Leases"):
+        session_on(DictStore(), max_concurrency=2)[0].get("http://127.0.0.1:9/")
+
+
+def test_one_mixin_adds_one_capability() -> None:
+    with QuotaServer(quota=5, window=3600) as server:
+        plain, plain_adapter = session_on(DictStore())
+        fresh, fresh_adapter = session_on(FreshDictStore())
+        for session in (plain, fresh):
+            assert session.get(server.url + "/x", timeout=10).status_code == 200
+        assert plain_adapter.freshness(server.url + "/x") is None  # no FreshnessLog
+        seen = fresh_adapter.freshness(server.url + "/x")
+        assert seen is not None and seen.last_success is not None
+
+
+class StoreOf010(Store):
+    """A subclass of 0.10's ``Store``: the 0.10 signatures (``settle`` defined,
+    ``answer`` not), kept in a memory store of today."""
+
+    def __init__(self) -> None:
+        self.m = MemoryCooldownStore()
+        self.calls: list[str] = []
+
+    def get(self, scope: str) -> datetime | None:
+        return self.m.get(scope)
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        return self.m.extend(scope, until)
+
+    def admit(  # type: ignore[override]
+        self, scope: str, now: datetime | None, limit: int | None = None, per: float | None = None,
+        lease: Any = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0, learn: Any = None,
+    ) -> Admission:
+        self.calls.append("admit")
+        assert now is not None  # asked as 0.4 asked: the time given, the margin in the window
+        return self.m.admit(Ask(scope, now, limit, per, lease, margin))
+
+    def allow(self, *args: Any) -> None:
+        self.m.allow(*args)
+
+    def settle(self, *args: Any, **kwargs: Any) -> None:
+        self.calls.append("settle")
+        self.m.settle(*args, **kwargs)
+
+    def release(self, scope: str, token: str) -> None:
+        self.m.release(scope, token)
+
+
+def test_a_store_written_for_0_10_is_adapted_by_type_and_keeps_its_quota() -> None:
+    store = StoreOf010()
+    adapted = as_store(store)
+    assert isinstance(adapted, LegacyStore) and QuotaLogs in adapted.capabilities
+    assert not opens_permits(adapted)  # 0.9's accounting: no open permits
+    with QuotaServer(quota=100, window=3600) as server:
+        session, _ = session_on(store, quota=Quota(2, per=60))
+        codes = [session.get(server.url + "/q", timeout=10).status_code for _ in range(3)]
+        assert codes == [200, 200, 429] and server.stats().requests == 2  # the third held back
+    assert store.calls.count("admit") >= 3  # admitted through its own admit of 0.10
+
+
+def test_an_answer_carries_its_parts_to_a_full_store_in_one_call() -> None:
+    store = MemoryCooldownStore()
+    now = datetime.now(timezone.utc)
+    granted = store.admit(Ask("s", now, 1, 1.0, (1, 30.0, "slot"), opened=10.0))
+    assert granted.not_before is None and granted.permit is not None
+    from retry_after_adapter.cooldown import Permit
+
+    store.answer(Answer("s", now, token="slot", permit=Permit(1, 1.0, granted.permit, True)))
+    later = now + timedelta(seconds=1)
+    # The slot is back and the permit ended at the answer + per, exactly.
+    assert store.admit(Ask("s", later, 1, 1.0, (1, 30.0, "again"))).not_before is None
