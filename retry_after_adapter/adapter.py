@@ -58,6 +58,8 @@ __all__ = [
 #: Where a call's state waits in ``PreparedRequest.hooks`` between redirect hops:
 #: requests copies a request for each hop and the copy keeps the same hooks dict.
 _CALL_KEY = "retry_after_adapter.call"
+#: What requests' ``HTTPAdapter`` takes besides ``max_retries``.
+_HTTP_ADAPTER_KEYWORDS = ("pool_connections", "pool_maxsize", "pool_block")
 
 
 class RetryAfterResponse(requests.Response):
@@ -241,6 +243,7 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
     def __init__(self, max_retries: Any = None, **kwargs: Unpack[AdapterOptions]) -> None:
         keywords: dict[str, Any] = dict(kwargs)
         settings = Settings.take(keywords)
+        Settings.refuse_unknown(type(self).__name__, keywords, _HTTP_ADAPTER_KEYWORDS)
         super().__init__(**keywords)
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
         self._share(settings)

@@ -333,9 +333,7 @@ class _Front(SharedSettings):
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
         keywords: dict[str, Any] = dict(options)
         settings = Settings.take(keywords)
-        if keywords:
-            unknown = next(iter(keywords))
-            raise TypeError(f"{type(self).__name__} got an unexpected keyword argument {unknown!r}")
+        Settings.refuse_unknown(type(self).__name__, keywords, ())
         self._share(settings)
 
     @staticmethod

@@ -28,7 +28,7 @@ from urllib3.util.retry import Retry
 from . import _keepalive, body
 from .deferral import Deferral
 from .engine import SINGLE_ATTEMPT, Call, Outcome, run
-from .errors import ConfigurationError, MaxRetryDeferred
+from .errors import MaxRetryDeferred
 from .redact import message_url
 from .retry import RetryAfterRetry
 from .scope import RequestInfo
@@ -184,9 +184,7 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         """``kwargs``: the shared :class:`~retry_after_adapter.settings.Options`
         (``cooldown``, ``quota``...) and ``PoolManager``'s connection pool keywords."""
         settings = Settings.take(kwargs)
-        miss = Settings.near_miss(kwargs)  # else it would surface at the first pool's creation
-        if miss is not None:
-            raise ConfigurationError(miss)
+        Settings.refuse_unknown(type(self).__name__, kwargs, None)  # else at the first pool
         super().__init__(num_pools=num_pools, headers=headers, **kwargs)
         self.retries: RetryAfterRetry = as_retry_after_retry(retries)
         self._share(settings)

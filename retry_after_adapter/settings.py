@@ -218,14 +218,19 @@ class Settings:
         is left is the library's own)."""
         return cls(**{name: keywords.pop(name) for name in _OPTION_NAMES if name in keywords})
 
-    @classmethod
-    def near_miss(cls, keywords: Collection[str]) -> str | None:
-        """A keyword that looks like a misspelled option (``quoat``), or None."""
-        for keyword in keywords:
+    @staticmethod
+    def refuse_unknown(owner: str, rest: Collection[str], own: Collection[str] | None) -> None:
+        """Raise ConfigurationError for a keyword left after :meth:`take` that ``owner``
+        does not take: one not among ``own`` (the library's own keywords; None: any, as
+        urllib3's connection pool keywords, but one that looks like a misspelled option,
+        ``quoat``, is refused still). The error names the keyword, and the option it
+        looks like."""
+        for keyword in rest:
             close = difflib.get_close_matches(keyword, _OPTION_NAMES, n=1, cutoff=0.8)
-            if close:
-                return f"unknown keyword {keyword!r}: did you mean {close[0]!r}?"
-        return None
+            if (own is not None and keyword in own) or (own is None and not close):
+                continue
+            hint = f": did you mean {close[0]!r}?" if close else f" (its options: {', '.join(_OPTION_NAMES)})"
+            raise ConfigurationError(f"{owner} got an unknown keyword {keyword!r}{hint}")
 
     def keywords(self) -> dict[str, Any]:
         """The options as keywords a front end takes again (a copy or an unpickling)."""

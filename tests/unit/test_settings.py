@@ -210,7 +210,16 @@ def test_an_adapter_pickled_before_the_settings_value_unpickles() -> None:
 
 
 def test_a_misspelled_option_is_named_at_once() -> None:
-    with pytest.raises(ConfigurationError, match="did you mean 'quota'"):
-        RetryAfterPoolManager(quoat=Quota(1, per=1))
-    with pytest.raises(TypeError, match="RetryAfterTransport got an unexpected keyword argument 'quoat'"):
-        RetryAfterTransport(quoat=Quota(1, per=1))  # type: ignore[call-arg]
+    # Every front end refuses an unknown keyword the same way: its own error, naming
+    # the keyword and the option it looks like.
+    for front_end in (RetryAfterPoolManager, RetryAfterTransport, RetryAfterAdapter):
+        name = front_end.__name__
+        with pytest.raises(ConfigurationError, match=f"{name} got an unknown keyword 'quoat': did you mean 'quota'"):
+            front_end(quoat=Quota(1, per=1))  # type: ignore[call-arg]
+    with pytest.raises(ConfigurationError, match="unknown keyword 'colour' \\(its options: cooldown, "):
+        RetryAfterAdapter(colour="red")  # type: ignore[call-arg]
+    with pytest.raises(ConfigurationError, match="RetryAfterTransport got an unknown keyword 'pool_maxsize'"):
+        RetryAfterTransport(pool_maxsize=2)  # type: ignore[call-arg]
+    # The libraries' own keywords pass: requests' pool sizes, urllib3's pool keywords.
+    assert RetryAfterAdapter(pool_maxsize=2, pool_block=True)._pool_maxsize == 2  # type: ignore[call-arg]
+    assert RetryAfterPoolManager(maxsize=3).connection_pool_kw["maxsize"] == 3
