@@ -39,6 +39,8 @@ from .base import (
     QuotaLogs,
     RateOutcome,
     Store,
+    check_scope,
+    check_until,
 )
 from .freshness import Freshness
 from .memory import MemoryCooldownStore
@@ -71,5 +73,7 @@ __all__ = [
     "RedisCooldownStore",
     "SQLiteCooldownStore",
     "Store",
+    "check_scope",
+    "check_until",
     "store_from_url",
 ]

@@ -27,10 +27,9 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..errors import ConfigurationError, CooldownStoreError, failure_cause
-from .base import FullStore
 
 _T = TypeVar("_T")
 
@@ -123,27 +122,41 @@ def _answered_late(abandoned: Callable[[Any], None]) -> Callable[[concurrent.fut
     return done
 
 
-class Health:
-    """The breaker and outage state of one store (a base of the failure layer)."""
+class Waiting(Protocol):
+    """What the breaker asks of the write-back it works with."""
 
-    inner: FullStore
-    #: The store's class name, for messages (a 0.x store's own, not its adapter's).
-    name: str
-    monotonic: Callable[[], float]
-    _lock: threading.Lock
-    _pending: set[str]
-    _stranded: bool
+    written_back: int
 
-    def _init_health(self, inner: object, monotonic: Callable[[], float]) -> None:
+    def has_pending(self) -> bool:
+        """Whether cooldowns wait to be written back."""
+
+    def strand(self, only_if_pending: bool) -> None:
+        """A write was kept locally while the store was not down: the next success
+        writes it back (``only_if_pending``: only if cooldowns wait)."""
+
+    def failing(self) -> None:
+        """The store failed: start the writer if something waits."""
+
+
+class Breaker:
+    """The breaker and outage state of one store, owned by its failure layer; it works
+    with the layer's write-back (``waiting``, set once both are made)."""
+
+    waiting: Waiting
+
+    def __init__(self, name: str, inner: object, monotonic: Callable[[], float]) -> None:
+        #: The store's class name, for messages (a 0.x store's own, not its adapter's).
+        self.name = name
         self.monotonic = monotonic
+        self._lock = threading.Lock()
         self._native = declared_timeout(inner)
         #: Bound (seconds) of one operation: the store's own timeout, else STORE_TIMEOUT.
         self.timeout = self._native if self._native is not None else STORE_TIMEOUT
-        self._open_until = 0.0  # the breaker is open until then (0: closed)
+        self.open_until = 0.0  # the breaker is open until then (0: closed)
         self._backoff = BREAKER_FIRST
         self._probing = False
-        self._down = False
-        self._announced = False  # an outage warning is outstanding
+        self.is_down = False
+        self.announced = False  # an outage warning is outstanding
         self._relapsed = False  # ...and the store failed again soon after recovering
         self._since = 0.0  # when the announced outage started
         self._last_failure = -math.inf
@@ -153,17 +166,13 @@ class Health:
         self.outages = 0
         self.failures = 0
         self.busy = 0
-        self._busy_run = 0
+        #: Busy answers in a row (a success ends the run).
+        self.busy_run = 0
 
-    @property
-    def down(self) -> bool:
-        """Whether the store's last operation failed (its breaker is open)."""
-        return self._down
-
-    def _skipped(self, budget: StoreBudget | None) -> bool:
+    def skipped(self, budget: StoreBudget | None) -> bool:
         """Whether this operation skips the store: the breaker is open (and this is not
         the one probe it lets through), or the call's store operations already failed."""
-        if not (self._open_until or (budget is not None and budget.failed)):
+        if not (self.open_until or (budget is not None and budget.failed)):
             return False
         return not self._may_try(budget)
 
@@ -172,15 +181,15 @@ class Health:
         one probe once the back-off has passed, and never twice in one call."""
         if budget is not None and budget.failed:
             return False
-        if self.monotonic() < self._open_until:
+        if self.monotonic() < self.open_until:
             return False
         with self._lock:
-            if self._probing or not self._open_until:
+            if self._probing or not self.open_until:
                 return not self._probing
             self._probing = True
             return True
 
-    def _bounded(
+    def bounded(
         self,
         operation: Callable[..., _T],
         args: tuple[Any, ...],
@@ -225,17 +234,16 @@ class Health:
                     )
         return executor
 
-    def _gave_up(self, budget: StoreBudget | None) -> None:
+    def gave_up(self, budget: StoreBudget | None) -> None:
         """The call ran out of time before the store answered: it does not ask again,
         and the store is not judged (a probe it was making is released)."""
         if budget is not None:
             budget.failed = True
         with self._lock:
             self._probing = False
-            if self._pending:
-                self._stranded = True
+        self.waiting.strand(only_if_pending=True)
 
-    def _failed(self, exc: BaseException, budget: StoreBudget | None) -> None:
+    def failed(self, exc: BaseException, budget: StoreBudget | None) -> None:
         """An operation failed: count it, open the breaker, warn once per outage."""
         if isinstance(exc, _REFUSED_VALUES) and not isinstance(exc, CooldownStoreError):
             # The store refused this operation's values: it answered, so it is not down
@@ -244,12 +252,12 @@ class Health:
             with self._lock:
                 self._probing = False
             return
-        busy = getattr(exc, "busy", False) and not self._down
+        busy = getattr(exc, "busy", False) and not self.is_down
         if budget is not None and not busy:
             budget.failed = True  # a busy store may be asked again in this call
         if busy and self._busy_once():
             return
-        self._open_breaker()
+        self._open()
         if self._announce():
             name = self.name
             cause, lasting = _cause_of(exc)
@@ -269,48 +277,48 @@ class Health:
         falls back (fewer than :data:`BUSY_RUN` busy answers in a row)."""
         with self._lock:
             self.busy += 1
-            self._busy_run += 1
-            if self._busy_run >= BUSY_RUN:
+            self.busy_run += 1
+            if self.busy_run >= BUSY_RUN:
                 return False
             self._probing = False
-            self._stranded = True
-            return True
+        self.waiting.strand(only_if_pending=False)
+        return True
 
-    def _open_breaker(self) -> None:
+    def _open(self) -> None:
         """Open the breaker for the back-off, and double it. A failure while the breaker
         is already open is an operation that was in flight when the store broke: the
         same outage, which neither lengthens the back-off nor moves the next probe (a
         fleet's burst of failures costs one back-off, not ten)."""
-        self._failing()
+        self.waiting.failing()
         with self._lock:
             now = self.monotonic()
             self.failures += 1
             self._last_failure = now
             self._probing = False
-            self._down = True
-            if now < self._open_until:
+            self.is_down = True
+            if now < self.open_until:
                 return
-            self._open_until = now + self._backoff
-            cap = BREAKER_MAX_PENDING if self._pending else BREAKER_MAX
+            self.open_until = now + self._backoff
+            cap = BREAKER_MAX_PENDING if self.waiting.has_pending() else BREAKER_MAX
             self._backoff = min(self._backoff * 2, cap)
 
-    def _hurry(self) -> None:
+    def hurry(self) -> None:
         """A cooldown now waits to be written back: the breaker, opened for a long
         back-off while nothing did, lets a probe through within
         :data:`BREAKER_MAX_PENDING` seconds of the last failure (other processes do not
         know the cooldown yet)."""
         with self._lock:
-            if self._open_until:
-                self._open_until = min(self._open_until, self._last_failure + BREAKER_MAX_PENDING)
+            if self.open_until:
+                self.open_until = min(self.open_until, self._last_failure + BREAKER_MAX_PENDING)
                 self._backoff = min(self._backoff, BREAKER_MAX_PENDING)
 
     def _announce(self) -> bool:
         """Whether this failure starts an outage to warn about (not one that goes on,
         nor one that relapsed soon after recovering)."""
         with self._lock:
-            if self._announced:
+            if self.announced:
                 return False
-            self._announced = True
+            self.announced = True
             if self._last_failure - self._last_recovery_line < QUIET_PERIOD:
                 self._relapsed = True  # the outage that just ended goes on: no new line
                 return False
@@ -319,27 +327,24 @@ class Health:
             self.outages += 1
             return True
 
-    def _failing(self) -> None:
-        """Hook: the store failed (the write-back starts its writer)."""
-
-    def _close_breaker(self) -> bool:
+    def close(self) -> bool:
         """The store answered: close the breaker; True if it was down."""
         with self._lock:
-            was_down = self._down
-            self._down = False
-            self._open_until = 0.0
+            was_down = self.is_down
+            self.is_down = False
+            self.open_until = 0.0
             self._backoff = BREAKER_FIRST
             self._probing = False
         return was_down
 
-    def _maybe_recovered(self) -> None:
+    def maybe_recovered(self) -> None:
         """Log the end of the outage once the store has stayed healthy long enough."""
         now = self.monotonic()
         with self._lock:
             settle = QUIET_PERIOD if self._relapsed else SETTLE
-            if not self._announced or now - self._last_failure < settle:
+            if not self.announced or now - self._last_failure < settle:
                 return
-            self._announced = False
+            self.announced = False
             self._relapsed = False
             self._last_recovery_line = now
             lasted = now - self._since
@@ -350,10 +355,11 @@ class Health:
             self.name,
             lasted,
             failures,
-            getattr(self, "written_back", 0),
+            self.waiting.written_back,
             extra={"store": self.name},
         )
 
-    def _reset_health_after_fork(self) -> None:
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
         self._executor = None
         self._probing = False

@@ -20,7 +20,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from ..errors import CooldownStoreError
-from ._health import BREAKER_MAX_PENDING, Health, OutOfTime, StoreBudget
+from ._health import BREAKER_MAX_PENDING, Breaker, OutOfTime, StoreBudget
+from .base import FullStore
 from .memory import MemoryCooldownStore
 
 #: Seconds between the writer thread's looks while cooldowns wait to be written back.
@@ -46,20 +47,24 @@ def stored_covers(stored: datetime | None, local: datetime | None) -> bool:
     return local <= stored
 
 
-class WriteBack(Health):
-    """Pending cooldowns, chores and the writer thread (a base of the failure layer)."""
+class WriteBack:
+    """Pending cooldowns, chores and the writer thread of one store, owned by its
+    failure layer: ``inner`` the store, ``local`` the layer's local copy, ``breaker``
+    the store's :class:`~._health.Breaker` (which it tells of what waits)."""
 
-    local: MemoryCooldownStore
-
-    def _init_write_back(self, inner: object) -> None:
+    def __init__(self, inner: FullStore, local: MemoryCooldownStore, breaker: Breaker) -> None:
+        self.inner = inner
+        self.local = local
+        self.breaker = breaker
+        breaker.waiting = self
         #: Scopes learned while the store failed, not yet written back.
         self._pending: set[str] = set()
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._generation = getattr(inner, "generation", None)
         #: Goes up at every write (local first, then the store), when a write-back
         #: starts and ends, and when the whole local copy is marked for one: an answer
         #: read across those moments is not mirrored down.
-        self._epoch = 0
+        self.epoch = 0
         #: A write was kept locally while the store was not down (busy, or the call ran
         #: out of time): the next success writes it back.
         self._stranded = False
@@ -74,41 +79,60 @@ class WriteBack(Health):
         """How many cooldowns learned during an outage wait to be written back."""
         return len(self._pending)
 
-    def _keep(self, scope: str) -> None:
-        with self._lock:
-            self._pending.add(scope)
-            self._epoch += 1
-        if self._down:
-            self._hurry()
+    def waits(self, scope: str) -> bool:
+        """Whether ``scope``'s cooldown waits to be written back."""
+        return scope in self._pending
 
-    def _write_through(
+    def confirmed(self, scope: str, stored: datetime) -> None:
+        """The store holds ``stored`` for ``scope``: no longer pending, unless the local
+        copy moved later meanwhile."""
+        with self.lock:
+            if stored_covers(stored, self.local.get(scope)):
+                self._pending.discard(scope)
+
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def strand(self, only_if_pending: bool) -> None:
+        if self._pending or not only_if_pending:
+            self._stranded = True
+
+    def keep(self, scope: str) -> None:
+        with self.lock:
+            self._pending.add(scope)
+            self.epoch += 1
+        if self.breaker.is_down:
+            self.breaker.hurry()
+
+    def write_through(
         self, operation: Callable[..., object], args: tuple[Any, ...], budget: StoreBudget | None
     ) -> bool:
         """Write to the store what the local copy already holds; a failure counts
         against the store but is not the call's (the local copy keeps it). Returns
         whether the store took it."""
-        if self._skipped(budget):
+        if self.breaker.skipped(budget):
             return False
         try:
-            self._bounded(operation, args, budget)
+            self.breaker.bounded(operation, args, budget)
         except OutOfTime:
-            self._gave_up(budget)
+            self.breaker.gave_up(budget)
             return False
         except Exception as exc:
-            self._failed(exc, budget)
+            self.breaker.failed(exc, budget)
             return False
-        self._succeeded()
+        self.succeeded()
         return True
 
-    def _succeeded(self) -> bool:
+    def succeeded(self) -> bool:
         """The store answered an operation: end a busy run, close the breaker, write
         back what waits (an outage's cooldowns, or writes kept while it was busy), maybe
         end the outage. Returns whether anything was written back (an answer read
         before that may predate it). Cheap when the store is healthy."""
-        if self._busy_run:
-            self._busy_run = 0
+        breaker = self.breaker
+        if breaker.busy_run:
+            breaker.busy_run = 0
         wrote = False
-        if self._down or self._announced or self._generation is not None:
+        if self.breaker.is_down or self.breaker.announced or self._generation is not None:
             wrote = self._answered()
         if self._stranded:
             wrote = self._flush() or wrote
@@ -122,28 +146,28 @@ class WriteBack(Health):
             generation = getattr(self.inner, "generation", None)
             if generation != self._generation:
                 wrote = self._replaced(generation)
-        if not self._down and not self._announced:
+        if not self.breaker.is_down and not self.breaker.announced:
             return wrote
-        if self._close_breaker() and self._pending:
+        if self.breaker.close() and self._pending:
             try:
                 wrote = self.write_back() > 0 or wrote
             except CooldownStoreError as exc:
-                self._failed(exc, None)
+                self.breaker.failed(exc, None)
                 return True
-        self._maybe_recovered()
+        self.breaker.maybe_recovered()
         return wrote
 
     def write_back(self) -> int:
         """Write every pending cooldown to the store now; return how many were written.
         Raises CooldownStoreError if the store fails (the rest stay pending)."""
-        with self._lock:
+        with self.lock:
             scopes = list(self._pending)
-            self._epoch += 1
+            self.epoch += 1
         try:
             return self._write(scopes)
         finally:
-            with self._lock:
-                self._epoch += 1
+            with self.lock:
+                self.epoch += 1
 
     def _write(self, scopes: list[str]) -> int:
         written = 0
@@ -162,7 +186,7 @@ class WriteBack(Health):
                 # The store's effective time (a 0.x store's own answer may be anything).
                 if isinstance(answer, datetime) and answer.tzinfo is not None and answer > until:
                     stored = answer
-            with self._lock:
+            with self.lock:
                 if stored_covers(stored, self.local.get(scope)):
                     self._pending.discard(scope)
         self.written_back += written
@@ -175,47 +199,47 @@ class WriteBack(Health):
             return self.write_back() > 0
         except CooldownStoreError as exc:
             self._stranded = True
-            self._failed(exc, None)
+            self.breaker.failed(exc, None)
             return True
 
     def _replaced(self, generation: object) -> bool:
         """The store lost its data under us (a SQLite file deleted or replaced): warn
         once, and write the whole local copy back."""
-        with self._lock:
+        with self.lock:
             if generation == self._generation:
                 return False
             self._generation = generation
-            self._epoch += 1
+            self.epoch += 1
             self._pending.update(self.local.entries())
         log.warning(
             "cooldown store %s was replaced under this process (%s); writing back the %d "
             "cooldowns this process knows",
-            self.name,
+            self.breaker.name,
             getattr(self.inner, "replaced_reason", "its data is gone"),
             len(self._pending),
-            extra={"store": self.name},
+            extra={"store": self.breaker.name},
         )
         try:
             self.write_back()
         except CooldownStoreError as exc:
-            self._failed(exc, None)
+            self.breaker.failed(exc, None)
         return True
 
     # -- the writer thread ---------------------------------------------------------
-    def _failing(self) -> None:
+    def failing(self) -> None:
         if self._pending and self._writer is None:
-            self._start_writer()
+            self.start_writer()
 
-    def _add_chore(self, operation: str, args: tuple[Any, ...], give_up: datetime) -> None:
-        with self._lock:
+    def add_chore(self, operation: str, args: tuple[Any, ...], give_up: datetime) -> None:
+        with self.lock:
             if len(self._chores) >= MAX_CHORES:
                 return  # past it, newer ones are not kept (each ends by itself)
             self._chores.append((operation, args, give_up))
-        self._start_writer()
+        self.start_writer()
 
-    def _start_writer(self) -> None:
+    def start_writer(self) -> None:
         """Start the writer thread if something waits to be written and none runs."""
-        with self._lock:
+        with self.lock:
             if self._writer is not None or not (self._pending or self._chores):
                 return
             self._writer = threading.Thread(
@@ -234,11 +258,11 @@ class WriteBack(Health):
         the store did not take are tried again meanwhile, while they still matter."""
         while True:
             # First a pause: the failure that started this thread is still being noted.
-            wait = self._open_until - self.monotonic() if self._down else 0.0
+            wait = self.breaker.open_until - self.breaker.monotonic() if self.breaker.is_down else 0.0
             time.sleep(min(max(wait, WRITER_POLL), BREAKER_MAX_PENDING))
-            with self._lock:
+            with self.lock:
                 chores, self._chores = self._chores, []
-                scope = next(iter(self._pending), None) if self._down else None
+                scope = next(iter(self._pending), None) if self.breaker.is_down else None
                 if scope is None and not chores:
                     self._writer = None
                     return
@@ -247,9 +271,9 @@ class WriteBack(Health):
                 # Its success writes every other pending cooldown back (``_answered``).
                 until = self.local.get(scope)
                 if until is not None:
-                    self._write_through(self.inner.extend, (scope, until), None)
+                    self.write_through(self.inner.extend, (scope, until), None)
                 else:
-                    self._write_through(self.inner.get, (scope,), None)
+                    self.write_through(self.inner.get, (scope,), None)
 
     def _do_again(self, chores: list[tuple[str, tuple[Any, ...], datetime]]) -> None:
         """Try the writes the store did not take again; keep those that fail while they
@@ -260,17 +284,17 @@ class WriteBack(Health):
             operation, args, give_up = chore
             if give_up <= now:
                 continue
-            if not self._write_through(getattr(self.inner, operation), args, None):
-                with self._lock:
+            if not self.write_through(getattr(self.inner, operation), args, None):
+                with self.lock:
                     self._chores.append(chore)
 
-    def _give_back_later(self, scope: str, token: str) -> None:
+    def give_back_later(self, scope: str, token: str) -> None:
         """A slot the store did not take back: the writer tries for up to
         :data:`RELEASE_KEPT` seconds (past that the lease has expired by itself)."""
         give_up = datetime.now(timezone.utc) + timedelta(seconds=RELEASE_KEPT)
-        self._add_chore("release", (scope, token), give_up)
+        self.add_chore("release", (scope, token), give_up)
 
-    def _reset_write_back_after_fork(self) -> None:
-        self._lock = threading.Lock()
+    def after_fork(self) -> None:
+        self.lock = threading.Lock()
         self._writer = None  # the parent's thread does not exist here
         self._chores = []

@@ -36,11 +36,12 @@ from ._health import (
     QUIET_PERIOD,
     SETTLE,
     STORE_TIMEOUT,
+    Breaker,
     OutOfTime,
     StoreBudget,
 )
 from ._near import Near
-from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack, stored_covers
+from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack
 from .base import Admission, Ask, FullStore, Granted, Hold, Learn, Lease
 from .freshness import Freshness
 from .legacy import as_store
@@ -93,7 +94,7 @@ def _local_answer_allowed(budget: StoreBudget | None) -> None:
         raise CooldownUnavailable("the shared cooldown store is unavailable")
 
 
-class StoreGuard(WriteBack, FullStore):
+class StoreGuard(FullStore):
     """The failure layer of one store object in this process (see the module).
 
     Each operation takes the calling call's :class:`StoreBudget` (``budget=``; None:
@@ -106,9 +107,10 @@ class StoreGuard(WriteBack, FullStore):
         self.name = type(self.owner).__name__
         #: The local copy: what the store said, and what was learned while it failed.
         self.local = MemoryCooldownStore()
-        self._init_write_back(inner)
-        #: The guard's own clock (seconds, monotonic): breaker and log timing.
-        self._init_health(inner, time.monotonic)
+        #: The store's breaker (on the guard's own monotonic clock, seconds) and the
+        #: write-back of what the store did not take.
+        self.breaker = Breaker(self.name, inner, time.monotonic)
+        self.writeback = WriteBack(inner, self.local, self.breaker)
         #: The near copy, when the store has a change feed (see ``_near``).
         self.near: Near | None = None
         near = Near(self._release_now)
@@ -122,22 +124,58 @@ class StoreGuard(WriteBack, FullStore):
     def capabilities(self) -> frozenset[type]:
         return self.inner.capabilities
 
+    # -- what the breaker and the write-back report ------------------------------------
+    @property
+    def down(self) -> bool:
+        """Whether the store's last operation failed (its breaker is open)."""
+        return self.breaker.is_down
+
+    @property
+    def pending(self) -> int:
+        """How many cooldowns learned during an outage wait to be written back."""
+        return self.writeback.pending
+
+    @property
+    def timeout(self) -> float:
+        """Bound (seconds) of one store operation."""
+        return self.breaker.timeout
+
+    @property
+    def outages(self) -> int:
+        return self.breaker.outages
+
+    @property
+    def failures(self) -> int:
+        return self.breaker.failures
+
+    @property
+    def busy(self) -> int:
+        return self.breaker.busy
+
+    @property
+    def written_back(self) -> int:
+        return self.writeback.written_back
+
+    def write_back(self) -> int:
+        """Write every pending cooldown to the store now (see ``WriteBack.write_back``)."""
+        return self.writeback.write_back()
+
     # -- the cooldown ----------------------------------------------------------------
     def get(self, scope: str, budget: StoreBudget | None = None) -> datetime | None:
         """The scope's eligible time: the store's answer (plus a pending local one), or
         while the store fails the local copy (fail open) or CooldownUnavailable."""
-        if self._skipped(budget):
+        if self.breaker.skipped(budget):
             return self._fallback(scope, budget)
-        epoch = self._epoch
+        epoch = self.writeback.epoch
         try:
-            remote = self._bounded(self.inner.get, (scope,), budget)
+            remote = self.breaker.bounded(self.inner.get, (scope,), budget)
         except OutOfTime:
-            self._gave_up(budget)
+            self.breaker.gave_up(budget)
             return self.local.get(scope)
         except Exception as exc:
-            self._failed(exc, budget)
+            self.breaker.failed(exc, budget)
             return self._fallback(scope, budget)
-        return self._reconcile(scope, remote, epoch, self._succeeded())
+        return self._reconcile(scope, remote, epoch, self.writeback.succeeded())
 
     def _reconcile(self, scope: str, remote: datetime | None, epoch: int, wrote: bool) -> datetime | None:
         """The scope's eligible time after the store answered ``remote`` (read at
@@ -145,7 +183,7 @@ class StoreGuard(WriteBack, FullStore):
         local copy; or, when the answer may predate a write (a write-back, a write since
         ``epoch``, the scope's time still pending), the later of it and the local one."""
         local = self.local.get(scope)
-        if wrote or epoch != self._epoch or (self._pending and scope in self._pending):
+        if wrote or epoch != self.writeback.epoch or self.writeback.waits(scope):
             return local if remote is None or (local is not None and local > remote) else remote
         if remote != local:
             self.local._replace(scope, remote)
@@ -159,25 +197,23 @@ class StoreGuard(WriteBack, FullStore):
             self.near.learned(scope, local)  # answered near from now on, whatever the store does
         # Pending until the store confirms it: a read that raced this write must not
         # mirror the store's older answer over it.
-        self._keep(scope)
-        if self._skipped(budget):
-            self._start_writer()
+        self.writeback.keep(scope)
+        if self.breaker.skipped(budget):
+            self.writeback.start_writer()
             return local
         try:
             # A pending local time is written along: it is at least as late.
-            remote = self._bounded(self.inner.extend, (scope, local), budget)
+            remote = self.breaker.bounded(self.inner.extend, (scope, local), budget)
         except OutOfTime:
-            self._gave_up(budget)  # still pending: the writer or the next operation writes it
-            self._start_writer()
+            self.breaker.gave_up(budget)  # still pending: the writer or the next operation writes it
+            self.writeback.start_writer()
             return local
         except Exception as exc:
-            self._failed(exc, budget)
-            self._start_writer()
+            self.breaker.failed(exc, budget)
+            self.writeback.start_writer()
             return local
-        self._succeeded()
-        with self._lock:
-            if stored_covers(max(local, remote), self.local.get(scope)):
-                self._pending.discard(scope)
+        self.writeback.succeeded()
+        self.writeback.confirmed(scope, max(local, remote))
         if remote > local:
             self.local._replace(scope, remote)
         effective = max(local, remote)
@@ -236,10 +272,10 @@ class StoreGuard(WriteBack, FullStore):
     ) -> Admission:
         """:meth:`admit` but for its last check."""
         present = now if now is not None else datetime.now(timezone.utc)
-        if self._skipped(budget):
+        if self.breaker.skipped(budget):
             return self._local_admit((scope, now, limit, per, lease, margin), budget)
         near = self.near
-        if near is None or self._down or (opened > 0 and limit is not None):
+        if near is None or self.breaker.is_down or (opened > 0 and limit is not None):
             return self._admit_store(
                 scope, now, limit, per, lease, margin, budget, present, learn=learn, opened=opened
             )
@@ -276,21 +312,21 @@ class StoreGuard(WriteBack, FullStore):
     ) -> Admission:
         """Admission in one store operation (see :meth:`admit`)."""
         args = (scope, now, limit, per, lease, margin)
-        epoch = self._epoch
+        epoch = self.writeback.epoch
         held = lease[2] if lease is not None else learn[1] if learn is not None else None
         abandoned = None if held is None else self._abandoned(scope, held)
         asked = Ask(scope, now, limit, per, lease, margin, batch, hold, learn, opened)
         try:
-            answer = self._bounded(self.inner.admit, (asked,), budget, abandoned)
+            answer = self.breaker.bounded(self.inner.admit, (asked,), budget, abandoned)
         except OutOfTime:
-            self._gave_up(budget)
+            self.breaker.gave_up(budget)
             return self._later(args, present)
         except Exception as exc:
-            self._failed(exc, budget)
-            if self._down:
+            self.breaker.failed(exc, budget)
+            if self.breaker.is_down:
                 return self._local_admit(args, budget)
             return self._later(args, present)
-        cooldown = self._reconcile(scope, answer.cooldown, epoch, self._succeeded())
+        cooldown = self._reconcile(scope, answer.cooldown, epoch, self.writeback.succeeded())
         if cooldown is None or cooldown == answer.cooldown:
             return answer
         return self._held_locally(scope, answer, cooldown, present, lease, (limit, per, opened))
@@ -344,13 +380,13 @@ class StoreGuard(WriteBack, FullStore):
         self._release_now(scope, token)
 
     def _release_now(self, scope: str, token: str) -> None:
-        if not self._open_until:
+        if not self.breaker.open_until:
             try:
-                self._bounded(self.inner.release, (scope, token), None)
+                self.breaker.bounded(self.inner.release, (scope, token), None)
                 return
             except Exception as exc:
                 log.debug("releasing a concurrency slot failed: %s", type(exc).__name__)
-        self._give_back_later(scope, token)
+        self.writeback.give_back_later(scope, token)
 
     def settle(
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
@@ -364,10 +400,10 @@ class StoreGuard(WriteBack, FullStore):
         args: tuple[Any, ...] = (scope, limit, per, expires, at)
         if exact:
             args += (True,)
-        if not self._write_through(self.inner.settle, args, budget):
+        if not self.writeback.write_through(self.inner.settle, args, budget):
             # Busy or down: until its stored end passes, the writer thread tries again
             # (a permit that ends too soon could let one request too many through).
-            self._add_chore("settle", args, expires)
+            self.writeback.add_chore("settle", args, expires)
 
     def allow(
         self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,
@@ -377,7 +413,8 @@ class StoreGuard(WriteBack, FullStore):
         leaves it local: it ends by itself at the reset). The local copy counts its
         own admissions (during an outage), so it is given no admission number."""
         self.local.allow(scope, remaining, until, now, None, limit, window)
-        self._write_through(self.inner.allow, (scope, remaining, until, now, seq, limit, window), budget)
+        args = (scope, remaining, until, now, seq, limit, window)
+        self.writeback.write_through(self.inner.allow, args, budget)
 
     # -- the learned rate --------------------------------------------------------------
     def rate_answer(
@@ -386,7 +423,7 @@ class StoreGuard(WriteBack, FullStore):
     ) -> None:
         """Tell the store's learned rate of an answer; a failure is ignored (the rate is
         learned again from the next answers)."""
-        self._write_through(self.inner.rate_answer, (scope, epoch, until, now), budget)
+        self.writeback.write_through(self.inner.rate_answer, (scope, epoch, until, now), budget)
 
     def rate_of(self, scope: str) -> Rate | None:
         """The scope's learned rate from the store (None: none, or the store fails)."""
@@ -397,7 +434,7 @@ class StoreGuard(WriteBack, FullStore):
         """Note a success or an error class locally and in the store; a failure is
         ignored (freshness is news, never a reason to fail a call)."""
         self.local.note(scope, outcome, at)
-        self._write_through(self.inner.note, (scope, outcome, at), budget)
+        self.writeback.write_through(self.inner.note, (scope, outcome, at), budget)
 
     def freshness(self, scope: str) -> Freshness | None:
         """The scope's freshness from the store; while it fails, this process's copy."""
@@ -408,13 +445,13 @@ class StoreGuard(WriteBack, FullStore):
 
     def _read(self, operation: Callable[..., _T], args: tuple[Any, ...], local: Callable[..., _T]) -> _T:
         """A read for an operator or a report: the store's answer, else the local one."""
-        if not self._open_until:
+        if not self.breaker.open_until:
             try:
-                answer = self._bounded(operation, args, None)
+                answer = self.breaker.bounded(operation, args, None)
             except Exception as exc:
-                self._failed(exc, None)
+                self.breaker.failed(exc, None)
             else:
-                self._succeeded()
+                self.writeback.succeeded()
                 return answer
         return local(*args)
 
@@ -447,16 +484,16 @@ class StoreGuard(WriteBack, FullStore):
     def _after_fork(self) -> None:
         if self.near is not None:
             self.near.after_fork()
-        self._reset_write_back_after_fork()
-        self._reset_health_after_fork()
+        self.writeback.after_fork()
+        self.breaker.after_fork()
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A guard belongs to one process: a pickled or copied store gets its own.
         return (_no_guard, ())
 
     def __repr__(self) -> str:
-        state = "down" if self._down else "healthy"
-        return f"StoreGuard({self.owner!r}, {state}, pending={len(self._pending)})"
+        state = "down" if self.breaker.is_down else "healthy"
+        return f"StoreGuard({self.owner!r}, {state}, pending={self.writeback.pending})"
 
 
 def _no_guard() -> None:

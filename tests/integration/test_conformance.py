@@ -5,6 +5,7 @@ alone (``get`` and ``extend``): the same contract tests a user's store runs."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -68,6 +69,18 @@ class TestAThirdPartyStoreWithTheCoreAlone(StoreContract):
     @pytest.fixture
     def other_store(self, store: Any, tmp_path: Path) -> Any:
         return example_module().JSONFileStore(tmp_path / "cooldowns.json")
+
+
+class TestTheDocsStore(StoreContract):
+    """The store written in the docs' "A store of your own" section, as it stands there."""
+
+    @pytest.fixture
+    def store(self) -> Any:
+        page = (EXAMPLE.parents[1] / "docs" / "stores.md").read_text(encoding="utf-8")
+        block = next(b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "class DictStore" in b)
+        names: dict[str, Any] = {}
+        exec(compile(block, "stores.md", "exec"), names)
+        return names["DictStore"]()
 
 
 def test_the_third_party_store_is_small() -> None:

@@ -105,7 +105,7 @@ def test_one_session_per_thread_through_a_killed_redis_sends_nothing_inside_a_kn
     redis = redis_factory()
     store = RedisCooldownStore.from_url(redis.url)
     guard = guard_of(store)
-    guard.monotonic = clock.monotonic
+    guard.breaker.monotonic = clock.monotonic
     server.serve([Reply(200)])
     sessions = [session(clock, store) for _ in range(32)]
     assert all(s.get(server.url).status_code == 200 for s in sessions)  # healthy: warm
@@ -159,7 +159,7 @@ def test_warnings_are_counted_per_outage_across_eight_adapters(
 ) -> None:
     redis = redis_factory()
     store = RedisCooldownStore.from_url(redis.url)
-    guard_of(store).monotonic = clock.monotonic
+    guard_of(store).breaker.monotonic = clock.monotonic
     server.serve([Reply(200)])
     sessions = [session(clock, store) for _ in range(8)]
     with caplog.at_level(logging.INFO, logger="retry_after_adapter"):
@@ -201,7 +201,7 @@ def test_a_flapping_store_logs_a_few_lines_a_minute(
     server: ThrottleServer, clock: FakeClock, caplog: Any
 ) -> None:
     store = FlakyStore()
-    guard_of(store).monotonic = clock.monotonic
+    guard_of(store).breaker.monotonic = clock.monotonic
     s = session(clock, store)
     server.serve([Reply(200)])
     with caplog.at_level(logging.INFO, logger="retry_after_adapter"):
@@ -255,7 +255,7 @@ def test_operations_in_flight_when_the_store_breaks_cost_one_back_off() -> None:
     store.gate = threading.Barrier(8)
     guard = guard_of(store)
     fake = FakeClock()
-    guard.monotonic = fake.monotonic
+    guard.breaker.monotonic = fake.monotonic
     threads = [threading.Thread(target=guard.get, args=("s",)) for _ in range(8)]
     for t in threads:
         t.start()
@@ -274,7 +274,7 @@ def test_a_cooldown_learned_late_in_an_outage_is_written_back_within_the_pending
     store = DownStore()
     guard = guard_of(store)
     fake = FakeClock()
-    guard.monotonic = fake.monotonic
+    guard.breaker.monotonic = fake.monotonic
     guard.get("s")
     for backoff in (0.5, 1, 2, 4):  # each probe fails: the back-off doubles, to 5 s
         fake.advance(backoff)
@@ -458,7 +458,7 @@ def test_sqlite_overwritten_with_garbage_follows_the_failure_policy(
 ) -> None:
     path = tmp_path / "cooldown.db"
     store = SQLiteCooldownStore(path)
-    guard_of(store).monotonic = clock.monotonic
+    guard_of(store).breaker.monotonic = clock.monotonic
     sessions = [session(clock, store, store_failure=store_failure) for _ in range(4)]
     server.serve([Reply(200)])
     for s in sessions:
@@ -501,7 +501,7 @@ def test_sqlite_directory_renamed_away_fails_open_then_recovers(tmp_path: Path) 
     store = SQLiteCooldownStore(directory / "cooldown.db")
     guard = guard_of(store)
     fake = FakeClock()
-    guard.monotonic = fake.monotonic
+    guard.breaker.monotonic = fake.monotonic
     until = datetime.now(UTC) + timedelta(seconds=60)
     directory.rename(tmp_path / "moved")
     guard.extend("s", until)  # the file is gone and cannot be made again: kept locally
@@ -589,7 +589,7 @@ def test_a_read_in_flight_never_erases_a_cooldown_written_meanwhile(write_fails:
     if write_fails:
         assert guard.pending == 1  # to be written back
         store.fail_writes = False
-        guard.monotonic = lambda: time.monotonic() + 60  # past the breaker's back-off
+        guard.breaker.monotonic = lambda: time.monotonic() + 60  # past the breaker's back-off
         assert guard.get("s") == until
         assert store.inner.get("s") == until and guard.pending == 0
 
@@ -640,7 +640,7 @@ def test_the_feeds_echo_of_a_write_does_not_leave_its_cooldown_pending() -> None
     guard.extend("outage", until)  # learned while the store is down
     assert guard.down and guard.pending == 1
     store.failing = False
-    guard.monotonic = lambda: time.monotonic() + 60  # past the breaker's back-off
+    guard.breaker.monotonic = lambda: time.monotonic() + 60  # past the breaker's back-off
     guard.get("other")  # the first healthy operation writes it back (or the writer did)
     assert store.get("outage") == until.replace(microsecond=124000)
     deadline = time.monotonic() + 5  # had the writer thread taken the probe: its write
@@ -680,7 +680,7 @@ def test_sqlite_lock_contention_falls_back_per_operation_and_a_stuck_lock_opens_
         assert len(warnings_of(caplog)) == 1
     holder.execute("ROLLBACK")
     holder.close()
-    guard.monotonic = lambda: time.monotonic() + 60  # past the back-off: one probe
+    guard.breaker.monotonic = lambda: time.monotonic() + 60  # past the back-off: one probe
     assert guard.get("t0") == base
     assert not guard.down and guard.pending == 0
     assert store.get("t7") == base and store.get("s6") == base  # all written back
@@ -697,7 +697,7 @@ def test_a_redis_outage_keeps_the_quota_and_the_cap_in_this_process_when_failing
 
     redis = redis_factory()
     store = RedisCooldownStore.from_url(redis.url)
-    guard_of(store).monotonic = clock.monotonic
+    guard_of(store).breaker.monotonic = clock.monotonic
     server.serve([Reply(200)])
 
     def adapter_session(failure: str) -> requests.Session:

@@ -352,7 +352,7 @@ def test_fork_while_a_memory_store_lock_is_held(fork_server):
 
 
 @needs_fork
-@pytest.mark.parametrize("which", ["guard-local-copy", "guard", "sqlite-store"])
+@pytest.mark.parametrize("which", ["guard-local-copy", "guard-write-back", "guard-breaker", "sqlite-store"])
 def test_fork_while_a_sqlite_store_lock_is_held(fork_server, tmp_path: Path, which: str):
     store = SQLiteCooldownStore(tmp_path / "fork.db")
 
@@ -365,7 +365,12 @@ def test_fork_while_a_sqlite_store_lock_is_held(fork_server, tmp_path: Path, whi
     # In the parent first: the guard and its local copy exist, the parent's connection is open.
     assert call("/").status_code == 200
     guard = guard_of(store)
-    lock = {"guard-local-copy": guard.local._lock, "guard": guard._lock, "sqlite-store": store._lock}[which]
+    lock = {
+        "guard-local-copy": guard.local._lock,
+        "guard-write-back": guard.writeback.lock,
+        "guard-breaker": guard.breaker._lock,
+        "sqlite-store": store._lock,
+    }[which]
 
     def child() -> None:
         # A 429 with Retry-After: a cooldown learned, written to the store and mirrored

@@ -152,7 +152,7 @@ def test_a_slot_granted_by_the_store_but_held_back_by_a_pending_cooldown_is_give
     outage = Outage(kind, tmp_path, request)
     store = outage.store
     guard = guard_of(store)
-    guard.monotonic = clock.monotonic
+    guard.breaker.monotonic = clock.monotonic
     s = requests.Session()
     retry = RetryAfterRetry(total=0, clock=clock, max_wait=0, raise_on_status=False)
     s.mount("http://", RetryAfterAdapter(retry, cooldown=store, max_concurrency=1))

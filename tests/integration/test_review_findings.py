@@ -137,7 +137,7 @@ def switchable() -> Iterator[SwitchableStore]:
 def test_fail_closed_probe_out_of_the_calls_time_sends_nothing(
     clock: FakeClock, server: ThrottleServer, switchable: SwitchableStore
 ) -> None:
-    guard_of(switchable).monotonic = clock.monotonic  # the breaker's back-off follows the test clock
+    guard_of(switchable).breaker.monotonic = clock.monotonic  # the breaker's back-off follows the test clock
 
     def session(deadline: float | None) -> requests.Session:
         retry = RetryAfterRetry(0, clock=clock, deadline=deadline)

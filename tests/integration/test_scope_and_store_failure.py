@@ -71,7 +71,7 @@ class FlakyStore:
 def session(clock, store, **kw) -> requests.Session:
     if isinstance(store, FlakyStore):
         # The store's failure layer times its circuit breaker on the test's clock.
-        guard_of(store).monotonic = clock.monotonic
+        guard_of(store).breaker.monotonic = clock.monotonic
     s = requests.Session()
     s.mount(
         "http://", RetryAfterAdapter(RetryAfterRetry(total=3, clock=clock, max_wait=10), cooldown=store, **kw)
