@@ -42,7 +42,7 @@ from ._health import (
 )
 from ._near import Near
 from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack
-from .base import Admission, Ask, FullStore, Granted, Hold, Learn, Lease
+from .base import Admission, Ask, FullStore, Granted, Hold
 from .freshness import Freshness
 from .legacy import as_store
 from .memory import MemoryCooldownStore
@@ -240,106 +240,91 @@ class StoreGuard(FullStore):
         learned while the grant was in flight (a slow store, a busy near copy) holds the
         attempt back, whatever the store said (the slot taken goes back; a permit
         counts)."""
-        scope, now, limit, per, lease, margin, _, _, learn, opened = ask
-        answer = self._admit(scope, now, limit, per, lease, margin, learn, budget, opened)
+        answer = self._admit(ask, budget)
         if answer.not_before is not None:
             return answer
-        local = self.local.get(scope)
-        if local is None or local <= (now if now is not None else datetime.now(timezone.utc)):
+        local = self.local.get(ask.scope)
+        if local is None or local <= (ask.now if ask.now is not None else datetime.now(timezone.utc)):
             return answer
-        self._undo(scope, answer, now, lease, limit, per, opened)
+        self._undo(ask, answer)
         return Admission(local, local, None, False)
 
-    def _undo(
-        self, scope: str, answer: Admission, now: datetime | None, lease: Lease | None, limit: int | None,
-        per: float | None, opened: float,
-    ) -> None:
+    def _undo(self, ask: Ask, answer: Admission) -> None:
         """A grant the local copy holds back after all (nothing will be sent): the slot
-        goes back, and the permit is settled to count from now (an open one would count
-        ``opened`` seconds longer for nothing)."""
+        goes back, and the permit is settled to count from ``ask.now`` (an open one would
+        count ``opened`` seconds longer for nothing)."""
+        scope, lease, limit, per = ask.scope, ask.lease, ask.limit, ask.per
         token = answer.token or (lease[2] if lease is not None else None)
         if token is not None:
             self.release(scope, token)
         if answer.permit is not None and limit is not None and per is not None:
             try:
-                self.settle(scope, limit, per, answer.permit, now, exact=opened > 0)
+                self.settle(scope, limit, per, answer.permit, ask.now, exact=ask.opened > 0)
             except Exception as exc:  # it still counts until its stored end
                 log.debug("settling a permit held back failed: %s", type(exc).__name__)
 
-    def _admit(
-        self, scope: str, now: datetime | None, limit: int | None, per: float | None, lease: Lease | None,
-        margin: float, learn: Learn | None, budget: StoreBudget | None, opened: float,
-    ) -> Admission:
+    def _admit(self, ask: Ask, budget: StoreBudget | None) -> Admission:
         """:meth:`admit` but for its last check."""
+        scope, now, limit, per, lease, margin, _, _, learn, opened = ask
         present = now if now is not None else datetime.now(timezone.utc)
         if self.breaker.skipped(budget):
-            return self._local_admit((scope, now, limit, per, lease, margin), budget)
+            return self._local_admit(ask, budget)
         near = self.near
         if near is None or self.breaker.is_down or (opened > 0 and limit is not None):
-            return self._admit_store(
-                scope, now, limit, per, lease, margin, budget, present, learn=learn, opened=opened
-            )
+            return self._admit_store(ask, budget, present)
         if learn is not None and lease is not None and not near.unrated(scope):
             # The learned rate may cap the slot too: the store takes it (a slot held here
             # would pass the cold cap by, and its answers would teach the rate nothing).
             answer, _, _ = near.admit(scope, present, limit, per, margin, None)
             if answer is not None and answer.not_before is not None:
                 return answer
-            return self._admit_store(scope, now, limit, per, lease, margin, budget, present, learn=learn)
+            return self._admit_store(ask, budget, present)
         answer, permit, token = near.admit(scope, present, limit, per, margin, lease)
         if answer is not None:
             return answer
-        ask = None if permit is not None else limit
-        ask_lease = None if token is not None or lease is None else near.lease_for(lease)
-        batch, hold = near.batch(scope, ask, per, margin, claim=True)
+        # What the near copy did not give is asked of the store, with a batch for later.
+        rest = None if permit is not None else limit
+        rest_lease = None if token is not None or lease is None else near.lease_for(lease)
+        batch, hold = near.batch(scope, rest, per, margin, claim=True)
         epoch = near.epoch
-        answer = self._admit_store(
-            scope, now, ask, per, ask_lease, margin, budget, present, batch, hold, learn
-        )
+        missing = ask._replace(limit=rest, lease=rest_lease, batch=batch, hold=hold)
+        answer = self._admit_store(missing, budget, present)
         if answer.not_before is not None:
             near.put_back(scope, limit, per, margin, permit, token)
             return answer
-        near.took(scope, present, answer, epoch, ask, per, margin, hold, ask_lease)
+        near.took(scope, present, answer, epoch, rest, per, margin, hold, rest_lease)
         if permit is None and token is None:
             return answer
         end = permit if permit is not None else answer.permit
         return Granted.of(end, answer.cooldown, answer.seq, 0, token)
 
-    def _admit_store(
-        self, scope: str, now: datetime | None, limit: int | None, per: float | None, lease: Lease | None,
-        margin: float, budget: StoreBudget | None, present: datetime, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None, opened: float = 0.0,
-    ) -> Admission:
-        """Admission in one store operation (see :meth:`admit`)."""
-        args = (scope, now, limit, per, lease, margin)
+    def _admit_store(self, ask: Ask, budget: StoreBudget | None, present: datetime) -> Admission:
+        """Admission of ``ask`` in one store operation (see :meth:`admit`)."""
+        scope, lease, learn = ask.scope, ask.lease, ask.learn
         epoch = self.writeback.epoch
         held = lease[2] if lease is not None else learn[1] if learn is not None else None
         abandoned = None if held is None else self._abandoned(scope, held)
-        asked = Ask(scope, now, limit, per, lease, margin, batch, hold, learn, opened)
         try:
-            answer = self.breaker.bounded(self.inner.admit, (asked,), budget, abandoned)
+            answer = self.breaker.bounded(self.inner.admit, (ask,), budget, abandoned)
         except OutOfTime:
             self.breaker.gave_up(budget)
-            return self._later(args, present)
+            return self._later(ask, present)
         except Exception as exc:
             self.breaker.failed(exc, budget)
             if self.breaker.is_down:
-                return self._local_admit(args, budget)
-            return self._later(args, present)
+                return self._local_admit(ask, budget)
+            return self._later(ask, present)
         cooldown = self._reconcile(scope, answer.cooldown, epoch, self.writeback.succeeded())
         if cooldown is None or cooldown == answer.cooldown:
             return answer
-        return self._held_locally(scope, answer, cooldown, present, lease, (limit, per, opened))
+        return self._held_locally(ask, answer, cooldown, present)
 
-    def _held_locally(
-        self, scope: str, answer: Admission, cooldown: datetime, present: datetime, lease: Lease | None,
-        quota: tuple[int | None, float | None, float],
-    ) -> Admission:
+    def _held_locally(self, ask: Ask, answer: Admission, cooldown: datetime, present: datetime) -> Admission:
         """The store's answer when a later local time (not yet written back) holds the
         attempt back: what the store granted goes back at once (see :meth:`_undo`)."""
         not_before = cooldown if cooldown > present else answer.not_before
         if answer.not_before is None and not_before is not None:
-            self._undo(scope, answer, present, lease, *quota)
+            self._undo(ask._replace(now=present), answer)
         if not_before is None and answer.permit is not None:
             return Granted.of(answer.permit, cooldown, answer.seq, answer.extra)
         return Admission(cooldown, not_before, answer.seq, answer.slot_busy)
@@ -354,19 +339,20 @@ class StoreGuard(FullStore):
 
         return abandoned
 
-    def _later(self, args: tuple[Any, ...], present: datetime) -> Admission:
+    def _later(self, ask: Ask, present: datetime) -> Admission:
         """"Ask again shortly": the store is up but did not answer in time (busy, or the
         call's time ran out). Nothing is admitted locally while the store is up; an
         admission that asked for a slot alone is told that a slot is missing."""
-        scope, _, limit, _, lease, _ = args
+        scope, limit, lease = ask.scope, ask.limit, ask.lease
         slot_only = limit is None and lease is not None
         return Admission(self.local.get(scope), present + _PERMIT_RETRY, None, slot_only)
 
-    def _local_admit(self, args: tuple[Any, ...], budget: StoreBudget | None) -> Admission:
+    def _local_admit(self, ask: Ask, budget: StoreBudget | None) -> Admission:
         """The store is down: the local copy admits (fail open; its admission numbers are
-        not the store's) or CooldownUnavailable (fail closed)."""
+        not the store's; no batch, no learned rate, no open permit) or
+        CooldownUnavailable (fail closed)."""
         _local_answer_allowed(budget)
-        return self.local.admit(Ask(*args))._replace(seq=None)
+        return self.local.admit(Ask(*ask[:6]))._replace(seq=None)
 
     def release(self, scope: str, token: str) -> None:
         """Give a slot back, in the store and locally. A store that is busy or down
