@@ -279,10 +279,15 @@ class StoreGuard(FullStore):
             if answer is not None and answer.not_before is not None:
                 return answer
             return self._admit_store(ask, budget, present)
+        return self._admit_near(ask, budget, present, near)
+
+    def _admit_near(self, ask: Ask, budget: StoreBudget | None, present: datetime, near: Near) -> Admission:
+        """Admission by the near copy when it can answer alone; else what it did not
+        give (a permit, a slot) is asked of the store, with a batch for later."""
+        scope, _, limit, per, lease, margin, _, _, _, _ = ask
         answer, permit, token = near.admit(scope, present, limit, per, margin, lease)
         if answer is not None:
             return answer
-        # What the near copy did not give is asked of the store, with a batch for later.
         rest = None if permit is not None else limit
         rest_lease = None if token is not None or lease is None else near.lease_for(lease)
         batch, hold = near.batch(scope, rest, per, margin, claim=True)

@@ -73,7 +73,7 @@ def admit_slowly(call: Call) -> Steps:
             return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
         if until is None:
             return None
-        if why is Reason.CONCURRENCY or (why is Reason.RATE and call.slot_busy):
+        if why is Reason.CONCURRENCY or (why is Reason.RATE and call.ticket.slot_busy):
             # Only a slot is missing (the cap's, or a probe's): look again shortly (not a round).
             deferral = yield from _wait_for_slot(call, until, why)
             if deferral is not None:
@@ -118,9 +118,9 @@ def _held(call: Call, now: datetime, ahead: datetime | None, late: bool) -> tupl
 
 def _why(call: Call, not_before: datetime) -> Reason:
     """What held back an admission the store refused until ``not_before``."""
-    if call.rate_held:
+    if call.ticket.rate_held:
         return Reason.RATE  # its limit, its probes' slots, or a backoff
-    if call.slot_busy:
+    if call.ticket.slot_busy:
         return Reason.CONCURRENCY
     if call.cooldown is not None and not_before == call.cooldown:
         return Reason.COOLDOWN

@@ -168,7 +168,7 @@ def learn_route(call: Call, response: Any, method: str | None, url: str | None) 
     refined = call.plan.dialects.learn(call.scope, method, url, bucket)
     if refined != call.scope:
         call.continue_on(call.plan, refined)
-        call.admission = None  # the bucket's store record did not count this attempt
+        call.ticket.uncounted()  # the bucket's store record did not count this attempt
         call.cooldown = None
 
 

@@ -37,6 +37,52 @@ __all__ = ["MIN_ATTEMPT_TIMEOUT", "Call"]
 MIN_ATTEMPT_TIMEOUT = 0.1
 
 
+class Ticket:
+    """One attempt's admission, from its grant to its answer: what the store gave it
+    and what its answer must settle. Written by the plan (``engine.plan``) alone."""
+
+    __slots__ = (
+        "admission",
+        "admitted_at",
+        "lease_token",
+        "permit",
+        "permit_open",
+        "probe",
+        "rate_epoch",
+        "rate_held",
+        "rate_report",
+        "slot_busy",
+    )
+
+    def __init__(self) -> None:
+        #: The slot the call holds while an attempt is on the wire.
+        self.lease_token: str | None = None
+        #: When the quota permit of the attempt on the wire stops counting, as stored,
+        #: and when (monotonic seconds) its admission started.
+        self.permit: datetime | None = None
+        self.admitted_at = 0.0
+        #: That permit is an open one: it counts until its answer settles it (see
+        #: ``Plan.answered``).
+        self.permit_open = False
+        #: The admission number of the attempt on the wire, for quota headers.
+        self.admission: int | None = None
+        #: The learned rate's epoch the attempt on the wire was admitted in (None: no
+        #: learned rate governed it), and whether its good answer is to be told.
+        self.rate_epoch: int | None = None
+        self.rate_report = False
+        #: The last admission was refused by the scope's learned rate (reason ``rate``).
+        self.rate_held = False
+        #: A learned rate's probe slot, given back once the attempt's answer is judged.
+        self.probe: Slot | None = None
+        #: The last admission was refused only for want of a concurrency slot.
+        self.slot_busy = False
+
+    def uncounted(self) -> None:
+        """The attempt moved to a scope whose store record did not count it (a refined
+        bucket): it has no admission number there."""
+        self.admission = None
+
+
 class Call:
     """One call's state (see the module). ``retry`` holds urllib3's counters (replaced by
     each retry, as urllib3 does); ``policy`` is the :class:`RetryAfterRetry` the call
@@ -44,8 +90,6 @@ class Call:
 
     # Slots, every one set in __init__: a slot read is the cheapest attribute read.
     __slots__ = (
-        "admission",
-        "admitted_at",
         "attempts",
         "budget",
         "cancel",
@@ -58,26 +102,19 @@ class Call:
         "last_retry_after",
         "last_skew",
         "last_status",
-        "lease_token",
         "max_wait",
         "meter",
         "not_before",
-        "permit",
-        "permit_open",
         "plan",
         "policy",
-        "probe",
         "queued",
-        "rate_epoch",
-        "rate_held",
-        "rate_report",
         "retry",
         "scope",
         "sent_at",
-        "slot_busy",
         "slot_waited",
         "start",
         "started_at",
+        "ticket",
     )
 
     def __init__(
@@ -112,28 +149,9 @@ class Call:
         self.last_status: int | None = None
         self.last_retry_after: str | None = None
         self.last_skew: float | None = None
-        #: The slot this call holds while an attempt is on the wire.
-        self.lease_token: str | None = None
-        #: When the quota permit of the attempt on the wire stops counting, as stored,
-        #: and when (monotonic) its admission started.
-        self.permit: datetime | None = None
-        self.admitted_at = 0.0
-        #: That permit is an open one: it counts until its answer settles it (see
-        #: ``Plan.answered``).
-        self.permit_open = False
-        #: The admission number of the attempt on the wire, for quota headers.
-        self.admission: int | None = None
-        #: The learned rate's epoch the attempt on the wire was admitted in (None: no
-        #: learned rate governed it), and whether its good answer is to be told.
-        self.rate_epoch: int | None = None
-        self.rate_report = False
-        #: The last admission was refused by the scope's learned rate (reason ``rate``).
-        self.rate_held = False
-        #: A learned rate's probe slot, given back once the attempt's answer is judged.
-        self.probe: Slot | None = None
-        #: The last admission was refused only for want of a concurrency slot, and
-        #: how long (seconds) this attempt has waited for one so far.
-        self.slot_busy = False
+        #: The attempt's admission, from its grant to its answer (see :class:`Ticket`).
+        self.ticket = Ticket()
+        #: How long (seconds) this attempt has waited for a concurrency slot so far.
         self.slot_waited = 0.0
         #: Counted among the calls waiting on its scope in this process (max_waiting).
         self.queued = False

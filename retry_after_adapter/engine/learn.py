@@ -79,7 +79,7 @@ def read_quota_headers(call: Call, response: Any) -> QuotaHint | None:
     if call.plan.allows and call.scope is not None:
         # At most `remaining` more before the reset, across every worker: the store
         # takes off what was admitted after this attempt (its admission number).
-        seq = call.admission
+        seq = call.ticket.admission
         remaining = hint.remaining if seq is not None else _left_unseen(call, hint, until)
         call.plan.allow(call, remaining, until, now, seq, hint.limit, hint.window)
     return hint

@@ -193,7 +193,7 @@ class Plan:
         """Admit the next attempt now, in one store operation: None when it may go (a
         quota permit, one of the server's announced allowance and a concurrency slot
         taken, as the plan needs), else when to ask again (``call.cooldown`` holds the
-        scope's cooldown; ``call.slot_busy`` says only a slot was missing). May raise
+        scope's cooldown; ``call.ticket.slot_busy`` says only a slot was missing). May raise
         CooldownUnavailable (a guarded store failing closed)."""
         store = self.store
         assert store is not None and call.scope is not None
@@ -201,12 +201,13 @@ class Plan:
         # permit's time is then its grant's, however long the lock took.
         now = None if call.policy.real_clock else call.clock.now()
         lease, learn = self._tokens(call)
+        ticket = call.ticket
         opened = 0.0
         if self.limit is not None:
-            call.admitted_at = call.clock.monotonic()  # before the grant: its lower bound
+            ticket.admitted_at = call.clock.monotonic()  # before the grant: its lower bound
             if self.opens:
                 opened = OPEN_FOR
-        call.permit_open = opened > 0
+        ticket.permit_open = opened > 0
         ask = Ask(call.scope, now, self.limit, self.per, lease, self.margin, 1, 0.0, learn, opened)
         guard = self.guard
         answer = store.admit(ask) if guard is None else guard.admit(ask, call.budget)
@@ -215,7 +216,7 @@ class Plan:
     def _tokens(self, call: Call) -> tuple[Lease | None, Learn | None]:
         """What an admission asks for besides a permit: a concurrency slot and the
         learned rate's probe slot, each under a new token (none while the call holds one)."""
-        if call.lease_token is not None:
+        if call.ticket.lease_token is not None:
             return None, None
         lease = (self.slots, self.ttl, next(_lease_tokens)) if self.slots is not None else None
         learn = None
@@ -225,17 +226,18 @@ class Plan:
 
     def _took(self, call: Call, answer: Admission, lease: Lease | None) -> datetime | None:
         """Keep on ``call`` what the store's ``answer`` says; its ``not_before``."""
-        call.cooldown, not_before, call.admission, call.slot_busy = answer
-        call.rate_held = answer.by_rate
+        ticket = call.ticket
+        call.cooldown, not_before, ticket.admission, ticket.slot_busy = answer
+        ticket.rate_held = answer.by_rate
         # Only a configured quota's permit is settled (the learned rate counts sends, no permit).
-        call.permit = answer.permit if self.limit is not None else None
-        call.rate_epoch = answer.rate_epoch
-        call.rate_report = answer.rate_report
+        ticket.permit = answer.permit if self.limit is not None else None
+        ticket.rate_epoch = answer.rate_epoch
+        ticket.rate_report = answer.rate_report
         if not_before is None:
             if lease is not None:
-                call.lease_token = answer.token or lease[2]  # a slot this process held, or the new one
+                ticket.lease_token = answer.token or lease[2]  # a slot this process held, or the new one
             elif answer.token is not None:
-                call.lease_token = answer.token  # a slot of the learned rate's probes
+                ticket.lease_token = answer.token  # a slot of the learned rate's probes
         return not_before
 
     def answered(self, call: Call, response: Any, on_done: Callable[[Any, Slot], None] | None = None) -> None:
@@ -258,15 +260,16 @@ class Plan:
         attempt). Any other permit (a longer window already gives the move that long; a
         store that cannot settle exactly) is moved only when its answer came later than
         the margin."""
-        if call.permit is not None:
-            late = call.clock.monotonic() - call.admitted_at > self.margin
-            if late or call.permit_open:
+        ticket = call.ticket
+        if ticket.permit is not None:
+            late = call.clock.monotonic() - ticket.admitted_at > self.margin
+            if late or ticket.permit_open:
                 self._settle(call)  # open, or answered later than the margin: it moves
             else:
-                call.permit = None  # its stored end already covers the arrival
-        token = call.lease_token
+                ticket.permit = None  # its stored end already covers the arrival
+        token = ticket.lease_token
         if token is not None:
-            call.lease_token = None
+            ticket.lease_token = None
             assert self.release_slot is not None and call.scope is not None
             slot = Slot(self.release_slot, call.scope, token)
             if response is None:
@@ -276,7 +279,7 @@ class Plan:
                 # requests the server has not answered yet, not bodies still read. It
                 # goes back once the answer is judged (:meth:`judged`), so that a
                 # throttle reaches the store before another probe takes the slot.
-                call.probe = slot
+                ticket.probe = slot
             else:
                 assert on_done is not None  # a response has a way to be done with
                 on_done(response, slot)
@@ -298,9 +301,10 @@ class Plan:
     def judged(call: Call) -> None:
         """The attempt's answer was judged (what it taught is learned): a probe's slot
         goes back."""
-        probe = call.probe
+        ticket = call.ticket
+        probe = ticket.probe
         if probe is not None:
-            call.probe = None
+            ticket.probe = None
             probe()
 
     def _settle(self, call: Call) -> None:
@@ -308,8 +312,9 @@ class Plan:
         server by now, so the permit must count until ``now + per``: exactly, for an open
         permit; at least, for one answered later than the margin (one more store
         operation)."""
-        expires, call.permit = call.permit, None
-        exact, call.permit_open = call.permit_open, False
+        ticket = call.ticket
+        expires, ticket.permit = ticket.permit, None
+        exact, ticket.permit_open = ticket.permit_open, False
         assert expires is not None and self.per is not None and self.limit is not None
         assert self.store is not None
         now = call.clock.now()
@@ -340,16 +345,18 @@ class Plan:
 
     def rate_answer(self, call: Call, until: datetime | None) -> None:
         """Tell the scope's learned rate how the attempt was answered: well (``until``
-        None; only a probe's answer, ``call.rate_report``) or throttled until ``until``
+        None; only a probe's answer, ``Ticket.rate_report``) or throttled until ``until``
         (at or before now: no usable wait, the rate backs off). Never raises (the rate
         is news)."""
-        if until is None and not call.rate_report:
+        ticket = call.ticket
+        if until is None and not ticket.rate_report:
             return
         if not self.learns or self.store is None or call.scope is None:
             return
-        call.rate_report = False  # once per attempt
+        ticket.rate_report = False  # once per attempt
         try:
-            self._on_store(self.store.rate_answer, call, call.scope, call.rate_epoch, until, call.clock.now())
+            now = call.clock.now()
+            self._on_store(self.store.rate_answer, call, call.scope, ticket.rate_epoch, until, now)
         except Exception as exc:
             log.debug("telling the learned rate failed: %s", type(exc).__name__)
 

@@ -128,7 +128,7 @@ def _happy(call: Call, method: str | None, url: str | None, response: Any, statu
     if call.policy.quota_headers and announces_quota(response):
         learn_route(call, response, method, url)  # a bucket refines the route's scope
         read_quota_headers(call, response)
-    if call.rate_report and _good(call, status):
+    if call.ticket.rate_report and _good(call, status):
         call.plan.rate_answer(call, None)
     meter, sent = call.meter, call.sent_at
     if meter is None or sent is None or sent - meter.noted >= SUCCESS_EVERY:
@@ -186,7 +186,7 @@ def _learn(
         call.plan.rate_answer(call, call.clock.now())
     if response is not None and policy.quota_headers:
         _learn_quota(call, response, status, body, quiet=server_delay is None and invalid is None)
-    if call.rate_report and error is None and _good(call, status):
+    if call.ticket.rate_report and error is None and _good(call, status):
         call.plan.rate_answer(call, None)
     note(call, outcome_class(status, error, invalid, server_delay, policy.cooldown_statuses))
     return server_delay, invalid
