@@ -31,6 +31,7 @@ from .body import DEFAULT_MAX_RETRY_BODY
 from .clock import DEFAULT_CLOCK, Clock, SystemClock
 from .deferral import Deferral
 from .engine import REDIRECT, Call, current_override, judge, judge_redirect, wait_until
+from .engine.call import Heard
 from .engine.verdict import plan_wait
 from .errors import ConfigurationError, DeferralLimitExceeded, InvalidRetryAfter, MaxRetryDeferred
 from .header import parse_retry_after
@@ -67,13 +68,12 @@ class _StockLoop:
     started_at: datetime | None
     attempts: int
     cooldown: datetime | None
-    last: tuple[int | None, str | None, float | None]
+    last: Heard
     wake: float | None
 
     @classmethod
     def of(cls, call: Call, wake: float | None) -> _StockLoop:
-        last = (call.last_status, call.last_retry_after, call.last_skew)
-        return cls(call.start, call.started_at, call.attempts, call.cooldown, last, wake)
+        return cls(call.start, call.started_at, call.attempts, call.cooldown, call.heard, wake)
 
 
 def _count_or_none(name: str, value: object, unit: str) -> int | None:
@@ -284,7 +284,7 @@ class RetryAfterRetry(Retry):
             call.started_at = stock.started_at
             call.attempts = stock.attempts
             call.cooldown = stock.cooldown
-            call.last_status, call.last_retry_after, call.last_skew = stock.last
+            call.heard = stock.last
         return call
 
     @staticmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from urllib3.util.retry import Retry
 from urllib3.util.timeout import Timeout
@@ -35,6 +35,18 @@ __all__ = ["MIN_ATTEMPT_TIMEOUT", "Call"]
 #: The smallest timeout, in seconds, an attempt gets when its deadline is nearly used
 #: up (a zero timeout would make the socket non-blocking). ``attempt_reserve`` raises it.
 MIN_ATTEMPT_TIMEOUT = 0.1
+
+
+class Heard(NamedTuple):
+    """What the server said last: the answer's status, its raw Retry-After (trimmed)
+    and the clock skew its Date showed (seconds); None: not said, or no answer yet."""
+
+    status: int | None = None
+    retry_after: str | None = None
+    skew: float | None = None
+
+
+NOTHING_HEARD = Heard()
 
 
 class Ticket:
@@ -97,11 +109,9 @@ class Call:
         "cooldown",
         "deadline",
         "deferrals_before",
+        "heard",
         "history",
         "hooks",
-        "last_retry_after",
-        "last_skew",
-        "last_status",
         "max_wait",
         "meter",
         "not_before",
@@ -146,9 +156,8 @@ class Call:
         self.not_before: datetime | None = None
         #: The scope's shared cooldown as last read or written.
         self.cooldown: datetime | None = None
-        self.last_status: int | None = None
-        self.last_retry_after: str | None = None
-        self.last_skew: float | None = None
+        #: What the server said last (see :class:`Heard`).
+        self.heard = NOTHING_HEARD
         #: The attempt's admission, from its grant to its answer (see :class:`Ticket`).
         self.ticket = Ticket()
         #: How long (seconds) this attempt has waited for a concurrency slot so far.
@@ -191,9 +200,7 @@ class Call:
         self.started_at = resume.started_at
         self.not_before = resume.eligible_at
         # A resumed job starts from what its last deferral knew of the server.
-        self.last_status = resume.status
-        self.last_retry_after = resume.retry_after
-        self.last_skew = resume.clock_skew
+        self.heard = Heard(resume.status, resume.retry_after, resume.clock_skew)
 
     # -- time ---------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -241,8 +248,7 @@ class Call:
         raw value and clock skew for a deferral. Raises ``InvalidRetryAfter``, also for
         a delay beyond the policy's ``max_retry_after`` (reason ``"beyond_max"``)."""
         parsed = parse_retry_after(raw, received_at=self.clock.now(), date=date)
-        self.last_retry_after = raw.strip(" \t")
-        self.last_skew = parsed.clock_skew
+        self.heard = self.heard._replace(retry_after=raw.strip(" \t"), skew=parsed.clock_skew)
         if beyond_bound(parsed.delay, self.policy.max_retry_after):
             raise InvalidRetryAfter(TOO_LONG, raw)
         return parsed
@@ -254,7 +260,7 @@ class Call:
             self.hooks,
             decision,
             scope=self.scope,
-            status=self.last_status,
+            status=self.heard.status,
             attempt=self.attempts,
             server_delay=server_delay,
         )
@@ -281,9 +287,9 @@ class Call:
             scope=self.scope,
             attempts=self.attempts,
             deferrals=self.deferrals_before + 1,
-            status=self.last_status,
-            retry_after=self.last_retry_after,
-            clock_skew=self.last_skew,
+            status=self.heard.status,
+            retry_after=self.heard.retry_after,
+            clock_skew=self.heard.skew,
             started_at=self.started_at,
             history=self.history,
         )

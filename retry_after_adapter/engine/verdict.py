@@ -29,6 +29,7 @@ from ..policy import (
     decide,
     out_of_attempts,
 )
+from .call import Heard
 from .learn import learn_retry_after, learn_route, learn_secondary, note, outcome_class, read_quota_headers
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ def judge(
 def _happy(call: Call, method: str | None, url: str | None, response: Any, status: int) -> Verdict:
     """The happy path: a final answer, with nothing to parse or plan but the quota
     headers."""
-    call.last_status = status
+    call.heard = call.heard._replace(status=status)
     if call.policy.quota_headers and announces_quota(response):
         learn_route(call, response, method, url)  # a bucket refines the route's scope
         read_quota_headers(call, response)
@@ -170,9 +171,7 @@ def _learn(
     Retry-After (seconds) and why one was rejected."""
     if call.started_at is None:
         call.started_at = call.clock.now()
-    call.last_status = status
-    call.last_retry_after = None
-    call.last_skew = None
+    call.heard = Heard(status)
     policy = call.policy
     server_delay: float | None = None
     invalid: Reason | None = None
