@@ -113,7 +113,7 @@ class StoreGuard(FullStore):
         self.writeback = WriteBack(inner, self.local, self.breaker)
         #: The near copy, when the store has a change feed (see ``_near``).
         self.near: Near | None = None
-        near = Near(self._release_now)
+        near = Near(self._release_now, self.local.get)
         feed = inner.feed(near.changed)
         if feed is not None:
             near.feed = feed
@@ -184,7 +184,10 @@ class StoreGuard(FullStore):
         ``epoch``, the scope's time still pending), the later of it and the local one."""
         local = self.local.get(scope)
         if wrote or epoch != self.writeback.epoch or self.writeback.waits(scope):
-            return local if remote is None or (local is not None and local > remote) else remote
+            if remote is None or (local is not None and local >= remote):
+                return local
+            self.local.extend(scope, remote)  # what the near copy answers with, later-wins
+            return remote
         if remote != local:
             self.local._replace(scope, remote)
         return remote
@@ -194,7 +197,7 @@ class StoreGuard(FullStore):
         copy; while the store fails, keep it locally and write it back on recovery."""
         local = self.local.extend(scope, until)
         if self.near is not None:
-            self.near.learned(scope, local)  # answered near from now on, whatever the store does
+            self.near.learned(scope)  # held back near from now on (the local copy), whatever the store does
         # Pending until the store confirms it: a read that raced this write must not
         # mirror the store's older answer over it.
         self.writeback.keep(scope)
@@ -218,7 +221,7 @@ class StoreGuard(FullStore):
             self.local._replace(scope, remote)
         effective = max(local, remote)
         if self.near is not None and remote > local:
-            self.near.learned(scope, remote)
+            self.near.learned(scope)
         return effective
 
     # -- admission -------------------------------------------------------------------
