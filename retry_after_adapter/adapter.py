@@ -59,7 +59,7 @@ __all__ = [
 #: requests copies a request for each hop and the copy keeps the same hooks dict.
 _CALL_KEY = "retry_after_adapter.call"
 #: What requests' ``HTTPAdapter`` takes besides ``max_retries``.
-_HTTP_ADAPTER_KEYWORDS = ("pool_connections", "pool_maxsize", "pool_block")
+_HTTP_ADAPTER_KEYWORDS = ("max_retries", "pool_connections", "pool_maxsize", "pool_block")
 
 
 class RetryAfterResponse(requests.Response):

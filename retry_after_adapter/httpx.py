@@ -333,7 +333,7 @@ class _Front(SharedSettings):
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
         keywords: dict[str, Any] = dict(options)
         settings = Settings.take(keywords)
-        Settings.refuse_unknown(type(self).__name__, keywords, ())
+        Settings.refuse_unknown(type(self).__name__, keywords, ("max_retries", "transport"))
         self._share(settings)
 
     @staticmethod

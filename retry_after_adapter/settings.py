@@ -225,11 +225,12 @@ class Settings:
         urllib3's connection pool keywords, but one that looks like a misspelled option,
         ``quoat``, is refused still). The error names the keyword, and the option it
         looks like."""
+        known = (*_OPTION_NAMES, *(own or ()))
         for keyword in rest:
-            close = difflib.get_close_matches(keyword, _OPTION_NAMES, n=1, cutoff=0.8)
+            close = difflib.get_close_matches(keyword, known, n=1, cutoff=0.8)
             if (own is not None and keyword in own) or (own is None and not close):
                 continue
-            hint = f": did you mean {close[0]!r}?" if close else f" (its options: {', '.join(_OPTION_NAMES)})"
+            hint = f": did you mean {close[0]!r}?" if close else f" (it takes: {', '.join(known)})"
             raise ConfigurationError(f"{owner} got an unknown keyword {keyword!r}{hint}")
 
     def keywords(self) -> dict[str, Any]:
@@ -260,14 +261,14 @@ def _plan(settings: Settings) -> Plan:
     if store is not None and settings.quota is not None and QuotaLogs not in store.capabilities:
         raise ConfigurationError(
             "a quota needs a store that takes permits (the QuotaLogs capability; acquire() in 0.x); "
-            f"{type(settings.cooldown).__name__} does not: "
+            f"{type(settings.cooldown).__name__} does not: add the mixin to it, or "
             "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
         )
     if store is not None and settings.max_concurrency is not None and Leases not in store.capabilities:
         raise ConfigurationError(
             "max_concurrency needs a store that holds leases "
             "(the Leases capability; lease() and release() in 0.x); "
-            f"{type(settings.cooldown).__name__} does not: "
+            f"{type(settings.cooldown).__name__} does not: add the mixin to it, or "
             "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
         )
     return Plan(

@@ -216,8 +216,14 @@ def test_a_misspelled_option_is_named_at_once() -> None:
         name = front_end.__name__
         with pytest.raises(ConfigurationError, match=f"{name} got an unknown keyword 'quoat': did you mean 'quota'"):
             front_end(quoat=Quota(1, per=1))  # type: ignore[call-arg]
-    with pytest.raises(ConfigurationError, match="unknown keyword 'colour' \\(its options: cooldown, "):
+    takes = "unknown keyword 'colour' \\(it takes: cooldown, .*, pool_block\\)"
+    with pytest.raises(ConfigurationError, match=takes):
         RetryAfterAdapter(colour="red")  # type: ignore[call-arg]
+    # The library's own keywords are suggested too.
+    with pytest.raises(ConfigurationError, match="'pool_conections': did you mean 'pool_connections'"):
+        RetryAfterAdapter(pool_conections=2)  # type: ignore[call-arg]
+    with pytest.raises(ConfigurationError, match="'max_retry': did you mean 'max_retries'"):
+        RetryAfterTransport(max_retry=2)  # type: ignore[call-arg]
     with pytest.raises(ConfigurationError, match="RetryAfterTransport got an unknown keyword 'pool_maxsize'"):
         RetryAfterTransport(pool_maxsize=2)  # type: ignore[call-arg]
     # The libraries' own keywords pass: requests' pool sizes, urllib3's pool keywords.
