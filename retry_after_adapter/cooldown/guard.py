@@ -186,7 +186,10 @@ class StoreGuard(FullStore):
         if wrote or epoch != self.writeback.epoch or self.writeback.waits(scope):
             if remote is None or (local is not None and local >= remote):
                 return local
-            self.local.extend(scope, remote)  # what the near copy answers with, later-wins
+            # The near copy answers with the local copy: it is raised to what the store
+            # holds (later wins), which covers whatever waited to be written.
+            self.local.extend(scope, remote)
+            self.writeback.confirmed(scope, remote)
             return remote
         if remote != local:
             self.local._replace(scope, remote)

@@ -778,3 +778,41 @@ def test_a_busy_store_defers_a_capped_call_as_concurrency_not_quota(server, cloc
     assert deferral is not None and deferral.reason == "concurrency", deferral
     assert deferral.eligible_at > clock.now() - timedelta(milliseconds=1)
     assert server.count() == 0
+
+
+class _HookedStore(MemoryCooldownStore):
+    """A shared store that answers inline (its own ``timeout``) and runs ``hook`` once,
+    right after its next ``extend`` took the write."""
+
+    timeout = 5.0
+    hook: Callable[[], None] | None = None
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        stored = super().extend(scope, until)
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+        return stored
+
+
+def test_a_read_racing_a_write_leaves_nothing_pending_and_a_clear_still_lifts() -> None:
+    """This process writes A; before its write is confirmed, another process stores a
+    later B and another thread of this one reads it. The write is covered (the store
+    holds B): nothing stays pending, so an operator's clear lifts the scope here, and a
+    later store blip writes nothing back."""
+    store = _HookedStore()
+    guard = guard_of(store)
+    now = datetime.now(timezone.utc)
+    a, b = now + timedelta(seconds=30), now + timedelta(seconds=60)
+
+    def meanwhile() -> None:
+        MemoryCooldownStore.extend(store, "s", b)  # another process's later cooldown
+        assert guard.get("s") == b  # another thread of this process reads it
+
+    store.hook = meanwhile
+    assert guard.extend("s", a) >= a
+    assert guard.pending == 0
+    MemoryCooldownStore.delete(store, "s")  # the operator's clear
+    assert guard.get("s") is None  # lifted here too
+    guard.write_back()
+    assert MemoryCooldownStore.get(store, "s") is None  # nothing cleared comes back
