@@ -13,10 +13,11 @@ lacks done without:
   ``settle``, ``note`` and ``freshness``, ``entries``, ``holds``, ``delete``); or a
   subclass of the ``Store`` class of 0.6-0.10, recognised by its type (it defines
   ``settle``, not ``answer``). Its ``admit`` is called as 0.4 did (``now`` given, the
-  margin in the window) unless the store says it stamps grants (``stamps_grants``, 0.5
-  on). A permit of such a store is never taken open, nor settled exactly, and what it
-  lacks is done without: an admission then reads the cooldown, takes a permit and a
-  slot in up to three operations, not atomically across them.
+  margin in the window) unless it stamps grants itself: a store that says so
+  (``stamps_grants``, 0.5 on) and every subclass of ``Store`` (0.6-0.10). A permit of
+  such a store is never taken open, nor settled exactly, and what it lacks is done
+  without: an admission then reads the cooldown, takes a permit and a slot in up to
+  three operations, not atomically across them.
 """
 
 from __future__ import annotations
@@ -180,13 +181,14 @@ class Completed(_Wrapper):
 class LegacyStore(_Wrapper):
     """``store``, written for 0.x (see the module), as a :class:`~.base.FullStore`."""
 
-    def __init__(self, store: CooldownStore) -> None:
+    def __init__(self, store: CooldownStore, stamps_grants: bool = False) -> None:
         self._get = store.get
         self._extend = store.extend
         self._acquire = _method(store, "acquire")
         self._admit: Any = _method(store, "admit") if _method(store, "allow") else None
         #: The store's admit stamps permits itself (``now`` None) and keeps margins (0.5 on).
-        self._modern = self._admit is not None and bool(getattr(store, "stamps_grants", False))
+        stamps = stamps_grants or bool(getattr(store, "stamps_grants", False))
+        self._modern = self._admit is not None and stamps
         self._lease = _method(store, "lease")
         self._release = _method(store, "release")
         # The bound operations the interface forwards as they are (None: not had).
@@ -304,8 +306,10 @@ def as_store(cooldown: object) -> FullStore:
     module)."""
     if isinstance(cooldown, FullStore):
         return cooldown
-    if isinstance(cooldown, Store) and not _written_for_0x(type(cooldown)):
-        return Completed(cooldown)
+    if isinstance(cooldown, Store):
+        if not _written_for_0x(type(cooldown)):
+            return Completed(cooldown)
+        return LegacyStore(cooldown, stamps_grants=True)  # 0.6-0.10's Store stamped its grants
     if not isinstance(cooldown, CooldownStore):
         raise ConfigurationError("cooldown must be a Store or a CooldownStore (get and extend) or None")
     return LegacyStore(cooldown)

@@ -248,7 +248,7 @@ class Call:
         raw value and clock skew for a deferral. Raises ``InvalidRetryAfter``, also for
         a delay beyond the policy's ``max_retry_after`` (reason ``"beyond_max"``)."""
         parsed = parse_retry_after(raw, received_at=self.clock.now(), date=date)
-        self.heard = self.heard._replace(retry_after=raw.strip(" \t"), skew=parsed.clock_skew)
+        self.heard = Heard(self.heard.status, raw.strip(" \t"), parsed.clock_skew)
         if beyond_bound(parsed.delay, self.policy.max_retry_after):
             raise InvalidRetryAfter(TOO_LONG, raw)
         return parsed

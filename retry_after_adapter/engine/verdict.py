@@ -125,7 +125,9 @@ def judge(
 def _happy(call: Call, method: str | None, url: str | None, response: Any, status: int) -> Verdict:
     """The happy path: a final answer, with nothing to parse or plan but the quota
     headers."""
-    call.heard = call.heard._replace(status=status)
+    heard = call.heard
+    if heard.status != status:
+        call.heard = Heard(status, heard.retry_after, heard.skew)
     if call.policy.quota_headers and announces_quota(response):
         learn_route(call, response, method, url)  # a bucket refines the route's scope
         read_quota_headers(call, response)

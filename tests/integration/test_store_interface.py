@@ -131,6 +131,7 @@ class StoreOf010(Store):
     def __init__(self) -> None:
         self.m = MemoryCooldownStore()
         self.calls: list[str] = []
+        self.nows: list[datetime | None] = []
 
     def get(self, scope: str) -> datetime | None:
         return self.m.get(scope)
@@ -143,7 +144,7 @@ class StoreOf010(Store):
         lease: Any = None, margin: float = 0.0, batch: int = 1, hold: float = 0.0, learn: Any = None,
     ) -> Admission:
         self.calls.append("admit")
-        assert now is not None  # asked as 0.4 asked: the time given, the margin in the window
+        self.nows.append(now)  # None: the store stamps the grant itself, as 0.6-0.10's did
         return self.m.admit(Ask(scope, now, limit, per, lease, margin))
 
     def allow(self, *args: Any) -> None:
@@ -167,6 +168,7 @@ def test_a_store_written_for_0_10_is_adapted_by_type_and_keeps_its_quota() -> No
         codes = [session.get(server.url + "/q", timeout=10).status_code for _ in range(3)]
         assert codes == [200, 200, 429] and server.stats().requests == 2  # the third held back
     assert store.calls.count("admit") >= 3  # admitted through its own admit of 0.10
+    assert set(store.nows) == {None}  # with a real clock, it stamps its grants itself
 
 
 def test_an_answer_carries_its_parts_to_a_full_store_in_one_call() -> None:
