@@ -7,6 +7,7 @@ stock urllib3 loop alike, so there is one decision step.
 
 from __future__ import annotations
 
+import functools
 import random
 import ssl
 from dataclasses import dataclass
@@ -29,13 +30,16 @@ from ..policy import (
     decide,
     out_of_attempts,
 )
-from .call import Heard
+from .call import NOTHING_HEARD, Heard
 from .learn import learn_retry_after, learn_route, learn_secondary, note, outcome_class, read_quota_headers
 
 if TYPE_CHECKING:
     from .call import Call
 
 __all__ = ["FINAL", "RAISE", "REDIRECT", "RETURN", "Verdict", "judge", "plan_wait"]
+
+#: A call's first answer, with nothing else heard: one value per status, made once.
+_status_only = functools.lru_cache(maxsize=64)(Heard)
 
 RETURN = "return"  #: the outcome is final: return the response
 RAISE = "raise"  #: the outcome is final: raise the error as it is
@@ -127,7 +131,7 @@ def _happy(call: Call, method: str | None, url: str | None, response: Any, statu
     headers."""
     heard = call.heard
     if heard.status != status:
-        call.heard = Heard(status, heard.retry_after, heard.skew)
+        call.heard = _status_only(status) if heard is NOTHING_HEARD else Heard(status, *heard[1:])
     if call.policy.quota_headers and announces_quota(response):
         learn_route(call, response, method, url)  # a bucket refines the route's scope
         read_quota_headers(call, response)
