@@ -127,8 +127,9 @@ class Waiting(Protocol):
 
     written_back: int
 
-    def has_pending(self) -> bool:
-        """Whether cooldowns wait to be written back."""
+    @property
+    def pending(self) -> int:
+        """How many cooldowns wait to be written back."""
 
     def strand(self, only_if_pending: bool) -> None:
         """A write was kept locally while the store was not down: the next success
@@ -299,7 +300,7 @@ class Breaker:
             if now < self.open_until:
                 return
             self.open_until = now + self._backoff
-            cap = BREAKER_MAX_PENDING if self.waiting.has_pending() else BREAKER_MAX
+            cap = BREAKER_MAX_PENDING if self.waiting.pending else BREAKER_MAX
             self._backoff = min(self._backoff * 2, cap)
 
     def hurry(self) -> None:

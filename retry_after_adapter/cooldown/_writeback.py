@@ -90,9 +90,6 @@ class WriteBack:
             if stored_covers(stored, self.local.get(scope)):
                 self._pending.discard(scope)
 
-    def has_pending(self) -> bool:
-        return bool(self._pending)
-
     def strand(self, only_if_pending: bool) -> None:
         if self._pending or not only_if_pending:
             self._stranded = True

@@ -136,11 +136,6 @@ class StoreGuard(FullStore):
         return self.writeback.pending
 
     @property
-    def timeout(self) -> float:
-        """Bound (seconds) of one store operation."""
-        return self.breaker.timeout
-
-    @property
     def outages(self) -> int:
         return self.breaker.outages
 
@@ -151,14 +146,6 @@ class StoreGuard(FullStore):
     @property
     def busy(self) -> int:
         return self.breaker.busy
-
-    @property
-    def written_back(self) -> int:
-        return self.writeback.written_back
-
-    def write_back(self) -> int:
-        """Write every pending cooldown to the store now (see ``WriteBack.write_back``)."""
-        return self.writeback.write_back()
 
     # -- the cooldown ----------------------------------------------------------------
     def get(self, scope: str, budget: StoreBudget | None = None) -> datetime | None:

@@ -814,5 +814,5 @@ def test_a_read_racing_a_write_leaves_nothing_pending_and_a_clear_still_lifts() 
     assert guard.pending == 0
     MemoryCooldownStore.delete(store, "s")  # the operator's clear
     assert guard.get("s") is None  # lifted here too
-    guard.write_back()
+    guard.writeback.write_back()
     assert MemoryCooldownStore.get(store, "s") is None  # nothing cleared comes back
