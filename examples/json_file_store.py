@@ -15,8 +15,8 @@ import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
-from retry_after_adapter.cooldown import Store
-from retry_after_adapter.errors import ConfigurationError, CooldownStoreError
+from retry_after_adapter.cooldown import Store, check_scope, check_until
+from retry_after_adapter.errors import CooldownStoreError
 
 
 class JSONFileStore(Store):
@@ -31,14 +31,14 @@ class JSONFileStore(Store):
 
     def get(self, scope: str) -> datetime | None:
         with self._locked():
-            micros = self._read().get(_scope(scope))
+            micros = self._read().get(check_scope(scope))
         return None if micros is None else _time(micros)
 
     def extend(self, scope: str, until: datetime) -> datetime:
-        asked = _micros(until)
+        asked = (check_until(until) - _EPOCH) // datetime.resolution  # whole microseconds
         with self._locked():
             cooldowns = self._read()
-            kept = max(cooldowns.get(_scope(scope), asked), asked)  # the later time wins
+            kept = max(cooldowns.get(check_scope(scope), asked), asked)  # the later time wins
             if kept != cooldowns.get(scope):
                 cooldowns[scope] = kept
                 self._write(cooldowns)
@@ -80,18 +80,6 @@ class _FileLock:
     def __exit__(self, *exc: object) -> None:
         self.file.close()  # closing it lets go of the lock
         self.threads.release()
-
-
-def _scope(scope: object) -> str:
-    if not isinstance(scope, str) or not scope or len(scope) > 512:
-        raise ConfigurationError("a cooldown scope must be a non-empty string of at most 512 characters")
-    return scope
-
-
-def _micros(until: datetime) -> int:
-    if until.tzinfo is None or until.utcoffset() is None:
-        raise ConfigurationError("a cooldown time must be an aware datetime")
-    return (until - _EPOCH) // datetime.resolution  # whole microseconds: datetime.max too
 
 
 def _time(micros: int) -> datetime:
