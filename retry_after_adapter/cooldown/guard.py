@@ -113,7 +113,7 @@ class StoreGuard(FullStore):
         self.writeback = WriteBack(inner, self.local, self.breaker)
         #: The near copy, when the store has a change feed (see ``_near``).
         self.near: Near | None = None
-        near = Near(self._release_now, self.local.get)
+        near = Near(self._release_now)
         feed = inner.feed(near.changed)
         if feed is not None:
             near.feed = feed
@@ -171,13 +171,7 @@ class StoreGuard(FullStore):
         ``epoch``, the scope's time still pending), the later of it and the local one."""
         local = self.local.get(scope)
         if wrote or epoch != self.writeback.epoch or self.writeback.waits(scope):
-            if remote is None or (local is not None and local >= remote):
-                return local
-            # The near copy answers with the local copy: it is raised to what the store
-            # holds (later wins), which covers whatever waited to be written.
-            self.local.extend(scope, remote)
-            self.writeback.confirmed(scope, remote)
-            return remote
+            return local if remote is None or (local is not None and local > remote) else remote
         if remote != local:
             self.local._replace(scope, remote)
         return remote
@@ -187,7 +181,7 @@ class StoreGuard(FullStore):
         copy; while the store fails, keep it locally and write it back on recovery."""
         local = self.local.extend(scope, until)
         if self.near is not None:
-            self.near.learned(scope)  # held back near from now on (the local copy), whatever the store does
+            self.near.learned(scope, local)  # answered near from now on, whatever the store does
         # Pending until the store confirms it: a read that raced this write must not
         # mirror the store's older answer over it.
         self.writeback.keep(scope)
@@ -211,7 +205,7 @@ class StoreGuard(FullStore):
             self.local._replace(scope, remote)
         effective = max(local, remote)
         if self.near is not None and remote > local:
-            self.near.learned(scope)
+            self.near.learned(scope, remote)
         return effective
 
     # -- admission -------------------------------------------------------------------
