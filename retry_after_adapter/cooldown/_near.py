@@ -1,12 +1,14 @@
 """The near copy of a shared store in this process: what lets an attempt be admitted
 without a store round trip while nothing has changed (owned by the failure layer).
 
-- **Cooldowns, pushed.** A scope read once from the store is kept with its stored
-  cooldown. While the store's change feed is fresh (``Store.feed``: a pub/sub channel
-  on Redis, a change log whose last number is read before each attempt on SQLite), a change
-  made anywhere (a cooldown learned or lifted, an allowance announced, a learned rate
-  closed) reaches this copy as "read it again" (never as a value to trust: see
-  :meth:`Near.changed`), so an unchanged scope is answered here. A feed that is not
+- **Cooldowns, pushed.** A scope read once from the store is known here; its cooldown
+  is the failure layer's local copy (one copy per process, mirroring every store
+  answer and holding what this process learned). While the store's change feed is
+  fresh (``Store.feed``: a pub/sub channel on Redis, a change log whose last number is
+  read before each attempt on SQLite), a change made anywhere (a cooldown learned or
+  lifted, an allowance announced, a learned rate closed) reaches this copy as "read it
+  again" (never as a value to trust: see :meth:`Near.changed`), so an unchanged scope
+  is answered here. A feed that is not
   fresh sends every attempt to the store, at once, until it is fresh again (and the
   copy starts over).
 - **Quota permits in batches.** A process that spends a quota's permits fast enough
@@ -73,10 +75,10 @@ _SECOND = timedelta(seconds=1)
 
 
 class _Known(NamedTuple):
-    """A scope as the store last said: its cooldown, and whether the store counts its
-    admissions (an announced allowance: then never answered here)."""
+    """A scope the store answered for since its last change: whether the store counts
+    its admissions (an announced allowance: then never answered here). Its cooldown is
+    the failure layer's local copy's (one copy per process)."""
 
-    cooldown: datetime | None
     counted: bool
     #: A learned rate governs the scope (or may again, after a cooldown): the store
     #: admits each attempt.
@@ -118,9 +120,14 @@ class Near:
     """The near copy (see the module). Thread-safe; made by the failure layer when its
     store has a change feed."""
 
-    def __init__(self, give_back: Callable[[str, str], None]) -> None:
+    def __init__(
+        self, give_back: Callable[[str, str], None], cooldown: Callable[[str], datetime | None]
+    ) -> None:
         #: Gives a slot back to the store (the failure layer's release).
         self._give_back = give_back
+        #: A scope's cooldown as this process knows it: the failure layer's local copy,
+        #: which mirrors every store answer and holds what this process learned.
+        self._cooldown = cooldown
         self._lock = threading.Lock()
         self._known: dict[str, _Known] = {}
         #: Goes up at every change delivered: an answer read across one is not kept.
@@ -159,9 +166,8 @@ class Near:
         return scope in self._known
 
     def cooldown_of(self, scope: str) -> datetime | None:
-        """The cooldown the copy holds for ``scope`` (None: none, or not known)."""
-        known = self._known.get(scope)
-        return None if known is None else known.cooldown
+        """The cooldown the copy answers with for ``scope`` (None: none, or not known)."""
+        return self._cooldown(scope) if scope in self._known else None
 
     def fresh(self) -> bool:
         feed = self.feed
@@ -178,7 +184,7 @@ class Near:
         store must give it), to be put back with :meth:`put_back` if the store refuses."""
         known = self._fresh_known(scope)
         answers = known is not None
-        cooldown = known.cooldown if known is not None else None
+        cooldown = self._cooldown(scope) if known is not None else None
         if answers and cooldown is not None and cooldown > present:
             return Admission(cooldown, cooldown), None, None
         if known is not None and known.rated:
@@ -272,7 +278,7 @@ class Near:
                 if len(self._known) >= KNOWN_MAX:
                     self._known.clear()
                 rated = answer.rate_epoch is not None
-                self._known[scope] = _Known(answer.cooldown, answer.seq is not None, rated)
+                self._known[scope] = _Known(answer.seq is not None, rated)
             if limit is not None and per is not None and answer.permit is not None:
                 permits = self._count(scope, limit, per, margin, present)
                 permits.refilling = 0.0
@@ -293,12 +299,13 @@ class Near:
                     self._held.clear()  # those slots go back to the store, not here
                 self._held[lease[2]] = (scope, present + timedelta(seconds=lease[1]), lease[0])
 
-    def learned(self, scope: str, until: datetime) -> None:
-        """This process wrote a cooldown (later wins): the copy keeps it."""
+    def learned(self, scope: str) -> None:
+        """This process wrote a cooldown (kept in the local copy): a learned rate may
+        govern the scope again after it, so the store admits its attempts."""
         with self._lock:
             known = self._known.get(scope)
-            if known is not None and (known.cooldown is None or until > known.cooldown):
-                self._known[scope] = known._replace(cooldown=until, rated=True)
+            if known is not None and not known.rated:
+                self._known[scope] = known._replace(rated=True)
 
     def lease_for(self, lease: Lease) -> Lease:
         """The lease to take from the store for a slot this process may keep: a little

@@ -94,12 +94,28 @@ class WriteBack:
         if self._pending or not only_if_pending:
             self._stranded = True
 
-    def keep(self, scope: str) -> None:
+    def keep(self, scope: str, until: datetime) -> datetime:
+        """Write ``until`` into the local copy (later wins) and keep ``scope`` pending
+        until the store confirms it, in one step: a store answer read before cannot be
+        mirrored over it (see :meth:`mirror`). Returns the local copy's time."""
         with self.lock:
+            local = self.local.extend(scope, until)
             self._pending.add(scope)
             self.epoch += 1
         if self.breaker.is_down:
             self.breaker.hurry()
+        return local
+
+    def mirror(self, scope: str, remote: datetime | None, epoch: int) -> bool:
+        """Make the local copy exactly the store's answer ``remote`` (which may lower
+        it: an operator's clear), when that answer was read at ``epoch`` and nothing
+        was written since (no write, no write-back, ``scope`` not pending); checked and
+        done under the lock every write takes. Returns whether it was mirrored."""
+        with self.lock:
+            if epoch != self.epoch or scope in self._pending:
+                return False
+            self.local._replace(scope, remote)
+            return True
 
     def write_through(
         self, operation: Callable[..., object], args: tuple[Any, ...], budget: StoreBudget | None

@@ -113,7 +113,7 @@ class StoreGuard(FullStore):
         self.writeback = WriteBack(inner, self.local, self.breaker)
         #: The near copy, when the store has a change feed (see ``_near``).
         self.near: Near | None = None
-        near = Near(self._release_now)
+        near = Near(self._release_now, self.local.get)
         feed = inner.feed(near.changed)
         if feed is not None:
             near.feed = feed
@@ -169,22 +169,25 @@ class StoreGuard(FullStore):
         ``epoch``; ``wrote``: a write-back ran): the store's answer, mirrored into the
         local copy; or, when the answer may predate a write (a write-back, a write since
         ``epoch``, the scope's time still pending), the later of it and the local one."""
+        if not wrote and self.writeback.mirror(scope, remote, epoch):
+            return remote
         local = self.local.get(scope)
-        if wrote or epoch != self.writeback.epoch or self.writeback.waits(scope):
-            return local if remote is None or (local is not None and local > remote) else remote
-        if remote != local:
-            self.local._replace(scope, remote)
+        if remote is None or (local is not None and local >= remote):
+            return local
+        # The near copy answers with the local copy: it is raised to what the store
+        # holds (later wins), which covers whatever waited to be written.
+        self.local.extend(scope, remote)
+        self.writeback.confirmed(scope, remote)
         return remote
 
     def extend(self, scope: str, until: datetime, budget: StoreBudget | None = None) -> datetime:
         """Advance the scope's eligible time (later wins) in the store and the local
         copy; while the store fails, keep it locally and write it back on recovery."""
-        local = self.local.extend(scope, until)
+        # Kept locally and pending until the store confirms it, in one step: a read
+        # that raced this write must not mirror the store's older answer over it.
+        local = self.writeback.keep(scope, until)
         if self.near is not None:
-            self.near.learned(scope, local)  # answered near from now on, whatever the store does
-        # Pending until the store confirms it: a read that raced this write must not
-        # mirror the store's older answer over it.
-        self.writeback.keep(scope)
+            self.near.learned(scope)  # held back near from now on (the local copy), whatever the store does
         if self.breaker.skipped(budget):
             self.writeback.start_writer()
             return local
@@ -202,10 +205,10 @@ class StoreGuard(FullStore):
         self.writeback.succeeded()
         self.writeback.confirmed(scope, max(local, remote))
         if remote > local:
-            self.local._replace(scope, remote)
+            self.local.extend(scope, remote)  # later wins: a later write may be in already
         effective = max(local, remote)
         if self.near is not None and remote > local:
-            self.near.learned(scope, remote)
+            self.near.learned(scope)
         return effective
 
     # -- admission -------------------------------------------------------------------
