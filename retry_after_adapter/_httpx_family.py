@@ -1,31 +1,11 @@
-"""httpx transports that defer instead of shortening, on the same engine and stores.
+"""The httpx family's transports, written once for every flavour of httpx.
 
-``pip install 'retry_after_adapter[httpx]'``; the rest of the package works without
-httpx. :class:`RetryAfterTransport` (``httpx.Client``) and
-:class:`AsyncRetryAfterTransport` (``httpx.AsyncClient``) wrap another transport
-(default: ``httpx.HTTPTransport()`` / ``httpx.AsyncHTTPTransport()``) and take the
-policy first and the same keywords as :class:`~retry_after_adapter.RetryAfterAdapter`::
-
-    transport = RetryAfterTransport(RetryAfterRetry(total=3, max_wait=5), max_concurrency=8)
-    client = httpx.Client(transport=transport)
-
-Each request runs the engine's one loop (:func:`retry_after_adapter.engine.steps`):
-the synchronous transport drives it here, the async one on the event loop, where every
-wait is ``await``-ed on the clock (no thread waits) and the steps that talk to a store
-other than a memory store run on a small thread pool of the transport's, so the loop
-never blocks on SQLite or Redis. The result has the shape of the other front ends':
-
-- a deferral after a response returns that response, its body read (bounded), with
-  ``response.deferral`` set (read it with :func:`~retry_after_adapter.deferral_of`);
-- a deferral before anything was sent returns a local 429 (``X-Local-Deferral``,
-  ``Retry-After``, the deferral as JSON) whose ``local`` is True;
-- when the last attempt fails in transport, the exception httpx raises
-  (``httpx.ReadTimeout``, ``httpx.ConnectError``...) is raised, and carries the
-  deferral when there is one;
-- ``raise_on_defer=True`` raises :class:`~retry_after_adapter.RetryDeferred` instead.
-
-httpx follows redirects itself: each hop comes back through the transport and
-continues the same call (its budget and counts), as with requests.
+:mod:`retry_after_adapter.httpx` and :mod:`retry_after_adapter.httpx2` each make one
+:class:`Flavour` of the module they wrap (its exceptions, its response and stream types,
+its default transports) and two small public classes on :class:`SyncFront` and
+:class:`AsyncFront`; everything else (attempts, bodies kept and handed back, the async
+driver) is here, once. Requests and responses are typed ``Any``: two flavours' types are
+distinct to mypy, and each public class checks against its own flavour's base class.
 """
 
 from __future__ import annotations
@@ -37,17 +17,12 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, cast
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-try:
-    import httpx
-except ImportError as missing:  # pragma: no cover - the extra is not installed
-    raise ImportError(
-        "retry_after_adapter.httpx needs httpx: pip install 'retry_after_adapter[httpx]'"
-    ) from missing
 from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, ProtocolError, ReadTimeoutError
 from urllib3.util.retry import Retry
 
@@ -61,7 +36,7 @@ from .retry import RetryAfterRetry
 from .scope import RequestInfo
 from .settings import Options, Settings, SharedSettings, as_retry_after_retry, local_parts, store_name
 
-__all__ = ["AsyncRetryAfterTransport", "RetryAfterTransport"]
+__all__ = ["AsyncFront", "Flavour", "SyncFront"]
 
 #: Where a call waits between redirect hops: httpx builds each hop's request with the
 #: same ``extensions`` dict.
@@ -81,13 +56,61 @@ def _new_lock() -> None:
 _forksafe.at_fork(_new_lock)
 
 
+class Flavour:
+    """What differs between two flavours of httpx (``httpx``, ``httpx2``): the module's
+    exceptions, response and stream types and default transports, read once from it;
+    and the two body streams, made here as subclasses of its own stream classes (its
+    ``Response`` checks them by type)."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module = module
+        self.name: str = module.__name__
+        self.Response: Any = module.Response
+        self.ByteStream: Any = module.ByteStream
+        self.HTTPError: type[Exception] = module.HTTPError
+        self.ReadTimeout: Any = module.ReadTimeout
+        self.nothing_sent: tuple[type[Exception], ...] = (
+            module.ConnectError, module.ConnectTimeout, module.PoolTimeout, module.ProxyError,
+        )
+        self.broken: tuple[type[Exception], ...] = (
+            module.ReadError, module.WriteError, module.WriteTimeout, module.RemoteProtocolError,
+        )
+        self.SyncBody: Any = type("_SyncBody", (_SyncBody, module.SyncByteStream), {})
+        self.AsyncBody: Any = type("_AsyncBody", (_AsyncBody, module.AsyncByteStream), {})
+
+    def cause(self, exc: Exception, url: str) -> Exception | None:
+        """The urllib3 failure a transport error stands for (what the retry counters
+        and the idempotency guard read), or None when another attempt cannot heal it
+        (an unsupported scheme, a local protocol error, anything not a transport error).
+        Nothing was sent on a connect failure, a proxy failure or a pool timeout."""
+        if isinstance(exc, self.nothing_sent):
+            return ConnectTimeoutError(type(exc).__name__)
+        if isinstance(exc, self.ReadTimeout):
+            return ReadTimeoutError(None, url, "read timed out")  # type: ignore[arg-type]
+        if isinstance(exc, self.broken):
+            return ProtocolError(type(exc).__name__)
+        return None
+
+    def local(self, request: Any, deferral: Deferral) -> Any:
+        """The 429 for a call deferred before anything was sent (no byte went out)."""
+        headers, body = local_parts(deferral)
+        response = self.Response(429, headers=headers, content=body, request=request)
+        response.deferral = deferral
+        response.stop_reason = None
+        response.local = True
+        return response
+
+    def __repr__(self) -> str:
+        return f"Flavour({self.name})"
+
+
 class _Raw:
     """What the engine reads of an httpx response (as of a urllib3 one): the status,
     the headers (case-insensitive, repeated fields joined), the redirect target."""
 
     __slots__ = ("headers", "status")
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: Any) -> None:
         self.status = response.status_code
         self.headers = response.headers
 
@@ -95,24 +118,10 @@ class _Raw:
         return self.headers.get("location") if self.status in _REDIRECTS else False
 
 
-def _cause(exc: Exception, url: str) -> Exception | None:
-    """The urllib3 failure an httpx transport error stands for (what the retry counters
-    and the idempotency guard read), or None when another attempt cannot heal it (an
-    unsupported scheme, a local protocol error, anything not a transport error).
-    Nothing was sent on a connect failure, a proxy failure or a pool timeout."""
-    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError)):
-        return ConnectTimeoutError(type(exc).__name__)
-    if isinstance(exc, httpx.ReadTimeout):
-        return ReadTimeoutError(None, url, "read timed out")  # type: ignore[arg-type]
-    if isinstance(exc, (httpx.ReadError, httpx.WriteError, httpx.WriteTimeout, httpx.RemoteProtocolError)):
-        return ProtocolError(type(exc).__name__)
-    return None
-
-
 _TIMEOUTS = ("connect", "read", "write", "pool")
 
 
-def _longest(request: httpx.Request) -> float | None:
+def _longest(request: Any) -> float | None:
     """The request's longest timeout in seconds (None: one of them is unbounded), what
     the engine bounds by the deadline (:meth:`Call.attempt_timeout`)."""
     given = request.extensions.get("timeout")
@@ -124,7 +133,7 @@ def _longest(request: httpx.Request) -> float | None:
     return None if None in values or len(given) < len(_TIMEOUTS) else 2.0 * float(max(values))
 
 
-def _bounded(request: httpx.Request, timeout: Any) -> float | None:
+def _bounded(request: Any, timeout: Any) -> float | None:
     """Bound each of the request's timeouts by what the engine leaves of the deadline:
     ``timeout`` is what it made of ``longest`` (that number when they fit, else a
     urllib3 ``Timeout`` whose ``total`` is what is left). Returns what is left
@@ -145,7 +154,8 @@ class _Attempts:
     follows_redirects = False
     streams = False  # the client reads the body itself; a kept one stays readable
 
-    def __init__(self, request: httpx.Request, url: str) -> None:
+    def __init__(self, flavour: Flavour, request: Any, url: str) -> None:
+        self.flavour = flavour
         self.request = request
         self.method = request.method
         self.url: str = message_url(url)  # what urllib3 counts and logs: no user info, no query
@@ -153,23 +163,23 @@ class _Attempts:
         self.user_timeout = _longest(request)
 
     @staticmethod
-    def raw(response: httpx.Response) -> _Raw:
+    def raw(response: Any) -> _Raw:
         return _Raw(response)
 
     def transport_error(self, exc: Exception) -> Exception | None:
-        return _cause(exc, self.url)
+        return self.flavour.cause(exc, self.url)
 
-    def follow(self, response: httpx.Response, retry: Retry) -> None:  # pragma: no cover
+    def follow(self, response: Any, retry: Retry) -> None:  # pragma: no cover
         raise AssertionError("httpx follows redirects itself")
 
 
-def _kept(response: httpx.Response, data: bytes, limit: int | None) -> bytes:
+def _kept(flavour: Flavour, response: Any, data: bytes, limit: int | None) -> bytes:
     """The body read (at most ``limit`` bytes) handed back as a stream of its own, so
     that the client reads and closes the response as it does any other (its
     ``elapsed`` set, its hooks run); the connection it came on is given back already."""
     if limit is not None:
         data = data[:limit]
-    response.stream = httpx.ByteStream(data)
+    response.stream = flavour.ByteStream(data)
     response.is_closed = False
     response.is_stream_consumed = False
     if hasattr(response, "_content"):
@@ -191,7 +201,10 @@ class _Once:
             release()
 
 
-class _SyncBody(httpx.SyncByteStream):
+class _SyncBody:
+    """A response's stream that gives the call's slot back once closed (a flavour's
+    ``SyncBody`` is this and its own ``SyncByteStream``)."""
+
     def __init__(self, stream: Any, done: _Once) -> None:
         self._stream = stream
         self._done = done
@@ -207,16 +220,15 @@ class _SyncBody(httpx.SyncByteStream):
 
 
 class _SyncAttempts(_Attempts):
-    def __init__(self, inner: httpx.BaseTransport, request: httpx.Request, url: str) -> None:
-        super().__init__(request, url)
+    def __init__(self, flavour: Flavour, inner: Any, request: Any, url: str) -> None:
+        super().__init__(flavour, request, url)
         self.inner = inner
 
-    def send(self, timeout: Any) -> httpx.Response:
+    def send(self, timeout: Any) -> Any:
         _bounded(self.request, timeout)
         return self.inner.handle_request(self.request)
 
-    @staticmethod
-    def keep(response: httpx.Response, limit: int | None, seconds: float | None) -> bytes | None:
+    def keep(self, response: Any, limit: int | None, seconds: float | None) -> bytes | None:
         """Read the body (at most ``limit`` bytes, within ``seconds``; past either the
         connection is dropped) and keep it readable; return it."""
         if response.is_stream_consumed:
@@ -230,25 +242,26 @@ class _SyncAttempts(_Attempts):
                 size += len(chunk)
                 if (limit is not None and size > limit) or (end is not None and time.monotonic() > end):
                     break
-        except httpx.HTTPError:
+        except self.flavour.HTTPError:
             pass  # a broken body: what was read is kept, the connection dropped
         finally:
             response.close()
-        return _kept(response, b"".join(chunks), limit)
+        return _kept(self.flavour, response, b"".join(chunks), limit)
 
-    @staticmethod
-    def on_done(response: httpx.Response, release: Callable[[], None]) -> None:
+    def on_done(self, response: Any, release: Callable[[], None]) -> None:
         if response.is_closed:
             release()
             return
-        response.stream = _SyncBody(response.stream, _Once(release))
+        response.stream = self.flavour.SyncBody(response.stream, _Once(release))
 
     @staticmethod
-    def close(response: httpx.Response) -> None:
+    def close(response: Any) -> None:
         response.close()
 
 
-class _AsyncBody(httpx.AsyncByteStream):
+class _AsyncBody:
+    """:class:`_SyncBody` for async streams."""
+
     def __init__(self, stream: Any, done: _Once, offload: Callable[[Callable[[], None]], Any] | None) -> None:
         # ``offload(fn)`` hands ``fn`` to the store's threads without waiting for it: a
         # cancel landing in ``aclose`` must not drop the slot's release.
@@ -273,16 +286,17 @@ class _AsyncBody(httpx.AsyncByteStream):
 class _AsyncAttempts(_Attempts):
     def __init__(
         self,
-        inner: httpx.AsyncBaseTransport,
-        request: httpx.Request,
+        flavour: Flavour,
+        inner: Any,
+        request: Any,
         url: str,
         offload: Callable[[Callable[[], None]], Any] | None,
     ) -> None:
-        super().__init__(request, url)
+        super().__init__(flavour, request, url)
         self.inner = inner
         self.offload = offload
 
-    async def send(self, timeout: Any) -> httpx.Response:
+    async def send(self, timeout: Any) -> Any:
         left = _bounded(self.request, timeout)
         if left is None:
             return await self.inner.handle_async_request(self.request)
@@ -290,10 +304,9 @@ class _AsyncAttempts(_Attempts):
         try:
             return await asyncio.wait_for(self.inner.handle_async_request(self.request), left)
         except asyncio.TimeoutError:
-            raise httpx.ReadTimeout("the call's deadline ran out", request=self.request) from None
+            raise self.flavour.ReadTimeout("the call's deadline ran out", request=self.request) from None
 
-    @staticmethod
-    async def keep(response: httpx.Response, limit: int | None, seconds: float | None) -> bytes | None:
+    async def keep(self, response: Any, limit: int | None, seconds: float | None) -> bytes | None:
         """As the synchronous ``keep``, on the event loop."""
         if response.is_stream_consumed:
             return response.content if hasattr(response, "_content") else None
@@ -307,25 +320,28 @@ class _AsyncAttempts(_Attempts):
                 size += len(chunk)
                 if (limit is not None and size > limit) or (end is not None and loop.time() > end):
                     break
-        except httpx.HTTPError:
+        except self.flavour.HTTPError:
             pass
         finally:
             await response.aclose()
-        return _kept(response, b"".join(chunks), limit)
+        return _kept(self.flavour, response, b"".join(chunks), limit)
 
-    def on_done(self, response: httpx.Response, release: Callable[[], None]) -> None:
+    def on_done(self, response: Any, release: Callable[[], None]) -> None:
         if response.is_closed:
             release()  # here, in the step (on the store's thread when it blocks)
             return
-        response.stream = _AsyncBody(response.stream, _Once(release), self.offload)
+        response.stream = self.flavour.AsyncBody(response.stream, _Once(release), self.offload)
 
     @staticmethod
-    async def close(response: httpx.Response) -> None:
+    async def close(response: Any) -> None:
         await response.aclose()
 
 
 class _Front(SharedSettings):
-    """The settings and result shape both transports share."""
+    """The settings and result shape both transports share; ``flavour`` is the public
+    class's."""
+
+    flavour: Flavour
 
     def __init__(self, max_retries: Any = None, *, transport: Any = None, **options: Unpack[Options]) -> None:
         #: The transport each attempt goes through.
@@ -336,11 +352,10 @@ class _Front(SharedSettings):
         Settings.refuse_unknown(type(self).__name__, keywords, ("max_retries", "transport"))
         self._share(settings)
 
-    @staticmethod
-    def _default_transport() -> Any:
+    def _default_transport(self) -> Any:
         raise NotImplementedError
 
-    def _start(self, request: httpx.Request, url: str) -> Call:
+    def _start(self, request: Any, url: str) -> Call:
         """The call ``request`` (to ``url``) continues (a redirect hop of it), or a new one."""
         info = RequestInfo(request.method, url, request.headers)
         entry = request.extensions.pop(_CALL_KEY, None) if _CALL_KEY in request.extensions else None
@@ -351,33 +366,33 @@ class _Front(SharedSettings):
         return self._call(self.max_retries, info)
 
     def _failed(
-        self, request: httpx.Request, error: BaseException, deferral: Deferral | None
+        self, request: Any, error: BaseException, deferral: Deferral | None
     ) -> BaseException:
         if deferral is not None:
             error.deferral = deferral  # type: ignore[attr-defined]
         return error
 
-    def _local(self, request: httpx.Request, deferral: Deferral) -> httpx.Response:
-        return _local(request, deferral)
+    def _local(self, request: Any, deferral: Deferral) -> Any:
+        return self.flavour.local(request, deferral)
 
     def _adopt(
-        self, request: httpx.Request, response: httpx.Response, outcome: Outcome[Any]
-    ) -> httpx.Response:
-        response.deferral = outcome.deferral  # type: ignore[attr-defined]
-        response.stop_reason = outcome.stop_reason  # type: ignore[attr-defined]
-        response.local = False  # type: ignore[attr-defined]
+        self, request: Any, response: Any, outcome: Outcome[Any]
+    ) -> Any:
+        response.deferral = outcome.deferral
+        response.stop_reason = outcome.stop_reason
+        response.local = False
         return response
 
     def _finished(
-        self, request: httpx.Request, call: Call, response: Any, outcome: Outcome[Any]
-    ) -> httpx.Response:
+        self, request: Any, call: Call, response: Any, outcome: Outcome[Any]
+    ) -> Any:
         if outcome.redirect:
             request.extensions[_CALL_KEY] = (call, request)  # the next hop continues this call
-        return cast(httpx.Response, response)
+        return response
 
     def _deferred(
         self,
-        request: httpx.Request,
+        request: Any,
         call: Call,
         deferral: Deferral,
         response: Any,
@@ -390,66 +405,34 @@ class _Front(SharedSettings):
         return f"{type(self).__name__}({self.max_retries!r}, cooldown={store_name(self.settings.cooldown)})"
 
 
-def _local(request: httpx.Request, deferral: Deferral) -> httpx.Response:
-    """The 429 for a call deferred before anything was sent (no byte went out)."""
-    headers, body = local_parts(deferral)
-    response = httpx.Response(429, headers=headers, content=body, request=request)
-    response.deferral = deferral  # type: ignore[attr-defined]
-    response.stop_reason = None  # type: ignore[attr-defined]
-    response.local = True  # type: ignore[attr-defined]
-    return response
+class SyncFront(_Front):
+    """The synchronous transport of a flavour (its public class adds the flavour and
+    the flavour's ``BaseTransport``)."""
 
+    def _default_transport(self) -> Any:
+        return self.flavour.module.HTTPTransport()
 
-class RetryAfterTransport(_Front, httpx.BaseTransport):
-    """An ``httpx`` transport that obeys Retry-After exactly and shares cooldowns.
-
-    ``max_retries`` (the policy: a :class:`RetryAfterRetry`, an int, a stock ``Retry``
-    or None) and every keyword as for :class:`~retry_after_adapter.RetryAfterAdapter`
-    (``cooldown``, ``scope``, ``raise_on_defer``, ``store_failure``, ``on_decision``,
-    ``quota``, ``max_concurrency``, ``lease_ttl``, ``max_waiting``, ``learn_rate``);
-    ``transport``: the transport each attempt goes through (default
-    ``httpx.HTTPTransport()``). Mount it with ``httpx.Client(transport=...)`` or
-    ``mounts={...}``; closing the client closes the wrapped transport.
-    """
-
-    transport: httpx.BaseTransport
-
-    @staticmethod
-    def _default_transport() -> httpx.BaseTransport:
-        return httpx.HTTPTransport()
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
+    def handle_request(self, request: Any) -> Any:
         url = str(request.url)
         call = self._start(request, url)
-        attempts = _SyncAttempts(self.transport, request, url)
-        result: httpx.Response = self._result(request, call, drive(call, attempts, steps(call, attempts)))
-        return result
+        attempts = _SyncAttempts(self.flavour, self.transport, request, url)
+        return self._result(request, call, drive(call, attempts, steps(call, attempts)))
 
     def close(self) -> None:
         self.transport.close()
 
 
-class AsyncRetryAfterTransport(_Front, httpx.AsyncBaseTransport):
-    """:class:`RetryAfterTransport` for ``httpx.AsyncClient`` (default inner transport
-    ``httpx.AsyncHTTPTransport()``).
+class AsyncFront(_Front):
+    """The async transport of a flavour (see :class:`SyncFront`). Waits are awaited on
+    the policy's clock; a memory store is used on the loop, any other store from at
+    most :data:`STORE_THREADS` threads of this transport; a task cancelled while it
+    waits or while its attempt is on the wire gives back what it held first."""
 
-    Waits are awaited on the policy's clock (``SystemClock`` on the event loop;
-    ``FakeClock`` moves at once), so a waiting task holds no thread. A memory store is
-    used on the loop; any other store (SQLite, Redis, yours) is reached from at most
-    :data:`STORE_THREADS` threads of this transport, with the same bounded time per
-    operation, breaker and write-back as in threads. A task cancelled while it waits
-    or while its attempt is on the wire gets ``CancelledError``, and what it held in
-    the store (a concurrency slot) is given back first. ``budget(cancel=...)`` takes an
-    ``asyncio.Event``.
-    """
-
-    transport: httpx.AsyncBaseTransport
     _pool: ThreadPoolExecutor | None = None
     _pool_pid = 0
 
-    @staticmethod
-    def _default_transport() -> httpx.AsyncBaseTransport:
-        return httpx.AsyncHTTPTransport()
+    def _default_transport(self) -> Any:
+        return self.flavour.module.AsyncHTTPTransport()
 
     def _published(self) -> None:
         # Only a store behind the failure layer does I/O: a memory store is used on the loop.
@@ -468,14 +451,13 @@ class AsyncRetryAfterTransport(_Front, httpx.AsyncBaseTransport):
     def _offload(self, fn: Callable[[], None]) -> None:
         self._threads().submit(fn)
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async_request(self, request: Any) -> Any:
         url = str(request.url)
         call = self._start(request, url)
         pool = self._threads() if self._blocking else None  # None: the steps run on the loop
-        attempts = _AsyncAttempts(self.transport, request, url, self._offload if pool is not None else None)
-        outcome = await _adrive(call, attempts, steps(call, attempts), pool)
-        result: httpx.Response = self._result(request, call, outcome)
-        return result
+        offload = self._offload if pool is not None else None
+        attempts = _AsyncAttempts(self.flavour, self.transport, request, url, offload)
+        return self._result(request, call, await _adrive(call, attempts, steps(call, attempts), pool))
 
     async def aclose(self) -> None:
         await self.transport.aclose()
@@ -494,8 +476,8 @@ def _advance(gen: Generator[Op, Any, Any], value: Any, error: BaseException | No
 
 
 async def _adrive(
-    call: Call, attempts: _AsyncAttempts, gen: Generator[Op, Any, Outcome[httpx.Response]], pool: Any
-) -> Outcome[httpx.Response]:
+    call: Call, attempts: _AsyncAttempts, gen: Generator[Op, Any, Outcome[Any]], pool: Any
+) -> Outcome[Any]:
     """The async driver of the engine's steps: each wait awaited on the call's clock,
     each transport operation awaited, each step between them run here, or on ``pool``
     (a blocking store) in the task's context. A cancel that lands while a step runs on

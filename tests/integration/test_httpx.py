@@ -1,9 +1,12 @@
 """The httpx transports, sync and async, over real loopback sockets: the same policy,
-deferrals, result shape and stores as the requests adapter, on the same engine."""
+deferrals, result shape and stores as the requests adapter, on the same engine. Every
+test runs on each installed flavour: httpx (``retry_after_adapter.httpx``) and httpx2
+(``retry_after_adapter.httpx2``), one implementation."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import subprocess
 import sys
@@ -14,7 +17,9 @@ from typing import Any
 
 import pytest
 
-httpx = pytest.importorskip("httpx")
+FLAVOURS = [name for name in ("httpx", "httpx2") if importlib.util.find_spec(name) is not None]
+if not FLAVOURS:
+    pytest.skip("neither httpx nor httpx2 is installed", allow_module_level=True)
 
 from retry_after_adapter import (  # noqa: E402
     FakeClock,
@@ -27,11 +32,27 @@ from retry_after_adapter import (  # noqa: E402
     deferral_of,
 )
 from retry_after_adapter.cooldown import store_from_url  # noqa: E402
-from retry_after_adapter.httpx import AsyncRetryAfterTransport, RetryAfterTransport  # noqa: E402
 from retry_after_adapter.settings import LOCAL_HEADER  # noqa: E402
 from retry_after_adapter.testing.server import QuotaServer  # noqa: E402
 
 from ..servers import Reply, ThrottleServer  # noqa: E402
+
+# The flavour's module and transports, set for each test by ``flavour``.
+httpx: Any = None
+RetryAfterTransport: Any = None
+AsyncRetryAfterTransport: Any = None
+
+
+@pytest.fixture(autouse=True, params=FLAVOURS)
+def flavour(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test on one flavour: ``httpx`` and the transports here are its own."""
+    name: str = request.param
+    transports = importlib.import_module(f"retry_after_adapter.{name}")
+    here = sys.modules[__name__]
+    monkeypatch.setattr(here, "httpx", importlib.import_module(name))
+    monkeypatch.setattr(here, "RetryAfterTransport", transports.RetryAfterTransport)
+    monkeypatch.setattr(here, "AsyncRetryAfterTransport", transports.AsyncRetryAfterTransport)
+    return name
 
 
 def sync_client(clock: FakeClock | None = None, store: Any = None, **kw: Any) -> httpx.Client:
@@ -451,7 +472,7 @@ asyncio.run(main())
 
 
 def test_a_requests_worker_learns_a_429_and_an_async_httpx_worker_defers_before_sending(
-    real_server: ThrottleServer, store_url: str
+    real_server: ThrottleServer, store_url: str, flavour: str
 ):
     real_server.serve([Reply(429, {"Retry-After": "60"}, b"spent")])
 
@@ -467,7 +488,7 @@ def test_a_requests_worker_learns_a_429_and_an_async_httpx_worker_defers_before_
 
     first = worker(REQUESTS_WORKER, "/learn")
     assert first == {"status": 429, "reason": "max_wait"}
-    answers = worker(ASYNC_WORKER, "/later")
+    answers = worker(ASYNC_WORKER.replace("httpx", flavour), "/later")
     assert answers == [[429, True, "cooldown"]] * 20
     assert real_server.count() == 1  # the httpx worker sent nothing
     assert store_from_url(store_url).get(_scope(real_server.url)) is not None
@@ -480,7 +501,9 @@ def _scope(url: str) -> str:
 # ---------------------------------------------------------------- users' own test tools
 
 
-def test_respx_sees_one_attempt_at_a_time(clock: FakeClock):
+def test_respx_sees_one_attempt_at_a_time(clock: FakeClock, flavour: str):
+    if flavour != "httpx":
+        pytest.skip("respx mocks httpx's transports only")
     respx = pytest.importorskip("respx")
     with respx.mock(assert_all_called=True) as mock:
         route = mock.get("http://api.test/a").mock(
@@ -493,7 +516,11 @@ def test_respx_sees_one_attempt_at_a_time(clock: FakeClock):
     assert clock.sleeps == [4.0]
 
 
-async def test_pytest_httpx_sees_one_attempt_at_a_time(httpx_mock: Any, fake_clock: FakeClock):
+async def test_pytest_httpx_sees_one_attempt_at_a_time(request: pytest.FixtureRequest, fake_clock: FakeClock, flavour: str):
+    if flavour != "httpx":
+        pytest.skip("pytest-httpx mocks httpx's transports only")
+    pytest.importorskip("pytest_httpx", reason="pytest-httpx has no release for this httpx line")
+    httpx_mock: Any = request.getfixturevalue("httpx_mock")
     httpx_mock.add_response(url="http://api.test/b", status_code=503, headers={"Retry-After": "3"})
     httpx_mock.add_response(url="http://api.test/b", status_code=200, text="ok")
     async with async_client(fake_clock, jitter=0) as client:
@@ -503,16 +530,31 @@ async def test_pytest_httpx_sees_one_attempt_at_a_time(httpx_mock: Any, fake_clo
     assert fake_clock.sleeps == [3.0]
 
 
-def test_the_package_works_without_httpx():
+def test_the_package_works_without_the_flavour(flavour: str):
     script = (
-        "import sys; sys.modules['httpx'] = None\n"
+        f"import sys; sys.modules[{flavour!r}] = None\n"
         "import retry_after_adapter, requests\n"
         "s = requests.Session(); s.mount('http://', retry_after_adapter.RetryAfterAdapter())\n"
         "try:\n"
-        "    import retry_after_adapter.httpx\n"
+        f"    import retry_after_adapter.{flavour}\n"
         "except ImportError as e:\n"
         "    print('extra:', e)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "pip install 'retry_after_adapter[httpx]'" in done.stdout
+    assert f"pip install 'retry_after_adapter[{flavour}]'" in done.stdout
+
+
+def test_the_transports_are_the_flavours_own(server: ThrottleServer, clock: FakeClock, flavour: str):
+    """Each flavour's transports subclass that flavour's base classes and hand back its
+    own responses, local ones included (no alias of one module for the other)."""
+    assert isinstance(RetryAfterTransport(), httpx.BaseTransport)
+    assert isinstance(AsyncRetryAfterTransport(), httpx.AsyncBaseTransport)
+    assert RetryAfterTransport.__module__ == f"retry_after_adapter.{flavour}"
+    server.serve([Reply(429, {"Retry-After": "120"}, b"spent")])
+    with sync_client(clock, max_wait=5) as client:
+        sent = client.get(server.url + "/a")
+        local = client.get(server.url + "/b")
+    assert type(sent) is httpx.Response and type(local) is httpx.Response
+    assert type(sent).__module__.split(".")[0] == flavour
+    assert local.local is True and deferral_of(local) is not None and server.count() == 1
