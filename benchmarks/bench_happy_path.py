@@ -98,7 +98,7 @@ from retry_after_adapter import MemoryCooldownStore, Quota, RetryAfterAdapter, R
 from retry_after_adapter.adapter import DEFAULT_STORE, RetryAfterResponse
 from retry_after_adapter.cooldown import Ask, RedisCooldownStore, SQLiteCooldownStore
 from retry_after_adapter.cooldown.guard import DEFAULT, guard_of
-from retry_after_adapter.engine import Call, admitted
+from retry_after_adapter.engine import Call, admitted, drive
 
 STATUSES = (429, 502, 503, 504)
 TIMEOUT = 10.0
@@ -348,7 +348,7 @@ def breakdown(
         "Call(...) (the call's state)": lambda: Call(retry, plan, scope=scope, hooks=adapter.on_decision),
         "store.get (default memory store)": lambda: DEFAULT_STORE.get(scope),
         "store.get (empty memory store)": lambda: empty_store.get(scope),
-        "engine.admitted (no cooldown)": lambda: admitted(call),
+        "engine.admitted (no cooldown)": lambda: drive(call, None, admitted(call)),
         "call.attempt_timeout (no deadline)": lambda: call.attempt_timeout(TIMEOUT),
         "call.attempt_timeout (deadline: one Timeout)": lambda: deadline_call.attempt_timeout(TIMEOUT),
         "stock: Timeout(...) (requests builds it)": lambda: Timeout(connect=TIMEOUT, read=TIMEOUT),

@@ -29,7 +29,8 @@ from urllib3.util.retry import Retry
 from . import _forksafe
 from .deferral import Deferral
 from .engine import Call, Op, Outcome, drive, steps
-from .engine.ops import Close, Follow, Keep, Send, Sleep
+from .engine.admission import carry_out_store
+from .engine.ops import Admit, Close, Follow, Judge, Keep, ReadCooldown, Send, Settle, Sleep, StoreOp
 from .errors import RetryDeferred
 from .redact import message_url
 from .retry import RetryAfterRetry
@@ -42,7 +43,7 @@ __all__ = ["AsyncFront", "Flavour", "SyncFront"]
 #: same ``extensions`` dict.
 _CALL_KEY = "retry_after_adapter.call"
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
-#: Threads each async transport keeps for the steps that talk to a blocking store.
+#: Threads each async transport keeps for the store operations of a blocking store.
 STORE_THREADS = 8
 _POOL_LOCK = threading.Lock()
 
@@ -466,55 +467,47 @@ class AsyncFront(_Front):
             pool.shutdown(wait=False)
 
 
-def _advance(gen: Generator[Op, Any, Any], value: Any, error: BaseException | None) -> tuple[bool, Any]:
-    """One step of ``gen``: ``(False, op)``, or ``(True, result)`` once it returned (a
-    ``StopIteration`` cannot cross a thread pool's future)."""
-    try:
-        return False, gen.send(value) if error is None else gen.throw(error)
-    except StopIteration as stop:
-        return True, stop.value
-
-
 async def _adrive(
     call: Call, attempts: _AsyncAttempts, gen: Generator[Op, Any, Outcome[Any]], pool: Any
 ) -> Outcome[Any]:
-    """The async driver of the engine's steps: each wait awaited on the call's clock,
-    each transport operation awaited, each step between them run here, or on ``pool``
-    (a blocking store) in the task's context. A cancel that lands while a step runs on
-    the pool waits for that step to end, then is thrown into the steps (which give back
-    what they hold); a response the step was about to read or close is closed first."""
-    loop = asyncio.get_running_loop()
+    """The async driver of the engine's steps, on the event loop: each wait awaited on
+    the call's clock, each transport operation awaited, each store operation run here
+    for a memory store or on ``pool`` (a blocking store), in the task's context. An
+    error (a cancel) is thrown into the steps, which give back what they hold."""
     context = contextvars.copy_context() if pool is not None else None
     value: Any = None
     error: BaseException | None = None
     while True:
-        if context is None:
-            done, result = _advance(gen, value, error)
-        else:
-            step = loop.run_in_executor(pool, context.run, _advance, gen, value, error)
-            try:
-                done, result = await asyncio.shield(step)
-            except asyncio.CancelledError as cancelled:
-                done, result = await _finish(step)
-                if done:
-                    if result.response is not None:
-                        await result.response.aclose()
-                    raise
-                if isinstance(result, (Keep, Close)):
-                    await result.response.aclose()  # the step's own clean-up, cut short
-                value, error = None, cancelled
-                continue
-        if done:
-            return result  # type: ignore[no-any-return]
+        try:
+            op = gen.send(value) if error is None else gen.throw(error)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
         error = None
         try:
-            value = await _carry_out(call, attempts, result)
+            if context is not None and isinstance(op, (Admit, ReadCooldown, Settle, Judge)):
+                value = await _on_pool(pool, context, call, op)
+            else:
+                value = await _carry_out(call, attempts, op)
         except BaseException as exc:  # thrown back in: the steps clean up, or handle it
             value, error = None, exc
 
 
+async def _on_pool(pool: Any, context: contextvars.Context, call: Call, op: StoreOp) -> Any:
+    """A store step on the store's threads. Once begun it ends, however often the task
+    is cancelled meanwhile (a store operation's time is bounded): a cancel is raised
+    after it, so the steps know what it took and give it back."""
+    step = asyncio.get_running_loop().run_in_executor(pool, context.run, carry_out_store, call, op)
+    try:
+        return await asyncio.shield(step)
+    except asyncio.CancelledError:
+        if not step.done():
+            await _finish(step)
+        raise
+
+
 async def _carry_out(call: Call, attempts: _AsyncAttempts, op: Op) -> Any:
-    """One :data:`~.engine.ops.Op` of the engine, awaited."""
+    """One :data:`~.engine.ops.Op` of the engine, awaited (a store step here: a memory
+    store does no I/O)."""
     if isinstance(op, Send):
         return await attempts.send(op.timeout)
     if isinstance(op, Sleep):
@@ -526,19 +519,20 @@ async def _carry_out(call: Call, attempts: _AsyncAttempts, op: Op) -> Any:
     if isinstance(op, Follow):
         attempts.follow(op.response, op.retry)  # never asked: httpx follows redirects itself
         return None
+    if isinstance(op, (Admit, ReadCooldown, Settle, Judge)):
+        return carry_out_store(call, op)
     raise TypeError(f"not an operation of the engine: {type(op).__name__}")
 
 
-async def _finish(step: asyncio.Future[Any]) -> Any:
-    """The result of a step on the pool, however often the task is cancelled meanwhile
-    (the step is bounded: a store operation's time). A step that failed raises its
-    error after it ended."""
-    while True:
+async def _finish(step: asyncio.Future[Any]) -> None:
+    """Wait for a store step to end, however often the task is cancelled meanwhile."""
+    while not step.done():
         try:
-            return await asyncio.shield(step)
+            await asyncio.shield(step)
         except asyncio.CancelledError:
-            if step.done():
-                return step.result()
+            continue
+        except Exception:  # its error is the step's: thrown in by the caller's raise
+            return
 
 
 async def _asleep(call: Call, seconds: float) -> bool:

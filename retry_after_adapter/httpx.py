@@ -11,7 +11,7 @@ policy first and the same keywords as :class:`~retry_after_adapter.RetryAfterAda
 
 Each request runs the engine's one loop (:func:`retry_after_adapter.engine.steps`):
 the synchronous transport drives it here, the async one on the event loop, where every
-wait is ``await``-ed on the clock (no thread waits) and the steps that talk to a store
+wait is ``await``-ed on the clock (no thread waits) and the store operations of a store
 other than a memory store run on a small thread pool of the transport's, so the loop
 never blocks on SQLite or Redis. The result has the shape of the other front ends':
 

@@ -14,9 +14,11 @@ A newcomer reads it in this order (each module one concern, higher ones import l
 - ``admission``: :func:`admitted` and :func:`admit_slowly`, before every attempt: take
   what it needs, or wait, or defer.
 - ``ops``: what the engine asks its drivers to do, as typed values (``Sleep``,
-  ``Send``, ``Keep``, ``Close``, ``Follow``).
+  ``Send``, ``Keep``, ``Close``, ``Follow``; the store's ``Admit``, ``ReadCooldown``,
+  ``Settle``, ``Judge``).
 - ``loop``: :func:`steps`, admit, send one attempt, judge, then the slow path, written
-  once as a generator that asks its driver for each wait and each transport operation;
+  once as a generator that does no I/O: it asks its driver for each wait, each
+  transport operation and each store operation;
   :func:`run` drives it here (requests, urllib3, httpx), ``httpx`` drives it on an
   event loop.
 """

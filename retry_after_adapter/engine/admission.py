@@ -17,8 +17,23 @@ from ..errors import CooldownUnavailable
 from ..policy import DEFER, RETRY, Decision, Reason
 from ..policy import admit as admit_decision
 from .call import MIN_ATTEMPT_TIMEOUT
-from .ops import Close, Follow, Keep, Op, Send, Sleep, Steps
-from .verdict import jitter
+from .ops import (
+    ADMIT,
+    READ_COOLDOWN,
+    Admit,
+    Close,
+    Follow,
+    Judge,
+    Keep,
+    Op,
+    ReadCooldown,
+    Send,
+    Settle,
+    Sleep,
+    Steps,
+    StoreOp,
+)
+from .verdict import jitter, judge
 
 if TYPE_CHECKING:
     from .call import Call
@@ -31,6 +46,7 @@ __all__ = [
     "admit_slowly",
     "admitted",
     "carry_out",
+    "carry_out_store",
     "drive",
     "wait_steps",
     "wait_until",
@@ -44,19 +60,33 @@ MAX_ROUNDS = 16
 SLOT_POLL = 0.05
 
 
-def admitted(call: Call) -> bool:
-    """The common case, decided here without waiting: True when the next attempt may go
-    now (nothing pending, nothing held, what it needs taken: one store operation);
-    False when :func:`admit_slowly` must look, wait or defer (the steps of an
-    admission that is not the common case)."""
+def admitted(call: Call) -> Generator[Op, Any, bool]:
+    """The common case, without waiting: True when the next attempt may go now
+    (nothing pending, nothing held, what it needs taken: one store operation); False
+    when :func:`admit_slowly` must look, wait or defer (the steps of an admission that
+    is not the common case)."""
     if call.cancel is not None or call.not_before is not None or call.out_of_time():
         return False
     if call.plan.store is None:
         return True  # nothing shared, nothing resumed, time left: nothing to wait for
     try:
-        return call.plan.admit_once(call) is None
+        return (yield from _take(call)) is None
     except CooldownUnavailable:
         return False  # the rounds of admit_slowly apply the failure policy
+
+
+def _take(call: Call) -> Generator[Op, Any, datetime | None]:
+    """One admission from the store (:class:`~.ops.Admit`): None when admitted, else
+    when to ask again. Anything else thrown in while it ran (a cancel) gives back what
+    it took first."""
+    try:
+        not_before: datetime | None = yield ADMIT
+    except (CooldownUnavailable, GeneratorExit):
+        raise
+    except BaseException:
+        yield Settle(None, None)  # nothing is sent: its slot back, its permit settled
+        raise
+    return not_before
 
 
 def admit_slowly(call: Call) -> Steps:
@@ -68,7 +98,7 @@ def admit_slowly(call: Call) -> Steps:
         if call.cancelled():
             return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=call.pending())
         try:
-            until, why = _look(call)
+            until, why = yield from _look(call)
         except CooldownUnavailable:
             return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
         if until is None:
@@ -84,10 +114,10 @@ def admit_slowly(call: Call) -> Steps:
         deferral = yield from _wait(call, until, left, why)
         if deferral is not None:
             return deferral
-    return _defer_after_rounds(call, left, why)
+    return (yield from _defer_after_rounds(call, left, why))
 
 
-def _look(call: Call) -> tuple[datetime | None, Reason]:
+def _look(call: Call) -> Generator[Op, Any, tuple[datetime | None, Reason]]:
     """One look: ``(None, ...)`` when admitted (what the call needs is taken), else
     when to look again and why. Nothing is taken while a resumed deferral's time is
     ahead, nor once the call is out of time (then ``(now, DEADLINE)`` when nothing else
@@ -96,20 +126,22 @@ def _look(call: Call) -> tuple[datetime | None, Reason]:
     ahead = call.not_before if call.not_before is not None and call.not_before > now else None
     late = call.out_of_time()
     if ahead is not None or late:
-        return _held(call, now, ahead, late)
+        stored = yield READ_COOLDOWN
+        return _held(now, ahead, stored, late)
     if call.plan.store is None:
         return None, Reason.COOLDOWN
-    not_before = call.plan.admit_once(call)
+    not_before = yield from _take(call)
     if not_before is None:
         return None, Reason.COOLDOWN
     return not_before, _why(call, not_before)
 
 
-def _held(call: Call, now: datetime, ahead: datetime | None, late: bool) -> tuple[datetime | None, Reason]:
-    """A resumed deferral's time is ahead, or the call is out of time: nothing is taken;
-    when to look again (the later of that time and the stored cooldown), or ``(now,
-    DEADLINE)`` out of time with nothing else to wait for."""
-    stored = call.plan.read_cooldown(call)
+def _held(
+    now: datetime, ahead: datetime | None, stored: datetime | None, late: bool
+) -> tuple[datetime | None, Reason]:
+    """A resumed deferral's time is ahead, or the call is out of time (the scope's
+    ``stored`` cooldown read): nothing is taken; when to look again (the later of those
+    times), or ``(now, DEADLINE)`` out of time with nothing else to wait for."""
     until = max((t for t in (ahead, stored) if t is not None and t > now), default=None)
     if until is not None:
         return until, Reason.COOLDOWN
@@ -157,11 +189,11 @@ def _wait(call: Call, until: datetime, left: float, why: Reason) -> Steps:
     return None
 
 
-def _defer_after_rounds(call: Call, left: float, why: Reason) -> Deferral:
+def _defer_after_rounds(call: Call, left: float, why: Reason) -> Steps:
     """Still not admitted after every round (others keep taking what frees up): defer
     for what held it back last, no earlier than one more such wait from now."""
     try:
-        until = call.plan.read_cooldown(call)
+        until: datetime | None = yield READ_COOLDOWN
     except CooldownUnavailable:
         return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
     soonest = call.clock.now() + timedelta(seconds=max(left, MIN_ATTEMPT_TIMEOUT))
@@ -232,6 +264,8 @@ def drive(call: Call, transport: Any, steps: Generator[Op, Any, R]) -> R:
 
 def carry_out(call: Call, transport: Any, op: Op) -> Any:
     """One :data:`~.ops.Op`, here and now."""
+    if isinstance(op, (Admit, ReadCooldown, Settle, Judge)):
+        return carry_out_store(call, op)
     if isinstance(op, Send):
         return transport.send(op.timeout)
     if isinstance(op, Sleep):
@@ -243,6 +277,25 @@ def carry_out(call: Call, transport: Any, op: Op) -> Any:
     if isinstance(op, Follow):
         return transport.follow(op.response, op.retry)
     raise TypeError(f"not an operation of the engine: {type(op).__name__}")
+
+
+def carry_out_store(call: Call, op: StoreOp) -> Any:
+    """One store step of the call's plan, here and now (on whichever thread the driver
+    chose)."""
+    plan = call.plan
+    if isinstance(op, Admit):
+        return plan.admit_once(call)
+    if isinstance(op, Settle):
+        plan.answered(call, op.response, op.on_done)
+        if op.response is None:
+            plan.judged(call)  # nothing to judge: a probe's slot goes back too
+        return None
+    if isinstance(op, Judge):
+        try:
+            return judge(call, op.method, op.url, op.raw, op.cause, body=op.body)
+        finally:
+            plan.judged(call)  # a probe's slot, once what the answer taught is learned
+    return plan.read_cooldown(call)
 
 
 # ---------------------------------------------------------------- the waiting queue

@@ -11,9 +11,10 @@
         if verdict is FINAL: return Outcome(response)            # the happy path
         the slow path: wait and retry, follow a redirect, or end
 
-:func:`steps` is that loop, written once: a generator that does the deciding and the
-store work itself and asks its driver for each wait and each transport operation, as
-the typed values of ``ops`` (``Sleep``, ``Send``, ``Keep``, ``Close``, ``Follow``). :func:`run`
+:func:`steps` is that loop, written once: a generator that decides and asks its
+driver for each wait, each transport operation and each store operation, as the typed
+values of ``ops`` (``Sleep``, ``Send``, ``Keep``, ``Close``, ``Follow``; ``Admit``,
+``ReadCooldown``, ``Settle``, ``Judge``): it does no I/O itself. :func:`run`
 drives it here for :class:`~retry_after_adapter.RetryAfterAdapter` (each attempt
 through ``HTTPAdapter.send``), :class:`~retry_after_adapter.RetryAfterPoolManager`
 (``PoolManager.urlopen``; urllib3 itself never loops there) and the synchronous httpx
@@ -36,8 +37,8 @@ from ..redact import message_url
 from .admission import admit_slowly, admitted, drive, wait_steps
 from .buckets import wants_body
 from .call import Call
-from .ops import Close, Follow, Keep, Op, Send, Steps
-from .verdict import FINAL, REDIRECT, Verdict, judge, plan_wait
+from .ops import Close, Follow, Judge, Keep, Op, Send, Settle, Steps
+from .verdict import FINAL, REDIRECT, Verdict, plan_wait
 
 __all__ = [
     "SINGLE_ATTEMPT",
@@ -151,22 +152,20 @@ def steps(call: Call, transport: Attempts[R]) -> Generator[Op, Any, Outcome[R]]:
     try:
         while True:
             call.slot_waited = 0.0
-            if not admitted(call):  # the common case decided without a wait
+            if not (yield from admitted(call)):  # the common case decided without a wait
                 deferral = yield from admit_slowly(call)
                 if deferral is not None:
                     # Before a retry: the last attempt's response (its body kept) or error ends it.
                     return Outcome(response, error, deferral)
-            if call.plan.learned_meanwhile(call):
+            if call.plan.learned_meanwhile(call):  # read here: this process's local copy
+                yield Settle(None, None)  # not sent: its slot back, its permit settled
                 continue  # a cooldown this process learned since the grant: admitted again
             response, error, cause = yield from send(call, transport)
             raw = transport.raw(response) if response is not None else None
             body = None
-            try:
-                if _body_tells(transport, raw):  # read and kept (bounded)
-                    body = yield Keep(response, call.policy.max_retry_body, call.read_time())
-                verdict = judge(call, transport.method, transport.url, raw, cause, body=body)
-            finally:
-                call.plan.judged(call)  # a probe's slot, once what the answer taught is learned
+            if _body_tells(transport, raw):  # read and kept (bounded)
+                body = yield from _peek(call, response)
+            verdict: Verdict = yield Judge(transport.method, transport.url, raw, cause, body)
             if verdict is FINAL:
                 return Outcome(response)  # the happy path: a final answer
             outcome = yield from _after(call, transport, verdict, response, error)
@@ -207,16 +206,43 @@ def send(
     error = cause = None
     try:
         response = yield Send(call.attempt_timeout(transport.user_timeout, at))
-    except Exception as exc:
-        cause = transport.transport_error(exc)
-        if cause is None:
+    except GeneratorExit:
+        _off_the_wire(call)
+        raise
+    except BaseException as exc:
+        cause = transport.transport_error(exc) if isinstance(exc, Exception) else None
+        if cause is None or not isinstance(exc, Exception):  # no attempt heals it: it ends the call
+            _off_the_wire(call)
+            yield Settle(None, transport.on_done)
             raise
         error = exc
-    finally:
-        if meter is not None:
-            meter.wire.discard(id(call))
-        call.plan.answered(call, response, transport.on_done)
+    _off_the_wire(call)
+    try:
+        yield Settle(response, transport.on_done)
+    except BaseException:
+        if response is not None:
+            yield Close(response)  # a cancel while it settled: the attempt ends here
+        raise
     return response, error, cause
+
+
+def _peek(call: Call, response: Any) -> Generator[Op, Any, bytes | None]:
+    """The body a dialect reads before judging, kept (bounded); should that fail, a
+    probe's slot goes back first (it would go back once the answer was judged)."""
+    try:
+        body: bytes | None = yield Keep(response, call.policy.max_retry_body, call.read_time())
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield Settle(None, None)
+        raise
+    return body
+
+
+def _off_the_wire(call: Call) -> None:
+    meter = call.meter
+    if meter is not None:
+        meter.wire.discard(id(call))
 
 
 def _after(

@@ -1,7 +1,10 @@
-"""What the engine asks its drivers to do: the only waiting and transport I/O it does
-not do itself, as small typed values (checked by mypy where they are made and where
-they are carried out; not frozen, which would cost each GET a microsecond, but
-never changed once made).
+"""What the engine asks its drivers to do: every wait, every transport operation and
+every store operation, as small typed values (checked by mypy where they are made and
+where they are carried out; not frozen, which would cost each GET a microsecond, but
+never changed once made). The steps themselves (``loop``, ``admission``) do no I/O:
+they decide, and read only this process's memory.
+
+The transport and the clock:
 
 - :class:`Sleep`: wait ``seconds`` on the call's clock; answered True when the whole
   wait passed, False when the call's cancel ended it.
@@ -12,13 +15,26 @@ never changed once made).
 - :class:`Close`: close a response, dropping its connection.
 - :class:`Follow`: follow a redirect response under ``retry`` (plain urllib3 only).
 
+The store (each the plan's, through the failure layer; a driver may run them where a
+blocking store cannot hold up others, as the async transports do on their threads):
+
+- :class:`Admit`: take the next attempt's admission in one store operation
+  (``Plan.admit_once``); answered None when admitted, else when to ask again;
+  ``CooldownUnavailable`` thrown back when the store fails and the call fails closed.
+- :class:`ReadCooldown`: the scope's stored cooldown (``Plan.read_cooldown``).
+- :class:`Settle`: the attempt is over (``response``; None when it failed or was not
+  sent): its permit settled, its slot given back now or through ``on_done``.
+- :class:`Judge`: what the answer teaches learned and shared, then the verdict
+  (``verdict.judge``, then ``Plan.judged``); answered with the :class:`~.verdict.Verdict`.
+
 A driver carries out every one of them: :func:`~.admission.drive` here and now, the
-async httpx transport on an event loop.
+async httpx transports on an event loop (:func:`~.admission.carry_out_store` is the
+store part both share).
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +43,22 @@ if TYPE_CHECKING:
 
     from ..deferral import Deferral
 
-__all__ = ["Close", "Follow", "Keep", "Op", "Send", "Sleep", "Steps"]
+__all__ = [
+    "ADMIT",
+    "READ_COOLDOWN",
+    "Admit",
+    "Close",
+    "Follow",
+    "Judge",
+    "Keep",
+    "Op",
+    "ReadCooldown",
+    "Send",
+    "Settle",
+    "Sleep",
+    "Steps",
+    "StoreOp",
+]
 
 
 @dataclass(slots=True)
@@ -69,7 +100,47 @@ class Follow:
     retry: Retry
 
 
+@dataclass(slots=True)
+class Admit:
+    """Take the next attempt's admission from the store (one operation)."""
+
+
+@dataclass(slots=True)
+class ReadCooldown:
+    """Read the scope's cooldown from the store."""
+
+
+#: The two store steps without arguments, made once.
+ADMIT = Admit()
+READ_COOLDOWN = ReadCooldown()
+
+
+@dataclass(slots=True)
+class Settle:
+    """The attempt is over: ``response`` (None: it failed or was not sent) settles its
+    permit; its slot goes back now, or through ``on_done(response, release)`` once its
+    body is read or it is closed."""
+
+    response: Any
+    on_done: Callable[[Any, Callable[[], None]], None] | None
+
+
+@dataclass(slots=True)
+class Judge:
+    """Learn from one attempt's answer and judge it: ``raw`` (the response as urllib3
+    would have it, or None), ``cause`` (the urllib3 error behind a transport failure),
+    ``body`` (read when a dialect needs it)."""
+
+    method: str | None
+    url: str | None
+    raw: Any
+    cause: Exception | None
+    body: bytes | None
+
+
+#: A store operation the engine asks of its driver.
+StoreOp = Admit | ReadCooldown | Settle | Judge
 #: One thing the engine asks of its driver.
-Op = Sleep | Send | Keep | Close | Follow
+Op = Sleep | Send | Keep | Close | Follow | StoreOp
 #: A piece of the engine written once for every driver: a generator of :data:`Op`.
 Steps = Generator[Op, Any, "Deferral | None"]
