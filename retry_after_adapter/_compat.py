@@ -63,21 +63,43 @@ def response_header(response: Any, name: str) -> str | None:
     return None if value is None else str(value)
 
 
-_QUOTA_NAMES = frozenset((b"ratelimit", b"x-ratelimit-remaining"))
+#: The fields (lower case) that announce a quota: the IETF and X-RateLimit ones first,
+#: then OpenAI's (and Azure OpenAI's) and Anthropic's remaining fields, one per kind.
+QUOTA_FIELDS = (
+    "ratelimit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-remaining-tokens",
+    "anthropic-ratelimit-requests-remaining",
+    "anthropic-ratelimit-tokens-remaining",
+    "anthropic-ratelimit-input-tokens-remaining",
+    "anthropic-ratelimit-output-tokens-remaining",
+)
+_QUOTA_NAMES = frozenset(name.encode("ascii") for name in QUOTA_FIELDS)
+_IETF, _X, _OPENAI_REQUESTS, _OPENAI_TOKENS, _REQUESTS, _TOKENS, _INPUT, _OUTPUT = QUOTA_FIELDS
 
 
 def announces_quota(response: Any) -> bool:
-    """Whether a response has a ``RateLimit`` or ``X-RateLimit-Remaining`` field. Asked
-    of every response: on urllib3's own headers (both versions keep them in
-    ``_container``, keyed by the lower-case name) two plain dict lookups; on httpx's
-    (``_list`` of raw name, lower-case name, value) one pass over the names."""
+    """Whether a response has one of :data:`QUOTA_FIELDS`. Asked of every response: on
+    urllib3's own headers (both versions keep them in ``_container``, keyed by the
+    lower-case name) eight plain dict lookups at most; on httpx's (``_list`` of raw
+    name, lower-case name, value) one pass over the names."""
     headers = getattr(response, "headers", None)
     if headers is None:
         return False
     names = getattr(headers, "_container", None)
     if type(names) is dict or isinstance(names, dict):
-        return "ratelimit" in names or "x-ratelimit-remaining" in names
+        return (
+            _IETF in names
+            or _X in names
+            or _OPENAI_REQUESTS in names
+            or _OPENAI_TOKENS in names
+            or _REQUESTS in names
+            or _TOKENS in names
+            or _INPUT in names
+            or _OUTPUT in names
+        )
     items = getattr(headers, "_list", None)
     if type(items) is list:
         return not _QUOTA_NAMES.isdisjoint([item[1] for item in items])
-    return "RateLimit" in headers or "X-RateLimit-Remaining" in headers  # its own lookup
+    return any(name in headers for name in QUOTA_FIELDS)  # its own lookup

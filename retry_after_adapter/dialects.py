@@ -42,29 +42,46 @@ adapter then does):
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import http_sf
 
 __all__ = [
+    "ANTHROPIC_KINDS",
     "EPOCH_MS_THRESHOLD",
     "EPOCH_THRESHOLD",
+    "MAX_GO_DURATION",
+    "MAX_VALUE",
+    "MS_FIELDS",
+    "OPENAI_KINDS",
     "SECONDARY_MAX",
     "SECONDARY_MIN",
+    "Allowance",
+    "anthropic_allowances",
     "bucket_key",
     "bucket_of",
+    "count",
     "epoch_seconds",
     "github_secondary",
+    "go_duration",
     "ietf_item",
     "is_global",
     "limit_field",
     "major_parameter",
+    "milliseconds",
+    "openai_allowances",
+    "precise_wait",
     "reset_seconds",
+    "rfc3339_epoch",
     "secondary_wait",
     "sf_count",
     "sf_field",
+    "should_retry",
     "wants_body",
 ]
 
@@ -110,6 +127,220 @@ def reset_seconds(value: float, now: float) -> float:
     if value >= EPOCH_THRESHOLD:
         return max(0.0, epoch_seconds(value) - now)
     return value
+
+
+# ------------------------------------------------------------- counts and durations
+#: A provider's count, duration or time field longer than this (characters) is ignored.
+MAX_VALUE = 64
+_COUNT = re.compile(r"[0-9]{1,18}", re.ASCII).fullmatch
+_MILLISECONDS = re.compile(r"[0-9]{1,18}(?:\.[0-9]{1,9})?", re.ASCII).fullmatch
+
+
+def _trimmed(raw: str | None) -> str | None:
+    """``raw`` without surrounding spaces and tabs, or None when absent or longer than
+    :data:`MAX_VALUE`."""
+    if raw is None or len(raw) > MAX_VALUE:
+        return None
+    return raw.strip(" \t")
+
+
+def count(raw: str | None) -> int | None:
+    """A count field (``x-ratelimit-remaining-requests: 59``): ASCII digits, at most 18;
+    None for anything else (a sign, a decimal, a list): never 0."""
+    text = _trimmed(raw)
+    if text is None or _COUNT(text) is None:
+        return None
+    return int(text)
+
+
+def milliseconds(raw: str | None) -> float | None:
+    """A wait in milliseconds (``retry-after-ms: 1200``, ``x-ms-retry-after-ms``) as
+    **seconds**: ASCII digits (at most 18) with an optional fraction (at most 9 digits);
+    None for anything else (a sign, an exponent, a list, non-ASCII digits)."""
+    text = _trimmed(raw)
+    if text is None or _MILLISECONDS(text) is None:
+        return None
+    return float(text) / 1000.0
+
+
+# Go's time.ParseDuration, without a sign: a number (digits, an optional fraction; "5."
+# and ".5" are Go's too) and a unit, concatenated ("1h2m3.5s"), or a lone "0".
+_GO_UNITS = {
+    "ns": 1,
+    "us": 1_000,
+    "\u00b5s": 1_000,  # MICRO SIGN
+    "\u03bcs": 1_000,  # GREEK SMALL LETTER MU
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
+_GO_NUMBER_UNIT = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)"
+_GO = re.compile(f"(?:{_GO_NUMBER_UNIT})+|0").fullmatch
+_GO_PARTS = re.compile(_GO_NUMBER_UNIT).findall
+#: Go's own range: a duration is at most 2**63 - 1 nanoseconds (about 292 years).
+MAX_GO_NANOSECONDS = 2**63 - 1
+#: The same, in seconds.
+MAX_GO_DURATION = MAX_GO_NANOSECONDS / 1e9
+
+
+def go_duration(raw: str | None) -> float | None:
+    """A Go duration (``1s``, ``6m0s``, ``12ms``, ``1h2m3.5s``, ``0s``, as OpenAI's
+    ``x-ratelimit-reset-*`` send) in **seconds**; None for anything else: never 0.
+
+    Units ``h``, ``m``, ``s``, ``ms``, ``us`` (or ``µs``, ``μs``), ``ns``, case-sensitive;
+    each number ASCII digits with an optional fraction; numbers and units concatenated,
+    nothing between them. A sign, a space inside, a bare number (but ``0``), an unknown
+    unit, more than :data:`MAX_VALUE` characters or more than Go's range
+    (:data:`MAX_GO_DURATION`, about 292 years) is not a duration. A fraction of a
+    nanosecond counts as a whole one (never shorter). A long but valid value is left
+    to :func:`~retry_after_adapter.quota.bound_hint`, the bound every quota header passes.
+    """
+    text = _trimmed(raw)
+    if not text or _GO(text) is None:
+        return None
+    nanoseconds = 0
+    for number, unit in _GO_PARTS(text):
+        scale = _GO_UNITS[unit]
+        whole, _, fraction = number.partition(".")
+        nanoseconds += int(whole or "0") * scale
+        if fraction:
+            nanoseconds += -(-int(fraction) * scale // 10 ** len(fraction))  # rounded up
+    if nanoseconds > MAX_GO_NANOSECONDS:
+        return None
+    return nanoseconds / 1e9
+
+
+_RFC3339 = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]+))?"
+    r"(?:[Zz]|([+-])([0-9]{2}):([0-9]{2}))",
+    re.ASCII,
+).fullmatch
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def rfc3339_epoch(raw: str | None) -> float | None:
+    """An RFC 3339 date-time (``2026-12-03T20:15:30Z``, ``2026-12-03T21:15:30.25+01:00``,
+    as Anthropic's ``anthropic-ratelimit-*-reset`` send) in epoch **seconds**; None for
+    anything else: never 0.
+
+    Aware times only: a ``Z`` or an offset (``+hh:mm``, ``-hh:mm``; ``-00:00`` is UTC) is
+    required, since a local time says nothing of when. ``T`` and ``Z`` in either case, a
+    space is not a separator; no such day, hour 24 and on, an offset past 23:59 and more
+    than :data:`MAX_VALUE` characters are not a time. Second 60 (a leap second) is read
+    as the next second, never earlier; a fraction is kept to the microsecond, rounded up.
+    """
+    text = _trimmed(raw)
+    m = None if text is None else _RFC3339(text)
+    if m is None:
+        return None
+    year, month, day, hour, minute, second = (int(part) for part in m.group(1, 2, 3, 4, 5, 6))
+    fraction, sign, offset_hours, offset_minutes = m.group(7, 8, 9, 10)
+    leap = second == 60
+    try:
+        moment = datetime(year, month, day, hour, minute, 59 if leap else second, tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    offset = 0
+    if sign is not None:
+        hours, minutes = int(offset_hours), int(offset_minutes)
+        if hours > 23 or minutes > 59:
+            return None
+        offset = (hours * 60 + minutes) * 60 * (-1 if sign == "-" else 1)
+    micro = 0 if not fraction else -(-int(fraction) * 1_000_000 // 10 ** len(fraction))
+    step = timedelta(seconds=int(leap) - offset, microseconds=micro)
+    return ((moment - _EPOCH) + step).total_seconds()
+
+
+# ------------------------------------------------------------------- OpenAI, Anthropic
+#: OpenAI's (and Azure OpenAI's) limit kinds: ``x-ratelimit-{limit,remaining,reset}-<kind>``.
+OPENAI_KINDS = ("requests", "tokens")
+#: Anthropic's: ``anthropic-ratelimit-<kind>-{limit,remaining,reset}``.
+ANTHROPIC_KINDS = ("requests", "tokens", "input-tokens", "output-tokens")
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """One limit a provider announces, of one ``kind`` (``"requests"``, ``"tokens"``,
+    ``"input-tokens"``, ``"output-tokens"``); None: not said, or said badly.
+
+    - ``limit``, ``remaining``: counts of the kind (requests, or tokens).
+    - ``reset``: seconds from the response until the allowance is replenished.
+    - ``reset_at``: that reset in epoch seconds of the server's clock, when the provider
+      named a time (Anthropic); None for a duration (OpenAI).
+    """
+
+    kind: str
+    limit: int | None
+    remaining: int | None
+    reset: float | None
+    reset_at: float | None = None
+
+    @property
+    def spent(self) -> bool:
+        """Nothing left, and a reset still ahead."""
+        return self.remaining == 0 and self.reset is not None and self.reset > 0
+
+
+def openai_allowances(get: Getter) -> tuple[Allowance, ...]:
+    """OpenAI's allowances, one per kind whose ``x-ratelimit-remaining-<kind>`` is a
+    count (:data:`OPENAI_KINDS`; Azure OpenAI sends the remaining fields alone): the
+    limit, the remaining and the reset, a Go duration (:func:`go_duration`), in seconds
+    from the response."""
+    found = []
+    for kind in OPENAI_KINDS:
+        remaining = count(get("x-ratelimit-remaining-" + kind))
+        if remaining is not None:
+            limit = count(get("x-ratelimit-limit-" + kind))
+            found.append(Allowance(kind, limit, remaining, go_duration(get("x-ratelimit-reset-" + kind))))
+    return tuple(found)
+
+
+def anthropic_allowances(get: Getter, now: float) -> tuple[Allowance, ...]:
+    """Anthropic's allowances, one per kind whose ``anthropic-ratelimit-<kind>-remaining``
+    is a count (:data:`ANTHROPIC_KINDS`): the limit, the remaining and the reset, an
+    RFC 3339 time (:func:`rfc3339_epoch`) measured against ``now``, the response's own
+    time in epoch seconds (its valid ``Date``, else receipt); a past reset is 0."""
+    found = []
+    for kind in ANTHROPIC_KINDS:
+        field = "anthropic-ratelimit-" + kind
+        remaining = count(get(field + "-remaining"))
+        if remaining is not None:
+            limit = count(get(field + "-limit"))
+            at = rfc3339_epoch(get(field + "-reset"))
+            reset = None if at is None else max(0.0, at - now)
+            found.append(Allowance(kind, limit, remaining, reset, at))
+    return tuple(found)
+
+
+#: The fields that give a wait in milliseconds: OpenAI's, and Azure's.
+MS_FIELDS = ("retry-after-ms", "x-ms-retry-after-ms")
+
+
+def precise_wait(retry_after: float | None, whole_seconds: bool, waits_ms: tuple[float, ...]) -> float | None:
+    """The wait (seconds) a response names with ``Retry-After`` (``retry_after`` seconds,
+    None: absent; ``whole_seconds``: it was delay-seconds, not a date) and the valid
+    millisecond fields (``waits_ms``, in seconds, see :func:`milliseconds`).
+
+    The longest millisecond field is read for precision when it agrees with the whole
+    seconds (rounded up to a whole second it is ``retry_after``: ``retry-after: 2`` and
+    ``retry-after-ms: 1200`` is 1.2 s); otherwise the longest of all the fields (never
+    shorter than any field the server sent); alone, it is the wait."""
+    longest = max(waits_ms, default=None)
+    if longest is None:
+        return retry_after
+    if retry_after is None:
+        return longest
+    if whole_seconds and math.ceil(longest) == retry_after:
+        return longest
+    return max(retry_after, longest)
+
+
+def should_retry(get: Getter) -> bool | None:
+    """OpenAI's ``x-should-retry``: True or False (any case, trimmed), else None."""
+    raw = get("x-should-retry")
+    text = None if raw is None else raw.strip(" \t").lower()
+    return {"true": True, "false": False}.get(text or "")
 
 
 # ------------------------------------------------------------------- Structured Fields

@@ -15,6 +15,13 @@ Two families are read:
   as Envoy sends: told apart by magnitude) and ``-Reset-After`` (seconds, decimals
   allowed, as Discord sends). ``X-RateLimit-Limit`` may be Envoy's list
   (``10, 10;w=1;name="per-ip"``: limit 10 per window of 1 s).
+- the LLM providers' per-kind allowances, when neither family above is sent: OpenAI's
+  (and Azure OpenAI's) ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` (the
+  reset a Go duration) and Anthropic's ``anthropic-ratelimit-<kind>-{limit,remaining,
+  reset}`` for requests, tokens, input and output tokens (the reset an RFC 3339 time).
+  The requests figures fill the hint as ``X-RateLimit-*`` does; a token kind with
+  nothing left makes the hint say nothing may be sent until that kind's reset; every
+  kind's figures are kept on the hint (``allowances``), see :func:`from_allowances`.
 
 :mod:`~retry_after_adapter.dialects` holds each provider's pieces and says what is read
 of whom.
@@ -39,9 +46,12 @@ from typing import Any
 
 from .dialects import (
     EPOCH_THRESHOLD,
+    Allowance,
+    anthropic_allowances,
     epoch_seconds,
     ietf_item,
     limit_field,
+    openai_allowances,
     reset_seconds,
     sf_count,
     sf_field,
@@ -49,7 +59,16 @@ from .dialects import (
 from .errors import ConfigurationError, InvalidRetryAfter
 from .header import parse_http_date
 
-__all__ = ["EPOCH_THRESHOLD", "MAX_COUNT", "MAX_SECONDS", "Quota", "QuotaHint", "bound_hint", "read_quota"]
+__all__ = [
+    "EPOCH_THRESHOLD",
+    "MAX_COUNT",
+    "MAX_SECONDS",
+    "Quota",
+    "QuotaHint",
+    "bound_hint",
+    "from_allowances",
+    "read_quota",
+]
 
 #: An ``X-RateLimit-*`` value longer than this is ignored.
 MAX_NUMBER = 64
@@ -110,13 +129,20 @@ class QuotaHint:
     - ``remaining``: requests left before the quota resets.
     - ``reset``: seconds from the response until it resets.
     - ``limit`` / ``window``: the policy, requests per ``window`` seconds.
-    - ``source``: ``"ratelimit"`` (IETF fields) or ``"x-ratelimit"``.
+    - ``source``: ``"ratelimit"`` (IETF fields), ``"x-ratelimit"``, ``"openai"`` or
+      ``"anthropic"``.
     - ``reset_at``: the reset as the server named it, in epoch seconds of the server's
       clock, when it named an epoch (``X-RateLimit-Reset``); None for seconds from now.
     - ``date``: with ``reset_at``, the response's valid ``Date`` in epoch seconds (None
       without one): ``reset`` is ``reset_at`` less it. Whole seconds, truncated by the
       server, so one answer bounds the server's clock only within a second; the engine
       narrows that across answers (``engine.meters.ServerClock``).
+    - ``allowances``: a provider's figures per limit kind (requests, tokens, input and
+      output tokens: :class:`~retry_after_adapter.dialects.Allowance`), as read
+      (OpenAI, Anthropic); empty for the other sources. ``remaining``/``reset`` above
+      are built from them (:func:`from_allowances`). A positive token figure is kept
+      here and not admitted against yet: token-weighted admission needs each
+      request's token cost, a later change.
     """
 
     remaining: int | None
@@ -126,6 +152,7 @@ class QuotaHint:
     source: str = "ratelimit"
     reset_at: float | None = None
     date: float | None = None
+    allowances: tuple[Allowance, ...] = ()
 
     @property
     def exhausted(self) -> bool:
@@ -150,6 +177,12 @@ def bound_hint(hint: QuotaHint | None, bound: float | None) -> QuotaHint | None:
     if hint is None:
         return None
     limit_seconds = MAX_SECONDS if bound is None else min(bound, MAX_SECONDS)
+    if hint.allowances:
+        # Each kind bounded on its own, then the hint made again from them: a kind's
+        # reset past the bound is unknown, and the other kinds still count.
+        bounded = tuple(_bound_allowance(each, limit_seconds) for each in hint.allowances)
+        if bounded != hint.allowances:
+            hint = from_allowances(bounded, hint.source, hint.date)
     reset, window = hint.reset, hint.window
     if reset is not None and not (0 <= reset <= limit_seconds):
         reset = None
@@ -166,9 +199,21 @@ def bound_hint(hint: QuotaHint | None, bound: float | None) -> QuotaHint | None:
     )
 
 
+def _bound_allowance(allowance: Allowance, limit_seconds: float) -> Allowance:
+    """``allowance`` with a reset past ``limit_seconds`` dropped (its epoch too) and its
+    counts at most :data:`MAX_COUNT`."""
+    reset, reset_at = allowance.reset, allowance.reset_at
+    if reset is not None and not (0 <= reset <= limit_seconds):
+        reset = reset_at = None
+    remaining = None if allowance.remaining is None else min(allowance.remaining, MAX_COUNT)
+    limit = None if allowance.limit is None else min(allowance.limit, MAX_COUNT)
+    return replace(allowance, limit=limit, remaining=remaining, reset=reset, reset_at=reset_at)
+
+
 def read_quota(get: HeaderGetter, *, received_at: datetime, date: str | None = None) -> QuotaHint | None:
     """The quota a response announces, from its IETF fields if valid, else from its
-    ``X-RateLimit-*`` fields; None when neither says anything usable.
+    ``X-RateLimit-*`` fields, else from OpenAI's or Anthropic's per-kind fields; None
+    when none says anything usable.
 
     ``received_at`` (aware) is when the response arrived, the reference for an epoch
     reset when the response has no valid ``Date``.
@@ -176,7 +221,10 @@ def read_quota(get: HeaderGetter, *, received_at: datetime, date: str | None = N
     hint = _ietf(get)
     if hint is not None:
         return hint
-    return _x_ratelimit(get, received_at=received_at, date=date)
+    hint = _x_ratelimit(get, received_at=received_at, date=date)
+    if hint is not None:
+        return hint
+    return _providers(get, received_at=received_at, date=date)
 
 
 # --------------------------------------------------------------------------- IETF
@@ -287,3 +335,52 @@ def _date_epoch(received_at: datetime, date: str | None) -> float | None:
         except InvalidRetryAfter:
             pass
     return None
+
+
+# ---------------------------------------------------------------- OpenAI, Anthropic
+def _providers(get: HeaderGetter, *, received_at: datetime, date: str | None) -> QuotaHint | None:
+    """OpenAI's allowances, else Anthropic's (its resets measured against the
+    response's valid ``Date``, else the receipt); None when neither is sent."""
+    allowances = openai_allowances(get)
+    if allowances:
+        return from_allowances(allowances, "openai", None)
+    said = _date_epoch(received_at, date)
+    now = received_at.astimezone(_UTC).timestamp() if said is None else said
+    allowances = anthropic_allowances(get, now)
+    return from_allowances(allowances, "anthropic", said) if allowances else None
+
+
+def from_allowances(allowances: tuple[Allowance, ...], source: str, date: float | None) -> QuotaHint:
+    """The hint of a provider's per-kind ``allowances`` (``date``: the response's valid
+    ``Date`` in epoch seconds, None without one or for a reset named as a duration).
+
+    - A kind with nothing left and a reset ahead (requests or any token kind) makes
+      the hint exhausted (``remaining`` 0) until the latest such reset: nothing may be
+      sent before then, a shared cooldown for every worker. ``limit`` is the requests
+      limit only when requests govern (a token window is not a requests window).
+    - Otherwise the requests figures are the hint's, as ``X-RateLimit-*`` are: a
+      positive ``remaining`` is the scope's announced allowance until the reset.
+    - Positive token figures are kept (``allowances``) but not admitted against yet.
+    """
+    spent = [each for each in allowances if each.spent]
+    if spent:
+        governing = max(spent, key=lambda each: each.reset or 0.0)
+        limit = governing.limit if governing.kind == "requests" else None
+        return _hint_of(governing, 0, limit, source, date, allowances)
+    for each in allowances:
+        if each.kind == "requests":
+            return _hint_of(each, each.remaining, each.limit, source, date, allowances)
+    return QuotaHint(None, None, None, None, source, allowances=allowances)
+
+
+def _hint_of(
+    each: Allowance,
+    remaining: int | None,
+    limit: int | None,
+    source: str,
+    date: float | None,
+    every: tuple[Allowance, ...],
+) -> QuotaHint:
+    """The hint whose reset is ``each``'s (its epoch and the ``date`` with it, if named)."""
+    said = date if each.reset_at is not None else None
+    return QuotaHint(remaining, each.reset, limit, None, source, each.reset_at, said, every)
