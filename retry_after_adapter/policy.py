@@ -66,6 +66,7 @@ class Reason(StrEnum):
     RETRY_AFTER_TOO_LONG = "retry_after_too_long"
     NOT_IDEMPOTENT = "not_idempotent"  #: the request may have reached the server
     NOT_RETRYABLE = "not_retryable"  #: an error that another attempt cannot heal
+    SERVER_SAID_NO = "server_said_no"  #: the answer says ``x-should-retry: false``
     MAX_DEFERRALS = "max_deferrals"  #: one more deferral than ``max_deferrals``
     MAX_LIFETIME = "max_lifetime"  #: the job would outlive ``max_lifetime``
 
@@ -108,6 +109,7 @@ STOP_REASONS: tuple[Reason, ...] = (
     Reason.RETRY_AFTER_TOO_LONG,
     Reason.NOT_IDEMPOTENT,
     Reason.NOT_RETRYABLE,
+    Reason.SERVER_SAID_NO,
     Reason.MAX_DEFERRALS,
     Reason.MAX_LIFETIME,
 )

@@ -45,6 +45,7 @@ from .policy import (
     RETRY,
     STOP,
     TOO_LONG,
+    Reason,
     beyond_bound,
     check_limit,
 )
@@ -269,7 +270,9 @@ class RetryAfterRetry(Retry):
             why = verdict.limit.reason if verdict.limit is not None else error
             raise self._deferred(_pool, url, verdict.deferral, response, why)
         if verdict.action == STOP:
-            raise MaxRetryError(_pool, url or "", ResponseError("invalid Retry-After header"))
+            said_no = verdict.reason == Reason.SERVER_SAID_NO
+            stopped = "x-should-retry: false" if said_no else "invalid Retry-After header"
+            raise MaxRetryError(_pool, url or "", ResponseError(stopped))
         if verdict.error is not None and verdict.error is not error:
             raise verdict.error  # urllib3 re-raised it (read=False, say)
         assert error is not None

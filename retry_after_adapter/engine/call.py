@@ -9,7 +9,7 @@ put in a deferral is an aware UTC ``datetime``.
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from urllib3.util.retry import Retry
@@ -17,6 +17,7 @@ from urllib3.util.timeout import Timeout
 
 from ..clock import Clock, Event
 from ..deferral import Deferral
+from ..dialects import milliseconds, precise_wait
 from ..errors import DeferralLimitExceeded, InvalidRetryAfter
 from ..header import RetryAfter, parse_retry_after
 from ..observe import DecisionHook, emit
@@ -243,15 +244,37 @@ class Call:
         return until if until is not None and until > self.clock.now() else None
 
     # -- what the server said ---------------------------------------------------------
-    def read_hint(self, raw: str, date: str | None) -> RetryAfter:
-        """Parse a response's Retry-After (and Date) as received now, and remember the
-        raw value and clock skew for a deferral. Raises ``InvalidRetryAfter``, also for
-        a delay beyond the policy's ``max_retry_after`` (reason ``"beyond_max"``)."""
-        parsed = parse_retry_after(raw, received_at=self.clock.now(), date=date)
-        self.heard = Heard(self.heard.status, raw.strip(" \t"), parsed.clock_skew)
-        if beyond_bound(parsed.delay, self.policy.max_retry_after):
-            raise InvalidRetryAfter(TOO_LONG, raw)
-        return parsed
+    def read_hint(self, raw: str | None, date: str | None, raw_ms: tuple[str | None, ...] = ()) -> RetryAfter:
+        """Parse a response's Retry-After (and Date) and its millisecond fields
+        (``raw_ms``: ``retry-after-ms``, ``x-ms-retry-after-ms``) as received now, and
+        remember the raw Retry-After and clock skew for a deferral. The wait is
+        :func:`~retry_after_adapter.dialects.precise_wait`'s: the milliseconds when they
+        agree with the whole seconds, else the longest field. A millisecond field that
+        cannot be read is ignored beside a valid Retry-After and, alone, is invalid as
+        a Retry-After would be. Raises ``InvalidRetryAfter``, also for a wait beyond
+        the policy's ``max_retry_after`` (reason ``"beyond_max"``)."""
+        now = self.clock.now()
+        parsed: RetryAfter | None = None
+        if raw is not None:
+            parsed = parse_retry_after(raw, received_at=now, date=date)
+            self.heard = Heard(self.heard.status, raw.strip(" \t"), parsed.clock_skew)
+        waits = tuple(wait for wait in map(milliseconds, raw_ms) if wait is not None)
+        if parsed is None and not waits:
+            raise InvalidRetryAfter("malformed", next((ms for ms in raw_ms if ms is not None), raw))
+        delay = precise_wait(
+            None if parsed is None else parsed.delay, parsed is None or parsed.form == "seconds", waits
+        )
+        assert delay is not None
+        if beyond_bound(delay, self.policy.max_retry_after):
+            raise InvalidRetryAfter(TOO_LONG, raw if raw is not None else str(delay))
+        if parsed is not None and delay == parsed.delay:
+            return parsed
+        skew = None if parsed is None else parsed.clock_skew
+        try:
+            eligible = now + timedelta(seconds=delay)
+        except OverflowError:  # no bound, and an absurd field: the largest time, as header.py
+            eligible = datetime.max.replace(tzinfo=timezone.utc)
+        return RetryAfter(delay, eligible, "seconds", skew)
 
     # -- decisions --------------------------------------------------------------------
     def emit(self, decision: Decision, server_delay: float | None = None) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .._compat import announces_quota, response_header
 from ..cooldown.allowance import SAME_WINDOW
 from ..cooldown.freshness import INVALID_HEADER, SERVER_ERROR, SUCCESS, SUCCESS_EVERY, THROTTLED, TRANSPORT
+from ..dialects import MS_FIELDS
 from ..errors import InvalidRetryAfter
 from ..policy import TOO_LONG, Reason
 from ..quota import QuotaHint, bound_hint, read_quota
@@ -33,15 +34,21 @@ __all__ = [
     "read_quota_headers",
 ]
 
+#: No millisecond field: ``(None, None)``, one per ``MS_FIELDS``.
+_NO_MS = (None,) * len(MS_FIELDS)
+
 
 def learn_retry_after(call: Call, response: Any, status: int | None) -> tuple[float | None, Reason | None]:
-    """The response's valid Retry-After in seconds (None: none) and the reason it was
-    rejected (None: not rejected); a valid one of a cooldown status is learned."""
+    """The response's valid wait in seconds (None: none) and the reason it was
+    rejected (None: not rejected); a valid one of a cooldown status is learned. The
+    wait is its Retry-After's, made precise or longer by ``retry-after-ms`` and
+    ``x-ms-retry-after-ms`` (``Call.read_hint``, the one place they are read)."""
     raw = response_header(response, "Retry-After")
-    if raw is None:
+    raw_ms = tuple(response_header(response, name) for name in MS_FIELDS)
+    if raw is None and raw_ms == _NO_MS:
         return None, None
     try:
-        parsed = call.read_hint(raw, response_header(response, "Date"))
+        parsed = call.read_hint(raw, response_header(response, "Date"), raw_ms)
     except InvalidRetryAfter as bad:
         return None, Reason.RETRY_AFTER_TOO_LONG if bad.reason == TOO_LONG else Reason.INVALID_RETRY_AFTER
     if status in call.policy.cooldown_statuses:

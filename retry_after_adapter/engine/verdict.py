@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 from urllib3.exceptions import MaxRetryError
 from urllib3.util.retry import Retry
 
-from .._compat import announces_quota
+from .._compat import announces_quota, response_header
 from ..cooldown.freshness import SUCCESS, SUCCESS_EVERY
 from ..deferral import Deferral
+from ..dialects import should_retry
 from ..policy import (
     COOLDOWN_STATUSES,
     DEFER,
@@ -119,6 +120,11 @@ def judge(
     final = _final(call, method, response, status, error, server_delay, decided)
     if final is not None:
         return final
+    if response is not None and should_retry(lambda name: response_header(response, name)) is False:
+        # The server says another attempt is pointless: the answer is final. What was
+        # learned (a Retry-After's or a quota's cooldown) still holds every worker back.
+        call.emit(Decision(STOP, 0.0, Reason.SERVER_SAID_NO), server_delay)
+        return Verdict(STOP, reason=Reason.SERVER_SAID_NO, server_delay=server_delay)
     rule = _rule(call, method, error, invalid)
     if rule is not None:
         call.emit(rule)

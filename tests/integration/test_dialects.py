@@ -314,3 +314,222 @@ def test_github_secondary_403_through_plain_urllib3(server: ThrottleServer, cloc
     deferral = local_deferral(http.request(case.method, server.url + case.path, headers=case.request))
     assert deferral.reason == "cooldown" and deferral.eligible_at == at(60)
     assert server.count() == 1
+
+
+# -- OpenAI, Azure OpenAI, Anthropic ----------------------------------------------------------
+def llm_session(clock: FakeClock, store: Any, **kw: Any) -> requests.Session:
+    """A session that retries a POST (the providers' 429 says it was not processed)."""
+    return session(clock, store, allowed_methods=None, **kw)
+
+
+def sent_at(server: ThrottleServer) -> list[Any]:
+    return [seen.at for seen in server.seen]
+
+
+def test_openai_429_waits_retry_after_ms_exactly_and_holds_back_the_next_worker(
+    server: ThrottleServer, clock: FakeClock
+) -> None:
+    """retry-after: 2 and retry-after-ms: 1200 agree: 1.2 s, not 2 (the requests quota's
+    reset of 1 s is shorter, so the milliseconds govern)."""
+    store = MemoryCooldownStore()
+    case = exchange("openai-429-requests")
+    server.serve([reply(case), Reply(200)])
+    first = send(llm_session(clock, store), server, case)  # max_wait 1: cannot wait 1.2 s
+    assert first.deferral.reason == "max_wait" and first.deferral.eligible_at == at(1.2)
+    assert first.deferral.retry_after == "2"
+    deferral = local_deferral(send(llm_session(clock, store), server, case))  # the next worker
+    assert deferral.reason == "cooldown" and deferral.eligible_at == at(1.2)
+    response = send(llm_session(clock, store, max_wait=5), server, case)  # waits, then sends
+    assert response.status_code == 200
+    assert 1.2 <= sum(clock.sleeps) <= 1.3
+    assert sent_at(server) == [RECEIVED_AT, at(1.2)]  # nothing before the eligible time
+
+
+def test_openai_429_retried_by_the_same_call_waits_1_2_s(server: ThrottleServer, clock: FakeClock) -> None:
+    server.serve([reply(exchange("openai-429-requests")), Reply(200)])
+    response = send(llm_session(clock, MemoryCooldownStore(), max_wait=5), server, exchange("openai-429-requests"))
+    assert response.status_code == 200 and clock.sleeps == [pytest.approx(1.2)]
+    assert sent_at(server) == [RECEIVED_AT, at(1.2)]
+
+
+@pytest.mark.parametrize(
+    ("fields", "waited"),
+    [
+        ({"retry-after": "1", "retry-after-ms": "2500"}, 2.5),  # disagree: the longest
+        ({"retry-after": "3", "retry-after-ms": "1200"}, 3.0),
+        ({"retry-after": "2", "retry-after-ms": "1200", "x-ms-retry-after-ms": "1700"}, 1.7),
+        ({"retry-after": "2", "retry-after-ms": "900", "x-ms-retry-after-ms": "3000"}, 3.0),
+        ({"retry-after-ms": "1200"}, 1.2),  # alone: the wait
+        ({"retry-after": "2", "retry-after-ms": "abc"}, 2.0),  # unreadable beside Retry-After: ignored
+        ({"retry-after": "2", "retry-after-ms": "-1200"}, 2.0),
+    ],
+)
+def test_millisecond_fields_never_shorten_a_wait(
+    server: ThrottleServer, clock: FakeClock, fields: dict[str, str], waited: float
+) -> None:
+    server.serve([Reply(429, fields), Reply(200)])
+    response = send(llm_session(clock, MemoryCooldownStore(), max_wait=5), server, exchange("openai-429-requests"))
+    assert response.status_code == 200
+    assert sum(clock.sleeps) == pytest.approx(waited)
+    assert sent_at(server) == [RECEIVED_AT, at(waited)]
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"retry-after-ms": "-5"}, "invalid_retry_after"),  # alone, as a bad Retry-After
+        ({"x-ms-retry-after-ms": "1e3"}, "invalid_retry_after"),
+        ({"retry-after-ms": "999999999999999999"}, "retry_after_too_long"),  # 31 years: never obeyed
+        ({"retry-after": "2", "retry-after-ms": "172800000"}, "retry_after_too_long"),  # the longest: 2 days
+    ],
+)
+def test_hostile_millisecond_fields_are_rejected_like_a_retry_after(
+    server: ThrottleServer, clock: FakeClock, fields: dict[str, str], reason: str
+) -> None:
+    store = MemoryCooldownStore()
+    server.serve([Reply(429, fields)])
+    response = send(llm_session(clock, store, max_wait=5), server, exchange("openai-429-requests"))
+    assert response.status_code == 429 and response.stop_reason == reason
+    assert clock.sleeps == [] and server.count() == 1 and store.entries() == {}
+
+
+def test_azure_x_ms_retry_after_ms_alone_is_the_wait(server: ThrottleServer, clock: FakeClock) -> None:
+    store = MemoryCooldownStore()
+    case = exchange("azure-429-ms")
+    server.serve([reply(case), Reply(200)])
+    response = send(llm_session(clock, store, max_wait=5), server, case)
+    assert response.status_code == 200 and clock.sleeps == [pytest.approx(1.5)]
+    assert sent_at(server) == [RECEIVED_AT, at(1.5)]
+    assert server.seen[0].path == case.path  # the query string went to the server, as sent
+
+
+def test_azure_ms_wait_is_shared_with_the_next_worker(server: ThrottleServer, clock: FakeClock) -> None:
+    store = MemoryCooldownStore()
+    case = exchange("azure-429-ms")
+    server.serve([reply(case)])
+    response = send(llm_session(clock, store), server, case)  # max_wait 1 < 1.5: deferred
+    assert response.deferral.reason == "max_wait" and response.deferral.eligible_at == at(1.5)
+    deferral = local_deferral(send(llm_session(clock, store), server, case))
+    assert deferral.reason == "cooldown" and deferral.eligible_at == at(1.5)
+    assert server.count() == 1
+
+
+def test_openai_requests_spent_on_a_200_hold_every_worker_until_the_reset(
+    server: ThrottleServer, clock: FakeClock
+) -> None:
+    store = MemoryCooldownStore()
+    case = exchange("openai-200-exhausted")  # x-ratelimit-reset-requests: 6m0s
+    server.serve([reply(case), Reply(200)])
+    assert send(session(clock, store), server, case).status_code == 200
+    for _ in range(2):
+        deferral = local_deferral(send(session(clock, store), server, case))
+        assert deferral.reason == "cooldown" and deferral.eligible_at == at(360)
+    clock.advance(358)
+    assert local_deferral(send(session(clock, store), server, case)).eligible_at == at(360)
+    clock.advance(1.5)  # half a second left: within max_wait, waited out, then sent
+    assert send(session(clock, store), server, case).status_code == 200
+    assert sent_at(server) == [RECEIVED_AT, at(360)] and clock.sleeps == [pytest.approx(0.5)]
+
+
+def test_openai_tokens_spent_hold_back_and_positive_tokens_do_not(server: ThrottleServer, clock: FakeClock) -> None:
+    store = MemoryCooldownStore()
+    server.serve([*[reply(exchange("openai-200-left"))] * 3, reply(exchange("openai-200-tokens-spent"))])
+    s = session(clock, store)
+    for _ in range(3):  # 499 requests and 29500 tokens left: nothing held back
+        assert send(s, server, exchange("openai-200-left")).status_code == 200
+    assert send(s, server, exchange("openai-200-tokens-spent")).status_code == 200
+    deferral = local_deferral(send(session(clock, store), server, exchange("openai-200-tokens-spent")))
+    assert deferral.reason == "cooldown" and deferral.eligible_at == at(90)
+    assert server.count() == 4
+
+
+def test_anthropic_requests_spent_hold_back_until_the_rfc3339_reset(server: ThrottleServer, clock: FakeClock) -> None:
+    store = MemoryCooldownStore()
+    case = exchange("anthropic-200-exhausted")
+    server.serve([reply(case), Reply(200)])
+    assert send(session(clock, store), server, case).status_code == 200
+    deferral = local_deferral(send(session(clock, store), server, case))
+    assert deferral.reason == "cooldown" and deferral.eligible_at == at(30)
+    clock.advance(29)
+    response = send(session(clock, store, max_wait=5), server, case)  # waits out the last second
+    assert response.status_code == 200 and sent_at(server) == [RECEIVED_AT, at(30)]
+
+
+def test_anthropic_output_tokens_spent_hold_back(server: ThrottleServer, clock: FakeClock) -> None:
+    store = MemoryCooldownStore()
+    case = exchange("anthropic-200-output-tokens-spent")
+    server.serve([reply(case)])
+    send(session(clock, store), server, case)
+    assert local_deferral(send(session(clock, store), server, case)).eligible_at == at(12)
+    assert server.count() == 1
+
+
+def test_anthropic_429_post_is_returned_and_its_wait_shared(server: ThrottleServer, clock: FakeClock) -> None:
+    store = MemoryCooldownStore()
+    case = exchange("anthropic-429")
+    server.serve([reply(case), Reply(200)])
+    first = send(session(clock, store), server, case)  # a POST: not replayed by default
+    assert first.status_code == 429 and clock.sleeps == []
+    deferral = local_deferral(send(session(clock, store), server, case))
+    assert deferral.reason == "cooldown" and deferral.eligible_at == at(5)
+    response = send(llm_session(clock, store, max_wait=10), server, case)  # waits the 5 s, then sends
+    assert response.status_code == 200 and sent_at(server) == [RECEIVED_AT, at(5)]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "25h"},  # past max_retry_after
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "-6m0s"},
+        {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "6 minutes"},
+        {"anthropic-ratelimit-requests-remaining": "0", "anthropic-ratelimit-requests-reset": "2026-03-01T12:00:30"},
+        {"anthropic-ratelimit-requests-remaining": "0", "anthropic-ratelimit-requests-reset": "9999-12-31T23:59:59Z"},
+    ],
+)
+def test_hostile_resets_are_no_cooldown(server: ThrottleServer, clock: FakeClock, headers: dict[str, str]) -> None:
+    store = MemoryCooldownStore()
+    server.serve([Reply(200, headers)])
+    for _ in range(2):
+        assert send(session(clock, store), server, exchange("openai-200-left")).status_code == 200
+    assert server.count() == 2 and clock.sleeps == []
+
+
+# -- x-should-retry ---------------------------------------------------------------------------
+def test_should_retry_false_returns_the_answer_as_final(server: ThrottleServer, clock: FakeClock) -> None:
+    """A 500 is retried when the policy lists it; the server's ``false`` stops that."""
+    case = exchange("openai-500-should-not-retry")
+    server.serve([reply(case), Reply(200)])
+    forcelist = {429, 500, 502, 503, 504}
+    response = send(llm_session(clock, MemoryCooldownStore(), max_wait=5, status_forcelist=forcelist), server, case)
+    assert response.status_code == 500 and response.stop_reason == "server_said_no"
+    assert getattr(response, "deferral", None) is None
+    assert response.json()["error"]["type"] == "server_error"  # the body intact
+    assert clock.sleeps == [] and server.count() == 1
+
+
+def test_should_retry_false_on_a_status_not_retried_anyway(server: ThrottleServer, clock: FakeClock) -> None:
+    case = exchange("openai-500-should-not-retry")
+    server.serve([reply(case), Reply(200)])
+    response = send(llm_session(clock, MemoryCooldownStore()), server, case)  # 500 is not in the forcelist
+    assert response.status_code == 500 and response.stop_reason is None and server.count() == 1
+
+
+def test_should_retry_false_keeps_the_cooldown_for_every_worker(server: ThrottleServer, clock: FakeClock) -> None:
+    store = MemoryCooldownStore()
+    case = exchange("openai-429-requests")
+    server.serve([Reply(429, {"retry-after": "30", "x-should-retry": "false"})])
+    response = send(llm_session(clock, store, max_wait=60), server, case)
+    assert response.status_code == 429 and response.stop_reason == "server_said_no"
+    assert getattr(response, "deferral", None) is None and clock.sleeps == []
+    deferral = local_deferral(send(llm_session(clock, store), server, case))
+    assert deferral.reason == "cooldown" and deferral.eligible_at == at(30)
+    assert server.count() == 1
+
+
+def test_should_retry_true_changes_nothing(server: ThrottleServer, clock: FakeClock) -> None:
+    server.serve([Reply(503, {"x-should-retry": "true"}), Reply(503, {"x-should-retry": "true"}), Reply(200)])
+    case = exchange("openai-500-should-not-retry")
+    response = send(session(clock, MemoryCooldownStore()), server, case)  # a POST: our policy does not replay it
+    assert response.status_code == 503 and server.count() == 1
+    response = session(clock, MemoryCooldownStore()).get(server.url + "/v1/models", timeout=5)
+    assert response.status_code == 200 and server.count() == 3  # a GET 503 is retried as always

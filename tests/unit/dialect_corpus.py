@@ -13,6 +13,7 @@ replay tests (``tests/integration/test_dialects.py``), where a real server sends
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from .quota_corpus import DATE, EPOCH, RECEIVED_AT
 
@@ -47,6 +48,15 @@ SHOPIFY_DOCS = "https://shopify.dev/docs/api/usage/limits"
 ENVOY_DOCS = "https://www.envoyproxy.io/docs/envoy/latest/api-v3/extensions/filters/http/ratelimit/v3/rate_limit.proto"
 IETF_07 = "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-ratelimit-headers-07"
 IETF_11 = "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-ratelimit-headers-11"
+OPENAI_DOCS = "https://platform.openai.com/docs/guides/rate-limits"
+AZURE_DOCS = "https://learn.microsoft.com/en-us/azure/ai-foundry/openai/quotas-limits"
+ANTHROPIC_DOCS = "https://docs.anthropic.com/en/api/rate-limits"
+OPENAI_REQUEST = {"Authorization": "Bearer sk-t0k3n-openai", "Content-Type": "application/json"}
+AZURE_REQUEST = {"api-key": "t0k3n-azure", "Content-Type": "application/json"}
+ANTHROPIC_REQUEST = {"x-api-key": "sk-ant-t0k3n", "anthropic-version": "2023-06-01", "content-type": "application/json"}
+CHAT = "/v1/chat/completions"
+MESSAGES = "/v1/messages"
+AZURE_CHAT = "/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21"
 
 SECONDARY_BODY = (
     b'{"message": "You have exceeded a secondary rate limit. Please wait a few minutes before you '
@@ -59,6 +69,37 @@ FORBIDDEN_BODY = (
     b'{"message": "Resource not accessible by integration", "documentation_url": '
     b'"https://docs.github.com/rest/repos/repos#update-a-repository", "status": "403"}'
 )
+
+
+def _openai(requests: tuple[int, int, str], tokens: tuple[int, int, str], **more: str) -> dict[str, str]:
+    """OpenAI's headers: (limit, remaining, reset) of requests and of tokens."""
+    return {
+        "x-ratelimit-limit-requests": str(requests[0]),
+        "x-ratelimit-remaining-requests": str(requests[1]),
+        "x-ratelimit-reset-requests": requests[2],
+        "x-ratelimit-limit-tokens": str(tokens[0]),
+        "x-ratelimit-remaining-tokens": str(tokens[1]),
+        "x-ratelimit-reset-tokens": tokens[2],
+        "x-request-id": "req_0a1b2c3d4e5f",
+        "openai-processing-ms": "312",
+        "Content-Type": "application/json",
+        **more,
+    }
+
+
+def _at(seconds: float) -> str:
+    """EPOCH + ``seconds`` as RFC 3339 (UTC), as Anthropic names its resets."""
+    return datetime.fromtimestamp(EPOCH + seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _anthropic(**kinds: tuple[int, int, float]) -> dict[str, str]:
+    """Anthropic's headers: (limit, remaining, reset seconds after EPOCH) per kind
+    (``input_tokens`` for input-tokens, and so on)."""
+    headers = {"request-id": "req_018EeWyXxfu5pfWkrYcMdjWG", "Content-Type": "application/json"}
+    for kind, (limit, remaining, reset) in kinds.items():
+        field = "anthropic-ratelimit-" + kind.replace("_", "-")
+        headers |= {f"{field}-limit": str(limit), f"{field}-remaining": str(remaining), f"{field}-reset": _at(reset)}
+    return headers
 
 
 def _github(remaining: int, reset: int, **more: str) -> dict[str, str]:
@@ -224,6 +265,71 @@ EXCHANGES: list[Exchange] = [
     Exchange(
         "ietf-mixed-generations-r-wins", "GET", "/items", {}, 200,
         {"RateLimit": '"default";r=5;t=10;a=0;w=3600'}, (5, 10.0, None, None), source=IETF_11,
+    ),
+    # -- OpenAI, Azure OpenAI ------------------------------------------------------------------
+    Exchange(
+        "openai-429-requests", "POST", CHAT, OPENAI_REQUEST, 429,
+        _openai((60, 0, "1s"), (150000, 149000, "400ms"), **{"retry-after": "2", "retry-after-ms": "1200",
+                                                              "x-should-retry": "true"}),
+        (0, 1.0, 60, None),
+        b'{"error": {"message": "Rate limit reached for gpt-4o on requests per min (RPM): Limit 60, Used 60, '
+        b'Requested 1. Please try again in 1.2s.", "type": "requests", "code": "rate_limit_exceeded"}}',
+        OPENAI_DOCS,
+    ),
+    Exchange(
+        "openai-200-exhausted", "POST", CHAT, OPENAI_REQUEST, 200,
+        _openai((200, 0, "6m0s"), (40000, 39000, "1.5s")), (0, 360.0, 200, None),
+        b'{"id": "chatcmpl-1", "object": "chat.completion"}', OPENAI_DOCS,
+    ),
+    Exchange(
+        "openai-200-left", "POST", CHAT, OPENAI_REQUEST, 200,
+        _openai((500, 499, "120ms"), (30000, 29500, "1s")), (499, 0.12, 500, None),
+        b'{"id": "chatcmpl-2", "object": "chat.completion"}', OPENAI_DOCS,
+    ),
+    Exchange(
+        "openai-200-tokens-spent", "POST", CHAT, OPENAI_REQUEST, 200,
+        _openai((500, 499, "120ms"), (30000, 0, "1m30s")), (0, 90.0, None, None),
+        b'{"id": "chatcmpl-3", "object": "chat.completion"}', OPENAI_DOCS,
+    ),
+    Exchange(
+        "openai-500-should-not-retry", "POST", CHAT, OPENAI_REQUEST, 500,
+        {"x-should-retry": "false", "x-request-id": "req_0a1b2c3d4e5f", "Content-Type": "application/json"}, None,
+        b'{"error": {"message": "The server had an error processing your request.", "type": "server_error"}}',
+        OPENAI_DOCS,
+    ),
+    Exchange(
+        "azure-429-ms", "POST", AZURE_CHAT, AZURE_REQUEST, 429,
+        {
+            "x-ms-retry-after-ms": "1500",
+            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-remaining-tokens": "0",
+            "apim-request-id": "8f2c1a5e-0000-4000-8000-000000000000",
+            "Content-Type": "application/json",
+        },
+        (0, None, None, None),
+        b'{"error": {"code": "429", "message": "Requests to the ChatCompletions_Create Operation under Azure '
+        b'OpenAI API version 2024-10-21 have exceeded token rate limit of your current AIServices S0 pricing '
+        b'tier. Please retry after 2 seconds."}}',
+        AZURE_DOCS,
+    ),
+    # -- Anthropic -------------------------------------------------------------------------------
+    Exchange(
+        "anthropic-200-exhausted", "POST", MESSAGES, ANTHROPIC_REQUEST, 200,
+        _anthropic(requests=(50, 0, 30), tokens=(80000, 79000, 2), input_tokens=(40000, 39500, 2),
+                   output_tokens=(8000, 7500, 3)),
+        (0, 30.0, 50, None), b'{"id": "msg_01", "type": "message"}', ANTHROPIC_DOCS,
+    ),
+    Exchange(
+        "anthropic-200-output-tokens-spent", "POST", MESSAGES, ANTHROPIC_REQUEST, 200,
+        _anthropic(requests=(50, 49, 1), tokens=(80000, 72000, 12), output_tokens=(8000, 0, 12)),
+        (0, 12.0, None, None), b'{"id": "msg_02", "type": "message"}', ANTHROPIC_DOCS,
+    ),
+    Exchange(
+        "anthropic-429", "POST", MESSAGES, ANTHROPIC_REQUEST, 429,
+        {"retry-after": "5", **_anthropic(requests=(50, 0, 5), tokens=(80000, 80000, 1))}, (0, 5.0, 50, None),
+        b'{"type": "error", "error": {"type": "rate_limit_error", "message": "Number of request tokens has '
+        b'exceeded your per-minute rate limit"}}',
+        ANTHROPIC_DOCS,
     ),
     # -- X-RateLimit-Reset in epoch milliseconds ---------------------------------------------
     Exchange(
