@@ -37,6 +37,17 @@ adapter then does):
   "burst";q=100;w=60``) is draft 08's List; field names are case-insensitive (urllib3's
   header lookup is), nothing more is needed.
 - **Shopify**'s ``Retry-After: 2.0`` is read by :func:`~retry_after_adapter.header.parse_retry_after`.
+- **OpenAI** (and **Azure OpenAI**): ``x-ratelimit-{limit,remaining,reset}-requests``
+  and ``-tokens`` (:func:`openai_allowances`), each reset a Go duration
+  (:func:`go_duration`: ``6m0s``, ``12ms``); the wait in milliseconds,
+  ``retry-after-ms`` and Azure's ``x-ms-retry-after-ms`` (:func:`milliseconds`), read
+  with ``Retry-After`` by :func:`precise_wait`: precise when they agree with its whole
+  seconds, else the longest; and ``x-should-retry`` (:func:`should_retry`).
+- **Anthropic**: ``anthropic-ratelimit-<kind>-{limit,remaining,reset}`` for requests,
+  tokens, input and output tokens (:func:`anthropic_allowances`), each reset an RFC 3339
+  time (:func:`rfc3339_epoch`), measured against the response's ``Date`` or receipt.
+  An :class:`Allowance` per kind; :func:`~retry_after_adapter.quota.from_allowances`
+  makes the quota hint of them (token figures are kept, not admitted against yet).
 """
 
 from __future__ import annotations

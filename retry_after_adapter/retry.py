@@ -113,8 +113,9 @@ class RetryAfterRetry(Retry):
     - ``cooldown_statuses``: statuses whose Retry-After sets the scope's shared cooldown
       (default 403, 413, 429, 503), retried or not.
     - ``quota_headers``: read what the server says is left of its quota (IETF
-      ``RateLimit``, ``X-RateLimit-*``; default True): nothing left with a reset ahead
-      sets the shared cooldown until the reset, before any 429.
+      ``RateLimit``, ``X-RateLimit-*``, OpenAI's and Anthropic's per-kind fields;
+      default True): nothing left with a reset ahead sets the shared cooldown until
+      the reset, before any 429.
     - ``max_retry_after``: the longest Retry-After obeyed (default 86400, one day;
       ``None``: no bound). A longer one is rejected like an invalid value (stop reason
       ``retry_after_too_long``): never obeyed, never shortened, never stored as a
