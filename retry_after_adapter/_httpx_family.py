@@ -43,6 +43,9 @@ __all__ = ["AsyncFront", "Flavour", "SyncFront"]
 #: same ``extensions`` dict.
 _CALL_KEY = "retry_after_adapter.call"
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
+#: The field the OpenAI and Anthropic SDKs (and any client generated as theirs are) obey
+#: before their own retry: a deferred response carries ``false``.
+SHOULD_RETRY = "x-should-retry"
 #: Threads each async transport keeps for the store operations of a blocking store.
 STORE_THREADS = 8
 _POOL_LOCK = threading.Lock()
@@ -95,6 +98,7 @@ class Flavour:
     def local(self, request: Any, deferral: Deferral) -> Any:
         """The 429 for a call deferred before anything was sent (no byte went out)."""
         headers, body = local_parts(deferral)
+        headers[SHOULD_RETRY] = "false"  # an SDK's own retry loop (OpenAI's, Anthropic's) ends here
         response = self.Response(429, headers=headers, content=body, request=request)
         response.deferral = deferral
         response.stop_reason = None
@@ -382,6 +386,10 @@ class _Front(SharedSettings):
         response.deferral = outcome.deferral
         response.stop_reason = outcome.stop_reason
         response.local = False
+        if outcome.deferral is not None:
+            # Deferred: final inside an SDK's own retry loop too (it would sleep, then
+            # send inside the budget the caller gave, or a server's x-should-retry: true).
+            response.headers[SHOULD_RETRY] = "false"
         return response
 
     def _finished(

@@ -211,7 +211,10 @@ def deferral_of(thing: object) -> Deferral | None:
     ``MaxRetryDeferred``, and anywhere in an exception's chain (``__cause__``,
     ``__context__``, ``args``, urllib3's ``reason``): the ``RetryError`` or
     ``ConnectionError`` a *stock* ``HTTPAdapter`` raises around a deferral of
-    :class:`~retry_after_adapter.RetryAfterRetry`, for instance.
+    :class:`~retry_after_adapter.RetryAfterRetry`, for instance; and on the
+    ``response`` an exception holds: the OpenAI and Anthropic SDKs' ``RateLimitError``
+    and ``APIStatusError`` over the httpx2 transports (their ``APIConnectionError``
+    has the transport's error as its cause).
     """
     stack: list[object] = [thing]
     seen: set[int] = set()
@@ -224,6 +227,9 @@ def deferral_of(thing: object) -> Deferral | None:
         if isinstance(found, Deferral):
             return found
         if isinstance(current, BaseException):
+            held = getattr(current, "response", None)
+            if held is not None and isinstance(getattr(held, "deferral", None), Deferral):
+                return held.deferral  # type: ignore[no-any-return]
             stack.extend(
                 item
                 for item in (

@@ -57,7 +57,14 @@ ALIGNS = ("epoch", "first")
 #: What a :class:`QuotaServer` says of its quota on every response (``quota_headers``):
 #: nothing, the IETF fields, GitHub's and Discord's ``X-RateLimit-*``, or
 #: express-rate-limit's (v7 and v8, its default MemoryStore and legacy headers).
-QUOTA_HEADERS = (None, "ietf", "x-ratelimit", "express")
+QUOTA_HEADERS = (None, "ietf", "x-ratelimit", "express", "openai", "anthropic")
+#: The LLM APIs' stand-ins: what they answer, as JSON (a model list, a rate-limit error).
+_LLM_OK = json.dumps(
+    {"object": "list", "data": [], "has_more": False, "first_id": None, "last_id": None}
+).encode()
+_LLM_THROTTLED = json.dumps(
+    {"type": "error", "error": {"type": "rate_limit_error", "message": "Rate limit reached for requests"}}
+).encode()
 #: Node's http server (express mode): the keep-alive timeout it announces
 #: (``Keep-Alive: timeout=5``), and the idle time after which it closes a connection:
 #: that plus ``HTTP_SERVER_KEEP_ALIVE_TIMEOUT_BUFFER`` (1 s), counted from the end of
@@ -163,7 +170,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "keep-alive")
             self.send_header("Keep-Alive", f"timeout={NODE_KEEP_ALIVE}")
         else:
-            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            if "Content-Type" not in headers:
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
@@ -202,6 +210,11 @@ class QuotaServer:
       "default";r=R;t=T``, T the whole seconds to the reset, rounded up) or
       ``"x-ratelimit"`` (``X-RateLimit-Limit``, ``-Remaining``, ``-Reset`` as epoch
       seconds with milliseconds and ``-Reset-After`` in seconds, as Discord sends) or
+      ``"openai"`` (``x-ratelimit-{limit,remaining,reset}-requests``, the reset a Go
+      duration; ``retry-after-ms`` beside ``Retry-After`` on a 429) or ``"anthropic"``
+      (``anthropic-ratelimit-requests-{limit,remaining,reset}``, the reset an RFC 3339
+      time): these two answer JSON, an empty model list or a rate-limit error, as the
+      OpenAI and Anthropic SDKs read them; or
       ``"express"``: express-rate-limit (v7 and v8, checked against 8.7.5 on express
       5 and Node 20) with its default ``MemoryStore`` and legacy headers, exactly: each
       client (its IP address) has its own window, which starts at its first request at
@@ -247,7 +260,9 @@ class QuotaServer:
         if align == "first" and form != "seconds":
             raise ConfigurationError("windows from the first request announce delay-seconds only")
         if quota_headers not in QUOTA_HEADERS:
-            raise ConfigurationError("quota_headers must be None, 'ietf', 'x-ratelimit' or 'express'")
+            raise ConfigurationError(
+                "quota_headers must be None, 'ietf', 'x-ratelimit', 'express', 'openai' or 'anthropic'"
+            )
         self.quota_headers = quota_headers
         self.align = align
         #: Every request, as a list of :data:`LOG_FIELDS`.
@@ -357,6 +372,8 @@ class QuotaServer:
                 self.arrivals.append(Arrival(now, sent_at, path, 200, early))
                 self._record(get, mono, 200, 0, index)
                 told = self._announce(stamp, left)
+                if self.quota_headers in ("openai", "anthropic"):
+                    return 200, {**told, "Content-Type": "application/json"}, _LLM_OK, date
                 return 200, told, b"ok " + path.encode("utf-8", "replace") + b"\n", date
             delay = max(1, math.ceil(left))
             if self.form == "seconds":
@@ -366,11 +383,19 @@ class QuotaServer:
                 whole = max(math.ceil(stamp + left), math.floor(stamp) + 1)
                 until = datetime.fromtimestamp(whole, timezone.utc)
                 value = format_http_date(until)
+            if self.quota_headers == "openai":  # retry-after-ms: the reset itself
+                until = now + timedelta(milliseconds=max(1, math.ceil(left * 1000)))
             self.announcements.append(Announcement(now, until))
             self.arrivals.append(Arrival(now, sent_at, path, 429, early))
             self._record(get, mono, 429, delay, index)
             body = f"quota of {self.quota} requests per {self.window:g} s exhausted\n".encode()
-            return 429, {"Retry-After": value, **self._announce(stamp, left)}, body, date
+            told = {"Retry-After": value, **self._announce(stamp, left)}
+            if self.quota_headers in ("openai", "anthropic"):
+                told["Content-Type"] = "application/json"
+                body = _LLM_THROTTLED
+                if self.quota_headers == "openai":
+                    told["retry-after-ms"] = str(max(1, math.ceil(left * 1000)))
+            return 429, told, body, date
 
     def _express(
         self, path: str, get: Callable[[str], Any], mono: float, now: datetime, sent_at: datetime,
@@ -419,6 +444,20 @@ class QuotaServer:
         if kind is None:
             return {}
         remaining = self.quota - self._used
+        if kind == "openai":  # resets as Go durations
+            return {
+                "x-ratelimit-limit-requests": str(self.quota),
+                "x-ratelimit-remaining-requests": str(remaining),
+                "x-ratelimit-reset-requests": f"{math.ceil(left * 1000) / 1000:.3f}s",
+            }
+        if kind == "anthropic":  # resets as RFC 3339 times
+            reset = datetime.fromtimestamp(math.ceil((stamp + left) * 1000) / 1000, timezone.utc)
+            when = reset.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            return {
+                "anthropic-ratelimit-requests-limit": str(self.quota),
+                "anthropic-ratelimit-requests-remaining": str(remaining),
+                "anthropic-ratelimit-requests-reset": when,
+            }
         if kind == "ietf":
             return {
                 "RateLimit-Policy": f'"default";q={self.quota};w={math.ceil(self.window)}',

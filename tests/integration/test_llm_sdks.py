@@ -1,0 +1,136 @@
+"""The OpenAI and Anthropic SDKs (on httpx2) with the httpx2 transports mounted, against
+loopback stand-ins that answer as their APIs do (``QuotaServer(quota_headers="openai")``,
+``"anthropic"``): a deferral is final inside the SDK's own retry loop, and
+``deferral_of`` finds it on the SDK's exception."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+httpx2 = pytest.importorskip("httpx2")
+openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
+
+from retry_after_adapter import MemoryCooldownStore, RetryAfterRetry, deferral_of  # noqa: E402
+from retry_after_adapter.httpx2 import AsyncRetryAfterTransport, RetryAfterTransport  # noqa: E402
+from retry_after_adapter.testing.server import QuotaServer  # noqa: E402
+
+SDKS = ["openai", "anthropic"]
+
+
+def sdk_client(kind: str, url: str, http: Any) -> Any:
+    """The SDK's client with its defaults (``max_retries=2``), on ``http``."""
+    if kind == "openai":
+        return openai.OpenAI(api_key="sk-test", base_url=url + "/v1", http_client=http)
+    return anthropic.Anthropic(api_key="sk-ant-test", base_url=url, http_client=http)
+
+
+def async_sdk_client(kind: str, url: str, http: Any) -> Any:
+    if kind == "openai":
+        return openai.AsyncOpenAI(api_key="sk-test", base_url=url + "/v1", http_client=http)
+    return anthropic.AsyncAnthropic(api_key="sk-ant-test", base_url=url, http_client=http)
+
+
+def rate_limit_error(kind: str) -> type[Exception]:
+    module: Any = openai if kind == "openai" else anthropic
+    return module.RateLimitError  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("kind", SDKS)
+def test_a_servers_429_deferred_is_final_inside_the_sdks_retry_loop(kind: str) -> None:
+    """A 429 whose wait (about 10 s) does not fit ``max_wait=1``: the SDK alone would
+    sleep it and send again (its ``max_retries=2``); with the transport it raises
+    ``RateLimitError`` at once, one request at the server, and the deferral is on the
+    exception. The next call is deferred before sending (a local 429), raised the same
+    way."""
+    with QuotaServer(1, 10, align="first") as server:  # a 429 with Retry-After, nothing announced
+        transport = RetryAfterTransport(RetryAfterRetry(total=3, max_wait=1), cooldown=MemoryCooldownStore())
+        with httpx2.Client(transport=transport) as http:
+            client = sdk_client(kind, server.url, http)
+            http.get(server.url + "/v1/models")  # the quota's one request
+            started = time.monotonic()
+            with pytest.raises(rate_limit_error(kind)) as raised:
+                client.models.list()
+            took = time.monotonic() - started
+            deferral = deferral_of(raised.value)
+            assert deferral is not None and deferral.reason == "max_wait", deferral
+            assert raised.value.response.headers["x-should-retry"] == "false"
+            assert took < 3.0, took  # not the SDK's sleep of about 10 s
+            assert server.stats().requests == 2
+            with pytest.raises(rate_limit_error(kind)) as local:
+                client.models.list()
+            assert deferral_of(local.value) is not None and local.value.response.local is True
+            assert server.stats().requests == 2  # nothing sent inside the cooldown
+            assert server.stats().early == 0
+
+
+@pytest.mark.parametrize("kind", SDKS)
+def test_an_announced_spent_quota_defers_before_sending(kind: str) -> None:
+    """The provider's headers say no request is left until the reset: the next call
+    raises ``RateLimitError`` at once without reaching the server."""
+    with QuotaServer(1, 10, align="first", quota_headers=kind) as server:
+        transport = RetryAfterTransport(RetryAfterRetry(total=3, max_wait=1), cooldown=MemoryCooldownStore())
+        with httpx2.Client(transport=transport) as http:
+            client = sdk_client(kind, server.url, http)
+            client.models.list()  # answered "0 left" until the reset
+            started = time.monotonic()
+            with pytest.raises(rate_limit_error(kind)) as raised:
+                client.models.list()
+            assert time.monotonic() - started < 3.0
+            deferral = deferral_of(raised.value)
+            assert deferral is not None and raised.value.response.local is True
+            # To the announced reset, measured from the response's Date (whole seconds).
+            assert 8.0 < deferral.delay <= 11.0, deferral.delay
+        assert server.stats().requests == 1
+
+
+@pytest.mark.parametrize("kind", SDKS)
+def test_the_async_sdk_gets_the_deferral_at_once_too(kind: str) -> None:
+    async def main(url: str) -> tuple[Exception, float]:
+        transport = AsyncRetryAfterTransport(RetryAfterRetry(total=3, max_wait=1), cooldown=MemoryCooldownStore())
+        async with httpx2.AsyncClient(transport=transport) as http:
+            client = async_sdk_client(kind, url, http)
+            await http.get(url + "/v1/models")  # the quota's one request
+            started = time.monotonic()
+            try:
+                await client.models.list()
+            except rate_limit_error(kind) as error:
+                return error, time.monotonic() - started
+            raise AssertionError("the second call was not deferred")
+
+    with QuotaServer(1, 10, align="first") as server:
+        error, took = asyncio.run(main(server.url))
+        assert deferral_of(error) is not None and took < 3.0, took
+        assert server.stats().requests == 2
+
+
+@pytest.mark.parametrize("kind", SDKS)
+def test_a_fleet_of_threads_on_one_sdk_client_keeps_to_the_announced_quota(kind: str) -> None:
+    """8 threads, one SDK client with its defaults, a stand-in allowing 3 requests per
+    1 s and announcing it in the provider's headers: every call done, nothing sent
+    inside a cooldown the server announced, and few 429s (the SDK alone: one per thread
+    that finds the quota spent, then its own sleeps)."""
+    with QuotaServer(3, 1, align="first", quota_headers=kind) as server:
+        transport = RetryAfterTransport(RetryAfterRetry(total=5, max_wait=10), cooldown=MemoryCooldownStore())
+        with httpx2.Client(transport=transport) as http:
+            client = sdk_client(kind, server.url, http)
+            done: list[int] = []
+
+            def work() -> None:
+                client.models.list()
+                done.append(1)
+
+            threads = [threading.Thread(target=work) for _ in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+        stats = server.stats()
+        assert len(done) == 8 and stats.ok == 8
+        assert stats.early == 0
+        assert stats.throttled <= 3, stats
