@@ -38,6 +38,10 @@ __all__ = [
 _NO_MS = (None,) * len(MS_FIELDS)
 
 
+#: Quota header sources whose resets are exact, not whole seconds rounded up.
+_EXACT_RESETS = frozenset(("openai", "anthropic"))
+
+
 def learn_retry_after(call: Call, response: Any, status: int | None) -> tuple[float | None, Reason | None]:
     """The response's valid wait in seconds (None: none) and the reason it was
     rejected (None: not rejected); a valid one of a cooldown status is learned. The
@@ -75,14 +79,16 @@ def read_quota_headers(call: Call, response: Any) -> QuotaHint | None:
     if hint is None or hint.reset is None or hint.remaining is None or hint.reset <= 0:
         return hint
     until = _reset_here(call, hint, now, received)
+    # Whole seconds rounded up bound a window's reset from above, so the earliest such
+    # reset is the tightest; the LLM APIs' resets are exact (a duration, a time to the
+    # millisecond) and move later with each request: each is kept as said (later wins).
+    meter = None if hint.source in _EXACT_RESETS else call.meter
     if hint.exhausted:
-        # Nothing left: a shared cooldown until the window's reset, as tightly as the
-        # answers read here bound it (each answer's whole seconds are rounded up).
-        meter = call.meter
+        # Nothing left: a shared cooldown until the window's reset.
         earliest = until if meter is None else meter.earliest_reset(until, now, SAME_WINDOW, hint.limit)
         call.plan.learn(call, earliest)
-    elif call.meter is not None:
-        call.meter.earliest_reset(until, now, SAME_WINDOW, hint.limit)
+    elif meter is not None:
+        meter.earliest_reset(until, now, SAME_WINDOW, hint.limit)
     if call.plan.allows and call.scope is not None:
         # At most `remaining` more before the reset, across every worker: the store
         # takes off what was admitted after this attempt (its admission number).
