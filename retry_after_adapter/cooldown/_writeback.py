@@ -89,6 +89,9 @@ class WriteBack:
         with self.lock:
             if stored_covers(stored, self.local.get(scope)):
                 self._pending.discard(scope)
+                # A read begun before the store held it may have read the older time:
+                # not to be mirrored over the local copy (see :meth:`mirror`).
+                self.epoch += 1
 
     def strand(self, only_if_pending: bool) -> None:
         if self._pending or not only_if_pending:

@@ -816,3 +816,51 @@ def test_a_read_racing_a_write_leaves_nothing_pending_and_a_clear_still_lifts() 
     assert guard.get("s") is None  # lifted here too
     guard.writeback.write_back()
     assert MemoryCooldownStore.get(store, "s") is None  # nothing cleared comes back
+
+
+def test_a_read_begun_after_a_write_but_answered_with_the_older_time_never_lowers_the_local_copy() -> None:
+    """A write keeps t1 locally and goes to the store; a read begins after that (same
+    epoch) but reads the store before the write lands; the write lands and is confirmed;
+    then the read's older answer (nothing) comes back. The local copy keeps t1: a read
+    that may predate a confirmed write is not mirrored over it."""
+    from retry_after_adapter.cooldown.guard import StoreGuard
+
+    write_may_land, read_may_answer, read_done = threading.Event(), threading.Event(), threading.Event()
+
+    class Slow(MemoryCooldownStore):
+        timeout = 5.0
+
+        def extend(self, scope: str, until: datetime) -> datetime:
+            write_may_land.wait(5)
+            return super().extend(scope, until)
+
+        def get(self, scope: str) -> datetime | None:
+            value = super().get(scope)  # read before the write lands
+            read_done.set()
+            read_may_answer.wait(5)
+            return value
+
+    inner = Slow()
+    guard = StoreGuard(inner)
+    scope = "api.example.com"
+    t1 = datetime.now(timezone.utc) + timedelta(seconds=30)
+    writer = threading.Thread(target=guard.extend, args=(scope, t1))
+    writer.start()
+    deadline = time.monotonic() + 5
+    while not guard.writeback.waits(scope) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    answers: list[datetime | None] = []
+    reader = threading.Thread(target=lambda: answers.append(guard.get(scope)))
+    reader.start()
+    try:
+        assert read_done.wait(5)
+        write_may_land.set()
+        writer.join(5)
+        assert not guard.writeback.waits(scope)  # confirmed
+    finally:
+        write_may_land.set()
+        read_may_answer.set()
+        reader.join(5)
+    assert MemoryCooldownStore.get(inner, scope) == t1
+    assert guard.local.get(scope) == t1, "the older answer was mirrored over the confirmed write"
+    assert answers == [t1]
