@@ -206,8 +206,9 @@ def send(
     error = cause = None
     try:
         response = yield Send(call.attempt_timeout(transport.user_timeout, at))
-    except GeneratorExit:
+    except GeneratorExit:  # closed by its driver's end (a task collected): no step is carried out now
         _off_the_wire(call)
+        call.plan.answered(call, None)  # its slot back, its permit settled, here
         raise
     except BaseException as exc:
         cause = transport.transport_error(exc) if isinstance(exc, Exception) else None
@@ -219,6 +220,8 @@ def send(
     _off_the_wire(call)
     try:
         yield Settle(response, transport.on_done)
+    except GeneratorExit:
+        raise
     except BaseException:
         if response is not None:
             yield Close(response)  # a cancel while it settled: the attempt ends here

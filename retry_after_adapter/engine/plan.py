@@ -287,15 +287,13 @@ class Plan:
     def learned_meanwhile(self, call: Call) -> bool:
         """Right before an admitted attempt goes out: whether this process learned a
         cooldown of the scope since the grant (another thread received a 429 while this
-        one was on its way to the wire). Then nothing is sent: what the admission took
-        is given back (its slot; its permit counts), and the call is admitted again."""
+        one was on its way to the wire), read in this process's memory (no store
+        operation). Then nothing is sent: the caller gives back what the admission took
+        (a ``Settle`` step: its slot; its permit counts), and the call is admitted again."""
         if self.cooldown_of is None or call.scope is None:
             return False
         until = self.cooldown_of(call.scope)
-        if until is None or until <= call.clock.now():
-            return False
-        self.answered(call, None)  # not sent: its slot back, its permit settled
-        return True
+        return until is not None and until > call.clock.now()
 
     @staticmethod
     def judged(call: Call) -> None:
