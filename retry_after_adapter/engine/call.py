@@ -251,14 +251,22 @@ class Call:
         :func:`~retry_after_adapter.dialects.precise_wait`'s: the milliseconds when they
         agree with the whole seconds, else the longest field. A millisecond field that
         cannot be read is ignored beside a valid Retry-After and, alone, is invalid as
-        a Retry-After would be. Raises ``InvalidRetryAfter``, also for a wait beyond
+        a Retry-After would be; a Retry-After that cannot be read is ignored beside a
+        valid millisecond field. Raises ``InvalidRetryAfter``, also for a wait beyond
         the policy's ``max_retry_after`` (reason ``"beyond_max"``)."""
         now = self.clock.now()
         parsed: RetryAfter | None = None
-        if raw is not None:
-            parsed = parse_retry_after(raw, received_at=now, date=date)
-            self.heard = Heard(self.heard.status, raw.strip(" \t"), parsed.clock_skew)
         waits = tuple(wait for wait in map(milliseconds, raw_ms) if wait is not None)
+        if raw is not None:
+            try:
+                parsed = parse_retry_after(raw, received_at=now, date=date)
+            except InvalidRetryAfter:
+                if not waits:
+                    raise
+                # A valid millisecond field beside an unreadable Retry-After: that field
+                # is what the server said (never a shorter wait than it).
+            else:
+                self.heard = Heard(self.heard.status, raw.strip(" \t"), parsed.clock_skew)
         if parsed is None and not waits:
             raise InvalidRetryAfter("malformed", next((ms for ms in raw_ms if ms is not None), raw))
         delay = precise_wait(

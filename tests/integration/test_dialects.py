@@ -5,6 +5,7 @@ sent early, the deferral's reason and eligible time)."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -533,3 +534,67 @@ def test_should_retry_true_changes_nothing(server: ThrottleServer, clock: FakeCl
     assert response.status_code == 503 and server.count() == 1
     response = session(clock, MemoryCooldownStore()).get(server.url + "/v1/models", timeout=5)
     assert response.status_code == 200 and server.count() == 3  # a GET 503 is retried as always
+
+
+def test_an_exact_reset_later_than_one_learned_is_kept_not_the_earlier(
+    server: ThrottleServer, clock: FakeClock
+) -> None:
+    """OpenAI's resets are exact and move later with each request: two answers of one
+    window, A (spent, reset in 3 s) then B 0.5 s later (spent, reset in 3.4 s), leave
+    the shared cooldown at B's reset. (Whole-second resets rounded up keep the earliest
+    of one window; these must not: the next request would go 0.9 s before B's.)"""
+    import threading
+
+    gates = {"/a": threading.Event(), "/b": threading.Event()}
+    resets = {"/a": "3s", "/b": "3.4s"}
+
+    def answer(seen: Seen) -> Reply:
+        headers = {
+            "x-ratelimit-limit-tokens": "10000",
+            "x-ratelimit-remaining-tokens": "0",
+            "x-ratelimit-reset-tokens": resets[seen.path],
+        }
+        return Reply(200, headers, gate=gates[seen.path])
+
+    server.responder = answer
+    store = MemoryCooldownStore()
+    session = requests.Session()
+    session.mount(
+        "http://",
+        RetryAfterAdapter(RetryAfterRetry(clock=clock, total=0), cooldown=store, learn_rate=False),
+    )
+    workers = [threading.Thread(target=session.get, args=(server.url + path,)) for path in ("/a", "/b")]
+    for worker in workers:
+        worker.start()
+    try:
+        deadline = time.monotonic() + 5
+        while server.count() < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert server.count() == 2, "both requests must be in flight"
+        start = clock.now()
+        gates["/a"].set()
+        workers[0].join(5)
+        clock.advance(0.5)
+        gates["/b"].set()
+        workers[1].join(5)
+    finally:
+        for gate in gates.values():
+            gate.set()
+    (until,) = store.entries().values()
+    assert until >= start + timedelta(seconds=3.9), until - start
+
+
+def test_an_unreadable_retry_after_beside_a_valid_retry_after_ms_waits_the_milliseconds(
+    server: ThrottleServer, clock: FakeClock
+) -> None:
+    """The millisecond field is what the server said: waited exactly (and shared), not
+    thrown away with the unreadable Retry-After beside it."""
+    server.serve([Reply(429, {"Retry-After": "soon", "retry-after-ms": "3000"}), Reply(200)])
+    session = requests.Session()
+    store = MemoryCooldownStore()
+    session.mount("http://", RetryAfterAdapter(RetryAfterRetry(clock=clock, total=2, jitter=0), cooldown=store))
+    response = session.get(server.url + "/v1/chat")
+    assert response.status_code == 200 and server.count() == 2
+    assert clock.sleeps == [3.0]
+    first, second = server.seen
+    assert (second.at - first.at).total_seconds() >= 3.0
