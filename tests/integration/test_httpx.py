@@ -558,3 +558,50 @@ def test_the_transports_are_the_flavours_own(server: ThrottleServer, clock: Fake
     assert type(sent) is httpx.Response and type(local) is httpx.Response
     assert type(sent).__module__.split(".")[0] == flavour
     assert local.local is True and deferral_of(local) is not None and server.count() == 1
+
+
+def test_no_store_operation_of_a_blocking_store_runs_on_the_event_loop(server: ThrottleServer, tmp_path: Path):
+    """With SQLite, a quota and a cap, every store operation of an async call runs on
+    the transport's store threads, never on the event loop's thread: also when a
+    cooldown learned meanwhile (by another task) holds back an admitted attempt and
+    what it took is given back."""
+    from datetime import datetime, timedelta, timezone
+
+    server.serve([Reply(200)])
+    store = SQLiteCooldownStore(tmp_path / "shared.db")
+    on_loop: list[str] = []
+
+    async def main() -> int:
+        transport = AsyncRetryAfterTransport(
+            RetryAfterRetry(total=2), cooldown=store, quota=Quota(100, per=1.0), max_concurrency=4
+        )
+        async with httpx.AsyncClient(transport=transport) as client:
+            await client.get(server.url + "/warm")
+            loop_thread = threading.get_ident()
+            guard = transport._plan.guard
+            for name in ("settle", "release", "get", "admit", "answer"):
+                original = getattr(guard.inner, name)
+
+                def watched(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+                    if threading.get_ident() == loop_thread:
+                        on_loop.append(_name)
+                    return _original(*args, **kwargs)
+
+                setattr(guard.inner, name, watched)
+            admit = guard.admit
+            first = [True]
+
+            def admit_then_learn(ask: Any, budget: Any = None) -> Any:
+                answer = admit(ask, budget)
+                if first[0] and answer.not_before is None:  # another task learns a 429 meanwhile
+                    first[0] = False
+                    guard.local.extend(ask.scope, datetime.now(timezone.utc) + timedelta(seconds=0.2))
+                return answer
+
+            guard.admit = admit_then_learn
+            response = await client.get(server.url + "/x")
+            assert not first[0], "the cooldown was never learned meanwhile"
+            return response.status_code
+
+    assert asyncio.run(main()) == 200
+    assert on_loop == []
