@@ -30,6 +30,11 @@ from ..quota import MAX_SECONDS
 #: Two announced resets of one scope within this many seconds are the same window
 #: (delta-seconds are whole seconds: one window's resets differ by less than 1 s).
 SAME_WINDOW = 1.0
+#: Seconds past a reset with the server's limit known but not its window during which
+#: admissions beyond the limit wait for an answer to say the next reset (after that,
+#: nothing is held back: the answers may never come).
+AWAIT_ANSWER = 1.0
+_AWAIT_ANSWER = timedelta(seconds=AWAIT_ANSWER)
 #: Seconds a record outlives its reset: the admission count goes on, so the next
 #: window's announcements are exact too.
 ALLOWANCE_KEPT = 3600.0
@@ -94,10 +99,18 @@ def admit_more(record: Allowance, now: datetime, batch: int) -> tuple[Allowance,
 
 def admit_allowance(record: Allowance, now: datetime) -> tuple[Allowance, datetime | None]:
     """One admission at ``now``: the record to keep (rolled, the admission counted when
-    granted) and None (granted) or the reset to wait for (nothing counted)."""
+    granted) and None (granted) or when to ask again (nothing counted): the reset; or,
+    past a reset whose next window's end is unknown, once the limit is admitted, up to
+    :data:`AWAIT_ANSWER` seconds past the reset, for the first answer to say it (those
+    woken at the reset would otherwise all go, the limit and more)."""
     record = roll(record, now)
-    if record.until > now and record.remaining <= 0:
-        return record, record.until
+    if record.remaining <= 0:
+        if record.until > now:
+            return record, record.until
+        if record.exact and record.window <= 0 and record.limit > 0:
+            held = record.until + _AWAIT_ANSWER
+            if held > now:
+                return record, held
     return record._replace(admitted=record.admitted + 1), None
 
 

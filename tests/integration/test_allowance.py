@@ -94,6 +94,36 @@ def test_the_window_of_x_ratelimit_is_learned_from_two_resets(store: Any) -> Non
     assert [store.admit(Ask("s", nxt))[1] for _ in range(3)] == [None, None, nxt + timedelta(seconds=10)]
 
 
+def test_past_a_reset_with_no_window_known_the_limit_goes_and_the_rest_wait_a_second_for_an_answer(
+    store: Any,
+) -> None:
+    """The server's limit is known (OpenAI's, Anthropic's, X-RateLimit's headers) but
+    not its window: past the reset the limit is admitted at once; more wait up to
+    ``AWAIT_ANSWER`` past the reset for an answer to say the next reset (those woken at
+    the reset would otherwise all go); none coming, nothing is held back after that."""
+    from retry_after_adapter.cooldown.allowance import AWAIT_ANSWER
+
+    reset = NOW + timedelta(seconds=5)
+    store.allow("s", 0, reset, NOW, limit=3)
+    after = reset + timedelta(milliseconds=10)
+    held = reset + timedelta(seconds=AWAIT_ANSWER)
+    assert [store.admit(Ask("s", after))[1] for _ in range(5)] == [None, None, None, held, held]
+    # An answer says the next window's reset: the rest wait for that one.
+    store.allow("s", 0, reset + timedelta(seconds=4), after, seq=3)
+    assert store.admit(Ask("s", after))[1] == reset + timedelta(seconds=4)
+
+
+def test_past_a_reset_with_no_window_known_nothing_is_held_once_no_answer_came(store: Any) -> None:
+    from retry_after_adapter.cooldown.allowance import AWAIT_ANSWER
+
+    reset = NOW + timedelta(seconds=5)
+    store.allow("s", 0, reset, NOW, limit=2)
+    after = reset + timedelta(milliseconds=10)
+    assert [store.admit(Ask("s", after))[1] for _ in range(3)][2] is not None
+    lapsed = reset + timedelta(seconds=AWAIT_ANSWER, milliseconds=1)
+    assert [store.admit(Ask("s", lapsed))[1] for _ in range(3)] == [None, None, None]
+
+
 def test_a_new_window_replaces_an_earlier_one_is_ignored(store: Any) -> None:
     reset = NOW + timedelta(seconds=30)
     store.allow("s", 0, reset, NOW)

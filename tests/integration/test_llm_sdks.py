@@ -114,7 +114,7 @@ def test_a_fleet_of_threads_on_one_sdk_client_keeps_to_the_announced_quota(kind:
     """8 threads, one SDK client with its defaults, a stand-in allowing 3 requests per
     1 s and announcing it in the provider's headers: every call done, nothing sent
     inside a cooldown the server announced, and few 429s (the SDK alone: one per thread
-    that finds the quota spent, then its own sleeps)."""
+    that finds the quota spent: 7 of 15 requests)."""
     with QuotaServer(3, 1, align="first", quota_headers=kind) as server:
         transport = RetryAfterTransport(RetryAfterRetry(total=5, max_wait=10), cooldown=MemoryCooldownStore())
         with httpx2.Client(transport=transport) as http:
@@ -133,4 +133,4 @@ def test_a_fleet_of_threads_on_one_sdk_client_keeps_to_the_announced_quota(kind:
         stats = server.stats()
         assert len(done) == 8 and stats.ok == 8
         assert stats.early == 0
-        assert stats.throttled <= 3, stats
+        assert stats.throttled <= 1, stats  # the SDKs alone: 7

@@ -82,9 +82,16 @@ end
 local rec = load(KEYS[3])
 if rec ~= nil then
   local rolled = roll(rec, now)
-  if rec.u > now and rec.r - (rec.n - rec.a) <= 0 then
+  local spent = rec.r - (rec.n - rec.a) <= 0
+  if spent and rec.u > now then
     if rolled then save(KEYS[3], rec, tonumber(ARGV[6])) end
     return {cooldown, rec.u, -1, 0, -1, 0, 0, -1}
+  end
+  -- Past a reset whose next window's end is unknown, the limit admitted: wait up to
+  -- allowance.AWAIT_ANSWER (1 s) past the reset for an answer to say it.
+  if spent and rec.x and rec.w <= 0 and rec.l > 0 and rec.u + 1000 > now then
+    if rolled then save(KEYS[3], rec, tonumber(ARGV[6])) end
+    return {cooldown, rec.u + 1000, -1, 0, -1, 0, 0, -1}
   end
 end
 local counts = tonumber(ARGV[2])
