@@ -545,7 +545,7 @@ async def _finish(step: asyncio.Future[Any]) -> None:
 
 async def _asleep(call: Call, seconds: float) -> bool:
     """``call.sleep`` on the event loop: False when the call's cancel event ended it."""
-    cancel = call.cancel
+    cancel = call.terms.cancel
     if cancel is not None and cancel.is_set():
         return False
     if seconds <= 0:

@@ -21,7 +21,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from urllib3.exceptions import MaxRetryError, ResponseError
 from urllib3.util.retry import Retry
@@ -51,6 +51,9 @@ from .policy import (
 )
 from .scope import strip_query
 
+if TYPE_CHECKING:
+    from .engine.verdict import Verdict
+
 __all__ = ["COOLDOWN_STATUSES", "DEFAULT_MAX_WAIT", "DEFAULT_STATUS_FORCELIST", "RetryAfterRetry"]
 
 _ON_INVALID = ("stop", "backoff")
@@ -74,7 +77,8 @@ class _StockLoop:
 
     @classmethod
     def of(cls, call: Call, wake: float | None) -> _StockLoop:
-        return cls(call.start, call.started_at, call.attempts, call.cooldown, call.heard, wake)
+        progress = call.progress
+        return cls(call.terms.start, progress.started_at, progress.attempts, call.cooldown, call.heard, wake)
 
 
 def _count_or_none(name: str, value: object, unit: str) -> int | None:
@@ -265,28 +269,36 @@ class RetryAfterRetry(Retry):
             assert isinstance(retry, RetryAfterRetry)
             retry._stock = _StockLoop.of(call, call.clock.monotonic() + verdict.wait)
             return retry
+        self._raise_final(verdict, _pool, url, response, error, _stacktrace)
+
+    def _raise_final(
+        self, verdict: Verdict, pool: Any, url: str | None, response: Any, error: Exception | None,
+        stacktrace: TracebackType | None,
+    ) -> NoReturn:
+        """What ends the call: a deferral, a stop (urllib3's ``MaxRetryError``) or the
+        error itself, raised."""
         if verdict.action == DEFER:
             assert verdict.deferral is not None
             # Out of retries: urllib3's own reason ("too many 503 error responses").
             why = verdict.limit.reason if verdict.limit is not None else error
-            raise self._deferred(_pool, url, verdict.deferral, response, why)
+            raise self._deferred(pool, url, verdict.deferral, response, why)
         if verdict.action == STOP:
             said_no = verdict.reason == Reason.SERVER_SAID_NO
             stopped = "x-should-retry: false" if said_no else "invalid Retry-After header"
-            raise MaxRetryError(_pool, url or "", ResponseError(stopped))
+            raise MaxRetryError(pool, url or "", ResponseError(stopped))
         if verdict.error is not None and verdict.error is not error:
             raise verdict.error  # urllib3 re-raised it (read=False, say)
         assert error is not None
-        raise error.with_traceback(_stacktrace)
+        raise error.with_traceback(stacktrace)
 
     def _loop_call(self) -> Call:
         """The call of a stock urllib3 loop, as far as this value says it has come."""
         call = Call(self, override=current_override())
         stock = self._stock
         if stock is not None:
-            call.start = stock.start
-            call.started_at = stock.started_at
-            call.attempts = stock.attempts
+            call.terms.start = stock.start
+            call.progress.started_at = stock.started_at
+            call.progress.attempts = stock.attempts
             call.cooldown = stock.cooldown
             call.heard = stock.last
         return call

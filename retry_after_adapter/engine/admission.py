@@ -65,7 +65,7 @@ def admitted(call: Call) -> Generator[Op, Any, bool]:
     (nothing pending, nothing held, what it needs taken: one store operation); False
     when :func:`admit_slowly` must look, wait or defer (the steps of an admission that
     is not the common case)."""
-    if call.cancel is not None or call.not_before is not None or call.out_of_time():
+    if call.terms.cancel is not None or call.progress.not_before is not None or call.out_of_time():
         return False
     if call.plan.store is None:
         return True  # nothing shared, nothing resumed, time left: nothing to wait for
@@ -123,7 +123,8 @@ def _look(call: Call) -> Generator[Op, Any, tuple[datetime | None, Reason]]:
     ahead, nor once the call is out of time (then ``(now, DEADLINE)`` when nothing else
     holds it back)."""
     now = call.clock.now()
-    ahead = call.not_before if call.not_before is not None and call.not_before > now else None
+    not_before = call.progress.not_before
+    ahead = not_before if not_before is not None and not_before > now else None
     late = call.out_of_time()
     if ahead is not None or late:
         stored = yield READ_COOLDOWN
@@ -169,8 +170,8 @@ def _wait(call: Call, until: datetime, left: float, why: Reason) -> Steps:
     decision = admit_decision(
         cooldown_left=left,
         elapsed=call.elapsed(),
-        deadline=call.deadline,
-        max_wait=call.max_wait,
+        deadline=call.terms.deadline,
+        max_wait=call.terms.max_wait,
         attempt_reserve=call.policy.attempt_reserve,
     )
     if decision.action == DEFER:
@@ -205,19 +206,19 @@ def _defer_after_rounds(call: Call, left: float, why: Reason) -> Steps:
 def _wait_for_slot(call: Call, busy_until: datetime, why: Reason) -> Steps:
     """Every slot is held until ``busy_until`` at the latest: wait ``SLOT_POLL`` seconds
     (or less) before looking again, while the whole wait for a slot fits the budget
-    (``call.slot_waited`` adds up); else the deferral with reason ``why``
+    (``call.ticket.slot_waited`` adds up); else the deferral with reason ``why``
     (``concurrency``, or ``rate`` for the learned rate's probes), eligible when the
     earliest lease expires (by when a slot is free at the latest)."""
     step = min(SLOT_POLL, max(call.seconds_until(busy_until), 0.001))
-    waited = call.slot_waited
+    waited = call.ticket.slot_waited
     decision = admit_decision(
         cooldown_left=waited + step,
         elapsed=call.elapsed(),
-        deadline=call.deadline,
-        max_wait=call.max_wait,
+        deadline=call.terms.deadline,
+        max_wait=call.terms.max_wait,
         attempt_reserve=call.policy.attempt_reserve,
     )
-    over = call.max_wait is not None and waited + step > call.max_wait
+    over = call.terms.max_wait is not None and waited + step > call.terms.max_wait
     # Out of budget, or max_waiting calls already wait on this scope here.
     if decision.action == DEFER or over or not _queue(call):
         left = call.seconds_until(busy_until)
@@ -228,7 +229,7 @@ def _wait_for_slot(call: Call, busy_until: datetime, why: Reason) -> Steps:
         _unqueue(call)
     if not slept:
         return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=busy_until)
-    call.slot_waited = waited + step
+    call.ticket.slot_waited = waited + step
     return None
 
 
@@ -327,14 +328,14 @@ def _queue(call: Call) -> bool:
         if waiting >= bound:
             return False
         _WAITING[key] = waiting + 1
-    call.queued = True
+    call.ticket.queued = True
     return True
 
 
 def _unqueue(call: Call) -> None:
-    if not call.queued or call.scope is None:
+    if not call.ticket.queued or call.scope is None:
         return
-    call.queued = False
+    call.ticket.queued = False
     key = (id(call.plan.store), call.scope)
     with _WAITING_LOCK:
         waiting = _WAITING.get(key, 0) - 1

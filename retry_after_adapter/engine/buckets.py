@@ -153,8 +153,8 @@ def refine_call(call: Call, method: str | None, url: str | None) -> None:
         call.cooldown = kept
     if until is None or until <= call.clock.now():
         return
-    if call.not_before is None or until > call.not_before:
-        call.not_before = until
+    if call.progress.not_before is None or until > call.progress.not_before:
+        call.progress.not_before = until
 
 
 def learn_route(call: Call, response: Any, method: str | None, url: str | None) -> None:

@@ -1,9 +1,13 @@
 """One call's state: what it may spend, what it has spent, what it knows of the server.
 
 A :class:`Call` is made once per ``session.send`` (redirect hops included) or
-``urlopen`` and passed to every step; nothing else holds it. Durations are seconds
-(float); ``Call.start`` is monotonic and never leaves the process; every time stored or
-put in a deferral is an aware UTC ``datetime``.
+``urlopen`` and passed to every step; nothing else holds it. Beside the policy, the plan
+and the scope it holds four parts, each with one purpose: its :class:`Terms` (what it
+may spend, set when it starts), its :class:`Progress` (what the job has spent, carried
+by a resumed deferral), the attempt's :class:`Ticket` (admission to answer) and what the
+server said (:class:`Heard`, and the scope's cooldown). Durations are seconds (float);
+``Terms.start`` is monotonic and never leaves the process; every time stored or put in
+a deferral is an aware UTC ``datetime``.
 """
 
 from __future__ import annotations
@@ -52,7 +56,9 @@ NOTHING_HEARD = Heard()
 
 class Ticket:
     """One attempt's admission, from its grant to its answer: what the store gave it
-    and what its answer must settle. Written by the plan (``engine.plan``) alone."""
+    and what its answer must settle (written by the plan, ``engine.plan``), how long it
+    waited for a slot and whether it queued (``engine.admission``), and when it was
+    sent (``engine.loop``)."""
 
     __slots__ = (
         "admission",
@@ -61,10 +67,13 @@ class Ticket:
         "permit",
         "permit_open",
         "probe",
+        "queued",
         "rate_epoch",
         "rate_held",
         "rate_report",
+        "sent_at",
         "slot_busy",
+        "slot_waited",
     )
 
     def __init__(self) -> None:
@@ -89,11 +98,49 @@ class Ticket:
         self.probe: Slot | None = None
         #: The last admission was refused only for want of a concurrency slot.
         self.slot_busy = False
+        #: How long (seconds) this attempt has waited for a concurrency slot so far.
+        self.slot_waited = 0.0
+        #: Counted among the calls waiting on its scope in this process (max_waiting).
+        self.queued = False
+        #: When (monotonic seconds) the last attempt was sent; None: none yet.
+        self.sent_at: float | None = None
 
     def uncounted(self) -> None:
         """The attempt moved to a scope whose store record did not count it (a refined
         bucket): it has no admission number there."""
         self.admission = None
+
+
+class Terms:
+    """What a call may spend, set when it starts (by the policy and an enclosing
+    ``budget()``): when it started (the clock's monotonic seconds), its deadline and
+    maximum wait (seconds; None: none), its cancel event and its decision hooks.
+    Written by this module alone (and by a stock urllib3 loop carrying its start)."""
+
+    __slots__ = ("cancel", "deadline", "hooks", "max_wait", "start")
+
+    def __init__(self, start: float, policy: RetryAfterRetry, hooks: tuple[DecisionHook, ...]) -> None:
+        self.start = start
+        self.deadline: float | None = policy.deadline
+        self.max_wait: float | None = policy.max_wait
+        self.cancel: Event | None = None
+        self.hooks = policy.on_decision + hooks if hooks else policy.on_decision
+
+
+class Progress:
+    """What the job has spent so far, across its deferrals: attempts sent, deferrals
+    before this call, the chain of those deferrals, when its first attempt was sent
+    (UTC) and the eligible time it resumes at (no attempt before it; UTC)."""
+
+    __slots__ = ("attempts", "deferrals_before", "history", "not_before", "started_at")
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.deferrals_before = 0
+        self.history: tuple[Deferral, ...] = ()
+        self.started_at: datetime | None = None
+        #: No attempt before this: the eligible time of the deferral this call resumes.
+        self.not_before: datetime | None = None
 
 
 class Call:
@@ -103,28 +150,17 @@ class Call:
 
     # Slots, every one set in __init__: a slot read is the cheapest attribute read.
     __slots__ = (
-        "attempts",
         "budget",
-        "cancel",
         "clock",
         "cooldown",
-        "deadline",
-        "deferrals_before",
         "heard",
-        "history",
-        "hooks",
-        "max_wait",
         "meter",
-        "not_before",
         "plan",
         "policy",
-        "queued",
+        "progress",
         "retry",
         "scope",
-        "sent_at",
-        "slot_waited",
-        "start",
-        "started_at",
+        "terms",
         "ticket",
     )
 
@@ -141,32 +177,18 @@ class Call:
         self.retry: Retry = policy
         clock: Clock = policy.clock
         self.clock = clock
-        #: When the call started (the clock's monotonic seconds).
-        self.start = clock.monotonic()
         self.plan = plan
         self.scope = scope
-        self.hooks = policy.on_decision + hooks if hooks else policy.on_decision
-        self.deadline: float | None = policy.deadline
-        self.max_wait: float | None = policy.max_wait
-        self.cancel: Event | None = None
-        self.attempts = 0
-        self.deferrals_before = 0
-        self.history: tuple[Deferral, ...] = ()
-        self.started_at: datetime | None = None
-        #: No attempt before this: the eligible time of the deferral this call resumes.
-        self.not_before: datetime | None = None
+        #: Its deadline, maximum wait, cancel event and hooks (see :class:`Terms`).
+        self.terms = Terms(clock.monotonic(), policy, hooks)
+        #: What the job has spent so far (see :class:`Progress`).
+        self.progress = Progress()
         #: The scope's shared cooldown as last read or written.
         self.cooldown: datetime | None = None
         #: What the server said last (see :class:`Heard`).
         self.heard = NOTHING_HEARD
         #: The attempt's admission, from its grant to its answer (see :class:`Ticket`).
         self.ticket = Ticket()
-        #: How long (seconds) this attempt has waited for a concurrency slot so far.
-        self.slot_waited = 0.0
-        #: Counted among the calls waiting on its scope in this process (max_waiting).
-        self.queued = False
-        #: When (monotonic) the last attempt was sent; None: none yet.
-        self.sent_at: float | None = None
         if override is not None:
             self._override(override)
         #: What the call may spend on a guarded store, and how it fails (None: no guard).
@@ -187,36 +209,39 @@ class Call:
 
     def _override(self, override: Override) -> None:
         """Apply an enclosing ``budget()``: its limits, cancel event and resumed deferral."""
+        terms = self.terms
         if override.deadline is not UNSET:
-            self.deadline = override.deadline  # type: ignore[assignment]
+            terms.deadline = override.deadline  # type: ignore[assignment]
         if override.max_wait is not UNSET:
-            self.max_wait = override.max_wait  # type: ignore[assignment]
-        self.cancel = override.cancel
+            terms.max_wait = override.max_wait  # type: ignore[assignment]
+        terms.cancel = override.cancel
         resume = override.resume
         if resume is None:
             return
-        self.attempts = resume.attempts
-        self.deferrals_before = resume.deferrals
-        self.history = resume.chain()
-        self.started_at = resume.started_at
-        self.not_before = resume.eligible_at
+        progress = self.progress
+        progress.attempts = resume.attempts
+        progress.deferrals_before = resume.deferrals
+        progress.history = resume.chain()
+        progress.started_at = resume.started_at
+        progress.not_before = resume.eligible_at
         # A resumed job starts from what its last deferral knew of the server.
         self.heard = Heard(resume.status, resume.retry_after, resume.clock_skew)
 
     # -- time ---------------------------------------------------------------------
     def elapsed(self) -> float:
         """Seconds since the call started (monotonic)."""
-        return max(0.0, self.clock.monotonic() - self.start)
+        return max(0.0, self.clock.monotonic() - self.terms.start)
 
     def time_left(self) -> float | None:
         """Seconds the call may still spend; None: no deadline."""
-        if self.deadline is None:
+        if self.terms.deadline is None:
             return None
-        return self.deadline - self.elapsed()
+        return self.terms.deadline - self.elapsed()
 
     def out_of_time(self) -> bool:
         """Whether the deadline has passed."""
-        return self.deadline is not None and self.clock.monotonic() - self.start > self.deadline
+        terms = self.terms
+        return terms.deadline is not None and self.clock.monotonic() - terms.start > terms.deadline
 
     def seconds_until(self, until: datetime | None) -> float:
         """Seconds from now (wall clock) to ``until``; 0 when it is None or past."""
@@ -226,7 +251,7 @@ class Call:
 
     def sleep(self, seconds: float) -> bool:
         """Wait ``seconds`` on the call's clock; False when the cancel event ended it."""
-        cancel = self.cancel
+        cancel = self.terms.cancel
         if cancel is not None and cancel.is_set():
             return False
         if seconds <= 0:
@@ -234,11 +259,11 @@ class Call:
         return self.clock.sleep(seconds, cancel)
 
     def cancelled(self) -> bool:
-        return self.cancel is not None and self.cancel.is_set()
+        return self.terms.cancel is not None and self.terms.cancel.is_set()
 
     def pending(self) -> datetime | None:
         """The later of the known cooldown and ``not_before``, when still ahead."""
-        until = self.not_before
+        until = self.progress.not_before
         if self.cooldown is not None and (until is None or self.cooldown > until):
             until = self.cooldown
         return until if until is not None and until > self.clock.now() else None
@@ -255,20 +280,10 @@ class Call:
         valid millisecond field. Raises ``InvalidRetryAfter``, also for a wait beyond
         the policy's ``max_retry_after`` (reason ``"beyond_max"``)."""
         now = self.clock.now()
-        parsed: RetryAfter | None = None
-        waits = tuple(wait for wait in map(milliseconds, raw_ms) if wait is not None)
-        if raw is not None:
-            try:
-                parsed = parse_retry_after(raw, received_at=now, date=date)
-            except InvalidRetryAfter:
-                if not waits:
-                    raise
-                # A valid millisecond field beside an unreadable Retry-After: that field
-                # is what the server said (never a shorter wait than it).
-            else:
-                self.heard = Heard(self.heard.status, raw.strip(" \t"), parsed.clock_skew)
-        if parsed is None and not waits:
-            raise InvalidRetryAfter("malformed", next((ms for ms in raw_ms if ms is not None), raw))
+        parsed, waits = _read_fields(raw, date, raw_ms, now)
+        if parsed is not None:
+            assert raw is not None
+            self.heard = Heard(self.heard.status, raw.strip(" \t"), parsed.clock_skew)
         delay = precise_wait(
             None if parsed is None else parsed.delay, parsed is None or parsed.form == "seconds", waits
         )
@@ -277,22 +292,17 @@ class Call:
             raise InvalidRetryAfter(TOO_LONG, raw if raw is not None else str(delay))
         if parsed is not None and delay == parsed.delay:
             return parsed
-        skew = None if parsed is None else parsed.clock_skew
-        try:
-            eligible = now + timedelta(seconds=delay)
-        except OverflowError:  # no bound, and an absurd field: the largest time, as header.py
-            eligible = datetime.max.replace(tzinfo=timezone.utc)
-        return RetryAfter(delay, eligible, "seconds", skew)
+        return _wait_of(delay, now, None if parsed is None else parsed.clock_skew)
 
     # -- decisions --------------------------------------------------------------------
     def emit(self, decision: Decision, server_delay: float | None = None) -> None:
         """Log a decision and hand it to the ``on_decision`` hooks."""
         emit(
-            self.hooks,
+            self.terms.hooks,
             decision,
             scope=self.scope,
             status=self.heard.status,
-            attempt=self.attempts,
+            attempt=self.progress.attempts,
             server_delay=server_delay,
         )
 
@@ -307,27 +317,27 @@ class Call:
         """
         now = self.clock.now()
         eligible, wait = self._eligible(now, decision.wait, until)
-        if self.started_at is None:
+        if self.progress.started_at is None:
             # Deferred before any attempt was sent: the job's lifetime starts now.
-            self.started_at = now
+            self.progress.started_at = now
         reason = decision.reason or Reason.DEADLINE
         deferral = Deferral(
             eligible_at=eligible,
             delay=max(0.0, min(wait, 1e15)),
             reason=reason,
             scope=self.scope,
-            attempts=self.attempts,
-            deferrals=self.deferrals_before + 1,
+            attempts=self.progress.attempts,
+            deferrals=self.progress.deferrals_before + 1,
             status=self.heard.status,
             retry_after=self.heard.retry_after,
             clock_skew=self.heard.skew,
-            started_at=self.started_at,
-            history=self.history,
+            started_at=self.progress.started_at,
+            history=self.progress.history,
         )
         policy = self.policy
         limit = lifetime_limit(
             deferral.deferrals,
-            (eligible - self.started_at).total_seconds(),
+            (eligible - self.progress.started_at).total_seconds(),
             policy.max_deferrals,
             policy.max_lifetime,
         )
@@ -347,7 +357,7 @@ class Call:
                 eligible = now + timedelta(seconds=wait)
             except OverflowError:
                 eligible = datetime.max.replace(tzinfo=now.tzinfo)
-        resume_at = self.history[-1].eligible_at if self.history else None
+        resume_at = self.progress.history[-1].eligible_at if self.progress.history else None
         if resume_at is not None and eligible < resume_at:
             eligible = resume_at
         if until is not None or eligible == resume_at:
@@ -360,12 +370,12 @@ class Call:
         is left of the deadline at ``at`` (the clock's monotonic seconds; default now),
         so an attempt overruns it by at most ``max(MIN_ATTEMPT_TIMEOUT, attempt_reserve)``
         seconds."""
-        deadline = self.deadline
+        deadline = self.terms.deadline
         if deadline is None:
             return timeout
         if at is None:
             at = self.clock.monotonic()
-        left = deadline - (at - self.start)
+        left = deadline - (at - self.terms.start)
         number = type(timeout) in (int, float)  # the common case: one number for both
         if number and timeout + timeout <= left:
             return timeout  # connect + read already fit: nothing to bound
@@ -386,6 +396,36 @@ class Call:
         if left is None:
             return None
         return max(left, MIN_ATTEMPT_TIMEOUT, self.policy.attempt_reserve)
+
+
+def _read_fields(
+    raw: str | None, date: str | None, raw_ms: tuple[str | None, ...], now: datetime
+) -> tuple[RetryAfter | None, tuple[float, ...]]:
+    """A response's Retry-After as received at ``now`` (None: not sent, or unreadable
+    beside a valid millisecond field) and the waits of its readable millisecond fields
+    (seconds). Raises ``InvalidRetryAfter`` when no field can be read."""
+    waits = tuple(wait for wait in map(milliseconds, raw_ms) if wait is not None)
+    if raw is not None:
+        try:
+            return parse_retry_after(raw, received_at=now, date=date), waits
+        except InvalidRetryAfter:
+            if not waits:
+                raise
+            # A valid millisecond field beside an unreadable Retry-After: that field is
+            # what the server said (never a shorter wait than it).
+    if not waits:
+        raise InvalidRetryAfter("malformed", next((ms for ms in raw_ms if ms is not None), raw))
+    return None, waits
+
+
+def _wait_of(delay: float, now: datetime, skew: float | None) -> RetryAfter:
+    """A wait of ``delay`` seconds from ``now`` (an absurd one: the largest time, as
+    ``header.py`` makes it), with the clock skew a Date showed (seconds; None: none)."""
+    try:
+        eligible = now + timedelta(seconds=delay)
+    except OverflowError:
+        eligible = datetime.max.replace(tzinfo=timezone.utc)
+    return RetryAfter(delay, eligible, "seconds", skew)
 
 
 def _timeout_parts(timeout: Any) -> tuple[Any, Any, Any]:

@@ -108,7 +108,7 @@ def _reset_here(call: Call, hint: QuotaHint, now: datetime, received: float) -> 
     meter = call.meter
     if meter is None or hint.date is None:
         return until
-    meter.server.observe(hint.date, call.sent_at, received)
+    meter.server.observe(hint.date, call.ticket.sent_at, received)
     if hint.reset_at is None:
         return until
     latest = meter.server.latest(hint.reset_at, received)
@@ -149,7 +149,7 @@ def note(call: Call, outcome: str) -> None:
     if outcome == SUCCESS:
         meter = call.meter or call.plan.meter(call.scope)
         if meter is not None:
-            sent = call.sent_at if call.sent_at is not None else call.clock.monotonic()
+            sent = call.ticket.sent_at if call.ticket.sent_at is not None else call.clock.monotonic()
             if sent - meter.noted < SUCCESS_EVERY:
                 return
             meter.noted = sent

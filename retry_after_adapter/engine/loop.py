@@ -151,7 +151,7 @@ def steps(call: Call, transport: Attempts[R]) -> Generator[Op, Any, Outcome[R]]:
     error: Exception | None = None
     try:
         while True:
-            call.slot_waited = 0.0
+            call.ticket.slot_waited = 0.0
             if not (yield from admitted(call)):  # the common case decided without a wait
                 deferral = yield from admit_slowly(call)
                 if deferral is not None:
@@ -197,7 +197,7 @@ def send(
     """Exactly one attempt, its timeout bounded by the deadline: ``(response, error,
     cause)``, ``cause`` being the urllib3 failure behind ``error``. The meter counts it
     on the wire; its permit and slot are looked after once it is answered."""
-    at = call.sent_at = call.clock.monotonic()
+    at = call.ticket.sent_at = call.clock.monotonic()
     meter = call.meter
     if meter is not None:
         meter.wire.add(id(call))

@@ -179,7 +179,7 @@ class Plan:
     # -- per call ------------------------------------------------------------------
     def budget(self, call: Call) -> StoreBudget:
         """What ``call`` may spend on a guarded store (see :attr:`guard`)."""
-        end = None if call.deadline is None else call.start + call.deadline
+        end = None if call.terms.deadline is None else call.terms.start + call.terms.deadline
         return StoreBudget(end, call.clock.monotonic, self.fail_closed)
 
     def meter(self, scope: str | None) -> Meter | None:

@@ -110,7 +110,7 @@ def judge(
     urllib3 error). ``decided=True`` is for a stock urllib3 loop, which calls only for
     outcomes it already chose to retry. ``body``: the response's body when a dialect
     needed it read (``buckets.peek_body``), else None."""
-    call.attempts += 1
+    call.progress.attempts += 1
     status = getattr(response, "status", None)
     if not isinstance(status, int):
         status = None
@@ -143,7 +143,7 @@ def _happy(call: Call, method: str | None, url: str | None, response: Any, statu
         read_quota_headers(call, response)
     if call.ticket.rate_report and _good(call, status):
         call.plan.rate_answer(call, None)
-    meter, sent = call.meter, call.sent_at
+    meter, sent = call.meter, call.ticket.sent_at
     if meter is None or sent is None or sent - meter.noted >= SUCCESS_EVERY:
         note(call, SUCCESS)  # else noted less than SUCCESS_EVERY ago: nothing new
     return FINAL
@@ -181,8 +181,8 @@ def _learn(
     """Learn from the answer before deciding: its route's bucket, its Retry-After,
     quota headers, a secondary limit, and its outcome noted. Returns the valid
     Retry-After (seconds) and why one was rejected."""
-    if call.started_at is None:
-        call.started_at = call.clock.now()
+    if call.progress.started_at is None:
+        call.progress.started_at = call.clock.now()
     call.heard = Heard(status)
     policy = call.policy
     server_delay: float | None = None
@@ -271,8 +271,8 @@ def plan_wait(call: Call, server_delay: float | None, backoff: float, cooldown: 
         cooldown_left=call.seconds_until(call.cooldown) if cooldown else 0.0,
         jitter=jitter(call) if cooldown else 0.0,
         elapsed=call.elapsed(),
-        deadline=call.deadline,
-        max_wait=call.max_wait,
+        deadline=call.terms.deadline,
+        max_wait=call.terms.max_wait,
         attempt_reserve=policy.attempt_reserve,
     )
 
