@@ -29,8 +29,8 @@ from urllib3.util.retry import Retry
 from . import _forksafe
 from .deferral import Deferral
 from .engine import Call, Op, Outcome, drive, steps
-from .engine.admission import carry_out_store
-from .engine.ops import Admit, Close, Follow, Judge, Keep, ReadCooldown, Send, Settle, Sleep, StoreOp
+from .engine.admission import STORE_STEPS, carry_out_store
+from .engine.ops import Close, Follow, Keep, Send, Sleep, StoreOp
 from .errors import RetryDeferred
 from .redact import message_url
 from .retry import RetryAfterRetry
@@ -483,6 +483,7 @@ async def _adrive(
     for a memory store or on ``pool`` (a blocking store), in the task's context. An
     error (a cancel) is thrown into the steps, which give back what they hold."""
     context = contextvars.copy_context() if pool is not None else None
+    store_steps = STORE_STEPS
     value: Any = None
     error: BaseException | None = None
     while True:
@@ -492,10 +493,13 @@ async def _adrive(
             return stop.value  # type: ignore[no-any-return]
         error = None
         try:
-            if context is not None and isinstance(op, (Admit, ReadCooldown, Settle, Judge)):
-                value = await _on_pool(pool, context, call, op)
-            else:
+            store_step = store_steps.get(type(op))
+            if store_step is None:
                 value = await _carry_out(call, attempts, op)
+            elif context is None:
+                value = store_step(call, op)  # a memory store: no I/O, here on the loop
+            else:
+                value = await _on_pool(pool, context, call, op)  # type: ignore[arg-type]
         except BaseException as exc:  # thrown back in: the steps clean up, or handle it
             value, error = None, exc
 
@@ -527,8 +531,6 @@ async def _carry_out(call: Call, attempts: _AsyncAttempts, op: Op) -> Any:
     if isinstance(op, Follow):
         attempts.follow(op.response, op.retry)  # never asked: httpx follows redirects itself
         return None
-    if isinstance(op, (Admit, ReadCooldown, Settle, Judge)):
-        return carry_out_store(call, op)
     raise TypeError(f"not an operation of the engine: {type(op).__name__}")
 
 

@@ -31,7 +31,7 @@ from .body import DEFAULT_MAX_RETRY_BODY
 from .clock import DEFAULT_CLOCK, Clock, SystemClock
 from .deferral import Deferral
 from .engine import REDIRECT, Call, current_override, judge, judge_redirect, wait_until
-from .engine.call import Heard
+from .engine.call import Heard, Terms
 from .engine.verdict import plan_wait
 from .errors import ConfigurationError, DeferralLimitExceeded, InvalidRetryAfter, MaxRetryDeferred
 from .header import parse_retry_after
@@ -78,7 +78,7 @@ class _StockLoop:
     @classmethod
     def of(cls, call: Call, wake: float | None) -> _StockLoop:
         progress = call.progress
-        return cls(call.terms.start, progress.started_at, progress.attempts, call.cooldown, call.heard, wake)
+        return cls(progress.start, progress.started_at, progress.attempts, call.cooldown, call.heard, wake)
 
 
 def _count_or_none(name: str, value: object, unit: str) -> int | None:
@@ -182,6 +182,8 @@ class RetryAfterRetry(Retry):
         self.on_decision = as_hooks(on_decision)
         # Stock-loop mode only: the call so far (set by increment).
         self._stock = _stock
+        # The terms its calls share (``engine.call.terms_of``), with the hooks they were made for.
+        self._terms: tuple[tuple[DecisionHook, ...], Terms] | None = None
 
     # -- the value ------------------------------------------------------------------
     def new(self, **kw: Any) -> RetryAfterRetry:
@@ -209,6 +211,7 @@ class RetryAfterRetry(Retry):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_stock"] = None  # a running loop never travels with a copy
+        state["_terms"] = None  # made again where it lands
         return state
 
     # -- Retry-After, as stock urllib3 reads it (strict, never capped) ---------------
@@ -296,7 +299,7 @@ class RetryAfterRetry(Retry):
         call = Call(self, override=current_override())
         stock = self._stock
         if stock is not None:
-            call.terms.start = stock.start
+            call.progress.start = stock.start
             call.progress.started_at = stock.started_at
             call.progress.attempts = stock.attempts
             call.cooldown = stock.cooldown

@@ -378,7 +378,7 @@ class SharedSettings:
             return self._local(context, deferral)
         response = self._adopt(context, outcome.response, outcome)
         if deferral is None:
-            return self._finished(context, call, response, outcome)
+            return self._finished(context, call, response, outcome) if outcome.redirect else response
         if (
             self.settings.raise_on_defer
             or (outcome.redirect and self.defers_redirects)
@@ -401,7 +401,8 @@ class SharedSettings:
         raise NotImplementedError
 
     def _finished(self, context: Any, call: Call, response: Any, outcome: Outcome[Any]) -> Any:
-        """A response that is not deferred (a redirect hop records its call here)."""
+        """A redirect that is not deferred, returned to the library (which follows it:
+        the hop records its call here)."""
         return response
 
     def _deferred(

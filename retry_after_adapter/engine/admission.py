@@ -7,7 +7,7 @@ without sending (``cooldown``, ``quota``, ``concurrency``, ``deadline``...).
 from __future__ import annotations
 
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -42,6 +42,7 @@ R = TypeVar("R")
 
 __all__ = [
     "SLOT_POLL",
+    "STORE_STEPS",
     "UNKNOWN_COOLDOWN_RETRY",
     "admit_slowly",
     "admitted",
@@ -65,14 +66,23 @@ def admitted(call: Call) -> Generator[Op, Any, bool]:
     (nothing pending, nothing held, what it needs taken: one store operation); False
     when :func:`admit_slowly` must look, wait or defer (the steps of an admission that
     is not the common case)."""
-    if call.terms.cancel is not None or call.progress.not_before is not None or call.out_of_time():
+    terms = call.terms
+    if terms.cancel is not None or call.progress.not_before is not None:
         return False
+    if terms.deadline is not None and call.clock.monotonic() - call.progress.start > terms.deadline:
+        return False  # out of time (``Call.out_of_time``, read here: every GET passes)
     if call.plan.store is None:
         return True  # nothing shared, nothing resumed, time left: nothing to wait for
-    try:
-        return (yield from _take(call)) is None
+    try:  # _take, written out: every GET passes here
+        not_before = yield ADMIT
     except CooldownUnavailable:
         return False  # the rounds of admit_slowly apply the failure policy
+    except GeneratorExit:
+        raise
+    except BaseException:
+        yield Settle(None, None)  # nothing is sent: its slot back, its permit settled
+        raise
+    return not_before is None
 
 
 def _take(call: Call) -> Generator[Op, Any, datetime | None]:
@@ -247,10 +257,11 @@ def wait_until(call: Call, target: float) -> Deferral | None:
 
 def drive(call: Call, transport: Any, steps: Generator[Op, Any, R]) -> R:
     """The synchronous driver: carry out each :data:`~.ops.Op` of ``steps`` here (a
-    sleep on the call's clock, a transport operation), hand back its result or throw
-    its exception into the steps, and return what they return."""
+    sleep on the call's clock, a transport operation, a store operation), hand back its
+    result or throw its exception into the steps, and return what they return."""
     value: Any = None
     error: BaseException | None = None
+    store_steps = STORE_STEPS
     while True:
         try:
             op = steps.send(value) if error is None else steps.throw(error)
@@ -258,15 +269,17 @@ def drive(call: Call, transport: Any, steps: Generator[Op, Any, R]) -> R:
             return stop.value  # type: ignore[no-any-return]
         error = None
         try:
-            value = carry_out(call, transport, op)
+            if op is ADMIT:  # the step of every GET with a store
+                value = call.plan.admit_once(call)
+                continue
+            store_step = store_steps.get(type(op))
+            value = carry_out(call, transport, op) if store_step is None else store_step(call, op)
         except BaseException as exc:  # thrown back in: the steps clean up, or handle it
             value, error = None, exc
 
 
 def carry_out(call: Call, transport: Any, op: Op) -> Any:
     """One :data:`~.ops.Op`, here and now."""
-    if isinstance(op, (Admit, ReadCooldown, Settle, Judge)):
-        return carry_out_store(call, op)
     if isinstance(op, Send):
         return transport.send(op.timeout)
     if isinstance(op, Sleep):
@@ -277,26 +290,48 @@ def carry_out(call: Call, transport: Any, op: Op) -> Any:
         return transport.close(op.response)
     if isinstance(op, Follow):
         return transport.follow(op.response, op.retry)
+    if isinstance(op, (Admit, ReadCooldown, Settle, Judge)):
+        return carry_out_store(call, op)
     raise TypeError(f"not an operation of the engine: {type(op).__name__}")
 
 
 def carry_out_store(call: Call, op: StoreOp) -> Any:
     """One store step of the call's plan, here and now (on whichever thread the driver
     chose)."""
+    return STORE_STEPS[type(op)](call, op)
+
+
+def _admit(call: Call, op: Admit) -> datetime | None:
+    return call.plan.admit_once(call)
+
+
+def _settle(call: Call, op: Settle) -> None:
     plan = call.plan
-    if isinstance(op, Admit):
-        return plan.admit_once(call)
-    if isinstance(op, Settle):
-        plan.answered(call, op.response, op.on_done)
-        if op.response is None:
-            plan.judged(call)  # nothing to judge: a probe's slot goes back too
-        return None
-    if isinstance(op, Judge):
-        try:
-            return judge(call, op.method, op.url, op.raw, op.cause, body=op.body)
-        finally:
-            plan.judged(call)  # a probe's slot, once what the answer taught is learned
-    return plan.read_cooldown(call)
+    plan.answered(call, op.response, op.on_done)
+    if op.response is None:
+        plan.judged(call)  # nothing to judge: a probe's slot goes back too
+
+
+def _judge(call: Call, op: Judge) -> Any:
+    try:
+        return judge(call, op.method, op.url, op.raw, op.cause, body=op.body)
+    finally:
+        if call.ticket.probe is not None:
+            call.plan.judged(call)  # a probe's slot, once what the answer taught is learned
+
+
+def _read_cooldown(call: Call, op: ReadCooldown) -> datetime | None:
+    return call.plan.read_cooldown(call)
+
+
+#: Each store step's work, by its type (one dictionary look-up a step, no chain of
+#: type tests): what :func:`drive` and the async driver carry out on a store's behalf.
+STORE_STEPS: dict[type[Any], Callable[[Call, Any], Any]] = {
+    Admit: _admit,
+    Settle: _settle,
+    Judge: _judge,
+    ReadCooldown: _read_cooldown,
+}
 
 
 # ---------------------------------------------------------------- the waiting queue

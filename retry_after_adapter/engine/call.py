@@ -6,7 +6,7 @@ and the scope it holds four parts, each with one purpose: its :class:`Terms` (wh
 may spend, set when it starts), its :class:`Progress` (what the job has spent, carried
 by a resumed deferral), the attempt's :class:`Ticket` (admission to answer) and what the
 server said (:class:`Heard`, and the scope's cooldown). Durations are seconds (float);
-``Terms.start`` is monotonic and never leaves the process; every time stored or put in
+``Progress.start`` is monotonic and never leaves the process; every time stored or put in
 a deferral is an aware UTC ``datetime``.
 """
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .meters import Meter
     from .plan import Slot
 
-__all__ = ["MIN_ATTEMPT_TIMEOUT", "Call"]
+__all__ = ["MIN_ATTEMPT_TIMEOUT", "Call", "Progress", "Terms", "Ticket", "terms_of"]
 
 #: The smallest timeout, in seconds, an attempt gets when its deadline is nearly used
 #: up (a zero timeout would make the socket non-blocking). ``attempt_reserve`` raises it.
@@ -58,52 +58,38 @@ class Ticket:
     """One attempt's admission, from its grant to its answer: what the store gave it
     and what its answer must settle (written by the plan, ``engine.plan``), how long it
     waited for a slot and whether it queued (``engine.admission``), and when it was
-    sent (``engine.loop``)."""
+    sent (``engine.loop``).
 
-    __slots__ = (
-        "admission",
-        "admitted_at",
-        "lease_token",
-        "permit",
-        "permit_open",
-        "probe",
-        "queued",
-        "rate_epoch",
-        "rate_held",
-        "rate_report",
-        "sent_at",
-        "slot_busy",
-        "slot_waited",
-    )
+    Every field starts at its class default (made per call with no ``__init__``: the
+    defaults are immutable, and an attempt writes what it takes)."""
 
-    def __init__(self) -> None:
-        #: The slot the call holds while an attempt is on the wire.
-        self.lease_token: str | None = None
-        #: When the quota permit of the attempt on the wire stops counting, as stored,
-        #: and when (monotonic seconds) its admission started.
-        self.permit: datetime | None = None
-        self.admitted_at = 0.0
-        #: That permit is an open one: it counts until its answer settles it (see
-        #: ``Plan.answered``).
-        self.permit_open = False
-        #: The admission number of the attempt on the wire, for quota headers.
-        self.admission: int | None = None
-        #: The learned rate's epoch the attempt on the wire was admitted in (None: no
-        #: learned rate governed it), and whether its good answer is to be told.
-        self.rate_epoch: int | None = None
-        self.rate_report = False
-        #: The last admission was refused by the scope's learned rate (reason ``rate``).
-        self.rate_held = False
-        #: A learned rate's probe slot, given back once the attempt's answer is judged.
-        self.probe: Slot | None = None
-        #: The last admission was refused only for want of a concurrency slot.
-        self.slot_busy = False
-        #: How long (seconds) this attempt has waited for a concurrency slot so far.
-        self.slot_waited = 0.0
-        #: Counted among the calls waiting on its scope in this process (max_waiting).
-        self.queued = False
-        #: When (monotonic seconds) the last attempt was sent; None: none yet.
-        self.sent_at: float | None = None
+    #: The slot the call holds while an attempt is on the wire.
+    lease_token: str | None = None
+    #: When the quota permit of the attempt on the wire stops counting, as stored, and
+    #: when (monotonic seconds) its admission started.
+    permit: datetime | None = None
+    admitted_at = 0.0
+    #: That permit is an open one: it counts until its answer settles it (see
+    #: ``Plan.answered``).
+    permit_open = False
+    #: The admission number of the attempt on the wire, for quota headers.
+    admission: int | None = None
+    #: The learned rate's epoch the attempt on the wire was admitted in (None: no
+    #: learned rate governed it), and whether its good answer is to be told.
+    rate_epoch: int | None = None
+    rate_report = False
+    #: The last admission was refused by the scope's learned rate (reason ``rate``).
+    rate_held = False
+    #: A learned rate's probe slot, given back once the attempt's answer is judged.
+    probe: Slot | None = None
+    #: The last admission was refused only for want of a concurrency slot.
+    slot_busy = False
+    #: How long (seconds) this attempt has waited for a concurrency slot so far.
+    slot_waited = 0.0
+    #: Counted among the calls waiting on its scope in this process (max_waiting).
+    queued = False
+    #: When (monotonic seconds) the last attempt was sent; None: none yet.
+    sent_at: float | None = None
 
     def uncounted(self) -> None:
         """The attempt moved to a scope whose store record did not count it (a refined
@@ -112,35 +98,49 @@ class Ticket:
 
 
 class Terms:
-    """What a call may spend, set when it starts (by the policy and an enclosing
-    ``budget()``): when it started (the clock's monotonic seconds), its deadline and
-    maximum wait (seconds; None: none), its cancel event and its decision hooks.
-    Written by this module alone (and by a stock urllib3 loop carrying its start)."""
+    """What a call may spend: its deadline and maximum wait (seconds; None: none), its
+    cancel event and its decision hooks. Never changed once made: a policy's calls
+    share one (:func:`terms_of`), and an enclosing ``budget()`` makes its own."""
 
-    __slots__ = ("cancel", "deadline", "hooks", "max_wait", "start")
+    __slots__ = ("cancel", "deadline", "hooks", "max_wait")
 
-    def __init__(self, start: float, policy: RetryAfterRetry, hooks: tuple[DecisionHook, ...]) -> None:
-        self.start = start
-        self.deadline: float | None = policy.deadline
-        self.max_wait: float | None = policy.max_wait
-        self.cancel: Event | None = None
-        self.hooks = policy.on_decision + hooks if hooks else policy.on_decision
+    def __init__(
+        self, deadline: float | None, max_wait: float | None, cancel: Event | None,
+        hooks: tuple[DecisionHook, ...],
+    ) -> None:
+        self.deadline = deadline
+        self.max_wait = max_wait
+        self.cancel = cancel
+        self.hooks = hooks
+
+
+def terms_of(policy: RetryAfterRetry, hooks: tuple[DecisionHook, ...]) -> Terms:
+    """The terms of ``policy``'s calls with the front end's ``hooks`` added: made once
+    per policy and hooks (kept on the policy, an immutable value), then shared."""
+    kept = policy._terms
+    if kept is not None and kept[0] is hooks:
+        return kept[1]
+    terms = Terms(
+        policy.deadline, policy.max_wait, None, policy.on_decision + hooks if hooks else policy.on_decision
+    )
+    policy._terms = (hooks, terms)
+    return terms
 
 
 class Progress:
-    """What the job has spent so far, across its deferrals: attempts sent, deferrals
-    before this call, the chain of those deferrals, when its first attempt was sent
-    (UTC) and the eligible time it resumes at (no attempt before it; UTC)."""
+    """What the job has spent so far: when this call started (the clock's monotonic
+    seconds; set per call), and, carried across its deferrals, the attempts sent, the
+    deferrals before this call, the chain of those deferrals, when its first attempt
+    was sent (UTC) and the eligible time it resumes at (no attempt before it; UTC).
+    Fields start at their class defaults (immutable), as :class:`Ticket`'s."""
 
-    __slots__ = ("attempts", "deferrals_before", "history", "not_before", "started_at")
-
-    def __init__(self) -> None:
-        self.attempts = 0
-        self.deferrals_before = 0
-        self.history: tuple[Deferral, ...] = ()
-        self.started_at: datetime | None = None
-        #: No attempt before this: the eligible time of the deferral this call resumes.
-        self.not_before: datetime | None = None
+    start = 0.0
+    attempts = 0
+    deferrals_before = 0
+    history: tuple[Deferral, ...] = ()
+    started_at: datetime | None = None
+    #: No attempt before this: the eligible time of the deferral this call resumes.
+    not_before: datetime | None = None
 
 
 class Call:
@@ -180,9 +180,10 @@ class Call:
         self.plan = plan
         self.scope = scope
         #: Its deadline, maximum wait, cancel event and hooks (see :class:`Terms`).
-        self.terms = Terms(clock.monotonic(), policy, hooks)
-        #: What the job has spent so far (see :class:`Progress`).
-        self.progress = Progress()
+        self.terms = terms_of(policy, hooks)
+        #: What the job has spent so far (see :class:`Progress`), from now.
+        progress = self.progress = Progress()
+        progress.start = clock.monotonic()
         #: The scope's shared cooldown as last read or written.
         self.cooldown: datetime | None = None
         #: What the server said last (see :class:`Heard`).
@@ -210,11 +211,12 @@ class Call:
     def _override(self, override: Override) -> None:
         """Apply an enclosing ``budget()``: its limits, cancel event and resumed deferral."""
         terms = self.terms
-        if override.deadline is not UNSET:
-            terms.deadline = override.deadline  # type: ignore[assignment]
-        if override.max_wait is not UNSET:
-            terms.max_wait = override.max_wait  # type: ignore[assignment]
-        terms.cancel = override.cancel
+        self.terms = Terms(
+            terms.deadline if override.deadline is UNSET else override.deadline,  # type: ignore[arg-type]
+            terms.max_wait if override.max_wait is UNSET else override.max_wait,  # type: ignore[arg-type]
+            override.cancel,
+            terms.hooks,
+        )
         resume = override.resume
         if resume is None:
             return
@@ -230,7 +232,7 @@ class Call:
     # -- time ---------------------------------------------------------------------
     def elapsed(self) -> float:
         """Seconds since the call started (monotonic)."""
-        return max(0.0, self.clock.monotonic() - self.terms.start)
+        return max(0.0, self.clock.monotonic() - self.progress.start)
 
     def time_left(self) -> float | None:
         """Seconds the call may still spend; None: no deadline."""
@@ -240,8 +242,8 @@ class Call:
 
     def out_of_time(self) -> bool:
         """Whether the deadline has passed."""
-        terms = self.terms
-        return terms.deadline is not None and self.clock.monotonic() - terms.start > terms.deadline
+        deadline = self.terms.deadline
+        return deadline is not None and self.clock.monotonic() - self.progress.start > deadline
 
     def seconds_until(self, until: datetime | None) -> float:
         """Seconds from now (wall clock) to ``until``; 0 when it is None or past."""
@@ -375,7 +377,7 @@ class Call:
             return timeout
         if at is None:
             at = self.clock.monotonic()
-        left = deadline - (at - self.terms.start)
+        left = deadline - (at - self.progress.start)
         number = type(timeout) in (int, float)  # the common case: one number for both
         if number and timeout + timeout <= left:
             return timeout  # connect + read already fit: nothing to bound

@@ -217,7 +217,11 @@ def send(
             yield Settle(None, transport.on_done)
             raise
         error = exc
-    _off_the_wire(call)
+    if meter is not None:
+        meter.wire.discard(id(call))  # off the wire (``_off_the_wire``, written out)
+    ticket = call.ticket
+    if ticket.permit is None and ticket.lease_token is None:
+        return response, error, cause  # no permit, no slot: nothing to settle, no step
     try:
         yield Settle(response, transport.on_done)
     except GeneratorExit:

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import _forksafe
-from ..cooldown.base import Admission, Allowances, Ask, FreshnessLog, FullStore, Learn, LearnedRate, Lease
+from ..cooldown.base import Allowances, Ask, FreshnessLog, FullStore, Learn, LearnedRate, Lease
 from ..cooldown.guard import StoreBudget, StoreGuard
 from ..cooldown.legacy import opens_permits
 from ..cooldown.memory import MemoryCooldownStore
@@ -179,7 +179,7 @@ class Plan:
     # -- per call ------------------------------------------------------------------
     def budget(self, call: Call) -> StoreBudget:
         """What ``call`` may spend on a guarded store (see :attr:`guard`)."""
-        end = None if call.terms.deadline is None else call.terms.start + call.terms.deadline
+        end = None if call.terms.deadline is None else call.progress.start + call.terms.deadline
         return StoreBudget(end, call.clock.monotonic, self.fail_closed)
 
     def meter(self, scope: str | None) -> Meter | None:
@@ -211,22 +211,7 @@ class Plan:
         ask = Ask(call.scope, now, self.limit, self.per, lease, self.margin, 1, 0.0, learn, opened)
         guard = self.guard
         answer = store.admit(ask) if guard is None else guard.admit(ask, call.budget)
-        return self._took(call, answer, lease)
-
-    def _tokens(self, call: Call) -> tuple[Lease | None, Learn | None]:
-        """What an admission asks for besides a permit: a concurrency slot and the
-        learned rate's probe slot, each under a new token (none while the call holds one)."""
-        if call.ticket.lease_token is not None:
-            return None, None
-        lease = (self.slots, self.ttl, next(_lease_tokens)) if self.slots is not None else None
-        learn = None
-        if self.learns:
-            learn = (self.ttl, lease[2] if lease is not None else next(_lease_tokens))
-        return lease, learn
-
-    def _took(self, call: Call, answer: Admission, lease: Lease | None) -> datetime | None:
-        """Keep on ``call`` what the store's ``answer`` says; its ``not_before``."""
-        ticket = call.ticket
+        # Keep on the call what the answer says.
         call.cooldown, not_before, ticket.admission, ticket.slot_busy = answer
         ticket.rate_held = answer.by_rate
         # Only a configured quota's permit is settled (the learned rate counts sends, no permit).
@@ -239,6 +224,17 @@ class Plan:
             elif answer.token is not None:
                 ticket.lease_token = answer.token  # a slot of the learned rate's probes
         return not_before
+
+    def _tokens(self, call: Call) -> tuple[Lease | None, Learn | None]:
+        """What an admission asks for besides a permit: a concurrency slot and the
+        learned rate's probe slot, each under a new token (none while the call holds one)."""
+        if call.ticket.lease_token is not None:
+            return None, None
+        lease = (self.slots, self.ttl, next(_lease_tokens)) if self.slots is not None else None
+        learn = None
+        if self.learns:
+            learn = (self.ttl, lease[2] if lease is not None else next(_lease_tokens))
+        return lease, learn
 
     def answered(self, call: Call, response: Any, on_done: Callable[[Any, Slot], None] | None = None) -> None:
         """The attempt is answered (or failed, ``response`` None): its permit counts
