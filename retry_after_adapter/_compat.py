@@ -75,30 +75,21 @@ QUOTA_FIELDS = (
     "anthropic-ratelimit-input-tokens-remaining",
     "anthropic-ratelimit-output-tokens-remaining",
 )
+_QUOTA_KEYS = frozenset(QUOTA_FIELDS)
 _QUOTA_NAMES = frozenset(name.encode("ascii") for name in QUOTA_FIELDS)
-_IETF, _X, _OPENAI_REQUESTS, _OPENAI_TOKENS, _REQUESTS, _TOKENS, _INPUT, _OUTPUT = QUOTA_FIELDS
 
 
 def announces_quota(response: Any) -> bool:
     """Whether a response has one of :data:`QUOTA_FIELDS`. Asked of every response: on
     urllib3's own headers (both versions keep them in ``_container``, keyed by the
-    lower-case name) eight plain dict lookups at most; on httpx's (``_list`` of raw
+    lower-case name) one pass over the names; on httpx's (``_list`` of raw
     name, lower-case name, value) one pass over the names."""
     headers = getattr(response, "headers", None)
     if headers is None:
         return False
     names = getattr(headers, "_container", None)
     if type(names) is dict or isinstance(names, dict):
-        return (
-            _IETF in names
-            or _X in names
-            or _OPENAI_REQUESTS in names
-            or _OPENAI_TOKENS in names
-            or _REQUESTS in names
-            or _TOKENS in names
-            or _INPUT in names
-            or _OUTPUT in names
-        )
+        return not _QUOTA_KEYS.isdisjoint(names)  # one pass over its few names, in C
     items = getattr(headers, "_list", None)
     if type(items) is list:
         return not _QUOTA_NAMES.isdisjoint([item[1] for item in items])

@@ -30,7 +30,7 @@ from . import _forksafe
 from .deferral import Deferral
 from .engine import Call, Op, Outcome, drive, steps
 from .engine.admission import STORE_STEPS, carry_out_store
-from .engine.ops import Close, Follow, Keep, Send, Sleep, StoreOp
+from .engine.ops import ADMIT, Close, Follow, Keep, Send, Sleep, StoreOp
 from .errors import RetryDeferred
 from .redact import message_url
 from .retry import RetryAfterRetry
@@ -494,10 +494,12 @@ async def _adrive(
         error = None
         try:
             store_step = store_steps.get(type(op))
-            if store_step is None:
+            if isinstance(op, Send):  # awaited here: one coroutine less on every request's wire wait
+                value = await attempts.send(op.timeout)
+            elif store_step is None:
                 value = await _carry_out(call, attempts, op)
-            elif context is None:
-                value = store_step(call, op)  # a memory store: no I/O, here on the loop
+            elif context is None:  # a memory store: no I/O, here on the loop
+                value = call.plan.admit_once(call) if op is ADMIT else store_step(call, op)
             else:
                 value = await _on_pool(pool, context, call, op)  # type: ignore[arg-type]
         except BaseException as exc:  # thrown back in: the steps clean up, or handle it
@@ -518,10 +520,8 @@ async def _on_pool(pool: Any, context: contextvars.Context, call: Call, op: Stor
 
 
 async def _carry_out(call: Call, attempts: _AsyncAttempts, op: Op) -> Any:
-    """One :data:`~.engine.ops.Op` of the engine, awaited (a store step here: a memory
-    store does no I/O)."""
-    if isinstance(op, Send):
-        return await attempts.send(op.timeout)
+    """One :data:`~.engine.ops.Op` of the engine that is neither a send nor a store
+    step, awaited."""
     if isinstance(op, Sleep):
         return await _asleep(call, op.seconds)
     if isinstance(op, Keep):

@@ -200,7 +200,12 @@ class Plan:
         # A real clock is read by the store itself as it grants (inside its lock): a
         # permit's time is then its grant's, however long the lock took.
         now = None if call.policy.real_clock else call.clock.now()
-        lease, learn = self._tokens(call)
+        lease: Lease | None = None
+        learn: Learn | None = None
+        if call.ticket.lease_token is None:  # new tokens: a slot's, a probe's (none while one is held)
+            lease = (self.slots, self.ttl, next(_lease_tokens)) if self.slots is not None else None
+            if self.learns:
+                learn = (self.ttl, lease[2] if lease is not None else next(_lease_tokens))
         ticket = call.ticket
         opened = 0.0
         if self.limit is not None:
@@ -224,17 +229,6 @@ class Plan:
             elif answer.token is not None:
                 ticket.lease_token = answer.token  # a slot of the learned rate's probes
         return not_before
-
-    def _tokens(self, call: Call) -> tuple[Lease | None, Learn | None]:
-        """What an admission asks for besides a permit: a concurrency slot and the
-        learned rate's probe slot, each under a new token (none while the call holds one)."""
-        if call.ticket.lease_token is not None:
-            return None, None
-        lease = (self.slots, self.ttl, next(_lease_tokens)) if self.slots is not None else None
-        learn = None
-        if self.learns:
-            learn = (self.ttl, lease[2] if lease is not None else next(_lease_tokens))
-        return lease, learn
 
     def answered(self, call: Call, response: Any, on_done: Callable[[Any, Slot], None] | None = None) -> None:
         """The attempt is answered (or failed, ``response`` None): its permit counts
