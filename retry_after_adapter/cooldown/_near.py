@@ -183,12 +183,9 @@ class Near:
         ``(None, permit, token)``: a permit's end and a held slot it took (None: the
         store must give it), to be put back with :meth:`put_back` if the store refuses."""
         known = self._fresh_known(scope)
-        answers = known is not None
         cooldown = self._cooldown(scope) if known is not None else None
-        if answers and cooldown is not None and cooldown > present:
+        if cooldown is not None and cooldown > present:
             return Admission(cooldown, cooldown), None, None
-        if known is not None and known.rated:
-            answers = False  # the store's learned rate admits
         # A permit of the batch and a held slot serve whether or not the copy can
         # answer for the cooldown (then the store's operation checks it).
         permit = None
@@ -197,16 +194,33 @@ class Near:
         token = None
         if lease is not None:
             token = self._reuse(scope, present, lease[1], lease[0])
-        if answers and (limit is None or permit is not None) and (lease is None or token is not None):
-            seq = None
-            if known is not None and known.counted:  # one of the announced allowance too
-                seq = self._spend_unit(scope, present)
-                if seq is None:
-                    return None, permit, token
-            if permit is None and token is None:
-                return Admission(cooldown, None, seq), None, None
-            return Granted.of(permit, cooldown, seq, 0, token), None, None
+        if (
+            known is not None
+            and not known.rated  # else the store's learned rate admits
+            and (limit is None or permit is not None)
+            and (lease is None or token is not None)
+        ):
+            return self._answer_alone(scope, present, known, cooldown, permit, token)
         return None, permit, token
+
+    def _answer_alone(
+        self, scope: str, present: datetime, known: _Known, cooldown: datetime | None,
+        permit: datetime | None, token: str | None,
+    ) -> tuple[Admission | None, datetime | None, str | None]:
+        """:meth:`admit`'s answer when the copy knows ``scope``, no learned rate governs
+        it, no cooldown runs at ``present`` (an aware UTC datetime) and what it asks was
+        found here: ``permit`` (the end of a batch's permit, None: no quota) and
+        ``token`` (a held slot, None: no cap). A scope whose announced allowance the
+        store counts needs one of its admissions held here too, else the store answers
+        (``(None, permit, token)``)."""
+        seq = None
+        if known.counted:  # one of the announced allowance too
+            seq = self._spend_unit(scope, present)
+            if seq is None:
+                return None, permit, token
+        if permit is None and token is None:
+            return Admission(cooldown, None, seq), None, None
+        return Granted.of(permit, cooldown, seq, 0, token), None, None
 
     def _fresh_known(self, scope: str) -> _Known | None:
         """What the copy knows of ``scope`` when it may answer for it (the feed has
