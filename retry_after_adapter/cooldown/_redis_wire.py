@@ -13,8 +13,10 @@ from typing import Any
 
 from ..errors import CooldownStoreError
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
-from .base import Admission, Granted, Learn, Lease, RateHeld
+from .allowance import ALLOWANCE_KEPT
+from .base import Admission, Ask, Granted, Learn, Lease, RateHeld
 from .freshness import Freshness
+from .rate import RATE_KEPT, Rate, rate_from_row
 
 
 def lua(*names: str) -> str:
@@ -75,17 +77,29 @@ def _admission(reply: Any, stored: datetime | None, together: bool, learn: Learn
         raise CooldownStoreError("the Redis admit script returned an unexpected reply") from None
     known = _ms_or_none(cooldown) if together else stored
     end = from_epoch_ms(permit) if permit >= 0 else None
-    if rated and wait >= 0:
-        return RateHeld(known, from_epoch_ms(wait), None, bool(busy))
-    if rated and wait < 0:
-        assert learn is not None
-        token = learn[1] if rated[2] else None
-        return Granted.of(end, known, None, 0, token, rate_epoch=rated[0], rate_report=bool(rated[1]))
+    if rated:
+        return _rate_admission(rated, known, wait, busy, end, learn)
     number = None if seq < 0 else seq
     if wait < 0 and (permit >= 0 or units > 0):
         until = from_epoch_ms(reset) if units > 0 else None
         return Granted.of(end, known, number, extra, None, units, until)
     return Admission(known, _ms_or_none(wait), number, bool(busy))
+
+
+def _rate_admission(
+    rated: list[int], known: datetime | None, wait: int, busy: int, end: datetime | None,
+    learn: Learn | None,
+) -> Admission:
+    """The admit script's reply when the learned rate decided (``rated``: its numbers
+    after the eighth): held back until ``wait`` (ms; ``busy``: every slot of its cap
+    held), or, ``wait`` -1, admitted; ``rated`` is then the rate's epoch, 1 when a
+    probe's good answer is to be told, 1 when the slot was taken as the probe's token
+    (``learn``'s)."""
+    if wait >= 0:
+        return RateHeld(known, from_epoch_ms(wait), None, bool(busy))
+    assert learn is not None
+    token = learn[1] if rated[2] else None
+    return Granted.of(end, known, None, 0, token, rate_epoch=rated[0], rate_report=bool(rated[1]))
 
 
 def _permit_args(limit: int | None, per: float | None, margin: float, when: datetime) -> tuple[object, ...]:
@@ -106,8 +120,38 @@ def _lease_args(lease: Lease | None) -> tuple[object, ...]:
     return (lease[0], window_ms(lease[1]), lease[2])
 
 
+def _admit_args(ask: Ask, when: datetime, together: bool) -> list[str]:
+    """The admit script's arguments for ``ask`` at ``when`` (an aware UTC datetime: the
+    present, passed as whole ms rounded down), in ``admit.lua``'s order: the quota's
+    (see :func:`_permit_args`), whether the script reads the cooldown (``together``),
+    how long an allowance is kept, the lease's, the batch and its hold, the learned
+    rate's, how much longer an open permit counts and the quota's per (ms; 0 without a
+    quota)."""
+    _, _, limit, per, lease, margin, batch, hold, learn, opened = ask
+    args = [now_epoch_ms(when), *_permit_args(limit, per, margin + opened, when)]
+    args += ["1" if together else "0"]
+    args += [int(ALLOWANCE_KEPT * 1000), *_lease_args(lease), int(batch), round(hold * 1000)]
+    if learn is not None:
+        args += ["1", window_ms(learn[0]), learn[1], int(RATE_KEPT * 1000)]
+    else:
+        args += ["0", 0, "", 0]
+    if limit is not None and per is not None:
+        args += [math.ceil(opened * 1000), window_ms(per)]
+    else:
+        args += [0, 0]
+    return [str(arg) for arg in args]
+
+
 def _text(raw: Any) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def _learned_rate(fields: list[Any]) -> Rate | None:
+    """A learned-rate hash's fields (``rate.Rate``'s, in ``rate.rate_row``'s order; times
+    in ms) as a Rate, or None when the hash holds none."""
+    if fields[0] is None:
+        return None
+    return rate_from_row(tuple(int(float(_text(v or b"0"))) for v in fields))
 
 
 def _freshness(fields: list[Any], until: datetime | None) -> Freshness:

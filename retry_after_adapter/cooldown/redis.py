@@ -23,13 +23,13 @@ from ._redis_feed import CHANNEL, RedisFeed
 from ._redis_wire import (
     SCRIPTS,
     _admission,
+    _admit_args,
     _as_redis_url,
     _client_timeout,
     _database,
     _freshness,
     _glob,
-    _lease_args,
-    _permit_args,
+    _learned_rate,
     _slot_string,
     _source,
     _text,
@@ -46,7 +46,7 @@ from .base import (
     check_until,
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome
-from .rate import RATE_KEPT, Rate, rate_from_row, rate_holds
+from .rate import RATE_KEPT, Rate, rate_holds
 
 #: The default connect and reply timeouts (seconds) of a client made by ``from_url``.
 DEFAULT_SOCKET_TIMEOUT = 0.1
@@ -277,7 +277,7 @@ class RedisCooldownStore(FullStore):
         permit later (:meth:`settle`). (A scope whose key has a ``}`` that Redis would
         not read as a hash tag has its cooldown read by a ``GET`` before: two round
         trips.)"""
-        scope, now, limit, per, lease, margin, batch, hold, learn, opened = ask
+        scope, now, limit, per, _, _, _, _, learn, _ = ask
         key = self.key(check_scope(scope))
         _, together = _slot_string(key)
         stored = None if together else self.get(scope)
@@ -290,16 +290,8 @@ class RedisCooldownStore(FullStore):
         opens = self.quota_key(scope, limit, per, _OPEN) if quota else allowance  # type: ignore[arg-type]
         keys = [key if together else allowance, permits, allowance, self.companion(scope, "lease")]
         keys += [self.companion(scope, _RATE), opens]
-        args = [now_epoch_ms(when), *_permit_args(limit, per, margin + opened, when)]
-        args += ["1" if together else "0"]
-        args += [int(ALLOWANCE_KEPT * 1000), *_lease_args(lease), int(batch), round(hold * 1000)]
-        if learn is not None:
-            args += ["1", window_ms(learn[0]), learn[1], int(RATE_KEPT * 1000)]
-        else:
-            args += ["0", 0, "", 0]
-        args += [math.ceil(opened * 1000) if quota else 0, window_ms(per) if quota else 0]  # type: ignore[arg-type]
         try:
-            reply = self._admit_script(keys=keys, args=[str(arg) for arg in args])
+            reply = self._admit_script(keys=keys, args=_admit_args(ask, when, together))
         except Exception as exc:
             raise self._failure("admit", exc) from exc
         return _admission(reply, None if together else stored, together, learn)
@@ -327,9 +319,7 @@ class RedisCooldownStore(FullStore):
             raw = self._client.hmget(key, list(_RATE_FIELDS))
         except Exception as exc:
             raise self._failure("rate_of", exc) from exc
-        if raw[0] is None:
-            return None
-        return rate_from_row(tuple(int(float(_text(v or b"0"))) for v in raw))
+        return _learned_rate(raw)
 
     def settle(
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
@@ -527,10 +517,9 @@ class RedisCooldownStore(FullStore):
         return Hold("allowance", rolled.until) if rolled.until > now and rolled.remaining <= 0 else None
 
     def _rate_hold(self, key: str, now_ms: int) -> Hold | None:
-        raw = self._client.hmget(key, list(_RATE_FIELDS))
-        if raw[0] is None:
+        rate = _learned_rate(self._client.hmget(key, list(_RATE_FIELDS)))
+        if rate is None:
             return None
-        rate = rate_from_row(tuple(int(float(_text(v or b"0"))) for v in raw))
         ends = rate_holds(rate, now_ms / 1000)
         return None if ends is None else Hold("rate", from_epoch_ms(round(ends * 1000)), rate.limit)
 
