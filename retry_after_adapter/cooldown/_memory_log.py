@@ -1,17 +1,19 @@
 """The memory store's units and records, as pure functions: times in whole
 microseconds since the epoch, when a kind of record can no longer matter, a quota's
-log key, the answers admission gives."""
+log key and when its next permit is free, the answers admission gives."""
 
 from __future__ import annotations
 
+import bisect
 import collections
+import heapq
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import TypeVar
 
 from ..errors import ConfigurationError
 from .allowance import Allowance, roll
-from .base import Admission, Hold, check_until
+from .base import Admission, Hold, check_until, free_at
 from .freshness import Freshness, last_noted
 from .rate import PROBE_RECHECK, Rate, rate_holds, rate_kept_until
 
@@ -84,6 +86,38 @@ def _closed_ends(log: collections.deque[int], opened: dict[int, list[int]], k: i
         if len(closed) >= k:
             break
     return closed
+
+
+def _permit_free_at(
+    log: collections.deque[int], opened: dict[int, list[int]] | None, limit: int, at: int, per: int
+) -> int | None:
+    """None when a permit of a quota of ``limit`` per ``per`` is free at ``at``, else the
+    earliest time one could be, by the quota's ``log`` (when each permit stops counting,
+    soonest first, those that stopped at ``at`` already dropped) and its ``opened``
+    permits (see ``MemoryCooldownStore._opened``; an open permit counted as ending at its
+    grant + per + margin, or at ``at`` + ``per`` should its answer come now: see
+    ``base.free_at``); every time in microseconds. Open permits that ran out at ``at``
+    are dropped."""
+    if opened:
+        for end in [end for end in opened if end <= at]:
+            del opened[end]  # never answered (its worker stopped): it ran out
+    if len(log) < limit:
+        return None
+    if not opened:
+        return log[-limit]
+    expected = [when for ends in opened.values() for when in ends]
+    closed = _closed_ends(log, opened, len(log) - limit + 1)
+    return free_at(closed, expected, limit, len(log), at + per)
+
+
+def _move_permit(log: collections.deque[int], old: int, new: int) -> None:
+    """Move the permit of ``log`` (sorted) that stops counting at ``old`` to ``new``
+    (microseconds), or put it back at ``new`` if it expired (and was dropped)
+    meanwhile."""
+    index = bisect.bisect_left(log, old)
+    if index < len(log) and log[index] == old:
+        del log[index]
+    bisect.insort(log, new)
 
 
 #: ``_window_micros`` of the windows seen (a few per process).
@@ -203,3 +237,15 @@ def _sweep(
             scopes.append(scope)
             return
         del records[scope]
+
+
+def _expire(heap: list[tuple[datetime, str]], until: dict[str, datetime], now: datetime, most: int) -> None:
+    """(Lock held.) Drop the cooldowns ``until`` holds that ended at ``now`` (an aware
+    datetime), found from the top of ``heap`` (``(eligible time, scope)`` of every write),
+    at most ``most`` heap entries looked at; an entry a later write replaced is skipped."""
+    for _ in range(most):
+        if not heap or heap[0][0] > now:
+            return
+        when, scope = heapq.heappop(heap)
+        if until.get(scope) == when:
+            del until[scope]

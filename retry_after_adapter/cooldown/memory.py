@@ -19,14 +19,16 @@ from ._memory_log import (  # time in microseconds, and what the store's records
     _allowance_ended,
     _allowance_holds,
     _as_datetime,
-    _closed_ends,
     _cooldown_holds,
+    _expire,
     _freshness_ended,
     _granted,
     _lease_holds,
     _leases_ended,
     _micros,
+    _move_permit,
     _open,
+    _permit_free_at,
     _permits_ended,
     _quota_holds,
     _quota_key,
@@ -47,7 +49,6 @@ from .base import (
     check_scope,
     check_until,
     extra_permits,
-    free_at,
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, merge_note
 from .rate import Rate, answer_rate, fresh_rate, roll_rate
@@ -156,16 +157,9 @@ class MemoryCooldownStore(FullStore):
         while log and log[0] <= at:
             log.popleft()
         opened = self._opened.get(scope, {}).get(key[:2]) if self._opened else None
-        if opened:
-            for end in [end for end in opened if end <= at]:
-                del opened[end]  # never answered (its worker stopped): it ran out
-        if len(log) < limit:
-            return None
-        if not opened:
-            return log[-limit]
-        expected = [when for ends in opened.values() for when in ends]
-        closed = _closed_ends(log, opened, len(log) - limit + 1)
-        return free_at(closed, expected, limit, len(log), at + key[1])
+        if opened or len(log) >= limit:
+            return _permit_free_at(log, opened, limit, at, key[1])
+        return None  # (the usual case: no open permit, one free)
 
     def _take_permit(
         self, scope: str, key: tuple[int, int, int, timedelta], expires: int, expected: int = 0
@@ -275,7 +269,9 @@ class MemoryCooldownStore(FullStore):
         per: float | None, lease: Lease | None, margin: float, batch: int = 1, hold: float = 0.0,
         learn: Learn | None = None, opened: float = 0.0,
     ) -> Admission:
-        """(Lock held, no cooldown running.) The allowance, the permit and the slot."""
+        """(Lock held, no cooldown running.) The allowance, the permit and the slot:
+        refused (nothing taken) while the announced allowance is used up, or a permit or
+        a slot is not free; by the learned rate when it governs; else granted."""
         at = (now - _EPOCH) // _US
         record = self._allowance.get(scope)
         rolled = None
@@ -290,6 +286,19 @@ class MemoryCooldownStore(FullStore):
         refused = self._refused(scope, key, limit, lease, at, cooldown)
         if refused is not None:
             return refused
+        # An open permit: when it would stop counting had its answer come in time.
+        expected = at + _quota_key(limit, per, margin)[2] if limit is not None and opened > 0 else 0
+        return self._grant_locked(scope, now, at, cooldown, rolled, key, limit, expected, batch, hold)
+
+    def _grant_locked(
+        self, scope: str, now: datetime, at: int, cooldown: datetime | None, rolled: Allowance | None,
+        key: tuple[int, int, int, timedelta] | None, limit: int | None, expected: int, batch: int,
+        hold: float,
+    ) -> Admission:
+        """(Lock held, nothing refused; ``at``: ``now`` in microseconds.) The grant: the
+        announced allowance ``rolled`` counts one admission (up to ``batch``), the quota
+        ``key`` a permit (``expected``: see ``_take_permit``) and up to ``batch - 1``
+        extra ones, held ``hold`` seconds longer."""
         seq = None
         units = 0
         if rolled is not None:
@@ -297,7 +306,6 @@ class MemoryCooldownStore(FullStore):
             rolled, units = admit_more(rolled, now, batch)
             self._allowance[scope] = rolled
         if key is not None:
-            expected = at + _quota_key(limit, per, margin)[2] if opened > 0 else 0  # type: ignore[arg-type]
             self._take_permit(scope, key, at + key[2], expected)
             extra = 0
             if batch > 1 and limit is not None:
@@ -354,7 +362,15 @@ class MemoryCooldownStore(FullStore):
         if not rate.probes:
             assert ends is not None
             return RateHeld(cooldown, _as_datetime(ends))
-        # A probe: a slot under the cap (with a configured one, under the smaller).
+        return self._probe_locked(scope, at, cooldown, lease, learn, rate, ends)
+
+    def _probe_locked(
+        self, scope: str, at: int, cooldown: datetime | None, lease: Lease | None, learn: Learn,
+        rate: Rate, ends: int | None,
+    ) -> Admission:
+        """(Lock held; ``at``, ``ends`` (the epoch's end, None: no limit) in microseconds.)
+        A probe of the learned ``rate``: a slot under its cap (with a configured
+        ``lease``, the smaller), else held back at most ``PROBE_RECHECK`` seconds."""
         cap = (min(lease[0], rate.cap), lease[1], lease[2]) if lease is not None else (rate.cap, *learn)
         busy = self._take_slot(scope, cap, at)
         if busy is not None and lease is not None and lease[0] <= rate.cap:
@@ -419,11 +435,7 @@ class MemoryCooldownStore(FullStore):
                 check_scope(scope)
                 logs = self._permits[scope] = {}
                 self._permit_scopes.append(scope)
-            log = logs.setdefault(key[:2], collections.deque())
-            index = bisect.bisect_left(log, old)
-            if index < len(log) and log[index] == old:
-                del log[index]
-            bisect.insort(log, new)  # moved, or put back if it expired meanwhile
+            _move_permit(logs.setdefault(key[:2], collections.deque()), old, new)
 
     def note(self, scope: str, outcome: str, at: datetime) -> None:
         """Note a success or an error class of ``scope`` at ``at`` (later wins)."""
@@ -536,22 +548,12 @@ class MemoryCooldownStore(FullStore):
         heap = self._heap
         heapq.heappush(heap, (until, scope))
         if len(self._until) >= _EXPIRE_AT:
-            self._expire_locked(datetime.now(timezone.utc))
+            _expire(heap, self._until, datetime.now(timezone.utc), _EXPIRE_PER_EXTEND)
         if len(heap) > 4 * len(self._until) + _EXPIRE_AT:
             # Mostly replaced entries (one scope written many times): rebuilding costs
             # O(n) once per 3n writes, O(1) amortized.
             self._heap = [(value, key) for key, value in self._until.items()]
             heapq.heapify(self._heap)
-
-    def _expire_locked(self, now: datetime) -> None:
-        heap = self._heap
-        until = self._until
-        for _ in range(_EXPIRE_PER_EXTEND):
-            if not heap or heap[0][0] > now:
-                return
-            when, scope = heapq.heappop(heap)
-            if until.get(scope) == when:
-                del until[scope]
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The default store is one per process: a copy or an unpickled one is it again.
