@@ -72,7 +72,8 @@ _PERMIT_SCHEMA = (
     + ")",
     "CREATE INDEX IF NOT EXISTS learned_rate_ended ON learned_rate (start_ms + window_ms)",
     # When each row stops mattering, so that the rows of every scope are swept a few at a
-    # time as others are written (see ``sqlite.py``), never by a scan of a table.
+    # time as others are written (see ``sqlite.py`` and ``_sqlite_admit.py``), never by a
+    # scan of a table.
     "CREATE INDEX IF NOT EXISTS cooldown_until ON cooldown (until_ms)",
     "CREATE INDEX IF NOT EXISTS permit_log_expires ON permit_log (expires_ms)",
     "CREATE INDEX IF NOT EXISTS lease_expires ON lease (expires_ms)",

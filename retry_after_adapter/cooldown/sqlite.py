@@ -12,9 +12,7 @@ options, so it can be handed to ``spawn`` workers.
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import math
 import os
 import random
 import sqlite3
@@ -22,38 +20,33 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from ..errors import ConfigurationError, CooldownStoreError
-from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
-from ._sqlite_file import DEFAULT_TIMEOUT, RATE_COLUMNS, SQLiteFile, immediate
-from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance, roll
+from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms
+from ._sqlite_admit import (
+    SELECT_UNTIL,
+    SWEEP_PER_WRITE,
+    admit_locked,
+    allowance_row,
+    peek,
+    put_allowance,
+    put_rate,
+    quota_of,
+    rate_row_of,
+    take_permit,
+)
+from ._sqlite_file import DEFAULT_TIMEOUT, SQLiteFile, immediate
+from .allowance import ALLOWANCE_KEPT, merge_allowance, roll
 from .base import (
     Admission,
     Ask,
     Changed,
     Feed,
     FullStore,
-    Granted,
     Hold,
-    Learn,
-    Lease,
-    RateHeld,
     check_scope,
     check_until,
-    extra_permits,
-    free_at,
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, merge_note
-from .rate import (
-    OPEN_KEPT,
-    PROBE_RECHECK,
-    RATE_KEPT,
-    Rate,
-    answer_rate,
-    fresh_rate,
-    rate_from_row,
-    rate_holds,
-    rate_row,
-    roll_rate,
-)
+from .rate import Rate, answer_rate, rate_holds
 
 __all__ = ["DEFAULT_TIMEOUT", "SQLiteCooldownStore"]
 
@@ -62,11 +55,6 @@ _KEEP_EXPIRED_MS = 3_600_000
 #: About one ``extend`` in this many also deletes long-expired rows (at most
 #: ``_SWEEP_ONE_IN`` of them: more than one per ``extend``, never a long transaction).
 _SWEEP_ONE_IN = 256
-#: Rows of other scopes that stopped mattering deleted by each write that may add one
-#: (a permit or a lease taken, an allowance, a note): more than the one row a write
-#: adds, so the tables stay as small as what still matters. Each finds them through an
-#: index on when they stop mattering: never a scan of a table.
-_SWEEP_PER_WRITE = 8
 
 #: ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING`` needs SQLite 3.35.
 _HAS_RETURNING = sqlite3.sqlite_version_info >= (3, 35, 0)
@@ -76,16 +64,11 @@ _UPSERT_RETURNING = (
     "ON CONFLICT (scope) DO UPDATE SET until_ms = max(until_ms, excluded.until_ms) "
     "RETURNING until_ms"
 )
-_SELECT = "SELECT until_ms FROM cooldown WHERE scope = ?"
 _SWEEP = "DELETE FROM cooldown WHERE until_ms < ?"
 _SWEEP_SOME = "DELETE FROM cooldown WHERE rowid IN (SELECT rowid FROM cooldown WHERE until_ms < ? LIMIT ?)"
-#: A few rows of any scope that stopped mattering: permits that stopped counting,
-#: leases that expired, allowances ``ALLOWANCE_KEPT`` past their reset, freshness
-#: ``FRESHNESS_KEPT`` past its last note.
-_SWEEP_PERMITS = (
-    "DELETE FROM permit_log WHERE rowid IN (SELECT rowid FROM permit_log WHERE expires_ms <= ? LIMIT ?)"
-)
-_SWEEP_LEASES = "DELETE FROM lease WHERE rowid IN (SELECT rowid FROM lease WHERE expires_ms <= ? LIMIT ?)"
+#: A few rows of any scope that stopped mattering (see ``_sqlite_admit`` for permits and
+#: leases): allowances ``ALLOWANCE_KEPT`` past their reset, freshness ``FRESHNESS_KEPT``
+#: past its last note.
 _SWEEP_ALLOWANCE = (
     "DELETE FROM allowance WHERE rowid IN "
     "(SELECT rowid FROM allowance WHERE until_ms <= ? AND scope != ? LIMIT ?)"
@@ -104,37 +87,8 @@ _FRESH = (
     "SELECT f.scope, f.success_ms, f.error, f.error_ms, c.until_ms FROM freshness f "
     "LEFT JOIN cooldown c ON c.scope = f.scope"
 )
-#: The cooldown, and whether an announced allowance runs (without a write transaction).
-_PEEK = (
-    "SELECT (SELECT until_ms FROM cooldown WHERE scope = ?), (SELECT n FROM allowance WHERE scope = ?), "
-    "(SELECT cap + lim FROM learned_rate WHERE scope = ?)"
-)
-#: A few learned rates unused for ``RATE_KEPT`` (an open one for ``OPEN_KEPT``: see
-#: ``rate.rate_kept_until``) are dropped per new one.
-_SWEEP_RATES = (
-    "DELETE FROM learned_rate WHERE scope IN (SELECT scope FROM learned_rate WHERE start_ms + window_ms <= ? "
-    "AND (cap + lim != 0 OR start_ms + window_ms <= ?) LIMIT ?)"
-)
-#: A scope's learned rate, read and written (an update keeps the row: no trigger of a
-#: delete fires).
-_RATE_ROW = f"SELECT {', '.join(RATE_COLUMNS)} FROM learned_rate WHERE scope = ?"  # noqa: S608
-_PUT_RATE = (
-    f"INSERT INTO learned_rate VALUES (?{', ?' * len(RATE_COLUMNS)}) ON CONFLICT (scope) DO UPDATE SET "  # noqa: S608
-    + ", ".join(f"{column} = excluded.{column}" for column in RATE_COLUMNS)
-)
 #: Every table with rows of a scope (``delete`` lifts them all).
 _SCOPE_TABLES = ("cooldown", "allowance", "permit_log", "open_permit", "lease", "learned_rate")
-
-
-def _quota(limit: int, per: float | None, margin: float, opened: float = 0.0) -> tuple[str, int, int, int]:
-    """A quota's log name (``"limit/per_ms"``), how long (ms) a permit counts (an open
-    one ``opened`` seconds longer), how long it would count had its answer come in
-    time (0: not open), and its per (ms)."""
-    if per is None:
-        raise ConfigurationError("a quota needs a window (per)")
-    per_ms = window_ms(per)
-    counts = per_ms + math.ceil(margin * 1000)
-    return f"{int(limit)}/{per_ms}", counts + math.ceil(opened * 1000), counts if opened > 0 else 0, per_ms
 
 
 def _freshness_row(row: tuple[object, ...]) -> Freshness:
@@ -192,7 +146,7 @@ class SQLiteCooldownStore(SQLiteFile, FullStore):
     def get(self, scope: str) -> datetime | None:
         check_scope(scope)
         # fetchall(): the statement finishes here, so no read snapshot stays open.
-        rows = self._run(lambda conn: conn.execute(_SELECT, (scope,)).fetchall())
+        rows = self._run(lambda conn: conn.execute(SELECT_UNTIL, (scope,)).fetchall())
         return from_epoch_ms(int(rows[0][0])) if rows else None
 
     def extend(self, scope: str, until: datetime) -> datetime:
@@ -202,76 +156,6 @@ class SQLiteCooldownStore(SQLiteFile, FullStore):
         if random.randrange(_SWEEP_ONE_IN) == 0:
             self._sweep_quietly()
         return from_epoch_ms(effective)
-
-    @staticmethod
-    def _permit_refused(
-        conn: sqlite3.Connection, scope: str, quota: str, limit: int, now_ms: int, per_ms: int = 0
-    ) -> int | None:
-        """Inside a write transaction: None when a permit of ``quota`` is free, else the
-        earliest time (ms) one could be (an open permit counted as ending at its grant +
-        per + margin, or now + ``per_ms`` if later: see ``base.free_at``). Permits that
-        stopped counting are deleted: the scope's, and a few of other scopes'."""
-        conn.execute(
-            "DELETE FROM permit_log WHERE scope = ? AND quota = ? AND expires_ms <= ?", (scope, quota, now_ms)
-        )
-        conn.execute(_SWEEP_PERMITS, (now_ms, _SWEEP_PER_WRITE))
-        rows = conn.execute(
-            "SELECT expires_ms FROM permit_log WHERE scope = ? AND quota = ? "
-            "ORDER BY expires_ms DESC LIMIT 1 OFFSET ?",
-            (scope, quota, limit - 1),
-        ).fetchall()
-        if not rows:
-            return None
-        conn.execute("DELETE FROM open_permit WHERE expires_ms <= ?", (now_ms,))
-        opened = conn.execute(
-            "SELECT expires_ms, expected_ms FROM open_permit WHERE scope = ? AND quota = ?", (scope, quota)
-        ).fetchall()
-        if not opened:
-            return int(rows[0][0])
-        count = int(
-            conn.execute(
-                "SELECT count(*) FROM permit_log WHERE scope = ? AND quota = ?", (scope, quota)
-            ).fetchall()[0][0]
-        )
-        wanted = count - limit + 1
-        ends = conn.execute(
-            "SELECT expires_ms FROM permit_log WHERE scope = ? AND quota = ? ORDER BY expires_ms LIMIT ?",
-            (scope, quota, wanted + len(opened)),
-        ).fetchall()
-        skip = collections.Counter(int(row[0]) for row in opened)
-        closed = []
-        for (end,) in ends:
-            if skip[int(end)] > 0:
-                skip[int(end)] -= 1
-            else:
-                closed.append(int(end))
-        return free_at(closed, [int(row[1]) for row in opened], limit, count, now_ms + per_ms)
-
-    @staticmethod
-    def _take_permit(
-        conn: sqlite3.Connection, scope: str, quota: str, expires_ms: int, expected_ms: int = 0
-    ) -> None:
-        """Inside a write transaction: a permit of ``quota`` counting until
-        ``expires_ms``; ``expected_ms`` > 0: an open one (see ``Store.admit``)."""
-        conn.execute(
-            "INSERT INTO permit_log (scope, quota, expires_ms) VALUES (?, ?, ?)", (scope, quota, expires_ms)
-        )
-        if expected_ms:
-            conn.execute(
-                "INSERT INTO open_permit VALUES (?, ?, ?, ?)", (scope, quota, expires_ms, expected_ms)
-            )
-
-    @staticmethod
-    def _slot_refused(conn: sqlite3.Connection, scope: str, limit: int, now_ms: int) -> int | None:
-        """Inside a write transaction: None when a slot is free, else when the earliest
-        lease expires (ms); expired leases are dropped (the scope's, and a few of other
-        scopes', a killed worker's)."""
-        conn.execute("DELETE FROM lease WHERE scope = ? AND expires_ms <= ?", (scope, now_ms))
-        conn.execute(_SWEEP_LEASES, (now_ms, _SWEEP_PER_WRITE))
-        rows = conn.execute(
-            "SELECT count(*), min(expires_ms) FROM lease WHERE scope = ?", (scope,)
-        ).fetchall()
-        return None if int(rows[0][0]) < limit else int(rows[0][1])
 
     def allow(
         self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,
@@ -285,41 +169,14 @@ class SQLiteCooldownStore(SQLiteFile, FullStore):
 
         def allow(conn: sqlite3.Connection) -> None:
             with immediate(conn):
-                current = self._allowance_row(conn, scope)
+                current = allowance_row(conn, scope)
                 merged = merge_allowance(current, int(remaining), until, now, seq, limit, window)
                 if merged is not None:
-                    self._put_allowance(conn, scope, merged)
+                    put_allowance(conn, scope, merged)
                 stale = to_epoch_ms(now) - int(ALLOWANCE_KEPT * 1000)
-                conn.execute(_SWEEP_ALLOWANCE, (stale, scope, _SWEEP_PER_WRITE))
+                conn.execute(_SWEEP_ALLOWANCE, (stale, scope, SWEEP_PER_WRITE))
 
         self._run(allow)
-
-    @staticmethod
-    def _allowance_row(conn: sqlite3.Connection, scope: str) -> Allowance | None:
-        rows = conn.execute(
-            "SELECT remaining, at_n, until_ms, n, lim, window_ms, exact FROM allowance WHERE scope = ?",
-            (scope,),
-        ).fetchall()
-        if not rows:
-            return None
-        left, at, until, count, lim, window, exact = (int(v) for v in rows[0])
-        return Allowance(left, at, from_epoch_ms(until), count, lim, window / 1000, bool(exact))
-
-    @staticmethod
-    def _put_allowance(conn: sqlite3.Connection, scope: str, record: Allowance) -> None:
-        conn.execute(
-            "INSERT OR REPLACE INTO allowance VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                scope,
-                record.left,
-                record.at,
-                to_epoch_ms(record.until),
-                record.admitted,
-                record.limit,
-                round(record.window * 1000),
-                int(record.exact),
-            ),
-        )
 
     def admit(self, ask: Ask) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
@@ -330,165 +187,19 @@ class SQLiteCooldownStore(SQLiteFile, FullStore):
         scope, now, limit, per, lease, margin, batch, hold, learn, opened = ask
         check_scope(scope)
         fixed = None if now is None else check_until(now)
-        quota = _quota(limit, per, margin, opened) if limit is not None else None
+        quota = quota_of(limit, per, margin, opened) if limit is not None else None
         nothing_to_take = quota is None and lease is None
 
         def admit(conn: sqlite3.Connection) -> Admission:
             if nothing_to_take:
-                peeked = self._peek(conn, scope, fixed, learn is not None)
+                peeked = peek(conn, scope, fixed, learn is not None)
                 if peeked is not None:
                     return peeked
             with immediate(conn):
                 at = fixed or datetime.now(timezone.utc)  # the lock is ours: the grant's time
-                return self._admit_locked(conn, scope, at, limit, quota, lease, batch, hold, learn)
+                return admit_locked(conn, scope, at, limit, quota, lease, batch, hold, learn)
 
         return self._run(admit)
-
-    @staticmethod
-    def _peek(conn: sqlite3.Connection, scope: str, fixed: datetime | None, learn: bool) -> Admission | None:
-        """Without a write transaction: the answer when nothing is to be taken, the
-        scope's admissions are not counted (no announced allowance) and, when
-        ``learn``, its learned rate takes nothing (its cap lifted, no limit); else None."""
-        rows = conn.execute(_PEEK, (scope, scope, scope)).fetchall()
-        cooldown = None if rows[0][0] is None else from_epoch_ms(int(rows[0][0]))
-        now = fixed or datetime.now(timezone.utc)
-        if cooldown is not None and cooldown > now:
-            return Admission(cooldown, cooldown)
-        if rows[0][1] is not None or (learn and rows[0][2] != 0):
-            return None
-        return Admission(cooldown, None)
-
-    def _admit_locked(
-        self, conn: sqlite3.Connection, scope: str, now: datetime, limit: int | None,
-        quota: tuple[str, int, int, int] | None, lease: Lease | None, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None,
-    ) -> Admission:
-        """Inside the write transaction: the whole admission at ``now`` (``batch``,
-        ``hold``: extra permits; ``learn``: the learned rate, see ``Store.admit``)."""
-        now_ms = now_epoch_ms(now)
-        rows = conn.execute(_SELECT, (scope,)).fetchall()
-        cooldown = from_epoch_ms(int(rows[0][0])) if rows else None
-        if cooldown is not None and cooldown > now:
-            return Admission(cooldown, cooldown)
-        record = self._allowance_row(conn, scope)
-        rolled = None
-        if record is not None:
-            rolled, wait = admit_allowance(record, now)
-            if wait is not None:
-                if rolled != record:
-                    self._put_allowance(conn, scope, rolled)
-                return Admission(cooldown, from_epoch_ms(to_epoch_ms(wait)))
-        if learn is not None and quota is None and record is None:
-            return self._admit_rate(conn, scope, now_ms, cooldown, lease, learn)
-        refused = self._refused(conn, scope, quota, limit, lease, now_ms, cooldown)
-        if refused is not None:
-            return refused
-        seq = None
-        units = 0
-        if rolled is not None:
-            seq = rolled.admitted - 1
-            rolled, units = admit_more(rolled, now, batch)
-            self._put_allowance(conn, scope, rolled)
-        until = rolled.until if units and rolled is not None else None
-        if quota is None:
-            if units:
-                return Granted.of(None, cooldown, seq, 0, None, units, until)
-            return Admission(cooldown, None, seq)
-        # The permit's end from its grant rounded *up*: never before grant + per + margin.
-        end_ms = to_epoch_ms(now) + quota[1]
-        extra = 0
-        if batch > 1 and limit is not None:
-            live = conn.execute(
-                "SELECT count(*) FROM permit_log WHERE scope = ? AND quota = ?", (scope, quota[0])
-            ).fetchall()[0][0]
-            extra = extra_permits(batch, limit - int(live), limit)
-            later = end_ms + round(hold * 1000)  # whole ms (see Near.batch)
-            conn.executemany(
-                "INSERT INTO permit_log (scope, quota, expires_ms) VALUES (?, ?, ?)",
-                [(scope, quota[0], later)] * extra,
-            )
-        self._take_permit(conn, scope, quota[0], end_ms, to_epoch_ms(now) + quota[2] if quota[2] else 0)
-        return Granted.of(from_epoch_ms(end_ms), cooldown, seq, extra, None, units, until)
-
-    def _refused(
-        self, conn: sqlite3.Connection, scope: str, quota: tuple[str, int, int, int] | None,
-        limit: int | None, lease: Lease | None, now_ms: int, cooldown: datetime | None,
-    ) -> Admission | None:
-        """Inside the write transaction: None when a permit of ``quota`` (None: none
-        asked) is free and the slot of ``lease`` (None: none) is taken, else the refusal
-        (nothing taken)."""
-        if quota is not None and limit is not None:
-            refused = self._permit_refused(conn, scope, quota[0], limit, now_ms, quota[3])
-            if refused is not None:
-                return Admission(cooldown, from_epoch_ms(refused))
-        if lease is not None:
-            busy = self._slot_refused(conn, scope, lease[0], now_ms)
-            if busy is not None:
-                return Admission(cooldown, from_epoch_ms(busy), None, True)
-            expires = now_ms + window_ms(lease[1])
-            conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, lease[2], expires))
-        return None
-
-    def _admit_rate(
-        self, conn: sqlite3.Connection, scope: str, now_ms: int, cooldown: datetime | None,
-        lease: Lease | None, learn: Learn,
-    ) -> Admission:
-        """Inside the write transaction, no cooldown running, no quota, no allowance:
-        admission by the scope's learned rate (see ``MemoryCooldownStore._admit_rate``):
-        a known send (one of its limit in the epoch), else a probe (a slot of its cap),
-        else refused."""
-        rate = self._rate_now(conn, scope, now_ms)
-        if round(rate.start * 1000) > now_ms:  # a throttle's backoff
-            return RateHeld(cooldown, from_epoch_ms(round(rate.start * 1000)))
-        if rate.open or rate.known:
-            refused = self._refused(conn, scope, None, None, lease, now_ms, cooldown)
-            if refused is not None or rate.open:
-                return refused or Admission(cooldown, None)  # (refused: every configured slot held)
-            conn.execute("UPDATE learned_rate SET sent = sent + 1 WHERE scope = ?", (scope,))
-            return Granted.of(None, cooldown, None, rate_epoch=rate.epoch)
-        ends = round(rate.ends * 1000) if rate.limit > 0 else None
-        if not rate.probes:
-            assert ends is not None
-            return RateHeld(cooldown, from_epoch_ms(ends))
-        # A probe: a slot under the cap (with a configured one, under the smaller).
-        cap = (min(lease[0], rate.cap), lease[1], lease[2]) if lease is not None else (rate.cap, *learn)
-        busy = self._slot_refused(conn, scope, cap[0], now_ms)
-        if busy is not None and lease is not None and lease[0] <= rate.cap:
-            return Admission(cooldown, from_epoch_ms(busy), None, True)  # the configured cap binds
-        if busy is not None:
-            again = min(busy, now_ms + round(PROBE_RECHECK * 1000), ends if ends is not None else busy)
-            return RateHeld(cooldown, from_epoch_ms(again), None, True)
-        expires = now_ms + window_ms(cap[1])
-        conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, cap[2], expires))
-        if not rate.probed:
-            self._put_rate(conn, scope, rate.probing())
-        token = cap[2] if lease is None else None
-        return Granted.of(None, cooldown, None, 0, token, rate_epoch=rate.epoch, rate_report=True)
-
-    def _rate_now(self, conn: sqlite3.Connection, scope: str, now_ms: int) -> Rate:
-        """Inside the write transaction: the scope's learned rate as of ``now_ms``, made
-        at its first admission (a few rates unused for ``RATE_KEPT`` swept then); kept
-        when it changed."""
-        rate = self._rate_row(conn, scope)
-        if rate is None:
-            kept, open_kept = int(RATE_KEPT * 1000), int(OPEN_KEPT * 1000)
-            conn.execute(_SWEEP_RATES, (now_ms - kept, now_ms - open_kept, _SWEEP_PER_WRITE))
-            rate = fresh_rate(now_ms / 1000)
-            self._put_rate(conn, scope, rate)
-            return rate
-        rolled = roll_rate(rate, now_ms / 1000)
-        if rolled is not rate:
-            self._put_rate(conn, scope, rolled)
-        return rolled
-
-    @staticmethod
-    def _rate_row(conn: sqlite3.Connection, scope: str) -> Rate | None:
-        rows = conn.execute(_RATE_ROW, (scope,)).fetchall()
-        return rate_from_row(tuple(int(v) for v in rows[0])) if rows else None
-
-    @staticmethod
-    def _put_rate(conn: sqlite3.Connection, scope: str, rate: Rate) -> None:
-        conn.execute(_PUT_RATE, (scope, *rate_row(rate)))
 
     def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
         """See ``Store.rate_answer``: one immediate transaction."""
@@ -498,18 +209,18 @@ class SQLiteCooldownStore(SQLiteFile, FullStore):
 
         def answer(conn: sqlite3.Connection) -> None:
             with immediate(conn):
-                rate = self._rate_row(conn, scope)
+                rate = rate_row_of(conn, scope)
                 if rate is not None:
                     changed = answer_rate(rate, epoch, end, at)
                     if changed != rate:
-                        self._put_rate(conn, scope, changed)
+                        put_rate(conn, scope, changed)
 
         self._run(answer)
 
     def rate_of(self, scope: str) -> Rate | None:
         """See ``Store.rate_of``."""
         check_scope(scope)
-        return self._run(lambda conn: self._rate_row(conn, scope))
+        return self._run(lambda conn: rate_row_of(conn, scope))
 
     def feed(self, changed: Changed) -> Feed | None:
         """The file's change log, checked before each attempt (see ``SQLiteFeed``); None
@@ -527,7 +238,7 @@ class SQLiteCooldownStore(SQLiteFile, FullStore):
         until ``now + per`` (see ``MemoryCooldownStore.settle``; put back if it expired
         meanwhile); ``exact``: until then exactly."""
         check_scope(scope)
-        quota, per_ms, _, _ = _quota(limit, per, 0.0)
+        quota, per_ms, _, _ = quota_of(limit, per, 0.0)
         old = to_epoch_ms(check_until(expires))
         # The answer's time rounded *up*: the request reached the server before it.
         fixed = None if now is None else to_epoch_ms(check_until(now))
@@ -552,7 +263,7 @@ class SQLiteCooldownStore(SQLiteFile, FullStore):
                     (new, scope, quota, old),
                 ).rowcount
                 if not moved:  # expired (and deleted) meanwhile: put back
-                    self._take_permit(conn, scope, quota, new)
+                    take_permit(conn, scope, quota, new)
 
         self._run(settle)
 
@@ -565,7 +276,7 @@ class SQLiteCooldownStore(SQLiteFile, FullStore):
 
         def note(conn: sqlite3.Connection) -> None:
             with immediate(conn):
-                conn.execute(_SWEEP_FRESHNESS, (to_epoch_ms(at) - _FRESHNESS_KEPT_MS, _SWEEP_PER_WRITE))
+                conn.execute(_SWEEP_FRESHNESS, (to_epoch_ms(at) - _FRESHNESS_KEPT_MS, SWEEP_PER_WRITE))
                 rows = conn.execute(_FRESH + " WHERE f.scope = ?", (scope,)).fetchall()
                 merged = merge_note(_freshness_row(rows[0]) if rows else None, outcome, at)
                 conn.execute(
@@ -631,7 +342,7 @@ class SQLiteCooldownStore(SQLiteFile, FullStore):
             for scope, until in cooldowns.fetchall():
                 found.setdefault(str(scope), []).append(Hold("cooldown", from_epoch_ms(int(until))))
             for (scope,) in conn.execute("SELECT scope FROM allowance").fetchall():
-                record = self._allowance_row(conn, str(scope))
+                record = allowance_row(conn, str(scope))
                 rolled = roll(record, now) if record is not None else None
                 if rolled is not None and rolled.until > now and rolled.remaining <= 0:
                     found.setdefault(str(scope), []).append(Hold("allowance", rolled.until))
@@ -652,7 +363,7 @@ class SQLiteCooldownStore(SQLiteFile, FullStore):
             ).fetchall():
                 found.setdefault(str(scope), []).append(Hold("leases", from_epoch_ms(int(last)), int(count)))
             for (scope,) in conn.execute("SELECT scope FROM learned_rate").fetchall():
-                rate = self._rate_row(conn, str(scope))
+                rate = rate_row_of(conn, str(scope))
                 ends = None if rate is None else rate_holds(rate, now_ms / 1000)
                 if rate is not None and ends is not None:
                     hold = Hold("rate", from_epoch_ms(round(ends * 1000)), rate.limit)
@@ -713,5 +424,5 @@ class SQLiteCooldownStore(SQLiteFile, FullStore):
         with immediate(conn):
             conn.execute("INSERT OR IGNORE INTO cooldown (scope, until_ms) VALUES (?, ?)", (scope, ms))
             conn.execute("UPDATE cooldown SET until_ms = ? WHERE scope = ? AND until_ms < ?", (ms, scope, ms))
-            rows = conn.execute(_SELECT, (scope,)).fetchall()
+            rows = conn.execute(SELECT_UNTIL, (scope,)).fetchall()
         return int(rows[0][0])

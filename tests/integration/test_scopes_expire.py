@@ -29,7 +29,7 @@ from retry_after_adapter import (
     RetryAfterRetry,
     SQLiteCooldownStore,
 )
-from retry_after_adapter.cooldown import Ask
+from retry_after_adapter.cooldown import Ask, _sqlite_admit
 from retry_after_adapter.cooldown import memory as memory_module
 from retry_after_adapter.cooldown import sqlite as sqlite_module
 from retry_after_adapter.cooldown.allowance import ALLOWANCE_KEPT
@@ -180,8 +180,8 @@ def test_sqlite_sweeps_find_their_rows_through_an_index(tmp_path: Path) -> None:
     store = SQLiteCooldownStore(tmp_path / "plans.db")
     store.note("s", "success", T0)  # opens the file: the schema and its indexes
     statements = {
-        sqlite_module._SWEEP_PERMITS: (0, 8),
-        sqlite_module._SWEEP_LEASES: (0, 8),
+        _sqlite_admit.SWEEP_PERMITS: (0, 8),
+        _sqlite_admit.SWEEP_LEASES: (0, 8),
         sqlite_module._SWEEP_ALLOWANCE: (0, "s", 8),
         sqlite_module._SWEEP_FRESHNESS: (0, 8),
         sqlite_module._SWEEP_SOME: (0, 8),

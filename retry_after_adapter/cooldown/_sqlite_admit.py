@@ -1,0 +1,344 @@
+"""Admission in the file of :class:`~.sqlite.SQLiteCooldownStore`: the rules that
+decide one attempt inside its write transaction (the cooldown, the announced allowance,
+a quota permit, a concurrency slot, the learned rate; all or nothing), and the rows of a
+scope they read and write, which the store's other operations read and write too.
+
+Every function runs on one connection of the store, inside the write transaction its
+caller holds, except those that only read a row (also read outside one). Times are
+UTC epoch milliseconds (``_ms``, as stored), ``now`` an aware UTC datetime, durations
+seconds unless named ``_ms``.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import sqlite3
+from datetime import datetime, timezone
+
+from ..errors import ConfigurationError
+from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
+from ._sqlite_file import RATE_COLUMNS
+from .allowance import Allowance, admit_allowance, admit_more
+from .base import Admission, Granted, Learn, Lease, RateHeld, extra_permits, free_at
+from .rate import OPEN_KEPT, PROBE_RECHECK, RATE_KEPT, Rate, fresh_rate, rate_from_row, rate_row, roll_rate
+
+#: Rows of other scopes that stopped mattering deleted by each write that may add one
+#: (a permit or a lease taken, an allowance, a note): more than the one row a write
+#: adds, so the tables stay as small as what still matters. Each finds them through an
+#: index on when they stop mattering: never a scan of a table.
+SWEEP_PER_WRITE = 8
+
+#: A scope's cooldown.
+SELECT_UNTIL = "SELECT until_ms FROM cooldown WHERE scope = ?"
+#: A few permits, and leases, of any scope that stopped counting (see ``SWEEP_PER_WRITE``).
+SWEEP_PERMITS = (
+    "DELETE FROM permit_log WHERE rowid IN (SELECT rowid FROM permit_log WHERE expires_ms <= ? LIMIT ?)"
+)
+SWEEP_LEASES = "DELETE FROM lease WHERE rowid IN (SELECT rowid FROM lease WHERE expires_ms <= ? LIMIT ?)"
+#: The cooldown, and whether an announced allowance runs (without a write transaction).
+_PEEK = (
+    "SELECT (SELECT until_ms FROM cooldown WHERE scope = ?), (SELECT n FROM allowance WHERE scope = ?), "
+    "(SELECT cap + lim FROM learned_rate WHERE scope = ?)"
+)
+#: A few learned rates unused for ``RATE_KEPT`` (an open one for ``OPEN_KEPT``: see
+#: ``rate.rate_kept_until``) are dropped per new one.
+_SWEEP_RATES = (
+    "DELETE FROM learned_rate WHERE scope IN (SELECT scope FROM learned_rate WHERE start_ms + window_ms <= ? "
+    "AND (cap + lim != 0 OR start_ms + window_ms <= ?) LIMIT ?)"
+)
+#: A scope's learned rate, read and written (an update keeps the row: no trigger of a
+#: delete fires).
+_RATE_ROW = f"SELECT {', '.join(RATE_COLUMNS)} FROM learned_rate WHERE scope = ?"  # noqa: S608
+_PUT_RATE = (
+    f"INSERT INTO learned_rate VALUES (?{', ?' * len(RATE_COLUMNS)}) ON CONFLICT (scope) DO UPDATE SET "  # noqa: S608
+    + ", ".join(f"{column} = excluded.{column}" for column in RATE_COLUMNS)
+)
+
+#: ``(name, counts_ms, expected_ms, per_ms)``: a quota as :func:`quota_of` gives it.
+QuotaLog = tuple[str, int, int, int]
+
+
+def quota_of(limit: int, per: float | None, margin: float, opened: float = 0.0) -> QuotaLog:
+    """A quota's log name (``"limit/per_ms"``), how long (ms) a permit counts (an open
+    one ``opened`` seconds longer), how long it would count had its answer come in
+    time (0: not open), and its per (ms)."""
+    if per is None:
+        raise ConfigurationError("a quota needs a window (per)")
+    per_ms = window_ms(per)
+    counts = per_ms + math.ceil(margin * 1000)
+    return f"{int(limit)}/{per_ms}", counts + math.ceil(opened * 1000), counts if opened > 0 else 0, per_ms
+
+
+# ------------------------------------------------------------------ the admission
+def peek(conn: sqlite3.Connection, scope: str, fixed: datetime | None, learn: bool) -> Admission | None:
+    """Without a write transaction: the answer when nothing is to be taken, the
+    scope's admissions are not counted (no announced allowance) and, when
+    ``learn``, its learned rate takes nothing (its cap lifted, no limit); else None.
+    ``fixed``: the attempt's time (None: the present)."""
+    rows = conn.execute(_PEEK, (scope, scope, scope)).fetchall()
+    cooldown = None if rows[0][0] is None else from_epoch_ms(int(rows[0][0]))
+    now = fixed or datetime.now(timezone.utc)
+    if cooldown is not None and cooldown > now:
+        return Admission(cooldown, cooldown)
+    if rows[0][1] is not None or (learn and rows[0][2] != 0):
+        return None
+    return Admission(cooldown, None)
+
+
+def admit_locked(
+    conn: sqlite3.Connection, scope: str, now: datetime, limit: int | None, quota: QuotaLog | None,
+    lease: Lease | None, batch: int = 1, hold: float = 0.0, learn: Learn | None = None,
+) -> Admission:
+    """The whole admission at ``now``: held back by a running cooldown or an announced
+    allowance used up, by the learned rate when it governs (``learn``: no quota, no
+    allowance), refused while a permit of ``quota`` (of ``limit``) or a slot of
+    ``lease`` is not free (nothing taken); else granted (``batch``, ``hold`` seconds:
+    extra permits, see ``Store.admit``)."""
+    now_ms = now_epoch_ms(now)
+    rows = conn.execute(SELECT_UNTIL, (scope,)).fetchall()
+    cooldown = from_epoch_ms(int(rows[0][0])) if rows else None
+    if cooldown is not None and cooldown > now:
+        return Admission(cooldown, cooldown)
+    record = allowance_row(conn, scope)
+    rolled = None
+    if record is not None:
+        rolled, wait = admit_allowance(record, now)
+        if wait is not None:
+            if rolled != record:
+                put_allowance(conn, scope, rolled)
+            return Admission(cooldown, from_epoch_ms(to_epoch_ms(wait)))
+    if learn is not None and quota is None and record is None:
+        return _admit_rate(conn, scope, now_ms, cooldown, lease, learn)
+    refused = _refused(conn, scope, quota, limit, lease, now_ms, cooldown)
+    if refused is not None:
+        return refused
+    return _grant(conn, scope, now, cooldown, rolled, limit, quota, batch, hold)
+
+
+def _grant(
+    conn: sqlite3.Connection, scope: str, now: datetime, cooldown: datetime | None,
+    rolled: Allowance | None, limit: int | None, quota: QuotaLog | None, batch: int, hold: float,
+) -> Admission:
+    """Nothing refused at ``now``: the grant. One admission of the announced allowance
+    ``rolled`` counted (up to ``batch`` of them), and the permit of ``quota`` taken,
+    ending at ``now`` rounded up + per + margin, with up to ``batch - 1`` extra ones
+    counted ``hold`` seconds longer."""
+    seq = None
+    units = 0
+    if rolled is not None:
+        seq = rolled.admitted - 1
+        rolled, units = admit_more(rolled, now, batch)
+        put_allowance(conn, scope, rolled)
+    until = rolled.until if units and rolled is not None else None
+    if quota is None:
+        if units:
+            return Granted.of(None, cooldown, seq, 0, None, units, until)
+        return Admission(cooldown, None, seq)
+    # The permit's end from its grant rounded *up*: never before grant + per + margin.
+    end_ms = to_epoch_ms(now) + quota[1]
+    extra = 0
+    if batch > 1 and limit is not None:
+        live = conn.execute(
+            "SELECT count(*) FROM permit_log WHERE scope = ? AND quota = ?", (scope, quota[0])
+        ).fetchall()[0][0]
+        extra = extra_permits(batch, limit - int(live), limit)
+        later = end_ms + round(hold * 1000)  # whole ms (see Near.batch)
+        conn.executemany(
+            "INSERT INTO permit_log (scope, quota, expires_ms) VALUES (?, ?, ?)",
+            [(scope, quota[0], later)] * extra,
+        )
+    take_permit(conn, scope, quota[0], end_ms, to_epoch_ms(now) + quota[2] if quota[2] else 0)
+    return Granted.of(from_epoch_ms(end_ms), cooldown, seq, extra, None, units, until)
+
+
+def _refused(
+    conn: sqlite3.Connection, scope: str, quota: QuotaLog | None, limit: int | None, lease: Lease | None,
+    now_ms: int, cooldown: datetime | None,
+) -> Admission | None:
+    """None when a permit of ``quota`` (None: none asked) is free and the slot of
+    ``lease`` (None: none) is taken, else the refusal (nothing taken)."""
+    if quota is not None and limit is not None:
+        refused = _permit_refused(conn, scope, quota[0], limit, now_ms, quota[3])
+        if refused is not None:
+            return Admission(cooldown, from_epoch_ms(refused))
+    if lease is not None:
+        busy = _slot_refused(conn, scope, lease[0], now_ms)
+        if busy is not None:
+            return Admission(cooldown, from_epoch_ms(busy), None, True)
+        expires = now_ms + window_ms(lease[1])
+        conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, lease[2], expires))
+    return None
+
+
+def _admit_rate(
+    conn: sqlite3.Connection, scope: str, now_ms: int, cooldown: datetime | None, lease: Lease | None,
+    learn: Learn,
+) -> Admission:
+    """No cooldown running, no quota, no allowance: admission by the scope's learned
+    rate (see ``MemoryCooldownStore._admit_rate``): a known send (one of its limit in
+    the epoch), else a probe (a slot of its cap), else refused."""
+    rate = _rate_now(conn, scope, now_ms)
+    if round(rate.start * 1000) > now_ms:  # a throttle's backoff
+        return RateHeld(cooldown, from_epoch_ms(round(rate.start * 1000)))
+    if rate.open or rate.known:
+        refused = _refused(conn, scope, None, None, lease, now_ms, cooldown)
+        if refused is not None or rate.open:
+            return refused or Admission(cooldown, None)  # (refused: every configured slot held)
+        conn.execute("UPDATE learned_rate SET sent = sent + 1 WHERE scope = ?", (scope,))
+        return Granted.of(None, cooldown, None, rate_epoch=rate.epoch)
+    ends = round(rate.ends * 1000) if rate.limit > 0 else None
+    if not rate.probes:
+        assert ends is not None
+        return RateHeld(cooldown, from_epoch_ms(ends))
+    return _probe(conn, scope, now_ms, cooldown, lease, learn, rate, ends)
+
+
+def _probe(
+    conn: sqlite3.Connection, scope: str, now_ms: int, cooldown: datetime | None, lease: Lease | None,
+    learn: Learn, rate: Rate, ends: int | None,
+) -> Admission:
+    """A probe of the learned ``rate`` (its epoch ending at ``ends``, None: no limit): a
+    slot under its cap (with a configured ``lease``, under the smaller), else held back
+    until a slot may be free (at most ``PROBE_RECHECK`` seconds); a configured cap that
+    binds refuses as concurrency."""
+    cap = (min(lease[0], rate.cap), lease[1], lease[2]) if lease is not None else (rate.cap, *learn)
+    busy = _slot_refused(conn, scope, cap[0], now_ms)
+    if busy is not None and lease is not None and lease[0] <= rate.cap:
+        return Admission(cooldown, from_epoch_ms(busy), None, True)  # the configured cap binds
+    if busy is not None:
+        again = min(busy, now_ms + round(PROBE_RECHECK * 1000), ends if ends is not None else busy)
+        return RateHeld(cooldown, from_epoch_ms(again), None, True)
+    expires = now_ms + window_ms(cap[1])
+    conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, cap[2], expires))
+    if not rate.probed:
+        put_rate(conn, scope, rate.probing())
+    token = cap[2] if lease is None else None
+    return Granted.of(None, cooldown, None, 0, token, rate_epoch=rate.epoch, rate_report=True)
+
+
+# ------------------------------------------------------------ permits and leases
+def _permit_refused(
+    conn: sqlite3.Connection, scope: str, quota: str, limit: int, now_ms: int, per_ms: int = 0
+) -> int | None:
+    """None when a permit of ``quota`` is free, else the earliest time (ms) one could be
+    (an open permit counted as ending at its grant + per + margin, or now + ``per_ms``
+    if later: see ``base.free_at``). Permits that stopped counting are deleted: the
+    scope's, and a few of other scopes'."""
+    conn.execute(
+        "DELETE FROM permit_log WHERE scope = ? AND quota = ? AND expires_ms <= ?", (scope, quota, now_ms)
+    )
+    conn.execute(SWEEP_PERMITS, (now_ms, SWEEP_PER_WRITE))
+    rows = conn.execute(
+        "SELECT expires_ms FROM permit_log WHERE scope = ? AND quota = ? "
+        "ORDER BY expires_ms DESC LIMIT 1 OFFSET ?",
+        (scope, quota, limit - 1),
+    ).fetchall()
+    if not rows:
+        return None
+    conn.execute("DELETE FROM open_permit WHERE expires_ms <= ?", (now_ms,))
+    opened = conn.execute(
+        "SELECT expires_ms, expected_ms FROM open_permit WHERE scope = ? AND quota = ?", (scope, quota)
+    ).fetchall()
+    if not opened:
+        return int(rows[0][0])
+    count = int(
+        conn.execute(
+            "SELECT count(*) FROM permit_log WHERE scope = ? AND quota = ?", (scope, quota)
+        ).fetchall()[0][0]
+    )
+    wanted = count - limit + 1
+    ends = conn.execute(
+        "SELECT expires_ms FROM permit_log WHERE scope = ? AND quota = ? ORDER BY expires_ms LIMIT ?",
+        (scope, quota, wanted + len(opened)),
+    ).fetchall()
+    skip = collections.Counter(int(row[0]) for row in opened)
+    closed = []
+    for (end,) in ends:
+        if skip[int(end)] > 0:
+            skip[int(end)] -= 1
+        else:
+            closed.append(int(end))
+    return free_at(closed, [int(row[1]) for row in opened], limit, count, now_ms + per_ms)
+
+
+def take_permit(
+    conn: sqlite3.Connection, scope: str, quota: str, expires_ms: int, expected_ms: int = 0
+) -> None:
+    """A permit of ``quota`` counting until ``expires_ms``; ``expected_ms`` > 0: an
+    open one (see ``Store.admit``)."""
+    conn.execute(
+        "INSERT INTO permit_log (scope, quota, expires_ms) VALUES (?, ?, ?)", (scope, quota, expires_ms)
+    )
+    if expected_ms:
+        conn.execute(
+            "INSERT INTO open_permit VALUES (?, ?, ?, ?)", (scope, quota, expires_ms, expected_ms)
+        )
+
+
+def _slot_refused(conn: sqlite3.Connection, scope: str, limit: int, now_ms: int) -> int | None:
+    """None when a slot is free, else when the earliest lease expires (ms); expired
+    leases are dropped (the scope's, and a few of other scopes', a killed worker's)."""
+    conn.execute("DELETE FROM lease WHERE scope = ? AND expires_ms <= ?", (scope, now_ms))
+    conn.execute(SWEEP_LEASES, (now_ms, SWEEP_PER_WRITE))
+    rows = conn.execute(
+        "SELECT count(*), min(expires_ms) FROM lease WHERE scope = ?", (scope,)
+    ).fetchall()
+    return None if int(rows[0][0]) < limit else int(rows[0][1])
+
+
+# ------------------------------------------------ the allowance and the learned rate
+def allowance_row(conn: sqlite3.Connection, scope: str) -> Allowance | None:
+    """The scope's announced allowance as stored (None: none)."""
+    rows = conn.execute(
+        "SELECT remaining, at_n, until_ms, n, lim, window_ms, exact FROM allowance WHERE scope = ?",
+        (scope,),
+    ).fetchall()
+    if not rows:
+        return None
+    left, at, until, count, lim, window, exact = (int(v) for v in rows[0])
+    return Allowance(left, at, from_epoch_ms(until), count, lim, window / 1000, bool(exact))
+
+
+def put_allowance(conn: sqlite3.Connection, scope: str, record: Allowance) -> None:
+    """Write the scope's announced allowance (its reset and window in ms)."""
+    conn.execute(
+        "INSERT OR REPLACE INTO allowance VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            scope,
+            record.left,
+            record.at,
+            to_epoch_ms(record.until),
+            record.admitted,
+            record.limit,
+            round(record.window * 1000),
+            int(record.exact),
+        ),
+    )
+
+
+def _rate_now(conn: sqlite3.Connection, scope: str, now_ms: int) -> Rate:
+    """The scope's learned rate as of ``now_ms``, made at its first admission (a few
+    rates unused for ``RATE_KEPT`` swept then); kept when it changed."""
+    rate = rate_row_of(conn, scope)
+    if rate is None:
+        kept, open_kept = int(RATE_KEPT * 1000), int(OPEN_KEPT * 1000)
+        conn.execute(_SWEEP_RATES, (now_ms - kept, now_ms - open_kept, SWEEP_PER_WRITE))
+        rate = fresh_rate(now_ms / 1000)
+        put_rate(conn, scope, rate)
+        return rate
+    rolled = roll_rate(rate, now_ms / 1000)
+    if rolled is not rate:
+        put_rate(conn, scope, rolled)
+    return rolled
+
+
+def rate_row_of(conn: sqlite3.Connection, scope: str) -> Rate | None:
+    """The scope's learned rate as stored (None: none)."""
+    rows = conn.execute(_RATE_ROW, (scope,)).fetchall()
+    return rate_from_row(tuple(int(v) for v in rows[0])) if rows else None
+
+
+def put_rate(conn: sqlite3.Connection, scope: str, rate: Rate) -> None:
+    """Write the scope's learned rate (see ``rate.rate_row``)."""
+    conn.execute(_PUT_RATE, (scope, *rate_row(rate)))
