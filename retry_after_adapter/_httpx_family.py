@@ -115,9 +115,8 @@ class _Raw:
 
     __slots__ = ("headers", "status")
 
-    def __init__(self, response: Any) -> None:
-        self.status = response.status_code
-        self.headers = response.headers
+    status: int
+    headers: Any
 
     def get_redirect_location(self) -> str | bool | None:
         return self.headers.get("location") if self.status in _REDIRECTS else False
@@ -159,8 +158,19 @@ class _Attempts:
     follows_redirects = False
     streams = False  # the client reads the body itself; a kept one stays readable
 
-    def __init__(self, flavour: Flavour, request: Any, url: str) -> None:
+    def __init__(
+        self,
+        flavour: Flavour,
+        inner: Any,
+        request: Any,
+        url: str,
+        offload: Callable[[Callable[[], None]], Any] | None = None,
+    ) -> None:
         self.flavour = flavour
+        #: The transport each attempt goes through, and how a blocking release is run
+        #: off the event loop (async, with a blocking store; else None).
+        self.inner = inner
+        self.offload = offload
         self.request = request
         self.method = request.method
         self.url: str = message_url(url)  # what urllib3 counts and logs: no user info, no query
@@ -169,7 +179,10 @@ class _Attempts:
 
     @staticmethod
     def raw(response: Any) -> _Raw:
-        return _Raw(response)
+        raw = object.__new__(_Raw)  # two fields: no __init__ frame per attempt
+        raw.status = response.status_code
+        raw.headers = response.headers
+        return raw
 
     def transport_error(self, exc: Exception) -> Exception | None:
         return self.flavour.cause(exc, self.url)
@@ -225,12 +238,9 @@ class _SyncBody:
 
 
 class _SyncAttempts(_Attempts):
-    def __init__(self, flavour: Flavour, inner: Any, request: Any, url: str) -> None:
-        super().__init__(flavour, request, url)
-        self.inner = inner
-
     def send(self, timeout: Any) -> Any:
-        _bounded(self.request, timeout)
+        if timeout is not None and type(timeout) not in (int, float):
+            _bounded(self.request, timeout)
         return self.inner.handle_request(self.request)
 
     def keep(self, response: Any, limit: int | None, seconds: float | None) -> bytes | None:
@@ -289,20 +299,8 @@ class _AsyncBody:
 
 
 class _AsyncAttempts(_Attempts):
-    def __init__(
-        self,
-        flavour: Flavour,
-        inner: Any,
-        request: Any,
-        url: str,
-        offload: Callable[[Callable[[], None]], Any] | None,
-    ) -> None:
-        super().__init__(flavour, request, url)
-        self.inner = inner
-        self.offload = offload
-
     async def send(self, timeout: Any) -> Any:
-        left = _bounded(self.request, timeout)
+        left = None if timeout is None or type(timeout) in (int, float) else _bounded(self.request, timeout)
         if left is None:
             return await self.inner.handle_async_request(self.request)
         # Bounded: the four phases together within what is left, not each of them.
