@@ -6,6 +6,9 @@ loopback stand-ins that answer as their APIs do (``QuotaServer(quota_headers="op
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -134,3 +137,63 @@ def test_a_fleet_of_threads_on_one_sdk_client_keeps_to_the_announced_quota(kind:
         assert len(done) == 8 and stats.ok == 8
         assert stats.early == 0
         assert stats.throttled <= 1, stats  # the SDKs alone: 7
+
+
+SDK_WORKER = r"""
+import json, sys, threading, time
+import httpx2
+from retry_after_adapter import RetryAfterRetry
+from retry_after_adapter.cooldown import store_from_url
+from retry_after_adapter.httpx2 import RetryAfterTransport
+
+kind, url, store_url, threads, start_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+transport = RetryAfterTransport(RetryAfterRetry(total=5, max_wait=10), cooldown=store_from_url(store_url))
+http = httpx2.Client(transport=transport)
+if kind == "openai":
+    import openai
+    client = openai.OpenAI(api_key="sk-test", base_url=url + "/v1", http_client=http)
+else:
+    import anthropic
+    client = anthropic.Anthropic(api_key="sk-ant-test", base_url=url, http_client=http)
+done, failed = [], []
+
+def work():
+    try:
+        client.models.list()
+        done.append(1)
+    except Exception as exc:  # reported, not hidden: the test asserts none
+        failed.append(type(exc).__name__)
+
+workers = [threading.Thread(target=work) for _ in range(threads)]
+time.sleep(max(0.0, min(5.0, start_at - time.time())))  # every process starts together
+for t in workers:
+    t.start()
+for t in workers:
+    t.join(30)
+print(json.dumps({"done": len(done), "failed": failed}))
+"""
+
+
+@pytest.mark.parametrize("kind", SDKS)
+def test_sdk_clients_in_four_processes_share_the_announced_quota_through_the_store(
+    kind: str, store_url: str
+) -> None:
+    """Four processes, each an SDK client with its defaults and two threads, one shared
+    store (a SQLite file, or Redis), a stand-in allowing 3 requests per 1 s and
+    announcing it in the provider's headers: every call done, nothing sent inside a
+    cooldown the server announced, and at most one 429 between them. (Each process on
+    a store of its own meets the spent quota it cannot see: 2-3 429s.)"""
+    with QuotaServer(3, 1, align="first", quota_headers=kind) as server:
+        start_at = str(time.time() + 2.0)  # past the processes' imports, on a loaded machine too
+        command = [sys.executable, "-c", SDK_WORKER, kind, server.url, store_url, "2", start_at]
+        running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        results = []
+        for process in running:
+            out, err = process.communicate(timeout=90)
+            assert process.returncode == 0, err[-2000:]
+            results.append(json.loads(out))
+        stats = server.stats()
+    assert [r["failed"] for r in results] == [[]] * 4, results
+    assert sum(r["done"] for r in results) == 8 and stats.ok == 8, (results, stats)
+    assert stats.early == 0, stats
+    assert stats.throttled <= 1, stats
