@@ -139,6 +139,28 @@ def test_a_fleet_of_threads_on_one_sdk_client_keeps_to_the_announced_quota(kind:
         assert stats.throttled <= 1, stats  # the SDKs alone: 7
 
 
+@pytest.mark.parametrize("kind", SDKS)
+def test_twenty_tasks_on_one_async_sdk_client_keep_to_the_announced_quota(kind: str) -> None:
+    """20 asyncio tasks, one async SDK client with its defaults, a stand-in allowing 10
+    requests per 2 s and announcing it in the provider's headers: every call done,
+    nothing sent inside a cooldown the server announced, at most one 429. (A window of
+    2 s, not 1: Anthropic's resets are times measured against a ``Date`` truncated to
+    the second, so two windows' resets 1 s apart cannot be told from one window's.)"""
+
+    async def main(url: str) -> list[Any]:
+        transport = AsyncRetryAfterTransport(RetryAfterRetry(total=5, max_wait=10), cooldown=MemoryCooldownStore())
+        async with httpx2.AsyncClient(transport=transport) as http:
+            client = async_sdk_client(kind, url, http)
+            return await asyncio.wait_for(asyncio.gather(*(client.models.list() for _ in range(20))), 60)
+
+    with QuotaServer(10, 2, align="first", quota_headers=kind) as server:
+        answers = asyncio.run(main(server.url))
+        stats = server.stats()
+    assert len(answers) == 20 and stats.ok == 20, stats
+    assert stats.early == 0, stats
+    assert stats.throttled <= 1, stats
+
+
 SDK_WORKER = r"""
 import json, sys, threading, time
 import httpx2
@@ -179,11 +201,11 @@ def test_sdk_clients_in_four_processes_share_the_announced_quota_through_the_sto
     kind: str, store_url: str
 ) -> None:
     """Four processes, each an SDK client with its defaults and two threads, one shared
-    store (a SQLite file, or Redis), a stand-in allowing 3 requests per 1 s and
+    store (a SQLite file, or Redis), a stand-in allowing 3 requests per 2 s and
     announcing it in the provider's headers: every call done, nothing sent inside a
     cooldown the server announced, and at most one 429 between them. (Each process on
-    a store of its own meets the spent quota it cannot see: 2-3 429s.)"""
-    with QuotaServer(3, 1, align="first", quota_headers=kind) as server:
+    a store of its own meets the spent quota it cannot see: 3-5 429s.)"""
+    with QuotaServer(3, 2, align="first", quota_headers=kind) as server:
         start_at = str(time.time() + 2.0)  # past the processes' imports, on a loaded machine too
         command = [sys.executable, "-c", SDK_WORKER, kind, server.url, store_url, "2", start_at]
         running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
