@@ -89,7 +89,10 @@ def note(response: Any) -> None:
     subclass, which adds one method) and its connection is stamped. Pools of servers
     that announce nothing are left as urllib3 made them: this test is all they pay."""
     headers = getattr(response, "headers", None)
-    if headers is None or "keep-alive" not in headers:
+    if headers is None:
+        return
+    names = getattr(headers, "_container", None)  # urllib3's, by lower-case name: a dict look-up
+    if "keep-alive" not in (names if type(names) is dict else headers):
         return
     pool = getattr(response, "_pool", None)
     if pool is None or isinstance(pool, _IdleAware):

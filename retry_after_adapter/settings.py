@@ -293,7 +293,7 @@ class SharedSettings:
     _plan: Plan
     _scope_fn: Callable[[Any], str]
 
-    if TYPE_CHECKING:  # the options, as attributes (see __getattr__)
+    if TYPE_CHECKING:  # the options, as attributes (read-only properties, made below the class)
         cooldown: CooldownStore | None
         scope: str | ScopeFunction
         raise_on_defer: bool
@@ -304,13 +304,6 @@ class SharedSettings:
         lease_ttl: float
         max_waiting: int | None
         learn_rate: bool
-    else:
-
-        def __getattr__(self, name: str) -> Any:
-            # Only reached for names the front end does not have: the options.
-            if name in _OPTION_NAMES and "settings" in self.__dict__:
-                return getattr(self.__dict__["settings"], name)
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         # An option set after construction (``adapter.on_decision += (hook,)``) is
@@ -437,3 +430,18 @@ class SharedSettings:
         if self._plan.dialects.routes:
             refine_call(call, request.method, request.url)
         return call
+
+
+def _option(name: str) -> property:
+    """The option ``name`` of a front end, read from its :class:`Settings` (a property,
+    not ``__getattr__``: a class with ``__getattr__`` gets no fast attribute reads, and
+    every GET reads the adapter's attributes)."""
+
+    def read(self: SharedSettings) -> Any:
+        return getattr(self.settings, name)
+
+    return property(read, doc=f"The ``{name}`` option (setting it checks it as at construction).")
+
+
+for _name in _OPTION_NAMES:
+    setattr(SharedSettings, _name, _option(_name))
