@@ -21,6 +21,8 @@ URLLIB3_VERSION: tuple[int, ...] = tuple(
 IS_URLLIB3_V1 = URLLIB3_VERSION < (2,)
 
 _RETRY_PARAMS = frozenset(inspect.signature(Retry.__init__).parameters) - {"self", "history"}
+#: Every keyword this urllib3's ``Retry`` takes (its version's names).
+RETRY_KEYWORDS = _RETRY_PARAMS | {"history"}
 
 #: Whether this urllib3 has its own Retry-After cap (2.6.3+ ``retry_after_max``). We
 #: never call the methods that apply it, so it can never shorten a wait of ours.

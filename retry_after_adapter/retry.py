@@ -17,6 +17,8 @@ first attempt in that mode: that needs the engine.
 from __future__ import annotations
 
 import contextlib
+import difflib
+import inspect
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from urllib3.exceptions import MaxRetryError, ResponseError
 from urllib3.util.retry import Retry
 
-from ._compat import response_header
+from ._compat import RETRY_KEYWORDS, response_header
 from .body import DEFAULT_MAX_RETRY_BODY
 from .clock import DEFAULT_CLOCK, Clock, SystemClock
 from .deferral import Deferral
@@ -79,6 +81,18 @@ class _StockLoop:
     def of(cls, call: Call, wake: float | None) -> _StockLoop:
         progress = call.progress
         return cls(progress.start, progress.started_at, progress.attempts, call.cooldown, call.heard, wake)
+
+
+def _refuse_unknown(kwargs: dict[str, Any]) -> None:
+    """A ``ConfigurationError`` for a keyword neither this class nor urllib3's ``Retry``
+    takes, naming it and the keyword it looks like (``max_wiat``: ``max_wait``)."""
+    ours = set(inspect.signature(RetryAfterRetry.__init__).parameters) - {"self", "args", "kwargs", "_stock"}
+    known = sorted(ours | RETRY_KEYWORDS)
+    for keyword in kwargs:
+        if keyword not in RETRY_KEYWORDS:
+            close = difflib.get_close_matches(keyword, known, n=1, cutoff=0.75)
+            hint = f": did you mean {close[0]!r}?" if close else f" (it takes: {', '.join(known)})"
+            raise ConfigurationError(f"RetryAfterRetry got an unknown keyword {keyword!r}{hint}")
 
 
 def _count_or_none(name: str, value: object, unit: str) -> int | None:
@@ -159,6 +173,8 @@ class RetryAfterRetry(Retry):
         _stock: _StockLoop | None = None,
         **kwargs: Any,
     ) -> None:
+        if kwargs and not RETRY_KEYWORDS.issuperset(kwargs):
+            _refuse_unknown(kwargs)
         if "status_forcelist" not in kwargs and len(args) < 7:
             kwargs["status_forcelist"] = DEFAULT_STATUS_FORCELIST
         super().__init__(total, *args, **kwargs)

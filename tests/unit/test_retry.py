@@ -105,3 +105,17 @@ def test_stock_retry_is_converted_with_its_settings():
     assert as_retry_after_retry(2).total == 2
     with pytest.raises(ConfigurationError):
         as_retry_after_retry("three")
+
+
+def test_a_misspelled_keyword_is_named_with_the_one_it_looks_like() -> None:
+    """A keyword neither RetryAfterRetry nor urllib3's Retry takes: the package's own
+    error, naming it and the keyword it looks like (not urllib3's bare TypeError)."""
+    with pytest.raises(ConfigurationError, match=r"unknown keyword 'max_wiat': did you mean 'max_wait'\?"):
+        RetryAfterRetry(total=3, max_wiat=10)
+    with pytest.raises(ConfigurationError, match=r"'status_forcelst': did you mean 'status_forcelist'\?"):
+        RetryAfterRetry(status_forcelst=[503])
+    with pytest.raises(ConfigurationError, match=r"'bogus' \(it takes: .*max_wait.*status_forcelist"):
+        RetryAfterRetry(bogus=1)
+    # urllib3's own keywords, and a copy through new(), still pass.
+    retry = RetryAfterRetry(total=3, status_forcelist=[503], backoff_factor=0.5, respect_retry_after_header=True)
+    assert retry.new(total=2).total == 2 and retry.new().backoff_factor == 0.5
