@@ -271,6 +271,41 @@ def test_httpx_quick(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_llm_fleet_quick(tmp_path: Path) -> None:
+    # The fleet part only: the instructions part runs under valgrind for minutes.
+    for module in ("httpx2", "openai", "anthropic"):
+        pytest.importorskip(module)
+    doc = run_quick("bench_llm.py", tmp_path, "--part", "fleet", timeout=300)
+    assert doc["benchmark"] == "llm" and "instructions" not in doc
+    fleet = doc["fleet"]
+    shape = fleet["shape"]
+    assert set(fleet["sdks"]) == {"openai", "anthropic"}
+    for sdk, fleets in fleet["sdks"].items():
+        names = set(fleets)
+        assert any(n.startswith("SDK alone, 1 process") for n in names)
+        assert any(n.startswith("transport") and "a client each" in n for n in names)
+        assert any(n.startswith("transport") and "SQLite" in n for n in names)
+        assert any(n.startswith("transport, async") for n in names)
+        if "redis" not in doc["skipped"]:
+            assert any("Redis" in n for n in names)
+        for name, entry in fleets.items():
+            assert len(entry["runs"]) == 1
+            for run in entry["runs"]:
+                # Every call done, each exactly one 200 at the server.
+                assert run["done"] == run["calls"] == run["ok"], (sdk, name, run)
+                assert run["requests"] == run["ok"] + run["429"], (sdk, name, run)
+                assert run["other_errors"] == 0, (sdk, name, run["other_error_examples"])
+                assert run["deferred"] <= run["rate_limited"]
+                assert finite(run["wall_s"]) and run["wall_s"] > 0
+                assert run["ideal_s"] == pytest.approx(run["calls"] / shape["limit"] * shape["per"], abs=1e-3)
+                assert run["wall_over_ideal"] == pytest.approx(run["wall_s"] / run["ideal_s"], abs=1e-3)
+            if name.startswith("SDK alone"):
+                assert entry["wall_vs_sdk_alone"]["median"] == 1.0
+            else:
+                check_summary(entry["wall_vs_sdk_alone"], 1)
+
+
+@pytest.mark.slow
 def test_memory_quick(tmp_path: Path) -> None:
     # --quick makes 5,000 calls; fewer keep this harness check short.
     doc = run_quick("bench_memory.py", tmp_path, "--calls", "1000")

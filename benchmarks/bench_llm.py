@@ -1,0 +1,779 @@
+"""The OpenAI and Anthropic SDKs (on httpx2), alone and with the httpx2 transports mounted:
+a fleet under a provider's requests quota, and the happy path's instructions per call.
+
+1. Fleet (``--part fleet``): a loopback stand-in of the provider
+   (``QuotaServer(limit, per, quota_headers="openai" | "anthropic", align="first")``, in
+   this process, a fresh one per run) allows ``--limit`` requests per ``--per`` seconds
+   (default 3 per 4 s), windows counted from the first request, and announces the quota
+   in the provider's own headers on every answer (OpenAI's
+   ``x-ratelimit-*-requests`` and ``retry-after-ms``, Anthropic's
+   ``anthropic-ratelimit-requests-*``). Every SDK client keeps its defaults
+   (``max_retries=2``); the only thing set is its ``http_client``. Each worker makes
+   ``--calls`` calls of ``client.models.list()`` (what the stand-in answers for both
+   SDKs: an empty model list), one after the other. A ``RateLimitError`` the SDK
+   raises is caught: with the transport it carries a deferral (``deferral_of(exc)``) and
+   the worker waits until its ``eligible_at`` and calls again, as a job queue would;
+   the SDK alone raises it after its own retries, and the worker then waits what that
+   last 429 said (``retry-after-ms``, else ``Retry-After``; 1 s without either), as the
+   SDK itself would, and calls again. Fleets, for each SDK:
+
+   - SDK alone: 8 threads on one client over a plain ``httpx2.Client()``; the same as
+     4 processes x 2 threads (each process its own client); 20 asyncio tasks on one
+     ``AsyncOpenAI`` / ``AsyncAnthropic`` over a plain ``httpx2.AsyncClient()``;
+   - with ``RetryAfterTransport(cooldown=store)`` (everything else its defaults): 8
+     threads on one client with a ``MemoryCooldownStore``; 8 threads each with its own
+     client (and transport), sharing one ``MemoryCooldownStore``; 4 processes x 2
+     threads, each process its own client, sharing one ``SQLiteCooldownStore`` file
+     (a fresh one per run), and the same sharing one ``RedisCooldownStore`` (a
+     ``redis-server`` this script starts on a free loopback port, flushed before each
+     run; the rows are skipped with a message without the binary or redis-py); 20
+     asyncio tasks on one async client with ``AsyncRetryAfterTransport`` and a
+     ``MemoryCooldownStore``.
+
+   Reported per run, as the server counted them: the 429s it sent, the requests it
+   received, the requests it saw "early" (arriving while a cooldown it had announced in
+   a 429 was still running, past its 0.25 s in-flight allowance); the calls done (of
+   those asked); the ``RateLimitError`` s the workers caught; the wall time from the
+   start to the last call done, against the ideal ``calls / limit * per`` (with
+   windows counted from the first request the least possible is ``(ceil(calls /
+   limit) - 1) * per``, so a perfect fleet is a little under 1.0) and against the SDK
+   alone of the same shape in the same repetition. Tables quote medians over ``--reps``
+   with [min-max]. Every run is bounded: past ``3 x ideal + 30 s`` its workers stop
+   (processes are ended) and the calls left count as not done.
+
+2. Instructions (``--part instructions``): the happy path through the SDK, in CPU
+   instructions per call under valgrind's callgrind, as ``bench_instructions.py``
+   counts them: each variant in its own process, 600 warm-up calls (past the learned
+   rate's cold start), then ``--rounds`` (300) measured calls inside
+   ``functools.reduce`` and only that call collected
+   (``--toggle-collect=functools_reduce``; the child checks, on its last warm-up calls
+   under ``sys.setprofile``, that nothing on the call's path calls ``reduce`` itself).
+   The stand-in is a ``QuotaServer`` with the provider's headers and a quota that never
+   binds, in its own process (not counted). Variants, for each SDK: sync
+   ``client.models.list()`` over a plain ``httpx2.Client()`` against the same over
+   ``httpx2.Client(transport=RetryAfterTransport())`` (defaults: a memory store).
+   Target: the transport within 1.05 x the SDK alone (median ratio over ``--repeats``).
+   Without valgrind the part says so and is marked skipped. ``--quick`` (20 warm-up and
+   20 measured calls, a few minutes) checks the harness only: it measures the
+   transport inside the learned rate's cold start.
+
+Without httpx2, openai or anthropic installed, the SDKs missing are skipped with a
+message.
+
+On a 2-core machine:
+
+    python benchmarks/bench_llm.py                       # both parts: about 40 minutes
+    python benchmarks/bench_llm.py --part fleet          # about 22 minutes
+    python benchmarks/bench_llm.py --part instructions   # about 16 minutes
+    python benchmarks/bench_llm.py --quick --part fleet  # about 35 seconds
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import functools
+import math
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import _common
+
+SDKS = ("openai", "anthropic")
+#: The issue's target quota, and the fleets' sizes.
+FLEET = {"limit": 3, "per": 4.0, "threads": 8, "calls": 3, "processes": 4, "process_threads": 2, "tasks": 20,
+         "task_calls": 1}  # fmt: skip
+QUICK_FLEET = {"limit": 3, "per": 1.0, "threads": 4, "calls": 1, "processes": 2, "process_threads": 2,
+               "tasks": 6, "task_calls": 1}  # fmt: skip
+INSTRUCTIONS_TARGET = 1.05
+WARM_UP = 600
+INSTRUCTION_VARIANTS = ("SDK alone", "RetryAfterTransport()")
+_COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
+#: The modules every fleet process needs, imported once by the fork server.
+_PRELOAD = ["httpx2", "openai", "anthropic", "retry_after_adapter", "retry_after_adapter.httpx2"]
+
+
+def missing_sdks(sdks: list[str]) -> dict[str, str]:
+    """The SDKs that cannot run here, and why."""
+    why: dict[str, str] = {}
+    for name in ("httpx2", *sdks):
+        try:
+            __import__(name)
+        except ImportError as exc:
+            why[name] = f"{name} is not installed ({exc})"
+    if "httpx2" in why:
+        return {sdk: why["httpx2"] for sdk in sdks}
+    return {sdk: why[sdk] for sdk in sdks if sdk in why}
+
+
+# -- the SDK clients ---------------------------------------------------------------------------------
+
+
+def sdk_client(sdk: str, url: str, http: Any) -> Any:
+    """The SDK's sync client with its defaults (``max_retries=2``), on ``http``."""
+    if sdk == "openai":
+        import openai
+
+        return openai.OpenAI(api_key="sk-bench", base_url=url + "/v1", http_client=http)
+    import anthropic
+
+    return anthropic.Anthropic(api_key="sk-ant-bench", base_url=url, http_client=http)
+
+
+def async_sdk_client(sdk: str, url: str, http: Any) -> Any:
+    if sdk == "openai":
+        import openai
+
+        return openai.AsyncOpenAI(api_key="sk-bench", base_url=url + "/v1", http_client=http)
+    import anthropic
+
+    return anthropic.AsyncAnthropic(api_key="sk-ant-bench", base_url=url, http_client=http)
+
+
+def rate_limit_error(sdk: str) -> type[Exception]:
+    module: Any = __import__(sdk)
+    return module.RateLimitError  # type: ignore[no-any-return]
+
+
+def api_error(sdk: str) -> type[Exception]:
+    module: Any = __import__(sdk)
+    return module.APIError  # type: ignore[no-any-return]
+
+
+def http_client(store: Any) -> Any:
+    """A plain ``httpx2.Client()`` (``store`` None), or one over
+    ``RetryAfterTransport(cooldown=store)``."""
+    import httpx2
+
+    if store is None:
+        return httpx2.Client()
+    from retry_after_adapter.httpx2 import RetryAfterTransport
+
+    return httpx2.Client(transport=RetryAfterTransport(cooldown=store))
+
+
+def make_store(kind: str | None, where: str = "") -> Any:
+    """None (the SDK alone), or a cooldown store: memory, sqlite (path), redis (URL)."""
+    if kind is None:
+        return None
+    import retry_after_adapter as raa
+
+    if kind == "memory":
+        return raa.MemoryCooldownStore()
+    if kind == "sqlite":
+        return raa.SQLiteCooldownStore(where)
+    if kind == "redis":
+        return raa.RedisCooldownStore.from_url(where)
+    raise ValueError(f"unknown store {kind!r}")
+
+
+def wait_after(error: Exception, now: datetime | None = None) -> tuple[float, bool]:
+    """Seconds to wait before calling again after ``error`` (a ``RateLimitError``), and
+    whether it carried a deferral: until the deferral's ``eligible_at``; else what the
+    429 said (``retry-after-ms``, ``Retry-After`` in seconds or as a date), 1 s when
+    it said nothing."""
+    from retry_after_adapter import deferral_of
+
+    now = now or datetime.now(timezone.utc)
+    deferral = deferral_of(error)
+    if deferral is not None:
+        return max(0.0, (deferral.eligible_at - now).total_seconds()), True
+    headers = getattr(getattr(error, "response", None), "headers", None) or {}
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return max(0.0, float(value) / scale), False
+        except ValueError:
+            parsed = email.utils.parsedate_to_datetime(value) if name == "retry-after" else None
+            if parsed is not None:
+                return max(0.0, (parsed - now).total_seconds()), False
+    return 1.0, False
+
+
+# -- one worker ------------------------------------------------------------------------------------
+
+
+class Tally:
+    """What a group of workers did: calls done, their end times, errors caught."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.done = 0
+        self.last_done: float | None = None
+        self.rate_limited = 0
+        self.deferred = 0
+        self.other_errors: list[str] = []
+
+    def ok(self) -> None:
+        with self.lock:
+            self.done += 1
+            self.last_done = time.monotonic()
+
+    def limited(self, deferred: bool) -> None:
+        with self.lock:
+            self.rate_limited += 1
+            self.deferred += deferred
+
+    def failed(self, error: BaseException) -> None:
+        with self.lock:
+            self.other_errors.append(f"{type(error).__name__}: {error}"[:200])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "done": self.done,
+            "last_done": self.last_done,
+            "rate_limited": self.rate_limited,
+            "deferred": self.deferred,
+            "other_errors": self.other_errors[:5],
+            "other_error_count": len(self.other_errors),
+        }
+
+
+def sync_worker(sdk: str, client: Any, calls: int, stop_at: float, tally: Tally) -> None:
+    """``calls`` calls of ``client.models.list()``, each tried again after a
+    ``RateLimitError`` once :func:`wait_after` says so; stops at ``stop_at``."""
+    limited, other = rate_limit_error(sdk), api_error(sdk)
+    done = 0
+    while done < calls and time.monotonic() < stop_at:
+        try:
+            client.models.list()
+        except limited as error:
+            wait, deferred = wait_after(error)
+            tally.limited(deferred)
+            time.sleep(max(0.0, min(wait, stop_at - time.monotonic())))
+            continue
+        except other as error:  # anything else: noted, tried again shortly
+            tally.failed(error)
+            time.sleep(0.1)
+            continue
+        done += 1
+        tally.ok()
+
+
+async def async_worker(sdk: str, client: Any, calls: int, stop_at: float, tally: Tally) -> None:
+    limited, other = rate_limit_error(sdk), api_error(sdk)
+    done = 0
+    while done < calls and time.monotonic() < stop_at:
+        try:
+            await client.models.list()
+        except limited as error:
+            wait, deferred = wait_after(error)
+            tally.limited(deferred)
+            await asyncio.sleep(max(0.0, min(wait, stop_at - time.monotonic())))
+            continue
+        except other as error:
+            tally.failed(error)
+            await asyncio.sleep(0.1)
+            continue
+        done += 1
+        tally.ok()
+
+
+def run_threads(
+    sdk: str, clients: list[Any], threads: int, calls: int, start_at: float, limit: float
+) -> Tally:
+    """``threads`` workers, worker ``n`` on ``clients[n % len(clients)]``, from ``start_at``."""
+    tally = Tally()
+    stop_at = start_at + limit
+    workers = [
+        threading.Thread(
+            target=sync_worker, args=(sdk, clients[n % len(clients)], calls, stop_at, tally), daemon=True
+        )
+        for n in range(threads)
+    ]
+    time.sleep(max(0.0, start_at - time.monotonic()))
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(max(0.0, stop_at + 30 - time.monotonic()))
+    return tally
+
+
+def process_main(spec: dict[str, Any], messages: Any, start: Any, start_value: Any) -> None:
+    """A fleet process: its own SDK client (over a transport on the shared store, or
+    plain), ``spec["threads"]`` workers on it, from the start the parent sets."""
+    try:
+        store = make_store(*spec["store"]) if spec["store"] else None
+        http = http_client(store)
+        client = sdk_client(spec["sdk"], spec["url"], http)
+        messages.put(("ready", spec["name"]))
+        if not start.wait(120):
+            messages.put(("error", spec["name"], "no start signal"))
+            return
+        tally = run_threads(
+            spec["sdk"], [client], spec["threads"], spec["calls"], start_value.value, spec["limit"]
+        )
+        http.close()
+        messages.put(("done", tally.as_dict()))
+    except BaseException as exc:  # report, never leave the parent waiting
+        messages.put(("error", spec["name"], f"{type(exc).__name__}: {exc}"))
+        raise
+
+
+# -- the fleets ----------------------------------------------------------------------------------
+
+
+def time_limit(ideal: float) -> float:
+    """Seconds a run may take before its workers stop."""
+    return 3 * ideal + 30.0
+
+
+def fleet_threads(
+    sdk: str, shape: dict[str, Any], store: str | None, shared: bool, server: Any
+) -> dict[str, Any]:
+    """Threads in this process: on one client (``shared``), or each on its own client
+    over its own transport, all on one store."""
+    calls = shape["threads"] * shape["calls"]
+    one = make_store(store)
+    https = [http_client(one) for _ in range(1 if shared else shape["threads"])]
+    clients = [sdk_client(sdk, server.url, http) for http in https]
+    start_at = time.monotonic() + 0.05
+    tally = run_threads(
+        sdk, clients, shape["threads"], shape["calls"], start_at, time_limit(ideal_of(shape, calls))
+    )
+    for http in https:
+        http.close()
+    return outcome(shape, calls, start_at, [tally.as_dict()], server)
+
+
+def fleet_processes(
+    sdk: str, shape: dict[str, Any], store: tuple[str, str] | None, server: Any, ctx: Any
+) -> dict[str, Any]:
+    """``shape["processes"]`` processes of ``shape["process_threads"]`` threads, each
+    process its own client, sharing ``store`` (None: the SDK alone)."""
+    calls = shape["processes"] * shape["process_threads"] * shape["calls"]
+    limit = time_limit(ideal_of(shape, calls))
+    messages, start, start_value = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
+    procs = []
+    for n in range(shape["processes"]):
+        spec = {"sdk": sdk, "url": server.url, "store": store, "threads": shape["process_threads"],
+                "calls": shape["calls"], "limit": limit, "name": f"p{n}"}  # fmt: skip
+        proc = ctx.Process(target=process_main, args=(spec, messages, start, start_value), daemon=True)
+        proc.start()
+        procs.append(proc)
+    results: list[dict[str, Any]] = []
+    try:
+        for _ in procs:
+            message = messages.get(timeout=120)
+            if message[0] != "ready":
+                raise RuntimeError(f"a fleet process failed: {message}")
+        start_value.value = time.monotonic() + 0.2
+        start.set()
+        end = start_value.value + limit + 60
+        while len(results) < len(procs):
+            message = messages.get(timeout=max(1.0, end - time.monotonic()))
+            if message[0] != "done":
+                raise RuntimeError(f"a fleet process failed: {message}")
+            results.append(message[1])
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(10)
+    return outcome(shape, calls, start_value.value, results, server)
+
+
+def fleet_async(sdk: str, shape: dict[str, Any], store: str | None, server: Any) -> dict[str, Any]:
+    """``shape["tasks"]`` asyncio tasks on one async client."""
+    import httpx2
+
+    from retry_after_adapter.httpx2 import AsyncRetryAfterTransport
+
+    calls = shape["tasks"] * shape["task_calls"]
+    limit = time_limit(ideal_of(shape, calls))
+    tally = Tally()
+
+    async def main() -> float:
+        one = make_store(store)
+        transport = AsyncRetryAfterTransport(cooldown=one) if one is not None else None
+        async with httpx2.AsyncClient(transport=transport) as http:
+            client = async_sdk_client(sdk, server.url, http)
+            start_at = time.monotonic()
+            stop_at = start_at + limit
+            tasks = [
+                async_worker(sdk, client, shape["task_calls"], stop_at, tally) for _ in range(shape["tasks"])
+            ]
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*tasks), limit + 30)
+            return start_at
+
+    start_at = asyncio.run(main())
+    return outcome(shape, calls, start_at, [tally.as_dict()], server)
+
+
+def ideal_of(shape: dict[str, Any], calls: int) -> float:
+    return calls / shape["limit"] * shape["per"]
+
+
+def outcome(
+    shape: dict[str, Any], calls: int, start_at: float, tallies: list[dict[str, Any]], server: Any
+) -> dict[str, Any]:
+    stats = server.stats()
+    done = sum(t["done"] for t in tallies)
+    ends = [t["last_done"] for t in tallies if t["last_done"] is not None]
+    wall = max(ends) - start_at if done == calls and ends else None
+    ideal = ideal_of(shape, calls)
+    return {
+        "calls": calls,
+        "done": done,
+        "429": stats.throttled,
+        "requests": stats.requests,
+        "ok": stats.ok,
+        "early": stats.early,
+        "rate_limited": sum(t["rate_limited"] for t in tallies),
+        "deferred": sum(t["deferred"] for t in tallies),
+        "other_errors": sum(t["other_error_count"] for t in tallies),
+        "other_error_examples": [e for t in tallies for e in t["other_errors"]][:5],
+        "wall_s": round(wall, 3) if wall is not None else None,
+        "ideal_s": round(ideal, 3),
+        "least_s": (math.ceil(calls / shape["limit"]) - 1) * shape["per"],
+        "wall_over_ideal": round(wall / ideal, 4) if wall is not None else None,
+    }
+
+
+#: (name, how, store); how: "threads" (one client), "clients" (a client per thread),
+#: "processes", "async".
+FLEETS: list[tuple[str, str, str | None]] = [
+    ("SDK alone, 1 process x {threads} threads, one client", "threads", None),
+    ("transport, 1 process x {threads} threads, one client, memory", "threads", "memory"),
+    ("transport, 1 process x {threads} threads, a client each, one memory store", "clients", "memory"),
+    ("SDK alone, {processes} processes x {process_threads} threads", "processes", None),
+    ("transport, {processes} processes x {process_threads} threads, SQLite", "processes", "sqlite"),
+    ("transport, {processes} processes x {process_threads} threads, Redis", "processes", "redis"),
+    ("SDK alone, async, {tasks} tasks, one client", "async", None),
+    ("transport, async, {tasks} tasks, one client, memory", "async", "memory"),
+]
+
+
+def baseline_of(how: str) -> str:
+    """The SDK-alone row a fleet's wall is compared with."""
+    return {"threads": "threads", "clients": "threads", "processes": "processes", "async": "async"}[how]
+
+
+def fleet_part(sdks: list[str], shape: dict[str, Any], reps: int, skipped: dict[str, str]) -> dict[str, Any]:
+    from bench_fleet import RedisServer, redis_unavailable
+
+    from retry_after_adapter.testing.server import QuotaServer
+
+    workdir = tempfile.mkdtemp(prefix="bench-llm-")
+    redis = None
+    why = redis_unavailable()
+    if why is None:
+        try:
+            redis = RedisServer(shutil.which("redis-server") or "redis-server", workdir)
+        except RuntimeError as exc:
+            why = str(exc)
+    if why is not None:
+        skipped["redis"] = why
+        print(f"skipping the Redis runs: {why}", flush=True)
+    fleets = [(name.format(**shape), how, store) for name, how, store in FLEETS if store != "redis" or redis]
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        sdk: {name: [] for name, _, _ in fleets} for sdk in sdks
+    }
+    try:
+        for rep in range(reps):
+            for sdk in sdks:
+                for n, (name, how, store) in enumerate(fleets):
+                    with QuotaServer(
+                        shape["limit"], shape["per"], align="first", quota_headers=sdk
+                    ) as server:
+                        if how in ("threads", "clients"):
+                            result = fleet_threads(sdk, shape, store, how == "threads", server)
+                        elif how == "async":
+                            result = fleet_async(sdk, shape, store, server)
+                        else:
+                            where: tuple[str, str] | None = None
+                            if store == "sqlite":
+                                where = ("sqlite", os.path.join(workdir, f"cooldown-{sdk}-{rep}-{n}.db"))
+                            elif store == "redis":
+                                assert redis is not None
+                                import redis as redis_py
+
+                                redis_py.Redis.from_url(redis.url).flushdb()
+                                where = ("redis", redis.url)
+                            result = fleet_processes(sdk, shape, where, server, ctx)
+                    runs[sdk][name].append(result)
+                    print(
+                        f"rep {rep + 1}/{reps} {sdk} {name}: 429s {result['429']}, early {result['early']}, "
+                        f"requests {result['requests']}, done {result['done']}/{result['calls']}, "
+                        f"wall {result['wall_s']} s (ideal {result['ideal_s']} s), "
+                        f"RateLimitErrors caught {result['rate_limited']} ({result['deferred']} deferrals)"
+                        + (f", other errors {result['other_errors']}" if result["other_errors"] else ""),
+                        flush=True,
+                    )
+    finally:
+        if redis is not None:
+            redis.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return summarise_fleets(sdks, shape, fleets, runs)
+
+
+NUMERIC = ("429", "early", "requests", "done", "rate_limited", "deferred", "wall_s", "wall_over_ideal")
+
+
+def summarise_fleets(
+    sdks: list[str], shape: dict[str, Any], fleets: list[tuple[str, str, str | None]],
+    runs: dict[str, dict[str, list[dict[str, Any]]]],
+) -> dict[str, Any]:  # fmt: skip
+    report: dict[str, Any] = {}
+    for sdk in sdks:
+        alone = {how: runs[sdk][name] for name, how, store in fleets if store is None}
+        report[sdk] = {}
+        for name, how, _store in fleets:
+            results = runs[sdk][name]
+            entry: dict[str, Any] = {"runs": results, "summary": {}}
+            for key in NUMERIC:
+                values = [r[key] for r in results if r[key] is not None]
+                entry["summary"][key] = _common.summary(values) if values else None
+            base = alone.get(baseline_of(how))
+            if base is not None:
+                pairs = zip([r["wall_s"] for r in results], [b["wall_s"] for b in base], strict=True)
+                vs = [a / b for a, b in pairs if a and b]
+                entry["wall_vs_sdk_alone"] = _common.summary(vs) if vs else None
+            report[sdk][name] = entry
+    return {"shape": shape, "sdks": report}
+
+
+def cell(s: dict[str, Any] | None, digits: int = 0) -> str:
+    if s is None:
+        return "-"
+    if s["min"] == s["max"]:
+        return _common.fmt(s["median"], digits) if digits else f"{s['median']:g}"
+    if digits:
+        return _common.fmt_summary(s, digits)
+    return f"{s['median']:g} [{s['min']:g}-{s['max']:g}]"
+
+
+def fleet_tables(report: dict[str, Any], reps: int) -> list[str]:
+    shape = report["shape"]
+    rows = []
+    for sdk, by_fleet in report["sdks"].items():
+        for name, entry in by_fleet.items():
+            s = entry["summary"]
+            calls = entry["runs"][0]["calls"]
+            rows.append(
+                [
+                    sdk,
+                    name,
+                    cell(s["429"]),
+                    cell(s["early"]),
+                    cell(s["requests"]),
+                    f"{cell(s['done'])} / {calls}",
+                    cell(s["rate_limited"]),
+                    cell(s["wall_s"], 2),
+                    _common.fmt(entry["runs"][0]["ideal_s"], 2),
+                    cell(s["wall_over_ideal"], 3),
+                    cell(entry.get("wall_vs_sdk_alone"), 3),
+                ]
+            )
+    title = (
+        f"SDK fleets against a stand-in allowing {shape['limit']} requests per {shape['per']:g} s "
+        f"(the provider's quota headers), {reps} repetition(s), median [min-max]; ideal = calls / "
+        f"{shape['limit']} x {shape['per']:g} s"
+    )
+    headers = ["SDK", "fleet", "429s", "early", "requests", "done / calls", "RateLimitErrors caught",
+               "wall s", "ideal s", "wall / ideal", "wall vs SDK alone"]  # fmt: skip
+    return [_common.table(title, headers, rows)]
+
+
+# -- instructions ---------------------------------------------------------------------------------
+
+
+def instructions_child(sdk: str, variant: str, n: int, url: str, warm_up: int) -> None:
+    """One variant's process: ``max(n, warm_up)`` warm-up calls, a check that the call
+    never runs ``functools.reduce`` itself, then ``n`` measured calls inside it."""
+    import httpx2
+
+    from retry_after_adapter.httpx2 import RetryAfterTransport
+
+    http = (
+        httpx2.Client()
+        if variant == INSTRUCTION_VARIANTS[0]
+        else httpx2.Client(transport=RetryAfterTransport())
+    )
+    client = sdk_client(sdk, url, http)
+
+    def call(count: int, _: int) -> int:
+        page = client.models.list()
+        assert page.data == [], page
+        return count + 1
+
+    for i in range(max(n, warm_up)):
+        call(0, i)
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call" and arg is functools.reduce:
+            seen.append(f"{frame.f_code.co_filename}:{frame.f_lineno}")
+
+    sys.setprofile(profile)
+    for i in range(3):
+        call(0, i)
+    sys.setprofile(None)
+    if seen:
+        raise RuntimeError(
+            f"functools.reduce runs inside the call ({seen[0]}): it cannot mark the measured loop"
+        )
+    assert functools.reduce(call, range(n), 0) == n  # measured: collected alone
+    http.close()
+
+
+def measure(sdk: str, variant: str, n: int, url: str, warm_up: int) -> int:
+    """Instructions of ``n`` warm calls of ``variant`` (the collected reduce call)."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "PYTHONHASHSEED": "0",
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--toggle-collect=functools_reduce",
+        "--callgrind-out-file=/dev/null",
+        sys.executable,
+        __file__,
+        "--child",
+        sdk,
+        variant,
+        str(n),
+        url,
+        str(warm_up),
+    ]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600, check=False)
+    found = _COLLECTED.findall(proc.stderr)
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(
+            f"{sdk} {variant}: the callgrind run failed ({proc.returncode}): {proc.stderr[-800:]}"
+        )
+    return int(found[-1])
+
+
+def instructions_part(sdks: list[str], n: int, repeats: int, warm_up: int) -> dict[str, Any]:
+    if shutil.which("valgrind") is None:
+        return {"skipped": "valgrind is not installed"}
+    per_call: dict[str, dict[str, list[float]]] = {}
+    for sdk in sdks:
+        per_call[sdk] = {variant: [] for variant in INSTRUCTION_VARIANTS}
+        # The stand-in in its own process, outside valgrind; a quota that never binds.
+        with _common.ServerProcess("retry_after_adapter.demo", "--serve", str(10**9), "3600", sdk) as server:
+            for rep in range(repeats):
+                for variant in INSTRUCTION_VARIANTS:
+                    count = measure(sdk, variant, n, server.url, warm_up)
+                    per_call[sdk][variant].append(count / n)
+                    print(
+                        f"{sdk} {variant} repeat {rep + 1}/{repeats}: {count / n:,.0f} per call", flush=True
+                    )
+    out: dict[str, Any] = {
+        "per_call": {},
+        "ratio": {},
+        "meets_target": {},
+        "target_ratio": INSTRUCTIONS_TARGET,
+    }
+    for sdk, variants in per_call.items():
+        alone, ours = variants[INSTRUCTION_VARIANTS[0]], variants[INSTRUCTION_VARIANTS[1]]
+        out["per_call"][sdk] = {variant: _common.summary(values) for variant, values in variants.items()}
+        out["ratio"][sdk] = _common.summary(_common.ratios(ours, alone))
+        out["meets_target"][sdk] = out["ratio"][sdk]["median"] <= INSTRUCTIONS_TARGET
+    return out
+
+
+def instructions_tables(report: dict[str, Any], n: int, repeats: int) -> list[str]:
+    if "skipped" in report:
+        return [f"instructions: skipped ({report['skipped']})\n"]
+    rows = []
+    for sdk, variants in report["per_call"].items():
+        base = variants[INSTRUCTION_VARIANTS[0]]["median"]
+        for variant, s in variants.items():
+            ratio = (
+                "1" if variant == INSTRUCTION_VARIANTS[0] else _common.fmt_summary(report["ratio"][sdk], 4)
+            )
+            rows.append([sdk, f"client.models.list(), {variant}", f"{s['median'] / 1e6:.4f} M",
+                         f"{(s['median'] - base) / 1e3:+,.0f} k", ratio])  # fmt: skip
+    title = (
+        f"Instructions per call, happy path ({n} warm calls, {repeats} repeats; median [min-max]; "
+        f"target <= {INSTRUCTIONS_TARGET})"
+    )
+    return [_common.table(title, ["SDK", "variant", "per call", "vs SDK alone", "ratio"], rows)]
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    p = _common.parser(__doc__ or "")
+    p.add_argument("--part", choices=("all", "fleet", "instructions"), default="all", help="default: both")
+    p.add_argument("--sdks", default=",".join(SDKS), help="comma-separated: openai, anthropic (default both)")
+    p.add_argument("--reps", type=int, help="fleet repetitions (default 3; quick 1)")
+    p.add_argument("--limit", type=int, help="the quota's requests per window (default 3)")
+    p.add_argument("--per", type=float, help="the quota's window in seconds (default 4; quick 1)")
+    p.add_argument("--calls", type=int, help="calls per sync worker (default 3; quick 1)")
+    p.add_argument(
+        "--rounds", type=int, default=300, help="measured calls per instructions run (default 300)"
+    )
+    p.add_argument("--repeats", type=int, default=3, help="instructions runs of each variant (default 3)")
+    args = p.parse_args()
+    sdks = [s for s in args.sdks.split(",") if s]
+    unknown = [s for s in sdks if s not in SDKS]
+    if unknown:
+        p.error(f"--sdks: unknown {', '.join(unknown)}")
+    skipped = missing_sdks(sdks)
+    for sdk, why in skipped.items():
+        print(f"skipping {sdk}: {why}", flush=True)
+    sdks = [s for s in sdks if s not in skipped]
+    shape = dict(QUICK_FLEET if args.quick else FLEET)
+    for key in ("limit", "per", "calls"):
+        if getattr(args, key) is not None:
+            shape[key] = getattr(args, key)
+    reps = args.reps or (1 if args.quick else 3)
+    n, repeats, warm_up = (20, 1, 20) if args.quick else (args.rounds, args.repeats, WARM_UP)
+    payload: dict[str, Any] = {
+        "settings": {
+            "part": args.part,
+            "sdks": sdks,
+            "quick": args.quick,
+            "reps": reps,
+            "shape": shape,
+            "instruction_calls": n,
+            "instruction_repeats": repeats,
+            "warm_up": warm_up,
+        },
+        "loadavg_at_start": _common.loadavg(),
+        "skipped": skipped,
+    }
+    tables: list[str] = []
+    timings: dict[str, float] = {}
+    if args.part in ("all", "fleet"):
+        started = time.monotonic()
+        payload["fleet"] = fleet_part(sdks, shape, reps, skipped)
+        timings["fleet_s"] = round(time.monotonic() - started, 1)
+        tables += fleet_tables(payload["fleet"], reps)
+    if args.part in ("all", "instructions"):
+        started = time.monotonic()
+        payload["instructions"] = instructions_part(sdks, n, repeats, warm_up)
+        timings["instructions_s"] = round(time.monotonic() - started, 1)
+        tables += instructions_tables(payload["instructions"], n, repeats)
+    payload["took"] = timings
+    _common.finish("llm", payload, tables, args.out)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        instructions_child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6]))
+    else:
+        main()
