@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import io
+from collections.abc import Callable
 from importlib.metadata import version as _dist_version
 from typing import Any
 
@@ -54,6 +55,29 @@ def local_response(
         request_method=method,
         request_url=url,
     )
+
+
+def header_getter(response: Any) -> Callable[[str], str | None]:
+    """A reader of a response's header fields by name (any case; repeated fields joined
+    with ", "), for reading many: the fields made into one dictionary first, for
+    urllib3's headers (``_container``: lower-case name -> [name, values...]) and
+    httpx's and httpx2's (``multi_items()``: lower-case names); otherwise the headers'
+    own ``get``. A field looked up there costs a dictionary look-up, not a pass over
+    every field."""
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return lambda name: None
+    fields: dict[str, str] = {}
+    container = getattr(headers, "_container", None)
+    if type(container) is dict:
+        for key, entry in container.items():
+            fields[key] = ", ".join(entry[1:])
+    elif callable(getattr(headers, "multi_items", None)):
+        for key, value in headers.multi_items():
+            fields[key] = f"{fields[key]}, {value}" if key in fields else value
+    else:
+        return lambda name: response_header(response, name)
+    return lambda name: fields.get(name.lower())
 
 
 def response_header(response: Any, name: str) -> str | None:

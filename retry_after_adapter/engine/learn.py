@@ -12,7 +12,7 @@ import math
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .._compat import announces_quota, response_header
+from .._compat import announces_quota, header_getter, response_header
 from ..cooldown.allowance import SAME_WINDOW
 from ..cooldown.freshness import INVALID_HEADER, SERVER_ERROR, SUCCESS, SUCCESS_EVERY, THROTTLED, TRANSPORT
 from ..dialects import MS_FIELDS
@@ -72,8 +72,8 @@ def read_quota_headers(call: Call, response: Any) -> QuotaHint | None:
         return None
     received = call.clock.monotonic()  # before `now`: each errs late, never early
     now = call.clock.now()
-    date = response_header(response, "Date")
-    hint = read_quota(lambda name: response_header(response, name), received_at=now, date=date)
+    get = header_getter(response)  # a dozen fields read: one pass over them first
+    hint = read_quota(get, received_at=now, date=get("date"))
     # One bound for every value a header gives, before anything is stored or obeyed.
     hint = bound_hint(hint, call.policy.max_retry_after)
     if hint is None or hint.reset is None or hint.remaining is None or hint.reset <= 0:
