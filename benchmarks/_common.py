@@ -19,6 +19,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import socket
 import statistics
@@ -360,6 +361,37 @@ def redis_server(workdir: str | Path) -> Iterator[tuple[RedisServer | None, str]
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+
+
+_COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
+
+
+def callgrind_collected(script: str, args: Sequence[str], what: str, timeout: float = 1800) -> int:
+    """Run ``script --child *args`` under valgrind's callgrind, collecting only inside
+    ``functools.reduce`` (the measured loop), and return the instructions collected.
+    The child gets this process's ``sys.path`` and a fixed hash seed; ``what`` names
+    the run in the error raised when it fails."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "PYTHONHASHSEED": "0",
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--toggle-collect=functools_reduce",
+        "--callgrind-out-file=/dev/null",
+        sys.executable,
+        script,
+        "--child",
+        *args,
+    ]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    found = _COLLECTED.findall(proc.stderr)
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(f"{what}: the callgrind run failed ({proc.returncode}): {proc.stderr[-800:]}")
+    return int(found[-1])
 
 
 def cpu_seconds(pid: int) -> float:

@@ -21,10 +21,7 @@ writes a result marked skipped.
 from __future__ import annotations
 
 import functools
-import os
-import re
 import shutil
-import subprocess
 import sys
 from typing import Any
 
@@ -36,7 +33,6 @@ VARIANTS = ("stock", "adapter", "adapter + Quota + max_concurrency")
 #: The fewest warm-up GETs of a variant: past the cold start of the learned rate, whose
 #: cap is lifted after about 500 good answers.
 WARM_UP = 600
-_COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
 
 def child(variant: str, n: int, url: str, warm_up: int = WARM_UP) -> None:
@@ -74,30 +70,7 @@ def child(variant: str, n: int, url: str, warm_up: int = WARM_UP) -> None:
 
 def measure(variant: str, n: int, url: str, warm_up: int = WARM_UP) -> int:
     """Instructions of ``n`` warm GETs of ``variant`` (the collected reduce call)."""
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": os.environ.get("HOME", "/tmp"),
-        "PYTHONHASHSEED": "0",
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-    }
-    command = [
-        "valgrind",
-        "--tool=callgrind",
-        "--toggle-collect=functools_reduce",
-        "--callgrind-out-file=/dev/null",
-        sys.executable,
-        __file__,
-        "--child",
-        variant,
-        str(n),
-        url,
-        str(warm_up),
-    ]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, check=False)
-    found = _COLLECTED.findall(proc.stderr)
-    if proc.returncode != 0 or not found:
-        raise RuntimeError(f"{variant}: the callgrind run failed ({proc.returncode}): {proc.stderr[-500:]}")
-    return int(found[-1])
+    return _common.callgrind_collected(__file__, [variant, str(n), url, str(warm_up)], variant)
 
 
 def main() -> None:

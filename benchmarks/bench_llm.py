@@ -77,9 +77,7 @@ import functools
 import math
 import multiprocessing
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -98,7 +96,6 @@ QUICK_FLEET = {"limit": 3, "per": 1.0, "threads": 4, "calls": 1, "processes": 2,
 INSTRUCTIONS_TARGET = 1.05
 WARM_UP = 600
 INSTRUCTION_VARIANTS = ("SDK alone", "RetryAfterTransport()")
-_COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 #: The modules every fleet process needs, imported once by the fork server.
 _PRELOAD = ["httpx2", "openai", "anthropic", "retry_after_adapter", "retry_after_adapter.httpx2"]
 
@@ -464,62 +461,60 @@ def baseline_of(how: str) -> str:
 
 
 def fleet_part(sdks: list[str], shape: dict[str, Any], reps: int, skipped: dict[str, str]) -> dict[str, Any]:
-    from bench_fleet import RedisServer, redis_unavailable
+    workdir = tempfile.mkdtemp(prefix="bench-llm-")
+    try:
+        with _common.redis_server(workdir) as (redis, why):
+            if redis is None:
+                skipped["redis"] = why
+                print(f"skipping the Redis runs: {why}", flush=True)
+            return _run_fleets(sdks, shape, reps, workdir, redis)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
+
+def _run_fleets(
+    sdks: list[str], shape: dict[str, Any], reps: int, workdir: str, redis: _common.RedisServer | None
+) -> dict[str, Any]:
+    """Every fleet of ``FLEETS`` ``reps`` times per SDK (the Redis ones on ``redis``,
+    flushed before each run; skipped without it), then their summary."""
     from retry_after_adapter.testing.server import QuotaServer
 
-    workdir = tempfile.mkdtemp(prefix="bench-llm-")
-    redis = None
-    why = redis_unavailable()
-    if why is None:
-        try:
-            redis = RedisServer(shutil.which("redis-server") or "redis-server", workdir)
-        except RuntimeError as exc:
-            why = str(exc)
-    if why is not None:
-        skipped["redis"] = why
-        print(f"skipping the Redis runs: {why}", flush=True)
     fleets = [(name.format(**shape), how, store) for name, how, store in FLEETS if store != "redis" or redis]
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         sdk: {name: [] for name, _, _ in fleets} for sdk in sdks
     }
-    try:
-        for rep in range(reps):
-            for sdk in sdks:
-                for n, (name, how, store) in enumerate(fleets):
-                    with QuotaServer(
-                        shape["limit"], shape["per"], align="first", quota_headers=sdk
-                    ) as server:
-                        if how in ("threads", "clients"):
-                            result = fleet_threads(sdk, shape, store, how == "threads", server)
-                        elif how == "async":
-                            result = fleet_async(sdk, shape, store, server)
-                        else:
-                            where: tuple[str, str] | None = None
-                            if store == "sqlite":
-                                where = ("sqlite", os.path.join(workdir, f"cooldown-{sdk}-{rep}-{n}.db"))
-                            elif store == "redis":
-                                assert redis is not None
-                                import redis as redis_py
+    for rep in range(reps):
+        for sdk in sdks:
+            for n, (name, how, store) in enumerate(fleets):
+                with QuotaServer(
+                    shape["limit"], shape["per"], align="first", quota_headers=sdk
+                ) as server:
+                    if how in ("threads", "clients"):
+                        result = fleet_threads(sdk, shape, store, how == "threads", server)
+                    elif how == "async":
+                        result = fleet_async(sdk, shape, store, server)
+                    else:
+                        where: tuple[str, str] | None = None
+                        if store == "sqlite":
+                            where = ("sqlite", os.path.join(workdir, f"cooldown-{sdk}-{rep}-{n}.db"))
+                        elif store == "redis":
+                            assert redis is not None
+                            import redis as redis_py
 
-                                redis_py.Redis.from_url(redis.url).flushdb()
-                                where = ("redis", redis.url)
-                            result = fleet_processes(sdk, shape, where, server, ctx)
-                    runs[sdk][name].append(result)
-                    print(
-                        f"rep {rep + 1}/{reps} {sdk} {name}: 429s {result['429']}, early {result['early']}, "
-                        f"requests {result['requests']}, done {result['done']}/{result['calls']}, "
-                        f"wall {result['wall_s']} s (ideal {result['ideal_s']} s), "
-                        f"RateLimitErrors caught {result['rate_limited']} ({result['deferred']} deferrals)"
-                        + (f", other errors {result['other_errors']}" if result["other_errors"] else ""),
-                        flush=True,
-                    )
-    finally:
-        if redis is not None:
-            redis.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+                            redis_py.Redis.from_url(redis.url).flushdb()
+                            where = ("redis", redis.url)
+                        result = fleet_processes(sdk, shape, where, server, ctx)
+                runs[sdk][name].append(result)
+                print(
+                    f"rep {rep + 1}/{reps} {sdk} {name}: 429s {result['429']}, early {result['early']}, "
+                    f"requests {result['requests']}, done {result['done']}/{result['calls']}, "
+                    f"wall {result['wall_s']} s (ideal {result['ideal_s']} s), "
+                    f"RateLimitErrors caught {result['rate_limited']} ({result['deferred']} deferrals)"
+                    + (f", other errors {result['other_errors']}" if result["other_errors"] else ""),
+                    flush=True,
+                )
     return summarise_fleets(sdks, shape, fleets, runs)
 
 
@@ -635,33 +630,9 @@ def instructions_child(sdk: str, variant: str, n: int, url: str, warm_up: int) -
 
 def measure(sdk: str, variant: str, n: int, url: str, warm_up: int) -> int:
     """Instructions of ``n`` warm calls of ``variant`` (the collected reduce call)."""
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": os.environ.get("HOME", "/tmp"),
-        "PYTHONHASHSEED": "0",
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-    }
-    command = [
-        "valgrind",
-        "--tool=callgrind",
-        "--toggle-collect=functools_reduce",
-        "--callgrind-out-file=/dev/null",
-        sys.executable,
-        __file__,
-        "--child",
-        sdk,
-        variant,
-        str(n),
-        url,
-        str(warm_up),
-    ]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600, check=False)
-    found = _COLLECTED.findall(proc.stderr)
-    if proc.returncode != 0 or not found:
-        raise RuntimeError(
-            f"{sdk} {variant}: the callgrind run failed ({proc.returncode}): {proc.stderr[-800:]}"
-        )
-    return int(found[-1])
+    return _common.callgrind_collected(
+        __file__, [sdk, variant, str(n), url, str(warm_up)], f"{sdk} {variant}", timeout=3600
+    )
 
 
 def instructions_part(sdks: list[str], n: int, repeats: int, warm_up: int) -> dict[str, Any]:
