@@ -87,6 +87,18 @@ def fmt_summary(s: dict[str, Any], digits: int = 3) -> str:
 # -- output ---------------------------------------------------------------------------------
 
 
+def cell(s: dict[str, Any] | None, digits: int = 0) -> str:
+    """A table cell of a :func:`summary`: "-" for None, the one value when every run
+    gave it, else the median with its range (``digits`` decimals; 0: as it is)."""
+    if s is None:
+        return "-"
+    if s["min"] == s["max"]:
+        return fmt(s["median"], digits) if digits else f"{s['median']:g}"
+    if digits:
+        return fmt_summary(s, digits)
+    return f"{s['median']:g} [{s['min']:g}-{s['max']:g}]"
+
+
 def table(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """A plain-text (and Markdown-compatible) table."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]

@@ -66,6 +66,7 @@ from typing import Any
 import _common
 import _express
 import _fleet
+from _common import cell
 
 SHAPES = {
     "a": {"quota": 50, "window": 5.0, "items": 200, "deadline": 3.0},
@@ -361,16 +362,6 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         values = [r[key] for r in runs if r.get(key) is not None]
         out[key] = _common.summary(values) if values else None
     return out
-
-
-def cell(s: dict[str, Any] | None, digits: int = 0) -> str:
-    if s is None:
-        return "-"
-    if s["min"] == s["max"]:
-        return _common.fmt(s["median"], digits) if digits else f"{s['median']:g}"
-    if digits:
-        return _common.fmt_summary(s, digits)
-    return f"{s['median']:g} [{s['min']:g}-{s['max']:g}]"
 
 
 def verdict(runs: list[dict[str, Any]]) -> dict[str, bool]:

@@ -86,6 +86,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import _common
+from _common import cell
 
 SDKS = ("openai", "anthropic")
 #: The issue's target quota, and the fleets' sizes.
@@ -542,16 +543,6 @@ def summarise_fleets(
                 entry["wall_vs_sdk_alone"] = _common.summary(vs) if vs else None
             report[sdk][name] = entry
     return {"shape": shape, "sdks": report}
-
-
-def cell(s: dict[str, Any] | None, digits: int = 0) -> str:
-    if s is None:
-        return "-"
-    if s["min"] == s["max"]:
-        return _common.fmt(s["median"], digits) if digits else f"{s['median']:g}"
-    if digits:
-        return _common.fmt_summary(s, digits)
-    return f"{s['median']:g} [{s['min']:g}-{s['max']:g}]"
 
 
 def fleet_tables(report: dict[str, Any], reps: int) -> list[str]:
