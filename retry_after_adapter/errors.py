@@ -7,6 +7,8 @@ headers, credentials or URL query strings.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from requests.exceptions import RequestException, RetryError
@@ -22,6 +24,20 @@ class RetryAfterError(Exception):
 
 class ConfigurationError(RetryAfterError, ValueError):
     """An argument given to the package is out of range or of the wrong kind."""
+
+
+def close_keyword(keyword: str, known: Sequence[str]) -> str | None:
+    """The one of ``known`` that ``keyword`` looks like a misspelling of, or None."""
+    close = difflib.get_close_matches(keyword, known, n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def unknown_keyword(owner: str, keyword: str, known: Sequence[str]) -> ConfigurationError:
+    """The error for a keyword ``owner`` does not take: it names the keyword and the
+    one of ``known`` it looks like, or lists ``known``."""
+    close = close_keyword(keyword, known)
+    hint = f": did you mean {close!r}?" if close else f" (it takes: {', '.join(known)})"
+    return ConfigurationError(f"{owner} got an unknown keyword {keyword!r}{hint}")
 
 
 class InvalidRetryAfter(RetryAfterError, ValueError, InvalidHeader):

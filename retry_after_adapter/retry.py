@@ -17,7 +17,6 @@ first attempt in that mode: that needs the engine.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import inspect
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -35,7 +34,13 @@ from .deferral import Deferral
 from .engine import REDIRECT, Call, current_override, judge, judge_redirect, wait_until
 from .engine.call import Heard, Terms
 from .engine.verdict import plan_wait
-from .errors import ConfigurationError, DeferralLimitExceeded, InvalidRetryAfter, MaxRetryDeferred
+from .errors import (
+    ConfigurationError,
+    DeferralLimitExceeded,
+    InvalidRetryAfter,
+    MaxRetryDeferred,
+    unknown_keyword,
+)
 from .header import parse_retry_after
 from .observe import DecisionHook, as_hooks
 from .policy import (
@@ -90,9 +95,7 @@ def _refuse_unknown(kwargs: dict[str, Any]) -> None:
     known = sorted(ours | RETRY_KEYWORDS)
     for keyword in kwargs:
         if keyword not in RETRY_KEYWORDS:
-            close = difflib.get_close_matches(keyword, known, n=1, cutoff=0.75)
-            hint = f": did you mean {close[0]!r}?" if close else f" (it takes: {', '.join(known)})"
-            raise ConfigurationError(f"RetryAfterRetry got an unknown keyword {keyword!r}{hint}")
+            raise unknown_keyword("RetryAfterRetry", keyword, known)
 
 
 def _count_or_none(name: str, value: object, unit: str) -> int | None:

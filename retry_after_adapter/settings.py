@@ -6,7 +6,6 @@ policy an argument stands for, and the 429 built for a call deferred before send
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import threading
@@ -26,7 +25,7 @@ from .cooldown.memory import DEFAULT_STORE
 from .deferral import Deferral
 from .engine import Call, Outcome, Plan, current_override
 from .engine.buckets import refine_call
-from .errors import ConfigurationError
+from .errors import ConfigurationError, close_keyword, unknown_keyword
 from .observe import DecisionHook, as_hooks
 from .quota import Quota
 from .retry import RetryAfterRetry
@@ -227,11 +226,10 @@ class Settings:
         looks like."""
         known = (*_OPTION_NAMES, *(own or ()))
         for keyword in rest:
-            close = difflib.get_close_matches(keyword, known, n=1, cutoff=0.8)
-            if (own is not None and keyword in own) or (own is None and not close):
-                continue
-            hint = f": did you mean {close[0]!r}?" if close else f" (it takes: {', '.join(known)})"
-            raise ConfigurationError(f"{owner} got an unknown keyword {keyword!r}{hint}")
+            # Taken: one of ``own``; with no ``own``, any that looks like no option.
+            taken = keyword in own if own is not None else close_keyword(keyword, known) is None
+            if not taken:
+                raise unknown_keyword(owner, keyword, known)
 
     def keywords(self) -> dict[str, Any]:
         """The options as keywords a front end takes again (a copy or an unpickling)."""
