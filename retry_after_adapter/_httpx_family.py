@@ -30,7 +30,7 @@ from . import _forksafe
 from .deferral import Deferral
 from .engine import Call, Op, Outcome, drive, steps
 from .engine.admission import STORE_STEPS, carry_out_store
-from .engine.ops import ADMIT, Close, Follow, Keep, Send, Sleep, StoreOp
+from .engine.ops import Close, Follow, Keep, Send, Sleep, StoreOp
 from .errors import RetryDeferred
 from .redact import message_url
 from .retry import RetryAfterRetry
@@ -239,8 +239,7 @@ class _SyncBody:
 
 class _SyncAttempts(_Attempts):
     def send(self, timeout: Any) -> Any:
-        if timeout is not None and type(timeout) not in (int, float):
-            _bounded(self.request, timeout)
+        _bounded(self.request, timeout)
         return self.inner.handle_request(self.request)
 
     def keep(self, response: Any, limit: int | None, seconds: float | None) -> bytes | None:
@@ -300,7 +299,7 @@ class _AsyncBody:
 
 class _AsyncAttempts(_Attempts):
     async def send(self, timeout: Any) -> Any:
-        left = None if timeout is None or type(timeout) in (int, float) else _bounded(self.request, timeout)
+        left = _bounded(self.request, timeout)
         if left is None:
             return await self.inner.handle_async_request(self.request)
         # Bounded: the four phases together within what is left, not each of them.
@@ -497,7 +496,7 @@ async def _adrive(
             elif store_step is None:
                 value = await _carry_out(call, attempts, op)
             elif context is None:  # a memory store: no I/O, here on the loop
-                value = call.plan.admit_once(call) if op is ADMIT else store_step(call, op)
+                value = store_step(call, op)
             else:
                 value = await _on_pool(pool, context, call, op)  # type: ignore[arg-type]
         except BaseException as exc:  # thrown back in: the steps clean up, or handle it

@@ -269,9 +269,6 @@ def drive(call: Call, transport: Any, steps: Generator[Op, Any, R]) -> R:
             return stop.value  # type: ignore[no-any-return]
         error = None
         try:
-            if op is ADMIT:  # the step of every GET with a store
-                value = call.plan.admit_once(call)
-                continue
             store_step = store_steps.get(type(op))
             value = carry_out(call, transport, op) if store_step is None else store_step(call, op)
         except BaseException as exc:  # thrown back in: the steps clean up, or handle it
@@ -279,7 +276,8 @@ def drive(call: Call, transport: Any, steps: Generator[Op, Any, R]) -> R:
 
 
 def carry_out(call: Call, transport: Any, op: Op) -> Any:
-    """One :data:`~.ops.Op`, here and now."""
+    """One :data:`~.ops.Op` that is not a store step (those are :data:`STORE_STEPS`'),
+    here and now."""
     if isinstance(op, Send):
         return transport.send(op.timeout)
     if isinstance(op, Sleep):
@@ -290,8 +288,6 @@ def carry_out(call: Call, transport: Any, op: Op) -> Any:
         return transport.close(op.response)
     if isinstance(op, Follow):
         return transport.follow(op.response, op.retry)
-    if isinstance(op, (Admit, ReadCooldown, Settle, Judge)):
-        return carry_out_store(call, op)
     raise TypeError(f"not an operation of the engine: {type(op).__name__}")
 
 
