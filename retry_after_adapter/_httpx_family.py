@@ -365,7 +365,7 @@ class _Front(SharedSettings):
             call: Call = entry[0]
             call.continue_on(self._plan, self._scope_fn(info))
             return call
-        return self._call(self.max_retries, info)
+        return self._call(self.max_retries, info, request)
 
     def _failed(
         self, request: Any, error: BaseException, deferral: Deferral | None

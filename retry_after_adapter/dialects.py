@@ -47,7 +47,8 @@ adapter then does):
   tokens, input and output tokens (:func:`anthropic_allowances`), each reset an RFC 3339
   time (:func:`rfc3339_epoch`), measured against the response's ``Date`` or receipt.
   An :class:`Allowance` per kind; :func:`~retry_after_adapter.quota.from_allowances`
-  makes the quota hint of them (token figures are kept, not admitted against yet).
+  makes the quota hint of them (token figures are kept; the `tokens` kind is what
+  declared costs are admitted against).
 """
 
 from __future__ import annotations

@@ -202,7 +202,8 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         """Open ``url`` under the retry policy; see the class docstring."""
         retries = kw.pop("retries", None)
         policy = self.retries if retries is None else as_retry_after_retry(retries)
-        call = self._call(policy, RequestInfo(method, url, kw.get("headers") or self.headers or {}))
+        info = RequestInfo(method, url, kw.get("headers") or self.headers or {}, kw.get("body"))
+        call = self._call(policy, info)
         transport = _PoolTransport(self, method, url, redirect, kw, policy)
         return self._result(transport, call, run(call, transport))
 

@@ -63,6 +63,7 @@ __all__ = [
     "EPOCH_THRESHOLD",
     "MAX_COUNT",
     "MAX_SECONDS",
+    "UNITS",
     "Quota",
     "QuotaHint",
     "bound_hint",
@@ -80,16 +81,25 @@ _UTC = timezone.utc
 HeaderGetter = Callable[[str], "str | None"]
 
 
+#: What a :class:`Quota` counts: requests (each attempt one), or tokens (each attempt
+#: its declared cost: ``cost=`` of the front ends, ``budget(cost=...)``).
+UNITS = ("requests", "tokens")
+
+
 @dataclass(frozen=True)
 class Quota:
-    """At most ``limit`` requests sent in any interval of ``per`` seconds, by every
-    worker that shares the store and the scope.
+    """At most ``limit`` requests (``unit="tokens"``: tokens) sent in any interval of
+    ``per`` seconds, by every worker that shares the store and the scope.
 
     A sliding log, not a token bucket: before each attempt (retries too) a worker takes
     a permit atomically in the store; the permit is granted when fewer than ``limit``
     were granted in the last ``per`` seconds. So neither a fixed-window nor a
     sliding-window provider quota of the same size is ever exceeded by admissions (the
     network may still reorder requests by a few milliseconds).
+
+    With ``unit="tokens"`` each attempt's permit weighs its declared cost (an attempt
+    without one takes none), and it is granted when the costs granted in the last
+    ``per`` seconds leave room for it. A front end takes one quota of each unit.
     """
 
     limit: int
@@ -99,6 +109,8 @@ class Quota:
     #: time from admission to arrival, the server never sees more than ``limit`` in any
     #: ``per`` seconds.
     margin: float = 0.05
+    #: ``"requests"`` or ``"tokens"`` (see :data:`UNITS`).
+    unit: str = "requests"
 
     @property
     def window(self) -> float:
@@ -120,6 +132,8 @@ class Quota:
             or not (math.isfinite(self.margin) and self.margin >= 0)
         ):
             raise ConfigurationError("Quota margin must be a finite number of seconds >= 0")
+        if self.unit not in UNITS:
+            raise ConfigurationError(f"Quota unit must be 'requests' or 'tokens', not {self.unit!r}")
 
 
 @dataclass(frozen=True)
@@ -141,8 +155,8 @@ class QuotaHint:
       output tokens: :class:`~retry_after_adapter.dialects.Allowance`), as read
       (OpenAI, Anthropic); empty for the other sources. ``remaining``/``reset`` above
       are built from them (:func:`from_allowances`). A positive token figure is kept
-      here and not admitted against yet: token-weighted admission needs each
-      request's token cost, a later change.
+      here; its ``tokens`` kind is recorded as the scope's announced token allowance
+      when the call declared a cost (see ``cooldown.weights``).
     """
 
     remaining: int | None
@@ -360,7 +374,8 @@ def from_allowances(allowances: tuple[Allowance, ...], source: str, date: float 
       limit only when requests govern (a token window is not a requests window).
     - Otherwise the requests figures are the hint's, as ``X-RateLimit-*`` are: a
       positive ``remaining`` is the scope's announced allowance until the reset.
-    - Positive token figures are kept (``allowances``) but not admitted against yet.
+    - Positive token figures are kept (``allowances``): the ``tokens`` kind is what
+      declared costs are admitted against (``engine.learn``, ``cooldown.weights``).
     """
     spent = [each for each in allowances if each.spent]
     if spent:

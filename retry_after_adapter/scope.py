@@ -48,11 +48,14 @@ ScopeFunction = Callable[[Any], str]
 
 @dataclass(frozen=True)
 class RequestInfo:
-    """What a scope function sees of a plain urllib3 request (method, URL, headers)."""
+    """What a scope function (and a ``cost=`` function) sees of a plain urllib3
+    request: method, URL, headers, and its ``body`` as given (None: none, or not at
+    hand)."""
 
     method: str
     url: str
     headers: Mapping[str, str]
+    body: Any = None
 
 
 @lru_cache(maxsize=1024)

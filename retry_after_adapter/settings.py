@@ -18,10 +18,11 @@ from urllib3.util.retry import Retry
 
 from . import _forksafe
 from ._compat import local_response
-from .cooldown.base import CooldownStore, FreshnessLog, Leases, QuotaLogs
+from .cooldown.base import CooldownStore, FreshnessLog, Leases, QuotaLogs, Weights
 from .cooldown.freshness import Freshness
 from .cooldown.guard import DEFAULT, check_store_failure, shared
 from .cooldown.memory import DEFAULT_STORE
+from .cost import CostFunction, check_cost_option, cost_of
 from .deferral import Deferral
 from .engine import Call, Outcome, Plan, current_override
 from .engine.buckets import refine_call
@@ -105,14 +106,32 @@ def as_retry_after_retry(max_retries: Any) -> RetryAfterRetry:
 DEFAULT_LEASE_TTL = 60.0
 
 
-def _check_quota(quota: object, store: object) -> Quota | None:
+def _check_quota(quota: object, store: object) -> Quota | tuple[Quota, ...] | None:
+    """A Quota, or a tuple of them (one of each unit, requests first), or None."""
     if quota is None:
         return None
-    if not isinstance(quota, Quota):
-        raise ConfigurationError("quota must be a Quota(limit, per=seconds) or None")
+    several = isinstance(quota, (tuple, list))
+    given: tuple[object, ...] = tuple(quota) if isinstance(quota, (tuple, list)) else (quota,)
+    quotas = tuple(each for each in given if isinstance(each, Quota))
+    if not quotas or len(quotas) != len(given):
+        raise ConfigurationError(
+            "quota must be a Quota(limit, per=seconds), a Quota of each unit in a tuple "
+            "(Quota(60, per=60), Quota(90_000, per=60, unit='tokens')), or None"
+        )
+    units = [each.unit for each in quotas]
+    if len(set(units)) != len(units):
+        raise ConfigurationError("quota takes at most one Quota of each unit (requests, tokens)")
     if store is None:
         raise ConfigurationError("a quota is shared through a store: cooldown= must not be None")
-    return quota
+    if not several:
+        return quotas[0]
+    return tuple(sorted(quotas, key=lambda each: each.unit != "requests"))
+
+
+def quota_of(quota: Quota | tuple[Quota, ...] | None, unit: str) -> Quota | None:
+    """The quota of ``unit`` among the checked ``quota`` option, or None."""
+    quotas = quota if isinstance(quota, tuple) else (quota,) if quota is not None else ()
+    return next((each for each in quotas if each.unit == unit), None)
 
 
 def _check_count(name: str, value: object, least: int) -> int | None:
@@ -140,11 +159,12 @@ class Options(TypedDict, total=False):
     raise_on_defer: bool
     store_failure: str
     on_decision: DecisionHook | Collection[DecisionHook] | None
-    quota: Quota | None
+    quota: Quota | tuple[Quota, ...] | None
     max_concurrency: int | None
     lease_ttl: float
     max_waiting: int | None
     learn_rate: bool
+    cost: int | CostFunction | None
 
 
 @dataclass(frozen=True)
@@ -159,11 +179,14 @@ class Settings:
     - ``raise_on_defer``: raise instead of returning a deferred response;
     - ``store_failure``: ``"open"`` or ``"closed"`` while the store fails;
     - ``on_decision``: the decision hooks, a tuple;
-    - ``quota``: a :class:`~retry_after_adapter.Quota` or None;
+    - ``quota``: a :class:`~retry_after_adapter.Quota`, a tuple of one of each unit
+      (requests first), or None;
     - ``max_concurrency``: attempts of a scope on the wire at once, or None;
     - ``lease_ttl``: seconds a concurrency slot is held at most;
     - ``max_waiting``: calls of a scope that may wait in this process, or None;
-    - ``learn_rate``: learn a send rate per scope when nothing is configured or announced.
+    - ``learn_rate``: learn a send rate per scope when nothing is configured or announced;
+    - ``cost``: what a request costs in tokens, an int or a function of the request
+      (see :mod:`~retry_after_adapter.cost`), or None.
 
     A new option is a field here and a key of :class:`Options`, and nothing else of
     the front ends changes."""
@@ -173,11 +196,12 @@ class Settings:
     raise_on_defer: bool = False
     store_failure: str = "open"
     on_decision: Any = None
-    quota: Quota | None = None
+    quota: Quota | tuple[Quota, ...] | None = None
     max_concurrency: int | None = None
     lease_ttl: float = DEFAULT_LEASE_TTL
     max_waiting: int | None = None
     learn_rate: bool = True
+    cost: Any = None
 
     def __post_init__(self) -> None:
         cooldown = DEFAULT_STORE if self.cooldown is DEFAULT else self.cooldown
@@ -191,6 +215,7 @@ class Settings:
             "max_concurrency": _check_count("max_concurrency", self.max_concurrency, 1),
             "lease_ttl": _check_ttl(self.lease_ttl),
             "max_waiting": _check_count("max_waiting", self.max_waiting, 0),
+            "cost": check_cost_option(self.cost),
         }
         if checked["max_concurrency"] is not None and cooldown is None:
             raise ConfigurationError("max_concurrency is shared through a store: cooldown= must not be None")
@@ -208,7 +233,8 @@ class Settings:
             f"Settings(cooldown={store_name(self.cooldown)}, scope={scope!r}, "
             f"raise_on_defer={self.raise_on_defer}, store_failure={self.store_failure!r}, "
             f"on_decision=({hooks}), quota={self.quota!r}, max_concurrency={self.max_concurrency}, "
-            f"lease_ttl={self.lease_ttl}, max_waiting={self.max_waiting}, learn_rate={self.learn_rate})"
+            f"lease_ttl={self.lease_ttl}, max_waiting={self.max_waiting}, learn_rate={self.learn_rate}, "
+            f"cost={self.cost if not callable(self.cost) else type(self.cost).__name__})"
         )
 
     @classmethod
@@ -249,7 +275,7 @@ def _plan_of(settings: Settings) -> tuple[Any, ...]:
     return (
         settings.cooldown, settings.store_failure, settings.quota, settings.max_concurrency,
         settings.lease_ttl, settings.max_waiting, settings.learn_rate,
-    )
+    )  # (not ``cost``: read per call)
 
 
 def _plan(settings: Settings) -> Plan:
@@ -269,10 +295,18 @@ def _plan(settings: Settings) -> Plan:
             f"{type(settings.cooldown).__name__} does not: add the mixin to it, or "
             "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
         )
+    tokens = quota_of(settings.quota, "tokens")
+    if store is not None and tokens is not None and Weights not in store.capabilities:
+        raise ConfigurationError(
+            "a token quota needs a store that weighs permits (the Weights capability); "
+            f"{type(settings.cooldown).__name__} does not: "
+            "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
+        )
     return Plan(
         store,
         fail_closed=settings.store_failure == "closed",
-        quota=settings.quota,
+        quota=quota_of(settings.quota, "requests"),
+        tokens=tokens,
         slots=settings.max_concurrency,
         ttl=settings.lease_ttl,
         max_waiting=settings.max_waiting,
@@ -297,11 +331,12 @@ class SharedSettings:
         raise_on_defer: bool
         store_failure: str
         on_decision: tuple[DecisionHook, ...]
-        quota: Quota | None
+        quota: Quota | tuple[Quota, ...] | None
         max_concurrency: int | None
         lease_ttl: float
         max_waiting: int | None
         learn_rate: bool
+        cost: int | CostFunction | None
 
     def __setattr__(self, name: str, value: Any) -> None:
         # An option set after construction (``adapter.on_decision += (hook,)``) is
@@ -415,16 +450,17 @@ class SharedSettings:
         scope = self._scope_fn(RequestInfo("GET", target, {})) if "://" in target else target
         return store.freshness(scope)
 
-    def _call(self, policy: RetryAfterRetry, request: Any) -> Call:
+    def _call(self, policy: RetryAfterRetry, request: Any, original: Any = None) -> Call:
         """A new call of ``request`` under ``policy`` and the enclosing ``budget()``
-        (scoped by its route's bucket once the route reported one)."""
-        call = Call(
-            policy,
-            self._plan,
-            scope=self._scope_fn(request),
-            hooks=self.settings.on_decision,
-            override=current_override(),
-        )
+        (scoped by its route's bucket once the route reported one); its cost in tokens
+        by the ``cost=`` option (given ``original``, the library's own request, when
+        ``request`` is not) unless the ``budget()`` says it."""
+        override = current_override()
+        settings = self.settings
+        scope = self._scope_fn(request)
+        call = Call(policy, self._plan, scope=scope, hooks=settings.on_decision, override=override)
+        if settings.cost is not None and (override is None or override.cost is None):
+            call.progress.cost = cost_of(settings.cost, request if original is None else original)
         if self._plan.dialects.routes:
             refine_call(call, request.method, request.url)
         return call

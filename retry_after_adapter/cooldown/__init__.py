@@ -39,8 +39,12 @@ from .base import (
     QuotaLogs,
     RateOutcome,
     Store,
+    Weigh,
+    Weighed,
+    Weights,
     check_scope,
     check_until,
+    token_scope,
 )
 from .freshness import Freshness
 from .memory import MemoryCooldownStore
@@ -73,7 +77,11 @@ __all__ = [
     "RedisCooldownStore",
     "SQLiteCooldownStore",
     "Store",
+    "Weigh",
+    "Weighed",
+    "Weights",
     "check_scope",
     "check_until",
     "store_from_url",
+    "token_scope",
 ]

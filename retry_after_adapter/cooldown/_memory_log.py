@@ -207,6 +207,11 @@ def _lease_holds(leases: dict[str, dict[str, int]], at: int) -> Iterator[tuple[s
             yield scope, Hold("leases", _as_datetime(max(live)), len(live))
 
 
+def _token_holds(found: list[tuple[str, int, int]]) -> Iterator[tuple[str, Hold]]:
+    for scope, end, limit in found:
+        yield scope, Hold("tokens", _as_datetime(end), limit)
+
+
 def _rate_holds(rates: dict[str, Rate], at: int) -> Iterator[tuple[str, Hold]]:
     for scope, rate in rates.items():
         ends = rate_holds(rate, at / 1e6)

@@ -18,6 +18,13 @@ from .base import Admission, Ask, Granted, Learn, Lease, RateHeld
 from .freshness import Freshness
 from .rate import RATE_KEPT, Rate, rate_from_row
 
+#: Companion key names (see ``RedisCooldownStore.companion``): the learned rate's
+#: hash (and its fields), a quota's open permits, a scope's announced token allowance.
+_RATE = "learned-rate"
+_RATE_FIELDS = ("cap", "lim", "win", "ep", "st", "base", "sn", "ok", "gr", "gc", "qt", "pr", "fl")
+_OPEN = ":open"
+_TOKENS = "allowance:tokens"
+
 
 def lua(*names: str) -> str:
     """The Lua scripts ``names`` (files of the package's ``lua`` folder), joined in
@@ -33,6 +40,7 @@ SCRIPTS = {
     "rate_answer": ("rate", "rate_answer"),
     "allow": ("allowance", "allow"),
     "settle": ("settle",),
+    "settle_weighed": ("settle_weighed",),
     "note": ("note",),
 }
 
@@ -73,16 +81,21 @@ def _admission(reply: Any, stored: datetime | None, together: bool, learn: Learn
     try:
         cooldown, wait, seq, busy, permit, extra, units, reset = (int(value) for value in reply[:8])
         rated = [int(value) for value in reply[8:11]]
+        weighed = int(reply[11]) if len(reply) > 11 else -1
     except (TypeError, ValueError):
         raise CooldownStoreError("the Redis admit script returned an unexpected reply") from None
     known = _ms_or_none(cooldown) if together else stored
     end = from_epoch_ms(permit) if permit >= 0 else None
-    if rated:
+    if rated and rated[0] != -2:
         return _rate_admission(rated, known, wait, busy, end, learn)
     number = None if seq < 0 else seq
-    if wait < 0 and (permit >= 0 or units > 0):
+    answer: Admission
+    if wait < 0 and (permit >= 0 or units > 0 or weighed >= 0):
         until = from_epoch_ms(reset) if units > 0 else None
-        return Granted.of(end, known, number, extra, None, units, until)
+        answer = Granted.of(end, known, number, extra, None, units, until)
+        if weighed >= 0:
+            answer.weighed = from_epoch_ms(weighed)
+        return answer
     return Admission(known, _ms_or_none(wait), number, bool(busy))
 
 
@@ -126,8 +139,9 @@ def _admit_args(ask: Ask, when: datetime, together: bool) -> list[str]:
     (see :func:`_permit_args`), whether the script reads the cooldown (``together``),
     how long an allowance is kept, the lease's, the batch and its hold, the learned
     rate's, how much longer an open permit counts and the quota's per (ms; 0 without a
-    quota)."""
-    _, _, limit, per, lease, margin, batch, hold, learn, opened = ask
+    quota), then the attempt's tokens (``weigh``: its cost, the token quota's limit,
+    how long its permit counts in ms and a unique member; zeros without)."""
+    _, _, limit, per, lease, margin, batch, hold, learn, opened, weigh = ask
     args = [now_epoch_ms(when), *_permit_args(limit, per, margin + opened, when)]
     args += ["1" if together else "0"]
     args += [int(ALLOWANCE_KEPT * 1000), *_lease_args(lease), int(batch), round(hold * 1000)]
@@ -139,6 +153,12 @@ def _admit_args(ask: Ask, when: datetime, together: bool) -> list[str]:
         args += [math.ceil(opened * 1000), window_ms(per)]
     else:
         args += [0, 0]
+    if weigh is not None:
+        # A token permit counts per + margin from ``when`` rounded up (see _permit_args).
+        counts = _counts_ms(weigh.per, weigh.margin) + to_epoch_ms(when) - now_epoch_ms(when)
+        args += [weigh.cost, weigh.limit, counts, secrets.token_hex(8)]
+    else:
+        args += [0, 0, 0, ""]
     return [str(arg) for arg in args]
 
 

@@ -20,8 +20,9 @@ from ..errors import ConfigurationError
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from ._sqlite_file import RATE_COLUMNS
 from .allowance import Allowance, admit_allowance, admit_more
-from .base import Admission, Granted, Learn, Lease, RateHeld, extra_permits, free_at
+from .base import Admission, Granted, Learn, Lease, RateHeld, Weigh, extra_permits, free_at
 from .rate import OPEN_KEPT, PROBE_RECHECK, RATE_KEPT, Rate, fresh_rate, rate_from_row, rate_row, roll_rate
+from .weights import with_weighed
 
 #: Rows of other scopes that stopped mattering deleted by each write that may add one
 #: (a permit or a lease taken, an allowance, a note): more than the one row a write
@@ -89,12 +90,14 @@ def peek(conn: sqlite3.Connection, scope: str, fixed: datetime | None, learn: bo
 def admit_locked(
     conn: sqlite3.Connection, scope: str, now: datetime, limit: int | None, quota: QuotaLog | None,
     lease: Lease | None, batch: int = 1, hold: float = 0.0, learn: Learn | None = None,
+    weigh: Weigh | None = None,
 ) -> Admission:
     """The whole admission at ``now``: held back by a running cooldown or an announced
-    allowance used up, by the learned rate when it governs (``learn``: no quota, no
-    allowance), refused while a permit of ``quota`` (of ``limit``) or a slot of
-    ``lease`` is not free (nothing taken); else granted (``batch``, ``hold`` seconds:
-    extra permits, see ``Store.admit``)."""
+    allowance used up, by the attempt's tokens (``weigh``) that do not fit, by the
+    learned rate when it governs (``learn``: no quota, no allowance, no tokens weighed),
+    refused while a permit of ``quota`` (of ``limit``) or a slot of ``lease`` is not
+    free (nothing taken); else granted (``batch``, ``hold`` seconds: extra permits, see
+    ``Store.admit``)."""
     now_ms = now_epoch_ms(now)
     rows = conn.execute(SELECT_UNTIL, (scope,)).fetchall()
     cooldown = from_epoch_ms(int(rows[0][0])) if rows else None
@@ -108,12 +111,26 @@ def admit_locked(
             if rolled != record:
                 put_allowance(conn, scope, rolled)
             return Admission(cooldown, from_epoch_ms(to_epoch_ms(wait)))
-    if learn is not None and quota is None and record is None:
+    tokens = None
+    if weigh is not None:
+        from ._sqlite_weights import weigh_locked  # (it reads this module's rows)
+
+        tokens, wait = weigh_locked(conn, scope, weigh, now)
+        if wait is not None:
+            return Admission(cooldown, wait)
+    if learn is not None and quota is None and record is None and tokens is None:
         return _admit_rate(conn, scope, now_ms, cooldown, lease, learn)
     refused = _refused(conn, scope, quota, limit, lease, now_ms, cooldown)
     if refused is not None:
         return refused
-    return _grant(conn, scope, now, cooldown, rolled, limit, quota, batch, hold)
+    answer = _grant(conn, scope, now, cooldown, rolled, limit, quota, batch, hold)
+    if tokens is not None and weigh is not None:
+        from ._sqlite_weights import take_locked
+
+        end = take_locked(conn, scope, weigh, now, tokens)
+        if end is not None:
+            answer = with_weighed(answer, end)
+    return answer
 
 
 def _grant(

@@ -64,6 +64,12 @@ _PERMIT_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS open_permit (scope TEXT NOT NULL, quota TEXT NOT NULL, "
     "expires_ms INTEGER NOT NULL, expected_ms INTEGER NOT NULL)",
     "CREATE INDEX IF NOT EXISTS open_permit_scope ON open_permit (scope, quota, expires_ms)",
+    # Token permits (a ``Quota(..., unit="tokens")``): one row per permit, its cost in
+    # tokens and when it stops counting (its grant + per + margin), per scope and quota.
+    "CREATE TABLE IF NOT EXISTS token_log (scope TEXT NOT NULL, quota TEXT NOT NULL, "
+    "expires_ms INTEGER NOT NULL, cost INTEGER NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS token_log_scope ON token_log (scope, quota, expires_ms)",
+    "CREATE INDEX IF NOT EXISTS token_log_expires ON token_log (expires_ms)",
     # Learned rates (``rate.Rate``, one column per field as ``rate.rate_row`` gives
     # them; times in ms). (Version 0.9's ``rate`` table, of another record, is no longer
     # used.)

@@ -91,6 +91,9 @@ class Admission(_Fields):
     units_until: datetime | None = None
     rate_epoch: int | None = None
     rate_report: bool = False
+    #: When the token permit taken (``Ask.weigh`` of a configured token quota) stops
+    #: counting as stored, or None (see :class:`Weigh`).
+    weighed: datetime | None = None
     #: Refused by the scope's learned rate (see :class:`RateHeld`).
     by_rate = False
 
@@ -159,8 +162,10 @@ class Hold(NamedTuple):
     ``kind``: ``"cooldown"`` (a Retry-After or an exhausted announcement), ``"allowance"``
     (the server's announced quota used up until its reset), ``"quota"`` (a configured
     ``Quota``'s permits all taken: ``number`` of them, its limit), ``"leases"``
-    (``number`` concurrency slots held, the last until ``until``), or ``"rate"`` (the
-    learned rate's backoff, or its limit, ``number``, spent for the window)."""
+    (``number`` concurrency slots held, the last until ``until``), ``"rate"`` (the
+    learned rate's backoff, or its limit, ``number``, spent for the window), or
+    ``"tokens"`` (a token quota of ``number`` tokens full, until its first permit
+    stops counting)."""
 
     kind: str
     until: datetime
@@ -203,6 +208,32 @@ def check_until(until: object) -> datetime:
     return until.astimezone(timezone.utc)
 
 
+#: The scope a scope's tokens are kept under: its announced token allowance (an
+#: allowance of this scope, announced and merged as a requests one is) and, in the
+#: stores, its token permits (see :class:`Weigh`).
+TOKENS = "#tokens"
+
+
+def token_scope(scope: str) -> str:
+    """The scope ``scope``'s announced token allowance is kept under (see :data:`TOKENS`)."""
+    return scope + TOKENS
+
+
+class Weigh(NamedTuple):
+    """What an attempt that declared a cost asks of the scope's tokens (:class:`Weights`):
+    ``cost`` tokens (>= 1), admitted against the server's announced token allowance
+    (kept as the allowance of :func:`token_scope`) when one runs, and, when ``limit``
+    > 0, against a configured token quota of ``limit`` tokens per ``per`` seconds: a
+    permit weighing ``cost`` that counts ``per + margin`` seconds from its grant,
+    granted while the permits that count leave room for it. Both or neither, with the
+    rest of the attempt's admission."""
+
+    cost: int
+    limit: int = 0
+    per: float = 0.0
+    margin: float = 0.0
+
+
 class Ask(NamedTuple):
     """What one attempt asks a store to admit, all or nothing (see :meth:`Store.admit`).
 
@@ -214,7 +245,9 @@ class Ask(NamedTuple):
     to spend within ``hold`` seconds (each counted ``hold`` seconds longer; granted from
     headroom only, see :func:`extra_permits`; an announced allowance is counted the same
     way). ``lease`` (:class:`Leases`): a concurrency slot to take. ``learn``
-    (:class:`LearnedRate`): admit by the scope's learned rate too."""
+    (:class:`LearnedRate`): admit by the scope's learned rate too (not while a token
+    quota or a token allowance weighs the attempt). ``weigh`` (:class:`Weights`): the
+    attempt's cost in tokens."""
 
     scope: str
     now: datetime | None = None
@@ -226,6 +259,7 @@ class Ask(NamedTuple):
     hold: float = 0.0
     learn: Learn | None = None
     opened: float = 0.0
+    weigh: Weigh | None = None
 
 
 class Permit(NamedTuple):
@@ -250,6 +284,17 @@ class Announced(NamedTuple):
     window: float | None = None
 
 
+class Weighed(NamedTuple):
+    """An answered attempt's token permit (see :class:`Weigh`): ``cost`` tokens of a
+    token quota of ``limit`` per ``per`` seconds, stored to stop counting at
+    ``expires``; it must count at least until the answer + ``per``."""
+
+    cost: int
+    limit: int
+    per: float
+    expires: datetime
+
+
 class RateOutcome(NamedTuple):
     """How an attempt admitted in the learned rate's ``epoch`` (None: the current one)
     was answered: well (``until`` None) or throttled, the scope cooling down until
@@ -263,8 +308,9 @@ class Answer(NamedTuple):
     """What an answered (or finished) attempt tells a store, in one operation (see
     :meth:`Store.answer`): ``token``, a concurrency slot to give back; ``permit``, its
     quota permit to settle; ``announced``, the allowance its answer announced;
-    ``rate``, its learned rate's outcome. ``now``: the answer's time (None: the
-    present). A part a store does not carry is ignored."""
+    ``rate``, its learned rate's outcome; ``weighed``, its token permit to settle.
+    ``now``: the answer's time (None: the present). A part a store does not carry is
+    ignored."""
 
     scope: str
     now: datetime | None = None
@@ -272,6 +318,7 @@ class Answer(NamedTuple):
     permit: Permit | None = None
     announced: Announced | None = None
     rate: RateOutcome | None = None
+    weighed: Weighed | None = None
 
 
 class Store(ABC):
@@ -375,6 +422,18 @@ class Allowances(ABC):  # noqa: B024 - a capability declared by type; its work i
     ``admit`` spreads it over every worker (``Admission.seq``, ``Granted.units``)."""
 
 
+class Weights(ABC):
+    """``admit`` weighs an attempt's declared cost in tokens (``Ask.weigh``) against
+    the scope's announced token allowance and a configured token quota, and ``answer``
+    settles a token permit (``Answer.weighed``) with :meth:`settle_weighed`."""
+
+    @abstractmethod
+    def settle_weighed(self, scope: str, weighed: Weighed, now: datetime | None = None) -> None:
+        """The attempt whose token permit is ``weighed`` was answered at ``now`` (None:
+        the present): the permit counts at least until ``now + per`` (put back if it
+        expired meanwhile)."""
+
+
 class LearnedRate(ABC):
     """``admit`` admits by the scope's learned rate (``Ask.learn``, see ``rate``) and
     ``answer`` tells it how attempts were answered (``Answer.rate``)."""
@@ -428,11 +487,13 @@ class ChangeFeed(ABC):
 
 #: Every capability mixin, in the order the docs list them.
 CAPABILITIES: tuple[type, ...] = (
-    QuotaLogs, Leases, Allowances, LearnedRate, FreshnessLog, Listing, ChangeFeed,
+    QuotaLogs, Leases, Allowances, Weights, LearnedRate, FreshnessLog, Listing, ChangeFeed,
 )
 
 
-class FullStore(Store, QuotaLogs, Leases, Allowances, LearnedRate, FreshnessLog, Listing, ChangeFeed):
+class FullStore(
+    Store, QuotaLogs, Leases, Allowances, Weights, LearnedRate, FreshnessLog, Listing, ChangeFeed
+):
     """A store with every capability: the memory, SQLite and Redis stores, and what
     the adapter sees of any store (``legacy.as_store`` completes one that lacks some,
     with what it lacks done without). Each part of an :class:`Answer` is applied by
@@ -440,9 +501,11 @@ class FullStore(Store, QuotaLogs, Leases, Allowances, LearnedRate, FreshnessLog,
     ``release``, each atomic), in that order."""
 
     def answer(self, answer: Answer) -> None:
-        scope, now, token, permit, announced, rate = answer
+        scope, now, token, permit, announced, rate, weighed = answer
         if permit is not None:
             self.settle(scope, permit.limit, permit.per, permit.expires, now, permit.exact)
+        if weighed is not None:
+            self.settle_weighed(scope, weighed, now)
         if announced is not None or rate is not None:
             at = now if now is not None else datetime.now(timezone.utc)
             if announced is not None:

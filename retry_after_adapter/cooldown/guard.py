@@ -42,7 +42,7 @@ from ._health import (
 )
 from ._near import Near
 from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack
-from .base import Admission, Ask, FullStore, Granted, Hold
+from .base import Admission, Ask, FullStore, Granted, Hold, Weighed
 from .freshness import Freshness
 from .legacy import as_store
 from .memory import MemoryCooldownStore
@@ -255,12 +255,14 @@ class StoreGuard(FullStore):
 
     def _admit(self, ask: Ask, budget: StoreBudget | None) -> Admission:
         """:meth:`admit` but for its last check."""
-        scope, now, limit, per, lease, margin, _, _, learn, opened = ask
+        scope, now, limit, per, lease, margin, _, _, learn, opened, weigh = ask
         present = now if now is not None else datetime.now(timezone.utc)
         if self.breaker.skipped(budget):
             return self._local_admit(ask, budget)
         near = self.near
-        if near is None or self.breaker.is_down or (opened > 0 and limit is not None):
+        # An attempt that weighs tokens is admitted by the store itself (a batch holds
+        # permits and admissions, not tokens).
+        if near is None or self.breaker.is_down or (opened > 0 and limit is not None) or weigh is not None:
             return self._admit_store(ask, budget, present)
         if learn is not None and lease is not None and not near.unrated(scope):
             # The learned rate may cap the slot too: the store takes it (a slot held here
@@ -274,7 +276,7 @@ class StoreGuard(FullStore):
     def _admit_near(self, ask: Ask, budget: StoreBudget | None, present: datetime, near: Near) -> Admission:
         """Admission by the near copy when it can answer alone; else what it did not
         give (a permit, a slot) is asked of the store, with a batch for later."""
-        scope, _, limit, per, lease, margin, _, _, _, _ = ask
+        scope, _, limit, per, lease, margin, *_ = ask
         answer, permit, token = near.admit(scope, present, limit, per, margin, lease)
         if answer is not None:
             return answer
@@ -344,10 +346,13 @@ class StoreGuard(FullStore):
 
     def _local_admit(self, ask: Ask, budget: StoreBudget | None) -> Admission:
         """The store is down: the local copy admits (fail open; its admission numbers are
-        not the store's; no batch, no learned rate, no open permit) or
-        CooldownUnavailable (fail closed)."""
+        not the store's; no batch, no learned rate, no open permit; tokens weighed by
+        what it knows) or CooldownUnavailable (fail closed)."""
         _local_answer_allowed(budget)
-        return self.local.admit(Ask(*ask[:6]))._replace(seq=None)
+        answer = self.local.admit(Ask(*ask[:6], weigh=ask.weigh))
+        if answer.weighed is not None:
+            return answer  # (a local grant: its admission numbers are not kept)
+        return answer._replace(seq=None)
 
     def release(self, scope: str, token: str) -> None:
         """Give a slot back, in the store and locally. A store that is busy or down
@@ -385,6 +390,15 @@ class StoreGuard(FullStore):
             # Busy or down: until its stored end passes, the writer thread tries again
             # (a permit that ends too soon could let one request too many through).
             self.writeback.add_chore("settle", args, expires)
+
+    def settle_weighed(
+        self, scope: str, weighed: Weighed, now: datetime | None = None, budget: StoreBudget | None = None
+    ) -> None:
+        """Move a token permit's end later in the store (see ``Weights.settle_weighed``),
+        within what the call has left; one that fails leaves it counting until its stored
+        end (its grant + per + margin)."""
+        at = now if now is not None else datetime.now(timezone.utc)
+        self.writeback.write_through(self.inner.settle_weighed, (scope, weighed, at), budget)
 
     def allow(
         self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,

@@ -43,6 +43,7 @@ from .base import (
     Listing,
     QuotaLogs,
     Store,
+    Weighed,
 )
 from .freshness import Freshness
 from .rate import Rate
@@ -89,6 +90,9 @@ class _Wrapper(FullStore):
 
     def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
         Store.rate_answer(self, scope, epoch, until, now)
+
+    def settle_weighed(self, scope: str, weighed: Weighed, now: datetime | None = None) -> None:
+        self.answer(Answer(scope, now, weighed=weighed))
 
     def release(self, scope: str, token: str) -> None:
         Store.release(self, scope, token)
@@ -220,7 +224,7 @@ class LegacyStore(_Wrapper):
         # A store of 0.x learns no rate (``learn`` unused), has no change feed (it is
         # never asked for a batch) and takes no open permit (never asked: see
         # :func:`opens_permits`; were it, the permit counts that much longer).
-        scope, now, limit, per, lease, margin, _, _, _, opened = ask
+        scope, now, limit, per, lease, margin, _, _, _, opened, _ = ask
         margin += opened
         if self._modern:
             answer = self._admit(scope, now, limit, per, lease, margin)
@@ -255,7 +259,7 @@ class LegacyStore(_Wrapper):
         return Admission(cooldown, None)
 
     def answer(self, answer: Answer) -> None:
-        scope, now, token, permit, announced, _ = answer  # (a store of 0.x learns no rate)
+        scope, now, token, permit, announced, *_ = answer  # (a store of 0.x learns no rate, weighs no tokens)
         settle = self._forward["settle"]
         if permit is not None and settle is not None:
             settle(scope, permit.limit, permit.per, permit.expires, now)  # never exactly

@@ -14,7 +14,6 @@ from .. import _forksafe
 from ._memory_log import (  # time in microseconds, and what the store's records say
     _ADMITTED,
     _EPOCH,
-    _PROBE_RECHECK_US,
     _US,
     _allowance_ended,
     _allowance_holds,
@@ -22,7 +21,6 @@ from ._memory_log import (  # time in microseconds, and what the store's records
     _cooldown_holds,
     _expire,
     _freshness_ended,
-    _granted,
     _lease_holds,
     _leases_ended,
     _micros,
@@ -32,10 +30,12 @@ from ._memory_log import (  # time in microseconds, and what the store's records
     _permits_ended,
     _quota_holds,
     _quota_key,
-    _rate_ended,
     _rate_holds,
     _sweep,
+    _token_holds,
 )
+from ._memory_rate import RateAdmission
+from ._memory_weights import TokenLogs
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance
 from .base import (
     Admission,
@@ -45,13 +45,16 @@ from .base import (
     Hold,
     Learn,
     Lease,
-    RateHeld,
+    Weigh,
+    Weighed,
     check_scope,
     check_until,
     extra_permits,
+    token_scope,
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, merge_note
-from .rate import Rate, answer_rate, fresh_rate, roll_rate
+from .rate import Rate
+from .weights import with_weighed
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
 #: a small store never forgets a time (tests on a fake clock keep theirs).
@@ -73,7 +76,7 @@ _FRESHNESS_KEPT = timedelta(seconds=FRESHNESS_KEPT)
 _ALLOWANCE_KEPT = timedelta(seconds=ALLOWANCE_KEPT)
 
 
-class MemoryCooldownStore(FullStore):
+class MemoryCooldownStore(RateAdmission, FullStore):
     """Cooldowns shared by every thread of one process.
 
     ``get`` is one dict lookup, without the lock (a single dict read is atomic).
@@ -107,6 +110,8 @@ class MemoryCooldownStore(FullStore):
         self._fresh: dict[str, Freshness] = {}
         #: Learned rates per scope (see ``rate.Rate``).
         self._rates: dict[str, Rate] = {}
+        #: Token permits of configured token quotas (see ``Weigh``).
+        self._tokens = TokenLogs()
         #: The scopes with a record of each kind, in the order they got it, for
         #: ``_sweep`` (a scope written again keeps its place).
         self._permit_scopes: collections.deque[str] = collections.deque()
@@ -239,8 +244,8 @@ class MemoryCooldownStore(FullStore):
         its own expiry, so workers with different margins never drop each other's.
         ``batch`` and ``hold``: extra permits; ``opened``: an open permit; ``learn``: the
         learned rate, see ``Store.admit``."""
-        scope, now, limit, per, lease, margin, batch, hold, learn, opened = ask
-        if limit is None and lease is None and scope not in self._allowance and (
+        scope, now, limit, per, lease, margin, batch, hold, learn, opened, weigh = ask
+        if limit is None and lease is None and weigh is None and scope not in self._allowance and (
             learn is None or _open(self._rates.get(scope))
         ):
             # Nothing to take (the common case): as lock-free as ``get``.
@@ -260,18 +265,24 @@ class MemoryCooldownStore(FullStore):
             cooldown = self._until.get(scope)
             if cooldown is not None and cooldown > now:
                 return Admission(cooldown, cooldown)
-            return self._admit_locked(
-                scope, now, cooldown, limit, per, lease, margin, batch, hold, learn, opened
+            answer = self._admit_locked(
+                scope, now, cooldown, limit, per, lease, margin, batch, hold, learn, opened, weigh
             )
+            if weigh is not None and weigh.limit > 0 and answer.not_before is None:
+                # The token permit, checked before anything was taken.
+                end = self._tokens.take(scope, weigh, (now - _EPOCH) // _US)
+                answer = with_weighed(answer, _as_datetime(end))
+            return answer
 
     def _admit_locked(
         self, scope: str, now: datetime, cooldown: datetime | None, limit: int | None,
         per: float | None, lease: Lease | None, margin: float, batch: int = 1, hold: float = 0.0,
-        learn: Learn | None = None, opened: float = 0.0,
+        learn: Learn | None = None, opened: float = 0.0, weigh: Weigh | None = None,
     ) -> Admission:
-        """(Lock held, no cooldown running.) The allowance, the permit and the slot:
-        refused (nothing taken) while the announced allowance is used up, or a permit or
-        a slot is not free; by the learned rate when it governs; else granted."""
+        """(Lock held, no cooldown running.) The allowance, the tokens, the permit and
+        the slot: refused (nothing taken) while the announced allowance is used up, the
+        attempt's tokens do not fit, or a permit or a slot is not free; by the learned
+        rate when it governs; else granted."""
         at = (now - _EPOCH) // _US
         record = self._allowance.get(scope)
         rolled = None
@@ -280,12 +291,19 @@ class MemoryCooldownStore(FullStore):
             if wait is not None:
                 self._allowance[scope] = rolled
                 return Admission(cooldown, wait)
-        if learn is not None and limit is None and record is None:
+        tokens = None
+        if weigh is not None:
+            tokens, wait = self._tokens.weigh(self._allowance, scope, weigh, now, at)
+            if wait is not None:
+                return Admission(cooldown, wait)
+        if learn is not None and limit is None and record is None and tokens is None:
             return self._admit_rate(scope, now, at, cooldown, lease, learn)
         key = None if limit is None else _quota_key(limit, per, margin + opened)
         refused = self._refused(scope, key, limit, lease, at, cooldown)
         if refused is not None:
             return refused
+        if tokens is not None and tokens.admitted:
+            self._allowance[token_scope(scope)] = tokens  # its cost counted
         # An open permit: when it would stop counting had its answer come in time.
         expected = at + _quota_key(limit, per, margin)[2] if limit is not None and opened > 0 else 0
         return self._grant_locked(scope, now, at, cooldown, rolled, key, limit, expected, batch, hold)
@@ -341,74 +359,6 @@ class MemoryCooldownStore(FullStore):
                 return Admission(cooldown, _as_datetime(busy), None, True)
         return None
 
-    def _admit_rate(
-        self, scope: str, now: datetime, at: int, cooldown: datetime | None, lease: Lease | None,
-        learn: Learn,
-    ) -> Admission:
-        """(Lock held, no cooldown running, no quota, no allowance.) Admission by the
-        scope's learned rate (see ``rate``): a known send (one of its limit in the
-        epoch), else a probe (a slot of its cap), else refused."""
-        rate = self._rate_locked(scope, at / 1e6)
-        start = round(rate.start * 1e6)
-        if start > at:  # a throttle's backoff
-            return RateHeld(cooldown, _as_datetime(start))
-        if rate.open or rate.known:
-            refused = self._refused(scope, None, None, lease, at, cooldown)
-            if refused is not None or rate.open:
-                return refused or _granted(cooldown)  # (refused: every configured slot held)
-            self._rates[scope] = rate.sending()
-            return Granted.of(None, cooldown, None, rate_epoch=rate.epoch)
-        ends = round(rate.ends * 1e6) if rate.limit > 0 else None
-        if not rate.probes:
-            assert ends is not None
-            return RateHeld(cooldown, _as_datetime(ends))
-        return self._probe_locked(scope, at, cooldown, lease, learn, rate, ends)
-
-    def _probe_locked(
-        self, scope: str, at: int, cooldown: datetime | None, lease: Lease | None, learn: Learn,
-        rate: Rate, ends: int | None,
-    ) -> Admission:
-        """(Lock held; ``at``, ``ends`` (the epoch's end, None: no limit) in microseconds.)
-        A probe of the learned ``rate``: a slot under its cap (with a configured
-        ``lease``, the smaller), else held back at most ``PROBE_RECHECK`` seconds."""
-        cap = (min(lease[0], rate.cap), lease[1], lease[2]) if lease is not None else (rate.cap, *learn)
-        busy = self._take_slot(scope, cap, at)
-        if busy is not None and lease is not None and lease[0] <= rate.cap:
-            return Admission(cooldown, _as_datetime(busy), None, True)  # the configured cap binds
-        if busy is not None:
-            again = min(busy, at + _PROBE_RECHECK_US, ends if ends is not None else busy)
-            return RateHeld(cooldown, _as_datetime(again), None, True)
-        self._rates[scope] = rate.probing()
-        token = cap[2] if lease is None else None
-        return Granted.of(None, cooldown, None, 0, token, rate_epoch=rate.epoch, rate_report=True)
-
-    def _rate_locked(self, scope: str, now: float) -> Rate:
-        """(Lock held.) The scope's learned rate as of ``now`` (seconds since the epoch),
-        made at its first admission; kept."""
-        rate = self._rates.get(scope)
-        if rate is None:
-            if len(self._rate_scopes) > _SWEEP_AT:
-                _sweep(self._rate_scopes, self._rates, _rate_ended, now, _SWEEP_PER_WRITE)
-            rate = fresh_rate(now)
-            self._rate_scopes.append(scope)
-        else:
-            rate = roll_rate(rate, now)
-        self._rates[scope] = rate
-        return rate
-
-    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
-        """See ``Store.rate_answer``."""
-        at = _micros(now) / 1e6
-        end = None if until is None else _micros(until) / 1e6
-        with self._lock:
-            rate = self._rates.get(scope)
-            if rate is not None:
-                self._rates[scope] = answer_rate(rate, epoch, end, at)
-
-    def rate_of(self, scope: str) -> Rate | None:
-        """See ``Store.rate_of``."""
-        return self._rates.get(scope)
-
     def settle(
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
         exact: bool = False,
@@ -436,6 +386,13 @@ class MemoryCooldownStore(FullStore):
                 logs = self._permits[scope] = {}
                 self._permit_scopes.append(scope)
             _move_permit(logs.setdefault(key[:2], collections.deque()), old, new)
+
+    def settle_weighed(self, scope: str, weighed: Weighed, now: datetime | None = None) -> None:
+        """See ``Weights.settle_weighed``."""
+        old = _micros(weighed.expires)
+        with self._lock:
+            at = _micros(now if now is not None else datetime.now(timezone.utc))
+            self._tokens.settle(scope, weighed, old, at)
 
     def note(self, scope: str, outcome: str, at: datetime) -> None:
         """Note a success or an error class of ``scope`` at ``at`` (later wins)."""
@@ -499,6 +456,7 @@ class MemoryCooldownStore(FullStore):
             self._fresh_scopes.clear()
             self._rates.clear()
             self._rate_scopes.clear()
+            self._tokens.clear()
 
     def delete(self, scope: str) -> bool:
         """Lift everything that holds ``scope`` back (an operator clearing it): its
@@ -509,6 +467,8 @@ class MemoryCooldownStore(FullStore):
                 self._until.pop(scope, None),
                 self._allowance.pop(scope, None),
                 self._permits.pop(scope, None),
+                self._allowance.pop(token_scope(scope), None),
+                self._tokens.delete(scope) or None,
                 self._opened.pop(scope, None) and None,
                 self._leases.pop(scope, None),
                 self._rates.pop(scope, None),
@@ -529,6 +489,7 @@ class MemoryCooldownStore(FullStore):
                 *_quota_holds(self._permits, at),
                 *_lease_holds(self._leases, at),
                 *_rate_holds(self._rates, at),
+                *_token_holds(self._tokens.holds(at)),
             ):
                 found.setdefault(scope, []).append(hold)
         return found

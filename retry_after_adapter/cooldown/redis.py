@@ -20,7 +20,12 @@ from ..errors import ConfigurationError, CooldownStoreError, failure_cause
 from ..redact import client_secrets, redact_url, scrub, url_secrets
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from ._redis_feed import CHANNEL, RedisFeed
+from ._redis_listing import RedisListing
 from ._redis_wire import (
+    _OPEN,
+    _RATE,
+    _RATE_FIELDS,
+    _TOKENS,
     SCRIPTS,
     _admission,
     _admit_args,
@@ -28,25 +33,26 @@ from ._redis_wire import (
     _client_timeout,
     _database,
     _freshness,
-    _glob,
     _learned_rate,
     _slot_string,
     _source,
     _text,
 )
-from .allowance import ALLOWANCE_KEPT, SAME_WINDOW, Allowance, roll
+from .allowance import ALLOWANCE_KEPT, SAME_WINDOW
 from .base import (
+    TOKENS,
     Admission,
     Ask,
     Changed,
     Feed,
     FullStore,
-    Hold,
+    Weighed,
     check_scope,
     check_until,
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome
-from .rate import RATE_KEPT, Rate, rate_holds
+from .rate import RATE_KEPT, Rate
+from .weights import check_cost
 
 #: The default connect and reply timeouts (seconds) of a client made by ``from_url``.
 DEFAULT_SOCKET_TIMEOUT = 0.1
@@ -60,9 +66,6 @@ FRESHNESS_KEPT_MS = int(FRESHNESS_KEPT * 1000)
 
 #: A scope's learned rate (a hash of ``rate.Rate``'s fields; 0.9 kept another record
 #: under "rate") and its fields, and the suffix of a quota's set of open permits.
-_RATE = "learned-rate"
-_RATE_FIELDS = ("cap", "lim", "win", "ep", "st", "base", "sn", "ok", "gr", "gc", "qt", "pr", "fl")
-_OPEN = ":open"
 
 _INSTALL_HINT = "pip install 'retry_after_adapter[redis]' (from a checkout: pip install -e '.[redis]')"
 
@@ -77,7 +80,7 @@ def _restore(url: str, prefix: str, client_kwargs: dict[str, Any]) -> RedisCoold
     return RedisCooldownStore.from_url(url, prefix=prefix, **client_kwargs)
 
 
-class RedisCooldownStore(FullStore):
+class RedisCooldownStore(RedisListing, FullStore):
     """Cooldowns shared by every process on every machine through Redis or Valkey.
 
     ``client`` is any synchronous redis-py compatible client: ``redis.Redis``,
@@ -128,6 +131,7 @@ class RedisCooldownStore(FullStore):
         self._allow_script = scripts["allow"]
         self._note_script = scripts["note"]
         self._settle_script = scripts["settle"]
+        self._settle_weighed_script = scripts["settle_weighed"]
         self._rate_script = scripts["rate_answer"]
         self._url_args: tuple[str, dict[str, Any]] | None = None
         #: The pub/sub channel changes are published on ("": push off, see :meth:`feed`):
@@ -267,6 +271,11 @@ class RedisCooldownStore(FullStore):
         with ``suffix`` ":open" its open permits."""
         return self.companion(scope, f"quota:{int(limit)}/{window_ms(per)}{suffix}")
 
+    def token_key(self, scope: str, limit: int, per: float) -> str:
+        """The token permits of the token quota ``limit`` per ``per`` seconds of
+        ``scope`` (see :meth:`companion`)."""
+        return self.companion(scope, f"tokens:{int(limit)}/{window_ms(per)}")
+
     def admit(self, ask: Ask) -> Admission:
         """Admission for one attempt (see ``MemoryCooldownStore.admit``): the cooldown,
         the announced allowance, the quota permit (and ``batch`` extra ones, see
@@ -277,7 +286,7 @@ class RedisCooldownStore(FullStore):
         permit later (:meth:`settle`). (A scope whose key has a ``}`` that Redis would
         not read as a hash tag has its cooldown read by a ``GET`` before: two round
         trips.)"""
-        scope, now, limit, per, _, _, _, _, learn, _ = ask
+        scope, now, limit, per, _, _, _, _, learn, _, weigh = ask
         key = self.key(check_scope(scope))
         _, together = _slot_string(key)
         stored = None if together else self.get(scope)
@@ -289,7 +298,11 @@ class RedisCooldownStore(FullStore):
         permits = self.quota_key(scope, limit, per) if quota else allowance  # type: ignore[arg-type]
         opens = self.quota_key(scope, limit, per, _OPEN) if quota else allowance  # type: ignore[arg-type]
         keys = [key if together else allowance, permits, allowance, self.companion(scope, "lease")]
-        keys += [self.companion(scope, _RATE), opens]
+        keys += [self.companion(scope, _RATE), opens, self.companion(scope, _TOKENS)]
+        weighs = weigh is not None and weigh.limit > 0
+        if weighs:
+            check_cost(weigh.cost, weigh.limit, weigh.per)  # type: ignore[union-attr]
+        keys += [self.token_key(scope, weigh.limit, weigh.per) if weighs else allowance]  # type: ignore[union-attr]
         try:
             reply = self._admit_script(keys=keys, args=_admit_args(ask, when, together))
         except Exception as exc:
@@ -346,8 +359,13 @@ class RedisCooldownStore(FullStore):
         limit: int | None = None, window: float | None = None,
     ) -> None:
         """Record the server's announced allowance (see ``MemoryCooldownStore.allow``):
-        one ``EVALSHA`` on the scope's "allowance" key."""
-        key = self.companion(check_scope(scope), "allowance")
+        one ``EVALSHA`` on the scope's "allowance" key (for a ``token_scope``, the
+        token allowance beside the scope's own)."""
+        check_scope(scope)
+        if scope.endswith(TOKENS) and len(scope) > len(TOKENS):
+            key = self.companion(scope[: -len(TOKENS)], _TOKENS)
+        else:
+            key = self.companion(scope, "allowance")
         args = [
             int(remaining),
             to_epoch_ms(check_until(until)),
@@ -364,6 +382,22 @@ class RedisCooldownStore(FullStore):
             self._allow_script(keys=[key], args=[str(arg) for arg in args])
         except Exception as exc:
             raise self._failure("allow", exc) from exc
+
+    def settle_weighed(self, scope: str, weighed: Weighed, now: datetime | None = None) -> None:
+        """See ``Weights.settle_weighed``: one ``EVALSHA`` on the token quota's key (the
+        answer's time rounded up: the request reached the server before it)."""
+        key = self.token_key(check_scope(scope), weighed.limit, weighed.per)
+        args = [
+            to_epoch_ms(_present(now)),
+            window_ms(weighed.per),
+            to_epoch_ms(check_until(weighed.expires)),
+            int(weighed.cost),
+            secrets.token_hex(8),
+        ]
+        try:
+            self._settle_weighed_script(keys=[key], args=[str(arg) for arg in args])
+        except Exception as exc:
+            raise self._failure("settle_weighed", exc) from exc
 
     def note(self, scope: str, outcome: str, at: datetime) -> None:
         """Note a success or an error class (see ``MemoryCooldownStore.note``): one
@@ -413,137 +447,10 @@ class RedisCooldownStore(FullStore):
         except Exception as exc:
             raise self._failure("release", exc) from exc
 
-    def delete(self, scope: str) -> bool:
-        """Lift everything that holds ``scope`` back (an operator clearing it): its
-        cooldown, announced allowance, every quota's permits and its concurrency leases
-        (one ``DEL`` per key: they may live in two cluster slots); True if there was
-        any of them."""
-        key = self.key(check_scope(scope))
-        tag, _ = _slot_string(key)
-        if tag == key:  # {key}quota:L/P
-            quotas = _glob(self.companion(scope, "quota:")) + "*"
-        else:  # {tag}quota:L/P:key
-            quotas = "{" + _glob(tag) + "}quota:*:" + _glob(key)
-        try:
-            keys = [key, self.companion(scope, "allowance"), self.companion(scope, "lease")]
-            keys += [self.companion(scope, _RATE)]
-            keys += [_text(found) for found in self._client.scan_iter(match=quotas, count=1000)]
-            if self._channel:
-                # Once before (a client that may not PUBLISH deletes nothing: no near copy
-                # misses it), once after (a copy that read the scope meanwhile reads again).
-                self._client.publish(self._channel, "d 0 " + scope)
-            found = sum(int(self._client.delete(name)) for name in keys) > 0
-            if self._channel:
-                self._client.publish(self._channel, "d 0 " + scope)
-            return found
-        except Exception as exc:
-            raise self._failure("delete", exc) from exc
-
     def feed(self, changed: Changed) -> Feed | None:
         """The store's change channel, followed by a thread of this process (see
         ``RedisFeed``); None when the store was made with ``push=False``."""
         return RedisFeed(self._client, self._channel, changed, self._failure) if self._channel else None
-
-    def holds(self, now: datetime | None = None) -> dict[str, list[Hold]]:
-        """Every scope held back at ``now`` (default: the present) and by what (see
-        ``MemoryCooldownStore.holds``): SCANs this prefix's keys, so it does not block
-        the server (a key changed meanwhile may be missed or stale)."""
-        now = now if now is not None else datetime.now(timezone.utc)
-        now_ms = now_epoch_ms(now)
-        found: dict[str, list[Hold]] = {}
-        for scope, until in self.entries().items():
-            if until > now:
-                found.setdefault(scope, []).append(Hold("cooldown", until))
-        prefix = self._glob_prefix()
-        try:
-            for raw in (
-                key
-                for pattern in ("{" + prefix + "*}*", "{*}*:" + prefix + "*")
-                for key in self._client.scan_iter(match=pattern, count=1000)
-            ):
-                named = self._companion_of(_text(raw))
-                if named is None:
-                    continue
-                scope, name = named
-                hold = self._hold(_text(raw), name, now, now_ms)
-                if hold is not None:
-                    found.setdefault(scope, []).append(hold)
-        except Exception as exc:
-            raise self._failure("holds", exc) from exc
-        return found
-
-    def _companion_of(self, key: str) -> tuple[str, str] | None:
-        """``(scope, name)`` of a companion key of this store (see :meth:`companion`), or
-        None for any other key."""
-        end = key.find("}")
-        if not key.startswith("{") or end < 0:
-            return None
-        tag, rest = key[1:end], key[end + 1 :]
-        marker = ":" + self._prefix
-        if tag.startswith(self._prefix) and marker not in rest:
-            scope, name = tag[len(self._prefix) :], rest
-        elif marker in rest:
-            name, _, full = rest.partition(marker)
-            scope = full
-        else:
-            return None
-        if not scope or self.companion(scope, name) != key:
-            return None  # a record of another prefix that matched the pattern
-        return scope, name
-
-    def _hold(self, key: str, name: str, now: datetime, now_ms: int) -> Hold | None:
-        """What the companion record ``key`` (its ``name``) holds its scope back with."""
-        if name == "allowance":
-            return self._allowance_hold(key, now)
-        if name == "lease":
-            live = self._client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
-            return Hold("leases", from_epoch_ms(int(live[-1][1])), len(live)) if live else None
-        if name == _RATE:
-            return self._rate_hold(key, now_ms)
-        if name.startswith("quota:") and not name.endswith(_OPEN):
-            limit = int(name[len("quota:") :].split("/", 1)[0])
-            live = self._client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
-            if len(live) >= limit:
-                return Hold("quota", from_epoch_ms(int(live[len(live) - limit][1])), limit)
-        return None
-
-    def _allowance_hold(self, key: str, now: datetime) -> Hold | None:
-        fields = self._client.hmget(key, ["r", "a", "u", "n", "l", "w", "x"])
-        if fields[3] is None:
-            return None
-        left, at, until, count, lim, window = (int(float(_text(v or 0))) for v in fields[:6])
-        record = Allowance(left, at, from_epoch_ms(until), count, lim, window / 1000, fields[6] == b"1")
-        rolled = roll(record, now)
-        return Hold("allowance", rolled.until) if rolled.until > now and rolled.remaining <= 0 else None
-
-    def _rate_hold(self, key: str, now_ms: int) -> Hold | None:
-        rate = _learned_rate(self._client.hmget(key, list(_RATE_FIELDS)))
-        if rate is None:
-            return None
-        ends = rate_holds(rate, now_ms / 1000)
-        return None if ends is None else Hold("rate", from_epoch_ms(round(ends * 1000)), rate.limit)
-
-    def entries(self) -> dict[str, datetime]:
-        """Every scope under this store's prefix and its eligible time (SCAN, so it
-        does not block the server; a key changed meanwhile may be missed or stale)."""
-        pattern = self._glob_prefix() + "*"
-        found: dict[str, datetime] = {}
-        try:
-            keys = list(self._client.scan_iter(match=pattern, count=1000))
-            for key in keys:
-                raw = self._client.get(key)  # one key at a time: no cross-slot MGET on a cluster
-                name = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
-                try:
-                    found[name[len(self._prefix) :]] = from_epoch_ms(int(raw))
-                except (TypeError, ValueError):
-                    continue  # gone meanwhile, or not a time: not a cooldown
-        except Exception as exc:
-            raise self._failure("entries", exc) from exc
-        return found
-
-    def _glob_prefix(self) -> str:
-        """The key prefix as a SCAN pattern that matches it literally."""
-        return _glob(self._prefix)
 
     def close(self) -> None:
         """Close the client's connections (a client passed in is the caller's to close)."""

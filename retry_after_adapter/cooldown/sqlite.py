@@ -42,8 +42,10 @@ from .base import (
     Feed,
     FullStore,
     Hold,
+    Weighed,
     check_scope,
     check_until,
+    token_scope,
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, merge_note
 from .rate import Rate, answer_rate, rate_holds
@@ -88,7 +90,7 @@ _FRESH = (
     "LEFT JOIN cooldown c ON c.scope = f.scope"
 )
 #: Every table with rows of a scope (``delete`` lifts them all).
-_SCOPE_TABLES = ("cooldown", "allowance", "permit_log", "open_permit", "lease", "learned_rate")
+_SCOPE_TABLES = ("cooldown", "allowance", "permit_log", "open_permit", "lease", "learned_rate", "token_log")
 
 
 def _freshness_row(row: tuple[object, ...]) -> Freshness:
@@ -184,11 +186,11 @@ class SQLiteCooldownStore(SQLiteFile, FullStore):
         transaction, all or nothing (a plain read while the scope has none of them).
         ``now`` None: the real present, read once the transaction holds the lock, so a
         permit's time is when it is granted."""
-        scope, now, limit, per, lease, margin, batch, hold, learn, opened = ask
+        scope, now, limit, per, lease, margin, batch, hold, learn, opened, weigh = ask
         check_scope(scope)
         fixed = None if now is None else check_until(now)
         quota = quota_of(limit, per, margin, opened) if limit is not None else None
-        nothing_to_take = quota is None and lease is None
+        nothing_to_take = quota is None and lease is None and weigh is None
 
         def admit(conn: sqlite3.Connection) -> Admission:
             if nothing_to_take:
@@ -197,9 +199,25 @@ class SQLiteCooldownStore(SQLiteFile, FullStore):
                     return peeked
             with immediate(conn):
                 at = fixed or datetime.now(timezone.utc)  # the lock is ours: the grant's time
-                return admit_locked(conn, scope, at, limit, quota, lease, batch, hold, learn)
+                return admit_locked(conn, scope, at, limit, quota, lease, batch, hold, learn, weigh)
 
         return self._run(admit)
+
+    def settle_weighed(self, scope: str, weighed: Weighed, now: datetime | None = None) -> None:
+        """See ``Weights.settle_weighed``: one immediate transaction (the answer's time
+        rounded up: the request reached the server before it)."""
+        from ._sqlite_weights import settle_locked
+
+        check_scope(scope)
+        check_until(weighed.expires)
+        fixed = None if now is None else to_epoch_ms(check_until(now))
+
+        def settle(conn: sqlite3.Connection) -> None:
+            with immediate(conn):
+                at = fixed if fixed is not None else to_epoch_ms(datetime.now(timezone.utc))
+                settle_locked(conn, scope, weighed, at)
+
+        self._run(settle)
 
     def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
         """See ``Store.rate_answer``: one immediate transaction."""
@@ -323,7 +341,8 @@ class SQLiteCooldownStore(SQLiteFile, FullStore):
 
         def delete(conn: sqlite3.Connection) -> int:
             with immediate(conn):
-                return sum(
+                tokens = conn.execute("DELETE FROM allowance WHERE scope = ?", (token_scope(scope),)).rowcount
+                return tokens + sum(
                     conn.execute(f"DELETE FROM {table} WHERE scope = ?", (scope,)).rowcount  # noqa: S608
                     for table in _SCOPE_TABLES
                 )

@@ -90,6 +90,9 @@ class Ticket:
     queued = False
     #: When (monotonic seconds) the last attempt was sent; None: none yet.
     sent_at: float | None = None
+    #: When the token permit of the attempt on the wire stops counting, as stored
+    #: (None: it took none; see ``Plan._weigh``).
+    weighed: datetime | None = None
 
     def uncounted(self) -> None:
         """The attempt moved to a scope whose store record did not count it (a refined
@@ -141,6 +144,8 @@ class Progress:
     started_at: datetime | None = None
     #: No attempt before this: the eligible time of the deferral this call resumes.
     not_before: datetime | None = None
+    #: What each attempt of the call costs in tokens (0: none declared; see ``cost``).
+    cost = 0
 
 
 class Call:
@@ -218,6 +223,8 @@ class Call:
             override.cancel,
             terms.hooks,
         )
+        if override.cost is not None:
+            self.progress.cost = override.cost
         resume = override.resume
         if resume is None:
             return

@@ -76,6 +76,8 @@ def read_quota_headers(call: Call, response: Any) -> QuotaHint | None:
     hint = read_quota(get, received_at=now, date=get("date"))
     # One bound for every value a header gives, before anything is stored or obeyed.
     hint = bound_hint(hint, call.policy.max_retry_after)
+    if hint is not None and hint.allowances and call.progress.cost:
+        _allow_tokens(call, hint, now)
     if hint is None or hint.reset is None or hint.remaining is None or hint.reset <= 0:
         return hint
     until = _reset_here(call, hint, now, received)
@@ -96,6 +98,17 @@ def read_quota_headers(call: Call, response: Any) -> QuotaHint | None:
         remaining = hint.remaining if seq is not None else _left_unseen(call, hint, until)
         call.plan.allow(call, remaining, until, now, seq, hint.limit, hint.window)
     return hint
+
+
+def _allow_tokens(call: Call, hint: QuotaHint, now: datetime) -> None:
+    """Record a provider's announced token allowance (its ``tokens`` kind), which the
+    declared costs of every worker's calls are weighed against; read only for a call
+    that declared a cost (a fleet that declares none has no use for it)."""
+    for each in hint.allowances:
+        if each.kind == "tokens" and each.remaining is not None and each.reset is not None and each.reset > 0:
+            until = now + timedelta(seconds=each.reset)
+            call.plan.allow_tokens(call, each.remaining, until, now, each.limit)
+            return
 
 
 def _reset_here(call: Call, hint: QuotaHint, now: datetime, received: float) -> datetime:

@@ -220,7 +220,7 @@ def send(
     if meter is not None:
         meter.wire.discard(id(call))  # off the wire (``_off_the_wire``, written out)
     ticket = call.ticket
-    if ticket.permit is None and ticket.lease_token is None:
+    if ticket.permit is None and ticket.lease_token is None and ticket.weighed is None:
         return response, error, cause  # no permit, no slot: nothing to settle, no step
     try:
         yield Settle(response, transport.on_done)

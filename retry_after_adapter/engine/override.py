@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ..clock import Event
+from ..cost import check_cost
 from ..deferral import Deferral
 from ..errors import ConfigurationError
 from ..policy import check_limit
@@ -35,6 +36,8 @@ class Override:
     max_wait: float | _Unset | None = UNSET
     cancel: Event | None = None
     resume: Deferral | None = None
+    #: The calls' cost in tokens (None: the front end's ``cost=`` decides).
+    cost: int | None = None
 
 
 _OVERRIDE: contextvars.ContextVar[Override | None] = contextvars.ContextVar(
@@ -49,6 +52,7 @@ def budget(
     max_wait: float | _Unset | None = UNSET,
     cancel: Event | None = None,
     resume: Deferral | None = None,
+    cost: int | None = None,
 ) -> Iterator[None]:
     """Override the retry budget of every call made inside the ``with`` block.
 
@@ -60,6 +64,9 @@ def budget(
       reason ``"cancelled"``.
     - ``resume``: a :class:`Deferral` this call continues: its attempt and deferral
       counts and history carry over, and nothing is sent before its ``eligible_at``.
+    - ``cost``: what each call costs in tokens (an int >= 0), weighed against a token
+      quota (``Quota(..., unit="tokens")``) and the server's announced token
+      allowance; it takes the place of the front end's ``cost=``.
 
     Unset arguments keep the value of an enclosing ``budget`` or of the policy.
     """
@@ -71,12 +78,15 @@ def budget(
         raise ConfigurationError("cancel must be a threading.Event or an asyncio.Event")
     if resume is not None and not isinstance(resume, Deferral):
         raise ConfigurationError("resume must be a Deferral (use Deferral.from_dict on stored JSON)")
+    if cost is not None:
+        check_cost(cost)
     outer = _OVERRIDE.get() or Override()
     merged = Override(
         deadline=deadline if not isinstance(deadline, _Unset) else outer.deadline,
         max_wait=max_wait if not isinstance(max_wait, _Unset) else outer.max_wait,
         cancel=cancel if cancel is not None else outer.cancel,
         resume=resume if resume is not None else outer.resume,
+        cost=cost if cost is not None else outer.cost,
     )
     token = _OVERRIDE.set(merged)
     try:

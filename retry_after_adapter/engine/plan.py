@@ -19,10 +19,23 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .. import _forksafe
-from ..cooldown.base import Allowances, Ask, FreshnessLog, FullStore, Learn, LearnedRate, Lease
+from ..cooldown.base import (
+    Allowances,
+    Ask,
+    FreshnessLog,
+    FullStore,
+    Learn,
+    LearnedRate,
+    Lease,
+    Weigh,
+    Weighed,
+    Weights,
+    token_scope,
+)
 from ..cooldown.guard import StoreBudget, StoreGuard
 from ..cooldown.legacy import opens_permits
 from ..cooldown.memory import MemoryCooldownStore
+from ..cooldown.weights import check_cost
 from ..quota import Quota
 from .buckets import Dialects
 from .meters import Meter, Meters, meters_of
@@ -129,7 +142,9 @@ class Plan:
         "release_slot",
         "slots",
         "store",
+        "tokens",
         "ttl",
+        "weighs",
     )
 
     def __init__(
@@ -142,6 +157,7 @@ class Plan:
         ttl: float = 60.0,
         max_waiting: int | None = None,
         learn_rate: bool = False,
+        tokens: Quota | None = None,
     ) -> None:
         self.store = store
         #: The store when it is behind the failure layer (each operation then gets the
@@ -166,7 +182,11 @@ class Plan:
         self.notes = _carries(store, FreshnessLog)
         #: Whether calls are admitted by the scope's learned rate too (no quota
         #: configured, and a store that learns one).
-        self.learns = learn_rate and quota is None and _carries(store, LearnedRate)
+        self.learns = learn_rate and quota is None and tokens is None and _carries(store, LearnedRate)
+        #: Whether the store weighs a call's declared cost in tokens (``cost=``), and the
+        #: token quota it is weighed against besides the server's announced one.
+        self.weighs = _carries(store, Weights)
+        self.tokens = tokens
         #: How a slot goes back (bound once).
         self.release_slot: Callable[[str, str], None] | None = store.release if store is not None else None
         #: The scope's cooldown as this process knows it, without a store operation (see
@@ -213,7 +233,8 @@ class Plan:
             if self.opens:
                 opened = OPEN_FOR
         ticket.permit_open = opened > 0
-        ask = Ask(call.scope, now, self.limit, self.per, lease, self.margin, 1, 0.0, learn, opened)
+        weigh = self._weigh(call) if call.progress.cost and self.weighs else None
+        ask = Ask(call.scope, now, self.limit, self.per, lease, self.margin, 1, 0.0, learn, opened, weigh)
         guard = self.guard
         answer = store.admit(ask) if guard is None else guard.admit(ask, call.budget)
         # Keep on the call what the answer says.
@@ -223,12 +244,24 @@ class Plan:
         ticket.permit = answer.permit if self.limit is not None else None
         ticket.rate_epoch = answer.rate_epoch
         ticket.rate_report = answer.rate_report
+        ticket.weighed = answer.weighed
         if not_before is None:
             if lease is not None:
                 ticket.lease_token = answer.token or lease[2]  # a slot this process held, or the new one
             elif answer.token is not None:
                 ticket.lease_token = answer.token  # a slot of the learned rate's probes
         return not_before
+
+    def _weigh(self, call: Call) -> Weigh:
+        """What the attempt's declared cost asks of the scope's tokens: the server's
+        announced token allowance, and the token quota when one is configured (a cost
+        it could never admit is a ConfigurationError)."""
+        cost, tokens = call.progress.cost, self.tokens
+        if tokens is None:
+            return Weigh(cost)
+        check_cost(cost, tokens.limit, tokens.per)
+        call.ticket.admitted_at = call.clock.monotonic()  # before the grant: its lower bound
+        return Weigh(cost, tokens.limit, tokens.per, tokens.margin)
 
     def answered(self, call: Call, response: Any, on_done: Callable[[Any, Slot], None] | None = None) -> None:
         """The attempt is answered (or failed, ``response`` None): its permit counts
@@ -251,6 +284,8 @@ class Plan:
         store that cannot settle exactly) is moved only when its answer came later than
         the margin."""
         ticket = call.ticket
+        if ticket.weighed is not None:
+            self._settle_weighed(call)
         if ticket.permit is not None:
             late = call.clock.monotonic() - ticket.admitted_at > self.margin
             if late or ticket.permit_open:
@@ -314,6 +349,24 @@ class Plan:
         except Exception as exc:  # the permit still counts until its stored end
             log.debug("settling a quota permit failed: %s", type(exc).__name__)
 
+    def _settle_weighed(self, call: Call) -> None:
+        """The attempt that took a token permit was answered (or failed): answered later
+        than the token quota's margin, the permit counts until at least ``now + per``
+        (one more store operation), as a quota permit that is not open does."""
+        ticket = call.ticket
+        expires, ticket.weighed = ticket.weighed, None
+        tokens = self.tokens
+        assert expires is not None and tokens is not None and self.store is not None
+        if call.clock.monotonic() - ticket.admitted_at <= tokens.margin:
+            return  # its stored end already covers the arrival
+        now = call.clock.now()
+        weighed = Weighed(call.progress.cost, tokens.limit, tokens.per, expires)
+        at = None if call.policy.real_clock else now
+        try:
+            self._on_store(self.store.settle_weighed, call, call.scope, weighed, at)
+        except Exception as exc:  # the permit still counts until its stored end
+            log.debug("settling a token permit failed: %s", type(exc).__name__)
+
     # -- the slow path and news ---------------------------------------------------
     def read_cooldown(self, call: Call) -> datetime | None:
         """The scope's stored cooldown (no store: the call's own). May raise
@@ -353,6 +406,15 @@ class Plan:
         the scope)."""
         if self.allows and self.store is not None and call.scope is not None:
             self._on_store(self.store.allow, call, call.scope, *args)
+
+    def allow_tokens(
+        self, call: Call, remaining: int, until: datetime, now: datetime, limit: int | None
+    ) -> None:
+        """Record the server's announced token allowance (kept as the allowance of the
+        scope's ``token_scope``: what every worker's declared costs are weighed against)."""
+        if self.weighs and self.store is not None and call.scope is not None:
+            tokens = token_scope(call.scope)
+            self._on_store(self.store.allow, call, tokens, remaining, until, now, None, limit)
 
     def note(self, call: Call, outcome: str) -> None:
         """Note an attempt's outcome in the scope's freshness record; never raises

@@ -145,14 +145,15 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         arrival = time.monotonic()
         length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
+        body_in = self.rfile.read(length) if length else b""
         headers: dict[str, str]
         if self.path == "/__log":
             status, headers, body, date = 200, {}, self.server.owner.log_json().encode(), None
         else:
             client = self.client_address[0]
-            status, headers, body, date = self.server.owner._decide(self.path, self.headers, arrival, client)
+            status, headers, body, date = self.server.owner._decide(
+                self.path, self.headers, arrival, client, body_in
+            )
         self._date = date
         node = self.server.owner.quota_headers == "express" and self.path != "/__log"
         self.send_response(status)
@@ -214,7 +215,7 @@ class QuotaServer:
       duration; ``retry-after-ms`` beside ``Retry-After`` on a 429) or ``"anthropic"``
       (``anthropic-ratelimit-requests-{limit,remaining,reset}``, the reset an RFC 3339
       time): these two answer JSON, an empty model list or a rate-limit error, as the
-      OpenAI and Anthropic SDKs read them; or
+      OpenAI and Anthropic SDKs read them (with ``tokens``, the tokens kind too); or
       ``"express"``: express-rate-limit (v7 and v8, checked against 8.7.5 on express
       5 and Node 20) with its default ``MemoryStore`` and legacy headers, exactly: each
       client (its IP address) has its own window, which starts at its first request at
@@ -227,6 +228,10 @@ class QuotaServer:
       ``Connection: keep-alive``, ``Keep-Alive: timeout=5``), and as Node does, a
       connection left idle 6 s after its last response is closed
       (:data:`NODE_IDLE_CLOSE`): a client that reuses it then loses that request.
+
+    - ``tokens``: a token quota per window besides (None: none): a request costs its
+      JSON body's ``max_tokens``, and one whose cost does not fit what is left of the
+      window's tokens is refused with a 429 as one past the requests quota is.
 
     Only requests that are let through count against the quota. Every request is also
     recorded in :attr:`log` (fields :data:`LOG_FIELDS`), served as JSON at ``GET
@@ -248,7 +253,10 @@ class QuotaServer:
         in_flight: float = IN_FLIGHT_ALLOWANCE,
         align: str = "epoch",
         quota_headers: str | None = None,
+        tokens: int | None = None,
     ) -> None:
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+            raise ConfigurationError("tokens must be an int >= 1 or None")
         if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
             raise ConfigurationError("quota must be an int >= 1")
         if not (isinstance(window, (int, float)) and math.isfinite(window) and window > 0):
@@ -278,6 +286,11 @@ class QuotaServer:
         self._lock = threading.Lock()
         self._index: int | None = None
         self._used = 0
+        #: The latest arrival decided (monotonic seconds).
+        self._latest = -math.inf
+        #: The token quota per window (None: none) and the tokens let through in it.
+        self.tokens = tokens
+        self._spent = 0
         #: express: each client's (hits, reset in epoch ms, window index).
         self._clients: dict[str, tuple[int, int, int]] = {}
         #: express: for each entry of :attr:`log`, the decision and its window's reset
@@ -340,7 +353,8 @@ class QuotaServer:
             return json.dumps(data)
 
     def _decide(
-        self, path: str, headers: Any = None, arrival: float | None = None, client: str = "127.0.0.1"
+        self, path: str, headers: Any = None, arrival: float | None = None, client: str = "127.0.0.1",
+        body: bytes = b"",
     ) -> tuple[int, dict[str, str], bytes, str]:
         """Admit or throttle one request; returns (status, headers, body, Date value).
 
@@ -350,6 +364,10 @@ class QuotaServer:
         get = headers.get if headers is not None else (lambda name: None)
         mono = time.monotonic() if arrival is None else arrival
         with self._lock:
+            # Arrivals are stamped before the lock: two handler threads may take it out
+            # of order. Decided in order, a request counts in the window it is decided
+            # in (an earlier stamp would start window 0 again, forgetting what it let in).
+            mono = self._latest = max(mono, self._latest)
             now = self.clock.now()
             sent_at = min(now, _parse_stamp(get(SENT_HEADER)) or now)
             early = self._running(sent_at)
@@ -365,10 +383,13 @@ class QuotaServer:
                 index = math.floor(stamp / self.window)
                 left = (index + 1) * self.window - stamp
             if index != self._index:
-                self._index, self._used = index, 0
+                self._index, self._used, self._spent = index, 0, 0
             date = format_http_date(now)  # truncated to the second: never after `now`
-            if self._used < self.quota:
+            cost = _request_cost(body) if self.tokens is not None else 0
+            fits = self.tokens is None or self._spent + cost <= self.tokens
+            if self._used < self.quota and fits:
                 self._used += 1
+                self._spent += cost
                 self.arrivals.append(Arrival(now, sent_at, path, 200, early))
                 self._record(get, mono, 200, 0, index)
                 told = self._announce(stamp, left)
@@ -444,20 +465,26 @@ class QuotaServer:
         if kind is None:
             return {}
         remaining = self.quota - self._used
+        kinds = [("requests", self.quota, remaining)]
+        if self.tokens is not None:
+            kinds.append(("tokens", self.tokens, self.tokens - self._spent))
         if kind == "openai":  # resets as Go durations
-            return {
-                "x-ratelimit-limit-requests": str(self.quota),
-                "x-ratelimit-remaining-requests": str(remaining),
-                "x-ratelimit-reset-requests": f"{math.ceil(left * 1000) / 1000:.3f}s",
-            }
+            reset = f"{math.ceil(left * 1000) / 1000:.3f}s"
+            told = {}
+            for name, limit, left_of in kinds:
+                told[f"x-ratelimit-limit-{name}"] = str(limit)
+                told[f"x-ratelimit-remaining-{name}"] = str(left_of)
+                told[f"x-ratelimit-reset-{name}"] = reset
+            return told
         if kind == "anthropic":  # resets as RFC 3339 times
-            reset = datetime.fromtimestamp(math.ceil((stamp + left) * 1000) / 1000, timezone.utc)
-            when = reset.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-            return {
-                "anthropic-ratelimit-requests-limit": str(self.quota),
-                "anthropic-ratelimit-requests-remaining": str(remaining),
-                "anthropic-ratelimit-requests-reset": when,
-            }
+            at = datetime.fromtimestamp(math.ceil((stamp + left) * 1000) / 1000, timezone.utc)
+            when = at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            told = {}
+            for name, limit, left_of in kinds:
+                told[f"anthropic-ratelimit-{name}-limit"] = str(limit)
+                told[f"anthropic-ratelimit-{name}-remaining"] = str(left_of)
+                told[f"anthropic-ratelimit-{name}-reset"] = when
+            return told
         if kind == "ietf":
             return {
                 "RateLimit-Policy": f'"default";q={self.quota};w={math.ceil(self.window)}',
@@ -485,6 +512,17 @@ class QuotaServer:
                 index,
             ]
         )
+
+
+def _request_cost(body: bytes) -> int:
+    """A request's cost in tokens, as the stand-in counts it: its JSON body's
+    ``max_tokens`` (0 without one)."""
+    try:
+        data = json.loads(body) if body else None
+    except ValueError:
+        return 0
+    value = data.get("max_tokens") if isinstance(data, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _weak_etag(body: bytes) -> str:

@@ -12,6 +12,7 @@ import requests
 
 from retry_after_adapter import FakeClock, Quota, RedisCooldownStore, RetryAfterAdapter, RetryAfterRetry
 from retry_after_adapter.cooldown import Ask
+from retry_after_adapter.cooldown.base import Weigh, token_scope
 
 from ..conftest import local_deferral
 from ..servers import Reply, ThrottleServer
@@ -143,3 +144,20 @@ def test_the_learned_rate_on_the_cluster(store: RedisCooldownStore) -> None:
         later = now + timedelta(seconds=2)
         assert store.admit(Ask(scope, later, learn=(60.0, scope + "-3"))).not_before is None
         assert store.admit(Ask(scope, later, learn=(60.0, scope + "-4"))).not_before is not None
+
+
+def test_token_weighed_admission_on_the_cluster(store: RedisCooldownStore, cluster_client: Any) -> None:
+    """A token quota and an announced token allowance live in the slot of the scope's
+    cooldown key, so an attempt's tokens are weighed in the same one script, on every
+    node."""
+    for scope in SCOPES[:-1]:
+        slot = cluster_client.keyslot(store.key(scope))
+        assert cluster_client.keyslot(store.token_key(scope, 25, 3.0)) == slot
+        assert cluster_client.keyslot(store.companion(scope, "allowance:tokens")) == slot
+        first = store.admit(Ask(scope, NOW, weigh=Weigh(10, 25, 3.0)))
+        assert first.not_before is None and first.weighed is not None
+        assert store.admit(Ask(scope, NOW, weigh=Weigh(10, 25, 3.0))).not_before is None
+        assert store.admit(Ask(scope, NOW, weigh=Weigh(10, 25, 3.0))).not_before == first.weighed
+        store.allow(token_scope(scope), 25, NOW + timedelta(seconds=30), NOW, None, 25)
+        assert store.admit(Ask(scope, NOW, weigh=Weigh(20))).not_before is None
+        assert store.admit(Ask(scope, NOW, weigh=Weigh(10))).not_before == NOW + timedelta(seconds=30)

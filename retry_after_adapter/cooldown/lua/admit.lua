@@ -12,7 +12,13 @@
 -- the extra ones, then "1" to admit by the learned rate (KEYS[5] its hash) with a probe
 -- slot's ttl (ms) and token, and how long (ms) a rate is kept
 -- past its window, then how much longer (ms) an open permit counts (0: not open) and
--- the quota's per (ms).
+-- the quota's per (ms); then the attempt's cost in tokens (0: none), the token
+-- quota's limit (0: none), how long (ms) a token permit counts from now and a unique
+-- member for it: KEYS[7] is the scope's announced token allowance (a hash as KEYS[3])
+-- and KEYS[8] the token quota's permits (a sorted set: score = when a permit stops
+-- counting, member = "<member>:<cost>"). An attempt whose tokens are weighed is never
+-- admitted by the learned rate; its grant's reply has four more numbers: -2 (not the
+-- learned rate), 0, 0 and when its token permit stops counting.
 -- Returns {cooldown or -1, -1 when admitted or when to ask again, the admission number
 -- or -1, 1 when only a slot was missing, when the permit taken stops counting or -1,
 -- the extra permits taken (each counting hold ms longer), the extra admissions of the
@@ -70,6 +76,24 @@ local function take_permit(key, now, counts, limit, member, take, okey, floor)
   end
   return -1
 end
+-- A token quota's permits (KEYS[8]) at now: -1 when cost more tokens fit under the
+-- limit, else when enough permits stop counting (weights.weighed_free_at).
+local function weighed_refused(key, now, cost, limit)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  local all = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+  local costs, total = {}, 0
+  for i = 1, #all, 2 do
+    costs[i] = tonumber(string.match(all[i], ':(%d+)$')) or 0
+    total = total + costs[i]
+  end
+  local excess = total + cost - limit
+  if excess <= 0 then return -1 end
+  for i = 1, #all, 2 do
+    excess = excess - costs[i]
+    if excess <= 0 then return tonumber(all[i + 1]) end
+  end
+  return tonumber(all[#all])
+end
 local now = tonumber(ARGV[1])
 local cooldown = -1
 if ARGV[5] == '1' then
@@ -94,11 +118,39 @@ if rec ~= nil then
     return {cooldown, rec.u + 1000, -1, 0, -1, 0, 0, -1}
   end
 end
+-- The attempt's tokens (weights.py): the announced token allowance, then the token
+-- quota; nothing taken until every check passed.
+local cost, tlimit = tonumber(ARGV[18]), tonumber(ARGV[19])
+local trec = nil
+if cost > 0 then
+  trec = load(KEYS[7])
+  if trec ~= nil then
+    local trolled = roll(trec, now)
+    local need = cost
+    if trec.l > 0 and trec.l < need then need = trec.l end
+    local short = trec.r - (trec.n - trec.a) < need
+    local held = -1
+    if short and trec.u > now then
+      held = trec.u
+    elseif short and trec.x and trec.w <= 0 and trec.l > 0 and trec.u + 1000 > now then
+      held = trec.u + 1000
+    end
+    if held >= 0 then
+      if trolled then save(KEYS[7], trec, tonumber(ARGV[6])) end
+      return {cooldown, held, -1, 0, -1, 0, 0, -1}
+    end
+  end
+  if tlimit > 0 then
+    local refused = weighed_refused(KEYS[8], now, cost, tlimit)
+    if refused >= 0 then return {cooldown, refused, -1, 0, -1, 0, 0, -1} end
+  end
+end
+local weighs = cost > 0 and (trec ~= nil or tlimit > 0)
 local counts = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 local slots, ttl, token = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local opened, per = tonumber(ARGV[16]), tonumber(ARGV[17])
-if ARGV[12] == '1' and counts == 0 and rec == nil then
+if ARGV[12] == '1' and counts == 0 and rec == nil and not weighs then
   -- The learned rate (rate.py): made at the scope's first admission, rolled, kept: a
   -- known send (one of its limit in the epoch), else a probe (a slot of its cap, under
   -- a configured one too), else refused.
@@ -191,7 +243,27 @@ if counts > 0 then
     if extra > 0 then redis.call('PEXPIREAT', KEYS[2], later + 1000) end
   end
 end
-if rec == nil then return {cooldown, -1, -1, 0, permit, extra, 0, -1} end
+-- The grant's tokens.
+local wend = -1
+if weighs then
+  if trec ~= nil then
+    trec.n = trec.n + cost
+    save(KEYS[7], trec, tonumber(ARGV[6]))
+  end
+  if tlimit > 0 then
+    wend = now + tonumber(ARGV[20])
+    redis.call('ZADD', KEYS[8], wend, ARGV[21] .. ':' .. cost)
+    local last = redis.call('ZRANGE', KEYS[8], -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', KEYS[8], tonumber(last[2]) + 1000)
+  end
+end
+local function granted(reply)
+  if wend >= 0 then
+    reply[9], reply[10], reply[11], reply[12] = -2, 0, 0, wend
+  end
+  return reply
+end
+if rec == nil then return granted({cooldown, -1, -1, 0, permit, extra, 0, -1}) end
 local seq = rec.n
 rec.n = rec.n + 1
 -- More admissions of the announced allowance for the batch, before the reset and from
@@ -205,4 +277,4 @@ if batch > 1 and rec.u > now then
   rec.n = rec.n + units
 end
 save(KEYS[3], rec, tonumber(ARGV[6]))
-return {cooldown, -1, seq, 0, permit, extra, units, rec.u}
+return granted({cooldown, -1, seq, 0, permit, extra, units, rec.u})

@@ -1,0 +1,102 @@
+"""The memory store's admission by a scope's learned rate (see ``rate``): a mixin of
+:class:`~.memory.MemoryCooldownStore`, whose lock every ``_locked`` method runs
+under; times in whole microseconds since the epoch (``at``)."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from ._memory_log import _PROBE_RECHECK_US, _as_datetime, _granted, _micros, _rate_ended, _sweep
+from .base import Admission, Granted, Learn, Lease, RateHeld
+from .rate import Rate, answer_rate, fresh_rate, roll_rate
+
+
+class RateAdmission:
+    """What the memory store admits by, and tells, a scope's learned rate."""
+
+    _lock: threading.Lock
+    _rates: dict[str, Rate]
+    _rate_scopes: collections.deque[str]
+
+    if TYPE_CHECKING:  # the store's own
+
+        def _refused(
+            self, scope: str, key: tuple[int, int, int, timedelta] | None, limit: int | None,
+            lease: Lease | None, at: int, cooldown: datetime | None,
+        ) -> Admission | None: ...
+
+        def _take_slot(self, scope: str, lease: Lease, at: int) -> int | None: ...
+
+    def _admit_rate(
+        self, scope: str, now: datetime, at: int, cooldown: datetime | None, lease: Lease | None,
+        learn: Learn,
+    ) -> Admission:
+        """(Lock held, no cooldown running, no quota, no allowance.) Admission by the
+        scope's learned rate (see ``rate``): a known send (one of its limit in the
+        epoch), else a probe (a slot of its cap), else refused."""
+        rate = self._rate_locked(scope, at / 1e6)
+        start = round(rate.start * 1e6)
+        if start > at:  # a throttle's backoff
+            return RateHeld(cooldown, _as_datetime(start))
+        if rate.open or rate.known:
+            refused = self._refused(scope, None, None, lease, at, cooldown)
+            if refused is not None or rate.open:
+                return refused or _granted(cooldown)  # (refused: every configured slot held)
+            self._rates[scope] = rate.sending()
+            return Granted.of(None, cooldown, None, rate_epoch=rate.epoch)
+        ends = round(rate.ends * 1e6) if rate.limit > 0 else None
+        if not rate.probes:
+            assert ends is not None
+            return RateHeld(cooldown, _as_datetime(ends))
+        return self._probe_locked(scope, at, cooldown, lease, learn, rate, ends)
+
+    def _probe_locked(
+        self, scope: str, at: int, cooldown: datetime | None, lease: Lease | None, learn: Learn,
+        rate: Rate, ends: int | None,
+    ) -> Admission:
+        """(Lock held; ``at``, ``ends`` (the epoch's end, None: no limit) in microseconds.)
+        A probe of the learned ``rate``: a slot under its cap (with a configured
+        ``lease``, the smaller), else held back at most ``PROBE_RECHECK`` seconds."""
+        cap = (min(lease[0], rate.cap), lease[1], lease[2]) if lease is not None else (rate.cap, *learn)
+        busy = self._take_slot(scope, cap, at)
+        if busy is not None and lease is not None and lease[0] <= rate.cap:
+            return Admission(cooldown, _as_datetime(busy), None, True)  # the configured cap binds
+        if busy is not None:
+            again = min(busy, at + _PROBE_RECHECK_US, ends if ends is not None else busy)
+            return RateHeld(cooldown, _as_datetime(again), None, True)
+        self._rates[scope] = rate.probing()
+        token = cap[2] if lease is None else None
+        return Granted.of(None, cooldown, None, 0, token, rate_epoch=rate.epoch, rate_report=True)
+
+    def _rate_locked(self, scope: str, now: float) -> Rate:
+        """(Lock held.) The scope's learned rate as of ``now`` (seconds since the epoch),
+        made at its first admission; kept."""
+        rate = self._rates.get(scope)
+        if rate is None:
+            from . import memory  # its bounds, read when a scope is new (tests set them)
+
+            if len(self._rate_scopes) > memory._SWEEP_AT:
+                _sweep(self._rate_scopes, self._rates, _rate_ended, now, memory._SWEEP_PER_WRITE)
+            rate = fresh_rate(now)
+            self._rate_scopes.append(scope)
+        else:
+            rate = roll_rate(rate, now)
+        self._rates[scope] = rate
+        return rate
+
+    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
+        """See ``Store.rate_answer``."""
+        at = _micros(now) / 1e6
+        end = None if until is None else _micros(until) / 1e6
+        with self._lock:
+            rate = self._rates.get(scope)
+            if rate is not None:
+                self._rates[scope] = answer_rate(rate, epoch, end, at)
+
+    def rate_of(self, scope: str) -> Rate | None:
+        """See ``Store.rate_of``."""
+        return self._rates.get(scope)
+

@@ -1,0 +1,79 @@
+"""Token-weighted admission: the rules every store applies to an attempt that declared
+a cost (``base.Weigh``), as pure functions (no I/O, no clock: each is given ``now``).
+
+Two things may weigh an attempt's tokens, and a store checks both before it takes
+either, with the rest of the attempt's admission:
+
+- the server's announced token allowance (OpenAI's ``x-ratelimit-*-tokens``,
+  Anthropic's ``anthropic-ratelimit-tokens-*``), kept as the allowance of the scope's
+  :func:`~.base.token_scope` and merged as a requests allowance is (an answer's figure
+  lowers it when the server counted more): :func:`admit_weighted` counts ``cost`` of
+  it, or says to wait for its reset;
+- a configured ``Quota(limit, per, unit="tokens")``: a log of permits, each weighing
+  its cost and counting ``per + margin`` seconds from its grant;
+  :func:`weighed_free_at` says when enough of them stop counting for a cost to fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from ..errors import ConfigurationError
+from .allowance import AWAIT_ANSWER, Allowance, roll
+from .base import Admission, Granted
+
+_AWAIT = timedelta(seconds=AWAIT_ANSWER)
+
+
+def check_cost(cost: int, limit: int, per: float) -> None:
+    """Raise ConfigurationError for a cost a token quota of ``limit`` per ``per``
+    seconds could never admit (more than its limit)."""
+    if limit > 0 and cost > limit:
+        raise ConfigurationError(
+            f"a request's cost of {cost} tokens exceeds the token quota of {limit} per {per:g} s: "
+            "it could never be admitted"
+        )
+
+
+def admit_weighted(record: Allowance, now: datetime, cost: int) -> tuple[Allowance, datetime | None]:
+    """``cost`` tokens of an announced token allowance at ``now``: the record to keep
+    (rolled, the cost counted when granted) and None (granted) or when to ask again
+    (nothing counted): its reset, or (past a reset whose next window is unknown) up to
+    ``AWAIT_ANSWER`` seconds past it, as ``allowance.admit_allowance`` for requests. A
+    cost larger than the server's whole limit waits for a whole window."""
+    record = roll(record, now)
+    need = cost if record.limit <= 0 else min(cost, record.limit)
+    if record.remaining < need:
+        if record.until > now:
+            return record, record.until
+        if record.exact and record.window <= 0 and record.limit > 0:
+            held = record.until + _AWAIT
+            if held > now:
+                return record, held
+    return record._replace(admitted=record.admitted + cost), None
+
+
+def weighed_free_at(entries: Iterable[tuple[Any, int]], total: int, cost: int, limit: int) -> Any:
+    """None when ``cost`` fits a token quota of ``limit`` whose live permits weigh
+    ``total``, else when it fits at the earliest: the end of the permit after which
+    the ones that stopped counting leave room. ``entries``: ``(end, cost)`` of each
+    live permit, soonest end first (an end in any unit: it is returned as given)."""
+    excess = total + cost - limit
+    if excess <= 0:
+        return None
+    end = None
+    for end, weight in entries:
+        excess -= weight
+        if excess <= 0:
+            return end
+    return end  # (a cost above the limit is refused before: ``check_cost``)
+
+
+def with_weighed(answer: Admission, expires: datetime) -> Admission:
+    """A grant ``answer`` that also took a token permit stopping at ``expires``."""
+    if type(answer) is not Granted:
+        answer = Granted.of(None, answer.cooldown, answer.seq)
+    answer.weighed = expires
+    return answer

@@ -1,0 +1,232 @@
+"""Token-weighted admission: a request's declared cost (``cost=``, ``budget(cost=...)``)
+weighed against a configured ``Quota(..., unit="tokens")`` and against the token
+allowance an LLM API announces, with real SDKs, real processes and real stores, against
+loopback stand-ins that count tokens as the providers do (``QuotaServer(tokens=...)``:
+a request costs its JSON body's ``max_tokens``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+import requests
+
+from retry_after_adapter import (
+    ConfigurationError,
+    MemoryCooldownStore,
+    Quota,
+    RetryAfterAdapter,
+    RetryAfterPoolManager,
+    RetryAfterRetry,
+    budget,
+)
+from retry_after_adapter.cost import max_tokens
+from retry_after_adapter.scope import RequestInfo
+from retry_after_adapter.testing.server import QuotaServer
+
+from ..conftest import local_deferral
+
+TOKENS = Quota(25, per=3, unit="tokens")
+
+
+def session(adapter: RetryAfterAdapter) -> requests.Session:
+    s = requests.Session()
+    s.mount("http://", adapter)
+    return s
+
+
+def test_a_token_quota_admits_what_fits_then_defers_with_the_eligible_time() -> None:
+    """Cost 10 against 25 tokens per 3 s: two calls go, the third does not fit and is
+    deferred before sending (``max_wait=0``) to when the first permit stops counting; a
+    call that declares no cost is not held back by the tokens at all."""
+    with QuotaServer(100, 3, tokens=25) as server:
+        adapter = RetryAfterAdapter(
+            RetryAfterRetry(total=2, max_wait=0, raise_on_status=False), cooldown=MemoryCooldownStore(), quota=TOKENS
+        )
+        http = session(adapter)
+        started = time.time()
+        with budget(cost=10):
+            assert [http.post(server.url, json={"max_tokens": 10}).status_code for _ in range(2)] == [200, 200]
+            deferred = local_deferral(http.post(server.url, json={"max_tokens": 10}))
+        assert deferred.reason == "quota"
+        assert 2.9 <= deferred.eligible_at.timestamp() - started <= 3.0 + 0.05 + 1.0  # per + margin
+        assert http.get(server.url).status_code == 200  # no cost declared: no tokens
+        stats = server.stats()
+    assert stats.requests == 3 and stats.throttled == 0
+
+
+def test_every_front_end_reads_the_cost_of_its_own_request() -> None:
+    """``cost=`` is given the front end's own request: ``max_tokens`` reads the JSON body
+    of a requests PreparedRequest, an httpx Request and a urllib3 call's body."""
+    body = json.dumps({"model": "m", "max_tokens": 7}).encode()
+    prepared = requests.Request("POST", "http://h/", data=body).prepare()
+    assert max_tokens(prepared) == 7
+    assert max_tokens(httpx.Request("POST", "http://h/", content=body)) == 7
+    assert max_tokens(RequestInfo("POST", "http://h/", {}, body)) == 7
+    assert max_tokens(RequestInfo("POST", "http://h/", {}, b"not json")) is None
+    assert max_tokens(RequestInfo("GET", "http://h/", {})) is None
+    with QuotaServer(100, 3, tokens=25) as server:
+        pool = RetryAfterPoolManager(
+            retries=RetryAfterRetry(total=0, max_wait=0, raise_on_status=False),
+            cooldown=MemoryCooldownStore(), quota=TOKENS, cost=max_tokens,
+        )
+        big = json.dumps({"max_tokens": 20}).encode()
+        assert pool.request("POST", server.url, body=big).status == 200
+        assert local_deferral(pool.request("POST", server.url, body=big)).reason == "quota"
+        assert server.stats().requests == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "cause"),
+    [
+        ({"quota": TOKENS, "cost": lambda request: 26}, "exceeds the token quota"),
+        ({"quota": TOKENS, "cost": lambda request: "10"}, "cost= function returned"),
+        ({"quota": TOKENS, "cost": lambda request: 1 / 0}, "raised ZeroDivisionError"),
+    ],
+)
+def test_a_bad_cost_is_the_packages_error_naming_its_cause_and_nothing_is_sent(
+    options: dict[str, Any], cause: str
+) -> None:
+    with QuotaServer(100, 3, tokens=25) as server:
+        http = session(RetryAfterAdapter(cooldown=MemoryCooldownStore(), **options))
+        with pytest.raises(ConfigurationError, match=cause):
+            http.post(server.url, json={"max_tokens": 10})
+        assert server.stats().requests == 0
+
+
+def test_bad_token_settings_are_refused_when_made() -> None:
+    with pytest.raises(ConfigurationError, match="unit"):
+        Quota(10, per=1, unit="bytes")
+    with pytest.raises(ConfigurationError, match="one Quota of each unit"):
+        RetryAfterAdapter(quota=(Quota(1, per=1), Quota(2, per=1)))
+    with pytest.raises(ConfigurationError, match="cost"):
+        RetryAfterAdapter(cost=-1)
+    with pytest.raises(ConfigurationError, match="cost"):
+        with budget(cost=1.5):  # type: ignore[arg-type]
+            pass
+    both = RetryAfterAdapter(quota=[Quota(90_000, per=60, unit="tokens"), Quota(60, per=60)])
+    assert both.quota == (Quota(60, per=60), Quota(90_000, per=60, unit="tokens"))  # requests first
+
+
+def test_a_request_quota_and_a_token_quota_hold_together() -> None:
+    """Both at once: 3 requests per 3 s and 25 tokens per 3 s; calls of cost 5 are held
+    by the requests quota (3, not 5), calls of cost 20 by the tokens (1)."""
+    with QuotaServer(100, 3, tokens=25) as server:
+        adapter = RetryAfterAdapter(
+            RetryAfterRetry(total=0, max_wait=0, raise_on_status=False),
+            cooldown=MemoryCooldownStore(), quota=(Quota(3, per=3), TOKENS), cost=max_tokens,
+        )
+        http = session(adapter)
+        cheap = [http.post(server.url + "/a", json={"max_tokens": 5}).status_code for _ in range(4)]
+        assert cheap == [200, 200, 200, 429]
+        assert server.stats().requests == 3
+
+
+SDKS = ["openai", "anthropic"]
+
+
+def sdk_call(kind: str, url: str, http: Any) -> Any:
+    """One chat call of the SDK (``max_tokens=10``) on ``http``, with its defaults."""
+    if kind == "openai":
+        import openai
+
+        client: Any = openai.OpenAI(api_key="sk-test", base_url=url + "/v1", http_client=http)
+        return lambda: client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=10
+        )
+    import anthropic
+
+    client = anthropic.Anthropic(api_key="sk-ant-test", base_url=url, http_client=http)
+    return lambda: client.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("kind", SDKS)
+def test_sdk_threads_keep_to_the_announced_token_allowance(kind: str) -> None:
+    """Six threads on one SDK client with its defaults, each call costing 10 of the 25
+    tokens per 3 s the stand-in announces in the provider's headers (and 100 requests):
+    every call done, none sent inside a cooldown the server announced, at most one 429,
+    and no slower than the tokens allow (two calls per window: the last of three
+    windows starts 6 s in)."""
+    httpx2 = pytest.importorskip("httpx2")
+    pytest.importorskip(kind)
+    from retry_after_adapter.httpx2 import RetryAfterTransport
+
+    with QuotaServer(100, 3, align="first", quota_headers=kind, tokens=25) as server:
+        transport = RetryAfterTransport(
+            RetryAfterRetry(total=5, max_wait=10), cooldown=MemoryCooldownStore(), cost=max_tokens
+        )
+        with httpx2.Client(transport=transport) as http:
+            call = sdk_call(kind, server.url, http)
+            started = time.monotonic()
+            done: list[float] = []
+
+            def work() -> None:
+                call()
+                done.append(time.monotonic() - started)
+
+            threads = [threading.Thread(target=work) for _ in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        stats = server.stats()
+    assert len(done) == 6 and stats.ok == 6, stats
+    assert stats.early == 0 and stats.throttled <= 1, stats
+    assert max(done) < 6.0 + 3.0, done  # the ideal is 6 s: within one window of it
+
+
+TOKEN_WORKER = r"""
+import json, sys, threading, time
+import httpx2, openai
+from retry_after_adapter import RetryAfterRetry
+from retry_after_adapter.cooldown import store_from_url
+from retry_after_adapter.cost import max_tokens
+from retry_after_adapter.httpx2 import RetryAfterTransport
+
+url, store_url, start_at = sys.argv[1], sys.argv[2], float(sys.argv[3])
+transport = RetryAfterTransport(RetryAfterRetry(total=5, max_wait=10), cooldown=store_from_url(store_url), cost=max_tokens)
+client = openai.OpenAI(api_key="sk-test", base_url=url + "/v1", http_client=httpx2.Client(transport=transport))
+done, failed = [], []
+
+def work():
+    try:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=10)
+        done.append(1)
+    except Exception as exc:  # reported, not hidden: the test asserts none
+        failed.append(type(exc).__name__)
+
+workers = [threading.Thread(target=work) for _ in range(2)]
+time.sleep(max(0.0, min(5.0, start_at - time.time())))  # every process starts together
+for t in workers:
+    t.start()
+for t in workers:
+    t.join(60)
+print(json.dumps({"done": len(done), "failed": failed}))
+"""
+
+
+def test_sdk_clients_in_four_processes_share_the_announced_token_allowance(store_url: str) -> None:
+    """Four processes, an OpenAI client each with two threads, one shared store (a
+    SQLite file, or Redis), every call costing 10 of the 25 tokens per 3 s announced:
+    every call done, none early, at most one 429 between them."""
+    pytest.importorskip("httpx2")
+    pytest.importorskip("openai")
+    with QuotaServer(100, 3, align="first", quota_headers="openai", tokens=25) as server:
+        start_at = str(time.time() + 2.0)  # past the processes' imports, on a loaded machine too
+        command = [sys.executable, "-c", TOKEN_WORKER, server.url, store_url, start_at]
+        running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        results = []
+        for process in running:
+            out, err = process.communicate(timeout=120)
+            assert process.returncode == 0, err[-2000:]
+            results.append(json.loads(out))
+        stats = server.stats()
+    assert [r["failed"] for r in results] == [[]] * 4, results
+    assert sum(r["done"] for r in results) == 8 and stats.ok == 8, (results, stats)
+    assert stats.early == 0 and stats.throttled <= 1, stats
