@@ -239,14 +239,22 @@ class Tally:
         }
 
 
-def sync_worker(sdk: str, client: Any, calls: int, stop_at: float, tally: Tally) -> None:
-    """``calls`` calls of ``client.models.list()``, each tried again after a
-    ``RateLimitError`` once :func:`wait_after` says so; stops at ``stop_at``."""
+def list_models(client: Any) -> Any:
+    """The fleets' call: ``client.models.list()`` (an empty model list from the stand-in)."""
+    return client.models.list()
+
+
+def sync_worker(
+    sdk: str, client: Any, calls: int, stop_at: float, tally: Tally, call: Any = list_models
+) -> None:
+    """``calls`` calls of ``call(client)`` (default :func:`list_models`), each tried
+    again after a ``RateLimitError`` once :func:`wait_after` says so; stops at
+    ``stop_at``."""
     limited, other = rate_limit_error(sdk), api_error(sdk)
     done = 0
     while done < calls and time.monotonic() < stop_at:
         try:
-            client.models.list()
+            call(client)
         except limited as error:
             wait, deferred = wait_after(error)
             tally.limited(deferred)
@@ -260,12 +268,14 @@ def sync_worker(sdk: str, client: Any, calls: int, stop_at: float, tally: Tally)
         tally.ok()
 
 
-async def async_worker(sdk: str, client: Any, calls: int, stop_at: float, tally: Tally) -> None:
+async def async_worker(
+    sdk: str, client: Any, calls: int, stop_at: float, tally: Tally, call: Any = list_models
+) -> None:
     limited, other = rate_limit_error(sdk), api_error(sdk)
     done = 0
     while done < calls and time.monotonic() < stop_at:
         try:
-            await client.models.list()
+            await call(client)
         except limited as error:
             wait, deferred = wait_after(error)
             tally.limited(deferred)
@@ -280,14 +290,16 @@ async def async_worker(sdk: str, client: Any, calls: int, stop_at: float, tally:
 
 
 def run_threads(
-    sdk: str, clients: list[Any], threads: int, calls: int, start_at: float, limit: float
+    sdk: str, clients: list[Any], threads: int, calls: int, start_at: float, limit: float,
+    call: Any = list_models,
 ) -> Tally:
     """``threads`` workers, worker ``n`` on ``clients[n % len(clients)]``, from ``start_at``."""
     tally = Tally()
     stop_at = start_at + limit
     workers = [
         threading.Thread(
-            target=sync_worker, args=(sdk, clients[n % len(clients)], calls, stop_at, tally), daemon=True
+            target=sync_worker, args=(sdk, clients[n % len(clients)], calls, stop_at, tally, call),
+            daemon=True,
         )
         for n in range(threads)
     ]

@@ -502,3 +502,20 @@ def test_scopes_quick(tmp_path: Path) -> None:
         assert expiry["run_scopes"] == 600 and expiry["writes"] >= 500
         assert sum(expiry["run_records_before"].values()) >= 600
         assert set(expiry["run_records_after"]) == set(expiry["run_records_before"])
+
+
+@pytest.mark.slow
+def test_tokens_quick(tmp_path: Path) -> None:
+    for module in ("httpx2", "openai"):
+        pytest.importorskip(module)
+    doc = run_quick("bench_tokens.py", tmp_path, timeout=300)
+    assert doc["benchmark"] == "tokens"
+    fleets = doc["fleets"]["openai"]
+    assert len(fleets) == 5
+    for name, entry in fleets.items():
+        for run in entry["runs"]:
+            assert run["done"] == run["calls"] and run["other_errors"] == 0, (name, run)
+            assert run["requests"] >= run["calls"] and finite(run["wall_s"]), (name, run)
+            if name.startswith(("transport", "the same")):
+                # The target: at most one 429, nothing early, every call done.
+                assert run["429"] <= 1 and run["early"] == 0, (name, run)
