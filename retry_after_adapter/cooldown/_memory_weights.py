@@ -10,9 +10,9 @@ import collections
 from datetime import datetime, timezone
 
 from ._memory_log import _as_datetime
-from .allowance import Allowance
+from .allowance import Allowance, admit_allowance
 from .base import Weigh, Weighed, token_scope
-from .weights import admit_weighted, check_cost, weighed_free_at
+from .weights import check_cost, weighed_free_at
 
 #: What ``TokenLogs.weigh`` gives when only a configured token quota weighs an attempt.
 _NO_RECORD = Allowance(0, 0, datetime.min.replace(tzinfo=timezone.utc), 0)
@@ -88,7 +88,7 @@ class TokenLogs:
         record = allowances.get(token_scope(scope))
         counted = None
         if record is not None:
-            counted, wait = admit_weighted(record, now, weigh.cost)
+            counted, wait = admit_allowance(record, now, weigh.cost)
             if wait is not None:
                 allowances[token_scope(scope)] = counted  # rolled
                 return None, wait

@@ -11,7 +11,7 @@ from ..errors import CooldownStoreError
 from ._ms import from_epoch_ms, now_epoch_ms
 from ._redis_wire import _OPEN, _RATE, _RATE_FIELDS, _TOKENS, _glob, _learned_rate, _slot_string, _text
 from .allowance import Allowance, roll
-from .base import Hold, check_scope
+from .base import Hold, check_scope, token_scope
 from .rate import rate_holds
 
 
@@ -85,7 +85,8 @@ class RedisListing:
                 scope, name = named
                 hold = self._hold(_text(raw), name, now, now_ms)
                 if hold is not None:
-                    found.setdefault(scope, []).append(hold)
+                    # The announced token allowance under its own scope, as the other stores keep it.
+                    found.setdefault(token_scope(scope) if name == _TOKENS else scope, []).append(hold)
         except Exception as exc:
             raise self._failure("holds", exc) from exc
         return found
@@ -111,13 +112,18 @@ class RedisListing:
 
     def _hold(self, key: str, name: str, now: datetime, now_ms: int) -> Hold | None:
         """What the companion record ``key`` (its ``name``) holds its scope back with."""
-        if name == "allowance":
+        if name in ("allowance", _TOKENS):
             return self._allowance_hold(key, now)
         if name == "lease":
             live = self._client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
             return Hold("leases", from_epoch_ms(int(live[-1][1])), len(live)) if live else None
         if name == _RATE:
             return self._rate_hold(key, now_ms)
+        if name.startswith("tokens:"):
+            limit = int(name[len("tokens:") :].split("/", 1)[0])
+            live = self._client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
+            weight = sum(int(_text(member).rsplit(":", 1)[1]) for member, _ in live)
+            return Hold("tokens", from_epoch_ms(int(live[0][1])), limit) if weight >= limit else None
         if name.startswith("quota:") and not name.endswith(_OPEN):
             limit = int(name[len("quota:") :].split("/", 1)[0])
             live = self._client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)

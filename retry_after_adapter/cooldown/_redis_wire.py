@@ -17,6 +17,7 @@ from .allowance import ALLOWANCE_KEPT
 from .base import Admission, Ask, Granted, Learn, Lease, RateHeld
 from .freshness import Freshness
 from .rate import RATE_KEPT, Rate, rate_from_row
+from .weights import with_weighed
 
 #: Companion key names (see ``RedisCooldownStore.companion``): the learned rate's
 #: hash (and its fields), a quota's open permits, a scope's announced token allowance.
@@ -81,7 +82,7 @@ def _admission(reply: Any, stored: datetime | None, together: bool, learn: Learn
     try:
         cooldown, wait, seq, busy, permit, extra, units, reset = (int(value) for value in reply[:8])
         rated = [int(value) for value in reply[8:11]]
-        weighed = int(reply[11]) if len(reply) > 11 else -1
+        weighed, token_seq = (int(reply[11]), rated[1]) if len(reply) > 11 else (-1, -1)
     except (TypeError, ValueError):
         raise CooldownStoreError("the Redis admit script returned an unexpected reply") from None
     known = _ms_or_none(cooldown) if together else stored
@@ -90,12 +91,11 @@ def _admission(reply: Any, stored: datetime | None, together: bool, learn: Learn
         return _rate_admission(rated, known, wait, busy, end, learn)
     number = None if seq < 0 else seq
     answer: Admission
-    if wait < 0 and (permit >= 0 or units > 0 or weighed >= 0):
+    if wait < 0 and (permit >= 0 or units > 0 or weighed >= 0 or token_seq >= 0):
         until = from_epoch_ms(reset) if units > 0 else None
         answer = Granted.of(end, known, number, extra, None, units, until)
-        if weighed >= 0:
-            answer.weighed = from_epoch_ms(weighed)
-        return answer
+        tokens = None if token_seq < 0 else token_seq
+        return with_weighed(answer, from_epoch_ms(weighed) if weighed >= 0 else None, tokens)
     return Admission(known, _ms_or_none(wait), number, bool(busy))
 
 

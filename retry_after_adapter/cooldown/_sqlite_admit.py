@@ -127,9 +127,8 @@ def admit_locked(
     if tokens is not None and weigh is not None:
         from ._sqlite_weights import take_locked
 
-        end = take_locked(conn, scope, weigh, now, tokens)
-        if end is not None:
-            answer = with_weighed(answer, end)
+        end, seq = take_locked(conn, scope, weigh, now, tokens)
+        answer = with_weighed(answer, end, seq)
     return answer
 
 

@@ -12,9 +12,9 @@ from datetime import datetime
 
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from ._sqlite_admit import allowance_row, put_allowance
-from .allowance import Allowance
+from .allowance import Allowance, admit_allowance
 from .base import Weigh, Weighed, token_scope
-from .weights import admit_weighted, check_cost, weighed_free_at
+from .weights import check_cost, weighed_free_at
 
 #: What :func:`weigh_locked` gives when only a configured token quota weighs an attempt.
 NO_RECORD = Allowance(0, 0, from_epoch_ms(0), 0)
@@ -38,7 +38,7 @@ def weigh_locked(
     record = allowance_row(conn, tokens)
     counted = None
     if record is not None:
-        counted, wait = admit_weighted(record, now, weigh.cost)
+        counted, wait = admit_allowance(record, now, weigh.cost)
         if wait is not None:
             if counted != record:
                 put_allowance(conn, tokens, counted)
@@ -63,14 +63,17 @@ def weigh_locked(
 
 def take_locked(
     conn: sqlite3.Connection, scope: str, weigh: Weigh, now: datetime, counted: Allowance
-) -> datetime | None:
+) -> tuple[datetime | None, int | None]:
     """The grant's tokens: the announced allowance ``counted`` written (unless
     :data:`NO_RECORD`), the token quota's permit taken, ending at ``now`` rounded up +
-    per + margin (returned; None: no token quota)."""
+    per + margin. Returns that end (None: no token quota) and the allowance's count
+    after the cost, less one (None: none counted; see ``Admission.token_seq``)."""
+    seq = None
     if counted is not NO_RECORD:
         put_allowance(conn, token_scope(scope), counted)
+        seq = counted.admitted - 1
     if weigh.limit <= 0:
-        return None
+        return None, seq
     end_ms = to_epoch_ms(now) + window_ms(weigh.per) + math.ceil(weigh.margin * 1000)
     conn.execute(
         "DELETE FROM token_log WHERE rowid IN (SELECT rowid FROM token_log WHERE expires_ms <= ? LIMIT ?)",
@@ -80,7 +83,7 @@ def take_locked(
         "INSERT INTO token_log (scope, quota, expires_ms, cost) VALUES (?, ?, ?, ?)",
         (scope, _name(weigh.limit, weigh.per), end_ms, weigh.cost),
     )
-    return from_epoch_ms(end_ms)
+    return from_epoch_ms(end_ms), seq
 
 
 def settle_locked(conn: sqlite3.Connection, scope: str, weighed: Weighed, now_ms: int) -> None:

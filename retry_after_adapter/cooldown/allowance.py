@@ -97,21 +97,26 @@ def admit_more(record: Allowance, now: datetime, batch: int) -> tuple[Allowance,
     return record._replace(admitted=record.admitted + extra), extra
 
 
-def admit_allowance(record: Allowance, now: datetime) -> tuple[Allowance, datetime | None]:
-    """One admission at ``now``: the record to keep (rolled, the admission counted when
-    granted) and None (granted) or when to ask again (nothing counted): the reset; or,
-    past a reset whose next window's end is unknown, once the limit is admitted, up to
-    :data:`AWAIT_ANSWER` seconds past the reset, for the first answer to say it (those
-    woken at the reset would otherwise all go, the limit and more)."""
+def admit_allowance(
+    record: Allowance, now: datetime, cost: int = 1
+) -> tuple[Allowance, datetime | None]:
+    """One admission at ``now``, counted as ``cost`` (a request: 1; tokens: the
+    attempt's declared cost, see ``weights``): the record to keep (rolled, the cost
+    counted when granted) and None (granted) or when to ask again (nothing counted):
+    the reset; or, past a reset whose next window's end is unknown, once the limit is
+    admitted, up to :data:`AWAIT_ANSWER` seconds past the reset, for the first answer
+    to say it (those woken at the reset would otherwise all go, the limit and more). A
+    cost larger than the server's whole limit waits for a whole window."""
     record = roll(record, now)
-    if record.remaining <= 0:
+    need = cost if record.limit <= 0 else min(cost, record.limit)
+    if record.remaining < need:
         if record.until > now:
             return record, record.until
         if record.exact and record.window <= 0 and record.limit > 0:
             held = record.until + _AWAIT_ANSWER
             if held > now:
                 return record, held
-    return record._replace(admitted=record.admitted + 1), None
+    return record._replace(admitted=record.admitted + cost), None
 
 
 def merge_allowance(

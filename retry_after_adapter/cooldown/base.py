@@ -92,8 +92,11 @@ class Admission(_Fields):
     rate_epoch: int | None = None
     rate_report: bool = False
     #: When the token permit taken (``Ask.weigh`` of a configured token quota) stops
-    #: counting as stored, or None (see :class:`Weigh`).
+    #: counting as stored, or None (see :class:`Weigh`); and the announced token
+    #: allowance's count after this attempt's cost, less one (None: none counted): an
+    #: answer's token figure holds as of it, as ``seq`` for requests.
     weighed: datetime | None = None
+    token_seq: int | None = None
     #: Refused by the scope's learned rate (see :class:`RateHeld`).
     by_rate = False
 
@@ -491,14 +494,18 @@ CAPABILITIES: tuple[type, ...] = (
 )
 
 
-class FullStore(
-    Store, QuotaLogs, Leases, Allowances, Weights, LearnedRate, FreshnessLog, Listing, ChangeFeed
-):
-    """A store with every capability: the memory, SQLite and Redis stores, and what
-    the adapter sees of any store (``legacy.as_store`` completes one that lacks some,
-    with what it lacks done without). Each part of an :class:`Answer` is applied by
-    its own operation (the shorthands ``settle``, ``allow``, ``rate_answer`` and
-    ``release``, each atomic), in that order."""
+class FullStore(Store, QuotaLogs, Leases, Allowances, LearnedRate, FreshnessLog, Listing, ChangeFeed):
+    """A store with every capability but :class:`Weights`: the memory, SQLite and Redis
+    stores (which add ``Weights``), and what the adapter sees of any store
+    (``legacy.as_store`` completes one that lacks some, with what it lacks done
+    without). ``Weights`` is not among them, so that a store written against 0.11's
+    ``FullStore`` still is one, and never claims to weigh tokens it ignores (a token
+    quota is refused on it). Each part of an :class:`Answer` is applied by its own
+    operation (the shorthands ``settle``, ``settle_weighed``, ``allow``,
+    ``rate_answer`` and ``release``, each atomic), in that order."""
+
+    def settle_weighed(self, scope: str, weighed: Weighed, now: datetime | None = None) -> None:
+        """A store without :class:`Weights` took no token permit: nothing to settle."""
 
     def answer(self, answer: Answer) -> None:
         scope, now, token, permit, announced, rate, weighed = answer

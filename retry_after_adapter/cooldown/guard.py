@@ -47,6 +47,7 @@ from .freshness import Freshness
 from .legacy import as_store
 from .memory import MemoryCooldownStore
 from .rate import Rate
+from .weights import with_weighed
 
 __all__ = [
     "BREAKER_FIRST",
@@ -323,8 +324,10 @@ class StoreGuard(FullStore):
         if answer.not_before is None and not_before is not None:
             self._undo(ask._replace(now=present), answer)
         if not_before is None and answer.permit is not None:
-            return Granted.of(answer.permit, cooldown, answer.seq, answer.extra)
-        return Admission(cooldown, not_before, answer.seq, answer.slot_busy)
+            granted = Granted.of(answer.permit, cooldown, answer.seq, answer.extra)
+            return with_weighed(granted, answer.weighed, answer.token_seq)
+        held = Admission(cooldown, not_before, answer.seq, answer.slot_busy)
+        return held if not_before is not None else with_weighed(held, answer.weighed, answer.token_seq)
 
     def _abandoned(self, scope: str, token: str) -> Callable[[Admission], None]:
         """What to do with an admission the call stopped waiting for, should it come:
@@ -350,9 +353,9 @@ class StoreGuard(FullStore):
         what it knows) or CooldownUnavailable (fail closed)."""
         _local_answer_allowed(budget)
         answer = self.local.admit(Ask(*ask[:6], weigh=ask.weigh))
-        if answer.weighed is not None:
-            return answer  # (a local grant: its admission numbers are not kept)
-        return answer._replace(seq=None)
+        weighed = answer.weighed
+        answer = answer._replace(seq=None)  # (a plain Admission: the grant's numbers dropped)
+        return with_weighed(answer, weighed)
 
     def release(self, scope: str, token: str) -> None:
         """Give a slot back, in the store and locally. A store that is busy or down
@@ -395,10 +398,13 @@ class StoreGuard(FullStore):
         self, scope: str, weighed: Weighed, now: datetime | None = None, budget: StoreBudget | None = None
     ) -> None:
         """Move a token permit's end later in the store (see ``Weights.settle_weighed``),
-        within what the call has left; one that fails leaves it counting until its stored
-        end (its grant + per + margin)."""
+        within what the call has left, as :meth:`settle` does a quota permit's."""
         at = now if now is not None else datetime.now(timezone.utc)
-        self.writeback.write_through(self.inner.settle_weighed, (scope, weighed, at), budget)
+        args = (scope, weighed, at)
+        if not self.writeback.write_through(self.inner.settle_weighed, args, budget):
+            # Busy or down: until its stored end passes, the writer thread tries again
+            # (a permit that ends too soon could let tokens too many through).
+            self.writeback.add_chore("settle_weighed", args, weighed.expires)
 
     def allow(
         self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,

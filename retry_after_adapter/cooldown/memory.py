@@ -47,6 +47,7 @@ from .base import (
     Lease,
     Weigh,
     Weighed,
+    Weights,
     check_scope,
     check_until,
     extra_permits,
@@ -76,7 +77,7 @@ _FRESHNESS_KEPT = timedelta(seconds=FRESHNESS_KEPT)
 _ALLOWANCE_KEPT = timedelta(seconds=ALLOWANCE_KEPT)
 
 
-class MemoryCooldownStore(RateAdmission, FullStore):
+class MemoryCooldownStore(RateAdmission, FullStore, Weights):
     """Cooldowns shared by every thread of one process.
 
     ``get`` is one dict lookup, without the lock (a single dict read is atomic).
@@ -265,14 +266,9 @@ class MemoryCooldownStore(RateAdmission, FullStore):
             cooldown = self._until.get(scope)
             if cooldown is not None and cooldown > now:
                 return Admission(cooldown, cooldown)
-            answer = self._admit_locked(
+            return self._admit_locked(
                 scope, now, cooldown, limit, per, lease, margin, batch, hold, learn, opened, weigh
             )
-            if weigh is not None and weigh.limit > 0 and answer.not_before is None:
-                # The token permit, checked before anything was taken.
-                end = self._tokens.take(scope, weigh, (now - _EPOCH) // _US)
-                answer = with_weighed(answer, _as_datetime(end))
-            return answer
 
     def _admit_locked(
         self, scope: str, now: datetime, cooldown: datetime | None, limit: int | None,
@@ -302,11 +298,20 @@ class MemoryCooldownStore(RateAdmission, FullStore):
         refused = self._refused(scope, key, limit, lease, at, cooldown)
         if refused is not None:
             return refused
-        if tokens is not None and tokens.admitted:
-            self._allowance[token_scope(scope)] = tokens  # its cost counted
         # An open permit: when it would stop counting had its answer come in time.
         expected = at + _quota_key(limit, per, margin)[2] if limit is not None and opened > 0 else 0
-        return self._grant_locked(scope, now, at, cooldown, rolled, key, limit, expected, batch, hold)
+        answer = self._grant_locked(scope, now, at, cooldown, rolled, key, limit, expected, batch, hold)
+        if tokens is None or weigh is None:
+            return answer
+        # The tokens, checked before anything was taken: the announced allowance counts
+        # the cost (the count after it: what an answer's figure holds as of), the token
+        # quota a permit.
+        seq = None
+        if tokens.admitted:
+            self._allowance[token_scope(scope)] = tokens
+            seq = tokens.admitted - 1
+        end = _as_datetime(self._tokens.take(scope, weigh, at)) if weigh.limit > 0 else None
+        return with_weighed(answer, end, seq)
 
     def _grant_locked(
         self, scope: str, now: datetime, at: int, cooldown: datetime | None, rolled: Allowance | None,

@@ -47,6 +47,7 @@ from .base import (
     Feed,
     FullStore,
     Weighed,
+    Weights,
     check_scope,
     check_until,
 )
@@ -80,7 +81,7 @@ def _restore(url: str, prefix: str, client_kwargs: dict[str, Any]) -> RedisCoold
     return RedisCooldownStore.from_url(url, prefix=prefix, **client_kwargs)
 
 
-class RedisCooldownStore(RedisListing, FullStore):
+class RedisCooldownStore(RedisListing, FullStore, Weights):
     """Cooldowns shared by every process on every machine through Redis or Valkey.
 
     ``client`` is any synchronous redis-py compatible client: ``redis.Redis``,

@@ -43,6 +43,7 @@ from .base import (
     FullStore,
     Hold,
     Weighed,
+    Weights,
     check_scope,
     check_until,
     token_scope,
@@ -107,7 +108,7 @@ def _restore(path: str, timeout: float, push: bool = True) -> SQLiteCooldownStor
     return SQLiteCooldownStore(path, timeout=timeout, push=push)
 
 
-class SQLiteCooldownStore(SQLiteFile, FullStore):
+class SQLiteCooldownStore(SQLiteFile, FullStore, Weights):
     """Cooldowns shared by every process and thread on one host through a SQLite file.
 
     ``path`` is the database file (created when missing; its directory must exist). A
@@ -387,6 +388,14 @@ class SQLiteCooldownStore(SQLiteFile, FullStore):
                 if rate is not None and ends is not None:
                     hold = Hold("rate", from_epoch_ms(round(ends * 1000)), rate.limit)
                     found.setdefault(str(scope), []).append(hold)
+            for scope, quota, weight, first in conn.execute(
+                "SELECT scope, quota, sum(cost), min(expires_ms) FROM token_log WHERE expires_ms > ? "
+                "GROUP BY scope, quota",
+                (now_ms,),
+            ).fetchall():
+                limit = int(str(quota).split("/", 1)[0])
+                if int(weight) >= limit:
+                    found.setdefault(str(scope), []).append(Hold("tokens", from_epoch_ms(int(first)), limit))
             return found
 
         return self._run(read)

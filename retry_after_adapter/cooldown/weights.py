@@ -7,8 +7,8 @@ either, with the rest of the attempt's admission:
 - the server's announced token allowance (OpenAI's ``x-ratelimit-*-tokens``,
   Anthropic's ``anthropic-ratelimit-tokens-*``), kept as the allowance of the scope's
   :func:`~.base.token_scope` and merged as a requests allowance is (an answer's figure
-  lowers it when the server counted more): :func:`admit_weighted` counts ``cost`` of
-  it, or says to wait for its reset;
+  lowers it when the server counted more): ``allowance.admit_allowance`` with the
+  attempt's ``cost`` counts it, or says to wait for its reset;
 - a configured ``Quota(limit, per, unit="tokens")``: a log of permits, each weighing
   its cost and counting ``per + margin`` seconds from its grant;
   :func:`weighed_free_at` says when enough of them stop counting for a cost to fit.
@@ -17,14 +17,11 @@ either, with the rest of the attempt's admission:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from ..errors import ConfigurationError
-from .allowance import AWAIT_ANSWER, Allowance, roll
 from .base import Admission, Granted
-
-_AWAIT = timedelta(seconds=AWAIT_ANSWER)
 
 
 def check_cost(cost: int, limit: int, per: float) -> None:
@@ -35,24 +32,6 @@ def check_cost(cost: int, limit: int, per: float) -> None:
             f"a request's cost of {cost} tokens exceeds the token quota of {limit} per {per:g} s: "
             "it could never be admitted"
         )
-
-
-def admit_weighted(record: Allowance, now: datetime, cost: int) -> tuple[Allowance, datetime | None]:
-    """``cost`` tokens of an announced token allowance at ``now``: the record to keep
-    (rolled, the cost counted when granted) and None (granted) or when to ask again
-    (nothing counted): its reset, or (past a reset whose next window is unknown) up to
-    ``AWAIT_ANSWER`` seconds past it, as ``allowance.admit_allowance`` for requests. A
-    cost larger than the server's whole limit waits for a whole window."""
-    record = roll(record, now)
-    need = cost if record.limit <= 0 else min(cost, record.limit)
-    if record.remaining < need:
-        if record.until > now:
-            return record, record.until
-        if record.exact and record.window <= 0 and record.limit > 0:
-            held = record.until + _AWAIT
-            if held > now:
-                return record, held
-    return record._replace(admitted=record.admitted + cost), None
 
 
 def weighed_free_at(entries: Iterable[tuple[Any, int]], total: int, cost: int, limit: int) -> Any:
@@ -71,9 +50,14 @@ def weighed_free_at(entries: Iterable[tuple[Any, int]], total: int, cost: int, l
     return end  # (a cost above the limit is refused before: ``check_cost``)
 
 
-def with_weighed(answer: Admission, expires: datetime) -> Admission:
-    """A grant ``answer`` that also took a token permit stopping at ``expires``."""
+def with_weighed(answer: Admission, expires: datetime | None, seq: int | None = None) -> Admission:
+    """A grant ``answer`` that also took tokens: a token permit stopping at ``expires``
+    (None: none), and ``seq``, the announced token allowance's count after this cost
+    less one (None: none counted), as a request's admission number is."""
+    if expires is None and seq is None:
+        return answer
     if type(answer) is not Granted:
         answer = Granted.of(None, answer.cooldown, answer.seq)
     answer.weighed = expires
+    answer.token_seq = seq
     return answer

@@ -91,8 +91,10 @@ class Ticket:
     #: When (monotonic seconds) the last attempt was sent; None: none yet.
     sent_at: float | None = None
     #: When the token permit of the attempt on the wire stops counting, as stored
-    #: (None: it took none; see ``Plan._weigh``).
+    #: (None: it took none; see ``Plan._weigh``), and its number among the announced
+    #: token allowance's tokens (``Admission.token_seq``; None: not counted).
     weighed: datetime | None = None
+    token_seq: int | None = None
 
     def uncounted(self) -> None:
         """The attempt moved to a scope whose store record did not count it (a refined

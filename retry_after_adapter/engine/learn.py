@@ -9,6 +9,7 @@ unrefined scope, a GitHub secondary limit that names no wait cools it 60 s or mo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -63,16 +64,21 @@ def learn_retry_after(call: Call, response: Any, status: int | None) -> tuple[fl
     return parsed.delay, None
 
 
-def read_quota_headers(call: Call, response: Any) -> QuotaHint | None:
+def read_quota_headers(
+    call: Call, response: Any, get: Callable[[str], str | None] | None = None
+) -> QuotaHint | None:
     """Read the quota a response announces, when its reset is ahead (within
     ``max_retry_after``): nothing left advances the shared cooldown to the reset, and
     the store records what is left (its allowance) so that every worker sharing it
-    sends no more before the reset. Malformed quota fields are ignored."""
-    if not announces_quota(response):
-        return None
+    sends no more before the reset. Malformed quota fields are ignored. ``get``: the
+    response's fields as ``header_getter`` reads them, when the caller made it (it
+    found a quota field); else this checks and makes it."""
+    if get is None:
+        if not announces_quota(response):
+            return None
+        get = header_getter(response)  # a dozen fields read: one pass over them first
     received = call.clock.monotonic()  # before `now`: each errs late, never early
     now = call.clock.now()
-    get = header_getter(response)  # a dozen fields read: one pass over them first
     hint = read_quota(get, received_at=now, date=get("date"))
     # One bound for every value a header gives, before anything is stored or obeyed.
     hint = bound_hint(hint, call.policy.max_retry_after)
@@ -107,7 +113,12 @@ def _allow_tokens(call: Call, hint: QuotaHint, now: datetime) -> None:
     for each in hint.allowances:
         if each.kind == "tokens" and each.remaining is not None and each.reset is not None and each.reset > 0:
             until = now + timedelta(seconds=each.reset)
-            call.plan.allow_tokens(call, each.remaining, until, now, each.limit)
+            remaining = each.remaining
+            if call.ticket.token_seq is None and call.meter is not None:
+                # The store did not count this attempt's cost (the first window it sees):
+                # what is still on the wire here is not in the server's figure yet.
+                remaining -= call.meter.in_flight * call.progress.cost
+            call.plan.allow_tokens(call, remaining, until, now, each.limit)
             return
 
 

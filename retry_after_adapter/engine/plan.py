@@ -244,7 +244,9 @@ class Plan:
         ticket.permit = answer.permit if self.limit is not None else None
         ticket.rate_epoch = answer.rate_epoch
         ticket.rate_report = answer.rate_report
-        ticket.weighed = answer.weighed
+        if weigh is not None:
+            ticket.weighed = answer.weighed
+            ticket.token_seq = answer.token_seq
         if not_before is None:
             if lease is not None:
                 ticket.lease_token = answer.token or lease[2]  # a slot this process held, or the new one
@@ -411,10 +413,11 @@ class Plan:
         self, call: Call, remaining: int, until: datetime, now: datetime, limit: int | None
     ) -> None:
         """Record the server's announced token allowance (kept as the allowance of the
-        scope's ``token_scope``: what every worker's declared costs are weighed against)."""
+        scope's ``token_scope``: what every worker's declared costs are weighed against),
+        as of the attempt's cost counted (``Ticket.token_seq``; None: as of now)."""
         if self.weighs and self.store is not None and call.scope is not None:
-            tokens = token_scope(call.scope)
-            self._on_store(self.store.allow, call, tokens, remaining, until, now, None, limit)
+            tokens, seq = token_scope(call.scope), call.ticket.token_seq
+            self._on_store(self.store.allow, call, tokens, remaining, until, now, seq, limit)
 
     def note(self, call: Call, outcome: str) -> None:
         """Note an attempt's outcome in the scope's freshness record; never raises

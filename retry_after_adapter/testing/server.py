@@ -468,22 +468,18 @@ class QuotaServer:
         kinds = [("requests", self.quota, remaining)]
         if self.tokens is not None:
             kinds.append(("tokens", self.tokens, self.tokens - self._spent))
-        if kind == "openai":  # resets as Go durations
-            reset = f"{math.ceil(left * 1000) / 1000:.3f}s"
+        if kind in ("openai", "anthropic"):
+            if kind == "openai":  # resets as Go durations
+                field, reset = "x-ratelimit-{1}-{0}", f"{math.ceil(left * 1000) / 1000:.3f}s"
+            else:  # resets as RFC 3339 times
+                at = datetime.fromtimestamp(math.ceil((stamp + left) * 1000) / 1000, timezone.utc)
+                field, reset = "anthropic-ratelimit-{0}-{1}", at.isoformat(timespec="milliseconds")
+                reset = reset.replace("+00:00", "Z")
             told = {}
             for name, limit, left_of in kinds:
-                told[f"x-ratelimit-limit-{name}"] = str(limit)
-                told[f"x-ratelimit-remaining-{name}"] = str(left_of)
-                told[f"x-ratelimit-reset-{name}"] = reset
-            return told
-        if kind == "anthropic":  # resets as RFC 3339 times
-            at = datetime.fromtimestamp(math.ceil((stamp + left) * 1000) / 1000, timezone.utc)
-            when = at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-            told = {}
-            for name, limit, left_of in kinds:
-                told[f"anthropic-ratelimit-{name}-limit"] = str(limit)
-                told[f"anthropic-ratelimit-{name}-remaining"] = str(left_of)
-                told[f"anthropic-ratelimit-{name}-reset"] = when
+                told[field.format(name, "limit")] = str(limit)
+                told[field.format(name, "remaining")] = str(left_of)
+                told[field.format(name, "reset")] = reset
             return told
         if kind == "ietf":
             return {

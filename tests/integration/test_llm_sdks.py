@@ -168,20 +168,27 @@ from retry_after_adapter import RetryAfterRetry
 from retry_after_adapter.cooldown import store_from_url
 from retry_after_adapter.httpx2 import RetryAfterTransport
 
+from retry_after_adapter.cost import max_tokens
+
 kind, url, store_url, threads, start_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
-transport = RetryAfterTransport(RetryAfterRetry(total=5, max_wait=10), cooldown=store_from_url(store_url))
+cost = int(sys.argv[6]) if len(sys.argv) > 6 else 0  # > 0: chat calls of that max_tokens, cost=max_tokens
+options = {"cost": max_tokens} if cost else {}
+transport = RetryAfterTransport(RetryAfterRetry(total=5, max_wait=10), cooldown=store_from_url(store_url), **options)
 http = httpx2.Client(transport=transport)
+said = [{"role": "user", "content": "hi"}]
 if kind == "openai":
     import openai
     client = openai.OpenAI(api_key="sk-test", base_url=url + "/v1", http_client=http)
+    chat = lambda: client.chat.completions.create(model="m", messages=said, max_tokens=cost)
 else:
     import anthropic
     client = anthropic.Anthropic(api_key="sk-ant-test", base_url=url, http_client=http)
+    chat = lambda: client.messages.create(model="m", messages=said, max_tokens=cost)
 done, failed = [], []
 
 def work():
     try:
-        client.models.list()
+        chat() if cost else client.models.list()
         done.append(1)
     except Exception as exc:  # reported, not hidden: the test asserts none
         failed.append(type(exc).__name__)
@@ -206,16 +213,33 @@ def test_sdk_clients_in_four_processes_share_the_announced_quota_through_the_sto
     cooldown the server announced, and at most one 429 between them. (Each process on
     a store of its own meets the spent quota it cannot see: 3-5 429s.)"""
     with QuotaServer(3, 2, align="first", quota_headers=kind) as server:
-        start_at = str(time.time() + 2.0)  # past the processes' imports, on a loaded machine too
-        command = [sys.executable, "-c", SDK_WORKER, kind, server.url, store_url, "2", start_at]
-        running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
-        results = []
-        for process in running:
-            out, err = process.communicate(timeout=90)
-            assert process.returncode == 0, err[-2000:]
-            results.append(json.loads(out))
-        stats = server.stats()
-    assert [r["failed"] for r in results] == [[]] * 4, results
-    assert sum(r["done"] for r in results) == 8 and stats.ok == 8, (results, stats)
+        stats = four_processes(server, kind, store_url)
     assert stats.early == 0, stats
     assert stats.throttled <= 1, stats
+
+
+@pytest.mark.parametrize("kind", SDKS)
+def test_sdk_clients_in_four_processes_share_the_announced_token_allowance(kind: str, store_url: str) -> None:
+    """The same fleet making chat calls of ``max_tokens=10`` with ``cost=max_tokens``,
+    the stand-in allowing 25 tokens per 3 s (and 100 requests) and announcing both:
+    every call done, none early, at most one 429 between them."""
+    with QuotaServer(100, 3, align="first", quota_headers=kind, tokens=25) as server:
+        stats = four_processes(server, kind, store_url, cost=10)
+    assert stats.early == 0 and stats.throttled <= 1, stats
+
+
+def four_processes(server: QuotaServer, kind: str, store_url: str, cost: int = 0) -> Any:
+    """Four processes of :data:`SDK_WORKER`, two threads each, one call a thread, started
+    together: asserts every call done (one 200 each), returns the server's stats."""
+    start_at = str(time.time() + 2.0)  # past the processes' imports, on a loaded machine too
+    command = [sys.executable, "-c", SDK_WORKER, kind, server.url, store_url, "2", start_at, str(cost)]
+    running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = []
+    for process in running:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err[-2000:]
+        results.append(json.loads(out))
+    stats = server.stats()
+    assert [r["failed"] for r in results] == [[]] * 4, results
+    assert sum(r["done"] for r in results) == 8 and stats.ok == 8, (results, stats)
+    return stats

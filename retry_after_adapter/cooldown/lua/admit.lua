@@ -18,7 +18,8 @@
 -- and KEYS[8] the token quota's permits (a sorted set: score = when a permit stops
 -- counting, member = "<member>:<cost>"). An attempt whose tokens are weighed is never
 -- admitted by the learned rate; its grant's reply has four more numbers: -2 (not the
--- learned rate), 0, 0 and when its token permit stops counting.
+-- learned rate), the announced token allowance's count after its cost less one (-1:
+-- none counted), 0 and when its token permit stops counting (-1: none).
 -- Returns {cooldown or -1, -1 when admitted or when to ask again, the admission number
 -- or -1, 1 when only a slot was missing, when the permit taken stops counting or -1,
 -- the extra permits taken (each counting hold ms longer), the extra admissions of the
@@ -244,10 +245,11 @@ if counts > 0 then
   end
 end
 -- The grant's tokens.
-local wend = -1
+local wend, tseq = -1, -1
 if weighs then
   if trec ~= nil then
     trec.n = trec.n + cost
+    tseq = trec.n - 1
     save(KEYS[7], trec, tonumber(ARGV[6]))
   end
   if tlimit > 0 then
@@ -258,8 +260,8 @@ if weighs then
   end
 end
 local function granted(reply)
-  if wend >= 0 then
-    reply[9], reply[10], reply[11], reply[12] = -2, 0, 0, wend
+  if weighs then
+    reply[9], reply[10], reply[11], reply[12] = -2, tseq, 0, wend
   end
   return reply
 end
