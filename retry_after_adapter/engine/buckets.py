@@ -24,6 +24,7 @@ again).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -157,12 +158,12 @@ def refine_call(call: Call, method: str | None, url: str | None) -> None:
         call.progress.not_before = until
 
 
-def learn_route(call: Call, response: Any, method: str | None, url: str | None) -> None:
-    """A response that names its bucket refines its route's scope, this call's too
-    (what it says of its quota is then learned for the bucket)."""
+def learn_route(call: Call, get: Callable[[str], str | None], method: str | None, url: str | None) -> None:
+    """A response that names its bucket (its fields read by ``get``) refines its route's
+    scope, this call's too (what it says of its quota is then learned for the bucket)."""
     if call.scope is None or method is None or url is None:
         return
-    bucket = bucket_of(lambda name: response_header(response, name))
+    bucket = bucket_of(get)
     if bucket is None:
         return
     refined = call.plan.dialects.learn(call.scope, method, url, bucket)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib3.exceptions import MaxRetryError
 from urllib3.util.retry import Retry
 
-from .._compat import announces_quota, response_header
+from .._compat import announces_quota, header_getter, response_header
 from ..cooldown.freshness import SUCCESS, SUCCESS_EVERY
 from ..deferral import Deferral
 from ..dialects import should_retry
@@ -139,8 +139,9 @@ def _happy(call: Call, method: str | None, url: str | None, response: Any, statu
     if heard.status != status:
         call.heard = _status_only(status) if heard is NOTHING_HEARD else Heard(status, *heard[1:])
     if call.policy.quota_headers and announces_quota(response):
-        learn_route(call, response, method, url)  # a bucket refines the route's scope
-        read_quota_headers(call, response)
+        get = header_getter(response)  # a dozen fields read: one pass over them first
+        learn_route(call, get, method, url)  # a bucket refines the route's scope
+        read_quota_headers(call, response, get)
     if call.ticket.rate_report and _good(call, status):
         call.plan.rate_answer(call, None)
     meter, sent = call.meter, call.ticket.sent_at
@@ -188,7 +189,7 @@ def _learn(
     server_delay: float | None = None
     invalid: Reason | None = None
     if response is not None and policy.quota_headers:
-        learn_route(call, response, method, url)  # first: what follows is the bucket's
+        learn_route(call, lambda name: response_header(response, name), method, url)  # first: the bucket's
     if response is not None and policy.respect_retry_after_header:
         server_delay, invalid = learn_retry_after(call, response, status)
     if status == 429 and server_delay is None:
