@@ -11,8 +11,8 @@ from datetime import datetime, timezone
 
 from ._memory_log import _as_datetime
 from .allowance import Allowance, admit_allowance
-from .base import Weigh, Weighed, token_scope
-from .weights import check_cost, weighed_free_at
+from .base import Admission, Weigh, Weighed, token_scope
+from .weights import check_cost, weighed_free_at, with_weighed
 
 #: What ``TokenLogs.weigh`` gives when only a configured token quota weighs an attempt.
 _NO_RECORD = Allowance(0, 0, datetime.min.replace(tzinfo=timezone.utc), 0)
@@ -99,6 +99,20 @@ class TokenLogs:
                 return None, _as_datetime(refused)
             return counted or _NO_RECORD, None
         return counted, None
+
+    def grant(
+        self, allowances: dict[str, Allowance], scope: str, weigh: Weigh, at: int, counted: Allowance,
+        answer: Admission,
+    ) -> Admission:
+        """The grant ``answer``'s tokens, checked by :meth:`weigh` before anything was
+        taken: the announced allowance ``counted`` kept (its count after the cost: what
+        an answer's figure holds as of), the token quota's permit taken."""
+        seq = None
+        if counted.admitted:
+            allowances[token_scope(scope)] = counted
+            seq = counted.admitted - 1
+        end = _as_datetime(self.take(scope, weigh, at)) if weigh.limit > 0 else None
+        return with_weighed(answer, end, seq)
 
     def take(self, scope: str, weigh: Weigh, at: int) -> int:
         """Take ``weigh``'s permit at ``at``; returns when it stops counting."""

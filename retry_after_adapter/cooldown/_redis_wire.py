@@ -82,20 +82,19 @@ def _admission(reply: Any, stored: datetime | None, together: bool, learn: Learn
     try:
         cooldown, wait, seq, busy, permit, extra, units, reset = (int(value) for value in reply[:8])
         rated = [int(value) for value in reply[8:11]]
-        weighed, token_seq = (int(reply[11]), rated[1]) if len(reply) > 11 else (-1, -1)
     except (TypeError, ValueError):
         raise CooldownStoreError("the Redis admit script returned an unexpected reply") from None
     known = _ms_or_none(cooldown) if together else stored
     end = from_epoch_ms(permit) if permit >= 0 else None
-    if rated and rated[0] != -2:
-        return _rate_admission(rated, known, wait, busy, end, learn)
     number = None if seq < 0 else seq
-    answer: Admission
-    if wait < 0 and (permit >= 0 or units > 0 or weighed >= 0 or token_seq >= 0):
-        until = from_epoch_ms(reset) if units > 0 else None
-        answer = Granted.of(end, known, number, extra, None, units, until)
-        tokens = None if token_seq < 0 else token_seq
-        return with_weighed(answer, from_epoch_ms(weighed) if weighed >= 0 else None, tokens)
+    until = from_epoch_ms(reset) if units > 0 else None
+    if len(reply) > 11:  # a grant that weighed tokens (its rated part is -2)
+        granted = Granted.of(end, known, number, extra, None, units, until)
+        return with_weighed(granted, _ms_or_none(int(reply[11])), rated[1] if rated[1] >= 0 else None)
+    if rated:
+        return _rate_admission(rated, known, wait, busy, end, learn)
+    if wait < 0 and (permit >= 0 or units > 0):
+        return Granted.of(end, known, number, extra, None, units, until)
     return Admission(known, _ms_or_none(wait), number, bool(busy))
 
 

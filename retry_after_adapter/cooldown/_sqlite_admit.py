@@ -103,14 +103,9 @@ def admit_locked(
     cooldown = from_epoch_ms(int(rows[0][0])) if rows else None
     if cooldown is not None and cooldown > now:
         return Admission(cooldown, cooldown)
-    record = allowance_row(conn, scope)
-    rolled = None
-    if record is not None:
-        rolled, wait = admit_allowance(record, now)
-        if wait is not None:
-            if rolled != record:
-                put_allowance(conn, scope, rolled)
-            return Admission(cooldown, from_epoch_ms(to_epoch_ms(wait)))
+    record, rolled, held = _announced(conn, scope, now)
+    if held is not None:
+        return Admission(cooldown, held)
     tokens = None
     if weigh is not None:
         from ._sqlite_weights import weigh_locked  # (it reads this module's rows)
@@ -124,12 +119,28 @@ def admit_locked(
     if refused is not None:
         return refused
     answer = _grant(conn, scope, now, cooldown, rolled, limit, quota, batch, hold)
-    if tokens is not None and weigh is not None:
-        from ._sqlite_weights import take_locked
+    if tokens is None or weigh is None:
+        return answer
+    from ._sqlite_weights import take_locked
 
-        end, seq = take_locked(conn, scope, weigh, now, tokens)
-        answer = with_weighed(answer, end, seq)
-    return answer
+    return with_weighed(answer, *take_locked(conn, scope, weigh, now, tokens))
+
+
+def _announced(
+    conn: sqlite3.Connection, scope: str, now: datetime
+) -> tuple[Allowance | None, Allowance | None, datetime | None]:
+    """The scope's announced allowance at ``now``: its record (None: none), rolled with
+    one admission counted (to write on the grant), and when to ask again when it is
+    used up (the rolled record written; None: it admits)."""
+    record = allowance_row(conn, scope)
+    if record is None:
+        return None, None, None
+    rolled, wait = admit_allowance(record, now)
+    if wait is None:
+        return record, rolled, None
+    if rolled != record:
+        put_allowance(conn, scope, rolled)
+    return record, rolled, from_epoch_ms(to_epoch_ms(wait))
 
 
 def _grant(

@@ -55,7 +55,6 @@ from .base import (
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, merge_note
 from .rate import Rate
-from .weights import with_weighed
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
 #: a small store never forgets a time (tests on a fake clock keep theirs).
@@ -303,15 +302,7 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights):
         answer = self._grant_locked(scope, now, at, cooldown, rolled, key, limit, expected, batch, hold)
         if tokens is None or weigh is None:
             return answer
-        # The tokens, checked before anything was taken: the announced allowance counts
-        # the cost (the count after it: what an answer's figure holds as of), the token
-        # quota a permit.
-        seq = None
-        if tokens.admitted:
-            self._allowance[token_scope(scope)] = tokens
-            seq = tokens.admitted - 1
-        end = _as_datetime(self._tokens.take(scope, weigh, at)) if weigh.limit > 0 else None
-        return with_weighed(answer, end, seq)
+        return self._tokens.grant(self._allowance, scope, weigh, at, tokens, answer)
 
     def _grant_locked(
         self, scope: str, now: datetime, at: int, cooldown: datetime | None, rolled: Allowance | None,

@@ -73,16 +73,15 @@ def read_quota_headers(
     sends no more before the reset. Malformed quota fields are ignored. ``get``: the
     response's fields as ``header_getter`` reads them, when the caller made it (it
     found a quota field); else this checks and makes it."""
+    get = get or _fields_of(response)
     if get is None:
-        if not announces_quota(response):
-            return None
-        get = header_getter(response)  # a dozen fields read: one pass over them first
+        return None
     received = call.clock.monotonic()  # before `now`: each errs late, never early
     now = call.clock.now()
     hint = read_quota(get, received_at=now, date=get("date"))
     # One bound for every value a header gives, before anything is stored or obeyed.
     hint = bound_hint(hint, call.policy.max_retry_after)
-    if hint is not None and hint.allowances and call.progress.cost:
+    if call.progress.cost:
         _allow_tokens(call, hint, now)
     if hint is None or hint.reset is None or hint.remaining is None or hint.reset <= 0:
         return hint
@@ -106,11 +105,18 @@ def read_quota_headers(
     return hint
 
 
-def _allow_tokens(call: Call, hint: QuotaHint, now: datetime) -> None:
+def _fields_of(response: Any) -> Callable[[str], str | None] | None:
+    """A reader of the response's fields when it announces a quota, else None."""
+    if not announces_quota(response):
+        return None
+    return header_getter(response)  # a dozen fields read: one pass over them first
+
+
+def _allow_tokens(call: Call, hint: QuotaHint | None, now: datetime) -> None:
     """Record a provider's announced token allowance (its ``tokens`` kind), which the
     declared costs of every worker's calls are weighed against; read only for a call
     that declared a cost (a fleet that declares none has no use for it)."""
-    for each in hint.allowances:
+    for each in hint.allowances if hint is not None else ():
         if each.kind == "tokens" and each.remaining is not None and each.reset is not None and each.reset > 0:
             until = now + timedelta(seconds=each.reset)
             remaining = each.remaining

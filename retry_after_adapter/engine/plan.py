@@ -75,6 +75,9 @@ def _redraw_tokens() -> None:
 
 _forksafe.at_fork(_redraw_tokens)
 
+#: No new slot, no probe: an attempt whose call holds a slot already.
+_NO_TOKENS: tuple[Lease | None, Learn | None] = (None, None)
+
 
 class Slot:
     """Gives one concurrency slot back, once, when called (the attempt it covered has
@@ -220,13 +223,9 @@ class Plan:
         # A real clock is read by the store itself as it grants (inside its lock): a
         # permit's time is then its grant's, however long the lock took.
         now = None if call.policy.real_clock else call.clock.now()
-        lease: Lease | None = None
-        learn: Learn | None = None
-        if call.ticket.lease_token is None:  # new tokens: a slot's, a probe's (none while one is held)
-            lease = (self.slots, self.ttl, next(_lease_tokens)) if self.slots is not None else None
-            if self.learns:
-                learn = (self.ttl, lease[2] if lease is not None else next(_lease_tokens))
         ticket = call.ticket
+        # New tokens: a slot's, a probe's (none while one is held).
+        lease, learn = self._new_tokens() if ticket.lease_token is None else _NO_TOKENS
         opened = 0.0
         if self.limit is not None:
             ticket.admitted_at = call.clock.monotonic()  # before the grant: its lower bound
@@ -253,6 +252,14 @@ class Plan:
             elif answer.token is not None:
                 ticket.lease_token = answer.token  # a slot of the learned rate's probes
         return not_before
+
+    def _new_tokens(self) -> tuple[Lease | None, Learn | None]:
+        """A concurrency slot to take (with the cap) and the learned rate's probe (when
+        it governs), each with a new token (one for both)."""
+        lease = (self.slots, self.ttl, next(_lease_tokens)) if self.slots is not None else None
+        if not self.learns:
+            return lease, None
+        return lease, (self.ttl, lease[2] if lease is not None else next(_lease_tokens))
 
     def _weigh(self, call: Call) -> Weigh:
         """What the attempt's declared cost asks of the scope's tokens: the server's

@@ -255,22 +255,8 @@ class QuotaServer:
         quota_headers: str | None = None,
         tokens: int | None = None,
     ) -> None:
-        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
-            raise ConfigurationError("tokens must be an int >= 1 or None")
-        if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
-            raise ConfigurationError("quota must be an int >= 1")
-        if not (isinstance(window, (int, float)) and math.isfinite(window) and window > 0):
-            raise ConfigurationError("window must be a number of seconds > 0")
-        if form not in FORMS:
-            raise ConfigurationError("form must be 'seconds' or 'date'")
-        if align not in ALIGNS:
-            raise ConfigurationError("align must be 'epoch' or 'first'")
-        if align == "first" and form != "seconds":
-            raise ConfigurationError("windows from the first request announce delay-seconds only")
-        if quota_headers not in QUOTA_HEADERS:
-            raise ConfigurationError(
-                "quota_headers must be None, 'ietf', 'x-ratelimit', 'express', 'openai' or 'anthropic'"
-            )
+        _check_counts(quota, tokens)
+        _check_shape(window, form, align, quota_headers)
         self.quota_headers = quota_headers
         self.align = align
         #: Every request, as a list of :data:`LOG_FIELDS`.
@@ -374,22 +360,9 @@ class QuotaServer:
             if self.quota_headers == "express":
                 return self._express(path, get, mono, now, sent_at, early, client)
             stamp = now.timestamp()
-            if self.align == "first":
-                if self._t0 is None:
-                    self._t0 = mono
-                index = math.floor((mono - self._t0) / self.window)
-                left = self._t0 + (index + 1) * self.window - mono
-            else:
-                index = math.floor(stamp / self.window)
-                left = (index + 1) * self.window - stamp
-            if index != self._index:
-                self._index, self._used, self._spent = index, 0, 0
+            index, left = self._window_of(mono, stamp)
             date = format_http_date(now)  # truncated to the second: never after `now`
-            cost = _request_cost(body) if self.tokens is not None else 0
-            fits = self.tokens is None or self._spent + cost <= self.tokens
-            if self._used < self.quota and fits:
-                self._used += 1
-                self._spent += cost
+            if self._let_in(body):
                 self.arrivals.append(Arrival(now, sent_at, path, 200, early))
                 self._record(get, mono, 200, 0, index)
                 told = self._announce(stamp, left)
@@ -417,6 +390,32 @@ class QuotaServer:
                 if self.quota_headers == "openai":
                     told["retry-after-ms"] = str(max(1, math.ceil(left * 1000)))
             return 429, told, body, date
+
+    def _window_of(self, mono: float, stamp: float) -> tuple[int, float]:
+        """(Lock held.) The window a request decided at ``mono`` (monotonic) and
+        ``stamp`` (epoch seconds) falls in, and the seconds left to its end; a new window
+        starts with nothing used."""
+        if self.align == "first":
+            if self._t0 is None:
+                self._t0 = mono
+            index = math.floor((mono - self._t0) / self.window)
+            left = self._t0 + (index + 1) * self.window - mono
+        else:
+            index = math.floor(stamp / self.window)
+            left = (index + 1) * self.window - stamp
+        if index != self._index:
+            self._index, self._used, self._spent = index, 0, 0
+        return index, left
+
+    def _let_in(self, body: bytes) -> bool:
+        """(Lock held.) Whether one more request, of ``body``'s cost in tokens, fits
+        what is left of the window's requests and tokens; counted when it does."""
+        cost = _request_cost(body) if self.tokens is not None else 0
+        if self._used >= self.quota or (self.tokens is not None and self._spent + cost > self.tokens):
+            return False
+        self._used += 1
+        self._spent += cost
+        return True
 
     def _express(
         self, path: str, get: Callable[[str], Any], mono: float, now: datetime, sent_at: datetime,
@@ -507,6 +506,30 @@ class QuotaServer:
                 int(item) if item and item.isdigit() else None,
                 index,
             ]
+        )
+
+
+def _check_counts(quota: object, tokens: object) -> None:
+    """:class:`QuotaServer`'s counts checked: ``quota`` an int >= 1, ``tokens`` too or None."""
+    if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
+        raise ConfigurationError("quota must be an int >= 1")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        raise ConfigurationError("tokens must be an int >= 1 or None")
+
+
+def _check_shape(window: object, form: object, align: object, quota_headers: object) -> None:
+    """:class:`QuotaServer`'s window, Retry-After form, alignment and headers checked."""
+    if not (isinstance(window, (int, float)) and math.isfinite(window) and window > 0):
+        raise ConfigurationError("window must be a number of seconds > 0")
+    if form not in FORMS:
+        raise ConfigurationError("form must be 'seconds' or 'date'")
+    if align not in ALIGNS:
+        raise ConfigurationError("align must be 'epoch' or 'first'")
+    if align == "first" and form != "seconds":
+        raise ConfigurationError("windows from the first request announce delay-seconds only")
+    if quota_headers not in QUOTA_HEADERS:
+        raise ConfigurationError(
+            "quota_headers must be None, 'ietf', 'x-ratelimit', 'express', 'openai' or 'anthropic'"
         )
 
 
