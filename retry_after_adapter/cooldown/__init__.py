@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from .base import (
     CAPABILITIES,
+    STORE_FORMAT,
     Admission,
     Allowances,
     Announced,
@@ -54,6 +55,7 @@ from .url import store_from_url
 
 __all__ = [
     "CAPABILITIES",
+    "STORE_FORMAT",
     "Admission",
     "Allowances",
     "Announced",

@@ -211,6 +211,12 @@ def check_until(until: object) -> datetime:
     return until.astimezone(timezone.utc)
 
 
+#: The version of what the SQLite and Redis stores keep (their tables and columns, their
+#: keys, hash fields and sorted-set members, the change channel's messages): it changes
+#: whenever a table, column, key or field is added, removed or changes meaning.
+#: ``docs/store-format.md`` documents this version, and is updated with it.
+STORE_FORMAT = 1
+
 #: The scope a scope's tokens are kept under: its announced token allowance (an
 #: allowance of this scope, announced and merged as a requests one is) and, in the
 #: stores, its token permits (see :class:`Weigh`).
