@@ -47,10 +47,8 @@ class RedisListing:
             tokens = "{" + _glob(tag) + "}tokens:*:" + _glob(key)
         try:
             keys = [key, self.companion(scope, "allowance"), self.companion(scope, "lease")]
-            keys += [self.companion(scope, _TOKENS)]
-            keys += [_text(found) for found in self._client.scan_iter(match=tokens, count=1000)]
-            keys += [self.companion(scope, _RATE)]
-            keys += [_text(found) for found in self._client.scan_iter(match=quotas, count=1000)]
+            keys += [self.companion(scope, _TOKENS), self.companion(scope, _RATE)]
+            keys += self._companions(scope, tokens) + self._companions(scope, quotas)
             if self._channel:
                 # Once before (a client that may not PUBLISH deletes nothing: no near copy
                 # misses it), once after (a copy that read the scope meanwhile reads again).
@@ -61,6 +59,13 @@ class RedisListing:
             return found
         except Exception as exc:
             raise self._failure("delete", exc) from exc
+
+    def _companions(self, scope: str, pattern: str) -> list[str]:
+        """The keys SCAN finds for ``pattern`` that are ``scope``'s own companions (the
+        pattern of a key with a hash tag of its own also matches another scope's whose
+        key ends in ``:<key>``)."""
+        found = (_text(raw) for raw in self._client.scan_iter(match=pattern, count=1000))
+        return [name for name in found if (self._companion_of(name) or ("",))[0] == scope]
 
     def holds(self, now: datetime | None = None) -> dict[str, list[Hold]]:
         """Every scope held back at ``now`` (default: the present) and by what (see

@@ -217,9 +217,9 @@ def check_until(until: object) -> datetime:
 #: ``docs/store-format.md`` documents this version, and is updated with it.
 STORE_FORMAT = 1
 
-#: The scope a scope's tokens are kept under: its announced token allowance (an
-#: allowance of this scope, announced and merged as a requests one is) and, in the
-#: stores, its token permits (see :class:`Weigh`).
+#: The suffix of the scope a scope's announced token allowance is kept under (an
+#: allowance of that scope, announced and merged as a requests one is; see
+#: :class:`Weigh`). A token quota's permits are kept under the scope itself.
 TOKENS = "#tokens"
 
 

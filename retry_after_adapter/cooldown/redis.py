@@ -65,9 +65,6 @@ GRACE_MS = 60_000
 #: Milliseconds a freshness record is kept after its last note (30 days).
 FRESHNESS_KEPT_MS = int(FRESHNESS_KEPT * 1000)
 
-#: A scope's learned rate (a hash of ``rate.Rate``'s fields; 0.9 kept another record
-#: under "rate") and its fields, and the suffix of a quota's set of open permits.
-
 _INSTALL_HINT = "pip install 'retry_after_adapter[redis]' (from a checkout: pip install -e '.[redis]')"
 
 
@@ -255,7 +252,9 @@ class RedisCooldownStore(RedisListing, FullStore, Weights):
             raise CooldownStoreError("the Redis cooldown script returned an unexpected reply") from None
 
     def companion(self, scope: str, name: str) -> str:
-        """The key of ``scope``'s ``name`` record ("quota", "allowance", "lease"): hash
+        """The key of ``scope``'s ``name`` record ("quota:<limit>/<per_ms>", "allowance",
+        "allowance:tokens", "tokens:<limit>/<per_ms>", "lease", "fresh", "learned-rate";
+        docs/store-format.md lists them): hash
         tagged so that it lives in the cluster slot of the scope's cooldown key (the
         cooldown key unchanged: ``{prefix + scope}name``, or for a key with a hash tag of
         its own ``{tag}name:`` and the key)."""

@@ -10,6 +10,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from retry_after_adapter import FakeClock, SQLiteCooldownStore
 from retry_after_adapter.cooldown import Ask
 from retry_after_adapter.cooldown.allowance import allowance_reserve
@@ -167,3 +169,21 @@ def test_a_thread_ended_after_a_busy_retry_never_deadlocks_the_sqlite_store(tmp_
 
     threading.Thread(target=collect_under_the_lock, daemon=True).start()
     assert done.wait(5), "the finalizer waited for the lock its own thread held"
+
+
+@pytest.mark.redis
+def test_a_redis_batch_never_shortens_the_life_of_a_longer_permit(redis_client: Any) -> None:
+    """A permit counting 5 s (a long margin), then another worker's batch on the same
+    quota counting about 1 s: the permit set lives past the longer permit (it used to be
+    set to expire a second after the batch's end, dropping the longer one with it)."""
+    from datetime import datetime, timezone
+
+    from retry_after_adapter import RedisCooldownStore
+
+    store = RedisCooldownStore(redis_client, prefix="batch-ttl:")
+    now = datetime.now(timezone.utc)
+    longer = store.admit(Ask(SCOPE, now, 5, 1.0, None, 4.0))
+    batch = store.admit(Ask(SCOPE, now, 5, 1.0, None, 0.05, 3, 0.0))
+    assert longer.permit is not None and batch.extra == 2
+    lives_ms = redis_client.pttl(store.quota_key(SCOPE, 5, 1.0))
+    assert lives_ms >= (longer.permit - now).total_seconds() * 1000, lives_ms

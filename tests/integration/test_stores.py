@@ -603,3 +603,24 @@ def test_memory_store_under_the_threshold_keeps_even_past_times() -> None:
     for i in range(100):
         store.extend(f"x{i}", past)
     assert store.get("s") == past
+
+
+@pytest.mark.redis
+def test_redis_delete_lifts_only_its_own_scopes_permits(redis_client: Any) -> None:
+    """A scope whose key has a hash tag of its own (``tenant-{7}``) finds its quota and
+    token keys by a pattern that another scope's keys match too when they end in
+    ``:<key>``; delete lifts only its own."""
+    from datetime import datetime, timezone
+
+    from retry_after_adapter import RedisCooldownStore
+    from retry_after_adapter.cooldown import Ask, Weigh
+
+    store = RedisCooldownStore(redis_client, prefix="del:")
+    now = datetime.now(timezone.utc)
+    mine, other = "tenant-{7}", "z:del:tenant-{7}"
+    for scope in (mine, other):
+        assert store.admit(Ask(scope, now, 1, 60.0, weigh=Weigh(25, 25, 60.0))).not_before is None
+    assert store.delete(mine)
+    assert store.admit(Ask(mine, now, 1, 60.0, weigh=Weigh(25, 25, 60.0))).not_before is None
+    assert store.admit(Ask(other, now, 1, 60.0)).not_before is not None  # its permit still counts
+    assert store.admit(Ask(other, now, weigh=Weigh(1, 25, 60.0))).not_before is not None

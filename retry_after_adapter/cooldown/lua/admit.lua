@@ -229,7 +229,8 @@ if counts > 0 then
   if opened > 0 then
     -- An open permit: its grant + per + margin kept beside it, until it is settled.
     redis.call('ZADD', KEYS[6], permit, string.format('%d', permit - opened) .. ':' .. ARGV[4])
-    redis.call('PEXPIREAT', KEYS[6], permit + 1000)
+    local lastopen = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', KEYS[6], tonumber(lastopen[2]) + 1000)  -- its longest open permit
   end
   local batch = tonumber(ARGV[10])
   if batch > 1 then
@@ -241,7 +242,12 @@ if counts > 0 then
     for i = 1, extra do
       redis.call('ZADD', KEYS[2], later, ARGV[4] .. ':' .. i)
     end
-    if extra > 0 then redis.call('PEXPIREAT', KEYS[2], later + 1000) end
+    if extra > 0 then
+      -- The set lives a second past its longest permit (another worker's may count
+      -- longer than this batch: another margin or hold).
+      local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+      redis.call('PEXPIREAT', KEYS[2], tonumber(last[2]) + 1000)
+    end
   end
 end
 -- The grant's tokens.

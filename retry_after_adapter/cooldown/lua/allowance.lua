@@ -1,6 +1,6 @@
 -- The allowance rules of allowance.py in Lua, loaded before admit.lua and allow.lua.
--- The hash has r (left), a (as of admission), u (until, epoch ms, kept as the decimal
--- string it came as), n (admitted), l (limit, 0: unknown), w (window ms, 0: unknown)
+-- The hash has r (left), a (as of admission), u (until, epoch ms, written as a whole
+-- number: '%d'), n (admitted), l (limit, 0: unknown), w (window ms, 0: unknown)
 -- and x ("1": exact). roll starts the server's next window past the reset.
 local function load(key)
   local h = redis.call('HMGET', key, 'r', 'a', 'u', 'n', 'l', 'w', 'x')
