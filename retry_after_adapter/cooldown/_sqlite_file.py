@@ -64,6 +64,8 @@ _PERMIT_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS open_permit (scope TEXT NOT NULL, quota TEXT NOT NULL, "
     "expires_ms INTEGER NOT NULL, expected_ms INTEGER NOT NULL)",
     "CREATE INDEX IF NOT EXISTS open_permit_scope ON open_permit (scope, quota, expires_ms)",
+    # The sweep of any scope's open permits that ran out (never a scan of the table).
+    "CREATE INDEX IF NOT EXISTS open_permit_expires ON open_permit (expires_ms)",
     # Token permits (a ``Quota(..., unit="tokens")``): one row per permit, its cost in
     # tokens and when it stops counting (its grant + per + margin), per scope and quota.
     "CREATE TABLE IF NOT EXISTS token_log (scope TEXT NOT NULL, quota TEXT NOT NULL, "
