@@ -31,8 +31,10 @@ def check_cost(value: object, name: str = "cost") -> int:
     """``value`` as a cost: an int >= 0 (None: 0); else ConfigurationError naming it."""
     if value is None:
         return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigurationError(f"{name} must be an int >= 0 (tokens) or None, not {type(value).__name__}")
+    if value < 0:
+        raise ConfigurationError(f"{name} must be an int >= 0 (tokens) or None, not {value}")
     return value
 
 

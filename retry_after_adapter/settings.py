@@ -22,6 +22,7 @@ from .cooldown.base import CooldownStore, FreshnessLog, Leases, QuotaLogs, Weigh
 from .cooldown.freshness import Freshness
 from .cooldown.guard import DEFAULT, check_store_failure, shared
 from .cooldown.memory import DEFAULT_STORE
+from .cooldown.weights import check_cost as check_weight
 from .cost import CostFunction, check_cost_option, cost_of
 from .deferral import Deferral
 from .engine import Call, Outcome, Plan, current_override
@@ -211,16 +212,20 @@ class Settings:
             "cooldown": cooldown,
             "scope": "origin" if self.scope is None else self.scope,
             "raise_on_defer": bool(self.raise_on_defer),
-            "quota": _check_quota(self.quota, cooldown),
             "max_concurrency": _check_count("max_concurrency", self.max_concurrency, 1),
             "lease_ttl": _check_ttl(self.lease_ttl),
             "max_waiting": _check_count("max_waiting", self.max_waiting, 0),
             "cost": check_cost_option(self.cost),
         }
+        quota, cost = _check_quota(self.quota, cooldown), checked["cost"]
+        tokens = quota_of(quota, "tokens")
+        if tokens is not None and isinstance(cost, int):
+            check_weight(cost, tokens.limit, tokens.per)  # a fixed cost: known now
         if checked["max_concurrency"] is not None and cooldown is None:
             raise ConfigurationError("max_concurrency is shared through a store: cooldown= must not be None")
         if not isinstance(self.learn_rate, bool):
             raise ConfigurationError("learn_rate must be True or False")
+        checked["quota"] = quota
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 

@@ -228,8 +228,21 @@ def _final(
     if response is not None and response.get_redirect_location():
         return Verdict(REDIRECT, server_delay=server_delay)
     if not decided and not call.retry.is_retry(method or "GET", status or 0, server_delay is not None):
+        if server_delay is not None and method is not None and not call.retry._is_method_retryable(method):
+            return _not_replayed(call, server_delay)
         return Verdict(RETURN, server_delay=server_delay)
     return None
+
+
+def _not_replayed(call: Call, server_delay: float) -> Verdict:
+    """A request the policy never replays (a POST) answered with a valid Retry-After (a
+    429, a 503: it set the scope's cooldown): its response comes back with a deferral
+    until that cooldown ends (reason ``cooldown``), so that a caller (an SDK's retry
+    loop too: the response says ``x-should-retry: false``) resubmits then, not sooner
+    and not blindly. Nothing is replayed."""
+    wait = max(server_delay, call.seconds_until(call.cooldown))
+    deferral = call.defer(Decision(DEFER, wait, Reason.COOLDOWN), server_delay)
+    return Verdict(DEFER, deferral=deferral, server_delay=server_delay)
 
 
 def _count_and_plan(

@@ -73,6 +73,32 @@ def test_a_servers_429_deferred_is_final_inside_the_sdks_retry_loop(kind: str) -
 
 
 @pytest.mark.parametrize("kind", SDKS)
+def test_a_chat_calls_429_is_final_inside_the_sdk_with_its_deferral(kind: str) -> None:
+    """A chat call is a POST, which the policy never replays: the server's 429 (about
+    10 s) comes back deferred until the cooldown it set ends, ``x-should-retry: false``,
+    so the SDK raises ``RateLimitError`` at once (alone it sleeps the 10 s, twice), one
+    request at the server, and the deferral says when to resubmit."""
+    with QuotaServer(1, 10, align="first") as server:  # a 429 with Retry-After, nothing announced
+        transport = RetryAfterTransport(RetryAfterRetry(total=3, max_wait=1), cooldown=MemoryCooldownStore())
+        with httpx2.Client(transport=transport) as http:
+            http.get(server.url + "/v1/models")  # the quota's one request
+            client = sdk_client(kind, server.url, http)
+            said = [{"role": "user", "content": "hi"}]
+            started = time.monotonic()
+            with pytest.raises(rate_limit_error(kind)) as raised:
+                if kind == "openai":
+                    client.chat.completions.create(model="m", messages=said, max_tokens=5)
+                else:
+                    client.messages.create(model="m", messages=said, max_tokens=5)
+            took = time.monotonic() - started
+        deferral = deferral_of(raised.value)
+        assert deferral is not None and deferral.reason == "cooldown" and deferral.delay > 5, deferral
+        assert raised.value.response.headers["x-should-retry"] == "false"
+        assert took < 1.0, took
+        assert server.stats().requests == 2 and server.stats().early == 0
+
+
+@pytest.mark.parametrize("kind", SDKS)
 def test_an_announced_spent_quota_defers_before_sending(kind: str) -> None:
     """The provider's headers say no request is left until the reset: the next call
     raises ``RateLimitError`` at once without reaching the server."""

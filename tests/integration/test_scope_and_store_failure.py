@@ -155,7 +155,10 @@ def test_cooldown_disabled_with_none(server, clock):
 def test_a_post_429_still_sets_the_shared_cooldown(server, clock):
     store = MemoryCooldownStore()
     server.serve([Reply(429, {"Retry-After": "100"})])
-    assert session(clock, store).post(server.url, data=b"x").status_code == 429
+    answered = session(clock, store).post(server.url, data=b"x")
+    # Not replayed (a POST), but the caller is told when it may resubmit: the cooldown's end.
+    assert answered.status_code == 429 and not answered.local
+    assert answered.deferral.reason == "cooldown" and answered.deferral.delay == pytest.approx(100, abs=1)
     raised_deferral = local_deferral(session(clock, store).get(server.url))
     assert raised_deferral.reason == "cooldown"
     assert server.count() == 1
