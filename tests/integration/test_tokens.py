@@ -104,7 +104,7 @@ def test_bad_token_settings_are_refused_when_made() -> None:
         Quota(10, per=1, unit="bytes")
     with pytest.raises(ConfigurationError, match="one Quota of each unit"):
         RetryAfterAdapter(quota=(Quota(1, per=1), Quota(2, per=1)))
-    with pytest.raises(ConfigurationError, match="cost must be an int >= 0 .* not -1"):
+    with pytest.raises(ConfigurationError, match=r"cost must be an int >= 0 .* not -1"):
         RetryAfterAdapter(cost=-1)
     with pytest.raises(ConfigurationError, match="cost of 30 tokens exceeds the token quota of 25 per 3 s"):
         RetryAfterAdapter(cost=30, quota=TOKENS)  # a fixed cost that could never fit: refused when made
