@@ -22,7 +22,7 @@ from .cooldown.base import CooldownStore, FreshnessLog, Leases, QuotaLogs, Weigh
 from .cooldown.freshness import Freshness
 from .cooldown.guard import DEFAULT, check_store_failure, shared
 from .cooldown.memory import DEFAULT_STORE
-from .cooldown.weights import check_cost as check_weight
+from .cooldown.weights import check_fits
 from .cost import CostFunction, check_cost_option, cost_of
 from .deferral import Deferral
 from .engine import Call, Outcome, Plan, current_override
@@ -220,7 +220,7 @@ class Settings:
         quota, cost = _check_quota(self.quota, cooldown), checked["cost"]
         tokens = quota_of(quota, "tokens")
         if tokens is not None and isinstance(cost, int):
-            check_weight(cost, tokens.limit, tokens.per)  # a fixed cost: known now
+            check_fits(cost, tokens.limit, tokens.per)  # a fixed cost: known now
         if checked["max_concurrency"] is not None and cooldown is None:
             raise ConfigurationError("max_concurrency is shared through a store: cooldown= must not be None")
         if not isinstance(self.learn_rate, bool):

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import bisect
 import collections
-from datetime import datetime, timezone
+from datetime import datetime
 
 from ._memory_log import _as_datetime
 from .allowance import Allowance, admit_allowance
 from .base import Admission, Weigh, Weighed, token_scope
-from .weights import check_cost, weighed_free_at, with_weighed
-
-#: What ``TokenLogs.weigh`` gives when only a configured token quota weighs an attempt.
-_NO_RECORD = Allowance(0, 0, datetime.min.replace(tzinfo=timezone.utc), 0)
+from .weights import NO_ALLOWANCE, check_fits, weighed_free_at, with_weighed
 
 #: A quota's log key: (limit, per in microseconds).
 _Key = tuple[int, int]
@@ -82,8 +79,8 @@ class TokenLogs:
     ) -> tuple[Allowance | None, datetime | None]:
         """The attempt's tokens, by the announced token allowances kept in
         ``allowances`` (the store's) and this log: ``(record, None)`` when they fit (the
-        announced token allowance with the cost counted, to keep on the grant; an empty
-        record when only a configured token quota weighs them; None: nothing weighs
+        announced token allowance with the cost counted, to keep on the grant;
+        ``weights.NO_ALLOWANCE`` when only a configured token quota weighs them; None: nothing weighs
         them), else ``(None, when to ask again)``; nothing taken."""
         record = allowances.get(token_scope(scope))
         counted = None
@@ -93,11 +90,11 @@ class TokenLogs:
                 allowances[token_scope(scope)] = counted  # rolled
                 return None, wait
         if weigh.limit > 0:
-            check_cost(weigh.cost, weigh.limit, weigh.per)
+            check_fits(weigh.cost, weigh.limit, weigh.per)
             refused = self.refused(scope, weigh, at)
             if refused is not None:
                 return None, _as_datetime(refused)
-            return counted or _NO_RECORD, None
+            return counted or NO_ALLOWANCE, None
         return counted, None
 
     def grant(
@@ -108,7 +105,7 @@ class TokenLogs:
         taken: the announced allowance ``counted`` kept (its count after the cost: what
         an answer's figure holds as of), the token quota's permit taken."""
         seq = None
-        if counted.admitted:
+        if counted is not NO_ALLOWANCE:
             allowances[token_scope(scope)] = counted
             seq = counted.admitted - 1
         end = _as_datetime(self.take(scope, weigh, at)) if weigh.limit > 0 else None

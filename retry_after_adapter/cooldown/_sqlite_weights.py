@@ -14,10 +14,8 @@ from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from ._sqlite_admit import allowance_row, put_allowance
 from .allowance import Allowance, admit_allowance
 from .base import Weigh, Weighed, token_scope
-from .weights import check_cost, weighed_free_at
+from .weights import NO_ALLOWANCE, check_fits, weighed_free_at
 
-#: What :func:`weigh_locked` gives when only a configured token quota weighs an attempt.
-NO_RECORD = Allowance(0, 0, from_epoch_ms(0), 0)
 #: Rows of any scope's token permits that stopped counting, deleted per permit taken.
 SWEEP_PER_WRITE = 8
 
@@ -31,7 +29,7 @@ def weigh_locked(
     conn: sqlite3.Connection, scope: str, weigh: Weigh, now: datetime
 ) -> tuple[Allowance | None, datetime | None]:
     """The attempt's tokens at ``now``: ``(record, None)`` when they fit (the announced
-    token allowance with the cost counted, to write on the grant; :data:`NO_RECORD`
+    token allowance with the cost counted, to write on the grant; :data:`NO_ALLOWANCE`
     when only a token quota weighs them; None: nothing weighs them), else ``(None,
     when to ask again)``; nothing taken (a rolled allowance is written)."""
     tokens = token_scope(scope)
@@ -45,7 +43,7 @@ def weigh_locked(
             return None, from_epoch_ms(to_epoch_ms(wait))
     if weigh.limit <= 0:
         return counted, None
-    check_cost(weigh.cost, weigh.limit, weigh.per)
+    check_fits(weigh.cost, weigh.limit, weigh.per)
     name = _name(weigh.limit, weigh.per)
     now_ms = now_epoch_ms(now)
     conn.execute(
@@ -58,18 +56,18 @@ def weigh_locked(
     end = weighed_free_at(rows, sum(int(cost) for _, cost in rows), weigh.cost, weigh.limit)
     if end is not None:
         return None, from_epoch_ms(int(end))
-    return counted or NO_RECORD, None
+    return counted or NO_ALLOWANCE, None
 
 
 def take_locked(
     conn: sqlite3.Connection, scope: str, weigh: Weigh, now: datetime, counted: Allowance
 ) -> tuple[datetime | None, int | None]:
     """The grant's tokens: the announced allowance ``counted`` written (unless
-    :data:`NO_RECORD`), the token quota's permit taken, ending at ``now`` rounded up +
+    :data:`NO_ALLOWANCE`), the token quota's permit taken, ending at ``now`` rounded up +
     per + margin. Returns that end (None: no token quota) and the allowance's count
     after the cost, less one (None: none counted; see ``Admission.token_seq``)."""
     seq = None
-    if counted is not NO_RECORD:
+    if counted is not NO_ALLOWANCE:
         put_allowance(conn, token_scope(scope), counted)
         seq = counted.admitted - 1
     if weigh.limit <= 0:

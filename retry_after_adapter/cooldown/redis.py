@@ -53,7 +53,7 @@ from .base import (
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome
 from .rate import RATE_KEPT, Rate
-from .weights import check_cost
+from .weights import check_fits
 
 #: The default connect and reply timeouts (seconds) of a client made by ``from_url``.
 DEFAULT_SOCKET_TIMEOUT = 0.1
@@ -301,7 +301,7 @@ class RedisCooldownStore(RedisListing, FullStore, Weights):
         keys += [self.companion(scope, _RATE), opens, self.companion(scope, _TOKENS)]
         weighs = weigh is not None and weigh.limit > 0
         if weighs:
-            check_cost(weigh.cost, weigh.limit, weigh.per)  # type: ignore[union-attr]
+            check_fits(weigh.cost, weigh.limit, weigh.per)  # type: ignore[union-attr]
         keys += [self.token_key(scope, weigh.limit, weigh.per) if weighs else allowance]  # type: ignore[union-attr]
         try:
             reply = self._admit_script(keys=keys, args=_admit_args(ask, when, together))

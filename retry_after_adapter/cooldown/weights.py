@@ -17,14 +17,19 @@ either, with the rest of the attempt's admission:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConfigurationError
+from .allowance import Allowance
 from .base import Admission, Granted
 
+#: What a store's weighing gives when only a configured token quota weighs an attempt
+#: (no announced token allowance to count the cost in): a grant writes no allowance.
+NO_ALLOWANCE = Allowance(0, 0, datetime.min.replace(tzinfo=timezone.utc), 0)
 
-def check_cost(cost: int, limit: int, per: float) -> None:
+
+def check_fits(cost: int, limit: int, per: float) -> None:
     """Raise ConfigurationError for a cost a token quota of ``limit`` per ``per``
     seconds could never admit (more than its limit)."""
     if limit > 0 and cost > limit:
@@ -47,7 +52,7 @@ def weighed_free_at(entries: Iterable[tuple[Any, int]], total: int, cost: int, l
         excess -= weight
         if excess <= 0:
             return end
-    return end  # (a cost above the limit is refused before: ``check_cost``)
+    return end  # (a cost above the limit is refused before: ``check_fits``)
 
 
 def with_weighed(answer: Admission, expires: datetime | None, seq: int | None = None) -> Admission:

@@ -35,7 +35,7 @@ from ..cooldown.base import (
 from ..cooldown.guard import StoreBudget, StoreGuard
 from ..cooldown.legacy import opens_permits
 from ..cooldown.memory import MemoryCooldownStore
-from ..cooldown.weights import check_cost
+from ..cooldown.weights import check_fits
 from ..quota import Quota
 from .buckets import Dialects
 from .meters import Meter, Meters, meters_of
@@ -268,7 +268,7 @@ class Plan:
         cost, tokens = call.progress.cost, self.tokens
         if tokens is None:
             return Weigh(cost)
-        check_cost(cost, tokens.limit, tokens.per)
+        check_fits(cost, tokens.limit, tokens.per)
         call.ticket.admitted_at = call.clock.monotonic()  # before the grant: its lower bound
         return Weigh(cost, tokens.limit, tokens.per, tokens.margin)
 
