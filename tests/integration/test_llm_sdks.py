@@ -20,6 +20,7 @@ openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
 
 from retry_after_adapter import MemoryCooldownStore, RetryAfterRetry, deferral_of  # noqa: E402
+from retry_after_adapter.cost import max_tokens  # noqa: E402
 from retry_after_adapter.httpx2 import AsyncRetryAfterTransport, RetryAfterTransport  # noqa: E402
 from retry_after_adapter.testing.server import QuotaServer  # noqa: E402
 
@@ -37,6 +38,32 @@ def async_sdk_client(kind: str, url: str, http: Any) -> Any:
     if kind == "openai":
         return openai.AsyncOpenAI(api_key="sk-test", base_url=url + "/v1", http_client=http)
     return anthropic.AsyncAnthropic(api_key="sk-ant-test", base_url=url, http_client=http)
+
+
+def chat(kind: str, client: Any, max_tokens: int) -> Any:
+    """One chat call of the SDK's ``client`` (a POST) with ``max_tokens``."""
+    said = [{"role": "user", "content": "hi"}]
+    if kind == "openai":
+        return client.chat.completions.create(model="m", messages=said, max_tokens=max_tokens)
+    return client.messages.create(model="m", messages=said, max_tokens=max_tokens)
+
+
+def in_threads(count: int, call: Any, timeout: float) -> list[float]:
+    """``call()`` once in each of ``count`` threads started together; the seconds from
+    the start at which each call ended (the calls that ended within ``timeout``)."""
+    started = time.monotonic()
+    done: list[float] = []
+
+    def work() -> None:
+        call()
+        done.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=work) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return done
 
 
 def rate_limit_error(kind: str) -> type[Exception]:
@@ -83,13 +110,9 @@ def test_a_chat_calls_429_is_final_inside_the_sdk_with_its_deferral(kind: str) -
         with httpx2.Client(transport=transport) as http:
             http.get(server.url + "/v1/models")  # the quota's one request
             client = sdk_client(kind, server.url, http)
-            said = [{"role": "user", "content": "hi"}]
             started = time.monotonic()
             with pytest.raises(rate_limit_error(kind)) as raised:
-                if kind == "openai":
-                    client.chat.completions.create(model="m", messages=said, max_tokens=5)
-                else:
-                    client.messages.create(model="m", messages=said, max_tokens=5)
+                chat(kind, client, 5)
             took = time.monotonic() - started
         deferral = deferral_of(raised.value)
         assert deferral is not None and deferral.reason == "cooldown" and deferral.delay > 5, deferral
@@ -148,21 +171,31 @@ def test_a_fleet_of_threads_on_one_sdk_client_keeps_to_the_announced_quota(kind:
         transport = RetryAfterTransport(RetryAfterRetry(total=5, max_wait=10), cooldown=MemoryCooldownStore())
         with httpx2.Client(transport=transport) as http:
             client = sdk_client(kind, server.url, http)
-            done: list[int] = []
-
-            def work() -> None:
-                client.models.list()
-                done.append(1)
-
-            threads = [threading.Thread(target=work) for _ in range(8)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(30)
+            done = in_threads(8, client.models.list, 30)
         stats = server.stats()
         assert len(done) == 8 and stats.ok == 8
         assert stats.early == 0
         assert stats.throttled <= 1, stats  # the SDKs alone: 7
+
+
+@pytest.mark.parametrize("kind", SDKS)
+def test_sdk_threads_keep_to_the_announced_token_allowance(kind: str) -> None:
+    """Six threads on one SDK client with its defaults, each chat call costing 10 of the
+    25 tokens per 3 s the stand-in announces in the provider's headers (and 100
+    requests), ``cost=max_tokens``: every call done, none sent inside a cooldown the
+    server announced, at most one 429, and no slower than the tokens allow (two calls
+    per window: the last of three windows starts 6 s in)."""
+    with QuotaServer(100, 3, align="first", quota_headers=kind, tokens=25) as server:
+        transport = RetryAfterTransport(
+            RetryAfterRetry(total=5, max_wait=10), cooldown=MemoryCooldownStore(), cost=max_tokens
+        )
+        with httpx2.Client(transport=transport) as http:
+            client = sdk_client(kind, server.url, http)
+            done = in_threads(6, lambda: chat(kind, client, 10), 60)
+        stats = server.stats()
+    assert len(done) == 6 and stats.ok == 6, stats
+    assert stats.early == 0 and stats.throttled <= 1, stats
+    assert max(done) < 6.0 + 3.0, done  # the ideal is 6 s: within one window of it
 
 
 @pytest.mark.parametrize("kind", SDKS)

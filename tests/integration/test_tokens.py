@@ -3,12 +3,11 @@ weighed against a configured ``Quota(..., unit="tokens")`` and against the token
 allowance an LLM API announces, with real SDKs, real processes and real stores, against
 loopback stand-ins that count tokens as the providers do (``QuotaServer(tokens=...)``:
 a request costs its JSON body's ``max_tokens``). The fleet of SDK clients in four
-processes is in ``test_llm_sdks.py``."""
+processes and threads is in ``test_llm_sdks.py``."""
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from typing import Any
 
@@ -127,59 +126,6 @@ def test_a_request_quota_and_a_token_quota_hold_together() -> None:
         cheap = [http.post(server.url + "/a", json={"max_tokens": 5}).status_code for _ in range(4)]
         assert cheap == [200, 200, 200, 429]
         assert server.stats().requests == 3
-
-
-SDKS = ["openai", "anthropic"]
-
-
-def sdk_call(kind: str, url: str, http: Any) -> Any:
-    """One chat call of the SDK (``max_tokens=10``) on ``http``, with its defaults."""
-    if kind == "openai":
-        import openai
-
-        client: Any = openai.OpenAI(api_key="sk-test", base_url=url + "/v1", http_client=http)
-        return lambda: client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=10
-        )
-    import anthropic
-
-    client = anthropic.Anthropic(api_key="sk-ant-test", base_url=url, http_client=http)
-    return lambda: client.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
-
-
-@pytest.mark.parametrize("kind", SDKS)
-def test_sdk_threads_keep_to_the_announced_token_allowance(kind: str) -> None:
-    """Six threads on one SDK client with its defaults, each call costing 10 of the 25
-    tokens per 3 s the stand-in announces in the provider's headers (and 100 requests):
-    every call done, none sent inside a cooldown the server announced, at most one 429,
-    and no slower than the tokens allow (two calls per window: the last of three
-    windows starts 6 s in)."""
-    httpx2 = pytest.importorskip("httpx2")
-    pytest.importorskip(kind)
-    from retry_after_adapter.httpx2 import RetryAfterTransport
-
-    with QuotaServer(100, 3, align="first", quota_headers=kind, tokens=25) as server:
-        transport = RetryAfterTransport(
-            RetryAfterRetry(total=5, max_wait=10), cooldown=MemoryCooldownStore(), cost=max_tokens
-        )
-        with httpx2.Client(transport=transport) as http:
-            call = sdk_call(kind, server.url, http)
-            started = time.monotonic()
-            done: list[float] = []
-
-            def work() -> None:
-                call()
-                done.append(time.monotonic() - started)
-
-            threads = [threading.Thread(target=work) for _ in range(6)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(60)
-        stats = server.stats()
-    assert len(done) == 6 and stats.ok == 6, stats
-    assert stats.early == 0 and stats.throttled <= 1, stats
-    assert max(done) < 6.0 + 3.0, done  # the ideal is 6 s: within one window of it
 
 
 def test_the_failure_layer_weighs_locally_and_settles_a_late_token_permit_later() -> None:
