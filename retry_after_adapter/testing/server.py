@@ -204,8 +204,10 @@ class QuotaServer:
     - ``in_flight``: seconds after a 429 during which arriving requests are not counted
       as early (they were already on their way).
     - ``align``: ``"epoch"`` (default: windows aligned to the server clock, as above) or
-      ``"first"``: windows counted from the first request, on the monotonic clock (the
-      benchmarks' fleets, whose processes share that clock).
+      ``"first"``: windows counted from the first request (the benchmarks' fleets), on
+      the server's clock, as a real server counts them: a client reads a reset on its
+      wall clock too, so the two agree where the wall clock steps against the monotonic
+      one (a virtual machine's clock kept in step with its host's).
     - ``quota_headers``: what every response says of the quota: None (nothing),
       ``"ietf"`` (``RateLimit-Policy: "default";q=Q;w=W`` and ``RateLimit:
       "default";r=R;t=T``, T the whole seconds to the reset, rounded up) or
@@ -274,6 +276,10 @@ class QuotaServer:
         self._used = 0
         #: The latest arrival decided (monotonic seconds).
         self._latest = -math.inf
+        #: The latest decision's time on the server clock (epoch seconds), and the
+        #: first's (``align="first"``: window 0 starts there).
+        self._stamp = -math.inf
+        self._t0_stamp = 0.0
         #: The token quota per window (None: none) and the tokens let through in it.
         self.tokens = tokens
         self._spent = 0
@@ -359,7 +365,8 @@ class QuotaServer:
             early = self._running(sent_at)
             if self.quota_headers == "express":
                 return self._express(path, get, mono, now, sent_at, early, client)
-            stamp = now.timestamp()
+            # The server's clock, never back: a step back would start a window again.
+            stamp = self._stamp = max(now.timestamp(), self._stamp)
             index, left = self._window_of(mono, stamp)
             date = format_http_date(now)  # truncated to the second: never after `now`
             if self._let_in(body):
@@ -392,14 +399,14 @@ class QuotaServer:
             return 429, told, body, date
 
     def _window_of(self, mono: float, stamp: float) -> tuple[int, float]:
-        """(Lock held.) The window a request decided at ``mono`` (monotonic) and
-        ``stamp`` (epoch seconds) falls in, and the seconds left to its end; a new window
-        starts with nothing used."""
+        """(Lock held.) The window a request decided at ``stamp`` (epoch seconds, the
+        server clock) falls in, and the seconds left to its end; a new window starts with
+        nothing used. ``mono``: its arrival (monotonic), the log's ``t0`` for the first."""
         if self.align == "first":
             if self._t0 is None:
-                self._t0 = mono
-            index = math.floor((mono - self._t0) / self.window)
-            left = self._t0 + (index + 1) * self.window - mono
+                self._t0, self._t0_stamp = mono, stamp
+            index = math.floor((stamp - self._t0_stamp) / self.window)
+            left = self._t0_stamp + (index + 1) * self.window - stamp
         else:
             index = math.floor(stamp / self.window)
             left = (index + 1) * self.window - stamp

@@ -6,12 +6,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
 import requests
 
-from retry_after_adapter import ConfigurationError, FakeClock
+from retry_after_adapter import (
+    ConfigurationError,
+    FakeClock,
+    MemoryCooldownStore,
+    RetryAfterAdapter,
+    RetryAfterRetry,
+)
+from retry_after_adapter.clock import SystemClock
 from retry_after_adapter.testing import QuotaServer
 from retry_after_adapter.testing.server import LOG_FIELDS
 
@@ -49,6 +58,56 @@ def test_windows_from_the_first_request_and_the_log():
     assert (first["sent_at"], first["client"], first["item"], first["status"]) == (12.5, "p1", 7, 200)
     assert throttled["status"] == 429 and throttled["retry_after"] == int(second.headers["Retry-After"])
     assert first["window"] == throttled["window"] == 0 and first["arrival"] <= first["reply_at"]
+
+
+def test_windows_from_the_first_request_run_on_the_server_clock():
+    """A window counted from the first request ends when the server's clock says so (as
+    a real server's does), not its monotonic one: here only the injected clock moves."""
+    clock = FakeClock(start=datetime(2026, 1, 1, 0, 0, 0, 400000, tzinfo=timezone.utc))
+    with QuotaServer(1, 10, align="first", clock=clock) as server:
+        assert [requests.get(server.url, timeout=5).status_code for _ in range(2)] == [200, 429]
+        clock.advance(9.9)
+        assert requests.get(server.url, timeout=5).status_code == 429
+        clock.advance(0.1)
+        assert requests.get(server.url, timeout=5).status_code == 200
+        clock.set_now(clock.now() - timedelta(seconds=30))  # a step back starts no window again
+        assert requests.get(server.url, timeout=5).status_code == 429
+
+
+class AheadClock(SystemClock):
+    """A wall clock that gains 8% on the monotonic one, as a virtual machine's does when
+    its host steps it forward again and again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._start = time.monotonic()
+
+    def now(self) -> datetime:
+        return datetime.now(timezone.utc) + timedelta(seconds=(time.monotonic() - self._start) * 0.08)
+
+
+def test_a_fleet_and_the_server_agree_where_the_wall_clock_gains_on_the_monotonic_one():
+    """Eight threads, 3 requests per 1 s announced as OpenAI does (resets as durations),
+    client and server on one wall clock gaining 8% on the monotonic clock: the client
+    reads each reset on that clock and the server counts its windows on it, so no
+    request lands before a reset (with the windows counted on the monotonic clock, most
+    such runs saw two 429s, as CI's machine once did)."""
+    clock = AheadClock()
+    with QuotaServer(3, 1, align="first", quota_headers="openai", clock=clock) as server:
+        adapter = RetryAfterAdapter(RetryAfterRetry(total=5, max_wait=10, clock=clock), cooldown=MemoryCooldownStore())
+        with requests.Session() as session:
+            session.mount("http://", adapter)
+            threads = [
+                threading.Thread(target=session.get, args=(server.url + "/v1/models",), kwargs={"timeout": 10})
+                for _ in range(8)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(20)
+        stats = server.stats()
+    assert stats.ok == 8 and stats.early == 0
+    assert stats.throttled <= 1, stats
 
 
 def test_it_runs_in_its_own_process_for_the_benchmarks():
