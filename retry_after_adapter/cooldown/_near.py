@@ -20,7 +20,7 @@ without a store round trip while nothing has changed (owned by the failure layer
   what is not spent in time lapses, and a process that dies loses at most its batch.
   An open permit (a quota whose ``per + margin`` is shorter than ``OPEN_FOR``, on a
   store that settles exactly: see ``Plan.answered``) is never batched: the store gives
-  it alone.
+  it alone (a slot held here still serves its attempt).
 - **Concurrency slots held per process.** A slot given back by an attempt stays with
   the process for :data:`IDLE` seconds, for its next attempt on the scope (any
   thread), then goes back to the store. Its lease is taken a little longer than the
@@ -387,6 +387,11 @@ class Near:
             if not idle:
                 del self._idle[scope]
             return found
+
+    def reuse_slot(self, scope: str, present: datetime, lease: Lease) -> str | None:
+        """A slot this process holds idle on ``scope`` for an attempt under ``lease``
+        (its cap and ttl), taken; None: none (the store gives one)."""
+        return self._reuse(scope, present, lease[1], lease[0])
 
     def park(self, scope: str, token: str) -> bool:
         """An attempt gave its slot back: keep it idle here for :data:`IDLE` seconds

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from .. import _forksafe
 from ..errors import ConfigurationError, CooldownUnavailable
+from ._coalesce import Coalescer, may_wait
 from ._health import (
     BREAKER_FIRST,
     BREAKER_MAX,
@@ -112,6 +113,8 @@ class StoreGuard(FullStore):
         #: write-back of what the store did not take.
         self.breaker = Breaker(self.name, inner, time.monotonic)
         self.writeback = WriteBack(inner, self.local, self.breaker)
+        #: Settles waiting to be written together (see ``_coalesce``).
+        self.settles = Coalescer(self.writeback)
         #: The near copy, when the store has a change feed (see ``_near``).
         self.near: Near | None = None
         near = Near(self._release_now, self.local.get)
@@ -263,8 +266,10 @@ class StoreGuard(FullStore):
         near = self.near
         # An attempt that weighs tokens is admitted by the store itself (a batch holds
         # permits and admissions, not tokens).
-        if near is None or self.breaker.is_down or (opened > 0 and limit is not None) or weigh is not None:
+        if near is None or self.breaker.is_down or weigh is not None:
             return self._admit_store(ask, budget, present)
+        if opened > 0 and limit is not None:
+            return self._admit_open(ask, budget, present, near)
         if learn is not None and lease is not None and not near.unrated(scope):
             # The learned rate may cap the slot too: the store takes it (a slot held here
             # would pass the cold cap by, and its answers would teach the rate nothing).
@@ -295,6 +300,24 @@ class StoreGuard(FullStore):
             return answer
         end = permit if permit is not None else answer.permit
         return Granted.of(end, answer.cooldown, answer.seq, 0, token)
+
+    def _admit_open(self, ask: Ask, budget: StoreBudget | None, present: datetime, near: Near) -> Admission:
+        """An open permit is the store's to give, alone (see ``_near``); a slot this
+        process holds idle serves the attempt, and the slot the store gives is held
+        here once the attempt is over (one store operation fewer each)."""
+        scope, lease = ask.scope, ask.lease
+        token = near.reuse_slot(scope, present, lease) if lease is not None else None
+        rest_lease = None if token is not None or lease is None else near.lease_for(lease)
+        epoch = near.epoch
+        answer = self._admit_store(ask._replace(lease=rest_lease), budget, present)
+        if answer.not_before is not None:
+            if token is not None:
+                near.park(scope, token)
+            return answer
+        near.took(scope, present, answer, epoch, None, None, 0.0, 0.0, rest_lease)
+        if token is None:
+            return answer
+        return Granted.of(answer.permit, answer.cooldown, answer.seq, 0, token)
 
     def _admit_store(self, ask: Ask, budget: StoreBudget | None, present: datetime) -> Admission:
         """Admission of ``ask`` in one store operation (see :meth:`admit`)."""
@@ -389,6 +412,11 @@ class StoreGuard(FullStore):
         args: tuple[Any, ...] = (scope, limit, per, expires, at)
         if exact:
             args += (True,)
+        if now is None and may_wait(expires, at, per, exact):
+            # On the real clock (an injected one writes at once): written with others,
+            # within a share of per.
+            self.settles.add(args, per)
+            return
         if not self.writeback.write_through(self.inner.settle, args, budget):
             # Busy or down: until its stored end passes, the writer thread tries again
             # (a permit that ends too soon could let one request too many through).
@@ -470,6 +498,7 @@ class StoreGuard(FullStore):
         return self.inner.delete(scope)
 
     def close(self) -> None:
+        self.settles.flush()
         near = self.near
         if near is not None:
             near.release_all()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -341,6 +342,43 @@ class RedisCooldownStore(RedisListing, FullStore, Weights):
         """The attempt whose permit stops counting at ``expires`` was answered at ``now``
         (None: this host's present): the permit counts at least until ``now + per`` (see
         ``MemoryCooldownStore.settle``; ``exact``: until then exactly). One ``EVALSHA``."""
+        keys, args = self._settle_call(scope, limit, per, expires, now, exact)
+        try:
+            self._settle_script(keys=keys, args=args)
+        except Exception as exc:
+            raise self._failure("settle", exc) from exc
+
+    def settle_many(self, settles: Sequence[tuple[Any, ...]]) -> None:
+        """Several settles (each :meth:`settle`'s arguments) in one round trip: a
+        pipeline of their ``EVALSHA`` (not a transaction: each is one script already;
+        on a cluster, one round trip per node)."""
+        calls = [self._settle_call(*args) for args in settles]
+        script = self._settle_script
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for keys, args in calls:  # EVALSHA itself: a Script on a pipeline asks first
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            results = pipe.execute(raise_on_error=False)
+            failed = [
+                call for call, result in zip(calls, results, strict=True) if isinstance(result, Exception)
+            ]
+            for result in results:
+                if isinstance(result, Exception) and type(result).__name__ != "NoScriptError":
+                    raise result
+            if failed:  # a server without the script (new, or restarted): loaded, then the rest
+                script(keys=failed[0][0], args=failed[0][1])
+                pipe = self._client.pipeline(transaction=False)
+                for keys, args in failed[1:]:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.execute()
+        except Exception as exc:
+            raise self._failure("settle_many", exc) from exc
+
+    def _settle_call(
+        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
+        exact: bool = False,
+    ) -> tuple[list[str], list[str]]:
+        """A settle's keys and arguments for ``settle.lua``."""
         key = self.quota_key(check_scope(scope), limit, per)
         args = [
             str(to_epoch_ms(_present(now))),  # rounded up: the request reached the server before
@@ -349,10 +387,7 @@ class RedisCooldownStore(RedisListing, FullStore, Weights):
             secrets.token_hex(8),
             "1" if exact else "0",
         ]
-        try:
-            self._settle_script(keys=[key, self.quota_key(scope, limit, per, _OPEN)], args=args)
-        except Exception as exc:
-            raise self._failure("settle", exc) from exc
+        return [key, self.quota_key(scope, limit, per, _OPEN)], args
 
     def allow(
         self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,

@@ -16,8 +16,9 @@ import contextlib
 import os
 import random
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from typing import Any, NamedTuple
 
 from ..errors import ConfigurationError, CooldownStoreError
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms
@@ -256,33 +257,21 @@ class SQLiteCooldownStore(SQLiteFile, FullStore, Weights):
         (None: the present, read inside the transaction): the permit counts at least
         until ``now + per`` (see ``MemoryCooldownStore.settle``; put back if it expired
         meanwhile); ``exact``: until then exactly."""
-        check_scope(scope)
-        quota, per_ms, _, _ = quota_of(limit, per, 0.0)
-        old = to_epoch_ms(check_until(expires))
-        # The answer's time rounded *up*: the request reached the server before it.
-        fixed = None if now is None else to_epoch_ms(check_until(now))
+        self.settle_many([(scope, limit, per, expires, now, exact)])
+
+    def settle_many(self, settles: Sequence[tuple[Any, ...]]) -> None:
+        """Several settles (each :meth:`settle`'s arguments) in one immediate
+        transaction (none when none moves a permit)."""
+        checked = [_settle_args(*args) for args in settles]
 
         def settle(conn: sqlite3.Connection) -> None:
-            new = (fixed if fixed is not None else to_epoch_ms(datetime.now(timezone.utc))) + per_ms
-            moves = new > old or (new < old and exact)
-            if not (moves or exact):
-                return  # the stored end already covers the answer
+            present = to_epoch_ms(datetime.now(timezone.utc))
+            moving = [(args, new) for args in checked if (new := _settled_end(args, present)) is not None]
+            if not moving:
+                return  # every stored end already covers its answer
             with immediate(conn):
-                if exact:  # an open permit's answer: open no more
-                    conn.execute(
-                        "DELETE FROM open_permit WHERE rowid = (SELECT rowid FROM open_permit "
-                        "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
-                        (scope, quota, old),
-                    )
-                if not moves:
-                    return
-                moved = conn.execute(
-                    "UPDATE permit_log SET expires_ms = ? WHERE rowid = (SELECT rowid FROM permit_log "
-                    "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
-                    (new, scope, quota, old),
-                ).rowcount
-                if not moved:  # expired (and deleted) meanwhile: put back
-                    take_permit(conn, scope, quota, new)
+                for args, new in moving:
+                    _settle_locked(conn, args, new)
 
         self._run(settle)
 
@@ -454,3 +443,54 @@ class SQLiteCooldownStore(SQLiteFile, FullStore, Weights):
             conn.execute("UPDATE cooldown SET until_ms = ? WHERE scope = ? AND until_ms < ?", (ms, scope, ms))
             rows = conn.execute(SELECT_UNTIL, (scope,)).fetchall()
         return int(rows[0][0])
+
+
+class _Settle(NamedTuple):
+    """A settle's checked arguments: the quota's key and window (ms), the permit's
+    stored end (epoch ms), the answer's time (epoch ms, rounded up: the request reached
+    the server before it; None: the present) and whether it was open."""
+
+    scope: str
+    quota: str
+    per_ms: int
+    old: int
+    fixed: int | None
+    exact: bool
+
+
+def _settle_args(
+    scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None, exact: bool = False
+) -> _Settle:
+    check_scope(scope)
+    quota, per_ms, _, _ = quota_of(limit, per, 0.0)
+    fixed = None if now is None else to_epoch_ms(check_until(now))
+    return _Settle(scope, quota, per_ms, to_epoch_ms(check_until(expires)), fixed, bool(exact))
+
+
+def _settled_end(args: _Settle, present: int) -> int | None:
+    """The permit's new end (epoch ms), or None when the settle changes nothing (its
+    stored end already covers the answer, and it was not open)."""
+    new = (args.fixed if args.fixed is not None else present) + args.per_ms
+    moves = new > args.old or (new < args.old and args.exact)
+    return new if moves or args.exact else None
+
+
+def _settle_locked(conn: sqlite3.Connection, args: _Settle, new: int) -> None:
+    """(In an immediate transaction.) One settle: an open permit open no more, and the
+    permit's end moved to ``new`` (put back if it expired meanwhile)."""
+    scope, quota, _, old, _, exact = args
+    if exact:  # an open permit's answer: open no more
+        conn.execute(
+            "DELETE FROM open_permit WHERE rowid = (SELECT rowid FROM open_permit "
+            "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
+            (scope, quota, old),
+        )
+    if new == old:
+        return
+    moved = conn.execute(
+        "UPDATE permit_log SET expires_ms = ? WHERE rowid = (SELECT rowid FROM permit_log "
+        "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
+        (new, scope, quota, old),
+    ).rowcount
+    if not moved:  # expired (and deleted) meanwhile: put back
+        take_permit(conn, scope, quota, new)

@@ -1,0 +1,132 @@
+"""Settles written together: one store operation carries every permit settle a process
+made within a short while (owned by the failure layer, one per store).
+
+An answered attempt settles its quota permit (``Store.settle``): an open permit ends
+exactly at ``answer + per``, a late one moves there. Written one by one, that is a
+store round trip per attempt. Here each settle waits at most
+:func:`settle_delay` seconds (a share of the quota's ``per``) and every settle waiting
+goes in one ``Store.settle_many`` (one Redis pipeline, one SQLite transaction), once
+the first of them is due or :data:`FLUSH_COUNT` wait.
+
+Why the wait never lets a request too many through: until its settle lands, a permit
+counts as the store holds it. An open permit counts until its grant + per + margin +
+``OPEN_FOR`` (longer than its settled end), and a late one is only coalesced while its
+stored end is more than the wait away (:func:`may_wait`); so the store counts every
+permit at least as long as its settle would have made it, just later. What the delay
+costs is nothing either while a quota binds: a settle lands well before its permit's
+settled end (``answer + per``), so no admission waits on it. A process that is killed
+with settles waiting leaves its open permits open (they count ``OPEN_FOR`` seconds more,
+as a killed worker's always did); one that exits writes them at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import threading
+import time
+import weakref
+from datetime import datetime, timedelta
+from typing import Any
+
+from .. import _forksafe
+from ._writeback import WriteBack
+
+__all__ = ["FLUSH_COUNT", "SETTLE_DELAY", "SETTLE_SHARE", "Coalescer", "may_wait", "settle_delay"]
+
+#: The longest (seconds) a settle waits to be written with others.
+SETTLE_DELAY = 0.25
+#: ... and at most this share of its quota's ``per``.
+SETTLE_SHARE = 0.25
+#: Settles waiting that are written at once (by the thread that adds the last).
+FLUSH_COUNT = 64
+
+def settle_delay(per: float) -> float:
+    """Seconds a settle of a quota of window ``per`` may wait to be written."""
+    return min(SETTLE_DELAY, per * SETTLE_SHARE)
+
+
+def may_wait(expires: datetime, at: datetime, per: float, exact: bool) -> bool:
+    """Whether a settle (of a permit stored to end at ``expires``, answered at ``at``)
+    may wait to be written with others: an open permit's always (it counts longer
+    than its settle makes it); a late one's while its stored end is more than twice the
+    wait away (the store counts it until then anyway)."""
+    return exact or expires - at > timedelta(seconds=2 * settle_delay(per))
+
+
+class Coalescer:
+    """The settles of one store waiting to be written, and the thread that writes them
+    when the first is due (``writeback``: the store's, whose chores take a write the
+    store did not take)."""
+
+    def __init__(self, writeback: WriteBack) -> None:
+        self.writeback = writeback
+        self._cond = threading.Condition(threading.Lock())
+        #: Settles waiting, as ``Store.settle``'s arguments.
+        self._waiting: list[tuple[Any, ...]] = []
+        #: When the first waiting settle is due (monotonic seconds).
+        self._due = float("inf")
+        self._thread: threading.Thread | None = None
+        #: Operations that carried settles, and the settles they carried.
+        self.flushes = 0
+        self.carried = 0
+        _forksafe.register(self)
+        # At exit, before the store closes (its own hook, registered before, runs after).
+        atexit.register(_flush_at_exit, weakref.ref(self))
+
+    def add(self, args: tuple[Any, ...], per: float) -> None:
+        """One settle (``Store.settle``'s arguments) of a quota of window ``per``, to be
+        written within :func:`settle_delay` seconds."""
+        due = time.monotonic() + settle_delay(per)
+        with self._cond:
+            self._waiting.append(args)
+            full = len(self._waiting) >= FLUSH_COUNT
+            if due < self._due:
+                self._due = due
+                self._cond.notify()
+            if self._thread is None and not full:
+                self._thread = threading.Thread(target=self._run, name="retry-after-settles", daemon=True)
+                self._thread.start()
+        if full:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write every waiting settle now, in one store operation; those the store does
+        not take are the writer thread's chores (until their permits stop counting)."""
+        with self._cond:
+            waiting, self._waiting, self._due = self._waiting, [], float("inf")
+        if not waiting:
+            return
+        writeback = self.writeback
+        if writeback.write_through(writeback.inner.settle_many, (waiting,), None):
+            self.flushes += 1
+            self.carried += len(waiting)
+            return
+        for args in waiting:
+            writeback.add_chore("settle", args, args[3])  # until its stored end
+
+    def _run(self) -> None:
+        """The writer of waiting settles: sleeps until the first is due, writes them
+        all; ends when none waits."""
+        while True:
+            with self._cond:
+                while self._waiting and self._due > time.monotonic():
+                    self._cond.wait(self._due - time.monotonic())
+                if not self._waiting:
+                    self._thread = None
+                    return
+            self.flush()
+
+    def _after_fork(self) -> None:
+        # The parent's settles are the parent's to write; its thread is not here.
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting, self._due, self._thread = [], float("inf"), None
+
+
+def _flush_at_exit(ref: weakref.ref[Coalescer]) -> None:
+    """At exit, every waiting settle is written (an open permit left open would count
+    ``OPEN_FOR`` seconds more against the next run)."""
+    coalescer = ref()
+    if coalescer is not None:
+        with contextlib.suppress(Exception):  # at exit: a store down keeps its permits
+            coalescer.flush()
