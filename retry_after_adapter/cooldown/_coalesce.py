@@ -26,6 +26,7 @@ import contextlib
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -66,6 +67,10 @@ class Coalescer:
         self._waiting: list[tuple[Any, ...]] = []
         #: When the first waiting settle is due (monotonic seconds).
         self._due = float("inf")
+        #: Checks to run when due (monotonic seconds), each told whether the process
+        #: exits: a batch's open permits not spent by then are given back (they add
+        #: settles here).
+        self._checks: list[tuple[float, Callable[[bool], None]]] = []
         self._thread: threading.Thread | None = None
         #: Operations that carried settles, and the settles they carried.
         self.flushes = 0
@@ -84,15 +89,25 @@ class Coalescer:
             if due < self._due:
                 self._due = due
                 self._cond.notify()
-            if self._thread is None and not full:
-                self._thread = threading.Thread(target=self._run, name="retry-after-settles", daemon=True)
-                self._thread.start()
+            if not full:
+                self._start()
         if full:
             self.flush()
 
-    def flush(self) -> None:
-        """Write every waiting settle now, in one store operation; those the store does
-        not take are the writer thread's chores (until their permits stop counting)."""
+    def check_at(self, due: float, check: Callable[[bool], None]) -> None:
+        """Run ``check(exiting)`` at ``due`` (monotonic seconds; at exit, with ``exiting``
+        True): what it adds is written with the other settles."""
+        with self._cond:
+            self._checks.append((due, check))
+            self._cond.notify()
+            self._start()
+
+    def flush(self, exiting: bool = False) -> None:
+        """Write every waiting settle now, in one store operation (``exiting``: every
+        check run first); those the store does not take are the writer thread's chores
+        (until their permits stop counting)."""
+        if exiting:
+            self._run_checks(float("inf"))
         with self._cond:
             waiting, self._waiting, self._due = self._waiting, [], float("inf")
         if not waiting:
@@ -105,22 +120,44 @@ class Coalescer:
         for args in waiting:
             writeback.add_chore("settle", args, args[3])  # until its stored end
 
+    def _run_checks(self, now: float) -> None:
+        """Run the checks due at ``now`` (monotonic seconds; inf: every one, at exit)."""
+        exiting = now == float("inf")
+        with self._cond:
+            due = [check for at, check in self._checks if at <= now]
+            if due:
+                self._checks = [(at, check) for at, check in self._checks if at > now]
+        for check in due:
+            check(exiting)
+
+    def _start(self) -> None:
+        """(Lock held.) Start the writer thread unless it runs."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="retry-after-settles", daemon=True)
+            self._thread.start()
+
     def _run(self) -> None:
-        """The writer of waiting settles: sleeps until the first is due, writes them
-        all; ends when none waits."""
+        """The writer thread: runs each check when due, and writes the waiting settles
+        when the first is due; ends when nothing waits."""
         while True:
             with self._cond:
-                while self._waiting and self._due > time.monotonic():
-                    self._cond.wait(self._due - time.monotonic())
-                if not self._waiting:
-                    self._thread = None
-                    return
-            self.flush()
+                while True:
+                    if not (self._waiting or self._checks):
+                        self._thread = None
+                        return
+                    now = time.monotonic()
+                    wake = min(self._due, min((at for at, _ in self._checks), default=float("inf")))
+                    if wake <= now:
+                        break
+                    self._cond.wait(wake - now)
+            self._run_checks(now)
+            if self._due <= time.monotonic():
+                self.flush()
 
     def _after_fork(self) -> None:
         # The parent's settles are the parent's to write; its thread is not here.
         self._cond = threading.Condition(threading.Lock())
-        self._waiting, self._due, self._thread = [], float("inf"), None
+        self._waiting, self._due, self._thread, self._checks = [], float("inf"), None, []
 
 
 def _flush_at_exit(ref: weakref.ref[Coalescer]) -> None:
@@ -129,4 +166,4 @@ def _flush_at_exit(ref: weakref.ref[Coalescer]) -> None:
     coalescer = ref()
     if coalescer is not None:
         with contextlib.suppress(Exception):  # at exit: a store down keeps its permits
-            coalescer.flush()
+            coalescer.flush(exiting=True)

@@ -15,12 +15,18 @@ without a store round trip while nothing has changed (owned by the failure layer
   takes several in one store operation (``admit``'s ``batch``) and spends them within
   ``hold`` seconds of their grant; each counts ``per + margin + hold`` seconds in the
   store, so every arrival at the server still falls inside what the store counts. The
-  batch is sized to the process's rate over the last second (about
-  :data:`BATCH_TARGET` permits per operation, ``hold`` at most a tenth of ``per``);
-  what is not spent in time lapses, and a process that dies loses at most its batch.
+  batch is sized to the process's rate over the last second (what it spends in two
+  thirds of the longest hold, at most :data:`BATCH_TARGET` permits; ``hold`` at most a
+  tenth of ``per``); while one thread takes the next batch, the others wait
+  for it rather than each asking for a permit. What is not spent in time lapses, and a
+  process that dies loses at most its batch.
   An open permit (a quota whose ``per + margin`` is shorter than ``OPEN_FOR``, on a
-  store that settles exactly: see ``Plan.answered``) is never batched: the store gives
-  it alone (a slot held here still serves its attempt).
+  store that settles exactly: see ``Plan.answered``) is batched too: each permit of the
+  batch is open in the store (counting ``OPEN_FOR`` longer) until the answer of the
+  attempt that spent it settles it; those not spent within ``hold`` are given back
+  then (settled to end at once: never sent, they need not count), with the other
+  settles (``_coalesce``). A process killed before leaves them counting ``OPEN_FOR``
+  longer, as a killed worker's open permit always did.
 - **Concurrency slots held per process.** A slot given back by an attempt stays with
   the process for :data:`IDLE` seconds, for its next attempt on the scope (any
   thread), then goes back to the store. Its lease is taken a little longer than the
@@ -52,7 +58,7 @@ __all__ = ["BATCH_TARGET", "IDLE", "Near"]
 log = logging.getLogger("retry_after_adapter")
 
 #: Permits a batch aims at (one store operation per this many attempts, at most).
-BATCH_TARGET = 16
+BATCH_TARGET = 64
 #: The longest (a share of the quota's ``per``) a batch's permit may wait to be spent.
 HOLD_SHARE = 0.1
 #: The longest (seconds) an admission of an announced allowance taken in a batch may
@@ -89,7 +95,7 @@ class _Permits:
     """One quota's batch of permits in this process (or a scope's admissions of an
     announced allowance, numbered from ``seq``), and its recent rate."""
 
-    __slots__ = ("count", "end", "rate", "refilling", "seq", "since", "spend_by", "spent")
+    __slots__ = ("count", "end", "open", "rate", "refilling", "seq", "since", "spend_by", "spent")
 
     def __init__(self, now: datetime) -> None:
         self.count = 0  # permits left to spend
@@ -102,6 +108,9 @@ class _Permits:
         self.rate = 0.0  # permits per second over the last whole second
         self.since = now
         self.spent = 0
+        #: The batch's permits are open (see ``Plan.answered``): those not spent are
+        #: given back (``Near.give_back``), else they would count ``OPEN_FOR`` longer.
+        self.open = False
 
 
 class _Slot(NamedTuple):
@@ -129,10 +138,16 @@ class Near:
         #: which mirrors every store answer and holds what this process learned.
         self._cooldown = cooldown
         self._lock = threading.Lock()
+        #: Notified when a quota's batch came (or the thread taking it gave up).
+        self._refilled = threading.Condition(self._lock)
         self._known: dict[str, _Known] = {}
         #: Goes up at every change delivered: an answer read across one is not kept.
         self.epoch = 0
         self._permits: dict[_Quota, _Permits] = {}
+        #: Gives back ``count`` open permits of a quota's batch that ends at ``end``,
+        #: never spent (set by the failure layer); and those waiting for it.
+        self.give_back_permits: Callable[[_Quota, datetime, int], None] | None = None
+        self._lapsed: list[tuple[_Quota, datetime, int]] = []
         #: Slots this process holds: per scope, the idle ones; every held token's scope.
         self._idle: dict[str, list[_Slot]] = {}
         self._held: dict[str, tuple[str, datetime, int]] = {}
@@ -269,7 +284,10 @@ class Near:
         permits = self._permits.get(key)
         if permits is None or permits.rate <= 0 or not self.fresh():
             return 1, 0.0
-        size = min(BATCH_TARGET, math.floor(permits.rate * longest), most)
+        # What the process spends within two thirds of the longest hold (spent in time),
+        # or two when it spends two within it.
+        spends = permits.rate * longest
+        size = min(BATCH_TARGET, max(math.floor(spends / 1.5), min(2, math.floor(spends))), most)
         if size < 2:
             return 1, 0.0
         now = time.monotonic()
@@ -283,10 +301,20 @@ class Near:
 
     def took(
         self, scope: str, present: datetime, answer: Admission, epoch: int, limit: int | None,
-        per: float | None, margin: float, hold: float, lease: Lease | None,
+        per: float | None, margin: float, hold: float, lease: Lease | None, opened: bool = False,
     ) -> None:
         """The store admitted an attempt at ``present`` (read at ``epoch``): keep what it
-        said of the scope, the batch's extra permits and the slot's lease."""
+        said of the scope, the batch's extra permits (``opened``: open ones) and the
+        slot's lease."""
+        try:
+            self._took(scope, present, answer, epoch, limit, per, margin, hold, lease, opened)
+        finally:
+            self._give_lapsed()
+
+    def _took(
+        self, scope: str, present: datetime, answer: Admission, epoch: int, limit: int | None,
+        per: float | None, margin: float, hold: float, lease: Lease | None, opened: bool,
+    ) -> None:
         with self._lock:
             if epoch == self.epoch:
                 if len(self._known) >= KNOWN_MAX:
@@ -296,8 +324,10 @@ class Near:
             if limit is not None and per is not None and answer.permit is not None:
                 permits = self._count(scope, limit, per, margin, present)
                 permits.refilling = 0.0
+                self._refilled.notify_all()
                 if answer.extra > 0:
-                    permits.count = answer.extra
+                    self._lapse((scope, limit, per, margin), permits)  # the batch it replaces
+                    permits.count, permits.open = answer.extra, opened
                     permits.end = answer.permit + timedelta(seconds=hold)
                     permits.spend_by = present + timedelta(seconds=hold)
             if answer.seq is not None:
@@ -345,10 +375,34 @@ class Near:
         return permits
 
     def _spend(self, scope: str, limit: int, per: float, margin: float, present: datetime) -> datetime | None:
-        """A permit of the batch, if one is left to spend at ``present``: its end."""
+        """A permit of the batch, if one is left to spend at ``present``: its end. While
+        another thread takes the quota's next batch, this one waits for it (no longer
+        than that thread's claim), rather than asking the store for a permit of its own."""
+        key = (scope, limit, per, margin)
+        started = time.monotonic()
         with self._lock:
-            permits = self._take((scope, limit, per, margin), present)
-            return None if permits is None else permits.end
+            permits = self._take(key, present)
+            while permits is None:
+                batch = self._permits.get(key)
+                now = time.monotonic()
+                if batch is None or batch.refilling <= now:
+                    break
+                self._refilled.wait(batch.refilling - now)
+                permits = self._take(key, present + timedelta(seconds=time.monotonic() - started))
+            end = None if permits is None else permits.end
+        self._give_lapsed()
+        return end
+
+    def refilled(self, scope: str, limit: int | None, per: float | None, margin: float) -> None:
+        """The thread that claimed the quota's next batch is done (granted or not): the
+        threads waiting for it go on."""
+        if limit is None or per is None:
+            return
+        with self._lock:
+            permits = self._permits.get((scope, limit, per, margin))
+            if permits is not None:
+                permits.refilling = 0.0
+            self._refilled.notify_all()
 
     def _take(self, key: _Quota, present: datetime) -> _Permits | None:
         """(Lock held.) One of ``key``'s batch taken at ``present`` (its rate counted):
@@ -358,11 +412,39 @@ class Near:
         if permits is None or permits.count <= 0 or permits.spend_by is None:
             return None
         if present >= permits.spend_by:
-            permits.count = 0
+            self._lapse(key, permits)
             return None
         permits.count -= 1
         self._count(*key, present)
         return permits
+
+    def _lapse(self, key: _Quota, permits: _Permits) -> None:
+        """(Lock held.) The batch's permits not spent lapse: open ones are given back
+        (after the lock, by :meth:`_give_lapsed`)."""
+        if permits.count > 0 and permits.open and permits.end is not None:
+            self._lapsed.append((key, permits.end, permits.count))
+        permits.count = 0
+
+    def lapse_due(self, key: _Quota, end: datetime, exiting: bool = False) -> None:
+        """The batch of ``key`` ending at ``end`` reached its spend-by time (on the
+        monotonic clock; or the process exits): what is left of it lapses, and is given
+        back if open."""
+        with self._lock:
+            permits = self._permits.get(key)
+            if permits is not None and permits.end == end:
+                self._lapse(key, permits)
+        self._give_lapsed()
+
+    def _give_lapsed(self) -> None:
+        """Give back the open permits that lapsed (``give_back``: the failure layer's)."""
+        if not self._lapsed:
+            return
+        with self._lock:
+            lapsed, self._lapsed = self._lapsed, []
+        give_back = self.give_back_permits
+        for key, end, count in lapsed:
+            if give_back is not None:
+                give_back(key, end, count)
 
     # -- slots -----------------------------------------------------------------------
     def _reuse(self, scope: str, present: datetime, ttl: float, cap: int) -> str | None:
@@ -387,11 +469,6 @@ class Near:
             if not idle:
                 del self._idle[scope]
             return found
-
-    def reuse_slot(self, scope: str, present: datetime, lease: Lease) -> str | None:
-        """A slot this process holds idle on ``scope`` for an attempt under ``lease``
-        (its cap and ttl), taken; None: none (the store gives one)."""
-        return self._reuse(scope, present, lease[1], lease[0])
 
     def park(self, scope: str, token: str) -> bool:
         """An attempt gave its slot back: keep it idle here for :data:`IDLE` seconds
@@ -480,6 +557,7 @@ class Near:
         """In a forked child: the parent's copy, batches and slots are not this
         process's (its slots are the parent's to give back); the feed is made again."""
         self._lock = threading.Lock()
+        self._refilled = threading.Condition(self._lock)
         self._giving = threading.Lock()
         self._known.clear()
         self._permits.clear()

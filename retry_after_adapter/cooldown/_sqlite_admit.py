@@ -175,6 +175,11 @@ def _grant(
             "INSERT INTO permit_log (scope, quota, expires_ms) VALUES (?, ?, ?)",
             [(scope, quota[0], later)] * extra,
         )
+        if quota[2]:  # open too when this one is: each settled by its answer, or given back
+            expected = to_epoch_ms(now) + quota[2] + round(hold * 1000)
+            conn.executemany(
+                "INSERT INTO open_permit VALUES (?, ?, ?, ?)", [(scope, quota[0], later, expected)] * extra
+            )
     take_permit(conn, scope, quota[0], end_ms, to_epoch_ms(now) + quota[2] if quota[2] else 0)
     return Granted.of(from_epoch_ms(end_ms), cooldown, seq, extra, None, units, until)
 

@@ -19,6 +19,7 @@ operation in the call's :class:`StoreBudget`; the guard is shared.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -113,16 +114,29 @@ class StoreGuard(FullStore):
         #: write-back of what the store did not take.
         self.breaker = Breaker(self.name, inner, time.monotonic)
         self.writeback = WriteBack(inner, self.local, self.breaker)
-        #: Settles waiting to be written together (see ``_coalesce``).
+        #: Settles waiting to be written together (see ``_coalesce``), and how many
+        #: open permits of batches were given back unspent.
         self.settles = Coalescer(self.writeback)
+        self.given_back = 0
         #: The near copy, when the store has a change feed (see ``_near``).
         self.near: Near | None = None
         near = Near(self._release_now, self.local.get)
         feed = inner.feed(near.changed)
         if feed is not None:
             near.feed = feed
+            near.give_back_permits = self._give_back_permits
             self.near = near
         _forksafe.register(self)
+
+    def _give_back_permits(self, key: tuple[str, int, float, float], end: datetime, count: int) -> None:
+        """``count`` open permits of a batch (``key``: its scope, limit, per and margin),
+        stored to end at ``end``, lapsed unspent: each settled to end now (never sent:
+        they need not count at all), with the other settles."""
+        scope, limit, per, _ = key
+        self.given_back += count
+        never = datetime.now(timezone.utc) - timedelta(seconds=per)  # settled to never + per: now
+        for _ in range(count):
+            self.settles.add((scope, limit, per, end, never, True), per)
 
     @property
     def capabilities(self) -> frozenset[type]:
@@ -259,7 +273,7 @@ class StoreGuard(FullStore):
 
     def _admit(self, ask: Ask, budget: StoreBudget | None) -> Admission:
         """:meth:`admit` but for its last check."""
-        scope, now, limit, per, lease, margin, _, _, learn, opened, weigh = ask
+        scope, now, limit, per, lease, margin, _, _, learn, _, weigh = ask
         present = now if now is not None else datetime.now(timezone.utc)
         if self.breaker.skipped(budget):
             return self._local_admit(ask, budget)
@@ -268,8 +282,6 @@ class StoreGuard(FullStore):
         # permits and admissions, not tokens).
         if near is None or self.breaker.is_down or weigh is not None:
             return self._admit_store(ask, budget, present)
-        if opened > 0 and limit is not None:
-            return self._admit_open(ask, budget, present, near)
         if learn is not None and lease is not None and not near.unrated(scope):
             # The learned rate may cap the slot too: the store takes it (a slot held here
             # would pass the cold cap by, and its answers would teach the rate nothing).
@@ -291,33 +303,26 @@ class StoreGuard(FullStore):
         batch, hold = near.batch(scope, rest, per, margin, claim=True)
         epoch = near.epoch
         missing = ask._replace(limit=rest, lease=rest_lease, batch=batch, hold=hold)
-        answer = self._admit_store(missing, budget, present)
+        opened = ask.opened > 0 and rest is not None
+        try:
+            answer = self._admit_store(missing, budget, present)
+            if answer.not_before is None:
+                near.took(scope, present, answer, epoch, rest, per, margin, hold, rest_lease, opened)
+        finally:
+            if batch > 1:  # the threads waiting for this batch go on (see Near._spend)
+                near.refilled(scope, rest, per, margin)
         if answer.not_before is not None:
             near.put_back(scope, limit, per, margin, permit, token)
             return answer
-        near.took(scope, present, answer, epoch, rest, per, margin, hold, rest_lease)
+        if opened and answer.extra > 0 and answer.permit is not None:
+            # Open permits of the batch not spent within ``hold`` are given back then.
+            assert rest is not None and per is not None
+            key, batch_end = (scope, rest, per, margin), answer.permit + timedelta(seconds=hold)
+            self.settles.check_at(time.monotonic() + hold, functools.partial(near.lapse_due, key, batch_end))
         if permit is None and token is None:
             return answer
         end = permit if permit is not None else answer.permit
         return Granted.of(end, answer.cooldown, answer.seq, 0, token)
-
-    def _admit_open(self, ask: Ask, budget: StoreBudget | None, present: datetime, near: Near) -> Admission:
-        """An open permit is the store's to give, alone (see ``_near``); a slot this
-        process holds idle serves the attempt, and the slot the store gives is held
-        here once the attempt is over (one store operation fewer each)."""
-        scope, lease = ask.scope, ask.lease
-        token = near.reuse_slot(scope, present, lease) if lease is not None else None
-        rest_lease = None if token is not None or lease is None else near.lease_for(lease)
-        epoch = near.epoch
-        answer = self._admit_store(ask._replace(lease=rest_lease), budget, present)
-        if answer.not_before is not None:
-            if token is not None:
-                near.park(scope, token)
-            return answer
-        near.took(scope, present, answer, epoch, None, None, 0.0, 0.0, rest_lease)
-        if token is None:
-            return answer
-        return Granted.of(answer.permit, answer.cooldown, answer.seq, 0, token)
 
     def _admit_store(self, ask: Ask, budget: StoreBudget | None, present: datetime) -> Admission:
         """Admission of ``ask`` in one store operation (see :meth:`admit`)."""

@@ -326,8 +326,10 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights):
                 log = self._permits[scope][key[:2]]
                 extra = extra_permits(batch, limit - len(log) + 1, limit)
                 later = at + key[2] + round(hold * 1_000_000)
+                # Open too when this one is: each settled by its own answer, or given back.
+                later_expected = expected + round(hold * 1_000_000) if expected else 0
                 for _ in range(extra):
-                    self._take_permit(scope, key, later)
+                    self._take_permit(scope, key, later, later_expected)
             until = rolled.until if units and rolled is not None else None
             # now + key[3]: the same instant as at + key[2]
             return Granted.of(now + key[3], cooldown, seq, extra, None, units, until)

@@ -241,6 +241,13 @@ if counts > 0 then
     local later = permit + tonumber(ARGV[11])
     for i = 1, extra do
       redis.call('ZADD', KEYS[2], later, ARGV[4] .. ':' .. i)
+      if opened > 0 then  -- open too: each settled by its own answer, or given back
+        redis.call('ZADD', KEYS[6], later, string.format('%d', later - opened) .. ':' .. ARGV[4] .. ':' .. i)
+      end
+    end
+    if extra > 0 and opened > 0 then
+      local lastopen = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
+      redis.call('PEXPIREAT', KEYS[6], tonumber(lastopen[2]) + 1000)
     end
     if extra > 0 then
       -- The set lives a second past its longest permit (another worker's may count
