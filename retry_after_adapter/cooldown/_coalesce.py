@@ -9,14 +9,18 @@ goes in one ``Store.settle_many`` (one Redis pipeline, one SQLite transaction), 
 the first of them is due or :data:`FLUSH_COUNT` wait.
 
 Why the wait never lets a request too many through: until its settle lands, a permit
-counts as the store holds it. An open permit counts until its grant + per + margin +
-``OPEN_FOR`` (longer than its settled end), and a late one is only coalesced while its
-stored end is more than the wait away (:func:`may_wait`); so the store counts every
-permit at least as long as its settle would have made it, just later. What the delay
+counts as the store holds it, and only a settle that ends its permit no later than
+stored waits (:func:`may_wait`: an open permit's, which counts until its grant + per +
+margin + ``OPEN_FOR`` until settled); one that moves a permit later is written at once.
+So the store counts every permit at least as long as its settle makes it. A write the
+store failed is not tried again: lost, its permits count longer; written twice (its
+reply lost, not the write), it could move another open permit of the same stored end (a
+batch's), whose request may still be on its way. What the delay
 costs is nothing either while a quota binds: a settle lands well before its permit's
-settled end (``answer + per``), so no admission waits on it. A process that is killed
-with settles waiting leaves its open permits open (they count ``OPEN_FOR`` seconds more,
-as a killed worker's always did); one that exits writes them at exit.
+settled end (``answer + per``), so no admission waits on it. A process killed (or ended
+by ``os._exit``) with settles waiting leaves its open permits open: they count
+``OPEN_FOR`` seconds more, as a killed worker's always did. One that exits normally, or
+closes its store, writes them first.
 """
 
 from __future__ import annotations
@@ -49,10 +53,11 @@ def settle_delay(per: float) -> float:
 
 def may_wait(expires: datetime, at: datetime, per: float, exact: bool) -> bool:
     """Whether a settle (of a permit stored to end at ``expires``, answered at ``at``)
-    may wait to be written with others: an open permit's always (it counts longer
-    than its settle makes it); a late one's while its stored end is more than twice the
-    wait away (the store counts it until then anyway)."""
-    return exact or expires - at > timedelta(seconds=2 * settle_delay(per))
+    may wait to be written with others: only one that ends the permit no later than
+    stored (an open permit's, answered within ``OPEN_FOR``): lost (the process killed),
+    the permit counts longer, never shorter. One that moves a permit later (a late
+    answer) is written at once."""
+    return exact and at + timedelta(seconds=per) <= expires
 
 
 class Coalescer:
@@ -72,11 +77,15 @@ class Coalescer:
         #: settles here).
         self._checks: list[tuple[float, Callable[[bool], None]]] = []
         self._thread: threading.Thread | None = None
+        #: Held while settles are written (``close`` waits for a write under way: a
+        #: store closed under it crashed the process) and once closed.
+        self._writing = threading.Lock()
+        self._closed = False
         #: Operations that carried settles, and the settles they carried.
         self.flushes = 0
         self.carried = 0
         _forksafe.register(self)
-        # At exit, before the store closes (its own hook, registered before, runs after).
+        # At exit (an open permit left open would count ``OPEN_FOR`` longer).
         atexit.register(_flush_at_exit, weakref.ref(self))
 
     def add(self, args: tuple[Any, ...], per: float) -> None:
@@ -113,12 +122,26 @@ class Coalescer:
         if not waiting:
             return
         writeback = self.writeback
-        if writeback.write_through(writeback.inner.settle_many, (waiting,), None):
-            self.flushes += 1
-            self.carried += len(waiting)
-            return
-        for args in waiting:
-            writeback.add_chore("settle", args, args[3])  # until its stored end
+        with self._writing:
+            if self._closed:
+                return  # the store is closed: its permits count as stored
+            if writeback.write_through(writeback.inner.settle_many, (waiting,), None):
+                self.flushes += 1
+                self.carried += len(waiting)
+        # Not tried again when the store failed it: each ends its permit no later than
+        # stored (:func:`may_wait`), so one lost leaves it counting longer; one tried
+        # again after it was written (its reply lost) could move another open permit
+        # of the same stored end (a batch's) before that one's answer.
+
+    def close(self) -> None:
+        """Before the store closes: every check run and every settle written, a write
+        under way waited for; nothing is written after."""
+        self.flush(exiting=True)
+        with self._writing:
+            self._closed = True
+        with self._cond:
+            self._waiting, self._checks = [], []
+            self._cond.notify()
 
     def _run_checks(self, now: float) -> None:
         """Run the checks due at ``now`` (monotonic seconds; inf: every one, at exit)."""
@@ -142,7 +165,7 @@ class Coalescer:
         while True:
             with self._cond:
                 while True:
-                    if not (self._waiting or self._checks):
+                    if self._closed or not (self._waiting or self._checks):
                         self._thread = None
                         return
                     now = time.monotonic()
@@ -158,6 +181,7 @@ class Coalescer:
         # The parent's settles are the parent's to write; its thread is not here.
         self._cond = threading.Condition(threading.Lock())
         self._waiting, self._due, self._thread, self._checks = [], float("inf"), None, []
+        self._writing = threading.Lock()
 
 
 def _flush_at_exit(ref: weakref.ref[Coalescer]) -> None:

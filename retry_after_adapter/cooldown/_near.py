@@ -17,9 +17,9 @@ without a store round trip while nothing has changed (owned by the failure layer
   store, so every arrival at the server still falls inside what the store counts. The
   batch is sized to the process's rate over the last second (what it spends in two
   thirds of the longest hold, at most :data:`BATCH_TARGET` permits; ``hold`` at most a
-  tenth of ``per``); while one thread takes the next batch, the others wait
-  for it rather than each asking for a permit. What is not spent in time lapses, and a
-  process that dies loses at most its batch.
+  tenth of ``per``, half of ``per`` for open permits); while one thread takes the
+  next batch, the others wait for it rather than each asking for a permit. What is not
+  spent in time lapses, and a process that dies loses at most its batch.
   An open permit (a quota whose ``per + margin`` is shorter than ``OPEN_FOR``, on a
   store that settles exactly: see ``Plan.answered``) is batched too: each permit of the
   batch is open in the store (counting ``OPEN_FOR`` longer) until the answer of the
@@ -61,12 +61,17 @@ log = logging.getLogger("retry_after_adapter")
 BATCH_TARGET = 64
 #: The longest (a share of the quota's ``per``) a batch's permit may wait to be spent.
 HOLD_SHARE = 0.1
+#: ... and an open permit of a batch (see ``batch``).
+OPEN_HOLD_SHARE = 0.5
 #: The longest (seconds) an admission of an announced allowance taken in a batch may
 #: wait to be spent (never past the server's reset).
 UNIT_HOLD = 0.1
 #: Seconds the other threads ask for single permits while one takes a batch (or until
 #: its answer comes).
 REFILL_WAIT = 0.2
+#: Seconds a thread waits at most for the batch another thread is taking (then it asks
+#: the store for a permit of its own: a call's deadline is not waited past by much).
+REFILL_AWAIT = 0.05
 #: Seconds the reaper thread stays with nothing to give back before it ends.
 REAPER_LINGER = 1.0
 #: Seconds a slot given back waits in the process for another attempt of its scope.
@@ -267,15 +272,19 @@ class Near:
             self.park(scope, token)
 
     def batch(
-        self, scope: str, limit: int | None, per: float | None, margin: float, claim: bool = False
+        self, scope: str, limit: int | None, per: float | None, margin: float, claim: bool = False,
+        opened: bool = False,
     ) -> tuple[int, float]:
         """``(batch, hold)`` for the next store operation of the scope: its quota's
         permits (or, without a quota, the admissions of its announced allowance), one
         (no hold) until the process's rate makes a batch worth it. ``claim``: the
-        caller is about to ask for it, so other threads ask for one meanwhile."""
+        caller is about to ask for it, so other threads ask for one meanwhile.
+        ``opened``: the quota's permits are open, held up to :data:`OPEN_HOLD_SHARE`
+        of ``per`` (each is settled by its answer, or given back unspent: holding it
+        longer costs the quota nothing)."""
         if limit is not None and per is not None:
             key: _Quota = (scope, limit, per, margin)
-            longest, most = HOLD_SHARE * per, max(1, limit // 4)
+            longest, most = (OPEN_HOLD_SHARE if opened else HOLD_SHARE) * per, max(1, limit // 4)
         else:
             known = self._known.get(scope)
             if known is None or not known.counted:
@@ -377,7 +386,8 @@ class Near:
     def _spend(self, scope: str, limit: int, per: float, margin: float, present: datetime) -> datetime | None:
         """A permit of the batch, if one is left to spend at ``present``: its end. While
         another thread takes the quota's next batch, this one waits for it (no longer
-        than that thread's claim), rather than asking the store for a permit of its own."""
+        than that thread's claim, nor :data:`REFILL_AWAIT`), rather than asking the store
+        for a permit of its own."""
         key = (scope, limit, per, margin)
         started = time.monotonic()
         with self._lock:
@@ -385,9 +395,9 @@ class Near:
             while permits is None:
                 batch = self._permits.get(key)
                 now = time.monotonic()
-                if batch is None or batch.refilling <= now:
+                if batch is None or batch.refilling <= now or now - started >= REFILL_AWAIT:
                     break
-                self._refilled.wait(batch.refilling - now)
+                self._refilled.wait(min(batch.refilling - now, started + REFILL_AWAIT - now))
                 permits = self._take(key, present + timedelta(seconds=time.monotonic() - started))
             end = None if permits is None else permits.end
         self._give_lapsed()
@@ -561,6 +571,7 @@ class Near:
         self._giving = threading.Lock()
         self._known.clear()
         self._permits.clear()
+        self._lapsed = []  # the parent's to give back
         self._idle.clear()
         self._held.clear()
         self._due = []

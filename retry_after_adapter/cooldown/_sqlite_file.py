@@ -533,6 +533,9 @@ class SQLiteFile:
 
     def close(self) -> None:
         """Close this process's connections. The store cannot be used afterwards."""
+        from .base import quiesce_guard
+
+        quiesce_guard(self)
         with self._lock:
             self._closed = True
             conns, self._conns = self._conns, set()

@@ -70,9 +70,18 @@ class WriteBack:
         self._stranded = False
         self.written_back = 0
         self._writer: threading.Thread | None = None
+        #: Held while the writer thread writes, and once closed: ``close`` waits for a
+        #: write under way (a store closed under it crashed the process).
+        self._writing = threading.Lock()
+        self._closed = False
         #: Writes the store did not take (busy or down) that must still land: slots to
         #: give back and permits to settle, as (operation, arguments, give up at).
         self._chores: list[tuple[str, tuple[Any, ...], datetime]] = []
+
+    @property
+    def chores_waiting(self) -> int:
+        """How many writes the store did not take wait for the writer thread."""
+        return len(self._chores)
 
     @property
     def pending(self) -> int:
@@ -279,17 +288,30 @@ class WriteBack:
             with self.lock:
                 chores, self._chores = self._chores, []
                 scope = next(iter(self._pending), None) if self.breaker.is_down else None
-                if scope is None and not chores:
+                if self._closed or (scope is None and not chores):
                     self._writer = None
                     return
-            self._do_again(chores)
-            if scope is not None:
-                # Its success writes every other pending cooldown back (``_answered``).
-                until = self.local.get(scope)
-                if until is not None:
-                    self.write_through(self.inner.extend, (scope, until), None)
-                else:
-                    self.write_through(self.inner.get, (scope,), None)
+            with self._writing:
+                if self._closed:
+                    continue
+                self._write_once(chores, scope)
+
+    def _write_once(self, chores: list[tuple[str, tuple[Any, ...], datetime]], scope: str | None) -> None:
+        """One turn of the writer thread: the chores again, and a pending scope's
+        cooldown (whose success writes every other one back: ``_answered``)."""
+        self._do_again(chores)
+        if scope is not None:
+            until = self.local.get(scope)
+            if until is not None:
+                self.write_through(self.inner.extend, (scope, until), None)
+            else:
+                self.write_through(self.inner.get, (scope,), None)
+
+    def close(self) -> None:
+        """Before the store closes: a write of the writer thread under way is waited
+        for, and the thread writes nothing after (it ends at its next turn)."""
+        with self._writing:
+            self._closed = True
 
     def _do_again(self, chores: list[tuple[str, tuple[Any, ...], datetime]]) -> None:
         """Try the writes the store did not take again; keep those that fail while they
@@ -312,5 +334,6 @@ class WriteBack:
 
     def after_fork(self) -> None:
         self.lock = threading.Lock()
+        self._writing = threading.Lock()
         self._writer = None  # the parent's thread does not exist here
         self._chores = []

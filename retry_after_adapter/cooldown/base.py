@@ -421,6 +421,19 @@ class Store(ABC):
         return frozenset(mixin for mixin in CAPABILITIES if isinstance(self, mixin))
 
 
+#: The attribute a store's failure layer (``guard.StoreGuard``) is kept under.
+GUARD_ATTR = "_retry_after_guard"
+
+
+def quiesce_guard(store: object) -> None:
+    """Before ``store`` closes: what its failure layer's threads hold (settles, writes
+    tried again) is written or dropped, and they write nothing after (a write racing
+    the close crashed a process)."""
+    guard = getattr(store, GUARD_ATTR, None)
+    if guard is not None:
+        guard.quiesce()
+
+
 # -- capabilities: one mixin each ------------------------------------------------------
 class QuotaLogs(ABC):  # noqa: B024 - a capability declared by type; its work is admit's
     """``admit`` takes a configured quota's permits (``Ask.limit``, ``per``, ``margin``,

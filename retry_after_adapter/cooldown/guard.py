@@ -44,7 +44,7 @@ from ._health import (
 )
 from ._near import Near
 from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack
-from .base import Admission, Ask, FullStore, Granted, Hold, Weighed
+from .base import GUARD_ATTR, Admission, Ask, FullStore, Granted, Hold, Weighed
 from .freshness import Freshness
 from .legacy import as_store
 from .memory import MemoryCooldownStore
@@ -300,10 +300,10 @@ class StoreGuard(FullStore):
             return answer
         rest = None if permit is not None else limit
         rest_lease = None if token is not None or lease is None else near.lease_for(lease)
-        batch, hold = near.batch(scope, rest, per, margin, claim=True)
+        opened = ask.opened > 0 and rest is not None
+        batch, hold = near.batch(scope, rest, per, margin, claim=True, opened=opened)
         epoch = near.epoch
         missing = ask._replace(limit=rest, lease=rest_lease, batch=batch, hold=hold)
-        opened = ask.opened > 0 and rest is not None
         try:
             answer = self._admit_store(missing, budget, present)
             if answer.not_before is None:
@@ -422,9 +422,11 @@ class StoreGuard(FullStore):
             # within a share of per.
             self.settles.add(args, per)
             return
-        if not self.writeback.write_through(self.inner.settle, args, budget):
+        if not self.writeback.write_through(self.inner.settle, args, budget) and not exact:
             # Busy or down: until its stored end passes, the writer thread tries again
-            # (a permit that ends too soon could let one request too many through).
+            # (a permit that ends too soon could let one request too many through). An
+            # exact settle is not (see ``_coalesce.Coalescer.flush``): lost, its open
+            # permit counts longer.
             self.writeback.add_chore("settle", args, expires)
 
     def settle_weighed(
@@ -502,8 +504,13 @@ class StoreGuard(FullStore):
             self.near.changed(scope)
         return self.inner.delete(scope)
 
+    def quiesce(self) -> None:
+        """The settles written, the writer threads stopped (see ``base.quiesce_guard``)."""
+        self.settles.close()
+        self.writeback.close()
+
     def close(self) -> None:
-        self.settles.flush()
+        self.quiesce()
         near = self.near
         if near is not None:
             near.release_all()
@@ -536,7 +543,7 @@ def _no_guard() -> None:
 
 
 # ------------------------------------------------------------------ one guard per store
-_GUARD_ATTR = "_retry_after_guard"
+_GUARD_ATTR = GUARD_ATTR
 _REGISTRY_LOCK = threading.Lock()
 #: Guards of stores that take no attribute (``__slots__``): kept for the process's life.
 _PINNED: dict[int, StoreGuard] = {}

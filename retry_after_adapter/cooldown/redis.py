@@ -51,6 +51,7 @@ from .base import (
     Weights,
     check_scope,
     check_until,
+    quiesce_guard,
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome
 from .rate import RATE_KEPT, Rate
@@ -488,7 +489,9 @@ class RedisCooldownStore(RedisListing, FullStore, Weights):
         return RedisFeed(self._client, self._channel, changed, self._failure) if self._channel else None
 
     def close(self) -> None:
-        """Close the client's connections (a client passed in is the caller's to close)."""
+        """Close the client's connections (a client passed in is the caller's to close),
+        what waits to be written first (see ``base.quiesce_guard``)."""
+        quiesce_guard(self)
         if self._url_args is not None:
             try:
                 self._client.close()

@@ -29,15 +29,23 @@ from ..conftest import RedisServer
 SCOPE = "https://api.example.com:443"
 
 
-def in_threads(count: int, work: Any) -> float:
-    """``work()`` in ``count`` threads started together; the seconds until all ended."""
-    started = time.monotonic()
-    threads = [threading.Thread(target=work) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    return time.monotonic() - started
+def gets_in_threads(adapter: RetryAfterAdapter, url: str, threads: int, each: int) -> float:
+    """``each`` GETs of ``url`` (every one a 200) in each of ``threads`` threads started
+    together, on one Session with ``adapter`` mounted; the seconds until all ended."""
+    with requests.Session() as session:
+        session.mount("http://", adapter)
+
+        def work() -> None:
+            for _ in range(each):
+                assert session.get(url, timeout=10).status_code == 200
+
+        started = time.monotonic()
+        running = [threading.Thread(target=work) for _ in range(threads)]
+        for thread in running:
+            thread.start()
+        for thread in running:
+            thread.join(60)
+        return time.monotonic() - started
 
 
 def test_a_fleets_settles_ride_few_store_operations(store_url: str) -> None:
@@ -46,17 +54,10 @@ def test_a_fleets_settles_ride_few_store_operations(store_url: str) -> None:
     per 10 requests (one each before)."""
     store = store_from_url(store_url)
     adapter = RetryAfterAdapter(RetryAfterRetry(total=2), cooldown=store, quota=Quota(10**6, per=1))
-    with QuotaServer(10**6, 1) as server, requests.Session() as session:
-        session.mount("http://", adapter)
-
-        def work() -> None:
-            for _ in range(50):
-                assert session.get(server.url + "/x", timeout=10).status_code == 200
-
-        in_threads(8, work)
+    with QuotaServer(10**6, 1) as server:
+        gets_in_threads(adapter, server.url + "/x", 8, 50)
         guard = guard_of(store)
-        time.sleep(0.2)  # past every batch's hold: what was not spent is given back
-        guard.settles.flush()
+        guard.settles.flush(exiting=True)  # what no batch spent given back too
         assert server.stats().requests == 400
     # Each answer's settle, and each open permit of a batch given back unspent.
     assert guard.settles.carried == 400 + guard.given_back
@@ -71,18 +72,11 @@ def test_a_binding_quota_holds_at_the_server_and_is_not_slowed(store_url: str) -
     permit (which would count 10 s longer, open) holds the quota back."""
     store = store_from_url(store_url)
     adapter = RetryAfterAdapter(RetryAfterRetry(total=2, max_wait=10), cooldown=store, quota=Quota(40, per=0.5))
-    with QuotaServer(40, 0.5, align="first") as server, requests.Session() as session:
-        session.mount("http://", adapter)
-
-        def work() -> None:
-            for _ in range(20):
-                assert session.get(server.url + "/x", timeout=10).status_code == 200
-
-        wall = in_threads(8, work)
+    with QuotaServer(40, 0.5, align="first") as server:
+        wall = gets_in_threads(adapter, server.url + "/x", 8, 20)
         stats = server.stats()
         guard = guard_of(store)
-        time.sleep(0.1)  # past every batch's hold (at most a tenth of per)
-        guard.settles.flush()
+        guard.settles.flush(exiting=True)  # what no batch spent given back too
     assert stats.ok == 160 and stats.throttled == 0 and stats.early == 0, stats
     assert guard.settles.carried == 160 + guard.given_back
     print(f"wall {wall:.2f} s, {guard.settles.flushes} flushes, {guard.given_back} given back")
@@ -95,9 +89,11 @@ CHILD = """
 import os, signal, sys
 from datetime import datetime, timezone
 from retry_after_adapter import store_from_url
+from retry_after_adapter.cooldown import _coalesce
 from retry_after_adapter.cooldown.base import Ask
 from retry_after_adapter.cooldown.guard import guard_of
 
+_coalesce.SETTLE_DELAY = _coalesce.SETTLE_SHARE = 60.0  # none written by time, however slow this is
 url, how = sys.argv[1], sys.argv[2]
 guard = guard_of(store_from_url(url))
 scope = "https://api.example.com:443/" + how
@@ -136,9 +132,10 @@ def test_a_process_ending_with_settles_waiting(store_url: str, how: str) -> None
 def test_on_redis_a_quota_and_a_cap_cost_one_round_trip_per_request(redis_url: str, redis_module: Any) -> None:
     """``Quota(10**6, per=1)`` and ``max_concurrency=100`` that never bind, 8 threads x
     50 GETs, the round trips this process sends to Redis counted at its client: the
-    admission of each open permit (one each: never batched), its settle in a pipeline of
-    many, and its slot held by the process for the next attempt (no ``ZREM`` each:
-    three round trips a request before)."""
+    admission of each open permit (one each: batches form after a second of history,
+    longer than this run), its settle in a pipeline of many, and its slot held by the
+    process for the next attempt (no ``ZREM`` each: three round trips a request
+    before)."""
     sent: collections.Counter[str] = collections.Counter()
 
     class Counting(redis_module.Redis):  # type: ignore[misc, name-defined]
@@ -164,14 +161,8 @@ def test_on_redis_a_quota_and_a_cap_cost_one_round_trip_per_request(redis_url: s
     adapter = RetryAfterAdapter(
         RetryAfterRetry(total=2), cooldown=store, quota=Quota(10**6, per=1), max_concurrency=100
     )
-    with QuotaServer(10**6, 1) as server, requests.Session() as session:
-        session.mount("http://", adapter)
-
-        def work() -> None:
-            for _ in range(50):
-                assert session.get(server.url + "/x", timeout=10).status_code == 200
-
-        in_threads(8, work)
+    with QuotaServer(10**6, 1) as server:
+        gets_in_threads(adapter, server.url + "/x", 8, 50)
         guard_of(store).settles.flush()
         requests_done = server.stats().requests
     client.close()
@@ -213,3 +204,63 @@ def test_settles_waiting_across_a_redis_restart_land(
     assert len(ends) == 2 and max(ends) <= answered.timestamp() * 1000 + 1000 + 50, ends
     assert store.admit(Ask(SCOPE, answered + timedelta(seconds=1.1), 2, 1.0, opened=10.0)).not_before is None
     client.close()
+
+
+def test_a_closed_store_gets_no_write_from_the_threads_that_write_later(tmp_path: Any) -> None:
+    """Settles the store did not take (another process holds the SQLite file) wait with
+    the writer threads; closing the store waits for a write under way and ends them:
+    nothing reaches the closed store (a write racing its close crashed a process)."""
+    import sqlite3
+
+    from retry_after_adapter import SQLiteCooldownStore
+
+    path = tmp_path / "closing.db"
+    store = SQLiteCooldownStore(path, timeout=0.05)
+    guard = guard_of(store)
+    granted = guard.admit(Ask(SCOPE, datetime.now(timezone.utc), 2, 1.0, opened=10.0))
+    assert granted.permit is not None
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    guard.settle(SCOPE, 2, 1.0, granted.permit, None, exact=True)
+    guard.settles.flush()  # the file is held: the settle becomes the writer thread's chore
+    late: list[str] = []
+    guard.close()
+    for name in ("settle", "settle_many"):
+        setattr(store, name, lambda *args, name=name: late.append(name))
+    blocker.execute("COMMIT")
+    blocker.close()
+    time.sleep(0.6)  # the writer thread's turns (every 0.1 s)
+    assert late == []
+
+
+def test_a_settle_write_that_failed_is_not_tried_again(tmp_path: Any) -> None:
+    """A batch of three open permits of ``Quota(10, per=1)`` (its two extras share their
+    stored end); one extra's settle goes in a write that reaches the file but fails
+    after (a reply lost). It is not written again: written twice, it would move the
+    other extra, whose request may still be on its way. So at 1.5 s (the settled one
+    over) eight of the ten are free, not nine: the main permit and the other extra
+    count (open)."""
+    from retry_after_adapter import CooldownStoreError, SQLiteCooldownStore
+
+    class LostReply(SQLiteCooldownStore):
+        def settle_many(self, settles: Any) -> None:
+            super().settle_many(settles)
+            raise CooldownStoreError("the reply was lost")
+
+    store = LostReply(tmp_path / "lost.db")
+    guard = guard_of(store)
+    now = datetime.now(timezone.utc)
+    granted = guard.inner.admit(Ask(SCOPE, now, 10, 1.0, None, 0.0, 3, 0.1, None, 10.0))
+    assert granted.not_before is None and granted.extra == 2 and granted.permit is not None
+    extras_end = granted.permit + timedelta(seconds=0.1)
+    guard.settles.add((SCOPE, 10, 1.0, extras_end, now, True), 1.0)
+    guard.settles.flush()
+    assert guard.settles.carried == 0
+    assert guard.writeback.chores_waiting == 0  # not the writer thread's to try again
+    later = now + timedelta(seconds=1.5)
+    taken = 0
+    while store.admit(Ask(SCOPE, later, 10, 1.0, None, 0.0, 1, 0.0, None, 10.0)).not_before is None:
+        taken += 1
+        assert taken <= 10
+    assert taken == 8
+    guard.close()

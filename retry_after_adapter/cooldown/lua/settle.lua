@@ -3,7 +3,8 @@
 -- it should it be gone and "1" for an exact settle (an open permit's answer: its entry
 -- among the open permits goes): that permit (any one with that expiry; put back if it
 -- expired meanwhile) counts until at least the answer + per (exactly, earlier too, when
--- exact); the key lives as long as its last permit.
+-- exact); the key lives as long as its last permit. (Not to be written twice: a batch's
+-- open permits share their expiry, and a second write would move another one.)
 local new = tonumber(ARGV[1]) + tonumber(ARGV[2])
 local old = tonumber(ARGV[3])
 if ARGV[5] == '1' then
