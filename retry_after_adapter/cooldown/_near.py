@@ -69,9 +69,6 @@ UNIT_HOLD = 0.1
 #: Seconds the other threads ask for single permits while one takes a batch (or until
 #: its answer comes).
 REFILL_WAIT = 0.2
-#: Seconds a thread waits at most for the batch another thread is taking (then it asks
-#: the store for a permit of its own: a call's deadline is not waited past by much).
-REFILL_AWAIT = 0.05
 #: Seconds the reaper thread stays with nothing to give back before it ends.
 REAPER_LINGER = 1.0
 #: Seconds a slot given back waits in the process for another attempt of its scope.
@@ -196,12 +193,13 @@ class Near:
     # -- admission -------------------------------------------------------------------
     def admit(
         self, scope: str, present: datetime, limit: int | None, per: float | None, margin: float,
-        lease: Lease | None,
+        lease: Lease | None, wait: float = 0.0,
     ) -> tuple[Admission | None, datetime | None, str | None]:
         """What this process can give at ``present`` without the store: ``(answer, None,
         None)`` when it answers alone (admitted, or held back by a known cooldown), else
         ``(None, permit, token)``: a permit's end and a held slot it took (None: the
-        store must give it), to be put back with :meth:`put_back` if the store refuses."""
+        store must give it), to be put back with :meth:`put_back` if the store refuses.
+        ``wait``: seconds it may wait for a batch another thread is taking."""
         known = self._fresh_known(scope)
         cooldown = self._cooldown(scope) if known is not None else None
         if cooldown is not None and cooldown > present:
@@ -210,7 +208,7 @@ class Near:
         # answer for the cooldown (then the store's operation checks it).
         permit = None
         if limit is not None and per is not None:
-            permit = self._spend(scope, limit, per, margin, present)
+            permit = self._spend(scope, limit, per, margin, present, wait)
         token = None
         if lease is not None:
             token = self._reuse(scope, present, lease[1], lease[0])
@@ -383,11 +381,13 @@ class Near:
         permits.spent += 1
         return permits
 
-    def _spend(self, scope: str, limit: int, per: float, margin: float, present: datetime) -> datetime | None:
+    def _spend(
+        self, scope: str, limit: int, per: float, margin: float, present: datetime, wait: float = 0.0
+    ) -> datetime | None:
         """A permit of the batch, if one is left to spend at ``present``: its end. While
         another thread takes the quota's next batch, this one waits for it (no longer
-        than that thread's claim, nor :data:`REFILL_AWAIT`), rather than asking the store
-        for a permit of its own."""
+        than that thread's claim, nor ``wait`` seconds: what its call has left), rather
+        than asking the store for a permit of its own."""
         key = (scope, limit, per, margin)
         started = time.monotonic()
         with self._lock:
@@ -395,9 +395,9 @@ class Near:
             while permits is None:
                 batch = self._permits.get(key)
                 now = time.monotonic()
-                if batch is None or batch.refilling <= now or now - started >= REFILL_AWAIT:
+                if batch is None or batch.refilling <= now or now - started >= wait:
                     break
-                self._refilled.wait(min(batch.refilling - now, started + REFILL_AWAIT - now))
+                self._refilled.wait(min(batch.refilling - now, started + wait - now))
                 permits = self._take(key, present + timedelta(seconds=time.monotonic() - started))
             end = None if permits is None else permits.end
         self._give_lapsed()

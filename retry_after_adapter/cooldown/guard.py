@@ -42,7 +42,7 @@ from ._health import (
     OutOfTime,
     StoreBudget,
 )
-from ._near import Near
+from ._near import REFILL_WAIT, Near
 from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack
 from .base import GUARD_ATTR, Admission, Ask, FullStore, Granted, Hold, Weighed
 from .freshness import Freshness
@@ -295,7 +295,9 @@ class StoreGuard(FullStore):
         """Admission by the near copy when it can answer alone; else what it did not
         give (a permit, a slot) is asked of the store, with a batch for later."""
         scope, _, limit, per, lease, margin, *_ = ask
-        answer, permit, token = near.admit(scope, present, limit, per, margin, lease)
+        left = budget.left() if budget is not None else None
+        wait = REFILL_WAIT if left is None else max(0.0, min(REFILL_WAIT, left))
+        answer, permit, token = near.admit(scope, present, limit, per, margin, lease, wait)
         if answer is not None:
             return answer
         rest = None if permit is not None else limit
