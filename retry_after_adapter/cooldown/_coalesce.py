@@ -93,6 +93,8 @@ class Coalescer:
         written within :func:`settle_delay` seconds."""
         due = time.monotonic() + settle_delay(per)
         with self._cond:
+            if self._closed:
+                return  # the store is closed: nothing is written to it
             self._waiting.append(args)
             full = len(self._waiting) >= FLUSH_COUNT
             if due < self._due:
@@ -107,14 +109,15 @@ class Coalescer:
         """Run ``check(exiting)`` at ``due`` (monotonic seconds; at exit, with ``exiting``
         True): what it adds is written with the other settles."""
         with self._cond:
+            if self._closed:
+                return
             self._checks.append((due, check))
             self._cond.notify()
             self._start()
 
     def flush(self, exiting: bool = False) -> None:
         """Write every waiting settle now, in one store operation (``exiting``: every
-        check run first); those the store does not take are the writer thread's chores
-        (until their permits stop counting)."""
+        check run first); a write the store does not take is dropped (see below)."""
         if exiting:
             self._run_checks(float("inf"))
         with self._cond:

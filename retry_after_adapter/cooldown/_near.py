@@ -111,7 +111,7 @@ class _Permits:
         self.since = now
         self.spent = 0
         #: The batch's permits are open (see ``Plan.answered``): those not spent are
-        #: given back (``Near.give_back``), else they would count ``OPEN_FOR`` longer.
+        #: given back (``Near.give_back_permits``), else they would count ``OPEN_FOR`` longer.
         self.open = False
 
 
@@ -446,15 +446,17 @@ class Near:
         self._give_lapsed()
 
     def _give_lapsed(self) -> None:
-        """Give back the open permits that lapsed (``give_back``: the failure layer's)."""
+        """Give back the open permits that lapsed (``give_back_permits``: the failure
+        layer's)."""
         if not self._lapsed:
             return
         with self._lock:
             lapsed, self._lapsed = self._lapsed, []
         give_back = self.give_back_permits
+        if give_back is None:
+            return
         for key, end, count in lapsed:
-            if give_back is not None:
-                give_back(key, end, count)
+            give_back(key, end, count)
 
     # -- slots -----------------------------------------------------------------------
     def _reuse(self, scope: str, present: datetime, ttl: float, cap: int) -> str | None:

@@ -306,12 +306,14 @@ class StoreGuard(FullStore):
         batch, hold = near.batch(scope, rest, per, margin, claim=True, opened=opened)
         epoch = near.epoch
         missing = ask._replace(limit=rest, lease=rest_lease, batch=batch, hold=hold)
+        granted = False
         try:
             answer = self._admit_store(missing, budget, present)
             if answer.not_before is None:
                 near.took(scope, present, answer, epoch, rest, per, margin, hold, rest_lease, opened)
+                granted = True  # took() ended the claim and woke the threads waiting for it
         finally:
-            if batch > 1:  # the threads waiting for this batch go on (see Near._spend)
+            if batch > 1 and not granted:  # refused or failed: they go on (see Near._spend)
                 near.refilled(scope, rest, per, margin)
         if answer.not_before is not None:
             near.put_back(scope, limit, per, margin, permit, token)
