@@ -1,6 +1,6 @@
 """Shared helpers for the benchmarks: statistics, tables, JSON results, the machine
 description, a fast loopback keep-alive HTTP server run in its own process, and a
-private ``redis-server``.
+private ``redis-server`` or Redis Cluster.
 
 Every benchmark prints a table and then its JSON document (after a line ``--- JSON ---``)
 and writes the same JSON to ``benchmarks/results/<name>.json`` (or to ``--out DIR``).
@@ -334,45 +334,122 @@ class RedisServer:
         self.url = f"redis://127.0.0.1:{port}/0"
 
 
-@contextlib.contextmanager
-def redis_server(workdir: str | Path) -> Iterator[tuple[RedisServer | None, str]]:
-    """Yield ``(server, "")`` for a fresh loopback redis-server (ended on exit), or
-    ``(None, why not)`` when the binary or the ``redis`` package is missing."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        yield None, "redis-server not found on PATH"
-        return
+def _missing_redis() -> str:
+    """Why a private Redis cannot run here ("" when it can)."""
+    if shutil.which("redis-server") is None:
+        return "redis-server not found on PATH"
     try:
         import redis  # noqa: F401
     except ImportError:
-        yield None, "the redis package is not installed (pip install 'retry_after_adapter[redis]')"
-        return
-    version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+        return "the redis package is not installed (pip install 'retry_after_adapter[redis]')"
+    return ""
+
+
+def _start_node(workdir: str | Path, *extra: str) -> tuple[subprocess.Popen[bytes], int] | None:
+    """A ``redis-server`` on a free loopback port that answers PING (None: it would not
+    start in five tries), without persistence, with ``extra`` arguments."""
+    binary = shutil.which("redis-server") or "redis-server"
     for _ in range(5):
         port = free_port()
         log = os.path.join(str(workdir), f"redis-{port}.log")
         args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(workdir), "--logfile", log]  # fmt: skip
+                "--dir", str(workdir), "--logfile", log, *extra]  # fmt: skip
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and proc.poll() is None and not _pings(port):
             time.sleep(0.02)
         if proc.poll() is None and _pings(port):
-            break
+            return proc, port
+        _end(proc)
+    return None
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=5)
-    else:
-        yield None, "redis-server did not start"
+
+
+def _version() -> str:
+    binary = shutil.which("redis-server") or "redis-server"
+    return subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+
+
+@contextlib.contextmanager
+def redis_server(workdir: str | Path) -> Iterator[tuple[RedisServer | None, str]]:
+    """Yield ``(server, "")`` for a fresh loopback redis-server (ended on exit), or
+    ``(None, why not)`` when the binary or the ``redis`` package is missing."""
+    why = _missing_redis()
+    started = None if why else _start_node(workdir)
+    if started is None:
+        yield None, why or "redis-server did not start"
         return
+    proc, port = started
     try:
-        yield RedisServer(proc, port, version), ""
+        yield RedisServer(proc, port, _version()), ""
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        _end(proc)
+
+
+class RedisClusterNodes:
+    """A 3-node Redis Cluster on loopback (three masters, no replicas): ``ports``,
+    ``pids``, ``version``. Made by :func:`redis_cluster`."""
+
+    def __init__(self, nodes: list[tuple[subprocess.Popen[bytes], int]], version: str) -> None:
+        self.ports = [port for _, port in nodes]
+        self.pids = [proc.pid for proc, _ in nodes]
+        self.version = version
+
+
+@contextlib.contextmanager
+def redis_cluster(workdir: str | Path, nodes: int = 3) -> Iterator[tuple[RedisClusterNodes | None, str]]:
+    """Yield ``(cluster, "")`` for a fresh ``nodes``-master Redis Cluster on loopback
+    (made with ``redis-cli --cluster create``, ended on exit), or ``(None, why not)``."""
+    why = _missing_redis() or ("" if shutil.which("redis-cli") else "redis-cli not found on PATH")
+    started: list[tuple[subprocess.Popen[bytes], int]] = []
+    try:
+        for n in range(nodes if not why else 0):
+            node_dir = Path(workdir) / f"cluster-node-{n}"
+            node_dir.mkdir(parents=True, exist_ok=True)
+            node = _start_node(node_dir, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+            if node is None:
+                why = "a cluster node did not start"
+                break
+            started.append(node)
+        if not why:
+            why = _create_cluster([port for _, port in started])
+        yield (None, why) if why else (RedisClusterNodes(started, _version()), "")
+    finally:
+        for proc, _ in started:
+            _end(proc)
+
+
+def _create_cluster(ports: list[int]) -> str:
+    """Join the nodes into one cluster and wait for it to be ready ("": done; else why not)."""
+    cli = shutil.which("redis-cli") or "redis-cli"
+    created = subprocess.run(  # no replicas (the default)
+        [cli, "--cluster", "create", *(f"127.0.0.1:{port}" for port in ports), "--cluster-yes"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if created.returncode != 0:
+        return f"redis-cli --cluster create failed: {created.stdout[-300:]} {created.stderr[-300:]}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        info = [
+            subprocess.run(
+                [cli, "-p", str(port), "cluster", "info"], capture_output=True, text=True, timeout=5
+            )
+            for port in ports
+        ]
+        if all("cluster_state:ok" in i.stdout for i in info):
+            return ""
+        time.sleep(0.1)
+    return "the Redis Cluster did not reach cluster_state:ok within 30 s"
 
 
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")

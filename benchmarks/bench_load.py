@@ -63,11 +63,11 @@ CPU: the client processes', the HTTP server's and Redis's CPU time over the wind
 the rest of the machine used besides this benchmark is shown, since other work on a
 small machine moves every figure.
 
-Then two scaling tables, memory against Redis (with push): ``--processes-list``
-(default 1, 4 and 16 processes of ``--threads`` threads: more hosts) and
-``--scopes-list`` (default 1, 16 and 256 scopes, each thread going round-robin over
-them: a scope per path, given by a plain scope function, so the 1-scope row there uses
-it too), the latter also without a quota (the near copy answering cooldowns alone).
+Then a scaling table, memory against Redis (with push): ``--scopes-list`` (default 1,
+16 and 256 scopes, each thread going round-robin over them: a scope per path, given by
+a plain scope function, so the 1-scope row there uses it too), also without a quota
+(the near copy answering cooldowns alone). How the cost grows with processes and
+threads, on Redis, a Redis Cluster and SQLite, is ``bench_scale.py``'s.
 
     python benchmarks/bench_load.py             # about 4 minutes
     python benchmarks/bench_load.py --quick     # about 40 s: 4 processes x 4 threads, short runs
@@ -133,6 +133,14 @@ def _make_store(spec: dict[str, Any]) -> Any:
         if timeout is None:
             return SQLiteCooldownStore(spec["where"], push=spec["push"])
         return SQLiteCooldownStore(spec["where"], push=spec["push"], timeout=timeout)
+    if kind == "cluster":  # "where": the port of one of its nodes
+        from redis.cluster import RedisCluster
+
+        wait = timeout or 0.1
+        client = RedisCluster(
+            host="127.0.0.1", port=spec["where"], socket_timeout=wait, socket_connect_timeout=wait
+        )
+        return RedisCooldownStore(client, prefix=spec["prefix"], push=spec["push"])
     if timeout is None:
         return RedisCooldownStore.from_url(spec["where"], prefix=spec["prefix"], push=spec["push"])
     return RedisCooldownStore.from_url(
@@ -152,7 +160,7 @@ def _session(spec: dict[str, Any], store: Any) -> Any:
     retry = RetryAfterRetry(total=5, backoff_factor=0.5, status_forcelist=(429, 502, 503, 504), deadline=30)
     kwargs: dict[str, Any] = {"cooldown": store}
     if spec["quota"]:
-        kwargs["quota"] = Quota(QUOTA_LIMIT, per=1.0)
+        kwargs["quota"] = Quota(spec.get("limit", QUOTA_LIMIT), per=spec.get("per", 1.0))
     if spec["scopes"] > 0:
         kwargs["scope"] = _path_scope
     session = requests.Session()
@@ -688,7 +696,6 @@ def main() -> None:
     p.add_argument(
         "--scaling-duration", type=float, help="measured seconds per scaling run (default 3; quick 0.8)"
     )
-    p.add_argument("--processes-list", help="processes of the hosts table (default 1,4 and --processes)")
     p.add_argument("--scopes-list", help="scopes of the scopes table (default 1,16,256; quick 1,16)")
     p.add_argument("--no-scaling", action="store_true", help="the main table only")
     p.add_argument(
@@ -715,18 +722,12 @@ def main() -> None:
     reps = args.reps or (1 if args.quick else 3)
     scaling_reps = args.scaling_reps or (1 if args.quick else 2)
     scaling_duration = args.scaling_duration or (0.8 if args.quick else 3.0)
-    if args.processes_list:
-        processes_list = [int(x) for x in args.processes_list.split(",")]
-    else:
-        processes_list = [1, processes] if args.quick else [1, 4, processes]
-    processes_list = sorted(set(processes_list))
     if args.scopes_list:
         scopes_list = [int(x) for x in args.scopes_list.split(",")]
     else:
         scopes_list = [1, 16] if args.quick else [1, 16, 256]
-    if min(processes, threads, reps, scaling_reps, *processes_list, *scopes_list) < 1 or duration <= 0:
+    if min(processes, threads, reps, scaling_reps, *scopes_list) < 1 or duration <= 0:
         p.error("counts must be at least 1 and --duration positive")
-    fleet_size = max(processes, *processes_list)
     store_timeout = args.store_timeout or None
     only = list(MAIN_KEYS) if not args.only else [k.strip() for k in args.only.split(",") if k.strip()]
     if "memory" not in only or set(only) - set(MAIN_KEYS):
@@ -736,7 +737,6 @@ def main() -> None:
     notes: list[str] = []
     main_names = [MAIN_KEYS[key] for key in only]
     main_runs: dict[str, list[dict[str, Any]]] = {name: [] for name in main_names}
-    hosts: dict[int, dict[str, list[dict[str, Any]]]] = {}
     scopes: dict[int, dict[str, list[dict[str, Any]]]] = {}
     redis_version = None
     run = 0
@@ -753,7 +753,7 @@ def main() -> None:
         if redis is not None:
             pids["redis"] = redis["pid"]
         redis_url = redis["url"] if redis is not None else None
-        fleet = Fleet(fleet_size, args.worker_nice)
+        fleet = Fleet(processes, args.worker_nice)
         try:
 
             def one(name: str, n_processes: int, window: float, **kw: Any) -> dict[str, Any] | None:
@@ -784,14 +784,6 @@ def main() -> None:
                         main_runs[name].append({**result, "rep": rep})
             if not args.no_scaling:
                 for rep in range(scaling_reps):
-                    for n_processes in processes_list:
-                        if n_processes == processes:
-                            continue  # the main table's rows
-                        row = hosts.setdefault(n_processes, {"memory": [], "Redis": []})
-                        for name in ("memory", "Redis") if rep % 2 == 0 else ("Redis", "memory"):
-                            result = one(name, n_processes, scaling_duration)
-                            if result is not None:
-                                row[name].append({**result, "rep": rep})
                     for n_scopes in scopes_list:
                         row = scopes.setdefault(n_scopes, {"memory": [], "Redis": [], "Redis, no quota": []})
                         names = ("memory", "Redis", "Redis, no quota")
@@ -814,16 +806,6 @@ def main() -> None:
         name: summarise(runs, memory_main if name != "memory" else None)
         for name, runs in main_runs.items()
         if runs
-    }
-    if processes in processes_list and not args.no_scaling:
-        hosts[processes] = {"memory": main_runs["memory"], "Redis": main_runs.get("Redis", [])}
-    hosts_summary = {
-        n: {
-            name: summarise(runs, row["memory"] if name != "memory" else None)
-            for name, runs in row.items()
-            if runs
-        }
-        for n, row in sorted(hosts.items())
     }
     scopes_summary = {
         n: {
@@ -888,38 +870,6 @@ def main() -> None:
             rows,
         )
     ]
-    if hosts_summary:
-        rows = []
-        for n, row in hosts_summary.items():
-            m, r = row.get("memory"), row.get("Redis")
-            rows.append(
-                [
-                    f"{n} x {threads}",
-                    fmt_or_dash(m["requests_per_s"], 0) if m else "-",
-                    fmt_or_dash(r["requests_per_s"], 0) if r else "-",
-                    fmt_or_dash(r.get("ratio_vs_memory"), 3) if r else "-",
-                    trips_cell(r) if r else "-",
-                    scripts_cell(r) if r else "-",
-                    fmt_or_dash(m["client_cpu_us_per_request"], 0) if m else "-",
-                    fmt_or_dash(r["client_cpu_us_per_request"], 0) if r else "-",
-                ]
-            )
-        tables.append(
-            _common.table(
-                "Hosts: processes (each a host's worth of threads), one scope, Redis with push vs memory",
-                [
-                    "processes x threads",
-                    "memory req/s",
-                    "Redis req/s",
-                    "Redis / memory",
-                    "round trips / request at the clients; commands sent (without feed)",
-                    "of which admit / settle / note",
-                    "memory client CPU us/req",
-                    "Redis client CPU us/req",
-                ],
-                rows,
-            )
-        )
     if scopes_summary:
         rows = []
         for n, row in scopes_summary.items():
@@ -1023,7 +973,6 @@ def main() -> None:
             "reps": reps,
             "scaling_reps": scaling_reps,
             "scaling_duration_s": scaling_duration,
-            "processes_list": processes_list,
             "scopes_list": scopes_list,
             "quota": {"limit": QUOTA_LIMIT, "per": 1.0},
             "quick": args.quick,
@@ -1037,7 +986,6 @@ def main() -> None:
         "targets": targets,
         "main": main_summary,
         "main_round_trips_per_request_by_command": by_command,
-        "hosts": {str(n): row for n, row in hosts_summary.items()},
         "scopes": {str(n): row for n, row in scopes_summary.items()},
     }
     _common.finish("load", payload, tables, args.out)

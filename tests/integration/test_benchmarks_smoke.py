@@ -148,7 +148,7 @@ def test_load_quick(tmp_path: Path) -> None:
         "bench_load.py",
         tmp_path,
         *("--processes", "2", "--threads", "2", "--duration", "0.6", "--warm", "0.3"),
-        *("--processes-list", "1,2", "--scopes-list", "2"),
+        *("--scopes-list", "2"),
     )
     assert doc["benchmark"] == "load"
     main = doc["main"]
@@ -165,7 +165,6 @@ def test_load_quick(tmp_path: Path) -> None:
         assert run["requests"] == pytest.approx(run["requests_per_s"] * doc["settings"]["duration_s"])
         if name != "memory":
             check_summary(s["ratio_vs_memory"], 1)
-    assert set(doc["hosts"]) == {"1", "2"}
     assert set(doc["scopes"]) == {"2"}
     if redis:
         for name in ("Redis", "Redis, push=False"):
@@ -184,6 +183,36 @@ def test_load_quick(tmp_path: Path) -> None:
         if nopush["requests"] and not nopush["store_failures"]:
             assert main["Redis, push=False"]["round_trips_per_request_without_feed"]["median"] >= 0.99
         assert set(doc["targets"]) == {"round_trips_per_request", "ratio_vs_memory"}
+
+
+@pytest.mark.slow
+def test_scale_quick(tmp_path: Path) -> None:
+    doc = run_quick(
+        "bench_scale.py",
+        tmp_path,
+        *("--processes-list", "1,2", "--threads-list", "2", "--duration", "0.6", "--warm", "0.3"),
+        "--plot",
+        str(tmp_path / "plot" / "scale.svg"),
+    )
+    assert doc["benchmark"] == "scale"
+    stores = doc["settings"]["stores"]
+    assert "sqlite" in stores
+    assert set(doc["never_binds"]) == set(doc["binds"]) == {"1x2", "2x2"}
+    limit = doc["settings"]["binding_limit"]
+    for size in ("1x2", "2x2"):
+        never, binds = doc["never_binds"][size], doc["binds"][size]
+        assert set(never) == {"memory", *stores} and set(binds) == set(stores)
+        for kind in stores:
+            assert never[kind]["not_ok"] == 0, (size, kind)  # the quota never binds
+            assert never[kind]["ratio_vs_memory"] > 0
+            # The bound, at the server: no window of 1 s ever held more than the quota.
+            assert 0 < binds[kind]["worst_window"] <= limit, (size, kind)
+            assert binds[kind]["throttled"] == 0, (size, kind)
+            if kind != "sqlite" and not never[kind]["store_failures"]:
+                assert never[kind]["round_trips_per_request"] > 0  # counted at the clients
+                assert never[kind]["commands_per_request"] >= never[kind]["round_trips_per_request"]
+    plotted = (tmp_path / "plot" / "scale.svg").exists()
+    assert plotted == any(note.startswith("plot:") for note in doc["notes"])
 
 
 @pytest.mark.slow

@@ -1,0 +1,505 @@
+"""Scaling: what a request costs a fleet on one shared store, from 8 workers to 512.
+
+A fleet of 1, 2, 4, 8 and 16 worker processes (``--processes-list``; each stands in for
+a host) of 8 and 32 threads each (``--threads-list``), each thread with its own Session,
+sends GETs as fast as it can to a loopback server, every adapter on one scope (the
+server's origin) and one of these stores:
+
+- memory: each process its own ``MemoryCooldownStore`` (nothing shared: the floor the
+  shared stores are measured against);
+- Redis: one ``RedisCooldownStore`` on one ``redis-server`` (without persistence);
+- Redis Cluster: one ``RedisCooldownStore`` on a ``redis.cluster.RedisCluster`` client
+  of a 3-master cluster on loopback (a scope's keys live in one slot, so on one node);
+- SQLite: one ``SQLiteCooldownStore`` file shared by every process.
+
+Two quotas:
+
+- never binds: ``Quota(10000, per=1)`` against the benchmarks' fast ``200 ok`` server
+  (asyncio, its own process). What the store costs: requests/s against the memory store
+  at the same size in the same repetition, Redis round trips per request (each write a
+  worker's Redis client sends within the window, counted at the clients: a pipeline is
+  one), Redis commands per request (``INFO commandstats``: the commands the scripts run
+  included; every node's, on the cluster) and Redis CPU time per request (the servers'
+  processes, from ``/proc``);
+- binds: ``Quota(250, per=1)`` (``--binding``) shared by the fleet against the project's
+  ``QuotaServer``, which allows 250 requests per fixed 1 s window and answers 429 past
+  it (a new server each run, in its own process, logging every arrival). What the
+  store keeps: requests answered 200 per second against the 250 the server allows, the
+  429s, and the most arrivals in any 1 s window (sliding over the server's log of the
+  whole run, warm-up included) against the limit. The memory store is not run here:
+  unshared, each process would spend the whole quota.
+
+Method. The worker processes (``bench_load``'s, started once, ``nice`` 5: the servers
+would run elsewhere) run every variant in turn with a fresh store (a new file, a new key
+prefix, an emptied Redis), ``--warm`` seconds unmeasured (default 1.5: a near copy sizes
+its batches from its process's rate over the last whole second) and then ``--duration``
+seconds measured (default 3). The stores get a 1 s timeout (``--store-timeout``; see
+``bench_load``: on a saturated machine replies come late and the failure layer would
+otherwise measure its fallback). Figures are medians over ``--reps`` repetitions.
+
+Flatness (issue target): cost per request within 1.2x from 8 to 256 workers. The
+report gives, per shared store, the largest over the smallest round trips per request
+and Redis CPU per request at 8 to 256 workers, never-binding quota.
+
+The plot (``--plot``, default ``<out>/scale.svg``; needs matplotlib, ``pip install -e
+'.[bench]'``): Redis round trips and Redis CPU time per request against workers.
+
+    python benchmarks/bench_scale.py            # about 10 minutes a repetition
+    python benchmarks/bench_scale.py --quick    # about a minute: 1 and 2 processes x 4 threads
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import _common
+import bench_load as load
+from _fleet import fetch_log
+
+NEVER_LIMIT = load.QUOTA_LIMIT
+BINDING_LIMIT = 250
+PER = 1.0
+FLAT_TARGET = 1.2
+#: Workers (processes x threads) over which the flatness target is judged.
+FLAT_RANGE = (8, 256)
+SHARED = {"redis": "Redis", "cluster": "Redis Cluster", "sqlite": "SQLite"}
+
+
+# -- the stores -------------------------------------------------------------------------------
+
+
+class Stores:
+    """The shared stores' servers: Redis and the cluster (either may be missing: why)."""
+
+    def __init__(self, redis: Any, redis_why: str, cluster: Any, cluster_why: str) -> None:
+        import redis as redis_py  # only when one of them runs
+
+        self.redis, self.cluster = redis, cluster
+        self.skipped = {k: w for k, w in (("redis", redis_why), ("cluster", cluster_why)) if w}
+        self.clients = {
+            "redis": [redis_py.Redis(port=redis.port)] if redis else [],
+            "cluster": [redis_py.Redis(port=port) for port in cluster.ports] if cluster else [],
+        }
+        self.pids = {"redis": [redis.pid] if redis else [], "cluster": cluster.pids if cluster else []}
+
+    def where(self, kind: str, workdir: str, run: int) -> Any:
+        if kind == "redis":
+            return self.redis.url
+        if kind == "cluster":
+            return self.cluster.ports[0]
+        return str(Path(workdir) / f"scale-{run}.db")
+
+    def empty(self, kind: str) -> None:
+        for client in self.clients.get(kind, []):
+            client.flushall()
+
+    def reset_stats(self, kind: str) -> None:
+        for client in self.clients.get(kind, []):
+            client.config_resetstat()
+
+    def commands(self, kind: str) -> int:
+        """Commands the Redis servers ran since the reset, the scripts' included (the
+        benchmark's own left out)."""
+        total = 0
+        for client in self.clients.get(kind, []):
+            for name, count in load.commandstats(client).items():
+                total += 0 if load._own(name) else count
+        return total
+
+    def close(self) -> None:
+        for clients in self.clients.values():
+            for client in clients:
+                client.close()
+
+
+@contextlib.contextmanager
+def stores(workdir: str) -> Iterator[Stores | None]:
+    with _common.redis_server(workdir) as (redis, why), _common.redis_cluster(workdir) as (cluster, cwhy):
+        if redis is None and cluster is None:
+            print(f"Redis rows skipped: {why}", file=sys.stderr)
+            yield None
+            return
+        kept = Stores(redis, why, cluster, cwhy)
+        try:
+            yield kept
+        finally:
+            kept.close()
+
+
+# -- one run ---------------------------------------------------------------------------------
+
+
+def worst_window(arrivals: list[float], per: float) -> int:
+    """The most arrivals in any window of ``per`` seconds (``arrivals`` sorted)."""
+    return max((bisect.bisect_left(arrivals, t + per) - i for i, t in enumerate(arrivals)), default=0)
+
+
+def run(
+    fleet: load.Fleet, spec: dict[str, Any], processes: int, kept: Stores | None, warm: float, duration: float
+) -> dict[str, Any]:
+    """One variant on the first ``processes`` workers: what it measured."""
+    kind = spec["store"]
+    redis_kind = kind in ("redis", "cluster") and kept is not None
+    for q in fleet.commands[:processes]:
+        q.put(spec)
+    ready = load.collect(fleet, "ready", processes, time.monotonic() + load.STUCK_AFTER)
+    if len(ready) < processes:
+        now = time.monotonic()
+        for n in ready:
+            fleet.commands[n].put((now, now, now))
+        load.collect(fleet, "done", len(ready), now + load.STUCK_AFTER)
+        stuck = load.replace_stuck(fleet, [n for n in range(processes) if n not in ready], "start")
+        return {"stuck_workers": len(stuck)}
+    if redis_kind:
+        kept.empty(kind)
+    start_at = time.monotonic() + 0.05
+    t0, t1 = start_at + warm, start_at + warm + duration
+    for q in fleet.commands[:processes]:
+        q.put((start_at, t0, t1))
+    redis_pids = kept.pids[kind] if redis_kind else []
+    time.sleep(max(0.0, t0 - time.monotonic()))
+    if redis_kind:
+        kept.reset_stats(kind)
+    cpu0 = sum(_common.cpu_seconds(pid) for pid in redis_pids)
+    time.sleep(max(0.0, t1 - time.monotonic()))
+    cpu1 = sum(_common.cpu_seconds(pid) for pid in redis_pids)
+    commands = kept.commands(kind) if redis_kind else None
+    reports = load.collect(fleet, "done", processes, t1 + load.STUCK_AFTER)
+    stuck = load.replace_stuck(fleet, [n for n in range(processes) if n not in reports], "finish")
+    done = list(reports.values())
+    ok = sum(d["ok"] for d in done)
+    result: dict[str, Any] = {
+        "stuck_workers": len(stuck),
+        "requests_per_s": ok / duration,
+        "not_ok": sum(d["bad"] for d in done),
+        "store_failures": sum(d["failures"] for d in done),
+    }
+    if redis_kind and ok:
+        result["round_trips_per_request"] = sum(d["sent"] for d in done) / ok
+        result["commands_per_request"] = (commands or 0) / ok
+        result["redis_cpu_us_per_request"] = (cpu1 - cpu0) / ok * 1e6
+    return result
+
+
+def spec_for(
+    kind: str, url: str, threads: int, where: Any, run_no: int, timeout: float | None, limit: int
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "url": url,
+        "threads": threads,
+        "scopes": 0,
+        "quota": True,
+        "limit": limit,
+        "per": PER,
+        "push": True,
+        "timeout": timeout,
+        "store": kind,
+        "where": where,
+        "prefix": f"bench-scale-{run_no}:",
+    }
+    load.prepare_sqlite(spec)
+    return spec
+
+
+def binding_run(
+    fleet: load.Fleet, spec: dict[str, Any], processes: int, kept: Stores | None, warm: float, duration: float
+) -> dict[str, Any]:
+    """:func:`run` against a fresh ``QuotaServer``, and what that server saw."""
+    with _common.ServerProcess("retry_after_adapter.demo", "--serve", str(BINDING_LIMIT), str(PER)) as server:
+        result = run(fleet, {**spec, "url": server.url}, processes, kept, warm, duration)
+        log = fetch_log(server.url)["log"]
+    arrivals = sorted(entry["arrival"] for entry in log)
+    result["throttled"] = sum(1 for entry in log if entry["status"] == 429)
+    result["worst_window"] = worst_window(arrivals, PER)
+    result["goodput_vs_allowed"] = result.get("requests_per_s", 0.0) / (BINDING_LIMIT / PER)
+    return result
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if not r.get("stuck_workers") and r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def cell(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def flatness(rows: dict[tuple[int, int], dict[str, Any]], kind: str, key: str) -> float | None:
+    """Largest over smallest median ``key`` of ``kind`` at 8 to 256 workers."""
+    lo, hi = FLAT_RANGE
+    values = [
+        row[kind][key]
+        for (p, t), row in rows.items()
+        if lo <= p * t <= hi and kind in row and row[kind].get(key)
+    ]
+    return max(values) / min(values) if len(values) > 1 else None
+
+
+def plot(
+    path: Path, never: dict[tuple[int, int], dict[str, Any]], binding: dict[tuple[int, int], dict[str, Any]]
+) -> str:
+    """The cost per request against workers, as an SVG at ``path`` ("" or why not)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("svg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install -e '.[bench]')"
+    matplotlib.rcParams["svg.hashsalt"] = "bench-scale"  # the same picture gives the same file
+    figure, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for key, ax, label in (
+        ("round_trips_per_request", axes[0], "Redis round trips per request"),
+        ("redis_cpu_us_per_request", axes[1], "Redis CPU µs per request"),
+    ):
+        for rows, quota, style in ((never, "never binds", "-"), (binding, "binds", ":")):
+            for kind in ("redis", "cluster"):
+                for threads in sorted({t for _, t in rows}):
+                    points = sorted(
+                        (p * t, row[kind][key])
+                        for (p, t), row in rows.items()
+                        if t == threads and kind in row and row[kind].get(key) is not None
+                    )
+                    if points:
+                        ax.plot(
+                            *zip(*points, strict=True),
+                            style,
+                            marker="o" if threads == 8 else "s",
+                            label=f"{SHARED[kind]}, {threads} threads/process, quota {quota}",
+                        )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("workers (processes x threads)")
+        ax.set_title(label, fontsize=10)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=6.5)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="svg", metadata={"Date": None})
+    plt.close(figure)
+    return ""
+
+
+def tables(
+    never: dict[tuple[int, int], dict[str, Any]], binding: dict[tuple[int, int], dict[str, Any]], reps: int
+) -> list[str]:
+    out = []
+    rows = []
+    for (p, t), row in sorted(never.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        line = [f"{p} x {t} = {p * t}", cell(row.get("memory", {}).get("requests_per_s"), 0)]
+        for kind in SHARED:
+            s = row.get(kind, {})
+            line.append(cell(s.get("ratio_vs_memory"), 2))
+            if kind != "sqlite":
+                line += [
+                    cell(s.get("round_trips_per_request"), 3),
+                    cell(s.get("redis_cpu_us_per_request"), 0),
+                ]
+        rows.append(line)
+    out.append(
+        _common.table(
+            f"Never binds: Quota({NEVER_LIMIT}, per=1), one scope; median of {reps} run(s)",
+            [
+                "processes x threads = workers",
+                "memory req/s",
+                "Redis / memory",
+                "Redis round trips/req",
+                "Redis CPU us/req",
+                "Cluster / memory",
+                "Cluster round trips/req",
+                "Cluster CPU us/req",
+                "SQLite / memory",
+            ],
+            rows,
+        )
+    )
+    rows = []
+    for (p, t), row in sorted(binding.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        line = [f"{p} x {t} = {p * t}"]
+        for kind in SHARED:
+            s = row.get(kind, {})
+            line.append(
+                f"{cell(s.get('goodput_vs_allowed'), 2)}; {cell(s.get('worst_window'), 0)}/{BINDING_LIMIT}; "
+                f"{cell(s.get('throttled'), 0)}"
+                + (f"; {cell(s.get('round_trips_per_request'), 3)}" if kind != "sqlite" else "")
+            )
+        rows.append(line)
+    out.append(
+        ""
+        if not rows
+        else _common.table(
+            f"Binds: Quota({BINDING_LIMIT}, per=1) shared, a server allowing {BINDING_LIMIT} per 1 s: "
+            "goodput / allowed; worst 1 s window at the server / limit; 429s; round trips/req",
+            ["processes x threads = workers", *SHARED.values()],
+            rows,
+        )
+    )
+    for kind, name in SHARED.items():
+        keys = ("round_trips_per_request", "redis_cpu_us_per_request") if kind != "sqlite" else ()
+        spans = [(key, flatness(never, kind, key)) for key in keys]
+        spans = [(k, v) for k, v in spans if v is not None]
+        if spans:
+            out.append(
+                f"{name}, 8 to 256 workers, never binds: largest / smallest "
+                + ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in spans)
+                + f" (target <= {FLAT_TARGET})\n"
+            )
+    return out
+
+
+def summarise(
+    runs: dict[tuple[int, int, str], list[dict[str, Any]]], kinds: list[str]
+) -> dict[tuple[int, int], dict[str, Any]]:
+    """Medians per (processes, threads) and store; ratios to memory per repetition."""
+    keys = (
+        "requests_per_s",
+        "round_trips_per_request",
+        "commands_per_request",
+        "redis_cpu_us_per_request",
+        "goodput_vs_allowed",
+        "worst_window",
+        "throttled",
+        "not_ok",
+        "store_failures",
+    )
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for (p, t, kind), every in runs.items():
+        s = {key: median_of(every, key) for key in keys}
+        s["stuck_runs"] = sum(1 for r in every if r.get("stuck_workers"))
+        if kind != "memory" and (p, t, "memory") in runs:
+            base = {
+                r["rep"]: r["requests_per_s"] for r in runs[(p, t, "memory")] if not r.get("stuck_workers")
+            }
+            ratios = [
+                r["requests_per_s"] / base[r["rep"]]
+                for r in every
+                if r["rep"] in base and not r.get("stuck_workers")
+            ]
+            s["ratio_vs_memory"] = statistics.median(ratios) if ratios else None
+        if "worst_window" in every[0]:
+            s["worst_window"] = max(r["worst_window"] for r in every if "worst_window" in r)
+            s["throttled"] = sum(r["throttled"] for r in every if "throttled" in r)
+        out.setdefault((p, t), {})[kind] = s
+    return out
+
+
+def plan(
+    reps: int, threads_list: list[int], processes_list: list[int], kinds: list[str], args: Any
+) -> Iterator[tuple[int, int, int, str, str]]:
+    """(repetition, threads, processes, quota, store) of every run, in order: the stores'
+    order rotated from one repetition to the next."""
+    for rep in range(reps):
+        for threads in threads_list:
+            for processes in processes_list:
+                for quota in ("never",) if args.no_binding else ("never", "binding"):
+                    order = (["memory"] if quota == "never" else []) + kinds
+                    shift = rep % len(order)
+                    for kind in order[shift:] + order[:shift]:
+                        yield rep, threads, processes, quota, kind
+
+
+def main() -> None:
+    p = _common.parser(__doc__ or "")
+    p.add_argument("--processes-list", help="worker processes (default 1,2,4,8,16; quick 1,2)")
+    p.add_argument("--threads-list", help="threads per process (default 8,32; quick 4)")
+    p.add_argument("--duration", type=float, help="measured seconds per run (default 3; quick 1)")
+    p.add_argument("--warm", type=float, help="unmeasured seconds before each run (default 1.5; quick 1.2)")
+    p.add_argument("--reps", type=int, help="repetitions (default 1)")
+    p.add_argument(
+        "--stores", default="redis,cluster,sqlite", help="shared stores (default redis,cluster,sqlite)"
+    )
+    p.add_argument("--no-binding", action="store_true", help="leave out the binding quota's runs")
+    p.add_argument("--store-timeout", type=float, default=1.0, help="seconds (default 1): see bench_load")
+    p.add_argument("--worker-nice", type=int, default=5, help="niceness of the worker processes (default 5)")
+    p.add_argument("--plot", type=Path, help="the SVG plot's path (default <out>/scale.svg)")
+    args = p.parse_args()
+    processes_list = [
+        int(x) for x in (args.processes_list or ("1,2" if args.quick else "1,2,4,8,16")).split(",")
+    ]
+    threads_list = [int(x) for x in (args.threads_list or ("4" if args.quick else "8,32")).split(",")]
+    duration = args.duration or (1.0 if args.quick else 3.0)
+    warm = args.warm if args.warm is not None else (1.2 if args.quick else 1.5)
+    reps = args.reps or 1
+    kinds = [k.strip() for k in args.stores.split(",") if k.strip()]
+    if set(kinds) - set(SHARED) or min(*processes_list, *threads_list, reps) < 1 or duration <= 0:
+        p.error(f"--stores: known stores are {', '.join(SHARED)}; counts must be at least 1")
+    never_runs: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
+    binding_runs: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
+    notes: list[str] = []
+    run_no = 0
+    started = time.monotonic()
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-scale-") as workdir,
+        _common.ok_server() as server,
+        stores(workdir) as kept,
+    ):
+        for kind in ("redis", "cluster"):
+            if kind in kinds and (kept is None or kind in kept.skipped):
+                notes.append(f"{SHARED[kind]} skipped: {'no Redis' if kept is None else kept.skipped[kind]}")
+                kinds.remove(kind)
+        fleet = load.Fleet(max(processes_list), args.worker_nice)
+        try:
+            for rep, threads, processes, quota, kind in plan(reps, threads_list, processes_list, kinds, args):
+                run_no += 1
+                where = kept.where(kind, workdir, run_no) if kept else str(Path(workdir) / f"s-{run_no}.db")
+                limit = NEVER_LIMIT if quota == "never" else BINDING_LIMIT
+                spec = spec_for(kind, server.url, threads, where, run_no, args.store_timeout or None, limit)
+                result = (run if quota == "never" else binding_run)(
+                    fleet, spec, processes, kept, warm, duration
+                )
+                runs = never_runs if quota == "never" else binding_runs
+                runs.setdefault((processes, threads, kind), []).append({**result, "rep": rep})
+                shown = ", ".join(f"{k} {v:.3g}" for k, v in result.items() if isinstance(v, float))
+                print(f"  {quota}, {kind}, {processes} x {threads}: {shown}", file=sys.stderr, flush=True)
+        finally:
+            fleet.close()
+    never = summarise(never_runs, kinds)
+    binding = summarise(binding_runs, kinds)
+    texts = tables(never, binding, reps)
+    picture = args.plot or args.out / "scale.svg"
+    why = plot(picture, never, binding)
+    notes.append(why or f"plot: {picture}")
+    texts += [f"{note}\n" for note in notes]
+    flat = {
+        kind: {
+            key: flatness(never, kind, key) for key in ("round_trips_per_request", "redis_cpu_us_per_request")
+        }
+        for kind in kinds
+        if kind != "sqlite"
+    }
+    payload = {
+        "settings": {
+            "processes_list": processes_list,
+            "threads_list": threads_list,
+            "duration_s": duration,
+            "warm_s": warm,
+            "reps": reps,
+            "stores": kinds,
+            "never_limit": NEVER_LIMIT,
+            "binding_limit": BINDING_LIMIT,
+            "per_s": PER,
+            "store_timeout_s": args.store_timeout,
+            "worker_nice": args.worker_nice,
+            "took_s": round(time.monotonic() - started),
+        },
+        "never_binds": {f"{p}x{t}": row for (p, t), row in never.items()},
+        "binds": {f"{p}x{t}": row for (p, t), row in binding.items()},
+        "flatness_8_to_256_workers": flat,
+        "notes": notes,
+    }
+    _common.finish("scale", payload, texts, args.out)
+
+
+if __name__ == "__main__":
+    main()
