@@ -350,18 +350,23 @@ class RedisCooldownStore(RedisListing, FullStore, Weights):
             raise self._failure("settle", exc) from exc
 
     def settle_many(self, settles: Sequence[tuple[Any, ...]]) -> None:
-        """Several settles (each :meth:`settle`'s arguments) in one round trip: a
-        pipeline of their ``EVALSHA`` (not a transaction: each is one script already;
-        on a cluster, one round trip per node)."""
-        calls = [self._settle_call(*args) for args in settles]
+        """Several settles (each :meth:`settle`'s arguments) in one round trip: one
+        ``EVALSHA`` of ``settle.lua`` per quota key, carrying all of that key's settles
+        in order, pipelined (not a transaction: each is one script already; on a
+        cluster, one round trip per node)."""
+        calls: dict[tuple[str, ...], list[str]] = {}
+        for settle in settles:
+            keys, call = self._settle_call(*settle)
+            calls.setdefault(tuple(keys), call[:1]).extend(call[1:])  # a key names its per
         script = self._settle_script
+        groups = [(list(keys), args) for keys, args in calls.items()]
         try:
             pipe = self._client.pipeline(transaction=False)
-            for keys, args in calls:  # EVALSHA itself: a Script on a pipeline asks first
+            for keys, args in groups:  # EVALSHA itself: a Script on a pipeline asks first
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
             results = pipe.execute(raise_on_error=False)
             failed = [
-                call for call, result in zip(calls, results, strict=True) if isinstance(result, Exception)
+                group for group, result in zip(groups, results, strict=True) if isinstance(result, Exception)
             ]
             for result in results:
                 if isinstance(result, Exception) and type(result).__name__ != "NoScriptError":
@@ -379,11 +384,11 @@ class RedisCooldownStore(RedisListing, FullStore, Weights):
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
         exact: bool = False,
     ) -> tuple[list[str], list[str]]:
-        """A settle's keys and arguments for ``settle.lua``."""
+        """A settle's keys and arguments for ``settle.lua`` (per, then the settle's four)."""
         key = self.quota_key(check_scope(scope), limit, per)
         args = [
-            str(to_epoch_ms(_present(now))),  # rounded up: the request reached the server before
             str(window_ms(per)),
+            str(to_epoch_ms(_present(now))),  # rounded up: the request reached the server before
             str(to_epoch_ms(check_until(expires))),
             secrets.token_hex(8),
             "1" if exact else "0",

@@ -83,6 +83,44 @@ def test_a_binding_quota_holds_at_the_server_and_is_not_slowed(store_url: str) -
     assert wall < 4.5, wall  # the ideal: 1.5 s and one request's time (160 at 40 per 0.5 s)
 
 
+def test_settles_written_together_move_the_permits_one_settle_at_a_time_would(store_url: str) -> None:
+    """Three open permits of ``Quota(3, per=1)`` taken together share their stored end
+    (as a batch's do); answered 0.1, 0.2 and 0.3 s later, settled exactly one by one in
+    one scope and all in one ``settle_many`` in another (on Redis, one script run for
+    the key): the same permits end at the same times, and a settle that moves a permit
+    later (a late answer) moves it in both."""
+    store = store_from_url(store_url)
+    t = datetime.now(timezone.utc) + timedelta(days=1)  # Redis expires keys by its own clock
+    one, many = SCOPE + "/one", SCOPE + "/many"
+    ends = {scope: [store.admit(Ask(scope, t, 3, 1.0, opened=10.0)).permit for _ in range(3)] for scope in (one, many)}
+    assert len(set(ends[one])) == 1 and ends[one][0] == ends[many][0]  # one stored end
+    answers = [t + timedelta(seconds=0.1 * n) for n in (1, 2, 3)]
+    settles = [(3, 1.0, ends[one][n], answers[n], True) for n in range(3)]
+    for args in settles:
+        store.settle(one, *args[:3], *args[3:])
+    store.settle_many([(many, *args[:3], *args[3:]) for args in settles])
+
+    def free(scope: str, at: datetime) -> int:
+        granted = 0
+        while granted < 4 and store.admit(Ask(scope, at, 3, 1.0)).not_before is None:
+            granted += 1
+        return granted
+
+    # At answer + 1.25 s the first two permits ended (at + 1.1 and + 1.2), the third
+    # counts until + 1.3: two free in both scopes.
+    assert free(one, t + timedelta(seconds=1.25)) == free(many, t + timedelta(seconds=1.25)) == 2
+    # A late answer (not exact) moves a permit later, never earlier, in both.
+    late = t + timedelta(seconds=30)
+    for scope in (one, many):
+        permit = store.admit(Ask(scope, late, 3, 1.0)).permit
+        assert permit is not None
+        (store.settle(scope, 3, 1.0, permit, late + timedelta(seconds=5)) if scope == one
+         else store.settle_many([(scope, 3, 1.0, permit, late + timedelta(seconds=5))]))
+    at = late + timedelta(seconds=5.5)  # the late permit counts until + 6
+    assert free(one, at) == free(many, at) == 2
+    store.close()
+
+
 # A process that takes three open permits of Quota(3, per=1), settles them (each waits
 # to be written with others), prints when, then is killed or exits.
 CHILD = """
@@ -157,6 +195,8 @@ def test_on_redis_a_quota_and_a_cap_cost_one_round_trip_per_request(redis_url: s
     from retry_after_adapter import RedisCooldownStore
 
     client = Counting.from_url(redis_url)
+    stats = redis_module.Redis.from_url(redis_url).info("commandstats")
+    scripts_before = int(stats.get("cmdstat_evalsha", {"calls": 0})["calls"])
     store = RedisCooldownStore(client, prefix="rt:")
     adapter = RetryAfterAdapter(
         RetryAfterRetry(total=2), cooldown=store, quota=Quota(10**6, per=1), max_concurrency=100
@@ -171,6 +211,10 @@ def test_on_redis_a_quota_and_a_cap_cost_one_round_trip_per_request(redis_url: s
     assert per_request.get("ZREM", 0) <= 0.05, per_request
     assert per_request.get("PIPELINE", 0) <= 0.1, per_request
     assert sum(per_request.values()) <= 1.25, per_request
+    # Inside Redis: one script run per admission, and one per key for a pipeline's
+    # settles (one each before: two scripts a request).
+    scripts = int(redis_module.Redis.from_url(redis_url).info("commandstats")["cmdstat_evalsha"]["calls"])
+    assert scripts - scripts_before <= 1.25 * requests_done, (scripts - scripts_before, requests_done)
 
 
 @pytest.mark.redis

@@ -1,21 +1,32 @@
--- KEYS[1] = a quota's permit set, KEYS[2] = its open permits; ARGV = the answer's time
--- (ms, rounded up), the quota's per (ms), the permit's stored expiry (ms), a member for
--- it should it be gone and "1" for an exact settle (an open permit's answer: its entry
--- among the open permits goes): that permit (any one with that expiry; put back if it
--- expired meanwhile) counts until at least the answer + per (exactly, earlier too, when
--- exact); the key lives as long as its last permit. (Not to be written twice: a batch's
--- open permits share their expiry, and a second write would move another one.)
-local new = tonumber(ARGV[1]) + tonumber(ARGV[2])
-local old = tonumber(ARGV[3])
-if ARGV[5] == '1' then
-  local open = redis.call('ZRANGEBYSCORE', KEYS[2], old, old, 'LIMIT', 0, 1)
-  if #open > 0 then redis.call('ZREM', KEYS[2], open[1]) end
+-- KEYS[1] = a quota's permit set, KEYS[2] = its open permits; ARGV[1] = the quota's per
+-- (ms), then four arguments per settle, settled in that order: the answer's time (ms,
+-- rounded up), the permit's stored expiry (ms), a member for it should it be gone and
+-- "1" for an exact settle (an open permit's answer: its entry among the open permits
+-- goes). Each such permit (any one with that expiry; put back if it expired meanwhile)
+-- counts until at least the answer + per (exactly, earlier too, when exact); the key
+-- lives as long as its last permit. Returns how many permits moved. (A settle is not to
+-- be written twice: a batch's open permits share their expiry, and a second write would
+-- move another one.)
+local per = tonumber(ARGV[1])
+local moved = 0
+for i = 2, #ARGV, 4 do
+  local new = tonumber(ARGV[i]) + per
+  local old = tonumber(ARGV[i + 1])
+  local exact = ARGV[i + 3] == '1'
+  if exact then
+    local open = redis.call('ZRANGEBYSCORE', KEYS[2], old, old, 'LIMIT', 0, 1)
+    if #open > 0 then redis.call('ZREM', KEYS[2], open[1]) end
+  end
+  if new > old or (new < old and exact) then
+    local found = redis.call('ZRANGEBYSCORE', KEYS[1], old, old, 'LIMIT', 0, 1)
+    local member = ARGV[i + 2]
+    if #found > 0 then member = found[1] end
+    redis.call('ZADD', KEYS[1], new, member)
+    moved = moved + 1
+  end
 end
-if new == old or (new < old and ARGV[5] ~= '1') then return 0 end
-local found = redis.call('ZRANGEBYSCORE', KEYS[1], old, old, 'LIMIT', 0, 1)
-local member = ARGV[4]
-if #found > 0 then member = found[1] end
-redis.call('ZADD', KEYS[1], new, member)
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1000)
-return 1
+if moved > 0 then
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]) + 1000)
+end
+return moved
