@@ -182,14 +182,22 @@ class _Counting(logging.Handler):
             self.first.append(f"{record.levelname}: {record.getMessage()}"[:300])
 
 
-def _thread(session: Any, urls: list[str], offset: int, t0: float, t1: float, out: list[int]) -> None:
-    """GETs until ``t1``; ``out``: [200s answered within [t0, t1), other outcomes]."""
+def _thread(
+    session: Any, urls: list[str], offset: int, t0: float, t1: float, out: list[int], every: float = 0.0
+) -> None:
+    """GETs until ``t1``; ``out``: [200s answered within [t0, t1), other outcomes].
+    ``every`` > 0: one GET every ``every`` seconds at most (on schedule, not catching up
+    with a burst when late), the threads' first ones spread over the first ``every``."""
     get = session.get
     clock = time.monotonic
     n = len(urls)
     i = offset
     inside = bad = 0
+    due = clock() + every * ((offset * 0.6180339887) % 1.0)  # golden-ratio spread
     while True:
+        if every:
+            time.sleep(max(0.0, due - clock()))
+            due = max(due + every, clock())
         try:
             ok = get(urls[i % n], timeout=TIMEOUT).status_code == 200
         except Exception:
@@ -254,10 +262,12 @@ def worker(index: int, commands: Any, results: Any, nice: int) -> None:
         start_at, t0, t1 = commands.get()
         _SENT[0], _WINDOW[:] = 0, [t0, t1]
         outs = [[0, 0] for _ in sessions]
+        # Paced (``pace`` GETs a second in the process): each thread's share, spread.
+        every = len(sessions) / spec["pace"] if spec.get("pace") else 0.0
         threads = [
             threading.Thread(
                 target=_thread,
-                args=(s, urls, index * len(sessions) + n, t0, t1, outs[n]),
+                args=(s, urls, index * len(sessions) + n, t0, t1, outs[n], every),
                 daemon=True,
             )
             for n, s in enumerate(sessions)

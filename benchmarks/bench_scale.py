@@ -2,8 +2,8 @@
 
 A fleet of 1, 2, 4, 8 and 16 worker processes (``--processes-list``; each stands in for
 a host) of 8 and 32 threads each (``--threads-list``), each thread with its own Session,
-sends GETs as fast as it can to a loopback server, every adapter on one scope (the
-server's origin) and one of these stores:
+sends GETs to a loopback server, every adapter on one scope (the server's origin) and
+one of these stores:
 
 - memory: each process its own ``MemoryCooldownStore`` (nothing shared: the floor the
   shared stores are measured against);
@@ -12,39 +12,45 @@ server's origin) and one of these stores:
   of a 3-master cluster on loopback (a scope's keys live in one slot, so on one node);
 - SQLite: one ``SQLiteCooldownStore`` file shared by every process.
 
-Two quotas:
+Three loads:
 
-- never binds: ``Quota(10000, per=1)`` against the benchmarks' fast ``200 ok`` server
-  (asyncio, its own process). What the store costs: requests/s against the memory store
-  at the same size in the same repetition, Redis round trips per request (each write a
-  worker's Redis client sends within the window, counted at the clients: a pipeline is
-  one), Redis commands per request (``INFO commandstats``: the commands the scripts run
-  included; every node's, on the cluster) and Redis CPU time per request (the servers'
-  processes, from ``/proc``);
-- binds: ``Quota(250, per=1)`` (``--binding``) shared by the fleet against the project's
+- flat out, a quota that never binds: ``Quota(10000, per=1)``, every thread sending as
+  fast as it can to the benchmarks' fast ``200 ok`` server (asyncio, its own process).
+  Requests/s against the memory store at the same size in the same repetition. On one
+  machine the fleet's throughput is the machine's: the more processes, the fewer
+  requests each sends, and a cost paid per process and second (a batch taken, settles
+  written together, the change feed's ping) is spread over fewer requests.
+- paced, the same quota: each process sends ``--pace`` GETs a second (default 50,
+  spread over its threads), as hosts of a fleet each with their own cores would: the
+  cost per request as the fleet grows at a constant demand per host. The issue's
+  flatness target (cost per request within 1.2x from 8 to 256 workers) is judged here.
+- binds: ``Quota(250, per=1)`` shared by the fleet against the project's
   ``QuotaServer``, which allows 250 requests per fixed 1 s window and answers 429 past
-  it (a new server each run, in its own process, logging every arrival). What the
-  store keeps: requests answered 200 per second against the 250 the server allows, the
-  429s, and the most arrivals in any 1 s window (sliding over the server's log of the
-  whole run, warm-up included) against the limit. The memory store is not run here:
-  unshared, each process would spend the whole quota.
+  it (a new server each run, in its own process, logging every arrival): requests
+  answered 200 per second against the 250 allowed, the 429s, and the most arrivals in
+  any 1 s window (sliding over the server's log of the whole run, warm-up included)
+  against the limit. The memory store is not run here: unshared, each process would
+  spend the whole quota.
+
+Costs: Redis round trips per request (each write a worker's Redis client sends within
+the window, counted at the clients: a pipeline is one), Redis commands per request
+(``INFO commandstats``: the commands the scripts run included; every node's, on the
+cluster), Redis CPU time per request (the servers' processes, from ``/proc``), and the
+store operations that failed ("failures": a failing store is skipped, fail open, and a
+quota is then counted in each process alone).
 
 Method. The worker processes (``bench_load``'s, started once, ``nice`` 5: the servers
 would run elsewhere) run every variant in turn with a fresh store (a new file, a new key
-prefix, an emptied Redis), ``--warm`` seconds unmeasured (default 1.5: a near copy sizes
-its batches from its process's rate over the last whole second) and then ``--duration``
-seconds measured (default 3). The stores get a 1 s timeout (``--store-timeout``; see
-``bench_load``: on a saturated machine replies come late and the failure layer would
-otherwise measure its fallback). Figures are medians over ``--reps`` repetitions.
-
-Flatness (issue target): cost per request within 1.2x from 8 to 256 workers. The
-report gives, per shared store, the largest over the smallest round trips per request
-and Redis CPU per request at 8 to 256 workers, never-binding quota.
+prefix, an emptied Redis), ``--warm`` seconds unmeasured (default 1.5) and then
+``--duration`` seconds measured (default 3). The stores get a 3 s timeout
+(``--store-timeout``): with 512 threads on two cores a reply waits for its thread to be
+scheduled, and a shorter timeout measures the failure layer instead of the store (see
+``bench_load``). Figures are medians over ``--reps`` repetitions.
 
 The plot (``--plot``, default ``<out>/scale.svg``; needs matplotlib, ``pip install -e
 '.[bench]'``): Redis round trips and Redis CPU time per request against workers.
 
-    python benchmarks/bench_scale.py            # about 10 minutes a repetition
+    python benchmarks/bench_scale.py            # about 12 minutes a repetition
     python benchmarks/bench_scale.py --quick    # about a minute: 1 and 2 processes x 4 threads
 """
 
@@ -190,7 +196,7 @@ def run(
 
 
 def spec_for(
-    kind: str, url: str, threads: int, where: Any, run_no: int, timeout: float | None, limit: int
+    kind: str, url: str, threads: int, where: Any, run_no: int, timeout: float | None, limit: int, pace: float
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "url": url,
@@ -199,6 +205,7 @@ def spec_for(
         "quota": True,
         "limit": limit,
         "per": PER,
+        "pace": pace,
         "push": True,
         "timeout": timeout,
         "store": kind,
@@ -225,6 +232,10 @@ def binding_run(
 
 # -- the report --------------------------------------------------------------------------------
 
+#: The loads, as the tables and the JSON name them.
+LOADS = {"flat": "flat out, never binds", "paced": "paced, never binds", "binding": "binds"}
+Rows = dict[tuple[int, int], dict[str, Any]]
+
 
 def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in runs if not r.get("stuck_workers") and r.get(key) is not None]
@@ -235,7 +246,7 @@ def cell(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def flatness(rows: dict[tuple[int, int], dict[str, Any]], kind: str, key: str) -> float | None:
+def flatness(rows: Rows, kind: str, key: str) -> float | None:
     """Largest over smallest median ``key`` of ``kind`` at 8 to 256 workers."""
     lo, hi = FLAT_RANGE
     values = [
@@ -246,9 +257,7 @@ def flatness(rows: dict[tuple[int, int], dict[str, Any]], kind: str, key: str) -
     return max(values) / min(values) if len(values) > 1 else None
 
 
-def plot(
-    path: Path, never: dict[tuple[int, int], dict[str, Any]], binding: dict[tuple[int, int], dict[str, Any]]
-) -> str:
+def plot(path: Path, loads: dict[str, Rows]) -> str:
     """The cost per request against workers, as an SVG at ``path`` ("" or why not)."""
     try:
         import matplotlib
@@ -258,12 +267,13 @@ def plot(
     except ImportError:
         return "no plot: matplotlib is not installed (pip install -e '.[bench]')"
     matplotlib.rcParams["svg.hashsalt"] = "bench-scale"  # the same picture gives the same file
-    figure, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    styles = {"flat": "-", "paced": "--", "binding": ":"}
     for key, ax, label in (
         ("round_trips_per_request", axes[0], "Redis round trips per request"),
         ("redis_cpu_us_per_request", axes[1], "Redis CPU µs per request"),
     ):
-        for rows, quota, style in ((never, "never binds", "-"), (binding, "binds", ":")):
+        for load_name, rows in loads.items():
             for kind in ("redis", "cluster"):
                 for threads in sorted({t for _, t in rows}):
                     points = sorted(
@@ -274,16 +284,16 @@ def plot(
                     if points:
                         ax.plot(
                             *zip(*points, strict=True),
-                            style,
-                            marker="o" if threads == 8 else "s",
-                            label=f"{SHARED[kind]}, {threads} threads/process, quota {quota}",
+                            styles[load_name],
+                            marker="o" if threads == min(t for _, t in rows) else "s",
+                            label=f"{SHARED[kind]}, {threads} threads/process, {LOADS[load_name]}",
                         )
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xlabel("workers (processes x threads)")
         ax.set_title(label, fontsize=10)
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=6.5)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=6)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="svg", metadata={"Date": None})
@@ -291,76 +301,105 @@ def plot(
     return ""
 
 
-def tables(
-    never: dict[tuple[int, int], dict[str, Any]], binding: dict[tuple[int, int], dict[str, Any]], reps: int
-) -> list[str]:
+def _by_size(rows: Rows) -> list[tuple[tuple[int, int], dict[str, Any]]]:
+    return sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+
+
+def _cost(s: dict[str, Any], kind: str) -> list[str]:
+    if kind == "sqlite":
+        return [cell(s.get("store_failures"), 0)]
+    return [
+        cell(s.get("round_trips_per_request"), 3),
+        cell(s.get("redis_cpu_us_per_request"), 0),
+        cell(s.get("store_failures"), 0),
+    ]
+
+
+def _cost_headers(kind: str) -> list[str]:
+    name = SHARED[kind].replace("Redis Cluster", "Cluster")
+    if kind == "sqlite":
+        return [f"{name} failures"]
+    return [f"{name} round trips/req", f"{name} CPU us/req", f"{name} failures"]
+
+
+def tables(loads: dict[str, Rows], kinds: list[str], reps: int, pace: float) -> list[str]:
     out = []
-    rows = []
-    for (p, t), row in sorted(never.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        line = [f"{p} x {t} = {p * t}", cell(row.get("memory", {}).get("requests_per_s"), 0)]
-        for kind in SHARED:
-            s = row.get(kind, {})
-            line.append(cell(s.get("ratio_vs_memory"), 2))
-            if kind != "sqlite":
+    flat, paced, binding = loads.get("flat", {}), loads.get("paced", {}), loads.get("binding", {})
+    if flat:
+        rows = [
+            [f"{p} x {t} = {p * t}", cell(row.get("memory", {}).get("requests_per_s"), 0)]
+            + [
+                x
+                for kind in kinds
+                for x in [cell(row.get(kind, {}).get("ratio_vs_memory"), 2), *_cost(row.get(kind, {}), kind)]
+            ]
+            for (p, t), row in _by_size(flat)
+        ]
+        headers = ["processes x threads = workers", "memory req/s"]
+        headers += [h for kind in kinds for h in [f"{SHARED[kind]} / memory", *_cost_headers(kind)]]
+        out.append(
+            _common.table(
+                f"Flat out: Quota({NEVER_LIMIT}, per=1) never binds; median of {reps}", headers, rows
+            )
+        )
+    if paced:
+        rows = [
+            [f"{p} x {t} = {p * t}"]
+            + [
+                x
+                for kind in kinds
+                for x in [cell(row.get(kind, {}).get("requests_per_s"), 0), *_cost(row.get(kind, {}), kind)]
+            ]
+            for (p, t), row in _by_size(paced)
+        ]
+        headers = ["processes x threads = workers"]
+        headers += [h for kind in kinds for h in [f"{SHARED[kind]} req/s", *_cost_headers(kind)]]
+        out.append(
+            _common.table(
+                f"Paced: {pace:g} GETs/s per process, Quota({NEVER_LIMIT}, per=1); median of {reps}",
+                headers,
+                rows,
+            )
+        )
+    if binding:
+        rows = []
+        for (p, t), row in _by_size(binding):
+            line = [f"{p} x {t} = {p * t}"]
+            for kind in kinds:
+                s = row.get(kind, {})
                 line += [
-                    cell(s.get("round_trips_per_request"), 3),
-                    cell(s.get("redis_cpu_us_per_request"), 0),
+                    cell(s.get("goodput_vs_allowed"), 2),
+                    f"{cell(s.get('worst_window'), 0)}/{BINDING_LIMIT}; {cell(s.get('throttled'), 0)}",
+                    *_cost(s, kind),
                 ]
-        rows.append(line)
-    out.append(
-        _common.table(
-            f"Never binds: Quota({NEVER_LIMIT}, per=1), one scope; median of {reps} run(s)",
-            [
-                "processes x threads = workers",
-                "memory req/s",
-                "Redis / memory",
-                "Redis round trips/req",
-                "Redis CPU us/req",
-                "Cluster / memory",
-                "Cluster round trips/req",
-                "Cluster CPU us/req",
-                "SQLite / memory",
-            ],
-            rows,
-        )
-    )
-    rows = []
-    for (p, t), row in sorted(binding.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        line = [f"{p} x {t} = {p * t}"]
-        for kind in SHARED:
-            s = row.get(kind, {})
-            line.append(
-                f"{cell(s.get('goodput_vs_allowed'), 2)}; {cell(s.get('worst_window'), 0)}/{BINDING_LIMIT}; "
-                f"{cell(s.get('throttled'), 0)}"
-                + (f"; {cell(s.get('round_trips_per_request'), 3)}" if kind != "sqlite" else "")
-            )
-        rows.append(line)
-    out.append(
-        ""
-        if not rows
-        else _common.table(
-            f"Binds: Quota({BINDING_LIMIT}, per=1) shared, a server allowing {BINDING_LIMIT} per 1 s: "
-            "goodput / allowed; worst 1 s window at the server / limit; 429s; round trips/req",
-            ["processes x threads = workers", *SHARED.values()],
-            rows,
-        )
-    )
-    for kind, name in SHARED.items():
-        keys = ("round_trips_per_request", "redis_cpu_us_per_request") if kind != "sqlite" else ()
-        spans = [(key, flatness(never, kind, key)) for key in keys]
-        spans = [(k, v) for k, v in spans if v is not None]
-        if spans:
-            out.append(
-                f"{name}, 8 to 256 workers, never binds: largest / smallest "
-                + ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in spans)
-                + f" (target <= {FLAT_TARGET})\n"
-            )
+            rows.append(line)
+        headers = ["processes x threads = workers"]
+        headers += [
+            h
+            for kind in kinds
+            for h in [f"{SHARED[kind]} goodput / allowed", "worst 1 s window; 429s", *_cost_headers(kind)]
+        ]
+        title = f"Binds: Quota({BINDING_LIMIT}, per=1) shared, a server allowing {BINDING_LIMIT} per 1 s"
+        out.append(_common.table(title, headers, rows))
+    for kind in kinds:
+        if kind == "sqlite":
+            continue
+        for load_name in ("paced", "flat"):
+            spans = [(key, flatness(loads.get(load_name, {}), kind, key)) for key in COST_KEYS]
+            shown = [f"{key.replace('_', ' ')} {v:.2f}" for key, v in spans if v is not None]
+            if shown:
+                out.append(
+                    f"{SHARED[kind]}, 8 to 256 workers, {LOADS[load_name]}: largest / smallest "
+                    + ", ".join(shown)
+                    + f" (target <= {FLAT_TARGET})\n"
+                )
     return out
 
 
-def summarise(
-    runs: dict[tuple[int, int, str], list[dict[str, Any]]], kinds: list[str]
-) -> dict[tuple[int, int], dict[str, Any]]:
+COST_KEYS = ("round_trips_per_request", "redis_cpu_us_per_request")
+
+
+def summarise(runs: dict[tuple[int, int, str], list[dict[str, Any]]]) -> Rows:
     """Medians per (processes, threads) and store; ratios to memory per repetition."""
     keys = (
         "requests_per_s",
@@ -368,14 +407,12 @@ def summarise(
         "commands_per_request",
         "redis_cpu_us_per_request",
         "goodput_vs_allowed",
-        "worst_window",
-        "throttled",
         "not_ok",
         "store_failures",
     )
-    out: dict[tuple[int, int], dict[str, Any]] = {}
+    out: Rows = {}
     for (p, t, kind), every in runs.items():
-        s = {key: median_of(every, key) for key in keys}
+        s: dict[str, Any] = {key: median_of(every, key) for key in keys}
         s["stuck_runs"] = sum(1 for r in every if r.get("stuck_workers"))
         if kind != "memory" and (p, t, "memory") in runs:
             base = {
@@ -387,7 +424,7 @@ def summarise(
                 if r["rep"] in base and not r.get("stuck_workers")
             ]
             s["ratio_vs_memory"] = statistics.median(ratios) if ratios else None
-        if "worst_window" in every[0]:
+        if "worst_window" in every[0]:  # the worst of every run: the bound is for each
             s["worst_window"] = max(r["worst_window"] for r in every if "worst_window" in r)
             s["throttled"] = sum(r["throttled"] for r in every if "throttled" in r)
         out.setdefault((p, t), {})[kind] = s
@@ -395,18 +432,18 @@ def summarise(
 
 
 def plan(
-    reps: int, threads_list: list[int], processes_list: list[int], kinds: list[str], args: Any
+    reps: int, threads_list: list[int], processes_list: list[int], kinds: list[str], loads: list[str]
 ) -> Iterator[tuple[int, int, int, str, str]]:
-    """(repetition, threads, processes, quota, store) of every run, in order: the stores'
+    """(repetition, threads, processes, load, store) of every run, in order: the stores'
     order rotated from one repetition to the next."""
     for rep in range(reps):
         for threads in threads_list:
             for processes in processes_list:
-                for quota in ("never",) if args.no_binding else ("never", "binding"):
-                    order = (["memory"] if quota == "never" else []) + kinds
+                for load_name in loads:
+                    order = (["memory"] if load_name == "flat" else []) + kinds
                     shift = rep % len(order)
                     for kind in order[shift:] + order[:shift]:
-                        yield rep, threads, processes, quota, kind
+                        yield rep, threads, processes, load_name, kind
 
 
 def main() -> None:
@@ -416,11 +453,10 @@ def main() -> None:
     p.add_argument("--duration", type=float, help="measured seconds per run (default 3; quick 1)")
     p.add_argument("--warm", type=float, help="unmeasured seconds before each run (default 1.5; quick 1.2)")
     p.add_argument("--reps", type=int, help="repetitions (default 1)")
-    p.add_argument(
-        "--stores", default="redis,cluster,sqlite", help="shared stores (default redis,cluster,sqlite)"
-    )
-    p.add_argument("--no-binding", action="store_true", help="leave out the binding quota's runs")
-    p.add_argument("--store-timeout", type=float, default=1.0, help="seconds (default 1): see bench_load")
+    p.add_argument("--stores", default="redis,cluster,sqlite", help="shared stores (default: all three)")
+    p.add_argument("--loads", default="flat,paced,binding", help="loads (default flat,paced,binding)")
+    p.add_argument("--pace", type=float, default=50.0, help="GETs a second per process, paced (default 50)")
+    p.add_argument("--store-timeout", type=float, default=3.0, help="seconds (default 3): see the docstring")
     p.add_argument("--worker-nice", type=int, default=5, help="niceness of the worker processes (default 5)")
     p.add_argument("--plot", type=Path, help="the SVG plot's path (default <out>/scale.svg)")
     args = p.parse_args()
@@ -432,10 +468,12 @@ def main() -> None:
     warm = args.warm if args.warm is not None else (1.2 if args.quick else 1.5)
     reps = args.reps or 1
     kinds = [k.strip() for k in args.stores.split(",") if k.strip()]
-    if set(kinds) - set(SHARED) or min(*processes_list, *threads_list, reps) < 1 or duration <= 0:
-        p.error(f"--stores: known stores are {', '.join(SHARED)}; counts must be at least 1")
-    never_runs: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
-    binding_runs: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
+    load_names = [k.strip() for k in args.loads.split(",") if k.strip()]
+    if set(kinds) - set(SHARED) or set(load_names) - set(LOADS):
+        p.error(f"--stores: known stores are {', '.join(SHARED)}; --loads: {', '.join(LOADS)}")
+    if min(*processes_list, *threads_list, reps) < 1 or duration <= 0 or args.pace <= 0:
+        p.error("counts must be at least 1, --duration and --pace positive")
+    runs: dict[str, dict[tuple[int, int, str], list[dict[str, Any]]]] = {name: {} for name in load_names}
     notes: list[str] = []
     run_no = 0
     started = time.monotonic()
@@ -450,33 +488,36 @@ def main() -> None:
                 kinds.remove(kind)
         fleet = load.Fleet(max(processes_list), args.worker_nice)
         try:
-            for rep, threads, processes, quota, kind in plan(reps, threads_list, processes_list, kinds, args):
+            for rep, threads, processes, load_name, kind in plan(
+                reps, threads_list, processes_list, kinds, load_names
+            ):
                 run_no += 1
                 where = kept.where(kind, workdir, run_no) if kept else str(Path(workdir) / f"s-{run_no}.db")
-                limit = NEVER_LIMIT if quota == "never" else BINDING_LIMIT
-                spec = spec_for(kind, server.url, threads, where, run_no, args.store_timeout or None, limit)
-                result = (run if quota == "never" else binding_run)(
-                    fleet, spec, processes, kept, warm, duration
+                limit = BINDING_LIMIT if load_name == "binding" else NEVER_LIMIT
+                pace = args.pace if load_name == "paced" else 0.0
+                spec = spec_for(
+                    kind, server.url, threads, where, run_no, args.store_timeout or None, limit, pace
                 )
-                runs = never_runs if quota == "never" else binding_runs
-                runs.setdefault((processes, threads, kind), []).append({**result, "rep": rep})
+                go = binding_run if load_name == "binding" else run
+                result = go(fleet, spec, processes, kept, warm, duration)
+                runs[load_name].setdefault((processes, threads, kind), []).append({**result, "rep": rep})
                 shown = ", ".join(f"{k} {v:.3g}" for k, v in result.items() if isinstance(v, float))
-                print(f"  {quota}, {kind}, {processes} x {threads}: {shown}", file=sys.stderr, flush=True)
+                print(f"  {load_name}, {kind}, {processes} x {threads}: {shown}", file=sys.stderr, flush=True)
         finally:
             fleet.close()
-    never = summarise(never_runs, kinds)
-    binding = summarise(binding_runs, kinds)
-    texts = tables(never, binding, reps)
+    loads = {name: summarise(every) for name, every in runs.items()}
+    texts = tables(loads, kinds, reps, args.pace)
     picture = args.plot or args.out / "scale.svg"
-    why = plot(picture, never, binding)
+    why = plot(picture, loads)
     notes.append(why or f"plot: {picture}")
     texts += [f"{note}\n" for note in notes]
     flat = {
-        kind: {
-            key: flatness(never, kind, key) for key in ("round_trips_per_request", "redis_cpu_us_per_request")
+        load_name: {
+            kind: {key: flatness(loads[load_name], kind, key) for key in COST_KEYS}
+            for kind in kinds
+            if kind != "sqlite"
         }
-        for kind in kinds
-        if kind != "sqlite"
+        for load_name in loads
     }
     payload = {
         "settings": {
@@ -486,6 +527,8 @@ def main() -> None:
             "warm_s": warm,
             "reps": reps,
             "stores": kinds,
+            "loads": load_names,
+            "pace_per_process": args.pace,
             "never_limit": NEVER_LIMIT,
             "binding_limit": BINDING_LIMIT,
             "per_s": PER,
@@ -493,8 +536,7 @@ def main() -> None:
             "worker_nice": args.worker_nice,
             "took_s": round(time.monotonic() - started),
         },
-        "never_binds": {f"{p}x{t}": row for (p, t), row in never.items()},
-        "binds": {f"{p}x{t}": row for (p, t), row in binding.items()},
+        **{name: {f"{p}x{t}": row for (p, t), row in rows.items()} for name, rows in loads.items()},
         "flatness_8_to_256_workers": flat,
         "notes": notes,
     }

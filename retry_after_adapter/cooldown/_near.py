@@ -15,10 +15,11 @@ without a store round trip while nothing has changed (owned by the failure layer
   takes several in one store operation (``admit``'s ``batch``) and spends them within
   ``hold`` seconds of their grant; each counts ``per + margin + hold`` seconds in the
   store, so every arrival at the server still falls inside what the store counts. The
-  batch is sized to the process's rate over the last second (what it spends in two
-  thirds of the longest hold, at most :data:`BATCH_TARGET` permits; ``hold`` at most a
-  tenth of ``per``, half of ``per`` for open permits); while one thread takes the
-  next batch, the others wait for it rather than each asking for a permit. What is not
+  batch is sized to the process's rate over the last second (an open permits' batch,
+  before a whole second has passed, to its rate so far: see :data:`EARLY`): what it
+  spends in two thirds of the longest hold, at most :data:`BATCH_TARGET` permits
+  (``hold`` at most a tenth of ``per``, half of ``per`` for open permits); while one
+  thread takes the next batch, the others wait for it rather than each asking for a permit. What is not
   spent in time lapses, and a process that dies loses at most its batch.
   An open permit (a quota whose ``per + margin`` is shorter than ``OPEN_FOR``, on a
   store that settles exactly: see ``Plan.answered``) is batched too: each permit of the
@@ -63,6 +64,10 @@ BATCH_TARGET = 64
 HOLD_SHARE = 0.1
 #: ... and an open permit of a batch (see ``batch``).
 OPEN_HOLD_SHARE = 0.5
+#: Seconds of the second under way, and permits spent in them, before its rate sizes an
+#: open permits' batch (a process's first second, or its first after an idle one).
+EARLY = 0.1
+EARLY_SPENT = 4
 #: The longest (seconds) an admission of an announced allowance taken in a batch may
 #: wait to be spent (never past the server's reset).
 UNIT_HOLD = 0.1
@@ -97,7 +102,7 @@ class _Permits:
     """One quota's batch of permits in this process (or a scope's admissions of an
     announced allowance, numbered from ``seq``), and its recent rate."""
 
-    __slots__ = ("count", "end", "open", "rate", "refilling", "seq", "since", "spend_by", "spent")
+    __slots__ = ("count", "early", "end", "open", "rate", "refilling", "seq", "since", "spend_by", "spent")
 
     def __init__(self, now: datetime) -> None:
         self.count = 0  # permits left to spend
@@ -108,6 +113,9 @@ class _Permits:
         self.end: datetime | None = None  # when they stop counting in the store
         self.spend_by: datetime | None = None  # spent only before this
         self.rate = 0.0  # permits per second over the last whole second
+        #: Permits per second so far in this second, once :data:`EARLY` seconds and
+        #: :data:`EARLY_SPENT` permits of it have passed (else 0).
+        self.early = 0.0
         self.since = now
         self.spent = 0
         #: The batch's permits are open (see ``Plan.answered``): those not spent are
@@ -289,11 +297,16 @@ class Near:
                 return 1, 0.0
             key, longest, most = (scope, 0, 0.0, 0.0), UNIT_HOLD, BATCH_TARGET
         permits = self._permits.get(key)
-        if permits is None or permits.rate <= 0 or not self.fresh():
+        # Open permits not spent are given back at the hold's end, so their batch may
+        # follow the rate of the second under way before a whole second has passed.
+        if permits is None:
+            return 1, 0.0
+        rate = permits.rate or (permits.early if opened else 0.0)
+        if rate <= 0 or not self.fresh():
             return 1, 0.0
         # What the process spends within two thirds of the longest hold (spent in time),
         # or two when it spends two within it.
-        spends = permits.rate * longest
+        spends = rate * longest
         size = min(BATCH_TARGET, max(math.floor(spends / 1.5), min(2, math.floor(spends))), most)
         if size < 2:
             return 1, 0.0
@@ -304,7 +317,7 @@ class Near:
             if claim:
                 permits.refilling = now + REFILL_WAIT
         # Whole milliseconds: every store keeps the extras' end exactly as computed here.
-        return size, math.floor(min(longest, 1.5 * size / permits.rate) * 1000) / 1000
+        return size, math.floor(min(longest, 1.5 * size / rate) * 1000) / 1000
 
     def took(
         self, scope: str, present: datetime, answer: Admission, epoch: int, limit: int | None,
@@ -379,6 +392,9 @@ class Near:
             permits.rate = permits.spent / elapsed.total_seconds() if elapsed < 2 * _SECOND else 0.0
             permits.since, permits.spent = present, 0
         permits.spent += 1
+        seconds = elapsed.total_seconds()
+        early = seconds >= EARLY and permits.spent >= EARLY_SPENT
+        permits.early = permits.spent / seconds if early else 0.0
         return permits
 
     def _spend(

@@ -197,20 +197,22 @@ def test_scale_quick(tmp_path: Path) -> None:
     assert doc["benchmark"] == "scale"
     stores = doc["settings"]["stores"]
     assert "sqlite" in stores
-    assert set(doc["never_binds"]) == set(doc["binds"]) == {"1x2", "2x2"}
+    assert set(doc["flat"]) == set(doc["paced"]) == set(doc["binding"]) == {"1x2", "2x2"}
     limit = doc["settings"]["binding_limit"]
     for size in ("1x2", "2x2"):
-        never, binds = doc["never_binds"][size], doc["binds"][size]
-        assert set(never) == {"memory", *stores} and set(binds) == set(stores)
+        flat, paced, binds = doc["flat"][size], doc["paced"][size], doc["binding"][size]
+        assert set(flat) == {"memory", *stores} and set(paced) == set(binds) == set(stores)
         for kind in stores:
-            assert never[kind]["not_ok"] == 0, (size, kind)  # the quota never binds
-            assert never[kind]["ratio_vs_memory"] > 0
+            assert flat[kind]["not_ok"] == paced[kind]["not_ok"] == 0, (size, kind)  # never binds
+            assert flat[kind]["ratio_vs_memory"] > 0
+            # Paced: no more than the pace (a process at 50 a second).
+            assert 0 < paced[kind]["requests_per_s"] <= 1.1 * 50 * int(size[0]), (size, kind)
             # The bound, at the server: no window of 1 s ever held more than the quota.
             assert 0 < binds[kind]["worst_window"] <= limit, (size, kind)
             assert binds[kind]["throttled"] == 0, (size, kind)
-            if kind != "sqlite" and not never[kind]["store_failures"]:
-                assert never[kind]["round_trips_per_request"] > 0  # counted at the clients
-                assert never[kind]["commands_per_request"] >= never[kind]["round_trips_per_request"]
+            if kind != "sqlite" and not flat[kind]["store_failures"]:
+                assert flat[kind]["round_trips_per_request"] > 0  # counted at the clients
+                assert flat[kind]["commands_per_request"] >= flat[kind]["round_trips_per_request"]
     plotted = (tmp_path / "plot" / "scale.svg").exists()
     assert plotted == any(note.startswith("plot:") for note in doc["notes"])
 

@@ -49,7 +49,15 @@ from retry_after_adapter import (
     SQLiteCooldownStore,
 )
 from retry_after_adapter.cooldown import Ask
-from retry_after_adapter.cooldown._near import BATCH_TARGET, HOLD_SHARE, IDLE, Near
+from retry_after_adapter.cooldown._near import (
+    BATCH_TARGET,
+    EARLY,
+    EARLY_SPENT,
+    HOLD_SHARE,
+    IDLE,
+    OPEN_HOLD_SHARE,
+    Near,
+)
 from retry_after_adapter.cooldown.guard import guard_of
 from retry_after_adapter.engine.plan import OPEN_FOR
 
@@ -823,6 +831,27 @@ def test_after_a_whole_second_at_a_rate_permits_come_in_batches_spent_near(
     log.clock.advance(1 / rate)
     log.admit(limit, per)
     assert log.written() > before + size  # the batch spent: the store again
+
+
+def test_open_permits_come_in_batches_within_the_first_second(tmp_path: Path) -> None:
+    """Open permits not spent are given back at the hold's end, so their batch follows
+    the rate of the second under way: at 80 a second, none before ``EARLY`` seconds and
+    ``EARLY_SPENT`` permits, then what that rate spends in two thirds of half of
+    ``per``; a quota whose permits are not open still waits for a whole second."""
+    log = PermitLog(tmp_path / "near.db")
+    limit, rate = 10_000, 80
+    spent = 0
+    while spent / rate < EARLY or spent < EARLY_SPENT:  # the last one at EARLY seconds or later
+        assert log.near.batch("batching", limit, 1.0, MARGIN, opened=True) == (1, 0.0), spent
+        log.admit(limit, 1.0)
+        spent += 1
+        log.clock.advance(1 / rate)
+    early = (spent + 1) / (spent / rate)  # that many in the time so far, the next one counted
+    log.admit(limit, 1.0)
+    size, hold = log.near.batch("batching", limit, 1.0, MARGIN, opened=True)
+    assert size == min(BATCH_TARGET, int(early * OPEN_HOLD_SHARE / 1.5)) > 1, (size, early)
+    assert 0 < hold <= OPEN_HOLD_SHARE, hold
+    assert log.near.batch("batching", limit, 1.0, MARGIN) == (1, 0.0)  # not open: a second first
 
 
 @pytest.mark.parametrize(("limit", "extra"), [(84, 0), (88, 0), (89, 1), (90, 2), (100, 3)])
