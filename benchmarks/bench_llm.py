@@ -290,7 +290,12 @@ async def async_worker(
 
 
 def run_threads(
-    sdk: str, clients: list[Any], threads: int, calls: int, start_at: float, limit: float,
+    sdk: str,
+    clients: list[Any],
+    threads: int,
+    calls: int,
+    start_at: float,
+    limit: float,
     call: Any = list_models,
 ) -> Tally:
     """``threads`` workers, worker ``n`` on ``clients[n % len(clients)]``, from ``start_at``."""
@@ -298,7 +303,8 @@ def run_threads(
     stop_at = start_at + limit
     workers = [
         threading.Thread(
-            target=sync_worker, args=(sdk, clients[n % len(clients)], calls, stop_at, tally, call),
+            target=sync_worker,
+            args=(sdk, clients[n % len(clients)], calls, stop_at, tally, call),
             daemon=True,
         )
         for n in range(threads)
@@ -501,9 +507,7 @@ def _run_fleets(
     for rep in range(reps):
         for sdk in sdks:
             for n, (name, how, store) in enumerate(fleets):
-                with QuotaServer(
-                    shape["limit"], shape["per"], align="first", quota_headers=sdk
-                ) as server:
+                with QuotaServer(shape["limit"], shape["per"], align="first", quota_headers=sdk) as server:
                     if how in ("threads", "clients"):
                         result = fleet_threads(sdk, shape, store, how == "threads", server)
                     elif how == "async":

@@ -161,6 +161,8 @@ def _session(spec: dict[str, Any], store: Any) -> Any:
     kwargs: dict[str, Any] = {"cooldown": store}
     if spec["quota"]:
         kwargs["quota"] = Quota(spec.get("limit", QUOTA_LIMIT), per=spec.get("per", 1.0))
+    if spec.get("max_concurrency"):
+        kwargs["max_concurrency"] = spec["max_concurrency"]
     if spec["scopes"] > 0:
         kwargs["scope"] = _path_scope
     session = requests.Session()
@@ -257,7 +259,10 @@ def worker(index: int, commands: Any, results: Any, nice: int) -> None:
         store = _make_store(spec)
         base = spec["url"]
         urls = [f"{base}/s{n}" for n in range(spec["scopes"])] if spec["scopes"] > 0 else [base + "/"]
-        sessions = [_session(spec, store) for _ in range(spec["threads"])]
+        if spec.get("one_session"):  # every thread on one Session (one adapter)
+            sessions = [_session(spec, store)] * spec["threads"]
+        else:
+            sessions = [_session(spec, store) for _ in range(spec["threads"])]
         results.put(("ready", index))
         start_at, t0, t1 = commands.get()
         _SENT[0], _WINDOW[:] = 0, [t0, t1]

@@ -24,6 +24,10 @@ Three loads:
   spread over its threads), as hosts of a fleet each with their own cores would: the
   cost per request as the fleet grows at a constant demand per host. The issue's
   flatness target (cost per request within 1.2x from 8 to 256 workers) is judged here.
+- one Session (``--session-reps`` runs, default 3): one process of 8 threads on one
+  Session with ``Quota(10**6, per=1)`` and ``max_concurrency=1000``, from its first
+  request (no warm-up) for 1 s, about 1,000 GETs: Redis round trips per request (the
+  issue's target: 0.05 at most).
 - binds: ``Quota(250, per=1)`` shared by the fleet against the project's
   ``QuotaServer``, which allows 250 requests per fixed 1 s window and answers 429 past
   it (a new server each run, in its own process, logging every arrival): requests
@@ -35,9 +39,10 @@ Three loads:
 Costs: Redis round trips per request (each write a worker's Redis client sends within
 the window, counted at the clients: a pipeline is one), Redis commands per request
 (``INFO commandstats``: the commands the scripts run included; every node's, on the
-cluster), Redis CPU time per request (the servers' processes, from ``/proc``), and the
-store operations that failed ("failures": a failing store is skipped, fail open, and a
-quota is then counted in each process alone).
+cluster), Redis CPU time per request (the servers', ``INFO cpu``, less what they use
+idle, measured once before the runs), and the store operations that failed
+("failures": a failing store is skipped, fail open, and a quota is then counted in
+each process alone).
 
 Method. The worker processes (``bench_load``'s, started once, ``nice`` 5: the servers
 would run elsewhere) run every variant in turn with a fresh store (a new file, a new key
@@ -94,7 +99,8 @@ class Stores:
             "redis": [redis_py.Redis(port=redis.port)] if redis else [],
             "cluster": [redis_py.Redis(port=port) for port in cluster.ports] if cluster else [],
         }
-        self.pids = {"redis": [redis.pid] if redis else [], "cluster": cluster.pids if cluster else []}
+        #: CPU seconds a second each kind's servers use with no client (their timers).
+        self.idle = {kind: self.idle_rate(kind) for kind, clients in self.clients.items() if clients}
 
     def where(self, kind: str, workdir: str, run: int) -> Any:
         if kind == "redis":
@@ -102,6 +108,20 @@ class Stores:
         if kind == "cluster":
             return self.cluster.ports[0]
         return str(Path(workdir) / f"scale-{run}.db")
+
+    def cpu(self, kind: str) -> float:
+        """CPU seconds the servers of ``kind`` have used (``INFO cpu``: microseconds, where
+        ``/proc``'s ticks are 10 ms, too coarse for a paced run's few hundred requests)."""
+        total = 0.0
+        for client in self.clients.get(kind, []):
+            info = client.info("cpu")
+            total += float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+        return total
+
+    def idle_rate(self, kind: str, seconds: float = 2.0) -> float:
+        before = self.cpu(kind)
+        time.sleep(seconds)
+        return (self.cpu(kind) - before) / seconds
 
     def empty(self, kind: str) -> None:
         for client in self.clients.get(kind, []):
@@ -170,13 +190,12 @@ def run(
     t0, t1 = start_at + warm, start_at + warm + duration
     for q in fleet.commands[:processes]:
         q.put((start_at, t0, t1))
-    redis_pids = kept.pids[kind] if redis_kind else []
     time.sleep(max(0.0, t0 - time.monotonic()))
     if redis_kind:
         kept.reset_stats(kind)
-    cpu0 = sum(_common.cpu_seconds(pid) for pid in redis_pids)
+    cpu0 = kept.cpu(kind) if redis_kind else 0.0
     time.sleep(max(0.0, t1 - time.monotonic()))
-    cpu1 = sum(_common.cpu_seconds(pid) for pid in redis_pids)
+    cpu1 = kept.cpu(kind) if redis_kind else 0.0
     commands = kept.commands(kind) if redis_kind else None
     reports = load.collect(fleet, "done", processes, t1 + load.STUCK_AFTER)
     stuck = load.replace_stuck(fleet, [n for n in range(processes) if n not in reports], "finish")
@@ -187,11 +206,14 @@ def run(
         "requests_per_s": ok / duration,
         "not_ok": sum(d["bad"] for d in done),
         "store_failures": sum(d["failures"] for d in done),
+        "log_first": [line for d in done for line in d["log_first"]][:3],
     }
     if redis_kind and ok:
         result["round_trips_per_request"] = sum(d["sent"] for d in done) / ok
         result["commands_per_request"] = (commands or 0) / ok
-        result["redis_cpu_us_per_request"] = (cpu1 - cpu0) / ok * 1e6
+        # Less what the servers use with no client at all (their timers), over the window.
+        busy = max(0.0, cpu1 - cpu0 - kept.idle[kind] * duration)
+        result["redis_cpu_us_per_request"] = busy / ok * 1e6
     return result
 
 
@@ -231,6 +253,18 @@ def binding_run(
 
 
 # -- the report --------------------------------------------------------------------------------
+
+SESSION_TARGET = 0.05
+
+
+def one_session(
+    fleet: load.Fleet, kind: str, url: str, kept: Stores, run_no: int, timeout: float | None
+) -> dict[str, Any]:
+    """One Session of 8 threads, a quota and a cap that never bind, from its first request."""
+    spec = spec_for(kind, url, 8, kept.where(kind, "", run_no), run_no, timeout, 10**6, 0.0)
+    spec.update(one_session=True, max_concurrency=1000)
+    return run(fleet, spec, 1, kept, 0.0, 1.0)
+
 
 #: The loads, as the tables and the JSON name them.
 LOADS = {"flat": "flat out, never binds", "paced": "paced, never binds", "binding": "binds"}
@@ -455,6 +489,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, help="repetitions (default 1)")
     p.add_argument("--stores", default="redis,cluster,sqlite", help="shared stores (default: all three)")
     p.add_argument("--loads", default="flat,paced,binding", help="loads (default flat,paced,binding)")
+    p.add_argument("--session-reps", type=int, default=3, help="runs of one Session (default 3; 0: none)")
     p.add_argument("--pace", type=float, default=50.0, help="GETs a second per process, paced (default 50)")
     p.add_argument("--store-timeout", type=float, default=3.0, help="seconds (default 3): see the docstring")
     p.add_argument("--worker-nice", type=int, default=5, help="niceness of the worker processes (default 5)")
@@ -475,6 +510,7 @@ def main() -> None:
         p.error("counts must be at least 1, --duration and --pace positive")
     runs: dict[str, dict[tuple[int, int, str], list[dict[str, Any]]]] = {name: {} for name in load_names}
     notes: list[str] = []
+    sessions: dict[str, list[dict[str, Any]]] = {}
     run_no = 0
     started = time.monotonic()
     with (
@@ -503,10 +539,32 @@ def main() -> None:
                 runs[load_name].setdefault((processes, threads, kind), []).append({**result, "rep": rep})
                 shown = ", ".join(f"{k} {v:.3g}" for k, v in result.items() if isinstance(v, float))
                 print(f"  {load_name}, {kind}, {processes} x {threads}: {shown}", file=sys.stderr, flush=True)
+                for line in result.get("log_first", []) if result.get("store_failures") else []:
+                    print(f"    first logged: {line}", file=sys.stderr, flush=True)
+            for rep in range(args.session_reps if kept else 0):
+                for kind in [k for k in kinds if k != "sqlite"]:
+                    run_no += 1
+                    result = one_session(fleet, kind, server.url, kept, run_no, args.store_timeout or None)
+                    sessions.setdefault(kind, []).append(result)
         finally:
             fleet.close()
+    session_rows = {
+        kind: {
+            key: median_of(every, key)
+            for key in ("requests_per_s", "round_trips_per_request", "store_failures")
+        }
+        for kind, every in sessions.items()
+    }
     loads = {name: summarise(every) for name, every in runs.items()}
     texts = tables(loads, kinds, reps, args.pace)
+    for kind, row in session_rows.items():
+        trips = row["round_trips_per_request"]
+        texts.append(
+            "One Session, 8 threads, Quota(10**6, per=1) + max_concurrency=1000, its first second, "
+            f"{SHARED[kind]}: "
+            f"{cell(trips, 3)} round trips per request (target <= {SESSION_TARGET}; "
+            f"{cell(row['requests_per_s'], 0)} requests/s; median of {len(sessions[kind])})\n"
+        )
     picture = args.plot or args.out / "scale.svg"
     why = plot(picture, loads)
     notes.append(why or f"plot: {picture}")
@@ -538,6 +596,7 @@ def main() -> None:
         },
         **{name: {f"{p}x{t}": row for (p, t), row in rows.items()} for name, rows in loads.items()},
         "flatness_8_to_256_workers": flat,
+        "one_session": session_rows,
         "notes": notes,
     }
     _common.finish("scale", payload, texts, args.out)

@@ -35,6 +35,7 @@ BENCHMARKS = {
     "push": ("bench_push.py", "bench_push.json"),
     "scopes": ("bench_scopes.py", "scopes.json"),
     "load": ("bench_load.py", "load.json"),
+    "scale": ("bench_scale.py", "scale.json"),
     "cold_start": ("bench_cold_start.py", "cold_start.json"),
     "httpx": ("bench_httpx.py", "bench_httpx.json"),
     "scenarios": ("bench_scenarios.py", "scenarios.json"),
@@ -62,6 +63,18 @@ def headline(name: str, doc: dict[str, Any]) -> str:
             f"{_common.fmt(redis['round_trips_per_request']['median'])} round trips per request (<= 0.1), "
             f"throughput {_common.fmt(redis['ratio_vs_memory']['median'])} x memory's (>= 0.9)"
         )
+    if name == "scale":
+        parts = []
+        for load_name, kinds in doc["flatness_8_to_256_workers"].items():
+            for kind, spans in kinds.items():
+                trips = spans.get("round_trips_per_request")
+                if trips is not None:
+                    parts.append(
+                        f"{kind}, {load_name}: round trips per request x{trips:.2f} from 8 to 256 workers"
+                    )
+        worst = [s.get("worst_window", 0) for row in doc.get("binding", {}).values() for s in row.values()]
+        parts.append(f"worst 1 s window {max(worst, default=0)} of {doc['settings']['binding_limit']}")
+        return "; ".join(parts)
     if name == "instructions":
         if "skipped" in doc:
             return f"skipped: {doc['skipped']}"

@@ -218,8 +218,11 @@ def _database(client: Any) -> int:
 
 
 def _client_timeout(client: Any) -> float | None:
-    """Connect plus socket timeout of a redis-py style client's pool, if both are set."""
+    """Connect plus socket timeout of a redis-py style client's pool (a cluster client's:
+    the ones its nodes' connections get), if both are set."""
     kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    if kwargs is None:  # redis.cluster.RedisCluster: no pool of its own
+        kwargs = getattr(getattr(client, "nodes_manager", None), "connection_kwargs", None)
     if not isinstance(kwargs, dict):
         return None
     reply = kwargs.get("socket_timeout")

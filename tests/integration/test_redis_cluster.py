@@ -39,6 +39,19 @@ def test_every_key_of_a_scope_is_in_the_slot_of_its_cooldown_key(
             assert cluster_client.keyslot(store.companion(scope, name)) == slot, (scope, name)
 
 
+def test_the_cluster_clients_timeouts_bound_each_store_operation(cluster_client: Any) -> None:
+    """A cluster client keeps no pool of its own: its nodes' connections get its socket
+    timeouts (2 s to connect, 2 s for a reply here), and each store operation is bounded
+    by their sum, as with a plain client (not by the 0.25 s kept for a store that does
+    not say: on a loaded machine every operation past it failed, and a quota was then
+    counted in each process alone)."""
+    store = RedisCooldownStore(cluster_client, prefix="ra:")
+    assert store.timeout == 4.0
+    from retry_after_adapter.cooldown.guard import guard_of
+
+    assert guard_of(store).breaker.timeout == 4.0
+
+
 def test_scopes_spread_over_the_nodes(store: RedisCooldownStore, cluster_client: Any) -> None:
     nodes = {cluster_client.get_node_from_key(store.key(scope)).port for scope in SCOPES}
     assert len(nodes) == 3  # the tests below touch every node
