@@ -4,9 +4,10 @@ made within a short while (owned by the failure layer, one per store).
 An answered attempt settles its quota permit (``Store.settle``): an open permit ends
 exactly at ``answer + per``, a late one moves there. Written one by one, that is a
 store round trip per attempt. Here each settle waits at most
-:func:`settle_delay` seconds (a share of the quota's ``per``) and every settle waiting
-goes in one ``Store.settle_many`` (one Redis pipeline, one SQLite transaction), once
-the first of them is due or :data:`FLUSH_COUNT` wait.
+:func:`settle_delay` seconds (half the quota's ``per``, 0.5 s at most) and every
+settle waiting goes in one ``Store.settle_many`` (one Redis pipeline, one SQLite
+transaction), once the first of them is due, :data:`FLUSH_COUNT` wait, or a batch's
+hold ends (its unspent open permits given back go with them: one write per batch).
 
 Why the wait never lets a request too many through: until its settle lands, a permit
 counts as the store holds it, and only a settle that ends its permit no later than
@@ -16,8 +17,8 @@ So the store counts every permit at least as long as its settle makes it. A writ
 store failed is not tried again: lost, its permits count longer; written twice (its
 reply lost, not the write), it could move another open permit of the same stored end (a
 batch's), whose request may still be on its way. What the delay
-costs is nothing either while a quota binds: a settle lands well before its permit's
-settled end (``answer + per``), so no admission waits on it. A process killed (or ended
+costs is nothing either while a quota binds: a settle lands before its permit's
+settled end (``answer + per``), so until then the permit counts as it must anyway. A process killed (or ended
 by ``os._exit``) with settles waiting leaves its open permits open: they count
 ``OPEN_FOR`` seconds more, as a killed worker's always did. One that exits normally, or
 closes its store, writes them first.
@@ -40,11 +41,12 @@ from ._writeback import WriteBack
 __all__ = ["FLUSH_COUNT", "SETTLE_DELAY", "SETTLE_SHARE", "Coalescer", "may_wait", "settle_delay"]
 
 #: The longest (seconds) a settle waits to be written with others.
-SETTLE_DELAY = 0.25
-#: ... and at most this share of its quota's ``per``.
-SETTLE_SHARE = 0.25
+SETTLE_DELAY = 0.5
+#: ... and at most this share of its quota's ``per`` (so it lands before its permit
+#: would stop counting: until then, the permit counts as it must anyway).
+SETTLE_SHARE = 0.5
 #: Settles waiting that are written at once (by the thread that adds the last).
-FLUSH_COUNT = 64
+FLUSH_COUNT = 256
 
 def settle_delay(per: float) -> float:
     """Seconds a settle of a quota of window ``per`` may wait to be written."""
@@ -146,8 +148,9 @@ class Coalescer:
             self._waiting, self._checks = [], []
             self._cond.notify()
 
-    def _run_checks(self, now: float) -> None:
-        """Run the checks due at ``now`` (monotonic seconds; inf: every one, at exit)."""
+    def _run_checks(self, now: float) -> bool:
+        """Run the checks due at ``now`` (monotonic seconds; inf: every one, at exit);
+        whether any was."""
         exiting = now == float("inf")
         with self._cond:
             due = [check for at, check in self._checks if at <= now]
@@ -155,6 +158,7 @@ class Coalescer:
                 self._checks = [(at, check) for at, check in self._checks if at > now]
         for check in due:
             check(exiting)
+        return bool(due)
 
     def _start(self) -> None:
         """(Lock held.) Start the writer thread unless it runs."""
@@ -176,8 +180,8 @@ class Coalescer:
                     if wake <= now:
                         break
                     self._cond.wait(wake - now)
-            self._run_checks(now)
-            if self._due <= time.monotonic():
+            # A check ends a batch's hold: what waits goes with what it gave back.
+            if self._run_checks(now) or self._due <= time.monotonic():
                 self.flush()
 
     def _after_fork(self) -> None:

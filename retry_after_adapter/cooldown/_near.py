@@ -17,8 +17,9 @@ without a store round trip while nothing has changed (owned by the failure layer
   store, so every arrival at the server still falls inside what the store counts. The
   batch is sized to the process's rate over the last second (an open permits' batch,
   before a whole second has passed, to its rate so far: see :data:`EARLY`): what it
-  spends in two thirds of the longest hold, at most :data:`BATCH_TARGET` permits
-  (``hold`` at most a tenth of ``per``, half of ``per`` for open permits); while one
+  spends in two thirds of the longest hold, in the whole hold for open permits, at
+  most :data:`BATCH_TARGET` permits (``hold`` at most a tenth of ``per``, half of
+  ``per`` for open permits); while one
   thread takes the next batch, the others wait for it rather than each asking for a permit. What is not
   spent in time lapses, and a process that dies loses at most its batch.
   An open permit (a quota whose ``per + margin`` is shorter than ``OPEN_FOR``, on a
@@ -59,14 +60,14 @@ __all__ = ["BATCH_TARGET", "IDLE", "Near"]
 log = logging.getLogger("retry_after_adapter")
 
 #: Permits a batch aims at (one store operation per this many attempts, at most).
-BATCH_TARGET = 64
+BATCH_TARGET = 256
 #: The longest (a share of the quota's ``per``) a batch's permit may wait to be spent.
 HOLD_SHARE = 0.1
 #: ... and an open permit of a batch (see ``batch``).
 OPEN_HOLD_SHARE = 0.5
 #: Seconds of the second under way, and permits spent in them, before its rate sizes an
 #: open permits' batch (a process's first second, or its first after an idle one).
-EARLY = 0.1
+EARLY = 0.02
 EARLY_SPENT = 4
 #: The longest (seconds) an admission of an announced allowance taken in a batch may
 #: wait to be spent (never past the server's reset).
@@ -305,9 +306,11 @@ class Near:
         if rate <= 0 or not self.fresh():
             return 1, 0.0
         # What the process spends within two thirds of the longest hold (spent in time),
-        # or two when it spends two within it.
+        # or two when it spends two within it; open permits, what it spends in the whole
+        # hold (those left at its end are given back).
         spends = rate * longest
-        size = min(BATCH_TARGET, max(math.floor(spends / 1.5), min(2, math.floor(spends))), most)
+        share = spends if opened else spends / 1.5
+        size = min(BATCH_TARGET, max(math.floor(share), min(2, math.floor(spends))), most)
         if size < 2:
             return 1, 0.0
         now = time.monotonic()

@@ -27,8 +27,8 @@ ERROR_CLASSES: Final = (THROTTLED, SERVER_ERROR, TRANSPORT, INVALID_HEADER)
 SUCCESS: Final = "success"
 
 #: A scope's success is written to the store at most once per this many seconds by one
-#: process (errors are written every time).
-SUCCESS_EVERY = 1.0
+#: process (errors are written every time): a store round trip each, on a call's thread.
+SUCCESS_EVERY = 5.0
 #: Seconds a scope's record is kept after its last note (30 days): then it is news no
 #: longer, and every store may forget it.
 FRESHNESS_KEPT = 30 * 24 * 3600.0

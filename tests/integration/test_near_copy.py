@@ -836,8 +836,8 @@ def test_after_a_whole_second_at_a_rate_permits_come_in_batches_spent_near(
 def test_open_permits_come_in_batches_within_the_first_second(tmp_path: Path) -> None:
     """Open permits not spent are given back at the hold's end, so their batch follows
     the rate of the second under way: at 80 a second, none before ``EARLY`` seconds and
-    ``EARLY_SPENT`` permits, then what that rate spends in two thirds of half of
-    ``per``; a quota whose permits are not open still waits for a whole second."""
+    ``EARLY_SPENT`` permits, then what that rate spends in the whole hold (half of
+    ``per``); a quota whose permits are not open still waits for a whole second."""
     log = PermitLog(tmp_path / "near.db")
     limit, rate = 10_000, 80
     spent = 0
@@ -849,8 +849,8 @@ def test_open_permits_come_in_batches_within_the_first_second(tmp_path: Path) ->
     early = (spent + 1) / (spent / rate)  # that many in the time so far, the next one counted
     log.admit(limit, 1.0)
     size, hold = log.near.batch("batching", limit, 1.0, MARGIN, opened=True)
-    assert size == min(BATCH_TARGET, int(early * OPEN_HOLD_SHARE / 1.5)) > 1, (size, early)
-    assert 0 < hold <= OPEN_HOLD_SHARE, hold
+    assert size == min(BATCH_TARGET, int(early * OPEN_HOLD_SHARE)) > 1, (size, early)
+    assert hold == pytest.approx(min(OPEN_HOLD_SHARE, 1.5 * size / early), abs=0.001), hold
     assert log.near.batch("batching", limit, 1.0, MARGIN) == (1, 0.0)  # not open: a second first
 
 
