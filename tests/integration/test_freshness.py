@@ -23,6 +23,7 @@ from retry_after_adapter import (
     RetryAfterRetry,
     SQLiteCooldownStore,
 )
+from retry_after_adapter.cooldown.freshness import SUCCESS_EVERY
 
 from ..servers import Reply, ThrottleServer
 from .conftest import AHEAD
@@ -111,17 +112,19 @@ def test_a_client_error_says_nothing_of_the_integration(server: ThrottleServer, 
     assert mounted.freshness(server.url) is None
 
 
-def test_successes_are_written_at_most_once_a_second(server: ThrottleServer, clock: FakeClock) -> None:
+def test_successes_are_written_at_most_once_per_success_every(server: ThrottleServer, clock: FakeClock) -> None:
+    """A success is written at most once per ``SUCCESS_EVERY`` seconds (5) per scope
+    and process: one within it is not written again, the first after it is."""
     store = MemoryCooldownStore()
     session, mounted = adapter(clock, store)
     server.serve([Reply(200)])
     session.get(server.url)
-    clock.advance(0.5)
-    session.get(server.url)  # within the second: not written again
+    clock.advance(SUCCESS_EVERY - 0.1)
+    session.get(server.url)  # within SUCCESS_EVERY: not written again
     assert mounted.freshness(server.url).last_success == NOW
-    clock.advance(0.6)
+    clock.advance(0.2)
     session.get(server.url)
-    assert mounted.freshness(server.url).last_success == NOW + timedelta(seconds=1.1)
+    assert mounted.freshness(server.url).last_success == NOW + timedelta(seconds=SUCCESS_EVERY + 0.1)
 
 
 def test_counters_export_seconds_since_success_with_bounded_labels(
