@@ -308,8 +308,9 @@ def plot(path: Path, loads: dict[str, Rows]) -> str:
     except ImportError:
         return "no plot: matplotlib is not installed (pip install -e '.[bench]')"
     matplotlib.rcParams["svg.hashsalt"] = "bench-scale"  # the same picture gives the same file
-    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
-    styles = {"flat": "-", "paced": "--", "binding": ":"}
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4.6))
+    colours = {"flat": "tab:blue", "paced": "tab:green", "binding": "tab:red"}
+    lines = {"redis": "-", "cluster": "--"}
     for key, ax, label in (
         ("round_trips_per_request", axes[0], "Redis round trips per request"),
         ("redis_cpu_us_per_request", axes[1], "Redis CPU µs per request"),
@@ -325,17 +326,19 @@ def plot(path: Path, loads: dict[str, Rows]) -> str:
                     if points:
                         ax.plot(
                             *zip(*points, strict=True),
-                            styles[load_name],
+                            lines[kind],
+                            color=colours[load_name],
                             marker="o" if threads == min(t for _, t in rows) else "s",
-                            label=f"{SHARED[kind]}, {threads} threads/process, {LOADS[load_name]}",
+                            label=f"{LOADS[load_name]}; {SHARED[kind]}, {threads} threads/process",
                         )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("workers (processes x threads)")
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3, which="both")
-    axes[0].legend(fontsize=6)
-    figure.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
+    figure.tight_layout(rect=(0, 0.2, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="svg", metadata={"Date": None})
     plt.close(figure)
