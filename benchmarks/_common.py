@@ -395,12 +395,11 @@ def redis_server(workdir: str | Path) -> Iterator[tuple[RedisServer | None, str]
 
 
 class RedisClusterNodes:
-    """A 3-node Redis Cluster on loopback (three masters, no replicas): ``ports``,
-    ``pids``, ``version``. Made by :func:`redis_cluster`."""
+    """A 3-node Redis Cluster on loopback (three masters, no replicas): ``ports`` and
+    ``version``. Made by :func:`redis_cluster`."""
 
     def __init__(self, nodes: list[tuple[subprocess.Popen[bytes], int]], version: str) -> None:
         self.ports = [port for _, port in nodes]
-        self.pids = [proc.pid for proc, _ in nodes]
         self.version = version
 
 

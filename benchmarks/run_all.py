@@ -66,6 +66,8 @@ def headline(name: str, doc: dict[str, Any]) -> str:
     if name == "scale":
         parts = []
         for load_name, kinds in doc["flatness_8_to_256_workers"].items():
+            if load_name == "binding":  # its cost follows the waiters, not the fleet's size
+                continue
             for kind, spans in kinds.items():
                 trips = spans.get("round_trips_per_request")
                 if trips is not None:
