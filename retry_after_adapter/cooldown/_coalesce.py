@@ -99,11 +99,17 @@ class Coalescer:
     def add(self, args: tuple[Any, ...], per: float) -> None:
         """One settle (``Store.settle``'s arguments) of a quota of window ``per``, to be
         written within :func:`settle_delay` seconds."""
+        self.add_many([args], per)
+
+    def add_many(self, settles: list[tuple[Any, ...]], per: float) -> None:
+        """Settles of a quota of window ``per`` (a batch's permits given back), added
+        together: written in one operation with what waits once :data:`FLUSH_COUNT` or
+        more wait, else within :func:`settle_delay` seconds."""
         due = time.monotonic() + settle_delay(per)
         with self._cond:
             if self._closed:
                 return  # the store is closed: nothing is written to it
-            self._waiting.append(args)
+            self._waiting.extend(settles)
             full = len(self._waiting) >= FLUSH_COUNT
             if due < self._due:
                 self._due = due

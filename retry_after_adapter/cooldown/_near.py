@@ -299,10 +299,16 @@ class Near:
             key, longest, most = (scope, 0, 0.0, 0.0), UNIT_HOLD, BATCH_TARGET
         permits = self._permits.get(key)
         # Open permits not spent are given back at the hold's end, so their batch may
-        # follow the rate of the second under way before a whole second has passed.
+        # follow the rate of the second under way before a whole second has passed (a
+        # closed batch's lapse and count to their end: it waits for a whole second).
         if permits is None:
             return 1, 0.0
-        rate = permits.rate or (permits.early if opened else 0.0)
+        rate = permits.rate
+        if not rate and opened and permits.early and per is not None:
+            # The second under way, a guess: held a tenth of per, as a closed batch (a
+            # held open permit tells other processes refused meanwhile to come back per
+            # later, see ``base.free_at``).
+            rate, longest = permits.early, min(longest, HOLD_SHARE * per)
         if rate <= 0 or not self.fresh():
             return 1, 0.0
         # What the process spends within two thirds of the longest hold (spent in time),
@@ -397,7 +403,8 @@ class Near:
         permits.spent += 1
         seconds = elapsed.total_seconds()
         early = seconds >= EARLY and permits.spent >= EARLY_SPENT
-        permits.early = permits.spent / seconds if early else 0.0
+        # ``spent`` permits from the second's first: ``spent - 1`` intervals.
+        permits.early = (permits.spent - 1) / seconds if early else 0.0
         return permits
 
     def _spend(

@@ -135,8 +135,7 @@ class StoreGuard(FullStore):
         scope, limit, per, _ = key
         self.given_back += count
         never = datetime.now(timezone.utc) - timedelta(seconds=per)  # settled to never + per: now
-        for _ in range(count):
-            self.settles.add((scope, limit, per, end, never, True), per)
+        self.settles.add_many([(scope, limit, per, end, never, True)] * count, per)
 
     @property
     def capabilities(self) -> frozenset[type]:

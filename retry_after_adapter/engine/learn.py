@@ -173,16 +173,18 @@ def _left_unseen(call: Call, hint: QuotaHint, until: datetime) -> int:
 
 def note(call: Call, outcome: str) -> None:
     """Note the attempt's outcome in the scope's freshness record (a success at most
-    once per ``SUCCESS_EVERY`` seconds per scope in this process)."""
+    once per ``SUCCESS_EVERY`` seconds per scope in this process, and at once after an
+    error it noted)."""
     if not outcome:
         return  # a client error (404...): says nothing of the integration's health
-    if outcome == SUCCESS:
-        meter = call.meter or call.plan.meter(call.scope)
-        if meter is not None:
-            sent = call.ticket.sent_at if call.ticket.sent_at is not None else call.clock.monotonic()
-            if sent - meter.noted < SUCCESS_EVERY:
-                return
-            meter.noted = sent
+    meter = call.meter or call.plan.meter(call.scope)
+    if outcome == SUCCESS and meter is not None:
+        sent = call.ticket.sent_at if call.ticket.sent_at is not None else call.clock.monotonic()
+        if sent - meter.noted < SUCCESS_EVERY:
+            return
+        meter.noted = sent
+    elif meter is not None:
+        meter.noted = -math.inf  # an error noted: the next success is news at once
     call.plan.note(call, outcome)
 
 

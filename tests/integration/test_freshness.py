@@ -127,6 +127,21 @@ def test_successes_are_written_at_most_once_per_success_every(server: ThrottleSe
     assert mounted.freshness(server.url).last_success == NOW + timedelta(seconds=SUCCESS_EVERY + 0.1)
 
 
+def test_a_success_after_an_error_is_written_at_once(server: ThrottleServer, clock: FakeClock) -> None:
+    """An error noted makes the next success news at once, whatever ``SUCCESS_EVERY``
+    says: the record shows the recovery, not the error, a second later."""
+    store = MemoryCooldownStore()
+    session, mounted = adapter(clock, store)
+    server.serve([Reply(200), Reply(500), Reply(200)])
+    session.get(server.url)
+    clock.advance(0.5)
+    session.get(server.url)
+    assert mounted.freshness(server.url).last_error == "server_error"
+    clock.advance(0.5)
+    session.get(server.url)  # within SUCCESS_EVERY of the first success: written all the same
+    assert mounted.freshness(server.url).last_success == NOW + timedelta(seconds=1)
+
+
 def test_counters_export_seconds_since_success_with_bounded_labels(
     server: ThrottleServer, clock: FakeClock
 ) -> None:
