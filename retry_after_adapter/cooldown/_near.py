@@ -124,6 +124,28 @@ class _Permits:
         self.open = False
 
 
+def _sizing_rate(permits: _Permits, longest: float, opened: bool, per: float | None) -> tuple[float, float]:
+    """The rate (permits a second) a batch is sized to, and its longest hold: the last
+    whole second's; for open permits, before a whole second has passed, the second
+    under way's (those not spent are given back at the hold's end; a closed batch's
+    lapse and count to their end, so it waits), a guess held a tenth of ``per`` (a held
+    open permit tells other processes refused meanwhile to come back ``per`` later, see
+    ``base.free_at``)."""
+    if not permits.rate and opened and permits.early and per is not None:
+        return permits.early, min(longest, HOLD_SHARE * per)
+    return permits.rate, longest
+
+
+def batch_size(rate: float, longest: float, opened: bool, most: int) -> int:
+    """Permits a batch asks for at ``rate`` a second with a hold of at most ``longest``
+    seconds: what the process spends within two thirds of the hold (spent in time), or
+    two when it spends two within it; open permits, what it spends in the whole hold
+    (those left at its end are given back); at most :data:`BATCH_TARGET` and ``most``."""
+    spends = rate * longest
+    share = spends if opened else spends / 1.5
+    return min(BATCH_TARGET, max(math.floor(share), min(2, math.floor(spends))), most)
+
+
 class _Slot(NamedTuple):
     token: str
     expires: datetime  # the lease's end (a lower bound of the store's)
@@ -298,25 +320,10 @@ class Near:
                 return 1, 0.0
             key, longest, most = (scope, 0, 0.0, 0.0), UNIT_HOLD, BATCH_TARGET
         permits = self._permits.get(key)
-        # Open permits not spent are given back at the hold's end, so their batch may
-        # follow the rate of the second under way before a whole second has passed (a
-        # closed batch's lapse and count to their end: it waits for a whole second).
-        if permits is None:
+        if permits is None or not self.fresh():
             return 1, 0.0
-        rate = permits.rate
-        if not rate and opened and permits.early and per is not None:
-            # The second under way, a guess: held a tenth of per, as a closed batch (a
-            # held open permit tells other processes refused meanwhile to come back per
-            # later, see ``base.free_at``).
-            rate, longest = permits.early, min(longest, HOLD_SHARE * per)
-        if rate <= 0 or not self.fresh():
-            return 1, 0.0
-        # What the process spends within two thirds of the longest hold (spent in time),
-        # or two when it spends two within it; open permits, what it spends in the whole
-        # hold (those left at its end are given back).
-        spends = rate * longest
-        share = spends if opened else spends / 1.5
-        size = min(BATCH_TARGET, max(math.floor(share), min(2, math.floor(spends))), most)
+        rate, longest = _sizing_rate(permits, longest, opened, per)
+        size = batch_size(rate, longest, opened, most)
         if size < 2:
             return 1, 0.0
         now = time.monotonic()
