@@ -472,6 +472,41 @@ def replace_stuck(fleet: Fleet, stuck: list[int], what: str) -> list[int]:
     return stuck
 
 
+def ready(fleet: Fleet, spec: dict[str, Any], processes: int) -> int:
+    """Send ``spec`` to the first ``processes`` workers and wait until each is ready;
+    the workers stuck before they could start (then the others ran an empty window, and
+    the stuck ones were replaced): 0 when every one is ready."""
+    for q in fleet.commands[:processes]:
+        q.put(spec)
+    got = collect(fleet, "ready", processes, time.monotonic() + STUCK_AFTER)
+    if len(got) == processes:
+        return 0
+    now = time.monotonic()
+    for n in got:
+        fleet.commands[n].put((now, now, now))
+    collect(fleet, "done", len(got), now + STUCK_AFTER)
+    return len(replace_stuck(fleet, [n for n in range(processes) if n not in got], "start"))
+
+
+def start(fleet: Fleet, processes: int, warm: float, duration: float) -> tuple[float, float]:
+    """Start the ready workers' run: ``warm`` seconds, then the measured window ``(t0,
+    t1)`` (monotonic), returned."""
+    start_at = time.monotonic() + 0.05
+    t0, t1 = start_at + warm, start_at + warm + duration
+    for q in fleet.commands[:processes]:
+        q.put((start_at, t0, t1))
+    return t0, t1
+
+
+def reports(fleet: Fleet, processes: int, t1: float) -> tuple[list[dict[str, Any]], int]:
+    """The workers' reports of the run whose window ended at ``t1``, and how many were
+    stuck (replaced). A call that began before ``t1`` ends within its deadline (30 s); a
+    worker that has not reported well after that is stuck (a deadlock in the store)."""
+    got = collect(fleet, "done", processes, t1 + STUCK_AFTER)
+    stuck = replace_stuck(fleet, [n for n in range(processes) if n not in got], "finish")
+    return list(got.values()), len(stuck)
+
+
 def run_variant(
     fleet: Fleet,
     spec: dict[str, Any],
@@ -483,26 +518,14 @@ def run_variant(
 ) -> dict[str, Any]:
     """Run ``spec`` on the first ``processes`` workers: warm-up, then the measured
     window; what it measured."""
-    for q in fleet.commands[:processes]:
-        q.put(spec)
-    ready = collect(fleet, "ready", processes, time.monotonic() + STUCK_AFTER)
-    if len(ready) < processes:
-        # A worker stuck before it could start: the others run an empty window.
-        now = time.monotonic()
-        for n in ready:
-            fleet.commands[n].put((now, now, now))
-        collect(fleet, "done", len(ready), now + STUCK_AFTER)
-        stuck = replace_stuck(fleet, [n for n in range(processes) if n not in ready], "start")
-        return {"stuck_workers": len(stuck), "requests": 0, "requests_per_s": 0.0}
+    stuck_at_start = ready(fleet, spec, processes)
+    if stuck_at_start:
+        return {"stuck_workers": stuck_at_start, "requests": 0, "requests_per_s": 0.0}
     monitor = None
     if spec["store"] == "redis":
         redis["client"].flushall()
         monitor = Monitor(redis["port"])
-    start_at = time.monotonic() + 0.05
-    t0 = start_at + warm
-    t1 = t0 + duration
-    for q in fleet.commands[:processes]:
-        q.put((start_at, t0, t1))
+    t0, t1 = start(fleet, processes, warm, duration)
     workers = [p.pid for p in fleet.procs[:processes]]
     time.sleep(max(0.0, t0 - time.monotonic()))
 
@@ -524,18 +547,14 @@ def run_variant(
         monitor.until = time.time()
         stats = commandstats(redis["client"])
         monitor.drain()
-    # A call that began before t1 ends within its deadline (30 s); a worker that has not
-    # reported well after that is stuck (a deadlock in the store: see the report).
-    reports = collect(fleet, "done", processes, t1 + STUCK_AFTER)
+    done, stuck = reports(fleet, processes, t1)
     if monitor is not None:
         monitor.close()
-    stuck = replace_stuck(fleet, [n for n in range(processes) if n not in reports], "finish")
-    done = list(reports.values())
     ok = sum(d["ok"] for d in done)
     used = {k: cpu_end[k] - cpu_start[k] for k in cpu_start}
     ours = sum(v for k, v in used.items() if not k.startswith("machine"))
     result: dict[str, Any] = {
-        "stuck_workers": len(stuck),
+        "stuck_workers": stuck,
         "requests": ok,
         "requests_per_s": ok / duration,
         "not_ok": sum(d["bad"] for d in done),

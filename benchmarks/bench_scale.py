@@ -191,22 +191,12 @@ def run(
     """One variant on the first ``processes`` workers: what it measured."""
     kind = spec["store"]
     redis_kind = kind in ("redis", "cluster") and kept is not None
-    for q in fleet.commands[:processes]:
-        q.put(spec)
-    ready = load.collect(fleet, "ready", processes, time.monotonic() + load.STUCK_AFTER)
-    if len(ready) < processes:
-        now = time.monotonic()
-        for n in ready:
-            fleet.commands[n].put((now, now, now))
-        load.collect(fleet, "done", len(ready), now + load.STUCK_AFTER)
-        stuck = load.replace_stuck(fleet, [n for n in range(processes) if n not in ready], "start")
-        return {"stuck_workers": len(stuck)}
+    stuck_at_start = load.ready(fleet, spec, processes)
+    if stuck_at_start:
+        return {"stuck_workers": stuck_at_start}
     if redis_kind:
         kept.empty(kind)
-    start_at = time.monotonic() + 0.05
-    t0, t1 = start_at + warm, start_at + warm + duration
-    for q in fleet.commands[:processes]:
-        q.put((start_at, t0, t1))
+    t0, t1 = load.start(fleet, processes, warm, duration)
     time.sleep(max(0.0, t0 - time.monotonic()))
     if redis_kind:
         kept.reset_stats(kind)
@@ -214,12 +204,10 @@ def run(
     time.sleep(max(0.0, t1 - time.monotonic()))
     cpu1 = kept.cpu(kind) if redis_kind else 0.0
     commands = kept.commands(kind) if redis_kind else None
-    reports = load.collect(fleet, "done", processes, t1 + load.STUCK_AFTER)
-    stuck = load.replace_stuck(fleet, [n for n in range(processes) if n not in reports], "finish")
-    done = list(reports.values())
+    done, stuck = load.reports(fleet, processes, t1)
     ok = sum(d["ok"] for d in done)
     result: dict[str, Any] = {
-        "stuck_workers": len(stuck),
+        "stuck_workers": stuck,
         "requests_per_s": ok / duration,
         "not_ok": sum(d["bad"] for d in done),
         "store_failures": sum(d["failures"] for d in done),
