@@ -408,10 +408,11 @@ class Near:
             permits.rate = permits.spent / elapsed.total_seconds() if elapsed < 2 * _SECOND else 0.0
             permits.since, permits.spent = present, 0
         permits.spent += 1
-        seconds = elapsed.total_seconds()
-        early = seconds >= EARLY and permits.spent >= EARLY_SPENT
-        # ``spent`` permits from the second's first: ``spent - 1`` intervals.
-        permits.early = (permits.spent - 1) / seconds if early else 0.0
+        if not permits.rate:  # no whole second yet: the one under way's (see _sizing_rate)
+            seconds = elapsed.total_seconds()
+            early = seconds >= EARLY and permits.spent >= EARLY_SPENT
+            # ``spent`` permits from the second's first: ``spent - 1`` intervals.
+            permits.early = (permits.spent - 1) / seconds if early else 0.0
         return permits
 
     def _spend(
