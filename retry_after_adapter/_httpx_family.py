@@ -44,7 +44,8 @@ __all__ = ["AsyncFront", "Flavour", "SyncFront"]
 _CALL_KEY = "retry_after_adapter.call"
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
 #: The field the OpenAI and Anthropic SDKs (and any client generated as theirs are) obey
-#: before their own retry: a deferred response carries ``false``.
+#: before their own retry: a deferred response carries ``false``, unless it is the
+#: answer to a request not replayed whose wait fits the call (``Outcome.fits``).
 SHOULD_RETRY = "x-should-retry"
 #: Threads each async transport keeps for the store operations of a blocking store.
 STORE_THREADS = 8
@@ -344,6 +345,9 @@ class _Front(SharedSettings):
     class's."""
 
     flavour: Flavour
+    #: A POST a provider's 429 says was not processed is sent again after the wait (the
+    #: SDKs that run on httpx would send it again themselves; httpx has no rule of its own).
+    replays_unprocessed = True
 
     def __init__(self, max_retries: Any = None, *, transport: Any = None, **options: Unpack[Options]) -> None:
         #: The transport each attempt goes through.
@@ -364,8 +368,18 @@ class _Front(SharedSettings):
         if entry is not None and entry[1] is not request:
             call: Call = entry[0]
             call.continue_on(self._plan, self._scope_fn(info))
+            call.progress.resendable = self._resendable(request)
             return call
-        return self._call(self.max_retries, info, request)
+        call = self._call(self.max_retries, info, request)
+        if not self._resendable(request):
+            call.progress.resendable = False
+        return call
+
+    def _resendable(self, request: Any) -> bool:
+        """Whether ``request`` can be sent again as it is: its body held whole (bytes,
+        JSON, a form; an empty one), not a stream read as it is sent (a generator, a
+        file: ``IteratorByteStream``, ``MultipartStream``)."""
+        return isinstance(request.stream, self.flavour.ByteStream) or hasattr(request, "_content")
 
     def _failed(
         self, request: Any, error: BaseException, deferral: Deferral | None
@@ -383,9 +397,11 @@ class _Front(SharedSettings):
         response.deferral = outcome.deferral
         response.stop_reason = outcome.stop_reason
         response.local = False
-        if outcome.deferral is not None:
+        if outcome.deferral is not None and not outcome.fits:
             # Deferred: final inside an SDK's own retry loop too (it would sleep, then
             # send inside the budget the caller gave, or a server's x-should-retry: true).
+            # A request not replayed whose wait fits is left to the SDK's own retry: it
+            # waits, and its attempt is admitted once the cooldown ends.
             response.headers[SHOULD_RETRY] = "false"
         return response
 

@@ -232,6 +232,11 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
     - ``learn_rate``: with no ``quota`` and no quota headers from the server, admit
       each scope by the send rate the store learns from its answers, shared by every
       worker (default True; see docs/quotas.md, "A rate nobody announced"). False: off.
+    - ``replay_unprocessed``: True sends a request the policy does not replay (a POST)
+      again after a 429 whose provider documents it as not processed (OpenAI's,
+      Anthropic's), once the wait has passed, when it fits the budget and the body is
+      held whole (not a file or a generator). Default off here: urllib3's rule stands
+      (the httpx transports, which the SDKs run on, default to on).
 
     Every other argument is ``HTTPAdapter``'s (``pool_connections``, ``pool_maxsize``,
     ``pool_block``). The adapter copies, deep-copies and pickles (the default store

@@ -43,6 +43,10 @@ adapter then does):
   ``retry-after-ms`` and Azure's ``x-ms-retry-after-ms`` (:func:`milliseconds`), read
   with ``Retry-After`` by :func:`precise_wait`: precise when they agree with its whole
   seconds, else the longest; and ``x-should-retry`` (:func:`should_retry`).
+- **What a 429 means** (:func:`not_processed`): OpenAI's and Anthropic's 429 is a
+  request their rate limits refused before any work on it, which their own SDKs send
+  again after the wait whatever its method. The answer is recognised by the fields only
+  these providers send (:data:`UNPROCESSED_FIELDS`), not by the host.
 - **Anthropic**: ``anthropic-ratelimit-<kind>-{limit,remaining,reset}`` for requests,
   tokens, input and output tokens (:func:`anthropic_allowances`), each reset an RFC 3339
   time (:func:`rfc3339_epoch`), measured against the response's ``Date`` or receipt.
@@ -73,6 +77,7 @@ __all__ = [
     "OPENAI_KINDS",
     "SECONDARY_MAX",
     "SECONDARY_MIN",
+    "UNPROCESSED_FIELDS",
     "Allowance",
     "anthropic_allowances",
     "bucket_key",
@@ -86,6 +91,7 @@ __all__ = [
     "limit_field",
     "major_parameter",
     "milliseconds",
+    "not_processed",
     "openai_allowances",
     "precise_wait",
     "reset_seconds",
@@ -353,6 +359,35 @@ def should_retry(get: Getter) -> bool | None:
     raw = get("x-should-retry")
     text = None if raw is None else raw.strip(" \t").lower()
     return {"true": True, "false": False}.get(text or "")
+
+
+#: Fields that mark an answer as OpenAI's (Azure OpenAI's too) or Anthropic's: the
+#: per-kind rate-limit fields of :func:`openai_allowances` and
+#: :func:`anthropic_allowances`, and the providers' own ``openai-*`` and
+#: ``anthropic-*`` fields. No other API names a field so (a generic ``X-RateLimit-*``
+#: or ``request-id`` is not one of them), and gateways that stand in front of these
+#: APIs pass them on.
+_PARTS = ("remaining", "limit", "reset")
+UNPROCESSED_FIELDS = (
+    *(f"x-ratelimit-{part}-{kind}" for kind in OPENAI_KINDS for part in _PARTS),
+    "openai-organization",
+    "openai-processing-ms",
+    "openai-version",
+    *(f"anthropic-ratelimit-{kind}-{part}" for kind in ANTHROPIC_KINDS for part in _PARTS),
+    "anthropic-organization-id",
+)
+
+
+def not_processed(status: int | None, get: Getter) -> bool:
+    """Whether an answer says, by its provider's documented contract, that the request
+    was not processed, so that sending it again after the wait cannot do its work twice:
+    a 429 of OpenAI (or Azure OpenAI) or Anthropic, whose rate limits refuse a request
+    before any work on it (their SDKs send any request again after one, a POST too).
+    Recognised by a field of :data:`UNPROCESSED_FIELDS`; a 503 (an overloaded or
+    failing server) is no such answer, nor is a 429 of any other API."""
+    if status != 429:
+        return False
+    return any(get(name) is not None for name in UNPROCESSED_FIELDS)
 
 
 # ------------------------------------------------------------------- Structured Fields

@@ -53,7 +53,10 @@ class RetryAfterTransport(SyncFront, httpx.BaseTransport):
     ``max_retries`` (the policy: a :class:`RetryAfterRetry`, an int, a stock ``Retry``
     or None) and every keyword as for :class:`~retry_after_adapter.RetryAfterAdapter`
     (``cooldown``, ``scope``, ``raise_on_defer``, ``store_failure``, ``on_decision``,
-    ``quota``, ``max_concurrency``, ``lease_ttl``, ``max_waiting``, ``learn_rate``);
+    ``quota``, ``max_concurrency``, ``lease_ttl``, ``max_waiting``, ``learn_rate``,
+    ``replay_unprocessed``: here True by default, so a POST that OpenAI or Anthropic
+    answers with a 429, which they document as not processed, is sent again once its
+    wait, which must fit, has passed, as their SDKs would send it; see docs/behaviour.md);
     ``transport``: the transport each attempt goes through (default
     ``httpx.HTTPTransport()``). Mount it with ``httpx.Client(transport=...)`` or
     ``mounts={...}``; closing the client closes the wrapped transport.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import math
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from .errors import ConfigurationError
@@ -257,6 +258,22 @@ def after_attempt(
     if invalid is not None and on_invalid == "stop":
         return Decision(STOP, 0.0, invalid)
     return None
+
+
+def retried_status(
+    status: int | None,
+    *,
+    forcelist: Collection[int],
+    retry_after_statuses: Collection[int],
+    honours_retry_after: bool,
+) -> bool:
+    """Whether the policy retries an answer of ``status`` that carries a valid
+    Retry-After, its method set aside (urllib3's ``is_retry`` without its method rule):
+    ``status`` is in ``forcelist``, or in ``retry_after_statuses`` (urllib3's 413, 429,
+    503) while ``honours_retry_after`` (retries left, Retry-After respected)."""
+    if status is None:
+        return False
+    return status in forcelist or (honours_retry_after and status in retry_after_statuses)
 
 
 def out_of_attempts(decision: Decision) -> Decision:

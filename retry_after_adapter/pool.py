@@ -162,8 +162,8 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
     - ``cooldown``, ``scope``, ``raise_on_defer``, ``store_failure``, ``on_decision``:
       as for :class:`~retry_after_adapter.RetryAfterAdapter`. A scope function receives
       a :class:`~retry_after_adapter.scope.RequestInfo` (``method``, ``url``,
-      ``headers``). ``quota``, ``max_concurrency``, ``lease_ttl``, ``max_waiting`` and
-      ``learn_rate`` too.
+      ``headers``). ``quota``, ``max_concurrency``, ``lease_ttl``, ``max_waiting``,
+      ``learn_rate`` and ``replay_unprocessed`` too.
 
     Every other argument is ``PoolManager``'s. A deferred call returns the last
     response with a ``deferral`` attribute (read it with

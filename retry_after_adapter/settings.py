@@ -166,6 +166,7 @@ class Options(TypedDict, total=False):
     max_waiting: int | None
     learn_rate: bool
     cost: int | CostFunction | None
+    replay_unprocessed: bool | None
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,11 @@ class Settings:
     - ``learn_rate``: learn a send rate per scope when nothing is configured or announced;
     - ``cost``: what a request costs in tokens, an int or a function of the request
       (see :mod:`~retry_after_adapter.cost`), or None.
+    - ``replay_unprocessed``: send a request the policy does not replay (a POST) again
+      after a 429 whose provider documents it as not processed (OpenAI's, Anthropic's:
+      ``dialects.not_processed``), once the wait, which must fit, has passed; None: the
+      front end's default (the httpx transports, which the SDKs run on: True; requests
+      and urllib3: False, urllib3's rule stands).
 
     A new option is a field here and a key of :class:`Options`, and nothing else of
     the front ends changes."""
@@ -203,6 +209,7 @@ class Settings:
     max_waiting: int | None = None
     learn_rate: bool = True
     cost: Any = None
+    replay_unprocessed: bool | None = None
 
     def __post_init__(self) -> None:
         cooldown = DEFAULT_STORE if self.cooldown is DEFAULT else self.cooldown
@@ -225,6 +232,9 @@ class Settings:
             raise ConfigurationError("max_concurrency is shared through a store: cooldown= must not be None")
         if not isinstance(self.learn_rate, bool):
             raise ConfigurationError("learn_rate must be True or False")
+        replays = self.replay_unprocessed
+        if replays is not None and not isinstance(replays, bool):
+            raise ConfigurationError(f"replay_unprocessed must be True, False or None, not {replays!r}")
         checked["quota"] = quota
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -239,7 +249,8 @@ class Settings:
             f"raise_on_defer={self.raise_on_defer}, store_failure={self.store_failure!r}, "
             f"on_decision=({hooks}), quota={self.quota!r}, max_concurrency={self.max_concurrency}, "
             f"lease_ttl={self.lease_ttl}, max_waiting={self.max_waiting}, learn_rate={self.learn_rate}, "
-            f"cost={self.cost if not callable(self.cost) else type(self.cost).__name__})"
+            f"cost={self.cost if not callable(self.cost) else type(self.cost).__name__}, "
+            f"replay_unprocessed={self.replay_unprocessed})"
         )
 
     @classmethod
@@ -279,13 +290,14 @@ def _plan_of(settings: Settings) -> tuple[Any, ...]:
     """What a plan is made from."""
     return (
         settings.cooldown, settings.store_failure, settings.quota, settings.max_concurrency,
-        settings.lease_ttl, settings.max_waiting, settings.learn_rate,
+        settings.lease_ttl, settings.max_waiting, settings.learn_rate, settings.replay_unprocessed,
     )  # (not ``cost``: read per call)
 
 
-def _plan(settings: Settings) -> Plan:
-    """The plan every call of a front end with ``settings`` runs on: raises
-    ``ConfigurationError`` when the store cannot carry what the settings ask."""
+def _plan(settings: Settings, replays: bool = False) -> Plan:
+    """The plan every call of a front end with ``settings`` runs on (``replays``: the
+    front end's default for ``replay_unprocessed``): raises ``ConfigurationError`` when
+    the store cannot carry what the settings ask."""
     store = shared(settings.cooldown)
     if store is not None and settings.quota is not None and QuotaLogs not in store.capabilities:
         raise ConfigurationError(
@@ -316,6 +328,7 @@ def _plan(settings: Settings) -> Plan:
         ttl=settings.lease_ttl,
         max_waiting=settings.max_waiting,
         learn_rate=settings.learn_rate,
+        replays=replays if settings.replay_unprocessed is None else settings.replay_unprocessed,
     )
 
 
@@ -326,6 +339,10 @@ class SharedSettings:
     call of the front end runs on (built once, again after a copy or an unpickling)."""
 
     settings: Settings
+    #: Whether a request a provider's answer says was not processed is sent again when
+    #: ``replay_unprocessed`` is None (see :class:`Settings`): not here (urllib3's rule,
+    #: requests'), the httpx transports' own says yes.
+    replays_unprocessed = False
     #: The plan every call runs on, and how a request's scope is found (see _derived).
     _plan: Plan
     _scope_fn: Callable[[Any], str]
@@ -342,6 +359,7 @@ class SharedSettings:
         max_waiting: int | None
         learn_rate: bool
         cost: int | CostFunction | None
+        replay_unprocessed: bool | None
 
     def __setattr__(self, name: str, value: Any) -> None:
         # An option set after construction (``adapter.on_decision += (hook,)``) is
@@ -371,7 +389,7 @@ class SharedSettings:
         and scope do."""
         derived: dict[str, Any] = {}
         if old is None or _plan_of(old) != _plan_of(settings):
-            derived["_plan"] = _plan(settings)
+            derived["_plan"] = _plan(settings, self.replays_unprocessed)
             if old is not None and (old.cooldown, old.scope) == (settings.cooldown, settings.scope):
                 derived["_plan"].dialects = self.__dict__["_plan"].dialects
         if old is None or old.scope != settings.scope:
@@ -468,6 +486,8 @@ class SharedSettings:
             call.progress.cost = cost_of(settings.cost, request if original is None else original)
         if self._plan.dialects.routes:
             refine_call(call, request.method, request.url)
+        if self._plan.replays and not isinstance(getattr(request, "body", None), (bytes, str, type(None))):
+            call.progress.resendable = False  # a file, a generator: read once as it is sent
         return call
 
 

@@ -148,6 +148,10 @@ class Progress:
     not_before: datetime | None = None
     #: What each attempt of the call costs in tokens (0: none declared; see ``cost``).
     cost = 0
+    #: Whether the request can be sent again as it is: False for a body read once as it
+    #: is sent (a generator, a file), which nothing makes a replay of (set by the front
+    #: end; read only when a provider's answer would let a POST be replayed).
+    resendable = True
 
 
 class Call:

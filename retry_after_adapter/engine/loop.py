@@ -124,7 +124,9 @@ class Transport(Attempts[R], Protocol[R]):
 
 @dataclass(slots=True)
 class Outcome(Generic[R]):
-    """How a call ended: the last response or error, and the deferral or stop reason."""
+    """How a call ended: the last response or error, and the deferral or stop reason
+    (``fits``: a request not replayed was deferred by a wait that fits its budget, see
+    :class:`~.verdict.Verdict`)."""
 
     response: R | None = None
     error: Exception | None = None
@@ -134,6 +136,7 @@ class Outcome(Generic[R]):
     redirect: bool = False
     #: urllib3's ``MaxRetryError`` for an exhausted budget (see :class:`Verdict`).
     limit: MaxRetryError | None = None
+    fits: bool = False
 
 
 def run(call: Call, transport: Transport[R]) -> Outcome[R]:
@@ -284,6 +287,7 @@ def _after(
         stop_reason=verdict.reason if action == STOP else None,
         exhausted=verdict.exhausted,
         limit=verdict.limit,
+        fits=verdict.fits,
     )
 
 

@@ -143,6 +143,7 @@ class Plan:
         "opens",
         "per",
         "release_slot",
+        "replays",
         "slots",
         "store",
         "tokens",
@@ -161,6 +162,7 @@ class Plan:
         max_waiting: int | None = None,
         learn_rate: bool = False,
         tokens: Quota | None = None,
+        replays: bool = False,
     ) -> None:
         self.store = store
         #: The store when it is behind the failure layer (each operation then gets the
@@ -198,6 +200,10 @@ class Plan:
         #: What providers' dialects taught this adapter: routes refined by their
         #: bucket, secondary-limit streaks (bounded, in memory; see ``buckets``).
         self.dialects = Dialects()
+        #: Whether a request the policy does not replay (a POST) is sent again after a
+        #: 429 its provider documents as not processed, once the wait that fits has
+        #: passed (``replay_unprocessed``; see ``verdict``).
+        self.replays = replays
 
     # -- per call ------------------------------------------------------------------
     def budget(self, call: Call) -> StoreBudget:

@@ -19,7 +19,7 @@ from urllib3.util.retry import Retry
 from .._compat import announces_quota, header_getter, response_header
 from ..cooldown.freshness import SUCCESS, SUCCESS_EVERY
 from ..deferral import Deferral
-from ..dialects import should_retry
+from ..dialects import not_processed, should_retry
 from ..policy import (
     COOLDOWN_STATUSES,
     DEFER,
@@ -30,6 +30,7 @@ from ..policy import (
     after_attempt,
     decide,
     out_of_attempts,
+    retried_status,
 )
 from .call import NOTHING_HEARD, Heard
 from .learn import learn_retry_after, learn_route, learn_secondary, note, outcome_class, read_quota_headers
@@ -57,7 +58,9 @@ class Verdict:
     ``retry``), ``"defer"`` (``deferral``), ``"stop"`` (``reason``: return the response
     without retrying), ``"return"``, ``"raise"`` or ``"redirect"``. ``exhausted`` says
     the retry budget ran out (``limit``; the deferral then has reason ``attempts``);
-    ``server_delay`` is the attempt's valid Retry-After in seconds, or None.
+    ``server_delay`` is the attempt's valid Retry-After in seconds, or None. ``fits``:
+    the deferral of a request not replayed (a POST) names a wait that fits the call's
+    budget, which the caller's own retry (an SDK's) may wait out.
     """
 
     action: str
@@ -70,6 +73,7 @@ class Verdict:
     #: urllib3's own ``MaxRetryError`` when the retry budget ran out (its ``reason``
     #: says why: "too many 503 error responses", the last transport error...).
     limit: MaxRetryError | None = None
+    fits: bool = False
 
     @property
     def exhausted(self) -> bool:
@@ -229,20 +233,61 @@ def _final(
         return Verdict(REDIRECT, server_delay=server_delay)
     if not decided and not call.retry.is_retry(method or "GET", status or 0, server_delay is not None):
         if server_delay is not None and method is not None and not call.retry._is_method_retryable(method):
+            if _unprocessed(call, status, response):
+                return None  # judged further as an idempotent request: replayed after the wait
             return _not_replayed(call, server_delay)
         return Verdict(RETURN, server_delay=server_delay)
     return None
 
 
+def _unprocessed(call: Call, status: int | None, response: Any) -> bool:
+    """Whether a request the policy does not replay (a POST) may be replayed after this
+    answer's wait: the front end replays such requests (``replay_unprocessed``), its
+    body can be sent again, the policy would retry the status for an idempotent
+    request, and the answer's provider documents it as not processed (a 429 of OpenAI
+    or Anthropic, ``dialects.not_processed``)."""
+    retry = call.retry
+    return (
+        call.plan.replays
+        and call.progress.resendable
+        and retried_status(
+            status,
+            forcelist=retry.status_forcelist or (),
+            retry_after_statuses=Retry.RETRY_AFTER_STATUS_CODES,
+            honours_retry_after=bool(retry.total and retry.respect_retry_after_header),
+        )
+        and not_processed(status, lambda name: response_header(response, name))
+    )
+
+
 def _not_replayed(call: Call, server_delay: float) -> Verdict:
-    """A request the policy never replays (a POST) answered with a valid Retry-After (a
+    """A request the policy does not replay (a POST) answered with a valid Retry-After (a
     429, a 503: it set the scope's cooldown): its response comes back with a deferral
-    until that cooldown ends (reason ``cooldown``), so that a caller (an SDK's retry
-    loop too: the response says ``x-should-retry: false``) resubmits then, not sooner
-    and not blindly. Nothing is replayed."""
+    until that cooldown ends (reason ``cooldown``), so that a caller resubmits then, not
+    sooner and not blindly. Nothing is replayed. ``fits`` says whether that wait fits
+    the call's budget: a caller's own retry (an SDK's, which sends any request again
+    after a 429 or 503) may then wait it out and send, through admission, which holds it
+    until the cooldown ends; the httpx transports leave its ``x-should-retry`` alone."""
     wait = max(server_delay, call.seconds_until(call.cooldown))
+    fits = _fits(call, wait)
     deferral = call.defer(Decision(DEFER, wait, Reason.COOLDOWN), server_delay)
-    return Verdict(DEFER, deferral=deferral, server_delay=server_delay)
+    return Verdict(DEFER, deferral=deferral, server_delay=server_delay, fits=fits)
+
+
+def _fits(call: Call, wait: float) -> bool:
+    """Whether a wait of ``wait`` seconds from now fits the call's limits."""
+    terms = call.terms
+    decision = decide(
+        server_delay=wait,
+        backoff=0.0,
+        cooldown_left=0.0,
+        jitter=0.0,
+        elapsed=call.elapsed(),
+        deadline=terms.deadline,
+        max_wait=terms.max_wait,
+        attempt_reserve=call.policy.attempt_reserve,
+    )
+    return decision.action == RETRY
 
 
 def _count_and_plan(
