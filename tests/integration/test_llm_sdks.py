@@ -101,10 +101,13 @@ def test_a_servers_429_deferred_is_final_inside_the_sdks_retry_loop(kind: str) -
 
 @pytest.mark.parametrize("kind", SDKS)
 def test_a_chat_calls_429_is_final_inside_the_sdk_with_its_deferral(kind: str) -> None:
-    """A chat call is a POST, which the policy never replays: the server's 429 (about
-    10 s) comes back deferred until the cooldown it set ends, ``x-should-retry: false``,
-    so the SDK raises ``RateLimitError`` at once (alone it sleeps the 10 s, twice), one
-    request at the server, and the deferral says when to resubmit."""
+    """A chat call is a POST, not replayed after a 429 that carries none of the
+    provider's fields (it promises nothing): the server's 429 (about 10 s, past
+    ``max_wait=1``) comes back deferred until the cooldown it set ends,
+    ``x-should-retry: false``, so the SDK raises ``RateLimitError`` at once (alone it
+    sleeps the 10 s, twice), one request at the server, and the deferral says when to
+    resubmit. (With the provider's fields and a wait that fits, it is replayed:
+    ``test_sdk_replay.py``.)"""
     with QuotaServer(1, 10, align="first") as server:  # a 429 with Retry-After, nothing announced
         transport = RetryAfterTransport(RetryAfterRetry(total=3, max_wait=1), cooldown=MemoryCooldownStore())
         with httpx2.Client(transport=transport) as http:
