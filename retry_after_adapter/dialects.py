@@ -361,13 +361,13 @@ def should_retry(get: Getter) -> bool | None:
     return {"true": True, "false": False}.get(text or "")
 
 
+_PARTS = ("remaining", "limit", "reset")
 #: Fields that mark an answer as OpenAI's (Azure OpenAI's too) or Anthropic's: the
 #: per-kind rate-limit fields of :func:`openai_allowances` and
 #: :func:`anthropic_allowances`, and the providers' own ``openai-*`` and
 #: ``anthropic-*`` fields. No other API names a field so (a generic ``X-RateLimit-*``
 #: or ``request-id`` is not one of them), and gateways that stand in front of these
 #: APIs pass them on.
-_PARTS = ("remaining", "limit", "reset")
 UNPROCESSED_FIELDS = (
     *(f"x-ratelimit-{part}-{kind}" for kind in OPENAI_KINDS for part in _PARTS),
     "openai-organization",

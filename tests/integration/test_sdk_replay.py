@@ -28,6 +28,7 @@ from retry_after_adapter import (
     FakeClock,
     MemoryCooldownStore,
     RetryAfterAdapter,
+    RetryAfterPoolManager,
     RetryAfterRetry,
     deferral_of,
 )
@@ -254,6 +255,17 @@ def test_a_requests_post_with_a_streamed_body_is_not_replayed_even_when_opted_in
     session.mount("http://", adapter)
     response = session.post(server.url + "/v1/files", data=(part for part in (b"a", b"b")))
     assert response.status_code == 429 and server.count() == 1 and clock.sleeps == []
+
+
+def test_a_urllib3_post_is_replayed_only_when_the_caller_opts_in(server: ThrottleServer, clock: FakeClock) -> None:
+    for opted_in in (False, True):
+        server.serve([openai_429(), Reply(200)])
+        policy = RetryAfterRetry(clock=clock, **POLICY)
+        with RetryAfterPoolManager(retries=policy, cooldown=MemoryCooldownStore(), replay_unprocessed=opted_in) as pool:
+            response = pool.request("POST", server.url + "/v1/chat/completions", body=b'{"model": "m"}')
+        assert response.status == (200 if opted_in else 429)
+        assert server.count() == (2 if opted_in else 1)
+        assert [seen.body for seen in server.seen] == [b'{"model": "m"}'] * server.count()
 
 
 def plain_httpx2(clock: FakeClock, **options: Any) -> Any:
