@@ -32,6 +32,7 @@ from retry_after_adapter import (
     RetryAfterRetry,
     deferral_of,
 )
+from retry_after_adapter.cooldown import store_from_url
 
 from ..servers import Reply, Seen, ThrottleServer
 
@@ -105,15 +106,19 @@ def sdk(kind: str, url: str, http: Any, asynchronous: bool) -> Any:
     return made(api_key="sk-ant-test", base_url=url, http_client=http)
 
 
-def http_client(flavour: str, asynchronous: bool) -> Any:
-    """An httpx or httpx2 client with the transport mounted: :data:`POLICY`, a store of its own."""
+def http_client(flavour: str, asynchronous: bool, store_url: str | None = None) -> Any:
+    """An httpx or httpx2 client with the transport mounted: :data:`POLICY`, a memory
+    store of its own, or the store at ``store_url``."""
     module, ours = (httpx2, ra_httpx2) if flavour == "httpx2" else (httpx, ra_httpx)
     made = ours.AsyncRetryAfterTransport if asynchronous else ours.RetryAfterTransport
-    transport = made(RetryAfterRetry(**POLICY), cooldown=MemoryCooldownStore())
+    store = MemoryCooldownStore() if store_url is None else store_from_url(store_url)
+    transport = made(RetryAfterRetry(**POLICY), cooldown=store)
     return (module.AsyncClient if asynchronous else module.Client)(transport=transport)
 
 
-def chat_call(kind: str, flavour: str, url: str, asynchronous: bool) -> tuple[Any, float]:
+def chat_call(
+    kind: str, flavour: str, url: str, asynchronous: bool, store_url: str | None = None
+) -> tuple[Any, float]:
     """One chat call (a POST) of the SDK through the transport: what it returned, or the
     exception it raised, and the seconds it took."""
     said = [{"role": "user", "content": "hi"}]
@@ -124,7 +129,7 @@ def chat_call(kind: str, flavour: str, url: str, asynchronous: bool) -> tuple[An
         return client.messages.create(model="m", messages=said, max_tokens=5)
 
     async def run_async() -> Any:
-        async with http_client(flavour, True) as http:
+        async with http_client(flavour, True, store_url) as http:
             return await create(sdk(kind, url, http, True))
 
     started = time.monotonic()
@@ -132,7 +137,7 @@ def chat_call(kind: str, flavour: str, url: str, asynchronous: bool) -> tuple[An
         if asynchronous:
             result = asyncio.run(run_async())
         else:
-            with http_client(flavour, False) as http:
+            with http_client(flavour, False, store_url) as http:
                 result = create(sdk(kind, url, http, False))
     except Exception as error:  # returned for the test to judge
         result = error
@@ -169,6 +174,20 @@ def test_an_sdk_call_after_one_short_429_succeeds_in_the_servers_wait(
     assert took < 3.0, took  # about the server's wait (0.8 s; 3x what a loaded machine takes)
     assert seen[1].body == seen[0].body  # the same request, whole
     assert header(seen[1], "x-stainless-retry-count") == "0"  # replayed by the transport
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_the_replay_waits_out_the_cooldown_kept_in_a_shared_store(
+    real_server: ThrottleServer, store_url: str, asynchronous: bool
+) -> None:
+    """The same on a SQLite file and on Redis (the async transport reaches them from
+    its store threads): the 429's cooldown is stored, and the replay is admitted once
+    it has ended."""
+    real_server.serve([throttled("openai"), answered("openai")])
+    result, took = chat_call("openai", "httpx2", real_server.url, asynchronous, store_url)
+    assert not isinstance(result, Exception), repr(result)
+    assert real_server.count() == 2 and gap(real_server.seen) >= 0.8, gap(real_server.seen)
+    assert took < 3.0, took
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
