@@ -1,9 +1,12 @@
 """The failure layer's health of one store: the circuit breaker, the bound on each
 operation, and one warning per outage.
 
-- **Bounded operations.** One operation takes at most the store's own timeout
-  (``timeout``, seconds; see :data:`STORE_TIMEOUT`) and never more than the call has
-  left (its :class:`StoreBudget`).
+- **Bounded operations.** One operation takes at most the bound the store declares
+  (``base.Bounded``: its ``operation_timeout()``, seconds; else :data:`STORE_TIMEOUT`)
+  and never more than the call has left (its :class:`StoreBudget`). Only a store of
+  that type is called directly on the calling thread; any other operation runs on a
+  helper thread the call stops waiting for at its bound. No attribute of a store is
+  read for this (a ``timeout`` of its own meaning is not a promise).
 - **A circuit breaker.** An operation that fails or times out opens the breaker: the
   store is skipped for a back-off interval (0.5 s, doubling on each failed probe to
   5 s; at most 0.5 s after the last failure while cooldowns wait to be written back)
@@ -30,11 +33,12 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from ..errors import ConfigurationError, CooldownStoreError, failure_cause
+from .base import Bounded
 
 _T = TypeVar("_T")
 
-#: Seconds one store operation may take when the store does not say (a store says with
-#: a ``timeout`` attribute: the SQLite store waits 0.25 s for a lock by default, a Redis
+#: Seconds one store operation may take when the store does not say (a store says by
+#: type, ``base.Bounded``: the SQLite store waits 0.25 s for a lock by default, a Redis
 #: store built from a URL 0.1 s to connect plus 0.1 s for a reply).
 STORE_TIMEOUT = 0.25
 #: The first back-off (seconds) of the circuit breaker after a failure; it doubles on
@@ -98,13 +102,22 @@ def _cause_of(exc: BaseException) -> tuple[str, bool]:
     return failure_cause(exc)
 
 
-def declared_timeout(store: object) -> float | None:
-    """The store's own bound on one operation (its ``timeout``), if it declares one."""
-    value = getattr(store, "timeout", None)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+def declared_bound(store: object) -> float | None:
+    """The bound (seconds) ``store`` declares on each of its operations: its
+    ``operation_timeout()`` when it is a :class:`~.base.Bounded` store, else None (its
+    operations are bounded on a helper thread). A declared bound that is not a finite
+    number of seconds > 0 is a ConfigurationError naming the store."""
+    if not isinstance(store, Bounded):
         return None
-    if not (math.isfinite(value) and value > 0):
+    value = store.operation_timeout()
+    if value is None:
         return None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):
+        raise ConfigurationError(
+            f"{type(store).__name__}.operation_timeout() must return a finite number of seconds > 0 "
+            f"or None, not {value!r}"
+        )
     return float(value)
 
 
@@ -145,13 +158,14 @@ class Breaker:
 
     waiting: Waiting
 
-    def __init__(self, name: str, inner: object, monotonic: Callable[[], float]) -> None:
+    def __init__(self, name: str, bound: float | None, monotonic: Callable[[], float]) -> None:
         #: The store's class name, for messages (a 0.x store's own, not its adapter's).
         self.name = name
         self.monotonic = monotonic
         self._lock = threading.Lock()
-        self._native = declared_timeout(inner)
-        #: Bound (seconds) of one operation: the store's own timeout, else STORE_TIMEOUT.
+        #: The bound the store declares on its operations (see :func:`declared_bound`).
+        self._native = bound
+        #: Bound (seconds) of one operation: the store's declared one, else STORE_TIMEOUT.
         self.timeout = self._native if self._native is not None else STORE_TIMEOUT
         self.open_until = 0.0  # the breaker is open until then (0: closed)
         self._backoff = BREAKER_FIRST
@@ -197,12 +211,12 @@ class Breaker:
         budget: StoreBudget | None,
         abandoned: Callable[[_T], None] | None = None,
     ) -> _T:
-        """Run ``operation`` within the store's timeout and what the call has left.
+        """Run ``operation`` within the store's bound and what the call has left.
 
-        A store that bounds itself (``timeout`` declared, within what is left) is called
-        directly; otherwise the operation runs on a helper thread and is abandoned (its
-        effect, if any, later-wins; ``abandoned`` gets its answer should it come) when
-        the bound passes."""
+        A store that declares it bounds itself (:class:`~.base.Bounded`, its bound
+        within what is left) is called directly; otherwise the operation runs on a
+        helper thread and is abandoned (its effect, if any, later-wins; ``abandoned``
+        gets its answer should it come) when the bound passes."""
         limit = self.timeout
         left = budget.left() if budget is not None else None
         by_call = left is not None and left < limit
@@ -221,7 +235,7 @@ class Breaker:
             if by_call:
                 raise OutOfTime from None  # the call ran out first: no verdict on the store
             raise CooldownStoreError(
-                f"the cooldown store {self.name} did not answer within {limit:.3g} s"
+                f"the cooldown store {self.name} did not answer within {limit:.3g} s", cause="timed out"
             ) from None
 
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:

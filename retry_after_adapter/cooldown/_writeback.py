@@ -201,7 +201,8 @@ class WriteBack:
             if until is not None:
                 written += 1
                 try:
-                    answer: object = self.inner.extend(scope, until)
+                    # Bounded as every operation is (this may run on a call's thread).
+                    answer: object = self.breaker.bounded(self.inner.extend, (scope, until), None)
                 except CooldownStoreError:
                     raise
                 except Exception as exc:

@@ -14,6 +14,8 @@ extend, so a shorter cooldown never replaces a longer one.
   :class:`Allowances`, :class:`LearnedRate`, :class:`FreshnessLog`, :class:`Listing`,
   :class:`ChangeFeed`. :class:`FullStore` has them all: the memory, SQLite and Redis
   stores, the failure layer, and what ``legacy.as_store`` makes of any other store.
+- One mixin declares a property the failure layer relies on: :class:`Bounded`, a store
+  that bounds each of its own operations (the SQLite and Redis stores).
 - :class:`CooldownStore` is the protocol of version 0.x (``get`` and ``extend``): a
   store written for it keeps working, adapted once by ``legacy.LegacyStore``.
 """
@@ -501,6 +503,25 @@ class Listing(ABC):
     @abstractmethod
     def delete(self, scope: str) -> bool:
         """Lift everything that holds ``scope`` back; True if there was any of it."""
+
+
+class Bounded(ABC):
+    """A store that bounds each of its own operations, and says by how much.
+
+    Not a capability the adapter needs for a setting, but a promise the failure layer
+    relies on: a store of this type is called directly on the calling thread while the
+    call has at least :meth:`operation_timeout` seconds left; any other store's
+    operations (and this one's when the call has less left) run on a helper thread
+    that the call stops waiting for at its bound. Only this type is read: an attribute
+    of a store (a ``timeout`` of its own meaning) never is. The conformance kit checks
+    the promise against a handle whose backend does not answer (its ``hung_store``)."""
+
+    @abstractmethod
+    def operation_timeout(self) -> float | None:
+        """The most (seconds, finite and > 0) one operation of this store takes, a
+        backend that does not answer included: it then fails with
+        ``CooldownStoreError`` within that time. None: not known for this store (its
+        operations are then bounded on a helper thread)."""
 
 
 class ChangeFeed(ABC):

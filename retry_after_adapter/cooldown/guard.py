@@ -41,12 +41,13 @@ from ._health import (
     Breaker,
     OutOfTime,
     StoreBudget,
+    declared_bound,
 )
 from ._near import REFILL_WAIT, Near
 from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack
 from .base import GUARD_ATTR, Admission, Ask, FullStore, Granted, Hold, Weighed
 from .freshness import Freshness
-from .legacy import as_store
+from .legacy import as_store, bare
 from .memory import MemoryCooldownStore
 from .rate import Rate
 from .weights import with_weighed
@@ -112,7 +113,7 @@ class StoreGuard(FullStore):
         self.local = MemoryCooldownStore()
         #: The store's breaker (on the guard's own monotonic clock, seconds) and the
         #: write-back of what the store did not take.
-        self.breaker = Breaker(self.name, inner, time.monotonic)
+        self.breaker = Breaker(self.name, declared_bound(bare(inner)), time.monotonic)
         self.writeback = WriteBack(inner, self.local, self.breaker)
         #: Settles waiting to be written together (see ``_coalesce``), and how many
         #: open permits of batches were given back unspent.

@@ -61,8 +61,6 @@ class _Wrapper(FullStore):
     def __init__(self, store: object, carried: frozenset[type]) -> None:
         self.inner = store
         self._carried = carried
-        #: Read by the failure layer: passed through.
-        self.timeout = getattr(store, "timeout", None)
 
     @property
     def capabilities(self) -> frozenset[type]:
@@ -317,6 +315,14 @@ def as_store(cooldown: object) -> FullStore:
     if not isinstance(cooldown, CooldownStore):
         raise ConfigurationError("cooldown must be a Store or a CooldownStore (get and extend) or None")
     return LegacyStore(cooldown)
+
+
+def bare(store: FullStore) -> object:
+    """The store ``as_store`` made ``store`` of: the :class:`~.base.Store` a
+    :class:`Completed` wraps (each of its operations is one of that store's), else
+    ``store`` itself (a :class:`LegacyStore` may make several of a 0.x store's
+    operations of one, so no bound of that store holds for it)."""
+    return store.inner if isinstance(store, Completed) else store
 
 
 def opens_permits(store: object) -> bool:

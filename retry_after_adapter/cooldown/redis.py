@@ -44,6 +44,7 @@ from .base import (
     TOKENS,
     Admission,
     Ask,
+    Bounded,
     Changed,
     Feed,
     FullStore,
@@ -80,7 +81,7 @@ def _restore(url: str, prefix: str, client_kwargs: dict[str, Any]) -> RedisCoold
     return RedisCooldownStore.from_url(url, prefix=prefix, **client_kwargs)
 
 
-class RedisCooldownStore(RedisListing, FullStore, Weights):
+class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded):
     """Cooldowns shared by every process on every machine through Redis or Valkey.
 
     ``client`` is any synchronous redis-py compatible client: ``redis.Redis``,
@@ -88,9 +89,10 @@ class RedisCooldownStore(RedisListing, FullStore, Weights):
     and few retries (see :meth:`from_url`), so a store outage costs a call a fraction
     of a second rather than hanging it. ``prefix`` is prepended to each scope to make
     its key. ``timeout`` (seconds) is how long one operation can take at most; by
-    default it is read from a ``redis.Redis`` client's connect and socket timeouts. A
-    store without a known bound has each operation run on a helper thread of the
-    failure layer, bounded there (a little slower).
+    default it is read from a ``redis.Redis`` client's connect and socket timeouts. The
+    store declares it (:class:`~.base.Bounded`: :meth:`operation_timeout`); a store
+    without a known bound has each operation run on a helper thread of the failure
+    layer, bounded there (a little slower).
 
     ``get`` is one ``GET``; ``extend`` is one ``EVALSHA`` (the script is loaded again by
     the client after a server restart). Times are whole UTC epoch milliseconds, rounded
@@ -214,6 +216,11 @@ class RedisCooldownStore(RedisListing, FullStore, Weights):
     def timeout(self) -> float | None:
         """The most (seconds) one operation can take: connect plus reply timeouts, or
         what was given; None when unknown."""
+        return self._timeout
+
+    def operation_timeout(self) -> float | None:
+        """The most (seconds) one operation takes, as :attr:`timeout` (see
+        :class:`~.base.Bounded`)."""
         return self._timeout
 
     @property

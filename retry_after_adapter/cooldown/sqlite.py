@@ -39,6 +39,7 @@ from .allowance import ALLOWANCE_KEPT, merge_allowance, roll
 from .base import (
     Admission,
     Ask,
+    Bounded,
     Changed,
     Feed,
     FullStore,
@@ -109,14 +110,15 @@ def _restore(path: str, timeout: float, push: bool = True) -> SQLiteCooldownStor
     return SQLiteCooldownStore(path, timeout=timeout, push=push)
 
 
-class SQLiteCooldownStore(SQLiteFile, FullStore, Weights):
+class SQLiteCooldownStore(SQLiteFile, FullStore, Weights, Bounded):
     """Cooldowns shared by every process and thread on one host through a SQLite file.
 
     ``path`` is the database file (created when missing; its directory must exist). A
     relative path is resolved against the working directory once, here. ``timeout``
     (seconds, default 0.25) bounds how long one ``get`` or ``extend`` waits for a lock
     held by another writer; past it the call raises :class:`CooldownStoreError`. No
-    ``sqlite3`` error ever leaves the store.
+    ``sqlite3`` error ever leaves the store. The store declares that bound
+    (:class:`~.base.Bounded`), so the failure layer calls it on the calling thread.
 
     Every operation first compares the file's identity (device and inode) with the one
     it opened: a file deleted or replaced under running workers (old connections would
@@ -146,6 +148,10 @@ class SQLiteCooldownStore(SQLiteFile, FullStore, Weights):
         #: (False: every attempt reads the file).
         self._push = push
         self._open(path, timeout)
+
+    def operation_timeout(self) -> float:
+        """The most (seconds) one operation takes: its ``timeout`` (see :class:`~.base.Bounded`)."""
+        return self._timeout
 
     def get(self, scope: str) -> datetime | None:
         check_scope(scope)

@@ -38,20 +38,31 @@ What is checked:
   held until its reset), ``Weights`` (a token quota weighs each cost, then says when;
   an announced token allowance is spent by costs; tokens are taken all or nothing with
   the rest, exactly under eight racing threads; a late answer moves a token permit
-  later; a cost above the token quota is refused) and ``FreshnessLog`` (later wins).
+  later; a cost above the token quota is refused) and ``FreshnessLog`` (later wins);
+- **the bound a store declares**, when it is
+  :class:`~retry_after_adapter.cooldown.Bounded` (the failure layer then calls it on
+  the calling thread, trusting that bound): ``operation_timeout()`` is a finite number
+  of seconds > 0 (or None), and on ``hung_store``, a handle of the store whose backend
+  does not answer (a server that accepts and never replies, a file another connection
+  holds locked), ``get``, ``extend`` and ``admit`` each end within three times that
+  bound and half a second, with an answer or a ``CooldownStoreError``. A ``Bounded``
+  store without a ``hung_store`` fixture fails: the bound is a promise the kit checks.
 
 Each test uses scopes of its own (a random prefix), so a store that keeps data between
 runs, or is shared with other tests, can run the contract.
 
 Times are real (the contract sleeps nowhere); a test takes milliseconds, the adapter's
-one a loopback round trip or two.
+one a loopback round trip or two, the bound's about three of the declared bound.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -62,13 +73,14 @@ from ..cooldown.base import (
     Announced,
     Answer,
     Ask,
+    Bounded,
     FreshnessLog,
     Leases,
     Permit,
     QuotaLogs,
     Store,
 )
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, CooldownStoreError
 from ._contract_tokens import TokenContract, now_ms
 
 __all__ = ["StoreContract"]
@@ -88,6 +100,13 @@ class StoreContract(TokenContract):
     @pytest.fixture
     def other_store(self, store: Any) -> Any:
         return store
+
+    @pytest.fixture
+    def hung_store(self) -> Any:
+        """For a :class:`~retry_after_adapter.cooldown.Bounded` store: a handle of it
+        whose backend does not answer, on which the declared bound is checked (None:
+        none given)."""
+        return None
 
     @pytest.fixture(autouse=True)
     def _names(self) -> None:
@@ -373,3 +392,77 @@ class StoreContract(TokenContract):
         fresh = log.freshness(scope)
         assert fresh is not None and fresh.last_success == now and fresh.last_error == "throttled"
         assert scope in log.freshness_entries()
+
+    # -- Bounded ---------------------------------------------------------------------------
+    def test_a_declared_bound_holds_when_the_backend_hangs(self, store: Any, hung_store: Any) -> None:
+        """A store that declares a bound on its operations keeps it when its backend
+        does not answer: each operation ends, with an answer or a CooldownStoreError,
+        within three times the bound and half a second (the failure layer waits for it
+        on the calling thread, trusting the bound)."""
+        if not isinstance(store, Bounded):
+            pytest.skip("the store declares no bound (not Bounded): the failure layer bounds its operations")
+        declared_bound_of(store)
+        if hung_store is None:
+            pytest.fail(
+                f"{type(store).__name__} declares a bound on its operations (Bounded): give the "
+                "contract a `hung_store` fixture, a handle whose backend does not answer, to check it"
+            )
+        bound = declared_bound_of(hung_store)
+        if bound is None:
+            pytest.skip("the hung handle declares no bound this time (operation_timeout() is None)")
+        allowed = 3 * bound + 0.5
+        until = now_ms() + timedelta(seconds=30)
+        quota = (1, 60.0) if isinstance(hung_store, QuotaLogs) else ()  # a permit: a write
+        operations: list[tuple[str, Callable[[], object]]] = [
+            ("get", lambda: hung_store.get(self.s("hung"))),
+            ("extend", lambda: hung_store.extend(self.s("hung"), until)),
+            ("admit", lambda: hung_store.admit(Ask(self.s("hung"), now_ms(), *quota))),
+        ]
+        for name, operation in operations:
+            took, error = _within(operation, allowed)
+            if took is None:
+                pytest.fail(
+                    f"{type(hung_store).__name__}.{name}() declares a bound of {bound:g} s "
+                    f"(operation_timeout()) but did not end within {allowed:g} s on a backend "
+                    "that does not answer"
+                )
+            if error is not None and not isinstance(error, CooldownStoreError):
+                pytest.fail(
+                    f"{type(hung_store).__name__}.{name}() on a backend that does not answer raised "
+                    f"{type(error).__name__}, not CooldownStoreError"
+                )
+
+
+def declared_bound_of(store: Any) -> float | None:
+    """``store.operation_timeout()``, checked: a finite number of seconds > 0, or None."""
+    value: float | None = store.operation_timeout()
+    if value is not None:
+        good = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        assert good and value > 0, (
+            f"{type(store).__name__}.operation_timeout() must be a finite number of seconds > 0 "
+            f"or None, not {value!r}"
+        )
+    return value
+
+
+def _within(operation: Callable[[], object], allowed: float) -> tuple[float | None, BaseException | None]:
+    """Run ``operation`` on a thread of its own and wait for it at most ``allowed``
+    seconds: how long it took (None: it did not end, and is left behind) and what it
+    raised."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            operation()
+        except BaseException as exc:  # reported, whatever it is
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, name="store-contract-bound", daemon=True)
+    thread.start()
+    thread.join(allowed)
+    if not outcome:
+        return None, None
+    return time.monotonic() - started, outcome[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,6 +46,18 @@ class TestSQLiteStore(StoreContract):
         with SQLiteCooldownStore(tmp_path / "cooldown.db") as other:
             yield other
 
+    @pytest.fixture
+    def hung_store(self, store: SQLiteCooldownStore, tmp_path: Path) -> Iterator[SQLiteCooldownStore]:
+        """A handle on the file while another connection holds its write lock."""
+        with SQLiteCooldownStore(tmp_path / "cooldown.db", timeout=0.2) as hung:
+            holder = sqlite3.connect(tmp_path / "cooldown.db", isolation_level=None)
+            holder.execute("BEGIN EXCLUSIVE")
+            try:
+                yield hung
+            finally:
+                holder.execute("ROLLBACK")
+                holder.close()
+
 
 @pytest.mark.redis
 class TestRedisStore(StoreContract):
@@ -59,6 +72,13 @@ class TestRedisStore(StoreContract):
         other = RedisCooldownStore(redis_client, prefix="contract:")
         yield other
         other.close()
+
+    @pytest.fixture
+    def hung_store(self, black_hole: int) -> Iterator[RedisCooldownStore]:
+        """A store on a server that accepts connections and never answers."""
+        hung = RedisCooldownStore.from_url(f"redis://127.0.0.1:{black_hole}/0", prefix="contract:")
+        yield hung
+        hung.close()
 
 
 class TestAThirdPartyStoreWithTheCoreAlone(StoreContract):
