@@ -24,8 +24,12 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import unquote, unquote_plus, urlsplit
 
+from .cooldown.base import unstorable
 from .errors import ConfigurationError
-from .redact import strip_query  # re-exported: its home before redact.py
+from .redact import (
+    redact_url,
+    strip_query,  # re-exported: its home before redact.py
+)
 
 __all__ = [
     "PublicScope",
@@ -192,16 +196,40 @@ def holds_credential(text: str, request: Any) -> bool:
     return False
 
 
-def _valid(value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigurationError("a scope function must return a non-empty string")
-    return value
+def _valid(value: object, function: Callable[[Any], object], request: Any) -> str:
+    """``function``'s result for ``request``, if it is a scope every store can hold (a
+    non-empty str, no NUL, no lone surrogate); else a ConfigurationError naming the
+    function and the value (see :func:`_refused`)."""
+    if isinstance(value, str) and value and not unstorable(value):
+        return value
+    raise _refused(value, function, request)
 
 
-def _checked(value: object, request: Any) -> str:
+def _refused(value: object, function: Callable[[Any], object], request: Any) -> ConfigurationError:
+    """The error for a scope function's result no store can hold: it names the function
+    (its qualname) and the value (its repr, as an origin is shown in a message: no user
+    info, query or fragment; a value that holds the request's credential material is not
+    shown at all) and what is wrong with it."""
+    name = getattr(function, "__qualname__", None) or type(function).__qualname__
+    if not isinstance(value, str):
+        return ConfigurationError(
+            f"the scope function {name} returned {type(value).__name__}, not a non-empty string"
+        )
+    if not value:
+        return ConfigurationError(f"the scope function {name} returned an empty string")
+    shown = "a value that holds the request's credentials" if holds_credential(value, request) else (
+        repr(redact_url(value))
+    )
+    return ConfigurationError(
+        f"the scope function {name} returned {shown}, which holds {unstorable(value)}: no store can "
+        "hold it as a scope"
+    )
+
+
+def _checked(value: object, function: Callable[[Any], object], request: Any) -> str:
     """A public scope function's result: in clear unless it is long or holds any
     credential material of the request."""
-    text = _valid(value)
+    text = _valid(value, function, request)
     if len(text) > 256 or holds_credential(text, request):
         return hash_scope(text)
     return text
@@ -251,14 +279,14 @@ def resolve_scope(scope: str | ScopeFunction | None) -> Callable[[Any], str]:
         public = scope.function
 
         def checked(request: Any) -> str:
-            return _checked(public(request), request)
+            return _checked(public(request), public, request)
 
         return checked
     if callable(scope):
         private = scope
 
         def hashed(request: Any) -> str:
-            return hash_scope(_valid(private(request)))
+            return hash_scope(_valid(private(request), private, request))
 
         return hashed
     raise ConfigurationError("scope must be 'origin', 'credential' or a callable")

@@ -200,10 +200,28 @@ def free_at(closed: list[int], expected: list[int], limit: int, count: int, floo
 
 
 def check_scope(scope: object) -> str:
-    """Validate a scope key: a non-empty str of at most 512 characters."""
+    """Validate a scope key: a non-empty str of at most 512 characters that every store
+    can hold (no NUL, no lone surrogate: UTF-8 must encode it)."""
     if not isinstance(scope, str) or not scope or len(scope) > 512:
         raise ConfigurationError("a cooldown scope must be a non-empty string of at most 512 characters")
+    if not scope.isascii() or "\x00" in scope:
+        why = unstorable(scope)
+        if why:
+            raise ConfigurationError(f"a cooldown scope must not hold {why}")
     return scope
+
+
+def unstorable(text: str) -> str:
+    """What of ``text`` no store can hold as a scope, in a few words ("" if nothing): a
+    NUL character, or a lone surrogate (not text: UTF-8 cannot encode it)."""
+    if "\x00" in text:
+        return "a NUL character"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "a lone surrogate"
+    return ""
 
 
 def check_until(until: object) -> datetime:

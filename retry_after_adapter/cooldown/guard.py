@@ -45,7 +45,7 @@ from ._health import (
 )
 from ._near import REFILL_WAIT, Near
 from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack
-from .base import GUARD_ATTR, Admission, Ask, FullStore, Granted, Hold, Weighed
+from .base import GUARD_ATTR, Admission, Ask, FullStore, Granted, Hold, Weighed, check_scope
 from .freshness import Freshness
 from .legacy import as_store, bare
 from .memory import MemoryCooldownStore
@@ -89,6 +89,14 @@ def check_store_failure(value: object) -> str:
     if value not in ("open", "closed"):
         raise ConfigurationError("store_failure must be 'open' or 'closed'")
     return str(value)
+
+
+def _no_store_holds(scope: str, exc: Exception) -> None:
+    """A store refused an operation's values: if it is the scope, that no store can hold
+    (``check_scope``), the caller's ConfigurationError is raised, naming it; neither a
+    store failure skipped nor an admission asked again (a false deferral)."""
+    if isinstance(exc, (ValueError, TypeError)):
+        check_scope(scope)
 
 
 def _local_answer_allowed(budget: StoreBudget | None) -> None:
@@ -178,6 +186,7 @@ class StoreGuard(FullStore):
             self.breaker.gave_up(budget)
             return self.local.get(scope)
         except Exception as exc:
+            _no_store_holds(scope, exc)
             self.breaker.failed(exc, budget)
             return self._fallback(scope, budget)
         return self._reconcile(scope, remote, epoch, self.writeback.succeeded())
@@ -217,6 +226,7 @@ class StoreGuard(FullStore):
             self.writeback.start_writer()
             return local
         except Exception as exc:
+            _no_store_holds(scope, exc)
             self.breaker.failed(exc, budget)
             self.writeback.start_writer()
             return local
@@ -340,6 +350,7 @@ class StoreGuard(FullStore):
             self.breaker.gave_up(budget)
             return self._later(ask, present)
         except Exception as exc:
+            _no_store_holds(scope, exc)
             self.breaker.failed(exc, budget)
             if self.breaker.is_down:
                 return self._local_admit(ask, budget)

@@ -29,7 +29,8 @@ What is checked:
 - **the operator's view**, when the store has ``entries`` and ``delete``;
 - **the core's admission**, when the store is a :class:`~retry_after_adapter.cooldown.Store`:
   ``admit`` answers the cooldown, an empty ``answer`` is nothing, naive times and bad
-  scopes are refused with ``ConfigurationError``;
+  scopes (empty, over 512 characters, not a str, a NUL, a lone surrogate) are refused
+  with ``ConfigurationError``;
 - **each capability the store carries** (its mixins; a test of one it does not carry is
   skipped, saying so): ``QuotaLogs`` (a quota's limit, then when; an open permit settled
   exactly by its answer), ``Leases`` (a slot held and given back by an answer), both
@@ -283,7 +284,7 @@ class StoreContract(TokenContract):
             core.extend(self.s("naive"), datetime.now() + timedelta(seconds=10))
         assert core.get(self.s("naive")) is None
 
-    @pytest.mark.parametrize("scope", ["", "x" * 513, None, 42, ("a", "tuple")])
+    @pytest.mark.parametrize("scope", ["", "x" * 513, None, 42, ("a", "tuple"), "\ud800", "a\x00b"])
     def test_a_bad_scope_is_refused_every_time(self, store: Any, scope: Any) -> None:
         core = self.carrying(store)
         for _ in range(3):  # a refused admission must not leave the scope behind as known
@@ -297,7 +298,7 @@ class StoreContract(TokenContract):
             whole.admit(Ask(self.s("naive"), datetime.now(), 5, 1.0, (2, 10.0, "token")))
         answer = whole.admit(Ask(self.s("naive"), now_ms(), 1, 1.0, (1, 10.0, "token")))
         assert answer.not_before is None  # the refused calls took neither the permit nor the slot
-        for scope in ("", "x" * 513, None):
+        for scope in ("", "x" * 513, None, "\udfff", "\x00"):
             with pytest.raises(ConfigurationError):
                 whole.admit(Ask(scope, now_ms(), 5, 1.0, (2, 10.0, "token")))  # type: ignore[arg-type]
 
