@@ -98,19 +98,51 @@ _CAUSES: tuple[tuple[str, bool, tuple[str, ...]], ...] = (
 
 def failure_cause(exc: BaseException) -> tuple[str, bool]:
     """What a store failure was, in a few words, and whether it is a misconfiguration
-    that will not heal by itself (see :data:`_CAUSES`): read off the exception and
-    those in its chain (their class names and messages: nothing is imported).
-    Anything else is its class name, and not lasting."""
-    seen: list[BaseException] = []
+    that will not heal by itself (see :data:`_CAUSES`): read off the exception, else
+    off those in its chain, nearest first (their class names and messages: nothing is
+    imported). The exception's own kind wins over what its causes say: a timeout (a
+    class named for one) is "timed out" and a refused connection "connection refused",
+    not lasting, whatever led to them. A TLS handshake that timed out is "TLS handshake
+    timed out", not lasting: a server that does not speak TLS and one that does not
+    answer look the same. Anything else is its class name, and not lasting."""
     current: BaseException | None = exc
+    seen: list[BaseException] = []
     while current is not None and len(seen) < 8 and all(current is not e for e in seen):
         seen.append(current)
+        found = _cause_of_one(current)
+        if found is not None:
+            if found[0] == "timed out" and _in_tls_handshake(current):
+                return "TLS handshake timed out", False
+            return found
         current = current.__cause__ or current.__context__
-    texts = [f"{type(e).__name__} {e}".lower() for e in seen]
-    for what, lasting, words in _CAUSES:
-        if any(word in text for text in texts for word in words):
-            return what, lasting
     return type(exc).__name__, False
+
+
+def _in_tls_handshake(exc: BaseException) -> bool:
+    """Whether ``exc`` or one in its chain was raised in a TLS handshake."""
+    current: BaseException | None = exc
+    for _ in range(8):
+        if current is None:
+            return False
+        text = str(current).lower()
+        if "handshake" in text or "_ssl.c" in text:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _cause_of_one(exc: BaseException) -> tuple[str, bool] | None:
+    """What ``exc`` alone says it was (see :func:`failure_cause`), or None."""
+    name = type(exc).__name__.lower()
+    if isinstance(exc, TimeoutError) or "timeout" in name:
+        return "timed out", False
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused", False
+    text = f"{name} {exc}".lower()
+    for what, lasting, words in _CAUSES:
+        if any(word in text for word in words):
+            return what, lasting
+    return None
 
 
 class RetryDeferred(RetryError, RetryAfterError):

@@ -16,9 +16,12 @@ fleet, one process's canary serves every subscriber), or any change. A subscript
 that answers but carries nothing (a proxy, a channel no writer reaches) is stale
 within that bound, like one that breaks or hangs: every attempt then goes to the store,
 and this is logged once (at INFO: nothing is lost, only speed; a store that is down has
-its own warning). A canary this process may not publish is logged once, by name, at
-WARNING (its own writes fail the same way). The thread subscribes again with a backoff;
-once confirmed, the near copy starts over (messages published meanwhile were missed).
+its own warning). A canary this process may not publish (Redis answers NOPERM) is
+logged once, by name, at WARNING (its own writes fail the same way); a canary that
+fails otherwise (a timeout, a refused or lost connection) is named as what it was, at
+INFO, at most once per :data:`QUIET` seconds. The thread subscribes again with a
+backoff; once confirmed, the near copy starts over (messages published meanwhile were
+missed).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ UNUSED_FOR = 30.0
 #: Seconds to wait before subscribing again, at first and at most.
 RETRY_FIRST = 0.05
 RETRY_MAX = 1.0
+#: Seconds between two lines about canaries that failed other than by permission.
+QUIET = 30.0
 
 
 class RedisFeed(Feed):
@@ -73,6 +78,8 @@ class RedisFeed(Feed):
         self._until = 0.0
         self._warned = False
         self._canary_refused = False
+        #: When (time.monotonic()) a canary's failure other than NOPERM was last logged.
+        self._canary_failed = -QUIET
         #: When (time.monotonic()) an attempt last asked.
         self._asked = 0.0
         #: Times the subscription was confirmed (the first one included).
@@ -119,14 +126,21 @@ class RedisFeed(Feed):
         _no_silent_reconnect(pubsub)
         return pubsub
 
-    def _broke(self, exc: BaseException) -> None:
+    def _broke(self, exc: BaseException | None, operation: str = "subscribe") -> None:
+        """The channel broke during ``operation`` (``exc``), or carried nothing for
+        :data:`STALE_AFTER` seconds (``exc`` None): stale, and said once."""
         self._until = 0.0
         if not self._warned and not self._closed:
             self._warned = True
+            why = (
+                f"no message came through it for {STALE_AFTER:g} s"
+                if exc is None
+                else str(self._failure(operation, exc))
+            )
             log.info(
                 "the cooldown store's change channel is unavailable (%s); every attempt "
                 "reads the store until it is back",
-                self._failure("subscribe", exc),
+                why,
             )
 
     def _heard(self, message: dict[str, Any], confirmed: bool) -> tuple[bool, bool]:
@@ -148,16 +162,27 @@ class RedisFeed(Feed):
         return confirmed, False
 
     def _canary(self) -> None:
-        """Publish a canary on the channel (see the module); a refusal is logged once."""
+        """Publish a canary on the channel (see the module): a refusal (NOPERM) is
+        logged once at WARNING, any other failure named as what it was, at INFO."""
         try:
             self._client.publish(self._channel, CANARY)
         except Exception as exc:
-            if not self._canary_refused:
-                self._canary_refused = True
-                log.warning(
-                    "this process may not publish on the cooldown store's change channel (%s): "
-                    "it relies on other processes' messages to trust its near copy, and "
-                    "every cooldown it learns fails to be written",
+            if no_permission(exc):
+                if not self._canary_refused:
+                    self._canary_refused = True
+                    log.warning(
+                        "this process may not publish on the cooldown store's change channel (%s): "
+                        "it relies on other processes' messages to trust its near copy, and "
+                        "every cooldown it learns fails to be written",
+                        self._failure("publish", exc),
+                    )
+                return
+            now = time.monotonic()
+            if now - self._canary_failed >= QUIET:
+                self._canary_failed = now
+                log.info(
+                    "a canary on the cooldown store's change channel was not published (%s): "
+                    "the near copy is trusted only while messages come through",
                     self._failure("publish", exc),
                 )
     def _deliver(self, data: object) -> None:
@@ -179,6 +204,20 @@ class RedisFeed(Feed):
         self._lock = threading.Lock()
         self._thread = None
         self._until = 0.0
+
+
+def no_permission(exc: BaseException) -> bool:
+    """Whether ``exc`` (or one in its chain) is Redis's NOPERM answer: a client's
+    ``NoPermissionError``, or an error reply whose text starts with NOPERM (a client
+    that does not map it). A timeout, a refused or lost connection never is."""
+    current: BaseException | None = exc
+    for _ in range(8):
+        if current is None:
+            return False
+        if type(current).__name__ == "NoPermissionError" or str(current).startswith("NOPERM"):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _no_silent_reconnect(pubsub: Any) -> None:
@@ -249,7 +288,7 @@ def _listen(ref: weakref.ref[RedisFeed], pubsub: Any) -> bool:
         except Exception as exc:
             feed = ref()
             if feed is not None:
-                feed._broke(exc)
+                feed._broke(exc, "read of the change channel")
             return confirmed
         now = time.monotonic()
         feed = ref()
@@ -261,7 +300,7 @@ def _listen(ref: weakref.ref[RedisFeed], pubsub: Any) -> bool:
                 heard = now  # a message through the channel, or the subscription confirmed
             carried = carried or through
         if now - heard > STALE_AFTER:
-            feed._broke(ConnectionError("the change channel carried nothing"))
+            feed._broke(None)
             return confirmed
         if confirmed:
             if carried:
