@@ -143,7 +143,9 @@ class Feed(ABC):
     def fresh(self) -> bool:
         """Whether every change made before now has been delivered: True lets the near
         copy answer; False (the channel broke, or has not caught up) sends every
-        attempt to the store until it is True again."""
+        attempt to the store until it is True again. Asked on the calling thread
+        before each admission the near copy answers: it answers from memory, or within
+        the store's declared bound (:class:`Bounded`)."""
 
     def close(self) -> None:  # noqa: B027 - a polled feed has nothing to close
         """Stop the feed (its thread and connection, if it has any)."""

@@ -199,8 +199,6 @@ def test_redirect_hop_that_used_up_the_deadline_defers_before_the_next_hop(
 class Store0xSlots:
     """A 0.x store: get/extend/acquire/lease/release (no admit); acquire can fail."""
 
-    timeout = 1.0  # bounds itself: the failure layer calls it directly
-
     def __init__(self) -> None:
         self.d: dict[str, datetime] = {}
         self.held: dict[str, int] = {}

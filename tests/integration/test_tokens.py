@@ -139,7 +139,6 @@ def test_the_failure_layer_weighs_locally_and_settles_a_late_token_permit_later(
     from retry_after_adapter.cooldown.guard import StoreGuard
 
     class Switch(MemoryCooldownStore):
-        timeout = 1.0
         down = False
 
         def admit(self, ask: Ask) -> Any:
