@@ -150,14 +150,18 @@ def test_a_hung_store_of_ones_own_holds_no_call_past_its_deadline(
     assert took < DEADLINE + PAST_DEADLINE, took
     assert store.backend.calls >= 1  # the store was asked, not skipped...
     assert threading.get_ident() not in store.backend.threads  # ...on a helper thread
-    assert guard_of(store).down  # and it is marked down: the next calls skip it
+    # (Marked down, too, unless a loaded machine brought the call to the store with
+    # less than the bound left: then the call's time ran out, not the store's.)
 
 
 def test_the_next_calls_skip_the_hung_store_at_once(real_server: ThrottleServer, hung: list[Any]) -> None:
     store = HungStore()
     hung.append(store)
     real_server.serve([Reply(200)])
-    assert requests_get(store, real_server.url) == 200
+    s = requests.Session()
+    s.mount("http://", RetryAfterAdapter(RetryAfterRetry(total=2), cooldown=store))
+    assert s.get(real_server.url).status_code == 200  # no deadline: the store's 0.25 s bound
+    assert guard_of(store).down
     asked = store.backend.calls
     started = time.monotonic()
     for _ in range(3):
