@@ -26,6 +26,7 @@ import requests
 from retry_after_adapter import (
     ConfigurationError,
     CooldownStoreError,
+    RedisCooldownStore,
     RetryAfterAdapter,
     RetryAfterRetry,
     SQLiteCooldownStore,
@@ -325,3 +326,18 @@ def test_the_kit_checks_the_sqlite_bound_on_a_locked_file(tmp_path: Path) -> Non
         finally:
             holder.execute("ROLLBACK")
             holder.close()
+
+
+@pytest.mark.redis
+def test_a_redis_store_on_a_client_without_timeouts_declares_none_and_is_bounded_on_a_helper_thread(
+    redis_url: str, redis_module: Any, real_server: ThrottleServer
+) -> None:
+    client = redis_module.Redis.from_url(redis_url)  # no socket timeouts: no known bound
+    store = RedisCooldownStore(client, prefix="bounds:", push=False)
+    assert isinstance(store, Bounded) and store.operation_timeout() is None
+    real_server.serve([Reply(200)])
+    assert requests_get(store, real_server.url) == 200
+    assert guard_of(store).breaker._executor is not None  # asked on a helper thread
+    with pytest.raises(pytest.skip.Exception, match="declares no bound"):
+        run_the_kits_bound_test(store, None)  # the kit asks no hung handle of it
+    client.close()
