@@ -136,10 +136,14 @@ class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded):
         self._settle_weighed_script = scripts["settle_weighed"]
         self._rate_script = scripts["rate_answer"]
         self._url_args: tuple[str, dict[str, Any]] | None = None
-        #: The pub/sub channel changes are published on ("": push off, see :meth:`feed`):
-        #: one per database and prefix (Redis's pub/sub is one for all its databases, so
-        #: tenants on two databases of one server never hear each other's changes).
-        self._channel = f"{CHANNEL}{_database(client)}:{prefix}" if push else ""
+        #: The pub/sub channel changes are published on: one per database and prefix
+        #: (Redis's pub/sub is one for all its databases, so tenants on two databases of
+        #: one server never hear each other's changes). Every store publishes there,
+        #: ``push=False`` too: other processes' near copies trust the channel to carry
+        #: every write (a writer heard by nobody would let them send inside its cooldowns).
+        self._channel = f"{CHANNEL}{_database(client)}:{prefix}"
+        #: Whether this process follows the channel and keeps a near copy (see :meth:`feed`).
+        self._push = push
 
     @classmethod
     def from_url(
@@ -497,8 +501,9 @@ class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded):
 
     def feed(self, changed: Changed) -> Feed | None:
         """The store's change channel, followed by a thread of this process (see
-        ``RedisFeed``); None when the store was made with ``push=False``."""
-        return RedisFeed(self._client, self._channel, changed, self._failure) if self._channel else None
+        ``RedisFeed``); None when the store was made with ``push=False`` (this process
+        then follows nothing; what it writes is still published for the others)."""
+        return RedisFeed(self._client, self._channel, changed, self._failure) if self._push else None
 
     def close(self) -> None:
         """Close the client's connections (a client passed in is the caller's to close),
