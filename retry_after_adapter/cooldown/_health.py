@@ -149,7 +149,8 @@ class Waiting(Protocol):
         writes it back (``only_if_pending``: only if cooldowns wait)."""
 
     def failing(self) -> None:
-        """The store failed: start the writer if something waits."""
+        """The store failed: what this process holds waits to be written back (the
+        store may come back empty); start the writer if something waits."""
 
 
 class Breaker:

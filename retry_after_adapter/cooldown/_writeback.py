@@ -5,6 +5,13 @@
   (later-wins), so the other processes and hosts hold back too.
 - A store that reports it was replaced under us (a SQLite file deleted or swapped: its
   ``generation`` changes) gets the whole local copy written back.
+- A store that failed may come back empty (a Redis restarted without persistence, a
+  failover to a replica that had not caught up): at every failure this process notices,
+  every cooldown of the local copy still running and every announced allowance whose
+  reset is still ahead wait to be written back, as if learned during the outage (see
+  :meth:`WriteBack.suspect`). Until the store holds them they are never lowered by its
+  answers, so the process never sends inside a cooldown it holds, during the outage or
+  after. (A learned rate lives in the store alone: the process holds none to write.)
 - A writer thread does it even if this process makes no further call, and tries again
   the slots to give back and the permits to settle that the store did not take, while
   they still matter.
@@ -21,6 +28,7 @@ from typing import Any
 
 from ..errors import CooldownStoreError
 from ._health import BREAKER_MAX_PENDING, Breaker, OutOfTime, StoreBudget
+from .allowance import Allowance
 from .base import FullStore
 from .memory import MemoryCooldownStore
 
@@ -57,8 +65,11 @@ class WriteBack:
         self.local = local
         self.breaker = breaker
         breaker.waiting = self
-        #: Scopes learned while the store failed, not yet written back.
+        #: Scopes learned while the store failed (or held when it failed), not yet
+        #: written back.
         self._pending: set[str] = set()
+        #: Announced allowances held when the store failed, not yet written back.
+        self._allowances: dict[str, Allowance] = {}
         self.lock = threading.Lock()
         self._generation = getattr(inner, "generation", None)
         #: Goes up at every write (local first, then the store), when a write-back
@@ -69,6 +80,8 @@ class WriteBack:
         #: out of time): the next success writes it back.
         self._stranded = False
         self.written_back = 0
+        #: Announced allowances written back after a failure.
+        self.allowances_written_back = 0
         self._writer: threading.Thread | None = None
         #: Held while the writer thread writes, and once closed: ``close`` waits for a
         #: write under way (a store closed under it crashed the process).
@@ -173,7 +186,7 @@ class WriteBack:
                 wrote = self._replaced(generation)
         if not self.breaker.is_down and not self.breaker.announced:
             return wrote
-        if self.breaker.close() and self._pending:
+        if self.breaker.close() and (self._pending or self._allowances):
             try:
                 wrote = self.write_back() > 0 or wrote
             except CooldownStoreError as exc:
@@ -183,16 +196,43 @@ class WriteBack:
         return wrote
 
     def write_back(self) -> int:
-        """Write every pending cooldown to the store now; return how many were written.
-        Raises CooldownStoreError if the store fails (the rest stay pending)."""
+        """Write every pending cooldown to the store now, then every pending announced
+        allowance; return how many cooldowns were written. Raises CooldownStoreError if
+        the store fails (the rest stay pending)."""
         with self.lock:
             scopes = list(self._pending)
             self.epoch += 1
         try:
-            return self._write(scopes)
+            written = self._write(scopes)
+            self._write_allowances()
+            return written
         finally:
             with self.lock:
                 self.epoch += 1
+
+    def _write_allowances(self) -> None:
+        """Write back the announced allowances held when the store failed, those whose
+        reset is still ahead: what this process last knew is left (the store keeps the
+        fewer of that and what it may still hold for the same window)."""
+        with self.lock:
+            allowances, self._allowances = self._allowances, {}
+        now = datetime.now(timezone.utc)
+        for scope, record in allowances.items():
+            if record.until <= now:
+                continue
+            try:
+                self.inner.allow(
+                    scope, max(0, record.remaining), record.until, now, None, record.limit or None,
+                    record.window or None,
+                )
+            except Exception as exc:
+                with self.lock:
+                    for rest, kept in allowances.items():
+                        self._allowances.setdefault(rest, kept)
+                if isinstance(exc, CooldownStoreError):
+                    raise
+                raise CooldownStoreError(f"writing back an allowance failed: {type(exc).__name__}") from None
+            self.allowances_written_back += 1
 
     def _write(self, scopes: list[str]) -> int:
         written = 0
@@ -251,8 +291,26 @@ class WriteBack:
             self.breaker.failed(exc, None)
         return True
 
+    def suspect(self) -> None:
+        """The store failed, or may have lost what it held: every cooldown of the local
+        copy still running and every announced allowance whose reset is still ahead
+        wait to be written back (later wins: a store that kept them is not changed),
+        and none is lowered by a store answer until the store holds it."""
+        now = datetime.now(timezone.utc)
+        running = [scope for scope, until in self.local.entries().items() if until > now]
+        allowances = self.local.allowances(now)
+        with self.lock:
+            if running:
+                self._pending.update(running)
+                self.epoch += 1
+            for scope, record in allowances.items():
+                self._allowances.setdefault(scope, record)
+
     # -- the writer thread ---------------------------------------------------------
     def failing(self) -> None:
+        """The store failed: what this process holds waits to be written back (see
+        :meth:`suspect`), by the writer thread if nothing else asks the store."""
+        self.suspect()
         if self._pending and self._writer is None:
             self.start_writer()
 

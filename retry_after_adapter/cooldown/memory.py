@@ -231,6 +231,12 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights):
                     self._allowance_scopes.append(scope)
                 self._allowance[scope] = merged
 
+    def allowances(self, now: datetime) -> dict[str, Allowance]:
+        """Every announced allowance whose reset is still ahead at ``now`` (an aware UTC
+        datetime), by scope (a token allowance under its ``#tokens`` scope)."""
+        with self._lock:
+            return {scope: record for scope, record in self._allowance.items() if record.until > now}
+
     def admit(self, ask: Ask) -> Admission:
         """Admission for one attempt at ``now`` (None: the present, read once the lock
         is held, so a permit's time is when it is granted), atomically and all or

@@ -44,7 +44,30 @@ def learn_429(kind: str, where: str, prefix: str, push: str, url: str) -> None:
     report(status=status, done_at=time.time())
 
 
-_COMMANDS = {"learn_429": learn_429}
+def keep_calling(kind: str, where: str, prefix: str, push: str, url: str, seconds: str) -> None:
+    """Call ``url`` every 5 ms for ``seconds`` seconds through a store made with ``push``,
+    never waiting (a 429 or a deferral is returned at once), logging at INFO to stderr;
+    report how many calls returned which status and what the failure layer wrote back."""
+    import logging
+
+    from retry_after_adapter.cooldown.guard import guard_of
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    store = open_store(kind, where, prefix, push == "1")
+    s = requests.Session()
+    retry = RetryAfterRetry(total=0, max_wait=0, raise_on_status=False)
+    s.mount("http://", RetryAfterAdapter(retry, cooldown=store, learn_rate=False))
+    statuses: dict[int, int] = {}
+    end = time.monotonic() + float(seconds)
+    while time.monotonic() < end:
+        status = s.get(url, timeout=10).status_code
+        statuses[status] = statuses.get(status, 0) + 1
+        time.sleep(0.005)
+    guard = guard_of(store)
+    report(statuses=statuses, written_back=guard.writeback.written_back, outages=guard.outages)
+
+
+_COMMANDS = {"learn_429": learn_429, "keep_calling": keep_calling}
 
 if __name__ == "__main__":
     _COMMANDS[sys.argv[1]](*sys.argv[2:])

@@ -1,0 +1,133 @@
+"""A store that comes back empty is refilled: a real ``redis-server`` without
+persistence is restarted (same port) in the middle of a cooldown while two real
+processes use it, and a loopback HTTP server counts what each sends.
+
+Worker B (a child process) is answered 429 with ``Retry-After: 3``; half a second later
+the server is killed and started again, empty. B never sends inside its own cooldown
+(during the outage its local copy holds it; after, it writes back what it held, and the
+store's empty answers never lower it), and worker A (this process) sends nothing inside
+it from a second after the server is back (B's write-back, or A's own, reached the store).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from retry_after_adapter import RetryAfterAdapter, RetryAfterRetry
+from retry_after_adapter.cooldown.guard import guard_of
+
+from ..conftest import RedisServer
+from ..servers import Reply, Seen, ThrottleServer
+from . import edge_children
+
+REPO = Path(__file__).resolve().parents[2]
+#: The cooldown B is told (seconds), and when (seconds into it) the server restarts.
+COOLDOWN = 3.0
+RESTART_AT = 0.5
+#: From this long after the server is back, no worker sends inside the cooldown.
+PEERS_WITHIN = 1.0
+#: Seconds before the cooldown's end not counted (the end is B's receipt + 3 s; the
+#: arrival of its 429 is a little earlier).
+EDGE = 0.05
+
+pytestmark = pytest.mark.redis
+
+
+class Origin:
+    """``/b``: a 429 ``Retry-After: 3`` the first time, then 200; anything else 200.
+    ``throttled_at``: when the 429 was answered (epoch seconds)."""
+
+    def __init__(self, server: ThrottleServer) -> None:
+        self.server = server
+        self.throttled = threading.Event()
+        self.throttled_at = 0.0
+        server.responder = self.respond
+
+    def respond(self, seen: Seen) -> Reply:
+        if seen.path == "/b" and not self.throttled.is_set():
+            self.throttled_at = time.time()
+            self.throttled.set()
+            return Reply(429, {"Retry-After": str(int(COOLDOWN))})
+        return Reply(200)
+
+    def arrivals(self, path: str, start: float, end: float) -> int:
+        with self.server._lock:
+            return sum(1 for seen in self.server.seen if seen.path == path and start < seen.at.timestamp() < end)
+
+
+def start_b(where: str, prefix: str, url: str, seconds: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.edge_children", "keep_calling", "redis", where, prefix,
+         "1", url, str(seconds)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def reported(proc: subprocess.Popen[str]) -> tuple[dict[str, Any], str]:
+    out, err = proc.communicate(timeout=60)
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    assert lines, f"B reported nothing (exit {proc.returncode}): {err[-2000:]}"
+    found: dict[str, Any] = json.loads(lines[-1])
+    return found, err
+
+
+def test_a_redis_restarted_empty_mid_cooldown_is_refilled_and_nobody_sends_inside_it(
+    redis_factory: Callable[..., RedisServer], real_server: ThrottleServer
+) -> None:
+    server = redis_factory()
+    origin = Origin(real_server)
+    prefix = "refill:"
+    store = edge_children.open_store("redis", server.url, prefix, True)
+    s = requests.Session()
+    retry = RetryAfterRetry(total=0, max_wait=0, raise_on_status=False)
+    s.mount("http://", RetryAfterAdapter(retry, cooldown=store, learn_rate=False))
+    assert s.get(real_server.url + "/a").status_code == 200
+
+    stop = threading.Event()
+
+    def worker_a() -> None:
+        while not stop.is_set():
+            s.get(real_server.url + "/a")
+            time.sleep(0.005)
+
+    a = threading.Thread(target=worker_a, daemon=True)
+    a.start()
+    b = start_b(server.url, prefix, real_server.url + "/b", 4.5)
+    try:
+        assert origin.throttled.wait(20), "B's 429 never came"
+        t0 = origin.throttled_at
+        time.sleep(max(0.0, t0 + RESTART_AT - time.time()))
+        server.kill()
+        server.restart()
+        back = time.time()
+        stop.wait(max(0.0, t0 + COOLDOWN + 0.2 - time.time()))
+    finally:
+        stop.set()
+        a.join(5)
+        found, err = reported(b)
+    end = t0 + COOLDOWN - EDGE
+    by_b = origin.arrivals("/b", t0, end)
+    by_b_after = origin.arrivals("/b", back, end)
+    by_a = origin.arrivals("/a", back + PEERS_WITHIN, end)
+    guard = guard_of(store)
+    print(
+        f"\nrestart {back - t0:.2f} s into B's {COOLDOWN:.0f} s cooldown: B sent {by_b} inside it "
+        f"({by_b_after} after the restart), A {by_a} from {PEERS_WITHIN} s after; B wrote back "
+        f"{found['written_back']}, A {guard.writeback.written_back}"
+    )
+    assert found["outages"] >= 1 and guard.outages >= 1, "the outage went unnoticed"
+    assert "cooldown store RedisCooldownStore failed" in err, err[-2000:]
+    assert by_b == 0, f"B sent {by_b} requests inside its own cooldown ({by_b_after} after the restart)"
+    assert by_a == 0, f"A sent {by_a} requests inside B's cooldown from {PEERS_WITHIN} s after Redis was back"
+    assert found["written_back"] + guard.writeback.written_back >= 1
+    guard.close()
