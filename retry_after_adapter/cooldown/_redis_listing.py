@@ -14,6 +14,10 @@ from .allowance import Allowance, roll
 from .base import Hold, check_scope, token_scope
 from .rate import rate_holds
 
+#: How long (ms) the mark ``delete`` leaves outlives the cooldown it lifted (as the
+#: cooldown's key outlives its cooldown).
+LIFTED_KEPT_MS = 60_000
+
 
 class RedisListing:
     """``delete``, ``holds`` and ``entries`` of the Redis store."""
@@ -36,7 +40,10 @@ class RedisListing:
         """Lift everything that holds ``scope`` back (an operator clearing it): its
         cooldown, announced allowance, every quota's permits and its concurrency leases
         (one ``DEL`` per key: they may live in two cluster slots); True if there was
-        any of them."""
+        any of them. First it marks the scope lifted (``{<key>}lifted``, living until the
+        cooldown it lifts ends and a minute more): a process that still holds that
+        cooldown then reads it as lifted, not as lost with the store's data (see
+        ``lifted``)."""
         key = self.key(check_scope(scope))
         tag, _ = _slot_string(key)
         if tag == key:  # {key}quota:L/P, {key}tokens:L/P
@@ -53,12 +60,24 @@ class RedisListing:
                 # Once before (a client that may not PUBLISH deletes nothing: no near copy
                 # misses it), once after (a copy that read the scope meanwhile reads again).
                 self._client.publish(self._channel, "d 0 " + scope)
+            self._mark_lifted(scope, key)
             found = sum(int(self._client.delete(name)) for name in keys) > 0
             if self._channel:
                 self._client.publish(self._channel, "d 0 " + scope)
             return found
         except Exception as exc:
             raise self._failure("delete", exc) from exc
+
+    def _mark_lifted(self, scope: str, key: str) -> None:
+        """Mark ``scope`` lifted until its cooldown (stored under ``key``) ends, and
+        :data:`LIFTED_KEPT_MS` more."""
+        raw = self._client.get(key)
+        try:
+            until = int(raw) if raw is not None else 0
+        except (TypeError, ValueError):
+            until = 0
+        kept = max(0, until - now_epoch_ms(datetime.now(timezone.utc))) + LIFTED_KEPT_MS
+        self._client.set(self.companion(scope, "lifted"), "1", px=kept)
 
     def _companions(self, scope: str, pattern: str) -> list[str]:
         """The keys SCAN finds for ``pattern`` that are ``scope``'s own companions (the

@@ -306,6 +306,23 @@ class WriteBack:
             for scope, record in allowances.items():
                 self._allowances.setdefault(scope, record)
 
+    def lost(self) -> None:
+        """The store lost cooldowns it held, without an error between two operations (a
+        restart without persistence that the client's reconnection hid): treated as a
+        failure this process noticed, and written back at once (it answers)."""
+        self.suspect()
+        log.warning(
+            "cooldown store %s lost cooldowns it held without an error (restarted without "
+            "persistence, or failed over?); writing back the %d cooldowns this process holds",
+            self.breaker.name,
+            len(self._pending),
+            extra={"store": self.breaker.name},
+        )
+        try:
+            self.write_back()
+        except CooldownStoreError as exc:
+            self.breaker.failed(exc, None)
+
     # -- the writer thread ---------------------------------------------------------
     def failing(self) -> None:
         """The store failed: what this process holds waits to be written back (see

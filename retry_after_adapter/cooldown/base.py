@@ -554,6 +554,21 @@ class ChangeFeed(ABC):
         this time, and every attempt is admitted by a store operation)."""
 
 
+class Forgetful(ABC):
+    """A store that can lose what it holds without an error to notice between two
+    operations (a Redis without persistence restarted while its client reconnects at
+    once, a failover to a replica that had not caught up). Its :meth:`Listing.delete`
+    marks what it lifts, so that a cooldown missing from it is told apart: lifted by an
+    operator, or lost. A lost one is treated as a failure the process noticed: every
+    cooldown it holds is written back (not in :data:`CAPABILITIES`: the failure layer
+    asks it of the store it wraps)."""
+
+    @abstractmethod
+    def lifted(self, scope: str) -> bool:
+        """Whether ``scope``'s cooldown was lifted by ``delete`` recently enough that a
+        process may still hold it (True), rather than lost with the store's data."""
+
+
 #: Every capability mixin, in the order the docs list them.
 CAPABILITIES: tuple[type, ...] = (
     QuotaLogs, Leases, Allowances, Weights, LearnedRate, FreshnessLog, Listing, ChangeFeed,

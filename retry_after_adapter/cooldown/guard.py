@@ -45,7 +45,7 @@ from ._health import (
 )
 from ._near import REFILL_WAIT, Near
 from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack
-from .base import GUARD_ATTR, Admission, Ask, FullStore, Granted, Hold, Weighed, check_scope
+from .base import GUARD_ATTR, Admission, Ask, Forgetful, FullStore, Granted, Hold, Weighed, check_scope
 from .freshness import Freshness
 from .legacy import as_store, bare
 from .memory import MemoryCooldownStore
@@ -189,13 +189,18 @@ class StoreGuard(FullStore):
             _no_store_holds(scope, exc)
             self.breaker.failed(exc, budget)
             return self._fallback(scope, budget)
-        return self._reconcile(scope, remote, epoch, self.writeback.succeeded())
+        return self._reconcile(scope, remote, epoch, self.writeback.succeeded(), budget)
 
-    def _reconcile(self, scope: str, remote: datetime | None, epoch: int, wrote: bool) -> datetime | None:
+    def _reconcile(
+        self, scope: str, remote: datetime | None, epoch: int, wrote: bool, budget: StoreBudget | None = None
+    ) -> datetime | None:
         """The scope's eligible time after the store answered ``remote`` (read at
         ``epoch``; ``wrote``: a write-back ran): the store's answer, mirrored into the
         local copy; or, when the answer may predate a write (a write-back, a write since
-        ``epoch``, the scope's time still pending), the later of it and the local one."""
+        ``epoch``, the scope's time still pending) or the store lost what it held (see
+        :meth:`_lost`), the later of it and the local one."""
+        if not wrote and self._lost(scope, remote, epoch, budget):
+            wrote = True  # every cooldown this process holds waits to be written back
         if not wrote and self.writeback.mirror(scope, remote, epoch):
             return remote
         local = self.local.get(scope)
@@ -206,6 +211,33 @@ class StoreGuard(FullStore):
         self.local.extend(scope, remote)
         self.writeback.confirmed(scope, remote)
         return remote
+
+    def _lost(self, scope: str, remote: datetime | None, epoch: int, budget: StoreBudget | None) -> bool:
+        """Whether the store's answer ``remote`` for ``scope`` (read at ``epoch``, and no
+        write since: else it may predate one) is earlier than a cooldown this process
+        holds, still running, that the store held (not pending), on a store
+        that can lose what it holds without an error (``base.Forgetful``), and was not
+        lifted by an operator: a restart nobody noticed. Then it is treated as a failure
+        the process noticed: every cooldown and allowance it holds is written back (see
+        ``WriteBack.lost``). Costs a store operation only when the answer is earlier."""
+        inner = self.inner
+        if not isinstance(inner, Forgetful) or epoch != self.writeback.epoch or self.writeback.waits(scope):
+            return False
+        local = self.local.get(scope)
+        if local is None or (remote is not None and remote >= local) or local <= datetime.now(timezone.utc):
+            return False
+        try:
+            lifted = self.breaker.bounded(inner.lifted, (scope,), budget)
+        except OutOfTime:
+            self.breaker.gave_up(budget)
+            return True  # not known: the local copy is not lowered this time
+        except Exception as exc:
+            self.breaker.failed(exc, budget)  # a failure noticed: what is held waits
+            return True
+        if lifted:
+            return False
+        self.writeback.lost()
+        return True
 
     def extend(self, scope: str, until: datetime, budget: StoreBudget | None = None) -> datetime:
         """Advance the scope's eligible time (later wins) in the store and the local
@@ -355,7 +387,7 @@ class StoreGuard(FullStore):
             if self.breaker.is_down:
                 return self._local_admit(ask, budget)
             return self._later(ask, present)
-        cooldown = self._reconcile(scope, answer.cooldown, epoch, self.writeback.succeeded())
+        cooldown = self._reconcile(scope, answer.cooldown, epoch, self.writeback.succeeded(), budget)
         if cooldown is None or cooldown == answer.cooldown:
             return answer
         return self._held_locally(ask, answer, cooldown, present)

@@ -47,6 +47,7 @@ from .base import (
     Bounded,
     Changed,
     Feed,
+    Forgetful,
     FullStore,
     Weighed,
     Weights,
@@ -81,7 +82,7 @@ def _restore(url: str, prefix: str, client_kwargs: dict[str, Any]) -> RedisCoold
     return RedisCooldownStore.from_url(url, prefix=prefix, **client_kwargs)
 
 
-class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded):
+class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded, Forgetful):
     """Cooldowns shared by every process on every machine through Redis or Valkey.
 
     ``client`` is any synchronous redis-py compatible client: ``redis.Redis``,
@@ -498,6 +499,17 @@ class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded):
             self._client.zrem(key, token)
         except Exception as exc:
             raise self._failure("release", exc) from exc
+
+    def lifted(self, scope: str) -> bool:
+        """Whether ``delete`` lifted ``scope`` while a cooldown it held may still be
+        running (its "lifted" mark, see :meth:`delete`): one ``EXISTS``. A Redis
+        restarted without persistence comes back without the mark, so a cooldown
+        missing from it then reads as lost (see ``base.Forgetful``)."""
+        key = self.companion(check_scope(scope), "lifted")
+        try:
+            return bool(self._client.exists(key))
+        except Exception as exc:
+            raise self._failure("lifted", exc) from exc
 
     def feed(self, changed: Changed) -> Feed | None:
         """The store's change channel, followed by a thread of this process (see

@@ -7,16 +7,22 @@ the server is killed and started again, empty. B never sends inside its own cool
 (during the outage its local copy holds it; after, it writes back what it held, and the
 store's empty answers never lower it), and worker A (this process) sends nothing inside
 it from a second after the server is back (B's write-back, or A's own, reached the store).
+
+A restart nobody noticed (no operation failed in between: the client reconnected at
+once) is found out the first time the store answers a scope with less than a running
+cooldown the process holds, and treated the same; an operator's ``clear`` is not.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -130,4 +136,50 @@ def test_a_redis_restarted_empty_mid_cooldown_is_refilled_and_nobody_sends_insid
     assert by_b == 0, f"B sent {by_b} requests inside its own cooldown ({by_b_after} after the restart)"
     assert by_a == 0, f"A sent {by_a} requests inside B's cooldown from {PEERS_WITHIN} s after Redis was back"
     assert found["written_back"] + guard.writeback.written_back >= 1
+    guard.close()
+
+
+def test_a_restart_nobody_noticed_is_detected_and_written_back(
+    redis_factory: Callable[..., RedisServer], real_server: ThrottleServer, redis_module: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """This process learns a 429's cooldown (written to the store); the server is killed
+    and started again, empty, with no operation of this process in between, so its
+    client reconnects without an error. Its next call is not sent (the store's empty
+    answer is found to be a loss, not an operator's clear), every cooldown it holds is
+    written back (a second scope too), and a process that starts afterwards is held back
+    by it. An operator's ``clear`` after that still lifts the scope here."""
+    server = redis_factory()
+    prefix = "unnoticed:"
+    real_server.serve([Reply(429, {"Retry-After": "60"}), Reply(200)])
+    store = edge_children.open_store("redis", server.url, prefix, True)
+    s = requests.Session()
+    retry = RetryAfterRetry(total=0, max_wait=0, raise_on_status=False)
+    s.mount("http://", RetryAfterAdapter(retry, cooldown=store, learn_rate=False))
+    scope = f"http://127.0.0.1:{real_server.port}"
+    assert s.get(real_server.url).status_code == 429 and real_server.count() == 1
+    guard = guard_of(store)
+    other = datetime.now(timezone.utc) + timedelta(seconds=60)
+    guard.extend("another-scope", other)
+    assert store.get(scope) is not None and guard.pending == 0 and not guard.down
+
+    server.kill()
+    server.restart()
+    assert store.get(scope) is None  # empty, and no error on the way
+    with caplog.at_level(logging.WARNING, logger="retry_after_adapter"):
+        response = s.get(real_server.url)
+    assert real_server.count() == 1, "a call was sent inside this process's own cooldown after a restart"
+    assert response.status_code == 429 and response.headers.get("X-Local-Deferral")
+    assert any("lost" in record.getMessage() for record in caplog.records), caplog.text
+    assert store.get(scope) is not None, "the cooldown was not written back"
+    assert store.get("another-scope") is not None, "another cooldown this process held was not written back"
+    peer = subprocess.run(
+        [sys.executable, "-m", "tests.integration.edge_children", "keep_calling", "redis", server.url, prefix,
+         "1", real_server.url, "0.2"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert real_server.count() == 1, f"a peer sent inside the written-back cooldown: {peer.stdout[-500:]}"
+    # An operator's clear is not a loss: it lifts the scope here too.
+    edge_children.open_store("redis", server.url, prefix, False).delete(scope)
+    assert s.get(real_server.url).status_code == 200 and real_server.count() == 2
     guard.close()
