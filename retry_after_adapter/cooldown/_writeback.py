@@ -328,7 +328,7 @@ class WriteBack:
         """The store failed: what this process holds waits to be written back (see
         :meth:`suspect`), by the writer thread if nothing else asks the store."""
         self.suspect()
-        if self._pending and self._writer is None:
+        if (self._pending or self._allowances) and self._writer is None:
             self.start_writer()
 
     def add_chore(self, operation: str, args: tuple[Any, ...], give_up: datetime) -> None:
@@ -341,7 +341,7 @@ class WriteBack:
     def start_writer(self) -> None:
         """Start the writer thread if something waits to be written and none runs."""
         with self.lock:
-            if self._writer is not None or not (self._pending or self._chores):
+            if self._writer is not None or not (self._pending or self._allowances or self._chores):
                 return
             self._writer = threading.Thread(
                 target=self._write_back_loop, name="retry-after-write-back", daemon=True
@@ -363,7 +363,9 @@ class WriteBack:
             time.sleep(min(max(wait, WRITER_POLL), BREAKER_MAX_PENDING))
             with self.lock:
                 chores, self._chores = self._chores, []
-                scope = next(iter(self._pending), None) if self.breaker.is_down else None
+                # A scope to probe the store with: one whose cooldown or allowance waits.
+                waiting = next(iter(self._pending), None) or next(iter(self._allowances), None)
+                scope = waiting if self.breaker.is_down else None
                 if self._closed or (scope is None and not chores):
                     self._writer = None
                     return

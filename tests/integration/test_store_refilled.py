@@ -183,3 +183,36 @@ def test_a_restart_nobody_noticed_is_detected_and_written_back(
     edge_children.open_store("redis", server.url, prefix, False).delete(scope)
     assert s.get(real_server.url).status_code == 200 and real_server.count() == 2
     guard.close()
+
+
+def test_an_announced_allowance_held_when_the_store_failed_is_written_back(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    """An allowance used up (``0`` left until a reset 30 s away) is in the store and the
+    process's local copy; the server is killed (this process notices: an operation
+    fails) and started again, empty. Without another call of this process, its writer
+    thread writes the allowance back: a process that asks afterwards is held back until
+    the reset."""
+    from retry_after_adapter.cooldown import Ask
+
+    server = redis_factory()
+    prefix = "allowance:"
+    store = edge_children.open_store("redis", server.url, prefix, True)
+    guard = guard_of(store)
+    now = datetime.now(timezone.utc)
+    reset = now + timedelta(seconds=30)
+    guard.allow("api", 0, reset, now)
+    other = edge_children.open_store("redis", server.url, prefix, False)
+    assert other.admit(Ask("api", None)).not_before is not None
+    server.kill()
+    guard.get("api")  # fails: the outage is noticed
+    assert guard.down
+    server.restart()
+    assert other.admit(Ask("api", None)).not_before is None  # empty
+    deadline = time.monotonic() + 3
+    while other.admit(Ask("api", None)).not_before is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    held = other.admit(Ask("api", None)).not_before
+    assert held is not None and abs((held - reset).total_seconds()) < 0.01, held
+    assert guard.writeback.allowances_written_back == 1
+    guard.close()
