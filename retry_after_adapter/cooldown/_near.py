@@ -31,13 +31,21 @@ without a store round trip while nothing has changed (owned by the failure layer
   longer, as a killed worker's open permit always did.
 - **Concurrency slots held per process.** A slot given back by an attempt stays with
   the process for :data:`IDLE` seconds, for its next attempt on the scope (any
-  thread), then goes back to the store. Its lease is taken a little longer than the
-  attempt's ttl and reused only while at least the ttl is left, so an attempt on a
-  reused slot is covered as long as one on a new slot; a killed process's slots come
-  back when their leases expire.
+  thread), then goes back to the store. On a store that renews leases
+  (:class:`~.base.LeaseRenewal`), a slot this process holds (idle, or in use) is
+  stored with a short life, :data:`LIFE` seconds, that a thread of the process renews
+  while it holds the slot (an attempt's slot no longer than its ``lease_ttl`` from its
+  start), so a process that dies (``os._exit``, SIGKILL, OOM), or a forked child that
+  exits, gives its slots back within about :data:`LIFE`; an idle slot is reused only
+  while at least :data:`RESERVE_SHARE` of its life is left. Otherwise (a store
+  without it, or a ``lease_ttl`` no longer than :data:`LIFE`), its lease is taken a
+  little longer than the attempt's ttl and reused only while at least the ttl is left,
+  so an attempt on a reused slot is covered as long as one on a new slot; a killed
+  process's slots come back when their leases expire.
 
 A scope with an announced allowance (the store counts its admissions) is always
-admitted by the store. Everything here is dropped in a forked child (the parent's).
+admitted by the store. Everything here is dropped in a forked child (the parent's:
+a child never uses, renews or gives back its parent's slots and permits).
 """
 
 from __future__ import annotations
@@ -49,13 +57,13 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from datetime import datetime, timedelta
+from collections.abc import Callable, Collection
+from datetime import datetime, timedelta, timezone
 from typing import NamedTuple
 
 from .base import Admission, Feed, Granted, Lease
 
-__all__ = ["BATCH_TARGET", "IDLE", "Near"]
+__all__ = ["BATCH_TARGET", "IDLE", "LIFE", "Near"]
 
 log = logging.getLogger("retry_after_adapter")
 
@@ -80,9 +88,20 @@ REAPER_LINGER = 1.0
 #: Seconds a slot given back waits in the process for another attempt of its scope.
 IDLE = 0.05
 #: A held slot's lease is taken this share of the ttl longer (at most
-#: :data:`REUSE_MAX` seconds), and reused while at least the ttl is left.
+#: :data:`REUSE_MAX` seconds), and reused while at least the ttl is left (a store that
+#: does not renew leases, or a ttl no longer than :data:`LIFE`).
 REUSE_SHARE = 0.25
 REUSE_MAX = 5.0
+#: Seconds a slot this process holds stays counted in the store past its last renewal
+#: (on a store that renews leases, for a ``lease_ttl`` longer than this): what a
+#: process that dies costs the others.
+LIFE = 1.0
+#: A held slot's life is renewed once less than this share of it is left (all the
+#: process's slots then, in one store operation) ...
+RENEW_SHARE = 0.6
+#: ... and an idle one is reused only while at least this share of it is left (the
+#: renewal then has that long to land before the slot stops counting).
+RESERVE_SHARE = 0.5
 #: Scopes kept at most (past it the copy starts over: dropping is always safe).
 KNOWN_MAX = 65536
 _SECOND = timedelta(seconds=1)
@@ -147,10 +166,53 @@ def batch_size(rate: float, longest: float, opened: bool, most: int) -> int:
 
 
 class _Slot(NamedTuple):
+    """A slot held idle (its lease: the :class:`_Held` of its token)."""
+
     token: str
-    expires: datetime  # the lease's end (a lower bound of the store's)
-    idle_since: float  # time.monotonic() when it was given back (0: in use)
+    idle_since: float  # time.monotonic() when it was given back
     cap: int  # the concurrency cap it was taken under
+
+
+class _Held:
+    """A slot this process took through the copy: its scope, the cap it was taken
+    under, the lease's end (a lower bound of the store's), the life it is renewed by
+    (seconds; 0: not renewed) and, while an attempt uses it, the end of that attempt's
+    ttl (None: idle)."""
+
+    __slots__ = ("cap", "expires", "life", "scope", "wire")
+
+    def __init__(self, scope: str, expires: datetime, cap: int, life: float, wire: datetime | None) -> None:
+        self.scope = scope
+        self.expires = expires
+        self.cap = cap
+        self.life = life
+        self.wire = wire
+
+    def usable(self, present: datetime, ttl: float) -> bool:
+        """Whether an attempt of ``ttl`` seconds starting at ``present`` may reuse it:
+        at least the ttl left (a renewed slot: :data:`RESERVE_SHARE` of its life, the
+        renewal covers the rest)."""
+        left = (self.expires - present).total_seconds()
+        if self.life:
+            return left >= min(ttl, RESERVE_SHARE * self.life)
+        return left >= ttl
+
+    def renewal(self, now: datetime) -> datetime | None:
+        """The end to renew its lease to at ``now`` (None: not renewed: no life, or its
+        attempt's ttl is over)."""
+        if not self.life:
+            return None
+        until = now + timedelta(seconds=self.life)
+        if self.wire is not None:
+            if self.wire <= now:
+                return None
+            until = min(until, self.wire)
+        return until if until > self.expires else None
+
+
+#: Renews leases in the store: ``(scope, token, until)`` each; answers the tokens the
+#: store no longer holds.
+Renew = Callable[[list[tuple[str, str, datetime]]], Collection[str]]
 
 
 #: ``(scope, limit, per, margin)``: one quota's batch; ``(scope, 0, 0.0, 0.0)``: the
@@ -183,7 +245,10 @@ class Near:
         self._lapsed: list[tuple[_Quota, datetime, int]] = []
         #: Slots this process holds: per scope, the idle ones; every held token's scope.
         self._idle: dict[str, list[_Slot]] = {}
-        self._held: dict[str, tuple[str, datetime, int]] = {}
+        self._held: dict[str, _Held] = {}
+        #: Renews held slots' leases in the store (set by the failure layer when the
+        #: store can: see :data:`LIFE`); None: leases are taken for the attempt's ttl.
+        self.renew: Renew | None = None
         #: Slots to give back to the store on the reaper thread (scope, token).
         self._due: list[tuple[str, str]] = []
         self._reaper: threading.Thread | None = None
@@ -338,18 +403,21 @@ class Near:
     def took(
         self, scope: str, present: datetime, answer: Admission, epoch: int, limit: int | None,
         per: float | None, margin: float, hold: float, lease: Lease | None, opened: bool = False,
+        ttl: float | None = None,
     ) -> None:
         """The store admitted an attempt at ``present`` (read at ``epoch``): keep what it
         said of the scope, the batch's extra permits (``opened``: open ones) and the
-        slot's lease."""
+        slot's lease (``lease``: as taken, see :meth:`lease_for`; ``ttl``: the
+        attempt's own, seconds)."""
         try:
-            self._took(scope, present, answer, epoch, limit, per, margin, hold, lease, opened)
+            self._took(scope, present, answer, epoch, limit, per, margin, hold, lease, opened, ttl)
         finally:
             self._give_lapsed()
 
     def _took(
         self, scope: str, present: datetime, answer: Admission, epoch: int, limit: int | None,
         per: float | None, margin: float, hold: float, lease: Lease | None, opened: bool,
+        ttl: float | None,
     ) -> None:
         with self._lock:
             if epoch == self.epoch:
@@ -377,7 +445,13 @@ class Near:
             if lease is not None:
                 if len(self._held) >= KNOWN_MAX:
                     self._held.clear()  # those slots go back to the store, not here
-                self._held[lease[2]] = (scope, present + timedelta(seconds=lease[1]), lease[0])
+                wire = lease[1] if ttl is None else ttl
+                life = lease[1] if wire > lease[1] else 0.0  # taken shorter than its ttl: renewed
+                held = _Held(scope, present + timedelta(seconds=lease[1]), lease[0], life,
+                             present + timedelta(seconds=wire))
+                self._held[lease[2]] = held
+                if life:
+                    self._wake()  # renewed while the attempt runs
 
     def learned(self, scope: str) -> None:
         """This process wrote a cooldown (kept in the local copy): a learned rate may
@@ -388,9 +462,13 @@ class Near:
                 self._known[scope] = known._replace(rated=True)
 
     def lease_for(self, lease: Lease) -> Lease:
-        """The lease to take from the store for a slot this process may keep: a little
-        longer than the attempt's ttl (see the module)."""
+        """The lease to take from the store for a slot this process may keep: on a
+        store that renews leases, :data:`LIFE` seconds when the attempt's ttl is longer
+        (renewed while the process holds it), else a little longer than the attempt's
+        ttl (see the module)."""
         slots, ttl, token = lease
+        if self.renew is not None and ttl > LIFE:
+            return (slots, LIFE, token)
         return (slots, ttl + min(REUSE_MAX, ttl * REUSE_SHARE), token)
 
     # -- permits ---------------------------------------------------------------------
@@ -507,7 +585,9 @@ class Near:
                 if slot.cap != cap:
                     continue
                 idle.remove(slot)
-                if (slot.expires - present).total_seconds() >= ttl:
+                held = self._held.get(slot.token)
+                if held is not None and held.usable(present, ttl):
+                    held.wire = present + timedelta(seconds=ttl)
                     found = slot.token
                     break
                 self._held.pop(slot.token, None)
@@ -521,9 +601,10 @@ class Near:
         (True), or False for a slot this process did not take (the store gets it)."""
         with self._lock:
             held = self._held.get(token)
-            if held is None or held[0] != scope:
+            if held is None or held.scope != scope:
                 return False
-            self._idle.setdefault(scope, []).append(_Slot(token, held[1], time.monotonic(), held[2]))
+            held.wire = None
+            self._idle.setdefault(scope, []).append(_Slot(token, time.monotonic(), held.cap))
             self._wake()
             return True
 
@@ -540,8 +621,9 @@ class Near:
             self._reaper.start()
 
     def _reap(self) -> None:
-        """Give back the slots idle for :data:`IDLE` seconds; ends when none was held
-        idle for :data:`REAPER_LINGER` seconds (a process using slots keeps one thread)."""
+        """Give back the slots idle for :data:`IDLE` seconds and renew the held slots'
+        lives (see :data:`LIFE`); ends when none was held idle, nor renewed, for
+        :data:`REAPER_LINGER` seconds (a process using slots keeps one thread)."""
         empty_since = None
         while True:
             time.sleep(IDLE / 2)
@@ -559,7 +641,8 @@ class Near:
                         self._idle[scope] = keep
                     else:
                         del self._idle[scope]
-                if not self._idle and not due:
+                renewals = self._renewals()
+                if not self._idle and not due and not renewals and not self._renewed():
                     now = time.monotonic()
                     if empty_since is None:
                         empty_since = now
@@ -571,8 +654,65 @@ class Near:
                 self._giving.acquire()
             try:
                 self._return(due)
+                if renewals:
+                    self._renew(renewals)
             finally:
                 self._giving.release()
+
+    def _renewed(self) -> bool:
+        """(Lock held.) Whether a slot held is renewed (its attempt's ttl not over)."""
+        return any(
+            held.life and (held.wire is None or held.wire > held.expires) for held in self._held.values()
+        )
+
+    def _renewals(self) -> list[tuple[str, str, datetime]]:
+        """(Lock held.) When a held slot's life is running out (less than
+        :data:`RENEW_SHARE` of it left), every held slot's renewal, ``(scope, token,
+        until)`` (one store operation for all); else none."""
+        if self.renew is None or not self._held:
+            return []
+        now = datetime.now(timezone.utc)
+        due = False
+        renewals = []
+        for token, held in self._held.items():
+            until = held.renewal(now)
+            if until is None:
+                continue
+            renewals.append((held.scope, token, until))
+            due = due or (held.expires - now).total_seconds() < RENEW_SHARE * held.life
+        return renewals if due else []
+
+    def _renew(self, renewals: list[tuple[str, str, datetime]]) -> None:
+        """Renew ``renewals`` in the store (each ``until`` was worked out before the
+        operation: a lower bound of what the store keeps); a slot the store no longer
+        holds is dropped (an idle one is not reused; one in use had lapsed: logged)."""
+        renew = self.renew
+        if renew is None:
+            return
+        try:
+            lost = set(renew(renewals))
+        except Exception as exc:  # tried again at the next pass, while life is left
+            log.debug("renewing held concurrency slots failed: %s", type(exc).__name__)
+            return
+        with self._lock:
+            for scope, token, until in renewals:
+                held = self._held.get(token)
+                if held is None:
+                    continue
+                if token not in lost:
+                    held.expires = max(held.expires, until)
+                    continue
+                del self._held[token]
+                if held.wire is not None:
+                    log.warning(
+                        "a concurrency slot of this process lapsed in the store before it was "
+                        "renewed (the process was held up for over %.1f s)", held.life,
+                    )
+                idle = self._idle.get(scope)
+                if idle:
+                    idle[:] = [slot for slot in idle if slot.token != token]
+                    if not idle:
+                        del self._idle[scope]
 
     def _return(self, due: list[tuple[str, str]]) -> None:
         for scope, token in due:

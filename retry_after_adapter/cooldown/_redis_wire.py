@@ -43,6 +43,7 @@ SCRIPTS = {
     "settle": ("settle",),
     "settle_weighed": ("settle_weighed",),
     "note": ("note",),
+    "renew": ("renew",),
 }
 
 

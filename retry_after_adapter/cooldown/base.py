@@ -467,6 +467,19 @@ class Leases(ABC):  # noqa: B024 - a capability declared by type; its work is ad
     (``Answer.token``)."""
 
 
+class LeaseRenewal(ABC):
+    """``renew`` moves held concurrency slots' leases later, so that a process may
+    take its slots with a short life and renew them while it holds them: a process
+    that dies gives them back within that life (see ``_near.LIFE``)."""
+
+    @abstractmethod
+    def renew(self, leases: Sequence[tuple[str, str, datetime]], now: datetime | None = None) -> set[str]:
+        """For each ``(scope, token, until)``: a lease still held at ``now`` (None: the
+        present) is made to end no earlier than ``until``; one that expired or was
+        given back is not taken again. In as few operations as the store can (one
+        transaction, one pipeline). Returns the tokens not held."""
+
+
 class Allowances(ABC):  # noqa: B024 - a capability declared by type; its work is admit's
     """``answer`` records what the server announced is left (``Answer.announced``) and
     ``admit`` spreads it over every worker (``Admission.seq``, ``Granted.units``)."""
@@ -571,7 +584,7 @@ class Forgetful(ABC):
 
 #: Every capability mixin, in the order the docs list them.
 CAPABILITIES: tuple[type, ...] = (
-    QuotaLogs, Leases, Allowances, Weights, LearnedRate, FreshnessLog, Listing, ChangeFeed,
+    QuotaLogs, Leases, Allowances, Weights, LearnedRate, FreshnessLog, Listing, ChangeFeed, LeaseRenewal,
 )
 
 

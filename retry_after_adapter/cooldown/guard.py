@@ -45,7 +45,18 @@ from ._health import (
 )
 from ._near import REFILL_WAIT, Near
 from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack
-from .base import GUARD_ATTR, Admission, Ask, Forgetful, FullStore, Granted, Hold, Weighed, check_scope
+from .base import (
+    GUARD_ATTR,
+    Admission,
+    Ask,
+    Forgetful,
+    FullStore,
+    Granted,
+    Hold,
+    LeaseRenewal,
+    Weighed,
+    check_scope,
+)
 from .freshness import Freshness
 from .legacy import as_store, bare
 from .memory import MemoryCooldownStore
@@ -134,6 +145,8 @@ class StoreGuard(FullStore):
         if feed is not None:
             near.feed = feed
             near.give_back_permits = self._give_back_permits
+            if LeaseRenewal in inner.capabilities:
+                near.renew = self._renew_leases
             self.near = near
         _forksafe.register(self)
 
@@ -145,6 +158,11 @@ class StoreGuard(FullStore):
         self.given_back += count
         never = datetime.now(timezone.utc) - timedelta(seconds=per)  # settled to never + per: now
         self.settles.add_many([(scope, limit, per, end, never, True)] * count, per)
+
+    def _renew_leases(self, leases: list[tuple[str, str, datetime]]) -> set[str]:
+        """Renew the near copy's held slots in the store (see ``_near.LIFE``), bounded
+        as any operation: the tokens it no longer holds."""
+        return self.breaker.bounded(self.inner.renew, (leases,), None)  # type: ignore[attr-defined]
 
     @property
     def capabilities(self) -> frozenset[type]:
@@ -352,7 +370,8 @@ class StoreGuard(FullStore):
         try:
             answer = self._admit_store(missing, budget, present)
             if answer.not_before is None:
-                near.took(scope, present, answer, epoch, rest, per, margin, hold, rest_lease, opened)
+                ttl = lease[1] if lease is not None else None
+                near.took(scope, present, answer, epoch, rest, per, margin, hold, rest_lease, opened, ttl)
                 granted = True  # took() ended the claim and woke the threads waiting for it
         finally:
             if batch > 1 and not granted:  # refused or failed: they go on (see Near._spend)

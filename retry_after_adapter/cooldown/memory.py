@@ -6,6 +6,7 @@ import bisect
 import collections
 import heapq
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -45,6 +46,7 @@ from .base import (
     Hold,
     Learn,
     Lease,
+    LeaseRenewal,
     Weigh,
     Weighed,
     Weights,
@@ -76,7 +78,7 @@ _FRESHNESS_KEPT = timedelta(seconds=FRESHNESS_KEPT)
 _ALLOWANCE_KEPT = timedelta(seconds=ALLOWANCE_KEPT)
 
 
-class MemoryCooldownStore(RateAdmission, FullStore, Weights):
+class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
     """Cooldowns shared by every thread of one process.
 
     ``get`` is one dict lookup, without the lock (a single dict read is atomic).
@@ -436,6 +438,21 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights):
         held = self._leases.get(scope)
         if held is not None:
             held.pop(token, None)
+
+    def renew(self, leases: Sequence[tuple[str, str, datetime]], now: datetime | None = None) -> set[str]:
+        """Move held leases later (see ``LeaseRenewal.renew``): one lock."""
+        at = _micros(now if now is not None else datetime.now(timezone.utc))
+        ends = [(scope, token, _micros(until)) for scope, token, until in leases]
+        lost = set()
+        with self._lock:
+            for scope, token, until in ends:
+                held = self._leases.get(scope)
+                expires = held.get(token) if held is not None else None
+                if held is None or expires is None or expires <= at:
+                    lost.add(token)
+                elif until > expires:
+                    held[token] = until
+        return lost
 
     def entries(self) -> dict[str, datetime]:
         """A copy of every stored scope and its time (expired ones not yet dropped

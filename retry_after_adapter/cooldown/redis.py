@@ -49,6 +49,7 @@ from .base import (
     Feed,
     Forgetful,
     FullStore,
+    LeaseRenewal,
     Weighed,
     Weights,
     check_scope,
@@ -82,7 +83,7 @@ def _restore(url: str, prefix: str, client_kwargs: dict[str, Any]) -> RedisCoold
     return RedisCooldownStore.from_url(url, prefix=prefix, **client_kwargs)
 
 
-class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded, Forgetful):
+class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded, Forgetful, LeaseRenewal):
     """Cooldowns shared by every process on every machine through Redis or Valkey.
 
     ``client`` is any synchronous redis-py compatible client: ``redis.Redis``,
@@ -136,6 +137,7 @@ class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded, Forgetful):
         self._settle_script = scripts["settle"]
         self._settle_weighed_script = scripts["settle_weighed"]
         self._rate_script = scripts["rate_answer"]
+        self._renew_script = scripts["renew"]
         self._url_args: tuple[str, dict[str, Any]] | None = None
         #: The pub/sub channel changes are published on: one per database and prefix
         #: (Redis's pub/sub is one for all its databases, so tenants on two databases of
@@ -510,6 +512,41 @@ class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded, Forgetful):
             return bool(self._client.exists(key))
         except Exception as exc:
             raise self._failure("lifted", exc) from exc
+
+    def renew(self, leases: Sequence[tuple[str, str, datetime]], now: datetime | None = None) -> set[str]:
+        """Move held leases later (see ``LeaseRenewal.renew``): one ``EVALSHA`` of
+        ``renew.lua`` per scope, pipelined (on a cluster, one round trip per node)."""
+        at = str(now_epoch_ms(now if now is not None else datetime.now(timezone.utc)))
+        calls: dict[str, list[str]] = {}
+        for scope, token, until in leases:
+            key = self.companion(check_scope(scope), "lease")
+            calls.setdefault(key, [at]).extend((token, str(to_epoch_ms(check_until(until)))))
+        script = self._renew_script
+        lost: set[str] = set()
+        try:
+            for attempt in range(2):
+                pipe = self._client.pipeline(transaction=False)
+                for key, args in calls.items():  # EVALSHA itself: a Script on a pipeline asks first
+                    pipe.evalsha(script.sha, 1, key, *args)
+                results = pipe.execute(raise_on_error=False)
+                missing = [
+                    r for r in results if isinstance(r, Exception) and type(r).__name__ == "NoScriptError"
+                ]
+                for result in results:
+                    if isinstance(result, Exception) and type(result).__name__ != "NoScriptError":
+                        raise result
+                if not missing:
+                    break
+                if attempt:
+                    raise missing[0]
+                key, args = next(iter(calls.items()))  # a server without the script: loaded
+                script(keys=[key], args=args)
+                lost.clear()
+            for result in results:
+                lost.update(_text(token) for token in result)
+        except Exception as exc:
+            raise self._failure("renew", exc) from exc
+        return lost
 
     def feed(self, changed: Changed) -> Feed | None:
         """The store's change channel, followed by a thread of this process (see

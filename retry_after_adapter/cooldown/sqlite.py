@@ -44,6 +44,7 @@ from .base import (
     Feed,
     FullStore,
     Hold,
+    LeaseRenewal,
     Weighed,
     Weights,
     check_scope,
@@ -110,7 +111,7 @@ def _restore(path: str, timeout: float, push: bool = True) -> SQLiteCooldownStor
     return SQLiteCooldownStore(path, timeout=timeout, push=push)
 
 
-class SQLiteCooldownStore(SQLiteFile, FullStore, Weights, Bounded):
+class SQLiteCooldownStore(SQLiteFile, FullStore, Weights, Bounded, LeaseRenewal):
     """Cooldowns shared by every process and thread on one host through a SQLite file.
 
     ``path`` is the database file (created when missing; its directory must exist). A
@@ -328,6 +329,30 @@ class SQLiteCooldownStore(SQLiteFile, FullStore, Weights, Bounded):
         self._run(
             lambda conn: conn.execute("DELETE FROM lease WHERE scope = ? AND token = ?", (scope, token))
         )
+
+    def renew(self, leases: Sequence[tuple[str, str, datetime]], now: datetime | None = None) -> set[str]:
+        """Move held leases later (see ``LeaseRenewal.renew``): one immediate
+        transaction."""
+        rows = [
+            (to_epoch_ms(check_until(until)), check_scope(scope), token) for scope, token, until in leases
+        ]
+        at = to_epoch_ms(now) if now is not None else None
+
+        def renew(conn: sqlite3.Connection) -> set[str]:
+            present = at if at is not None else now_epoch_ms(datetime.now(timezone.utc))
+            lost = set()
+            with immediate(conn):
+                for until, scope, token in rows:
+                    found = conn.execute(
+                        "UPDATE lease SET expires_ms = max(expires_ms, ?) "
+                        "WHERE scope = ? AND token = ? AND expires_ms > ?",
+                        (until, scope, token, present),
+                    ).rowcount
+                    if not found:
+                        lost.add(token)
+            return lost
+
+        return self._run(renew)
 
     def delete(self, scope: str) -> bool:
         """Lift everything that holds ``scope`` back (an operator clearing it): its

@@ -111,6 +111,24 @@ def call_then_exit(kind: str, where: str, prefix: str, url: str, how: str) -> No
         os._exit(0)
 
 
+def busy_until_killed(kind: str, where: str, prefix: str, url: str, threads: str) -> None:
+    """``threads`` threads GET ``url`` in a loop (one Session, ``max_concurrency`` =
+    ``threads``, the default ``lease_ttl``), until this process is killed: it holds
+    slots in use and parked for reuse throughout."""
+    store = open_store(kind, where, prefix)
+    s = requests.Session()
+    retry = RetryAfterRetry(total=0, max_wait=10)
+    s.mount("http://", RetryAfterAdapter(retry, cooldown=store, max_concurrency=int(threads), learn_rate=False))
+
+    def run() -> None:
+        while True:
+            s.get(url, timeout=10)
+
+    for _ in range(int(threads)):
+        threading.Thread(target=run, daemon=True).start()
+    time.sleep(60)
+
+
 def call_in_worker(kind: str, where: str, prefix: str, url: str) -> None:
     """A multiprocessing worker's body: one capped call with a long lease, then return
     (the worker ends through multiprocessing's exit function, without ``atexit``)."""
@@ -243,6 +261,7 @@ _COMMANDS = {
     "extend": extend,
     "hold_then_die": hold_then_die,
     "call_then_exit": call_then_exit,
+    "busy_until_killed": busy_until_killed,
 }
 
 if __name__ == "__main__":
