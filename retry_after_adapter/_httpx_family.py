@@ -350,13 +350,30 @@ class _Front(SharedSettings):
     replays_unprocessed = True
 
     def __init__(self, max_retries: Any = None, *, transport: Any = None, **options: Unpack[Options]) -> None:
-        #: The transport each attempt goes through.
+        #: The transport each attempt goes through (made here when none is given).
         self.transport = transport if transport is not None else self._default_transport()
+        self._own_transport = transport is None
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
         keywords: dict[str, Any] = dict(options)
         settings = Settings.take(keywords)
         Settings.refuse_unknown(type(self).__name__, keywords, ("max_retries", "transport"))
         self._share(settings)
+        _forksafe.register(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the connections the transport made here keeps alive are
+        the parent's (a child reading from one takes the parent's answer, or waits for
+        it): the child gets a transport of its own, made at its first request (one
+        given is the caller's)."""
+        if self._own_transport:
+            self.transport = None
+
+    def _transport(self) -> Any:
+        """The transport each attempt goes through (made again in a forked child)."""
+        transport = self.transport
+        if transport is None:
+            transport = self.transport = self._default_transport()
+        return transport
 
     def _default_transport(self) -> Any:
         raise NotImplementedError
@@ -437,11 +454,12 @@ class SyncFront(_Front):
     def handle_request(self, request: Any) -> Any:
         url = str(request.url)
         call = self._start(request, url)
-        attempts = _SyncAttempts(self.flavour, self.transport, request, url)
+        attempts = _SyncAttempts(self.flavour, self._transport(), request, url)
         return self._result(request, call, drive(call, attempts, steps(call, attempts)))
 
     def close(self) -> None:
-        self.transport.close()
+        if self.transport is not None:
+            self.transport.close()
 
 
 class AsyncFront(_Front):
@@ -478,11 +496,12 @@ class AsyncFront(_Front):
         call = self._start(request, url)
         pool = self._threads() if self._blocking else None  # None: the steps run on the loop
         offload = self._offload if pool is not None else None
-        attempts = _AsyncAttempts(self.flavour, self.transport, request, url, offload)
+        attempts = _AsyncAttempts(self.flavour, self._transport(), request, url, offload)
         return self._result(request, call, await _adrive(call, attempts, steps(call, attempts), pool))
 
     async def aclose(self) -> None:
-        await self.transport.aclose()
+        if self.transport is not None:
+            await self.transport.aclose()
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False)

@@ -20,7 +20,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.exceptions import HTTPError, MaxRetryError
 from urllib3.util.retry import Retry
 
-from . import _keepalive, body
+from . import _forksafe, _keepalive, body
 from .cooldown.memory import DEFAULT_STORE
 from .deferral import Deferral
 from .engine import SINGLE_ATTEMPT, Call, Outcome, run
@@ -252,6 +252,15 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
         super().__init__(**keywords)
         self.max_retries: RetryAfterRetry = as_retry_after_retry(max_retries)
         self._share(settings)
+        _forksafe.register(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the connections kept alive are the parent's (a child
+        reading from one takes the parent's answer, or waits for it): the child gets
+        pools of its own, the parent's sockets are left to it (never shut down here)."""
+        sizes = cast(Any, self)  # HTTPAdapter's own attributes (untyped in types-requests)
+        self.init_poolmanager(sizes._pool_connections, sizes._pool_maxsize, block=sizes._pool_block)
+        self.proxy_manager = {}
 
     def _published(self) -> None:
         self._view: HTTPAdapter | None = None  # made again, for the new plan
@@ -262,6 +271,7 @@ class RetryAfterAdapter(SharedSettings, HTTPAdapter):
             state["settings"] = Settings.take(state)
         super().__setstate__(state)  # type: ignore[misc, unused-ignore]  # untyped in types-requests
         self._derive()
+        _forksafe.register(self)
 
     def scope_for(self, request: requests.PreparedRequest) -> str:
         """The cooldown scope of ``request`` (never a credential in clear)."""

@@ -25,7 +25,7 @@ from urllib3.exceptions import (
 )
 from urllib3.util.retry import Retry
 
-from . import _keepalive, body
+from . import _forksafe, _keepalive, body
 from .deferral import Deferral
 from .engine import SINGLE_ATTEMPT, Call, Outcome, run
 from .errors import MaxRetryDeferred
@@ -192,6 +192,14 @@ class RetryAfterPoolManager(SharedSettings, PoolManager):
         self._config: dict[str, Any] = dict(
             num_pools=num_pools, headers=None if headers is None else dict(headers), **kwargs
         )
+        _forksafe.register(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the connections kept alive are the parent's (a child
+        reading from one takes the parent's answer, or waits for it): the child gets
+        pools of its own, the parent's sockets are left to it (never shut down here)."""
+        pools = self.pools
+        self.pools = type(pools)(pools._maxsize, dispose_func=pools.dispose_func)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pools hold sockets and locks: a copy or an unpickled manager is a new one

@@ -8,7 +8,8 @@ A slot a process keeps (parked between its threads' attempts, or in use) is stor
 with a short life that the process renews while it holds it (``_near.LIFE``), so the
 capacity of a process that dies without giving it back comes back within about a
 second, not ``lease_ttl`` (60 s by default); a forked child starts with none of its
-parent's slots. The cap still holds at the server throughout.
+parent's slots, nor its parent's kept-alive connections. The cap still holds at the
+server throughout, and an attempt that outlives a slot's life keeps its slot.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def capped_session(store: Any, cap: int, **retry_kw: Any) -> requests.Session:
 
 @pytest.fixture
 def holding() -> Any:
-    server = HoldingServer(hold=0.005, protocol_version="HTTP/1.0")  # no keep-alive socket shared across fork
+    server = HoldingServer(hold=0.005)
     yield server
     server.close()
 
@@ -66,20 +67,52 @@ def holding() -> Any:
 CHILDREN, WAVE, CAP = 120, 8, 64
 
 
+def _getter(client: str, store: Any, url: str) -> Any:
+    """One GET of ``url`` through ``client`` (requests, httpx, or httpx's async
+    transport run in a loop of its own) on ``store`` with ``max_concurrency=64``: a
+    callable answering ``(status, deferred)``."""
+    retry = RetryAfterRetry(total=2, max_wait=5, deadline=10)
+    if client == "requests":
+        s = capped_session(store, CAP, max_wait=5, deadline=10)
+        return lambda: (lambda r: (r.status_code, r.deferral is not None))(s.get(url, timeout=10))
+    import httpx
+
+    from retry_after_adapter import deferral_of
+    from retry_after_adapter.httpx import AsyncRetryAfterTransport, RetryAfterTransport
+
+    if client == "httpx":
+        c = httpx.Client(transport=RetryAfterTransport(retry, cooldown=store, max_concurrency=CAP, learn_rate=False))
+        return lambda: (lambda r: (r.status_code, deferral_of(r) is not None))(c.get(url, timeout=10))
+
+    # Made once: a forked child's makes its own connections (see _httpx_family).
+    transport = AsyncRetryAfterTransport(retry, cooldown=store, max_concurrency=CAP, learn_rate=False)
+
+    async def one() -> tuple[int, bool]:
+        async with httpx.AsyncClient(transport=transport) as c:
+            r = await c.get(url, timeout=10)
+            return r.status_code, deferral_of(r) is not None
+
+    import asyncio
+
+    return lambda: asyncio.run(one())
+
+
 @needs_fork
+@pytest.mark.parametrize("client", ["requests", "httpx", "httpx-async"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_forked_children_that_leave_with_os_exit_all_get_their_call(
-    kind: str, tmp_path: Path, request: pytest.FixtureRequest, holding: HoldingServer
+    kind: str, client: str, tmp_path: Path, request: pytest.FixtureRequest, holding: HoldingServer
 ) -> None:
     """A process with ``max_concurrency=64`` (one call made: its slot parked for reuse)
-    forks 120 children, 8 at a time; each makes one GET and leaves with ``os._exit``
-    (no exit hook runs: its parked slot is never given back). Every child's GET goes
-    (a dead child's slot stops counting within about a second; none waits as long as
-    ``max_wait`` 5 s), never more than 64 at the server, and no child used its
-    parent's parked slot (the parent's slot is still the parent's)."""
+    forks 120 children, 8 at a time; each makes one GET (requests, httpx, httpx's
+    async transport) and leaves with ``os._exit`` (no exit hook runs: its parked slot
+    is never given back). Every child's GET goes (a dead child's slot stops counting
+    within about a second; none waits as long as ``max_wait`` 5 s), never more than 64
+    at the server, and no child used its parent's parked slot (the parent's slot is
+    still the parent's)."""
     store = near_children.open_store(kind, where_for(kind, tmp_path, request), "forked:")
-    s = capped_session(store, CAP, max_wait=5, deadline=10)
-    assert s.get(holding.url, timeout=10).status_code == 200
+    get = _getter(client, store, holding.url)
+    assert get() == (200, False)
     near = guard_of(store).near
     assert near is not None and near._idle, "the parent's slot was not parked for reuse"
     parked = [slot.token for slots in near._idle.values() for slot in slots]
@@ -96,9 +129,9 @@ def test_forked_children_that_leave_with_os_exit_all_get_their_call(
                 try:
                     os.close(read)
                     t0 = time.monotonic()
-                    response = s.get(holding.url, timeout=10)
+                    status, deferred_here = get()
                     os.write(write, json.dumps({"wait": time.monotonic() - t0}).encode() + b"\n")
-                    code = 0 if response.status_code == 200 and response.deferral is None else 3
+                    code = 0 if status == 200 and not deferred_here else 3
                 finally:
                     os._exit(code)
             pids.append(pid)
@@ -111,8 +144,8 @@ def test_forked_children_that_leave_with_os_exit_all_get_their_call(
     with os.fdopen(read) as lines:
         waits = [json.loads(line)["wait"] for line in lines]
     wall = time.monotonic() - started
-    FIGURES[f"forked children, {kind}"] = (served, deferred, max(waits, default=0), wall)
-    print(f"\n{kind}: {served} of {CHILDREN} children served, {deferred} deferred, "
+    FIGURES[f"forked children, {kind}, {client}"] = (served, deferred, max(waits, default=0), wall)
+    print(f"\n{kind}, {client}: {served} of {CHILDREN} children served, {deferred} deferred, "
           f"longest call {max(waits, default=0):.3f} s, wall {wall:.2f} s, most at the server {holding.most}")
     assert served == CHILDREN, f"{served} of {CHILDREN} forked children served ({deferred} deferred)"
     assert holding.most <= CAP
@@ -272,3 +305,35 @@ def test_an_attempt_longer_than_a_slot_s_life_keeps_its_slot(
     while other.lease(scope, 1, 5.0, None, "other") is not None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert time.monotonic() < deadline, "the slot did not go back after its attempt"
+
+
+# ========================== 5. a forked child's connections are its own, not its parent's
+@needs_fork
+def test_forked_children_do_not_read_from_their_parent_s_kept_alive_connection(holding: HoldingServer) -> None:
+    """A Session (``RetryAfterAdapter``) and a ``RetryAfterPoolManager`` each keep a
+    connection alive from the parent's call; 8 children forked at once each make one
+    call through each: every call is answered (a child reading from its parent's socket
+    took another's answer or waited for it until its read timeout)."""
+    from retry_after_adapter import RetryAfterPoolManager
+
+    s = requests.Session()
+    s.mount("http://", RetryAfterAdapter(RetryAfterRetry(total=0), cooldown=None))
+    manager = RetryAfterPoolManager(retries=RetryAfterRetry(total=0), cooldown=None)
+    assert s.get(holding.url, timeout=5).status_code == 200
+    assert manager.request("GET", holding.url, timeout=5).status == 200
+    pids = []
+    for _ in range(8):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                ok = s.get(holding.url, timeout=3).status_code == 200
+                ok = manager.request("GET", holding.url, timeout=3).status == 200 and ok
+                code = 0 if ok else 3
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+    assert codes == [0] * 8, f"children's exit codes {codes} (1: a call raised, a read timeout)"
+    assert s.get(holding.url, timeout=5).status_code == 200  # the parent's still serve it
+    assert manager.request("GET", holding.url, timeout=5).status == 200
