@@ -76,6 +76,7 @@ from ..cooldown.base import (
     Ask,
     Bounded,
     FreshnessLog,
+    LeaseRenewal,
     Leases,
     Permit,
     QuotaLogs,
@@ -333,6 +334,25 @@ class StoreContract(TokenContract):
         slots.extend(self.s("c"), now + timedelta(seconds=30))  # a cooldown refuses the slot too
         refused = slots.admit(Ask(self.s("c"), now, None, None, (2, 30.0, "three")))
         assert refused.not_before is not None and refused.not_before >= now + timedelta(seconds=30)
+
+    def test_renew_moves_a_held_lease_later_and_never_takes_a_lapsed_one_again(self, store: Any) -> None:
+        """``LeaseRenewal.renew``: a lease still held is moved later (never earlier); one
+        that lapsed or was given back is answered as not held and stays free."""
+        slots = self.carrying(store, Leases, LeaseRenewal)
+        now, scope = now_ms(), self.s("renew")
+        second = timedelta(seconds=1)
+        for token in ("held", "lapses", "given"):
+            assert slots.admit(Ask(scope, now, None, None, (3, 1.0, token))).not_before is None
+        slots.answer(Answer(scope, token="given"))  # noqa: S106 - a slot's token
+        renewal = [(scope, "held", now + 5 * second), (scope, "given", now + 5 * second)]
+        assert slots.renew(renewal, now + second / 2) == {"given"}  # type: ignore[attr-defined]
+        assert slots.renew([(scope, "held", now + second)], now + second / 2) == set()  # type: ignore[attr-defined]
+        later = now + 2 * second
+        assert slots.admit(Ask(scope, later, None, None, (2, 30.0, "other"))).not_before is None
+        refused = slots.admit(Ask(scope, later, None, None, (2, 30.0, "more")))
+        assert refused.not_before == now + 5 * second, refused  # "held" until its renewed end
+        assert slots.renew([(scope, "lapses", later + second)], later) == {"lapses"}  # type: ignore[attr-defined]
+        assert slots.admit(Ask(scope, later, None, None, (3, 30.0, "more"))).not_before is None
 
     def test_admission_is_atomic_under_threads(self, store: Any) -> None:
         """Eight threads race for 5 permits of a quota and for 1 slot: exactly 5 and 1
