@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import threading
 import time
 import weakref
@@ -173,7 +174,9 @@ class Coalescer:
         return bool(due)
 
     def _start(self) -> None:
-        """(Lock held.) Start the writer thread unless it runs."""
+        """(Lock held.) Start the writer thread unless it runs (and have what waits
+        written at a multiprocessing worker's exit, which skips ``atexit``)."""
+        _flush_at_worker_exit(self)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="retry-after-settles", daemon=True)
             self._thread.start()
@@ -201,6 +204,33 @@ class Coalescer:
         self._cond = threading.Condition(threading.Lock())
         self._waiting, self._due, self._thread, self._checks = [], float("inf"), None, []
         self._writing = threading.Lock()
+
+
+#: Coalescers that had settles to write in this process, and the process the
+#: multiprocessing exit hook is for.
+_WRITING: weakref.WeakSet[Coalescer] = weakref.WeakSet()
+_HOOKED = [0]
+
+
+def _flush_at_worker_exit(coalescer: Coalescer) -> None:
+    """Have ``coalescer``'s waiting settles written when this process ends as a
+    multiprocessing worker (through multiprocessing's exit function: ``atexit`` does
+    not run there; a pool worker of ``maxtasksperchild`` ends so after its tasks, and
+    its open permits left open counted ``OPEN_FOR`` seconds more). Registered once
+    per process, at its first settle (a forked child starts without its parent's)."""
+    _WRITING.add(coalescer)
+    pid = os.getpid()
+    if _HOOKED[0] == pid:
+        return
+    _HOOKED[0] = pid
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, _flush_every_one, exitpriority=100)
+
+
+def _flush_every_one() -> None:
+    for coalescer in list(_WRITING):
+        _flush_at_exit(weakref.ref(coalescer))
 
 
 def _flush_at_exit(ref: weakref.ref[Coalescer]) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import requests
 
-from retry_after_adapter import RetryAfterAdapter, RetryAfterRetry
+from retry_after_adapter import Quota, RetryAfterAdapter, RetryAfterRetry
 from retry_after_adapter.cooldown import Ask, _near
 from retry_after_adapter.cooldown.guard import guard_of
 from tests.integration import near_children
@@ -168,15 +168,24 @@ def _pool_task(url: str) -> float:
 
 
 @needs_fork
+@pytest.mark.parametrize("quota", [None, 30], ids=["cap", "cap+quota"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_pool_with_one_task_per_worker_never_waits_for_a_lease(
-    kind: str, tmp_path: Path, request: pytest.FixtureRequest, holding: HoldingServer
+    kind: str, quota: int | None, tmp_path: Path, request: pytest.FixtureRequest, holding: HoldingServer
 ) -> None:
     """``multiprocessing.Pool(4, maxtasksperchild=1)`` runs 48 tasks, each one GET
-    through a Session with ``max_concurrency=4`` made (and used) in the parent before
-    the pool forks: no task waits over 2.5 s, and the server never holds more than 4."""
+    through a Session with ``max_concurrency=4`` (and ``Quota(30, per=1)``: open
+    permits, each settled by its answer) made (and used) in the parent before the pool
+    forks: no task waits over 2.5 s (a worker ends through multiprocessing's exit
+    function, not ``atexit``: what it parked and the settles it has waiting are written
+    then), and the server never holds more than 4."""
     store = near_children.open_store(kind, where_for(kind, tmp_path, request), "pool:")
     s = capped_session(store, POOL, max_wait=10, deadline=20)
+    if quota is not None:
+        s.mount("http://", RetryAfterAdapter(
+            RetryAfterRetry(total=2, max_wait=10, deadline=20), cooldown=store, max_concurrency=POOL,
+            quota=Quota(quota, per=1), learn_rate=False,
+        ))  # fmt: skip
     assert s.get(holding.url, timeout=10).status_code == 200  # the parent parks a slot
     _POOL_SESSION[:] = [s]
     started = time.monotonic()
@@ -186,8 +195,8 @@ def test_a_pool_with_one_task_per_worker_never_waits_for_a_lease(
     finally:
         _POOL_SESSION.clear()
     wall = time.monotonic() - started
-    FIGURES[f"pool, {kind}"] = (max(waits), wall)
-    print(f"\n{kind}: {TASKS} tasks, longest {max(waits):.3f} s, wall {wall:.2f} s, most at the server {holding.most}")
+    FIGURES[f"pool, {kind}, quota {quota}"] = (max(waits), wall)
+    print(f"\n{kind}, quota {quota}: {TASKS} tasks, longest {max(waits):.3f} s, wall {wall:.2f} s, most at the server {holding.most}")
     assert max(waits) <= 2.5, f"a task waited {max(waits):.2f} s (waits: {sorted(waits)[-5:]})"
     assert holding.most <= POOL
 
