@@ -174,3 +174,19 @@ def test_token_weighed_admission_on_the_cluster(store: RedisCooldownStore, clust
         store.allow(token_scope(scope), 25, NOW + timedelta(seconds=30), NOW, None, 25)
         assert store.admit(Ask(scope, NOW, weigh=Weigh(20))).not_before is None
         assert store.admit(Ask(scope, NOW, weigh=Weigh(10))).not_before == NOW + timedelta(seconds=30)
+
+
+def test_renew_moves_leases_of_scopes_on_every_node_in_one_call(store: RedisCooldownStore) -> None:
+    """``renew`` with leases of scopes hashed to different nodes (one pipeline: a
+    script run per scope on its node): each held lease moves later, a given-back one
+    is answered as not held."""
+    free = NOW + timedelta(seconds=100)
+    for scope in SCOPES:
+        assert store.lease(scope, 1, 1.0, free, f"{scope}-held") is None
+    store.release(SCOPES[0], f"{SCOPES[0]}-held")
+    leases = [(scope, f"{scope}-held", free + timedelta(seconds=20)) for scope in SCOPES]
+    assert store.renew(leases, free + timedelta(seconds=0.5)) == {f"{SCOPES[0]}-held"}
+    later = free + timedelta(seconds=5)  # past the 1 s leases: only the renewed ones hold
+    assert store.lease(SCOPES[0], 1, 1.0, later, "other") is None
+    for scope in SCOPES[1:]:
+        assert store.lease(scope, 1, 1.0, later, "other") == free + timedelta(seconds=20)
