@@ -3,8 +3,9 @@
 - :class:`Store`: the core every store implements (``get``, ``extend``, ``admit`` of
   one :class:`Ask`, ``answer`` of one :class:`Answer`), and one mixin per capability
   (:class:`QuotaLogs`, :class:`Leases`, :class:`Allowances`, :class:`LearnedRate`,
-  :class:`FreshnessLog`, :class:`Listing`, :class:`ChangeFeed`; see ``base``), and
-  :class:`Bounded` for a store that bounds each of its own operations. A store
+  :class:`FreshnessLog`, :class:`Listing`, :class:`ChangeFeed`, :class:`LeaseRenewal`;
+  see ``base``), and :class:`Bounded` for a store that bounds each of its own
+  operations. A store
   of 0.x (:class:`CooldownStore`: ``get`` and ``extend``, and what else it had) is
   adapted once.
 - :class:`MemoryCooldownStore`: the threads of one process.

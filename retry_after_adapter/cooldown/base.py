@@ -12,8 +12,10 @@ extend, so a shorter cooldown never replaces a longer one.
   with defaults that fit a store of the core alone).
 - One mixin per capability, recognised by type: :class:`QuotaLogs`, :class:`Leases`,
   :class:`Allowances`, :class:`LearnedRate`, :class:`FreshnessLog`, :class:`Listing`,
-  :class:`ChangeFeed`. :class:`FullStore` has them all: the memory, SQLite and Redis
-  stores, the failure layer, and what ``legacy.as_store`` makes of any other store.
+  :class:`ChangeFeed`, :class:`LeaseRenewal`. :class:`FullStore` has them all but
+  :class:`Weights` and :class:`LeaseRenewal` (which the memory, SQLite and Redis stores
+  add): the memory, SQLite and Redis stores, the failure layer, and what
+  ``legacy.as_store`` makes of any other store.
 - One mixin declares a property the failure layer relies on: :class:`Bounded`, a store
   that bounds each of its own operations (the SQLite and Redis stores).
 - :class:`CooldownStore` is the protocol of version 0.x (``get`` and ``extend``): a
