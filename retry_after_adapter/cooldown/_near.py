@@ -27,8 +27,14 @@ without a store round trip while nothing has changed (owned by the failure layer
   batch is open in the store (counting ``OPEN_FOR`` longer) until the answer of the
   attempt that spent it settles it; those not spent within ``hold`` are given back
   then (settled to end at once: never sent, they need not count), with the other
-  settles (``_coalesce``). A process killed before leaves them counting ``OPEN_FOR``
-  longer, as a killed worker's open permit always did.
+  settles (``_coalesce``). On a store that renews (:class:`~.base.LeaseRenewal`), an
+  open permit taken through the copy (a batch's, or one alone) counts
+  :data:`OPEN_LIFE` past its grant + per + margin, not ``OPEN_FOR``, and the slots'
+  thread renews the permits not settled yet (all in one store operation) while their
+  answers are awaited, up to ``OPEN_FOR`` in all; a settle finds a renewed permit by
+  where the store has it end now (:meth:`Near.settling`, under ``open_lock``, which a
+  renewal holds). A process killed leaves them counting about :data:`OPEN_LIFE` past
+  per (else ``OPEN_FOR`` longer, as a killed worker's open permit always did).
 - **Concurrency slots held per process.** A slot given back by an attempt stays with
   the process for :data:`IDLE` seconds, for its next attempt on the scope (any
   thread), then goes back to the store. On a store that renews leases
@@ -102,9 +108,15 @@ RENEW_SHARE = 0.6
 #: ... and an idle one is reused only while at least this share of it is left (the
 #: renewal then has that long to land before the slot stops counting).
 RESERVE_SHARE = 0.5
+#: Seconds an open permit taken through the copy counts past its grant + per + margin
+#: until it is renewed (on a store that renews: else the engine's ``OPEN_FOR``): it is
+#: renewed while unanswered, up to ``OPEN_FOR`` past it in all.
+OPEN_LIFE = LIFE
 #: Scopes kept at most (past it the copy starts over: dropping is always safe).
 KNOWN_MAX = 65536
 _SECOND = timedelta(seconds=1)
+#: An open permit this long past its end and not settled is forgotten here.
+_FORGET_OPEN = timedelta(seconds=60)
 
 
 class _Known(NamedTuple):
@@ -213,6 +225,26 @@ class _Held:
 #: Renews leases in the store: ``(scope, token, until)`` each; answers the tokens the
 #: store no longer holds.
 Renew = Callable[[list[tuple[str, str, datetime]]], Collection[str]]
+#: Moves open permits' ends in the store: ``(scope, limit, per, end, until, count)``
+#: each; answers how many moved, each.
+RenewOpen = Callable[[list[tuple[str, int, float, datetime, datetime, int]]], list[int]]
+#: ``(scope, limit, per, end)``: open permits taken together (one admission's, or a
+#: batch's extra ones), by the end they were granted with.
+_OpenKey = tuple[str, int, float, datetime]
+
+
+class _Open:
+    """Open permits of one grant not settled yet: how many, where the store has them
+    end now (renewed), how long they count past the present (per + margin), and the
+    latest end they are renewed to."""
+
+    __slots__ = ("count", "cur", "most", "tail")
+
+    def __init__(self, count: int, cur: datetime, tail: float, most: datetime) -> None:
+        self.count = count
+        self.cur = cur
+        self.tail = tail
+        self.most = most
 
 
 #: ``(scope, limit, per, margin)``: one quota's batch; ``(scope, 0, 0.0, 0.0)``: the
@@ -249,6 +281,12 @@ class Near:
         #: Renews held slots' leases in the store (set by the failure layer when the
         #: store can: see :data:`LIFE`); None: leases are taken for the attempt's ttl.
         self.renew: Renew | None = None
+        #: Moves open permits' ends in the store (set with ``renew``), the open permits
+        #: taken through the copy and not settled yet, and the lock held while they
+        #: are renewed in the store and while a settle reads where one ends.
+        self.renew_open: RenewOpen | None = None
+        self._open: dict[_OpenKey, _Open] = {}
+        self.open_lock = threading.Lock()
         #: Slots to give back to the store on the reaper thread (scope, token).
         self._due: list[tuple[str, str]] = []
         self._reaper: threading.Thread | None = None
@@ -642,7 +680,7 @@ class Near:
                     else:
                         del self._idle[scope]
                 renewals = self._renewals()
-                if not self._idle and not due and not renewals and not self._renewed():
+                if not self._idle and not due and not renewals and not self._renewed() and not self._open:
                     now = time.monotonic()
                     if empty_since is None:
                         empty_since = now
@@ -658,6 +696,66 @@ class Near:
                     self._renew(renewals)
             finally:
                 self._giving.release()
+            self._renew_open()
+
+    # -- open permits renewed ----------------------------------------------------------
+    def opened(self, key: _OpenKey, count: int, tail: float, most: float) -> None:
+        """``count`` open permits granted to end at ``key``'s end, taken with a life of
+        :data:`OPEN_LIFE` (``tail``: their per + margin, seconds): renewed while not
+        settled, up to ``most`` seconds past their end as granted."""
+        if count <= 0:
+            return
+        with self._lock:
+            end = key[3]
+            self._open[key] = _Open(count, end, tail, end + timedelta(seconds=most))
+            self._wake()
+
+    def settling(self, key: _OpenKey, count: int = 1) -> datetime:
+        """(``open_lock`` held.) ``count`` open permits granted to end at ``key``'s end
+        are settled (or given back): where the store has them end now."""
+        with self._lock:
+            group = self._open.get(key)
+            if group is None:
+                return key[3]
+            group.count -= count
+            if group.count <= 0:
+                del self._open[key]
+            return group.cur
+
+    def _renew_open(self) -> None:
+        """Renew the open permits not settled whose life runs out (less than
+        :data:`RENEW_SHARE` of :data:`OPEN_LIFE` left past the present + per +
+        margin), all in one store operation, ``open_lock`` held: a settle reads where
+        they end after it."""
+        renew_open = self.renew_open
+        if renew_open is None or not self._open:
+            return
+        with self.open_lock:
+            now = datetime.now(timezone.utc)
+            with self._lock:
+                todo = []
+                for key, group in list(self._open.items()):
+                    floor = now + timedelta(seconds=group.tail)
+                    if group.cur <= now - _FORGET_OPEN:
+                        del self._open[key]  # lapsed long ago: never settled here
+                        continue
+                    if group.cur <= now or group.cur >= group.most:
+                        continue  # lapsed, or as long as an open permit counts
+                    if (group.cur - floor).total_seconds() < RENEW_SHARE * OPEN_LIFE:
+                        until = min(floor + timedelta(seconds=OPEN_LIFE), group.most)
+                        if until > group.cur:
+                            todo.append((key, group, until))
+            if not todo:
+                return
+            try:
+                moved = renew_open([(*key[:3], group.cur, until, group.count) for key, group, until in todo])
+            except Exception as exc:  # tried again at the next pass, while life is left
+                log.debug("renewing open permits failed: %s", type(exc).__name__)
+                return
+            with self._lock:
+                for (_, group, until), done in zip(todo, moved, strict=True):
+                    if done:
+                        group.cur = until
 
     def _renewed(self) -> bool:
         """(Lock held.) Whether a slot held is renewed (its attempt's ttl not over)."""
@@ -750,6 +848,8 @@ class Near:
         self._lapsed = []  # the parent's to give back
         self._idle.clear()
         self._held.clear()
+        self._open.clear()  # the parent's to settle and renew
+        self.open_lock = threading.Lock()
         self._due = []
         self._reaper = None
         self.epoch += 1

@@ -44,6 +44,7 @@ SCRIPTS = {
     "settle_weighed": ("settle_weighed",),
     "note": ("note",),
     "renew": ("renew",),
+    "renew_open": ("renew_open",),
 }
 
 

@@ -470,9 +470,10 @@ class Leases(ABC):  # noqa: B024 - a capability declared by type; its work is ad
 
 
 class LeaseRenewal(ABC):
-    """``renew`` moves held concurrency slots' leases later, so that a process may
-    take its slots with a short life and renew them while it holds them: a process
-    that dies gives them back within that life (see ``_near.LIFE``)."""
+    """``renew`` moves held concurrency slots' leases later, and ``renew_open`` open
+    quota permits' ends, so that a process may take its slots and open permits with a
+    short life and renew them while it holds them: a process that dies gives them back
+    within that life (see ``_near.LIFE``)."""
 
     @abstractmethod
     def renew(self, leases: Sequence[tuple[str, str, datetime]], now: datetime | None = None) -> set[str]:
@@ -480,6 +481,17 @@ class LeaseRenewal(ABC):
         present) is made to end no earlier than ``until``; one that expired or was
         given back is not taken again. In as few operations as the store can (one
         transaction, one pipeline). Returns the tokens not held."""
+
+    @abstractmethod
+    def renew_open(
+        self, permits: Sequence[tuple[str, int, float, datetime, datetime, int]], now: datetime | None = None
+    ) -> list[int]:
+        """For each ``(scope, limit, per, end, until, count)``: up to ``count`` open
+        permits of the quota (``limit`` per ``per`` seconds) stored to end at ``end``,
+        still counting at ``now`` (None: the present), are moved to end at ``until``
+        (later only), each with its entry among the open permits (see
+        ``QuotaLogs``). In as few operations as the store can. Returns how many moved,
+        for each."""
 
 
 class Allowances(ABC):  # noqa: B024 - a capability declared by type; its work is admit's

@@ -43,7 +43,7 @@ from ._health import (
     StoreBudget,
     declared_bound,
 )
-from ._near import REFILL_WAIT, Near
+from ._near import OPEN_LIFE, REFILL_WAIT, Near
 from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack
 from .base import (
     GUARD_ATTR,
@@ -147,6 +147,7 @@ class StoreGuard(FullStore):
             near.give_back_permits = self._give_back_permits
             if LeaseRenewal in inner.capabilities:
                 near.renew = self._renew_leases
+                near.renew_open = self._renew_open
             self.near = near
         _forksafe.register(self)
 
@@ -157,12 +158,21 @@ class StoreGuard(FullStore):
         scope, limit, per, _ = key
         self.given_back += count
         never = datetime.now(timezone.utc) - timedelta(seconds=per)  # settled to never + per: now
+        near = self.near
+        if near is not None and near.renew_open is not None:
+            with near.open_lock:  # renewed meanwhile: where the store has them now
+                end = near.settling((scope, limit, per, end), count)
         self.settles.add_many([(scope, limit, per, end, never, True)] * count, per)
 
     def _renew_leases(self, leases: list[tuple[str, str, datetime]]) -> set[str]:
         """Renew the near copy's held slots in the store (see ``_near.LIFE``), bounded
         as any operation: the tokens it no longer holds."""
         return self.breaker.bounded(self.inner.renew, (leases,), None)  # type: ignore[attr-defined]
+
+    def _renew_open(self, permits: list[tuple[str, int, float, datetime, datetime, int]]) -> list[int]:
+        """Renew the near copy's open permits in the store (see ``_near.OPEN_LIFE``),
+        bounded as any operation: how many moved, each."""
+        return self.breaker.bounded(self.inner.renew_open, (permits,), None)  # type: ignore[attr-defined]
 
     @property
     def capabilities(self) -> frozenset[type]:
@@ -366,10 +376,15 @@ class StoreGuard(FullStore):
         batch, hold = near.batch(scope, rest, per, margin, claim=True, opened=opened)
         epoch = near.epoch
         missing = ask._replace(limit=rest, lease=rest_lease, batch=batch, hold=hold)
+        renewed = opened and near.renew_open is not None and ask.opened > OPEN_LIFE
+        if renewed:  # counted OPEN_LIFE past per + margin, renewed while unanswered
+            missing = missing._replace(opened=OPEN_LIFE)
         granted = False
         try:
             answer = self._admit_store(missing, budget, present)
             if answer.not_before is None:
+                if renewed and answer.permit is not None:  # before another thread spends one
+                    self._opened(near, scope, rest, per, margin, answer, hold, ask.opened)
                 ttl = lease[1] if lease is not None else None
                 near.took(scope, present, answer, epoch, rest, per, margin, hold, rest_lease, opened, ttl)
                 granted = True  # took() ended the claim and woke the threads waiting for it
@@ -388,6 +403,20 @@ class StoreGuard(FullStore):
             return answer
         end = permit if permit is not None else answer.permit
         return Granted.of(end, answer.cooldown, answer.seq, 0, token)
+
+    @staticmethod
+    def _opened(
+        near: Near, scope: str, limit: int | None, per: float | None, margin: float, answer: Admission,
+        hold: float, opened: float,
+    ) -> None:
+        """The near copy renews the open permits ``answer`` granted (its own, and its
+        batch's extra ones, ending ``hold`` later), up to ``opened`` seconds past per +
+        margin in all, as an open permit taken for that long counts."""
+        assert limit is not None and per is not None and answer.permit is not None
+        most = opened - OPEN_LIFE
+        near.opened((scope, limit, per, answer.permit), 1, per + margin, most)
+        extras = (scope, limit, per, answer.permit + timedelta(seconds=hold))
+        near.opened(extras, answer.extra, per + margin, most)
 
     def _admit_store(self, ask: Ask, budget: StoreBudget | None, present: datetime) -> Admission:
         """Admission of ``ask`` in one store operation (see :meth:`admit`)."""
@@ -478,6 +507,10 @@ class StoreGuard(FullStore):
         """Move a permit's end later in the store (see ``MemoryCooldownStore.settle``),
         within what the call has left; a failure is counted against the store but never
         the call's."""
+        near = self.near
+        if exact and near is not None and near.renew_open is not None:
+            with near.open_lock:  # renewed meanwhile: where the store has it now
+                expires = near.settling((scope, limit, per, expires))
         # The answer's time, pinned: tried again later, it must not move further.
         at = now if now is not None else datetime.now(timezone.utc)
         args: tuple[Any, ...] = (scope, limit, per, expires, at)

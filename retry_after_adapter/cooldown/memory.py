@@ -454,6 +454,33 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
                     held[token] = until
         return lost
 
+    def renew_open(
+        self, permits: Sequence[tuple[str, int, float, datetime, datetime, int]], now: datetime | None = None
+    ) -> list[int]:
+        """Move open permits' ends later (see ``LeaseRenewal.renew_open``): one lock."""
+        at = _micros(now if now is not None else datetime.now(timezone.utc))
+        moved = []
+        with self._lock:
+            for scope, limit, per, end, until, count in permits:
+                key = _quota_key(limit, per, 0.0)[:2]
+                old, new = _micros(end), _micros(until)
+                log = self._permits.get(scope, {}).get(key)
+                opened = self._opened.get(scope, {}).get(key)
+                done = 0
+                while log is not None and done < count and at < old < new:
+                    index = bisect.bisect_left(log, old)
+                    if index >= len(log) or log[index] != old:
+                        break
+                    del log[index]
+                    bisect.insort(log, new)
+                    if opened and opened.get(old):
+                        opened.setdefault(new, []).append(opened[old].pop())
+                        if not opened[old]:
+                            del opened[old]
+                    done += 1
+                moved.append(done)
+        return moved
+
     def entries(self) -> dict[str, datetime]:
         """A copy of every stored scope and its time (expired ones not yet dropped
         included)."""

@@ -138,6 +138,7 @@ class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded, Forgetful, L
         self._settle_weighed_script = scripts["settle_weighed"]
         self._rate_script = scripts["rate_answer"]
         self._renew_script = scripts["renew"]
+        self._renew_open_script = scripts["renew_open"]
         self._url_args: tuple[str, dict[str, Any]] | None = None
         #: The pub/sub channel changes are published on: one per database and prefix
         #: (Redis's pub/sub is one for all its databases, so tenants on two databases of
@@ -521,32 +522,55 @@ class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded, Forgetful, L
         for scope, token, until in leases:
             key = self.companion(check_scope(scope), "lease")
             calls.setdefault(key, [at]).extend((token, str(to_epoch_ms(check_until(until)))))
-        script = self._renew_script
-        lost: set[str] = set()
+        replies = self._pipelined(self._renew_script, calls, "renew")
+        return {_text(token) for reply in replies.values() for token in reply}
+
+    def renew_open(
+        self, permits: Sequence[tuple[str, int, float, datetime, datetime, int]], now: datetime | None = None
+    ) -> list[int]:
+        """Move open permits' ends later (see ``LeaseRenewal.renew_open``): one
+        ``EVALSHA`` of ``renew_open.lua`` per quota, pipelined."""
+        at = str(now_epoch_ms(now if now is not None else datetime.now(timezone.utc)))
+        calls: dict[tuple[str, str], list[str]] = {}
+        order: list[tuple[tuple[str, str], int]] = []
+        for scope, limit, per, end, until, count in permits:
+            key = self.quota_key(check_scope(scope), limit, per)
+            keys = (key, self.quota_key(scope, limit, per, _OPEN))
+            args = calls.setdefault(keys, [at])
+            order.append((keys, (len(args) - 1) // 3))
+            ends = (to_epoch_ms(check_until(end)), to_epoch_ms(check_until(until)))
+            args.extend((str(ends[0]), str(ends[1]), str(count)))
+        replies = self._pipelined(self._renew_open_script, dict(calls), "renew_open")
+        return [int(replies[keys][index]) for keys, index in order]
+
+    def _pipelined(self, script: Any, calls: dict[Any, list[str]], name: str) -> dict[Any, Any]:
+        """``script`` run once per entry of ``calls`` (its keys: a key or a tuple of
+        keys; its arguments), pipelined: each entry's reply. On a server without the
+        script (new, or restarted), the first entry that failed loads it as it runs,
+        then the others that failed run (each entry runs once)."""
+        items = [([keys] if isinstance(keys, str) else list(keys), args) for keys, args in calls.items()]
         try:
-            for attempt in range(2):
-                pipe = self._client.pipeline(transaction=False)
-                for key, args in calls.items():  # EVALSHA itself: a Script on a pipeline asks first
-                    pipe.evalsha(script.sha, 1, key, *args)
-                results = pipe.execute(raise_on_error=False)
-                missing = [
-                    r for r in results if isinstance(r, Exception) and type(r).__name__ == "NoScriptError"
-                ]
-                for result in results:
-                    if isinstance(result, Exception) and type(result).__name__ != "NoScriptError":
-                        raise result
-                if not missing:
-                    break
-                if attempt:
-                    raise missing[0]
-                key, args = next(iter(calls.items()))  # a server without the script: loaded
-                script(keys=[key], args=args)
-                lost.clear()
+            pipe = self._client.pipeline(transaction=False)
+            for keys, args in items:  # EVALSHA itself: a Script on a pipeline asks first
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            results = list(pipe.execute(raise_on_error=False))
             for result in results:
-                lost.update(_text(token) for token in result)
+                if isinstance(result, Exception) and type(result).__name__ != "NoScriptError":
+                    raise result
+            failed = [index for index, result in enumerate(results) if isinstance(result, Exception)]
+            if failed:
+                keys, args = items[failed[0]]
+                results[failed[0]] = script(keys=keys, args=args)
+                if failed[1:]:
+                    pipe = self._client.pipeline(transaction=False)
+                    for index in failed[1:]:
+                        keys, args = items[index]
+                        pipe.evalsha(script.sha, len(keys), *keys, *args)
+                    for index, result in zip(failed[1:], pipe.execute(), strict=True):
+                        results[index] = result
         except Exception as exc:
-            raise self._failure("renew", exc) from exc
-        return lost
+            raise self._failure(name, exc) from exc
+        return dict(zip(calls, results, strict=True))
 
     def feed(self, changed: Changed) -> Feed | None:
         """The store's change channel, followed by a thread of this process (see

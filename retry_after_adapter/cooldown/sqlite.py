@@ -354,6 +354,40 @@ class SQLiteCooldownStore(SQLiteFile, FullStore, Weights, Bounded, LeaseRenewal)
 
         return self._run(renew)
 
+    def renew_open(
+        self, permits: Sequence[tuple[str, int, float, datetime, datetime, int]], now: datetime | None = None
+    ) -> list[int]:
+        """Move open permits' ends later (see ``LeaseRenewal.renew_open``): one
+        immediate transaction."""
+        rows = []
+        for scope, limit, per, end, until, count in permits:
+            quota = quota_of(limit, per, 0.0)[0]
+            ends = (to_epoch_ms(check_until(end)), to_epoch_ms(check_until(until)))
+            rows.append((check_scope(scope), quota, *ends, count))
+        at = to_epoch_ms(now) if now is not None else None
+
+        def renew(conn: sqlite3.Connection) -> list[int]:
+            present = at if at is not None else now_epoch_ms(datetime.now(timezone.utc))
+            moved = []
+            with immediate(conn):
+                for scope, quota, old, new, count in rows:
+                    if not present < old < new:
+                        moved.append(0)
+                        continue
+                    moved.append(conn.execute(
+                        "UPDATE permit_log SET expires_ms = ? WHERE rowid IN (SELECT rowid FROM permit_log "
+                        "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT ?)",
+                        (new, scope, quota, old, count),
+                    ).rowcount)
+                    conn.execute(
+                        "UPDATE open_permit SET expires_ms = ? WHERE rowid IN (SELECT rowid FROM open_permit "
+                        "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT ?)",
+                        (new, scope, quota, old, moved[-1]),
+                    )
+            return moved
+
+        return self._run(renew)
+
     def delete(self, scope: str) -> bool:
         """Lift everything that holds ``scope`` back (an operator clearing it): its
         cooldown, announced allowance, quota permits and concurrency leases, in one

@@ -354,6 +354,31 @@ class StoreContract(TokenContract):
         assert slots.renew([(scope, "lapses", later + second)], later) == {"lapses"}  # type: ignore[attr-defined]
         assert slots.admit(Ask(scope, later, None, None, (3, 30.0, "more"))).not_before is None
 
+    def test_renew_open_moves_open_permits_later_and_never_a_lapsed_one(self, store: Any) -> None:
+        """``LeaseRenewal.renew_open``: up to ``count`` open permits stored to end at
+        ``end`` move to ``until`` (they count until then; a settle of the new end
+        finds them); none moves once its end passed."""
+        quota = self.carrying(store, QuotaLogs, LeaseRenewal)
+        now, scope = now_ms(), self.s("renew-open")
+        second = timedelta(seconds=1)
+        granted = [quota.admit(Ask(scope, now, 3, 1.0, opened=1.0)) for _ in range(2)]
+        assert all(g.not_before is None and g.permit == granted[0].permit for g in granted), granted
+        end = granted[0].permit
+        assert end is not None
+        until = end + 5 * second
+        moved = quota.renew_open([(scope, 3, 1.0, end, until, 1)], now)  # type: ignore[attr-defined]
+        assert moved == [1]
+        # At end + 1 s: the permit not moved stopped counting, the moved one counts.
+        later = end + second
+        assert quota.admit(Ask(scope, later, 3, 1.0)).not_before is None
+        assert quota.admit(Ask(scope, later, 3, 1.0)).not_before is None
+        assert quota.admit(Ask(scope, later, 3, 1.0)).not_before is not None
+        # Its answer settles it exactly, by its new end.
+        quota.answer(Answer(scope, later, permit=Permit(3, 1.0, until, exact=True)))
+        assert quota.admit(Ask(scope, later + second, 3, 1.0)).not_before is None
+        # Past its end, nothing moves.
+        assert quota.renew_open([(scope, 3, 1.0, end, until, 1)], end + second) == [0]  # type: ignore[attr-defined]
+
     def test_admission_is_atomic_under_threads(self, store: Any) -> None:
         """Eight threads race for 5 permits of a quota and for 1 slot: exactly 5 and 1
         are granted (a read-then-write store grants more)."""

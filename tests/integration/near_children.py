@@ -111,14 +111,18 @@ def call_then_exit(kind: str, where: str, prefix: str, url: str, how: str) -> No
         os._exit(0)
 
 
-def busy_until_killed(kind: str, where: str, prefix: str, url: str, threads: str) -> None:
+def busy_until_killed(kind: str, where: str, prefix: str, url: str, threads: str, limit: str = "") -> None:
     """``threads`` threads GET ``url`` in a loop (one Session, ``max_concurrency`` =
-    ``threads``, the default ``lease_ttl``), until this process is killed: it holds
-    slots in use and parked for reuse throughout."""
+    ``threads``, the default ``lease_ttl``; with ``limit``, ``Quota(limit, per=1)``),
+    until this process is killed: it holds slots in use and parked for reuse (and open
+    permits) throughout."""
     store = open_store(kind, where, prefix)
     s = requests.Session()
     retry = RetryAfterRetry(total=0, max_wait=10)
-    s.mount("http://", RetryAfterAdapter(retry, cooldown=store, max_concurrency=int(threads), learn_rate=False))
+    quota = Quota(int(limit), per=1) if limit else None
+    s.mount("http://", RetryAfterAdapter(
+        retry, cooldown=store, max_concurrency=int(threads), quota=quota, learn_rate=False
+    ))  # fmt: skip
 
     def run() -> None:
         while True:

@@ -346,3 +346,63 @@ def test_forked_children_do_not_read_from_their_parent_s_kept_alive_connection(h
     assert codes == [0] * 8, f"children's exit codes {codes} (1: a call raised, a read timeout)"
     assert s.get(holding.url, timeout=5).status_code == 200  # the parent's still serve it
     assert manager.request("GET", holding.url, timeout=5).status == 200
+
+
+# ====================================== 6. a SIGKILLed worker's open permits
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_sigkilled_worker_s_open_permits_stop_counting_within_about_a_second(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A worker process runs 8 threads of GETs under ``Quota(40, per=1)`` (open
+    permits: each counts until its answer settles it, a batch of them held by the
+    process) and ``max_concurrency=8``, and is SIGKILLed. Read in the store right after
+    (nothing renews them any more): its permits still count at the kill, and none of
+    them counts ``per + margin + OPEN_LIFE`` (2.05 s) after it, plus 0.3 s (an open
+    permit counted ``OPEN_FOR``, 10 s, longer before)."""
+    where = where_for(kind, tmp_path, request)
+    server = HoldingServer(hold=0.02)
+    prefix = "open:"
+    scope = server.url.rsplit("/", 1)[0]
+    store = near_children.open_store(kind, where, prefix)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.near_children", "busy_until_killed",
+             kind, where, prefix, server.url, str(THREADS), "40"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while server.total < 60 and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.01)
+            assert server.total >= 60, f"the worker did not get going ({proc.poll()})"
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+            killed = datetime.now(timezone.utc)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    finally:
+        server.close()
+
+    def counting(at: datetime) -> int:
+        ms = int(at.timestamp() * 1000)
+        if kind == "sqlite":
+            import sqlite3
+
+            with sqlite3.connect(where, timeout=5) as db:
+                row = db.execute(
+                    "SELECT count(*) FROM permit_log WHERE scope = ? AND expires_ms > ?", (scope, ms)
+                ).fetchone()
+            return int(row[0])
+        client = request.getfixturevalue("redis_client")
+        return int(client.zcount(store.quota_key(scope, 40, 1.0), f"({ms}", "+inf"))
+
+    at_kill = counting(killed)
+    bound = killed + timedelta(seconds=1.0 + 0.05 + _near.OPEN_LIFE + 0.3)
+    late = counting(bound)
+    ten = counting(killed + timedelta(seconds=5))
+    FIGURES[f"open permits, {kind}"] = (at_kill, late, ten)
+    print(f"\n{kind}: the killed worker's permits counting at the kill {at_kill}, 2.35 s after {late}, 5 s after {ten}")
+    assert at_kill > 0, "the worker held no permit at its kill: nothing to show"
+    assert late == 0, f"{late} of the killed worker's permits still count 2.35 s after the kill"
