@@ -75,6 +75,8 @@ __all__ = [
     "MAX_VALUE",
     "MS_FIELDS",
     "OPENAI_KINDS",
+    "REFILL_STEP",
+    "RESET_MARGIN",
     "SECONDARY_MAX",
     "SECONDARY_MIN",
     "UNPROCESSED_FIELDS",
@@ -86,6 +88,7 @@ __all__ = [
     "epoch_seconds",
     "github_secondary",
     "go_duration",
+    "go_duration_latest",
     "ietf_item",
     "is_global",
     "limit_field",
@@ -96,6 +99,7 @@ __all__ = [
     "precise_wait",
     "reset_seconds",
     "rfc3339_epoch",
+    "rfc3339_latest",
     "secondary_wait",
     "sf_count",
     "sf_field",
@@ -202,6 +206,31 @@ MAX_GO_NANOSECONDS = 2**63 - 1
 MAX_GO_DURATION = MAX_GO_NANOSECONDS / 1e9
 
 
+def _go_unit(text: str) -> float:
+    """Seconds of one unit of the last digit printed in a valid Go duration ``text``
+    (``5s``: 1 s, ``1.5s``: 0.1 s, ``12ms``: 1 ms, ``6m0s``: 1 s); 0 for a lone ``0``."""
+    parts = _GO_PARTS(text)
+    if not parts:
+        return 0.0
+    number, unit = parts[-1]
+    _, dot, fraction = number.partition(".")
+    digits = len(fraction) if dot else 0
+    return _GO_UNITS[unit] / 1e9 / float(10**digits)
+
+
+def go_duration_latest(raw: str | None) -> float | None:
+    """A Go duration (:func:`go_duration`) at the latest time its text can mean, in
+    **seconds**: one unit of its last printed digit added (a printed ``5s`` may be
+    anything from 5 s to just under 6 s, rounded or truncated: 6 s; ``12ms``: 13 ms;
+    ``1.5s``: 1.6 s; ``6m0s``: 361 s). None for anything that is not a duration."""
+    seconds = go_duration(raw)
+    if seconds is None:
+        return None
+    text = _trimmed(raw)
+    assert text is not None
+    return seconds + _go_unit(text)
+
+
 def go_duration(raw: str | None) -> float | None:
     """A Go duration (``1s``, ``6m0s``, ``12ms``, ``1h2m3.5s``, ``0s``, as OpenAI's
     ``x-ratelimit-reset-*`` send) in **seconds**; None for anything else: never 0.
@@ -270,7 +299,29 @@ def rfc3339_epoch(raw: str | None) -> float | None:
     return ((moment - _EPOCH) + step).total_seconds()
 
 
+def rfc3339_latest(raw: str | None) -> float | None:
+    """An RFC 3339 date-time (:func:`rfc3339_epoch`) at the latest time its text can
+    mean, in epoch **seconds**: one unit of its last printed digit added (whole seconds,
+    as Anthropic sends: 1 s; ``.25``: 0.01 s). None for anything that is not one."""
+    epoch = rfc3339_epoch(raw)
+    if epoch is None:
+        return None
+    text = _trimmed(raw)
+    m = None if text is None else _RFC3339(text)
+    assert m is not None
+    fraction = m.group(7)
+    return epoch + (10.0 ** -len(fraction) if fraction else 1.0)
+
+
 # ------------------------------------------------------------------- OpenAI, Anthropic
+#: Seconds added to the time a provider's bucket refills its next unit, beyond the
+#: latest meaning of its reset: the request admitted then still has to reach the
+#: server (as ``Quota.margin``).
+RESET_MARGIN = 0.05
+#: The finest refill step (seconds) an announced bucket is kept at: every store keeps
+#: it in whole milliseconds, rounded up (never a faster pace than announced).
+REFILL_STEP = 0.001
+
 #: OpenAI's (and Azure OpenAI's) limit kinds: ``x-ratelimit-{limit,remaining,reset}-<kind>``.
 OPENAI_KINDS = ("requests", "tokens")
 #: Anthropic's: ``anthropic-ratelimit-<kind>-{limit,remaining,reset}``.
@@ -283,7 +334,10 @@ class Allowance:
     ``"input-tokens"``, ``"output-tokens"``); None: not said, or said badly.
 
     - ``limit``, ``remaining``: counts of the kind (requests, or tokens).
-    - ``reset``: seconds from the response until the allowance is replenished.
+    - ``reset``: seconds from the response until the allowance is *fully* replenished
+      (both providers document a limit refilled continuously, a token bucket), read at
+      the latest time its text can mean (:func:`go_duration_latest`,
+      :func:`rfc3339_latest`).
     - ``reset_at``: that reset in epoch seconds of the server's clock, when the provider
       named a time (Anthropic); None for a duration (OpenAI).
     """
@@ -299,33 +353,47 @@ class Allowance:
         """Nothing left, and a reset still ahead."""
         return self.remaining == 0 and self.reset is not None and self.reset > 0
 
+    @property
+    def refill(self) -> float | None:
+        """Seconds in which one unit refills, at the latest: ``reset / (limit -
+        remaining)`` (the bucket is full ``reset`` from now, ``limit - remaining`` units
+        later; with part of the next unit refilled already, each of them comes no later
+        than this pace says). None when it cannot be told: no limit, no reset, or
+        nothing missing."""
+        if self.limit is None or self.remaining is None or self.reset is None or self.reset <= 0:
+            return None
+        missing = self.limit - self.remaining
+        return self.reset / missing if missing > 0 else None
+
 
 def openai_allowances(get: Getter) -> tuple[Allowance, ...]:
     """OpenAI's allowances, one per kind whose ``x-ratelimit-remaining-<kind>`` is a
     count (:data:`OPENAI_KINDS`; Azure OpenAI sends the remaining fields alone): the
-    limit, the remaining and the reset, a Go duration (:func:`go_duration`), in seconds
-    from the response."""
+    limit, the remaining and the reset, a Go duration read at its latest meaning
+    (:func:`go_duration_latest`), in seconds from the response."""
     found = []
     for kind in OPENAI_KINDS:
         remaining = count(get("x-ratelimit-remaining-" + kind))
         if remaining is not None:
             limit = count(get("x-ratelimit-limit-" + kind))
-            found.append(Allowance(kind, limit, remaining, go_duration(get("x-ratelimit-reset-" + kind))))
+            reset = go_duration_latest(get("x-ratelimit-reset-" + kind))
+            found.append(Allowance(kind, limit, remaining, reset))
     return tuple(found)
 
 
 def anthropic_allowances(get: Getter, now: float) -> tuple[Allowance, ...]:
     """Anthropic's allowances, one per kind whose ``anthropic-ratelimit-<kind>-remaining``
     is a count (:data:`ANTHROPIC_KINDS`): the limit, the remaining and the reset, an
-    RFC 3339 time (:func:`rfc3339_epoch`) measured against ``now``, the response's own
-    time in epoch seconds (its valid ``Date``, else receipt); a past reset is 0."""
+    RFC 3339 time read at its latest meaning (:func:`rfc3339_latest`: whole seconds, one
+    more) measured against ``now``, the response's own time in epoch seconds (its valid
+    ``Date``, else receipt); a past reset is 0."""
     found = []
     for kind in ANTHROPIC_KINDS:
         field = "anthropic-ratelimit-" + kind
         remaining = count(get(field + "-remaining"))
         if remaining is not None:
             limit = count(get(field + "-limit"))
-            at = rfc3339_epoch(get(field + "-reset"))
+            at = rfc3339_latest(get(field + "-reset"))
             reset = None if at is None else max(0.0, at - now)
             found.append(Allowance(kind, limit, remaining, reset, at))
     return tuple(found)

@@ -46,6 +46,8 @@ from typing import Any
 
 from .dialects import (
     EPOCH_THRESHOLD,
+    REFILL_STEP,
+    RESET_MARGIN,
     Allowance,
     anthropic_allowances,
     epoch_seconds,
@@ -151,6 +153,10 @@ class QuotaHint:
       without one): ``reset`` is ``reset_at`` less it. Whole seconds, truncated by the
       server, so one answer bounds the server's clock only within a second; the engine
       narrows that across answers (``engine.meters.ServerClock``).
+    - ``refill``: seconds in which one unit of a continuously refilled limit comes
+      back (OpenAI's and Anthropic's requests: a token bucket, whole milliseconds);
+      ``remaining`` then holds until ``reset``, the next unit, and one more comes each
+      ``refill`` after. None: a window (the whole limit again at ``reset``).
     - ``allowances``: a provider's figures per limit kind (requests, tokens, input and
       output tokens: :class:`~retry_after_adapter.dialects.Allowance`), as read
       (OpenAI, Anthropic); empty for the other sources. ``remaining``/``reset`` above
@@ -167,6 +173,7 @@ class QuotaHint:
     reset_at: float | None = None
     date: float | None = None
     allowances: tuple[Allowance, ...] = ()
+    refill: float | None = None
 
     @property
     def exhausted(self) -> bool:
@@ -368,24 +375,63 @@ def from_allowances(allowances: tuple[Allowance, ...], source: str, date: float 
     """The hint of a provider's per-kind ``allowances`` (``date``: the response's valid
     ``Date`` in epoch seconds, None without one or for a reset named as a duration).
 
-    - A kind with nothing left and a reset ahead (requests or any token kind) makes
-      the hint exhausted (``remaining`` 0) until the latest such reset: nothing may be
-      sent before then, a shared cooldown for every worker. ``limit`` is the requests
-      limit only when requests govern (a token window is not a requests window).
-    - Otherwise the requests figures are the hint's, as ``X-RateLimit-*`` are: a
-      positive ``remaining`` is the scope's announced allowance until the reset.
-    - Positive token figures are kept (``allowances``): the ``tokens`` kind is what
-      declared costs are admitted against (``engine.learn``, ``cooldown.weights``).
+    Both providers' limits are refilled continuously (a token bucket) and each reset is
+    the time until the kind is *full* again, so a kind with nothing left does not hold
+    everything back until its reset:
+
+    - The requests kind, its limit known (:attr:`~.dialects.Allowance.refill`): one
+      request refills every ``reset / (limit - remaining)`` seconds. The hint is
+      ``remaining`` until the next one (that step, in whole milliseconds rounded up,
+      plus :data:`~.dialects.RESET_MARGIN`), one more each step after (``refill``);
+      with nothing left, exhausted until then (the next request is the bucket's next
+      unit, never the full refill).
+    - A token kind with nothing left: exhausted until a request's share of it has
+      refilled (``reset / requests limit``: a request's share of the tokens, at the
+      pace the bucket refills; its whole reset while the requests limit is unknown).
+    - Without a limit to tell the pace by, a kind is read as a window: ``remaining``
+      until its reset (exhausted until it, when nothing is left).
+
+    Positive token figures are kept (``allowances``): the ``tokens`` kind is what
+    declared costs are admitted against (``engine.learn``, ``cooldown.weights``).
     """
+    requests = next((each for each in allowances if each.kind == "requests"), None)
+    step = None if requests is None else _step(requests.refill)
     spent = [each for each in allowances if each.spent]
     if spent:
-        governing = max(spent, key=lambda each: each.reset or 0.0)
+        waits = [(_next_request(each, requests, step), each) for each in spent]
+        wait, governing = max(waits, key=lambda pair: pair[0])
+        if governing is requests and step is not None:
+            return QuotaHint(0, wait, requests.limit, None, source, allowances=allowances, refill=step)
         limit = governing.limit if governing.kind == "requests" else None
+        if wait != governing.reset:  # a token kind's share: no epoch of its own
+            return QuotaHint(0, wait, limit, None, source, allowances=allowances)
         return _hint_of(governing, 0, limit, source, date, allowances)
-    for each in allowances:
-        if each.kind == "requests":
-            return _hint_of(each, each.remaining, each.limit, source, date, allowances)
-    return QuotaHint(None, None, None, None, source, allowances=allowances)
+    if requests is None:
+        return QuotaHint(None, None, None, None, source, allowances=allowances)
+    if step is not None:
+        left, until = requests.remaining, step + RESET_MARGIN
+        return QuotaHint(left, until, requests.limit, None, source, allowances=allowances, refill=step)
+    return _hint_of(requests, requests.remaining, requests.limit, source, date, allowances)
+
+
+def _step(refill: float | None) -> float | None:
+    """A bucket's refill step (seconds a unit) as stores keep it: whole milliseconds,
+    rounded up, at least :data:`~.dialects.REFILL_STEP`."""
+    if refill is None:
+        return None
+    return max(REFILL_STEP, math.ceil(round(refill * 1000, 6)) / 1000)
+
+
+def _next_request(each: Allowance, requests: Allowance | None, step: float | None) -> float:
+    """Seconds until a spent kind ``each`` allows the next request (see
+    :func:`from_allowances`): the requests kind's next unit, or a token kind's share
+    of a request; its reset when the pace cannot be told."""
+    assert each.reset is not None
+    if each is requests and step is not None:
+        return step + RESET_MARGIN
+    if each.kind != "requests" and requests is not None and requests.limit:
+        return min(each.reset, each.reset / requests.limit + RESET_MARGIN)
+    return each.reset
 
 
 def _hint_of(

@@ -15,6 +15,14 @@ the scope from the first announcement on, so that:
 - the reset kept for a window is the earliest announced: servers round the seconds
   up, so each announcement is a bound on the real reset and the earliest is tightest.
 
+A provider whose limit refills continuously (OpenAI's and Anthropic's requests: a
+token bucket, see ``quota.from_allowances``) is kept as a *bucket* record, told by a
+negative ``window``: ``left`` as of admission ``at`` until ``until``, the bucket's next
+unit, then one more every ``-window`` seconds (up to ``limit`` in all since the answer:
+its full refill; past it, one probe a step). An answer that leaves fewer replaces it
+(its figures hold as of the admission it answers, those admitted after it taken off);
+one that leaves more does not raise it (requests overtake each other on the way).
+
 The store applies :func:`admit_allowance` and :func:`merge_allowance` atomically (the
 Redis store runs the same rules in a server-side script).
 """
@@ -55,6 +63,11 @@ class Allowance(NamedTuple):
     exact: bool = False
 
     @property
+    def bucket(self) -> bool:
+        """A continuously refilled limit: one unit every ``-window`` seconds."""
+        return self.window < 0
+
+    @property
     def remaining(self) -> int:
         """What is left now (may be <= 0)."""
         return self.left - (self.admitted - self.at)
@@ -68,6 +81,8 @@ def roll(record: Allowance, now: datetime) -> Allowance:
     Otherwise unchanged."""
     if record.until > now or record.limit <= 0:
         return record
+    if record.window < 0:
+        return _refill(record, now)
     if record.window > MAX_SECONDS:
         record = record._replace(window=0.0)  # kept by an earlier version: unknown
     if record.window <= 0:
@@ -77,6 +92,19 @@ def roll(record: Allowance, now: datetime) -> Allowance:
     periods = math.floor((now - record.until).total_seconds() / record.window) + 1
     until = record.until + timedelta(seconds=periods * record.window)
     return record._replace(left=record.limit, at=record.admitted, until=until, exact=True)
+
+
+def _refill(record: Allowance, now: datetime) -> Allowance:
+    """A bucket record past its next unit (``until``): one unit more for each step of
+    ``-window`` seconds since, ``until`` the one after, while ``left`` is short of the
+    whole ``limit`` (the pace an answer told holds up to its full refill); past that,
+    one probe a step at most (its answer tells the bucket again)."""
+    step = -record.window
+    periods = math.floor((now - record.until).total_seconds() / step) + 1
+    left = min(record.limit, record.left + periods) if record.left < record.limit else record.left
+    if periods > record.limit - record.left:
+        left = max(left, record.admitted - record.at + 1)  # past the full refill: a probe
+    return record._replace(left=left, until=record.until + timedelta(seconds=periods * step))
 
 
 def allowance_reserve(limit: int, left: int) -> int:
@@ -111,6 +139,9 @@ def admit_allowance(
     need = cost if record.limit <= 0 else min(cost, record.limit)
     if record.remaining < need:
         if record.until > now:
+            if record.window < 0:  # a bucket: when enough units have come back
+                short = need - record.remaining - 1
+                return record, record.until + timedelta(seconds=-record.window * short)
             return record, record.until
         if record.exact and record.window <= 0 and record.limit > 0:
             held = record.until + _AWAIT_ANSWER
@@ -141,6 +172,13 @@ def merge_allowance(
     """
     if until <= now:
         return None
+    if window is not None and window < 0:
+        return _merge_bucket(current, remaining, until, now, seq, limit or 0, window)
+    if current is not None and current.window < 0:
+        # A bucket read before: this answer reads the limit as a window (a record long
+        # lapsed, its admissions still counted).
+        lapsed = now - timedelta(seconds=MAX_SECONDS)
+        current = Allowance(0, current.admitted, lapsed, current.admitted)
     lim = _said_or_kept(limit, current.limit if current is not None else 0)
     win = _said_or_kept(window, current.window if current is not None else 0.0)
     if win > MAX_SECONDS or (until - now).total_seconds() > MAX_SECONDS:
@@ -151,6 +189,30 @@ def merge_allowance(
     if not win:
         win = _learned_window(current, until, now) or win
     return _merge_live(roll(current, now), left, until, now, seq, lim, win)
+
+
+def _merge_bucket(
+    current: Allowance | None, remaining: int, until: datetime, now: datetime, seq: int | None,
+    limit: int, window: float,
+) -> Allowance | None:
+    """:func:`merge_allowance` of a bucket's answer (``window`` < 0: one unit every
+    ``-window`` seconds, ``until`` the next), holding as of the admission after ``seq``
+    (those admitted since taken off). Requests overtake each other on the way, so an
+    answer may not count one admitted before it that is still coming: it replaces the
+    record only when it leaves fewer (a new start for the refill, from its next unit);
+    otherwise the record stays, at the slower of the two paces. Units come back to the
+    record by its refill alone."""
+    if -window > MAX_SECONDS or (until - now).total_seconds() > MAX_SECONDS or limit <= 0:
+        return None
+    count = current.admitted if current is not None else 0
+    fresh = Allowance(max(0, min(remaining, limit)), _answered_at(seq, count), until, count, limit, window)
+    if current is None or current.window >= 0:
+        return fresh
+    rolled = roll(current, now)
+    if fresh.remaining < rolled.remaining:
+        return fresh
+    kept = rolled._replace(limit=limit, window=min(rolled.window, window))
+    return None if kept == current else kept
 
 
 _Number = TypeVar("_Number", int, float)

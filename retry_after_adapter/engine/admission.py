@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .. import _forksafe
 from ..deferral import Deferral
 from ..errors import CooldownUnavailable
-from ..policy import DEFER, RETRY, Decision, Reason
+from ..policy import DEFER, EPSILON, RETRY, Decision, Reason
 from ..policy import admit as admit_decision
 from .call import MIN_ATTEMPT_TIMEOUT
 from .ops import (
@@ -55,8 +55,12 @@ __all__ = [
 
 #: Seconds after which a call deferred with ``cooldown-unknown`` may try again.
 UNKNOWN_COOLDOWN_RETRY = 1.0
-#: How often admission looks again at what others keep taking (slot polls not counted).
+#: How often admission looks again at what others keep taking (slot polls not counted),
+#: once its waits add up to more than ``max_wait``: while they fit, the call waits its
+#: turn (a provider's bucket gives one request a step, and every waiter wakes for it).
 MAX_ROUNDS = 16
+#: The most looks in any case (waits of next to nothing must end too).
+MOST_ROUNDS = 8 * MAX_ROUNDS
 #: Seconds between looks for a free concurrency slot while waiting for one.
 SLOT_POLL = 0.05
 
@@ -101,10 +105,12 @@ def _take(call: Call) -> Generator[Op, Any, datetime | None]:
 
 def admit_slowly(call: Call) -> Steps:
     """Look, wait while it fits, look again: at most :data:`MAX_ROUNDS` waits (a slot's
-    short polls not counted), then defer for what held the attempt back last."""
+    short polls not counted), more while they add up to no more than ``max_wait`` (at
+    most :data:`MOST_ROUNDS`), then defer for what held the attempt back last."""
     rounds = 0
+    waited = 0.0
     left, why = 0.0, Reason.COOLDOWN
-    while rounds < MAX_ROUNDS:
+    while rounds < MAX_ROUNDS or (rounds < MOST_ROUNDS and _waits_fit(call, waited)):
         if call.cancelled():
             return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=call.pending())
         try:
@@ -124,7 +130,15 @@ def admit_slowly(call: Call) -> Steps:
         deferral = yield from _wait(call, until, left, why)
         if deferral is not None:
             return deferral
+        waited += max(0.0, left)
     return (yield from _defer_after_rounds(call, left, why))
+
+
+def _waits_fit(call: Call, waited: float) -> bool:
+    """Whether ``waited`` seconds of admission waits still fit the call's ``max_wait``
+    (none set: the rounds alone bound them)."""
+    most = call.terms.max_wait
+    return most is not None and waited <= most
 
 
 def _look(call: Call) -> Generator[Op, Any, tuple[datetime | None, Reason]]:
@@ -186,7 +200,7 @@ def _wait(call: Call, until: datetime, left: float, why: Reason) -> Steps:
     )
     if decision.action == DEFER:
         if decision.reason == Reason.COOLDOWN:
-            decision = Decision(DEFER, decision.wait, why)
+            decision = Decision(DEFER, decision.wait, _unfit(call, left, why))
         return call.defer(decision, until=until)
     if not _queue(call):  # max_waiting calls already wait on this scope here
         return call.defer(Decision(DEFER, left, why), until=until)
@@ -198,6 +212,17 @@ def _wait(call: Call, until: datetime, left: float, why: Reason) -> Steps:
     if not slept:
         return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=until)
     return None
+
+
+def _unfit(call: Call, left: float, why: Reason) -> Reason:
+    """Why a wait of ``left`` seconds for what ``why`` names does not fit: ``deadline``
+    when it would fit ``max_wait`` but end past the deadline (the deadline forced the
+    deferral, as the reasons table says); else ``why`` itself (the cooldown, quota,
+    rate or slot is longer than the caller waits)."""
+    most = call.terms.max_wait
+    if call.terms.deadline is not None and (most is None or left <= most + EPSILON):
+        return Reason.DEADLINE
+    return why
 
 
 def _defer_after_rounds(call: Call, left: float, why: Reason) -> Steps:
@@ -232,6 +257,8 @@ def _wait_for_slot(call: Call, busy_until: datetime, why: Reason) -> Steps:
     # Out of budget, or max_waiting calls already wait on this scope here.
     if decision.action == DEFER or over or not _queue(call):
         left = call.seconds_until(busy_until)
+        if decision.action == DEFER and not over:
+            why = _unfit(call, waited + step, why)  # the deadline, not the slot's wait
         return call.defer(Decision(DEFER, left, why), until=busy_until)
     try:
         slept = yield Sleep(step)

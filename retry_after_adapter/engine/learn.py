@@ -39,7 +39,8 @@ __all__ = [
 _NO_MS = (None,) * len(MS_FIELDS)
 
 
-#: Quota header sources whose resets are exact, not whole seconds rounded up.
+#: Quota header sources whose resets are not whole seconds rounded up (buckets' times
+#: to a full refill, read at their latest meaning).
 _EXACT_RESETS = frozenset(("openai", "anthropic"))
 
 
@@ -87,11 +88,11 @@ def read_quota_headers(
         return hint
     until = _reset_here(call, hint, now, received)
     # Whole seconds rounded up bound a window's reset from above, so the earliest such
-    # reset is the tightest; the LLM APIs' resets are exact (a duration, a time to the
-    # millisecond) and move later with each request: each is kept as said (later wins).
+    # reset is the tightest; the LLM APIs' limits are buckets (``hint.refill``): the
+    # reset is their next unit, read at its latest, and moves with each answer.
     meter = None if hint.source in _EXACT_RESETS else call.meter
     if hint.exhausted:
-        # Nothing left: a shared cooldown until the window's reset.
+        # Nothing left: a shared cooldown until the window's reset (a bucket's next unit).
         earliest = until if meter is None else meter.earliest_reset(until, now, SAME_WINDOW, hint.limit)
         call.plan.learn(call, earliest)
     elif meter is not None:
@@ -101,7 +102,9 @@ def read_quota_headers(
         # takes off what was admitted after this attempt (its admission number).
         seq = call.ticket.admission
         remaining = hint.remaining if seq is not None else _left_unseen(call, hint, until)
-        call.plan.allow(call, remaining, until, now, seq, hint.limit, hint.window)
+        # A bucket is told by a negative window: a unit back every -window seconds.
+        window = -hint.refill if hint.refill else hint.window
+        call.plan.allow(call, remaining, until, now, seq, hint.limit, window)
     return hint
 
 
@@ -160,7 +163,7 @@ def _left_unseen(call: Call, hint: QuotaHint, until: datetime) -> int:
     if meter is None:
         return hint.remaining
     estimate = hint.remaining - meter.in_flight
-    if hint.limit:
+    if hint.limit and hint.refill is None:  # a window's (a bucket has no start to count from)
         # The window began at most `window` before the reset, which is rounded up: a
         # second more is counted (what was sent in the previous window, if anything).
         start = -math.inf

@@ -234,6 +234,15 @@ class QuotaServer:
     - ``tokens``: a token quota per window besides (None: none): a request costs its
       JSON body's ``max_tokens``, and one whose cost does not fit what is left of the
       window's tokens is refused with a 429 as one past the requests quota is.
+    - ``refill``: ``"window"`` (a fixed window, as above) or ``"continuous"``: the
+      limit is a bucket of ``quota`` requests (and ``tokens``) refilled continuously,
+      ``quota / window`` a second, as OpenAI and Anthropic document theirs; each answer
+      says what is left (whole) and the time until the bucket is full again, printed
+      truncated to ``reset_precision`` seconds (0.001: ``4.5s``, ``334ms``; 1: ``6m0s``,
+      and Anthropic's whole-second times); a 429's Retry-After is the time to the next
+      request, rounded up (``retry-after-ms`` exact). None (the default): continuous
+      for ``"openai"`` and ``"anthropic"``, a window for the others. ``filled``: the
+      requests in the bucket at the start (None: ``quota``).
 
     Only requests that are let through count against the quota. Every request is also
     recorded in :attr:`log` (fields :data:`LOG_FIELDS`), served as JSON at ``GET
@@ -256,9 +265,18 @@ class QuotaServer:
         align: str = "epoch",
         quota_headers: str | None = None,
         tokens: int | None = None,
+        refill: str | None = None,
+        reset_precision: float = 0.001,
+        filled: int | None = None,
     ) -> None:
         _check_counts(quota, tokens)
         _check_shape(window, form, align, quota_headers)
+        self.refill = _check_refill(refill, quota_headers, reset_precision, filled, quota)
+        self.reset_precision = float(reset_precision)
+        #: The bucket's level (requests, tokens) and the server time it was counted at.
+        self._level = float(quota if filled is None else filled)
+        self._token_level = float(tokens or 0)
+        self._level_at: float | None = None
         self.quota_headers = quota_headers
         self.align = align
         #: Every request, as a list of :data:`LOG_FIELDS`.
@@ -367,6 +385,8 @@ class QuotaServer:
                 return self._express(path, get, mono, now, sent_at, early, client)
             # The server's clock, never back: a step back would start a window again.
             stamp = self._stamp = max(now.timestamp(), self._stamp)
+            if self.refill == "continuous":
+                return self._bucket(path, get, mono, now, sent_at, early, stamp, body)
             index, left = self._window_of(mono, stamp)
             date = format_http_date(now)  # truncated to the second: never after `now`
             if self._let_in(body):
@@ -397,6 +417,68 @@ class QuotaServer:
                 if self.quota_headers == "openai":
                     told["retry-after-ms"] = str(max(1, math.ceil(left * 1000)))
             return 429, told, body, date
+
+    def _bucket(
+        self, path: str, get: Callable[[str], Any], mono: float, now: datetime, sent_at: datetime,
+        early: bool, stamp: float, body: bytes,
+    ) -> tuple[int, dict[str, str], bytes, str]:
+        """(Lock held.) One request decided at epoch ``stamp`` by a limit refilled
+        continuously, as OpenAI and Anthropic document theirs: ``quota`` requests (and
+        ``tokens``) a bucket, refilled at ``quota / window`` a second (``tokens /
+        window``); a request goes when a whole one (and its cost) is in the bucket. Each
+        answer says what is left, whole, and the time until the bucket is full again."""
+        if self._level_at is None:
+            self._level_at, self._t0, self._t0_stamp = stamp, mono, stamp
+        passed = max(0.0, stamp - self._level_at)
+        self._level_at = stamp
+        rate = self.quota / self.window
+        self._level = min(float(self.quota), self._level + passed * rate)
+        token_rate = (self.tokens or 0) / self.window
+        self._token_level = min(float(self.tokens or 0), self._token_level + passed * token_rate)
+        cost = _request_cost(body) if self.tokens is not None else 0
+        index = math.floor((stamp - self._t0_stamp) / self.window)
+        date = format_http_date(now)
+        wait = max(0.0, (1 - self._level) / rate)
+        if self.tokens is not None and cost > self._token_level:
+            wait = max(wait, (min(cost, self.tokens) - self._token_level) / token_rate)
+        if wait <= 0:
+            self._level -= 1
+            self._token_level -= cost
+            self.arrivals.append(Arrival(now, sent_at, path, 200, early))
+            self._record(get, mono, 200, 0, index)
+            told = {**self._announce_bucket(stamp), "Content-Type": "application/json"}
+            return 200, told, _LLM_OK, date
+        delay = max(1, math.ceil(wait))
+        until = now + timedelta(seconds=delay)
+        told = {"Retry-After": str(delay), **self._announce_bucket(stamp), "Content-Type": "application/json"}
+        if self.quota_headers == "openai":  # retry-after-ms: the next unit itself
+            told["retry-after-ms"] = str(max(1, math.ceil(wait * 1000)))
+            until = now + timedelta(milliseconds=max(1, math.ceil(wait * 1000)))
+        self.announcements.append(Announcement(now, until))
+        self.arrivals.append(Arrival(now, sent_at, path, 429, early))
+        self._record(get, mono, 429, delay, index)
+        return 429, told, _LLM_THROTTLED, date
+
+    def _announce_bucket(self, stamp: float) -> dict[str, str]:
+        """(Lock held.) The provider's fields of a bucket at epoch ``stamp``: its limit,
+        what is left (whole) and the time until it is full, printed to
+        ``reset_precision`` (truncated: a Go duration such as ``6m0s`` or ``0.334s``; an
+        RFC 3339 time)."""
+        kinds = [("requests", self.quota, self._level)]
+        if self.tokens is not None:
+            kinds.append(("tokens", self.tokens, self._token_level))
+        told = {}
+        for name, limit, level in kinds:
+            full = (limit - level) * self.window / limit
+            if self.quota_headers == "openai":
+                field, reset = "x-ratelimit-{1}-{0}", _go_string(full, self.reset_precision)
+            else:
+                field = "anthropic-ratelimit-{0}-{1}"
+                reset = _rfc3339_string(stamp + full, self.reset_precision)
+            told[field.format(name, "limit")] = str(limit)
+            told[field.format(name, "remaining")] = str(math.floor(level))
+            told[field.format(name, "reset")] = reset
+        return told
 
     def _window_of(self, mono: float, stamp: float) -> tuple[int, float]:
         """(Lock held.) The window a request decided at ``stamp`` (epoch seconds, the
@@ -538,6 +620,56 @@ def _check_shape(window: object, form: object, align: object, quota_headers: obj
         raise ConfigurationError(
             "quota_headers must be None, 'ietf', 'x-ratelimit', 'express', 'openai' or 'anthropic'"
         )
+
+
+#: :class:`QuotaServer`'s refills: a fixed window, or continuously (the LLM providers').
+REFILLS = ("window", "continuous")
+
+
+def _check_refill(
+    refill: object, quota_headers: object, precision: object, filled: object, quota: int
+) -> str:
+    """:class:`QuotaServer`'s refill (None: continuously for the LLM providers' fields,
+    else a window), the precision of its printed resets and its starting level."""
+    llm = quota_headers in ("openai", "anthropic")
+    chosen = refill if refill is not None else ("continuous" if llm else "window")
+    if chosen not in REFILLS:
+        raise ConfigurationError("refill must be 'window' or 'continuous'")
+    if chosen == "continuous" and not llm:
+        raise ConfigurationError("a continuous refill is for the 'openai' or 'anthropic' fields only")
+    if not (isinstance(precision, (int, float)) and math.isfinite(precision) and 0.001 <= precision <= 1):
+        raise ConfigurationError("reset_precision must be seconds from 0.001 to 1")
+    if filled is not None and (
+        isinstance(filled, bool) or not isinstance(filled, int) or not 0 <= filled <= quota
+    ):
+        raise ConfigurationError("filled must be an int from 0 to the quota, or None")
+    return str(chosen)
+
+
+def _go_string(seconds: float, precision: float) -> str:
+    """``seconds`` truncated to ``precision`` (whole milliseconds or seconds), printed as
+    Go's ``time.Duration`` prints it (``6m0s``, ``1.5s``, ``334ms``, ``0s``)."""
+    ms = math.floor(seconds * 1000 + 1e-9)
+    ms -= ms % max(1, round(precision * 1000))
+    if ms < 1000:
+        return f"{ms}ms" if ms else "0s"
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    whole, fraction = divmod(rest, 1000)
+    text = f"{whole}.{fraction:03d}".rstrip("0").rstrip(".") + "s"
+    if hours:
+        return f"{hours}h{minutes}m{text}"
+    return f"{minutes}m{text}" if minutes else text
+
+
+def _rfc3339_string(epoch: float, precision: float) -> str:
+    """The epoch ``epoch`` truncated to ``precision`` as RFC 3339 in UTC (whole seconds,
+    as Anthropic sends, or milliseconds)."""
+    ms = math.floor(epoch * 1000 + 1e-9)
+    ms -= ms % max(1, round(precision * 1000))
+    at = datetime.fromtimestamp(ms / 1000, timezone.utc)
+    spec = "seconds" if precision >= 1 else "milliseconds"
+    return at.isoformat(timespec=spec).replace("+00:00", "Z")
 
 
 def _request_cost(body: bytes) -> int:

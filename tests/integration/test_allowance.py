@@ -136,6 +136,55 @@ def test_a_new_window_replaces_an_earlier_one_is_ignored(store: Any) -> None:
     assert store.admit(Ask("s", NOW))[1] == later
 
 
+# -- a provider's bucket (OpenAI's, Anthropic's requests): a unit back every step ----------------
+def ms(value: float) -> timedelta:
+    return timedelta(milliseconds=value)
+
+
+def test_a_bucket_admits_what_is_left_then_one_each_step_never_the_full_refill(store: Any) -> None:
+    """A bucket of 10, 2 left, the next unit in 550 ms and one every 500 ms after
+    (``window=-0.5``): two go, the third waits for the next unit, not for the full
+    refill; then one per step, and units not spent add up."""
+    store.allow("s", 2, NOW + ms(550), NOW, limit=10, window=-0.5)
+    assert [store.admit(Ask("s", NOW))[1] for _ in range(3)] == [None, None, NOW + ms(550)]
+    at = NOW + ms(550)
+    assert [store.admit(Ask("s", at))[1] for _ in range(2)] == [None, NOW + ms(1050)]
+    later = NOW + ms(2100)  # 3 more steps passed (1050, 1550, 2050): three units
+    assert [store.admit(Ask("s", later))[1] for _ in range(4)] == [None, None, None, NOW + ms(2550)]
+
+
+def test_a_bucket_refills_no_more_than_its_limit_then_one_probe_a_step(store: Any) -> None:
+    """Credited units stop at the whole limit since the answer (its full refill): long
+    after, the limit goes; past the full refill, one probe a step (its answer tells)."""
+    store.allow("s", 0, NOW + ms(100), NOW, limit=3, window=-0.1)
+    idle = NOW + timedelta(seconds=10)
+    assert [store.admit(Ask("s", idle))[1] for _ in range(4)] == [None, None, None, NOW + ms(10100)]
+    assert [store.admit(Ask("s", NOW + ms(10100)))[1] for _ in range(2)] == [None, NOW + ms(10200)]
+    assert [store.admit(Ask("s", NOW + ms(10350)))[1] for _ in range(2)] == [None, NOW + ms(10400)]
+
+
+def test_an_answer_that_leaves_fewer_replaces_a_bucket_one_that_leaves_more_does_not(store: Any) -> None:
+    """Requests overtake each other on the way: an answer never raises a bucket (one
+    admitted before it may still be coming), it lowers it (with a new start for the
+    refill) or leaves it, at the slower of the two paces."""
+    store.allow("s", 5, NOW + ms(500), NOW, limit=10, window=-0.5)
+    seqs = [store.admit(Ask("s", NOW))[2] for _ in range(4)]
+    assert seqs == [0, 1, 2, 3]
+    # The answer to admission 2: nothing left as of it (someone else spends too), the
+    # next unit in 300 ms; admission 3 is on its way: one owed, the next after it.
+    store.allow("s", 0, NOW + ms(300), NOW, seq=2, limit=10, window=-0.5)
+    assert store.admit(Ask("s", NOW))[1] == NOW + ms(800)
+    assert store.admit(Ask("s", NOW + ms(300)))[1] == NOW + ms(800)  # that unit pays admission 3
+    # The answer to admission 0, overtaken (it said more): the record stays, at its
+    # slower pace (a unit a second), from its next unit on.
+    store.allow("s", 4, NOW + ms(400), NOW, seq=0, limit=10, window=-1.0)
+    assert store.admit(Ask("s", NOW + ms(300)))[1] == NOW + ms(800)
+    assert [store.admit(Ask("s", NOW + ms(800)))[1] for _ in range(2)] == [None, NOW + ms(1800)]
+    # An answer read as a window replaces the bucket.
+    store.allow("s", 1, NOW + timedelta(seconds=30), NOW + ms(300))
+    assert [store.admit(Ask("s", NOW + ms(300)))[1] for _ in range(2)] == [None, NOW + timedelta(seconds=30)]
+
+
 def test_a_negative_remaining_is_none_left(store: Any) -> None:
     store.allow("s", -4, NOW + timedelta(seconds=2), NOW)
     assert store.admit(Ask("s", NOW))[1] == NOW + timedelta(seconds=2)

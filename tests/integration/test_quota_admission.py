@@ -57,6 +57,27 @@ def test_a_quota_admits_limit_requests_then_defers_with_the_exact_time(
     assert sessions[3].get(server.url).status_code == 200
 
 
+def test_a_permit_that_would_come_after_the_deadline_defers_with_reason_deadline_at_its_time(
+    server: ThrottleServer, clock: FakeClock
+) -> None:
+    """The next permit is 10 s away: it fits ``max_wait=30`` but not ``deadline=2``: the
+    deferral says the deadline forced it (reason ``deadline``, as the README's reasons
+    table says) and is eligible when the permit frees, not in 0.1 s. Longer than
+    ``max_wait`` it stays ``quota``."""
+    store = MemoryCooldownStore()
+    quota = Quota(1, per=10, margin=0)
+    server.serve([Reply(200)])
+    start = clock.now()
+    assert session(clock, store, quota, max_wait=30, deadline=2).get(server.url).status_code == 200
+    deferral = local_deferral(session(clock, store, quota, max_wait=30, deadline=2).get(server.url))
+    assert deferral.reason == "deadline", deferral
+    assert deferral.eligible_at == start + timedelta(seconds=10)
+    assert 9.9 <= deferral.delay <= 10.0, deferral
+    longer = local_deferral(session(clock, store, quota, max_wait=1, deadline=2).get(server.url))
+    assert longer.reason == "quota" and longer.eligible_at == start + timedelta(seconds=10), longer
+    assert server.count() == 1
+
+
 def test_a_quota_wait_that_fits_is_waited_out(server: ThrottleServer, clock: FakeClock) -> None:
     store = MemoryCooldownStore()
     quota = Quota(2, per=5, margin=0)

@@ -271,24 +271,24 @@ EXCHANGES: list[Exchange] = [
         "openai-429-requests", "POST", CHAT, OPENAI_REQUEST, 429,
         _openai((60, 0, "1s"), (150000, 149000, "400ms"), **{"retry-after": "2", "retry-after-ms": "1200",
                                                               "x-should-retry": "true"}),
-        (0, 1.0, 60, None),
+        (0, 0.034 + 0.05, 60, None),  # a bucket: the next unit in (1 + 1) s / 60, rounded up, + margin
         b'{"error": {"message": "Rate limit reached for gpt-4o on requests per min (RPM): Limit 60, Used 60, '
         b'Requested 1. Please try again in 1.2s.", "type": "requests", "code": "rate_limit_exceeded"}}',
         OPENAI_DOCS,
     ),
     Exchange(
         "openai-200-exhausted", "POST", CHAT, OPENAI_REQUEST, 200,
-        _openai((200, 0, "6m0s"), (40000, 39000, "1.5s")), (0, 360.0, 200, None),
+        _openai((200, 0, "6m0s"), (40000, 39000, "1.5s")), (0, 1.805 + 0.05, 200, None),
         b'{"id": "chatcmpl-1", "object": "chat.completion"}', OPENAI_DOCS,
     ),
     Exchange(
         "openai-200-left", "POST", CHAT, OPENAI_REQUEST, 200,
-        _openai((500, 499, "120ms"), (30000, 29500, "1s")), (499, 0.12, 500, None),
+        _openai((500, 499, "120ms"), (30000, 29500, "1s")), (499, 0.121 + 0.05, 500, None),
         b'{"id": "chatcmpl-2", "object": "chat.completion"}', OPENAI_DOCS,
     ),
     Exchange(
         "openai-200-tokens-spent", "POST", CHAT, OPENAI_REQUEST, 200,
-        _openai((500, 499, "120ms"), (30000, 0, "1m30s")), (0, 90.0, None, None),
+        _openai((500, 499, "120ms"), (30000, 0, "1m30s")), (0, 91 / 500 + 0.05, None, None),
         b'{"id": "chatcmpl-3", "object": "chat.completion"}', OPENAI_DOCS,
     ),
     Exchange(
@@ -317,16 +317,16 @@ EXCHANGES: list[Exchange] = [
         "anthropic-200-exhausted", "POST", MESSAGES, ANTHROPIC_REQUEST, 200,
         _anthropic(requests=(50, 0, 30), tokens=(80000, 79000, 2), input_tokens=(40000, 39500, 2),
                    output_tokens=(8000, 7500, 3)),
-        (0, 30.0, 50, None), b'{"id": "msg_01", "type": "message"}', ANTHROPIC_DOCS,
+        (0, 0.62 + 0.05, 50, None), b'{"id": "msg_01", "type": "message"}', ANTHROPIC_DOCS,
     ),
     Exchange(
         "anthropic-200-output-tokens-spent", "POST", MESSAGES, ANTHROPIC_REQUEST, 200,
         _anthropic(requests=(50, 49, 1), tokens=(80000, 72000, 12), output_tokens=(8000, 0, 12)),
-        (0, 12.0, None, None), b'{"id": "msg_02", "type": "message"}', ANTHROPIC_DOCS,
+        (0, 13 / 50 + 0.05, None, None), b'{"id": "msg_02", "type": "message"}', ANTHROPIC_DOCS,
     ),
     Exchange(
         "anthropic-429", "POST", MESSAGES, ANTHROPIC_REQUEST, 429,
-        {"retry-after": "5", **_anthropic(requests=(50, 0, 5), tokens=(80000, 80000, 1))}, (0, 5.0, 50, None),
+        {"retry-after": "5", **_anthropic(requests=(50, 0, 5), tokens=(80000, 80000, 1))}, (0, 0.12 + 0.05, 50, None),
         b'{"type": "error", "error": {"type": "rate_limit_error", "message": "Number of request tokens has '
         b'exceeded your per-minute rate limit"}}',
         ANTHROPIC_DOCS,

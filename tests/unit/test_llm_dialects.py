@@ -10,11 +10,14 @@ import pytest
 
 from retry_after_adapter.dialects import (
     MAX_GO_DURATION,
+    RESET_MARGIN,
     Allowance,
     go_duration,
+    go_duration_latest,
     milliseconds,
     precise_wait,
     rfc3339_epoch,
+    rfc3339_latest,
     should_retry,
 )
 from retry_after_adapter.quota import MAX_COUNT, MAX_SECONDS, QuotaHint, bound_hint, read_quota
@@ -152,6 +155,48 @@ def test_rfc3339_rejects(raw: str | None) -> None:
     assert rfc3339_epoch(raw) is None
 
 
+# -- each reset at the latest time its text can mean ----------------------------------------------
+@pytest.mark.parametrize(
+    ("raw", "seconds"),
+    [
+        ("5s", 6.0),  # 5 s printed: anything up to just under 6 s, rounded or truncated
+        ("12ms", 0.013),
+        ("1.5s", 1.6),
+        ("1.50s", 1.51),
+        ("6m0s", 361.0),
+        ("1h2m3.5s", 3723.6),
+        ("0s", 1.0),
+        ("20.625s", 20.626),
+        ("500us", 0.000501),
+        ("7ns", 8e-9),
+        ("2h", 7200.0 + 3600.0),
+        ("0", 0.0),  # no digit of a unit: exactly nothing
+    ],
+)
+def test_go_duration_latest_adds_one_unit_of_the_last_digit(raw: str, seconds: float) -> None:
+    assert go_duration_latest(raw) == pytest.approx(seconds, rel=1e-12, abs=1e-15)
+    assert go_duration_latest(raw) >= go_duration(raw)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("raw", [None, "", "5", "-5s", "5 s", "soon"])
+def test_go_duration_latest_rejects_what_go_duration_rejects(raw: str | None) -> None:
+    assert go_duration_latest(raw) is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "later"),
+    [
+        ("2026-12-03T20:15:30Z", 1.0),  # whole seconds, as Anthropic sends: one more
+        ("2026-12-03T20:15:30.2Z", 0.1),
+        ("2026-12-03T20:15:30.25Z", 0.01),
+        ("2026-12-03T21:15:30.250+01:00", 0.001),
+    ],
+)
+def test_rfc3339_latest_adds_one_unit_of_the_last_digit(raw: str, later: float) -> None:
+    assert rfc3339_latest(raw) == pytest.approx(rfc3339_epoch(raw) + later, abs=1e-6)  # type: ignore[operator]
+    assert rfc3339_latest("2026-12-03T20:15:30") is None
+
+
 # -- milliseconds and how they meet Retry-After -----------------------------------------------
 @pytest.mark.parametrize(
     ("raw", "seconds"),
@@ -218,29 +263,45 @@ def read(headers: dict[str, str]) -> QuotaHint | None:
 
 
 def test_openai_requests_fill_the_hint_and_tokens_are_kept() -> None:
+    """Each reset at its latest meaning (``1s``: up to 2 s; ``6ms``: 7 ms); the requests
+    are a bucket: 59 left until the one missing comes back (2 s, and the margin)."""
     hint = read(openai(requests=("60", "59", "1s"), tokens=("150000", "149984", "6ms")))
     assert hint is not None and hint.source == "openai"
-    assert (hint.remaining, hint.reset, hint.limit, hint.window) == (59, 1.0, 60, None)
+    assert (hint.remaining, hint.reset, hint.limit, hint.window) == (59, 2.0 + RESET_MARGIN, 60, None)
+    assert hint.refill == 2.0
     assert hint.allowances == (
-        Allowance("requests", 60, 59, 1.0),
-        Allowance("tokens", 150000, 149984, 0.006),
+        Allowance("requests", 60, 59, 2.0),
+        Allowance("tokens", 150000, 149984, pytest.approx(0.007)),  # type: ignore[arg-type]
     )
 
 
-def test_openai_requests_spent_is_exhausted_until_their_reset() -> None:
+def test_openai_requests_spent_wait_for_their_next_unit_not_the_full_refill() -> None:
+    """Nothing left of 60 and ``6m0s`` to the full refill (up to 361 s): the next request
+    after 361 / 60 s (whole milliseconds, rounded up), not after six minutes."""
     hint = read(openai(requests=("60", "0", "6m0s"), tokens=("150000", "149984", "6ms")))
-    assert hint is not None and hint.exhausted and (hint.remaining, hint.reset, hint.limit) == (0, 360.0, 60)
+    assert hint is not None and hint.exhausted and (hint.remaining, hint.limit) == (0, 60)
+    assert hint.refill == 6.017 and hint.reset == pytest.approx(6.017 + RESET_MARGIN)
 
 
-def test_a_spent_token_kind_holds_everything_until_its_reset() -> None:
+def test_a_spent_token_kind_holds_everything_until_a_requests_share_refills() -> None:
+    """No token left, 91 s to the full refill (``1m30s`` at its latest), 60 requests a
+    minute: a request's share of the tokens is back in 91 / 60 s."""
     hint = read(openai(requests=("60", "59", "1s"), tokens=("150000", "0", "1m30s")))
     assert hint is not None and hint.exhausted
-    assert (hint.remaining, hint.reset, hint.limit) == (0, 90.0, None)  # a token window is not a requests one
+    assert (hint.remaining, hint.limit, hint.refill) == (0, None, None)  # a token window is not a requests one
+    assert hint.reset == pytest.approx(91 / 60 + RESET_MARGIN)
 
 
-def test_the_latest_spent_reset_wins() -> None:
+def test_the_latest_spent_kind_wins() -> None:
     hint = read(openai(requests=("60", "0", "20s"), tokens=("150000", "0", "5s")))
-    assert hint is not None and (hint.remaining, hint.reset, hint.limit) == (0, 20.0, 60)
+    assert hint is not None and (hint.remaining, hint.limit, hint.refill) == (0, 60, 0.35)  # 21 s / 60
+    assert hint.reset == pytest.approx(0.35 + RESET_MARGIN)  # the tokens' share: 6 s / 60
+
+
+def test_without_a_limit_a_spent_kind_holds_until_its_reset() -> None:
+    """No limit to tell the pace by: the reset (at its latest) is all there is."""
+    hint = read({"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "20s"})
+    assert hint is not None and (hint.remaining, hint.reset, hint.refill) == (0, 21.0, None)
 
 
 def test_azure_sends_the_remaining_fields_alone() -> None:
@@ -267,23 +328,29 @@ def test_x_ratelimit_remaining_wins_over_the_provider_fields() -> None:
 
 
 def test_anthropic_requests_spent_measured_against_the_date() -> None:
+    """A reset in whole seconds, 30 s after the ``Date``: up to 31 s to the full refill
+    of 50, so the next request after 31 / 50 s."""
     hint = read(anthropic(requests=("50", "0", iso(30)), tokens=("80000", "79000", iso(5))))
     assert hint is not None and hint.source == "anthropic"
-    assert (hint.remaining, hint.reset, hint.limit) == (0, 30.0, 50)
-    assert (hint.reset_at, hint.date) == (float(EPOCH + 30), float(EPOCH))
+    assert (hint.remaining, hint.limit, hint.refill) == (0, 50, 0.62)
+    assert hint.reset == pytest.approx(0.62 + RESET_MARGIN)
+    assert hint.allowances[0].reset_at == float(EPOCH + 31)
 
 
 def test_anthropic_against_the_receipt_without_a_date() -> None:
     headers = anthropic(requests=("50", "0", iso(30)))
     del headers["Date"]
     hint = read_quota(getter(headers), received_at=RECEIVED_AT + timedelta(seconds=10))
-    assert hint is not None and (hint.reset, hint.date) == (20.0, None)
+    assert hint is not None and (hint.refill, hint.date) == (0.42, None)  # 21 s / 50
 
 
 @pytest.mark.parametrize("kind", ["tokens", "input_tokens", "output_tokens"])
 def test_anthropic_any_token_kind_spent_holds_everything(kind: str) -> None:
+    """No token of a kind left, 46 s to its full refill, 50 requests: a request's share
+    of it is back in 46 / 50 s."""
     hint = read(anthropic(requests=("50", "49", iso(1)), **{kind: ("80000", "0", iso(45))}))
-    assert hint is not None and (hint.remaining, hint.reset, hint.limit) == (0, 45.0, None)
+    assert hint is not None and (hint.remaining, hint.limit) == (0, None)
+    assert hint.reset == pytest.approx(46 / 50 + RESET_MARGIN)
     assert len(hint.allowances) == 2
 
 
@@ -302,7 +369,7 @@ def test_a_hostile_token_reset_is_dropped_and_the_other_kinds_still_count() -> N
     hint = read(anthropic(requests=("50", "0", iso(30)), tokens=("1", "0", "9999-12-31T23:59:59Z")))
     assert hint is not None and hint.reset is not None and hint.reset > 86400  # as read
     bounded = bound_hint(hint, 86400.0)
-    assert bounded is not None and (bounded.remaining, bounded.reset, bounded.limit) == (0, 30.0, 50)
+    assert bounded is not None and (bounded.remaining, bounded.refill, bounded.limit) == (0, 0.62, 50)
     assert bounded.allowances[1].reset is None and bounded.allowances[1].reset_at is None
 
 
@@ -311,7 +378,10 @@ def test_a_reset_past_the_bound_is_unknown() -> None:
     assert hint is not None and (hint.remaining, hint.reset, hint.exhausted) == (0, None, False)
     unbounded = bound_hint(read(openai(requests=("60", "0", "2562047h"))), None)
     assert unbounded is not None and unbounded.reset is None  # past MAX_SECONDS
-    assert bound_hint(read(openai(requests=("60", "0", "87600h"))), None).reset == MAX_SECONDS  # type: ignore[union-attr]
+    # 87599 h at its latest is MAX_SECONDS to the full refill: within the bound.
+    kept = bound_hint(read(openai(requests=("60", "0", "87599h"))), None)
+    assert kept is not None and kept.allowances[0].reset == MAX_SECONDS
+    assert kept.refill == MAX_SECONDS / 60
 
 
 def test_huge_counts_are_capped() -> None:

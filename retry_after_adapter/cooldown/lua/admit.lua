@@ -107,10 +107,14 @@ end
 local rec = load(KEYS[3])
 if rec ~= nil then
   local rolled = roll(rec, now)
-  local spent = rec.r - (rec.n - rec.a) <= 0
+  local left = rec.r - (rec.n - rec.a)
+  local spent = left <= 0
   if spent and rec.u > now then
     if rolled then save(KEYS[3], rec, tonumber(ARGV[6])) end
-    return {cooldown, rec.u, -1, 0, -1, 0, 0, -1}
+    local wait = rec.u
+    -- A bucket (w < 0): when the units owed and the next have come back.
+    if rec.w < 0 then wait = rec.u - left * -rec.w end
+    return {cooldown, wait, -1, 0, -1, 0, 0, -1}
   end
   -- Past a reset whose next window's end is unknown, the limit admitted: wait up to
   -- allowance.AWAIT_ANSWER (1 s) past the reset for an answer to say it.

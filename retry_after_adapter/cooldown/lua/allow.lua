@@ -10,6 +10,35 @@ local untl, now, seq = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local lim, win, same, kept = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 if untl <= now then return 0 end
 local rec = load(KEYS[1])
+if win < 0 then
+  -- A bucket's answer (allowance._merge_bucket): it replaces the record only when it
+  -- leaves fewer; else the record stays, at the slower of the two paces.
+  if lim <= 0 then return 0 end
+  local count = 0
+  if rec ~= nil then count = rec.n end
+  local at = count
+  if seq >= 0 then at = math.min(seq + 1, count) end
+  local left = math.min(remaining, lim)
+  if rec ~= nil and rec.w < 0 then
+    local changed = roll(rec, now)
+    if left - (count - at) >= rec.r - (rec.n - rec.a) then
+      if win < rec.w then rec.w = win changed = true end
+      if rec.l ~= lim then rec.l = lim changed = true end
+      if changed then save(KEYS[1], rec, kept) end
+      return 1
+    end
+  end
+  if rec == nil and ARGV[9] ~= nil and ARGV[9] ~= '' then
+    redis.call('PUBLISH', ARGV[9], 'a 0 ' .. ARGV[10])  -- before the write (see extend.lua)
+  end
+  save(KEYS[1], {r = left, a = at, u = untl, n = count, l = lim, w = win, x = false}, kept)
+  return 1
+end
+if rec ~= nil and rec.w < 0 then
+  -- A bucket read before: this answer reads the limit as a window (a new record, the
+  -- admissions still counted).
+  rec = {r = 0, a = rec.n, u = 0, n = rec.n, l = 0, w = 0, x = false}
+end
 if rec ~= nil then
   if lim <= 0 then lim = rec.l end
   if win <= 0 then win = rec.w end

@@ -1,7 +1,8 @@
 -- The allowance rules of allowance.py in Lua, loaded before admit.lua and allow.lua.
 -- The hash has r (left), a (as of admission), u (until, epoch ms, written as a whole
 -- number: '%d'), n (admitted), l (limit, 0: unknown), w (window ms, 0: unknown)
--- and x ("1": exact). roll starts the server's next window past the reset.
+-- and x ("1": exact; w < 0: a bucket, a unit every -w ms). roll starts the server's
+-- next window past the reset, or refills a bucket.
 local function load(key)
   local h = redis.call('HMGET', key, 'r', 'a', 'u', 'n', 'l', 'w', 'x')
   if h[4] == false then return nil end
@@ -15,6 +16,16 @@ local function save(key, rec, kept)
 end
 local function roll(rec, now)
   if rec.u > now or rec.l <= 0 then return false end
+  if rec.w < 0 then
+    -- A bucket (allowance._refill): a unit each -w ms since u, up to l in all; past
+    -- that, one probe a step.
+    local periods = math.floor((now - rec.u) / -rec.w) + 1
+    local room = rec.l - rec.r
+    if room > 0 then rec.r = math.min(rec.l, rec.r + periods) end
+    if periods > room then rec.r = math.max(rec.r, rec.n - rec.a + 1) end
+    rec.u = rec.u + periods * -rec.w
+    return true
+  end
   if rec.w <= 0 then
     if rec.x then return false end
     rec.r = rec.l
