@@ -415,45 +415,54 @@ def test_azure_ms_wait_is_shared_with_the_next_worker(server: ThrottleServer, cl
     assert server.count() == 1
 
 
-def test_openai_requests_spent_on_a_200_hold_every_worker_until_the_reset(
+def test_openai_requests_spent_on_a_200_hold_every_worker_until_the_buckets_next_request(
     server: ThrottleServer, clock: FakeClock
 ) -> None:
+    """Nothing left of 200, ``6m0s`` to the full refill (361 s at its latest): a request
+    comes back every 1.805 s, so every worker waits for that one (and the margin), not
+    six minutes; the one after is paced a step later."""
     store = MemoryCooldownStore()
     case = exchange("openai-200-exhausted")  # x-ratelimit-reset-requests: 6m0s
     server.serve([reply(case), Reply(200)])
     assert send(session(clock, store), server, case).status_code == 200
     for _ in range(2):
-        deferral = local_deferral(send(session(clock, store), server, case))
-        assert deferral.reason == "cooldown" and deferral.eligible_at == at(360)
-    clock.advance(358)
-    assert local_deferral(send(session(clock, store), server, case)).eligible_at == at(360)
-    clock.advance(1.5)  # half a second left: within max_wait, waited out, then sent
+        deferral = local_deferral(send(session(clock, store, max_wait=0.5), server, case))
+        assert deferral.reason == "cooldown" and deferral.eligible_at == at(1.855), deferral
+    clock.advance(1.5)  # 0.355 s left: within max_wait, waited out, then sent
     assert send(session(clock, store), server, case).status_code == 200
-    assert sent_at(server) == [RECEIVED_AT, at(360)] and clock.sleeps == [pytest.approx(0.5)]
+    assert sent_at(server) == [RECEIVED_AT, at(1.855)] and clock.sleeps == [pytest.approx(0.355)]
+    deferral = local_deferral(send(session(clock, store, max_wait=0.5), server, case))
+    assert deferral.reason == "quota" and deferral.eligible_at == at(1.855 + 1.805), deferral
 
 
 def test_openai_tokens_spent_hold_back_and_positive_tokens_do_not(server: ThrottleServer, clock: FakeClock) -> None:
+    """No token left, 91 s to their full refill, 500 requests a minute: a request's
+    share of the tokens is back in 91 / 500 s (and the margin)."""
     store = MemoryCooldownStore()
     server.serve([*[reply(exchange("openai-200-left"))] * 3, reply(exchange("openai-200-tokens-spent"))])
     s = session(clock, store)
     for _ in range(3):  # 499 requests and 29500 tokens left: nothing held back
         assert send(s, server, exchange("openai-200-left")).status_code == 200
     assert send(s, server, exchange("openai-200-tokens-spent")).status_code == 200
-    deferral = local_deferral(send(session(clock, store), server, exchange("openai-200-tokens-spent")))
-    assert deferral.reason == "cooldown" and deferral.eligible_at == at(90)
+    held = session(clock, store, max_wait=0.1)
+    deferral = local_deferral(send(held, server, exchange("openai-200-tokens-spent")))
+    assert deferral.reason == "cooldown" and deferral.eligible_at == at(91 / 500 + 0.05), deferral
     assert server.count() == 4
 
 
-def test_anthropic_requests_spent_hold_back_until_the_rfc3339_reset(server: ThrottleServer, clock: FakeClock) -> None:
+def test_anthropic_requests_spent_hold_back_until_the_buckets_next_request(
+    server: ThrottleServer, clock: FakeClock
+) -> None:
+    """Nothing left of 50, the full refill at a whole second 30 s after the ``Date`` (up
+    to 31 s): the next request in 31 / 50 s (and the margin), not 30 s."""
     store = MemoryCooldownStore()
     case = exchange("anthropic-200-exhausted")
     server.serve([reply(case), Reply(200)])
     assert send(session(clock, store), server, case).status_code == 200
-    deferral = local_deferral(send(session(clock, store), server, case))
-    assert deferral.reason == "cooldown" and deferral.eligible_at == at(30)
-    clock.advance(29)
-    response = send(session(clock, store, max_wait=5), server, case)  # waits out the last second
-    assert response.status_code == 200 and sent_at(server) == [RECEIVED_AT, at(30)]
+    deferral = local_deferral(send(session(clock, store, max_wait=0.5), server, case))
+    assert deferral.reason == "cooldown" and deferral.eligible_at == at(0.67), deferral
+    response = send(session(clock, store), server, case)  # waits out the 0.67 s
+    assert response.status_code == 200 and sent_at(server) == [RECEIVED_AT, at(0.67)]
 
 
 def test_anthropic_output_tokens_spent_hold_back(server: ThrottleServer, clock: FakeClock) -> None:
@@ -461,7 +470,8 @@ def test_anthropic_output_tokens_spent_hold_back(server: ThrottleServer, clock: 
     case = exchange("anthropic-200-output-tokens-spent")
     server.serve([reply(case)])
     send(session(clock, store), server, case)
-    assert local_deferral(send(session(clock, store), server, case)).eligible_at == at(12)
+    held = session(clock, store, max_wait=0.1)
+    assert local_deferral(send(held, server, case)).eligible_at == at(13 / 50 + 0.05)  # a request's share
     assert server.count() == 1
 
 
