@@ -308,7 +308,10 @@ class Permit(NamedTuple):
 
 class Announced(NamedTuple):
     """The server allows ``remaining`` more requests until ``until`` (``limit`` per
-    ``window`` seconds, when it said), in answer to the attempt admitted as ``seq``."""
+    ``window`` seconds, when it said), in answer to the attempt admitted as ``seq``. A
+    negative ``window`` is a bucket (OpenAI's, Anthropic's): ``until`` is its next unit,
+    one more every ``-window`` seconds after, up to ``limit`` (see
+    ``allowance.merge_allowance``)."""
 
     remaining: int
     until: datetime
