@@ -162,7 +162,7 @@ def test_a_deadline_too_short_for_the_wait_defers_without_sending(server, clock)
     clock.advance(25)
     with budget(deadline=4):  # 5 s left: fits max_wait but not the deadline
         _, d2 = resume(clock, server.url + "/dl", via_json(d1), max_wait=10)
-    assert d2.reason == "cooldown" and d2.eligible_at == d1.eligible_at
+    assert d2.reason == "deadline" and d2.eligible_at == d1.eligible_at  # the deadline forced it
     assert server.count() == 1 and clock.sleeps == []
 
 
