@@ -110,6 +110,39 @@ def test_a_fleet_and_the_server_agree_where_the_wall_clock_gains_on_the_monotoni
     assert stats.throttled <= 1, stats
 
 
+def test_the_llm_stand_ins_refill_continuously_and_announce_the_time_to_full():
+    """``quota_headers="openai"``: a bucket of 10 refilled at 2 a second (as OpenAI
+    documents its limits), each answer saying what is left, whole, and the time until
+    it is full; past it a 429 whose wait is the next request's."""
+    clock = FakeClock(start=datetime(2026, 1, 1, tzinfo=timezone.utc))
+    with QuotaServer(10, 5, align="first", quota_headers="openai", clock=clock) as server:
+        said = [requests.post(server.url + "/v1/chat/completions", timeout=5) for _ in range(11)]
+        assert [r.status_code for r in said] == [200] * 10 + [429]
+        assert [said[i].headers["x-ratelimit-remaining-requests"] for i in (0, 9)] == ["9", "0"]
+        assert [said[i].headers["x-ratelimit-reset-requests"] for i in (0, 9)] == ["500ms", "5s"]
+        assert said[10].headers["retry-after-ms"] == "500" and said[10].headers["retry-after"] == "1"
+        clock.advance(0.75)  # one and a half back: one goes, half of the next is there
+        assert requests.get(server.url + "/v1/models", timeout=5).headers["x-ratelimit-reset-requests"] == "4.75s"
+        assert requests.get(server.url + "/v1/models", timeout=5).status_code == 429
+    assert server.stats().throttled == 2
+
+
+def test_an_llm_stand_in_in_whole_seconds_and_its_options():
+    clock = FakeClock(start=datetime(2026, 1, 1, tzinfo=timezone.utc))
+    with QuotaServer(180, 360, quota_headers="anthropic", clock=clock, reset_precision=1, filled=1) as server:
+        answer = requests.get(server.url + "/v1/models", timeout=5)
+        assert answer.headers["anthropic-ratelimit-requests-remaining"] == "0"
+        assert answer.headers["anthropic-ratelimit-requests-reset"] == "2026-01-01T00:06:00Z"
+        assert requests.get(server.url + "/v1/models", timeout=5).status_code == 429
+    with QuotaServer(3, 1, quota_headers="openai", refill="window", clock=clock) as window:
+        assert [requests.get(window.url, timeout=5).status_code for _ in range(4)] == [200, 200, 200, 429]
+    for bad in ({"refill": "bucket"}, {"reset_precision": 2}, {"filled": 4}, {"filled": True}):
+        with pytest.raises(ConfigurationError):
+            QuotaServer(3, 1, quota_headers="openai", **bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="continuous"):
+        QuotaServer(3, 1, quota_headers="ietf", refill="continuous")
+
+
 def test_it_runs_in_its_own_process_for_the_benchmarks():
     proc = subprocess.Popen(
         [sys.executable, "-m", "retry_after_adapter.demo", "--serve", "1", "60"],
