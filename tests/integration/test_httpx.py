@@ -436,7 +436,7 @@ async def test_async_hung_redis_is_bounded_by_the_budget_and_the_breaker_without
     # of 10 ms on an idle machine; a blocked loop would give none).
     assert ticked >= 5, (ticked, took)
     if store_failure == "open":
-        assert reasons == ["deadline", "cooldown", "cooldown"] and real_server.count() == 1
+        assert reasons == ["deadline"] * 3 and real_server.count() == 1
     else:
         assert reasons == ["cooldown-unknown"] * 3 and real_server.count() == 0
 
