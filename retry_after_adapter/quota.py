@@ -71,6 +71,7 @@ __all__ = [
     "bound_hint",
     "from_allowances",
     "read_quota",
+    "refill_step",
 ]
 
 #: An ``X-RateLimit-*`` value longer than this is ignored.
@@ -156,7 +157,9 @@ class QuotaHint:
     - ``refill``: seconds in which one unit of a continuously refilled limit comes
       back (OpenAI's and Anthropic's requests: a token bucket, whole milliseconds);
       ``remaining`` then holds until ``reset``, the next unit, and one more comes each
-      ``refill`` after. None: a window (the whole limit again at ``reset``).
+      ``refill`` after (``reset_at``, ``date``: the full refill's epoch, when named, and
+      the ``Date`` it was measured against). None: a window (the whole limit again at
+      ``reset``).
     - ``allowances``: a provider's figures per limit kind (requests, tokens, input and
       output tokens: :class:`~retry_after_adapter.dialects.Allowance`), as read
       (OpenAI, Anthropic); empty for the other sources. ``remaining``/``reset`` above
@@ -395,13 +398,13 @@ def from_allowances(allowances: tuple[Allowance, ...], source: str, date: float 
     declared costs are admitted against (``engine.learn``, ``cooldown.weights``).
     """
     requests = next((each for each in allowances if each.kind == "requests"), None)
-    step = None if requests is None else _step(requests.refill)
+    step = None if requests is None else refill_step(requests.refill)
     spent = [each for each in allowances if each.spent]
     if spent:
         waits = [(_next_request(each, requests, step), each) for each in spent]
         wait, governing = max(waits, key=lambda pair: pair[0])
         if governing is requests and step is not None:
-            return QuotaHint(0, wait, requests.limit, None, source, allowances=allowances, refill=step)
+            return _bucket_of(requests, 0, wait, step, source, date, allowances)
         limit = governing.limit if governing.kind == "requests" else None
         if wait != governing.reset:  # a token kind's share: no epoch of its own
             return QuotaHint(0, wait, limit, None, source, allowances=allowances)
@@ -409,12 +412,24 @@ def from_allowances(allowances: tuple[Allowance, ...], source: str, date: float 
     if requests is None:
         return QuotaHint(None, None, None, None, source, allowances=allowances)
     if step is not None:
-        left, until = requests.remaining, step + RESET_MARGIN
-        return QuotaHint(left, until, requests.limit, None, source, allowances=allowances, refill=step)
+        return _bucket_of(requests, requests.remaining, step + RESET_MARGIN, step, source, date, allowances)
     return _hint_of(requests, requests.remaining, requests.limit, source, date, allowances)
 
 
-def _step(refill: float | None) -> float | None:
+def _bucket_of(
+    requests: Allowance, remaining: int | None, reset: float, step: float, source: str, date: float | None,
+    every: tuple[Allowance, ...],
+) -> QuotaHint:
+    """The hint of a requests bucket: ``remaining`` until ``reset`` (its next unit), one
+    more every ``step``; its full refill's epoch and the ``date`` kept when it named a
+    time (Anthropic: the engine may read it against the server's clock it learned)."""
+    said = date if requests.reset_at is not None else None
+    return QuotaHint(
+        remaining, reset, requests.limit, None, source, requests.reset_at, said, every, refill=step
+    )
+
+
+def refill_step(refill: float | None) -> float | None:
     """A bucket's refill step (seconds a unit) as stores keep it: whole milliseconds,
     rounded up, at least :data:`~.dialects.REFILL_STEP`."""
     if refill is None:

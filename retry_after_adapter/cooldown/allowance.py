@@ -199,9 +199,9 @@ def _merge_bucket(
     ``-window`` seconds, ``until`` the next), holding as of the admission after ``seq``
     (those admitted since taken off). Requests overtake each other on the way, so an
     answer may not count one admitted before it that is still coming: it replaces the
-    record only when it leaves fewer (a new start for the refill, from its next unit);
-    otherwise the record stays, at the slower of the two paces. Units come back to the
-    record by its refill alone."""
+    record only when it leaves fewer (a new start for the refill, from its next unit,
+    at its pace); otherwise the record stays as it is. Units come back to the record by
+    its refill alone."""
     if -window > MAX_SECONDS or (until - now).total_seconds() > MAX_SECONDS or limit <= 0:
         return None
     count = current.admitted if current is not None else 0
@@ -211,8 +211,7 @@ def _merge_bucket(
     rolled = roll(current, now)
     if fresh.remaining < rolled.remaining:
         return fresh
-    kept = rolled._replace(limit=limit, window=min(rolled.window, window))
-    return None if kept == current else kept
+    return None if rolled == current else rolled
 
 
 _Number = TypeVar("_Number", int, float)

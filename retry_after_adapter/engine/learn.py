@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .._compat import announces_quota, header_getter, response_header
 from ..cooldown.allowance import SAME_WINDOW
 from ..cooldown.freshness import INVALID_HEADER, SERVER_ERROR, SUCCESS, SUCCESS_EVERY, THROTTLED, TRANSPORT
-from ..dialects import MS_FIELDS
+from ..dialects import MS_FIELDS, RESET_MARGIN
 from ..errors import InvalidRetryAfter
 from ..policy import TOO_LONG, Reason
-from ..quota import QuotaHint, bound_hint, read_quota
+from ..quota import QuotaHint, bound_hint, read_quota, refill_step
 from .buckets import learn_cooldown, learn_route, learn_secondary
 
 if TYPE_CHECKING:
@@ -87,6 +88,8 @@ def read_quota_headers(
     if hint is None or hint.reset is None or hint.remaining is None or hint.reset <= 0:
         return hint
     until = _reset_here(call, hint, now, received)
+    if hint.refill is not None:
+        hint, until = _paced(call, hint, now, received, until)
     # Whole seconds rounded up bound a window's reset from above, so the earliest such
     # reset is the tightest; the LLM APIs' limits are buckets (``hint.refill``): the
     # reset is their next unit, read at its latest, and moves with each answer.
@@ -142,13 +145,37 @@ def _reset_here(call: Call, hint: QuotaHint, now: datetime, received: float) -> 
     if meter is None or hint.date is None:
         return until
     meter.server.observe(hint.date, call.ticket.sent_at, received)
-    if hint.reset_at is None:
+    if hint.reset_at is None or hint.refill is not None:  # a bucket's is its full refill
         return until
     latest = meter.server.latest(hint.reset_at, received)
     if latest is None:
         return until
     # Never later than this answer alone says: its Date is one of the bounds.
     return min(until, now + timedelta(seconds=latest - received))
+
+
+def _paced(
+    call: Call, hint: QuotaHint, now: datetime, received: float, until: datetime
+) -> tuple[QuotaHint, datetime]:
+    """A bucket whose full refill is a time (Anthropic's) paced by the server's clock as
+    the scope's answers bound it (``meters.ServerClock``), at the latest time the full
+    refill may come: one whole-second ``Date`` alone may read it up to a second late,
+    a pace slower by that share. Never a faster pace than the answer's own figures
+    allow at their latest; ``until``, the next unit, follows."""
+    meter = call.meter
+    if meter is None or hint.reset_at is None or hint.date is None or hint.refill is None:
+        return hint, until
+    latest = meter.server.latest(hint.reset_at, received)
+    requests = next((each for each in hint.allowances if each.kind == "requests"), None)
+    if latest is None or latest <= received or requests is None or requests.limit is None:
+        return hint, until
+    if requests.remaining is None or requests.limit <= requests.remaining:
+        return hint, until
+    step = refill_step((latest - received) / (requests.limit - requests.remaining))
+    if step is None or step >= hint.refill:
+        return hint, until
+    hint = replace(hint, refill=step, reset=step + RESET_MARGIN)
+    return hint, now + timedelta(seconds=hint.reset or 0.0)
 
 
 def _left_unseen(call: Call, hint: QuotaHint, until: datetime) -> int:

@@ -12,7 +12,7 @@ if untl <= now then return 0 end
 local rec = load(KEYS[1])
 if win < 0 then
   -- A bucket's answer (allowance._merge_bucket): it replaces the record only when it
-  -- leaves fewer; else the record stays, at the slower of the two paces.
+  -- leaves fewer; else the record stays as it is.
   if lim <= 0 then return 0 end
   local count = 0
   if rec ~= nil then count = rec.n end
@@ -20,11 +20,9 @@ if win < 0 then
   if seq >= 0 then at = math.min(seq + 1, count) end
   local left = math.min(remaining, lim)
   if rec ~= nil and rec.w < 0 then
-    local changed = roll(rec, now)
+    local rolled = roll(rec, now)
     if left - (count - at) >= rec.r - (rec.n - rec.a) then
-      if win < rec.w then rec.w = win changed = true end
-      if rec.l ~= lim then rec.l = lim changed = true end
-      if changed then save(KEYS[1], rec, kept) end
+      if rolled then save(KEYS[1], rec, kept) end
       return 1
     end
   end
