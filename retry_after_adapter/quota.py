@@ -326,14 +326,26 @@ def _number(raw: str | None, *, decimals: bool = False) -> float | None:
     return float(text)
 
 
+def _latest(raw: str | None) -> float | None:
+    """A decimal ``X-RateLimit-*`` time (seconds, or an epoch in seconds or ms) at the
+    latest its text can mean: one unit of its last printed decimal more (``1.234``: up
+    to 1.235, rounded or truncated). Whole numbers are read as they are: servers round
+    whole seconds up (each answer's reset bounds the real one; see the meters)."""
+    value = _number(raw, decimals=True)
+    if value is None or raw is None:
+        return value
+    _, dot, fraction = raw.strip(" \t").partition(".")
+    return value + 10.0 ** -len(fraction) if dot else value
+
+
 def _x_ratelimit(get: HeaderGetter, *, received_at: datetime, date: str | None) -> QuotaHint | None:
     left = _number(get("X-RateLimit-Remaining"))
     if left is None:
         return None
-    reset = _number(get("X-RateLimit-Reset-After"), decimals=True)
+    reset = _latest(get("X-RateLimit-Reset-After"))
     reset_at = said = None
     if reset is None:
-        at = _number(get("X-RateLimit-Reset"), decimals=True)
+        at = _latest(get("X-RateLimit-Reset"))
         if at is not None and at >= EPOCH_THRESHOLD:
             # Epoch milliseconds or epoch seconds, by magnitude: measured against the
             # response's own Date, else its receipt.

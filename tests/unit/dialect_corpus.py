@@ -162,7 +162,7 @@ EXCHANGES: list[Exchange] = [
             "X-RateLimit-Reset-After": "1.5",
             "X-RateLimit-Bucket": "abcd1234",
         },
-        (1, 1.5, 5, None), source=DISCORD_DOCS,
+        (1, 1.5 + 0.1, 5, None), source=DISCORD_DOCS,  # each decimal at its latest: one unit more
     ),
     Exchange(
         "discord-200-exhausted", "GET", "/api/v10/channels/1001/messages", {"Authorization": "Bot t0k3n-discord"},
@@ -174,12 +174,12 @@ EXCHANGES: list[Exchange] = [
             "X-RateLimit-Reset-After": "2.25",
             "X-RateLimit-Bucket": "abcd1234",
         },
-        (0, 2.25, 5, None), source=DISCORD_DOCS,
+        (0, 2.25 + 0.01, 5, None), source=DISCORD_DOCS,
     ),
     Exchange(
         "discord-reset-epoch-decimals", "GET", "/api/v10/channels/1001/messages", {}, 200,
         {"X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": f"{EPOCH + 3}.125"},
-        (0, 3.125, 5, None), source=DISCORD_DOCS,
+        (0, float(f"{EPOCH + 3}.125") + 0.001 - EPOCH, 5, None), source=DISCORD_DOCS,
     ),
     Exchange(
         "discord-429-user", "POST", "/api/v10/channels/1001/messages", {"Authorization": "Bot t0k3n-discord"}, 429,
@@ -193,7 +193,7 @@ EXCHANGES: list[Exchange] = [
             "X-RateLimit-Scope": "user",
             "Content-Type": "application/json",
         },
-        (0, 64.57, 10, None),
+        (0, 64.57 + 0.01, 10, None),
         b'{"message": "You are being rate limited.", "retry_after": 64.57, "global": false}', DISCORD_DOCS,
     ),
     Exchange(
@@ -340,7 +340,7 @@ EXCHANGES: list[Exchange] = [
     Exchange(
         "x-reset-epoch-ms-decimals", "GET", "/items", {}, 200,
         {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": f"{(EPOCH + 30) * 1000 + 500}.0"},
-        (0, 30.5, None, None),
+        (0, (float(f"{(EPOCH + 30) * 1000 + 500}.0") + 0.1) / 1000 - EPOCH, None, None),
     ),
 ]  # fmt: skip
 

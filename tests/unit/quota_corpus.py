@@ -61,7 +61,7 @@ CORPUS: list[tuple[str, dict[str, str], Expected]] = [
     # -- X-RateLimit-*, valid
     ("x-epoch-reset", {XR: "0", XT: str(EPOCH + 30), "Date": DATE}, (0, 30.0)),
     ("x-delta-reset", {XR: "0", XT: "30"}, (0, 30.0)),
-    ("x-reset-after-decimal", {XR: "0", XA: "1.5"}, (0, 1.5)),
+    ("x-reset-after-decimal", {XR: "0", XA: "1.5"}, (0, 1.5 + 0.1)),  # at its latest: one unit more
     ("x-left", {XR: "10", XT: "30"}, (10, 30.0)),
     ("x-epoch-in-the-past", {XR: "0", XT: str(EPOCH - 30), "Date": DATE}, (0, 0.0)),
     ("x-no-reset", {XR: "0"}, (0, None)),
@@ -73,7 +73,7 @@ CORPUS: list[tuple[str, dict[str, str], Expected]] = [
         {XR: "0", XT: str(EPOCH + 130), "Date": "Sun, 01 Mar 2026 12:01:40 GMT"},
         (0, 30.0),
     ),
-    ("x-decimal-delta", {XR: "0", XT: "1.5"}, (0, 1.5)),
+    ("x-decimal-delta", {XR: "0", XT: "1.5"}, (0, 1.5 + 0.1)),
     ("x-leading-zeros", {XR: "00", XT: "30"}, (0, 30.0)),
     ("x-bad-date-uses-receipt", {XR: "0", XT: str(EPOCH + 30), "Date": "yesterday"}, (0, 30.0)),
     # -- X-RateLimit-*, malformed: ignored (never read as 0)
