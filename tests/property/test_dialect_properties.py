@@ -10,7 +10,14 @@ from fractions import Fraction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from retry_after_adapter.dialects import MAX_GO_DURATION, MAX_VALUE, go_duration, milliseconds, rfc3339_epoch
+from retry_after_adapter.dialects import (
+    MAX_GO_DURATION,
+    MAX_VALUE,
+    go_duration,
+    go_duration_latest,
+    milliseconds,
+    rfc3339_epoch,
+)
 
 UTC = timezone.utc
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -44,6 +51,24 @@ def test_every_go_duration_is_read_exactly(parts: list[tuple[int, str | None, st
         return
     assert got is not None
     assert abs(Fraction(got) - exact_seconds(parts)) <= Fraction(1, 10**12) * max(1, exact_seconds(parts))
+
+
+@SETTINGS
+@given(st.lists(PART, min_size=1, max_size=4))
+def test_a_go_duration_at_its_latest_is_one_unit_of_its_last_digit_later(
+    parts: list[tuple[int, str | None, str]],
+) -> None:
+    """Never earlier than the text says, and later by exactly one unit of the last digit
+    printed (the text may be rounded or truncated)."""
+    text = "".join(f"{w}{'' if f is None else '.' + f}{u}" for w, f, u in parts)
+    exact, latest = go_duration(text), go_duration_latest(text)
+    if exact is None:
+        assert latest is None
+        return
+    _, fraction, unit = parts[-1]
+    unit_seconds = Fraction(NANOSECONDS[unit], 10**9) / 10 ** len(fraction or "")
+    assert latest is not None and latest >= exact  # equal only where a float cannot tell
+    assert abs(Fraction(latest) - Fraction(exact) - unit_seconds) <= Fraction(1, 10**12) * max(1, Fraction(exact))
 
 
 @SETTINGS
