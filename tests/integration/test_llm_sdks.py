@@ -337,14 +337,15 @@ def test_sdk_calls_keep_to_a_bucket_refilled_continuously_at_its_pace(kind: str)
     as a bucket, nothing left means the next request in about half a second, not in 5 s
     (> ``max_wait``). So no call raises (before: 14 of 24 raised ``RateLimitError`` at
     once), no 429 (each would end its POST), and the 14 past the bucket's 10 go at
-    about its pace: 7 s (measured 7.5-8.1 s)."""
+    about its pace: 7 s (measured: OpenAI 7.5-8.1 s; Anthropic, its times read against
+    whole-second ``Date``s, 7.7-9.9 s)."""
     with QuotaServer(10, 5, align="first", quota_headers=kind) as server:
         done, raised, spread = four_threads_of_six_chats(kind, server)
         stats = server.stats()
     assert raised == [] and len(done) == 4, raised
     assert stats.ok == 24 and stats.throttled <= 1 and stats.early == 0, stats
     assert spread >= 14 / 2 - 0.5, spread  # never faster than the bucket refills
-    assert spread <= 14 / 2 / 0.6, spread  # about its pace (a loaded machine: 0.6 of it)
+    assert spread <= 14 / 2 / 0.5, spread  # about its pace (a loaded machine: half of it)
 
 
 def test_a_newcomers_bucket_announcing_six_minutes_to_full_is_paced_not_deferred() -> None:
