@@ -22,8 +22,8 @@ from .cooldown.base import CooldownStore, FreshnessLog, Leases, QuotaLogs, Weigh
 from .cooldown.freshness import Freshness
 from .cooldown.guard import DEFAULT, check_store_failure, shared
 from .cooldown.memory import DEFAULT_STORE
-from .cooldown.weights import check_fits
-from .cost import CostFunction, check_cost_option, cost_of
+from .cooldown.weights import token_quota
+from .cost import FIXED, CostFunction, check_cost_option, cost_error, cost_of
 from .deferral import Deferral
 from .engine import Call, Outcome, Plan, current_override
 from .engine.buckets import refine_call
@@ -226,8 +226,8 @@ class Settings:
         }
         quota, cost = _check_quota(self.quota, cooldown), checked["cost"]
         tokens = quota_of(quota, "tokens")
-        if tokens is not None and isinstance(cost, int):
-            check_fits(cost, tokens.limit, tokens.per)  # a fixed cost: known now
+        if tokens is not None and isinstance(cost, int) and cost > tokens.limit:
+            raise cost_error(cost, FIXED, token_quota(tokens.limit, tokens.per))  # a fixed cost: known now
         if checked["max_concurrency"] is not None and cooldown is None:
             raise ConfigurationError("max_concurrency is shared through a store: cooldown= must not be None")
         if not isinstance(self.learn_rate, bool):
@@ -484,6 +484,7 @@ class SharedSettings:
         call = Call(policy, self._plan, scope=scope, hooks=settings.on_decision, override=override)
         if settings.cost is not None and (override is None or override.cost is None):
             call.progress.cost = cost_of(settings.cost, request if original is None else original)
+            call.progress.cost_from = settings.cost
         if self._plan.dialects.routes:
             refine_call(call, request.method, request.url)
         if self._plan.replays and not isinstance(getattr(request, "body", None), (bytes, str, type(None))):

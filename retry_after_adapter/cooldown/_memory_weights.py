@@ -12,7 +12,7 @@ from datetime import datetime
 from ._memory_log import _as_datetime
 from .allowance import Allowance, admit_allowance
 from .base import Admission, Weigh, Weighed, token_scope
-from .weights import NO_ALLOWANCE, check_fits, weighed_free_at, with_weighed
+from .weights import NO_ALLOWANCE, check_fits, oversized, weighed_free_at, with_weighed
 
 #: A quota's log key: (limit, per in microseconds).
 _Key = tuple[int, int]
@@ -81,10 +81,14 @@ class TokenLogs:
         ``allowances`` (the store's) and this log: ``(record, None)`` when they fit (the
         announced token allowance with the cost counted, to keep on the grant;
         ``weights.NO_ALLOWANCE`` when only a configured token quota weighs them; None: nothing weighs
-        them), else ``(None, when to ask again)``; nothing taken."""
+        them), else ``(None, when to ask again)``, or ``(the announced allowance, its
+        reset)`` when the cost is above its whole limit (``weights.oversized``: never
+        admitted, see ``weights.too_large``); nothing taken."""
         record = allowances.get(token_scope(scope))
         counted = None
         if record is not None:
+            if oversized(record, weigh.cost):
+                return record, record.until
             counted, wait = admit_allowance(record, now, weigh.cost)
             if wait is not None:
                 allowances[token_scope(scope)] = counted  # rolled

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import CooldownStoreError
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from .allowance import ALLOWANCE_KEPT
-from .base import Admission, Ask, Granted, Learn, Lease, RateHeld
+from .base import Admission, Ask, Granted, Learn, Lease, Oversized, RateHeld
 from .freshness import Freshness
 from .rate import RATE_KEPT, Rate, rate_from_row
 from .weights import with_weighed
@@ -79,7 +79,8 @@ def _ms_or_none(ms: int) -> datetime | None:
 
 def _admission(reply: Any, stored: datetime | None, together: bool, learn: Learn | None) -> Admission:
     """The admit script's reply as an :class:`Admission`: eight numbers (see
-    ``admit.lua``), three more when the learned rate admitted; ``stored``: the cooldown
+    ``admit.lua``), three more when the learned rate admitted, two (-3 and the limit)
+    when a cost is above the announced token limit; ``stored``: the cooldown
     read before the script when it could not read it (``together`` False)."""
     try:
         cooldown, wait, seq, busy, permit, extra, units, reset = (int(value) for value in reply[:8])
@@ -93,6 +94,8 @@ def _admission(reply: Any, stored: datetime | None, together: bool, learn: Learn
     if len(reply) > 11:  # a grant that weighed tokens (its rated part is -2)
         granted = Granted.of(end, known, number, extra, None, units, until)
         return with_weighed(granted, _ms_or_none(int(reply[11])), rated[1] if rated[1] >= 0 else None)
+    if rated[:1] == [-3]:  # a cost above the announced token limit (weights.oversized)
+        return Oversized.of(known, from_epoch_ms(wait), rated[1])
     if rated:
         return _rate_admission(rated, known, wait, busy, end, learn)
     if wait < 0 and (permit >= 0 or units > 0):

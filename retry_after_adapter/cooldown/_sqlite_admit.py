@@ -22,7 +22,7 @@ from ._sqlite_file import RATE_COLUMNS
 from .allowance import Allowance, admit_allowance, admit_more
 from .base import Admission, Granted, Learn, Lease, RateHeld, Weigh, extra_permits, free_at
 from .rate import OPEN_KEPT, PROBE_RECHECK, RATE_KEPT, Rate, fresh_rate, rate_from_row, rate_row, roll_rate
-from .weights import with_weighed
+from .weights import too_large, with_weighed
 
 #: Rows of other scopes that stopped mattering deleted by each write that may add one
 #: (a permit or a lease taken, an allowance, a note): more than the one row a write
@@ -112,7 +112,7 @@ def admit_locked(
 
         tokens, wait = weigh_locked(conn, scope, weigh, now)
         if wait is not None:
-            return Admission(cooldown, wait)
+            return Admission(cooldown, wait) if tokens is None else too_large(cooldown, tokens, now)
     if learn is not None and quota is None and record is None and tokens is None:
         return _admit_rate(conn, scope, now_ms, cooldown, lease, learn)
     refused = _refused(conn, scope, quota, limit, lease, now_ms, cooldown)

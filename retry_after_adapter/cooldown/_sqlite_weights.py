@@ -14,7 +14,7 @@ from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from ._sqlite_admit import allowance_row, put_allowance
 from .allowance import Allowance, admit_allowance
 from .base import Weigh, Weighed, token_scope
-from .weights import NO_ALLOWANCE, check_fits, weighed_free_at
+from .weights import NO_ALLOWANCE, check_fits, oversized, weighed_free_at
 
 #: Rows of any scope's token permits that stopped counting, deleted per permit taken.
 SWEEP_PER_WRITE = 8
@@ -31,11 +31,15 @@ def weigh_locked(
     """The attempt's tokens at ``now``: ``(record, None)`` when they fit (the announced
     token allowance with the cost counted, to write on the grant; :data:`NO_ALLOWANCE`
     when only a token quota weighs them; None: nothing weighs them), else ``(None,
-    when to ask again)``; nothing taken (a rolled allowance is written)."""
+    when to ask again)``, or ``(the announced allowance, its reset)`` when the cost is
+    above its whole limit (``weights.oversized``); nothing taken (a rolled allowance is
+    written)."""
     tokens = token_scope(scope)
     record = allowance_row(conn, tokens)
     counted = None
     if record is not None:
+        if oversized(record, weigh.cost):
+            return record, record.until  # never admitted (see ``weights.too_large``)
         counted, wait = admit_allowance(record, now, weigh.cost)
         if wait is not None:
             if counted != record:

@@ -134,13 +134,12 @@ def admit_allowance(
     the reset; or, past a reset whose next window's end is unknown, once the limit is
     admitted, up to :data:`AWAIT_ANSWER` seconds past the reset, for the first answer
     to say it (those woken at the reset would otherwise all go, the limit and more). A
-    cost larger than the server's whole limit waits for a whole window."""
+    cost larger than the server's whole limit is never asked for (``weights.oversized``)."""
     record = roll(record, now)
-    need = cost if record.limit <= 0 else min(cost, record.limit)
-    if record.remaining < need:
+    if record.remaining < cost:
         if record.until > now:
             if record.window < 0:  # a bucket: when enough units have come back
-                short = need - record.remaining - 1
+                short = cost - record.remaining - 1
                 return record, record.until + timedelta(seconds=-record.window * short)
             return record, record.until
         if record.exact and record.window <= 0 and record.limit > 0:

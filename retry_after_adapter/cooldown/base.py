@@ -103,6 +103,9 @@ class Admission(_Fields):
     token_seq: int | None = None
     #: Refused by the scope's learned rate (see :class:`RateHeld`).
     by_rate = False
+    #: Refused for good: the attempt's cost is above the server's announced token
+    #: limit, this (see :class:`Oversized`; 0: not so).
+    oversized = 0
 
 
 class RateHeld(Admission):
@@ -113,6 +116,19 @@ class RateHeld(Admission):
     __slots__ = ()
 
     by_rate = True
+
+
+class Oversized(Admission):
+    """A refusal for good: the attempt's declared cost is more than the whole token
+    limit the server announced (``oversized``), so no window would admit it
+    (``weights.oversized``). ``not_before`` is the allowance's reset, for a layer that
+    does not read this; the engine raises a ConfigurationError instead of waiting."""
+
+    @classmethod
+    def of(cls, cooldown: datetime | None, not_before: datetime, limit: int) -> Oversized:
+        refused = cls(cooldown, not_before, None, False)
+        refused.oversized = limit
+        return refused
 
 
 class Granted(Admission):

@@ -476,6 +476,8 @@ class StoreGuard(FullStore):
         what it knows) or CooldownUnavailable (fail closed)."""
         _local_answer_allowed(budget)
         answer = self.local.admit(Ask(*ask[:6], weigh=ask.weigh))
+        if answer.oversized:
+            return answer  # a cost the announced limit never admits: the engine's error
         weighed = answer.weighed
         answer = answer._replace(seq=None)  # (a plain Admission: the grant's numbers dropped)
         return with_weighed(answer, weighed)

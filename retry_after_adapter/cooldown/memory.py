@@ -57,6 +57,7 @@ from .base import (
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, merge_note
 from .rate import Rate
+from .weights import too_large
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
 #: a small store never forgets a time (tests on a fake clock keep theirs).
@@ -298,7 +299,7 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
         if weigh is not None:
             tokens, wait = self._tokens.weigh(self._allowance, scope, weigh, now, at)
             if wait is not None:
-                return Admission(cooldown, wait)
+                return Admission(cooldown, wait) if tokens is None else too_large(cooldown, tokens, now)
         if learn is not None and limit is None and record is None and tokens is None:
             return self._admit_rate(scope, now, at, cooldown, lease, learn)
         key = None if limit is None else _quota_key(limit, per, margin + opened)

@@ -22,21 +22,43 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from .allowance import Allowance
-from .base import Admission, Granted
+from .base import Admission, Granted, Oversized
 
 #: What a store's weighing gives when only a configured token quota weighs an attempt
 #: (no announced token allowance to count the cost in): a grant writes no allowance.
 NO_ALLOWANCE = Allowance(0, 0, datetime.min.replace(tzinfo=timezone.utc), 0)
 
 
+def token_quota(limit: int, per: float) -> str:
+    """A token quota of ``limit`` per ``per`` seconds, in words (for an error)."""
+    return f"the token quota of {limit} per {per:g} s"
+
+
 def check_fits(cost: int, limit: int, per: float) -> None:
     """Raise ConfigurationError for a cost a token quota of ``limit`` per ``per``
-    seconds could never admit (more than its limit)."""
+    seconds could never admit (more than its limit). The engine checks this before
+    asking a store (naming where the cost came from); a store checks it again for a
+    caller that asks it directly."""
     if limit > 0 and cost > limit:
         raise ConfigurationError(
-            f"a request's cost of {cost} tokens exceeds the token quota of {limit} per {per:g} s: "
-            "it could never be admitted"
+            f"a request's cost of {cost} tokens exceeds {token_quota(limit, per)}: it could never be admitted"
         )
+
+
+def oversized(record: Allowance, cost: int) -> bool:
+    """Whether ``cost`` tokens can never be admitted by the server's announced token
+    allowance ``record``: they are more than its whole limit, when the server said it
+    (no window of the server's would take them: OpenAI answers such a request "too
+    large"). The store answers :func:`too_large` then, and the engine raises a
+    ConfigurationError naming the cost and the limit (``Plan.admit_once``)."""
+    return 0 < record.limit < cost
+
+
+def too_large(cooldown: datetime | None, record: Allowance, now: datetime) -> Admission:
+    """The refusal of a cost :func:`oversized` for ``record``: ``Admission.oversized``
+    is the announced limit; ``not_before`` the allowance's reset (now, when that is
+    past), what a layer that does not know this answer waits for."""
+    return Oversized.of(cooldown, max(record.until, now), record.limit)
 
 
 def weighed_free_at(entries: Iterable[tuple[Any, int]], total: int, cost: int, limit: int) -> Any:

@@ -20,6 +20,7 @@ from urllib3.util.retry import Retry
 from urllib3.util.timeout import Timeout
 
 from ..clock import Clock, Event
+from ..cost import BUDGET
 from ..deferral import Deferral
 from ..dialects import milliseconds, precise_wait
 from ..errors import DeferralLimitExceeded, InvalidRetryAfter
@@ -146,8 +147,10 @@ class Progress:
     started_at: datetime | None = None
     #: No attempt before this: the eligible time of the deferral this call resumes.
     not_before: datetime | None = None
-    #: What each attempt of the call costs in tokens (0: none declared; see ``cost``).
+    #: What each attempt of the call costs in tokens (0: none declared; see ``cost``),
+    #: and where it came from (the ``cost=`` option or ``cost.BUDGET``), for an error.
     cost = 0
+    cost_from: object = None
     #: Whether the request can be sent again as it is: False for a body read once as it
     #: is sent (a generator, a file), which nothing makes a replay of (set by the front
     #: end; read only when a provider's answer would let a POST be replayed).
@@ -231,6 +234,7 @@ class Call:
         )
         if override.cost is not None:
             self.progress.cost = override.cost
+            self.progress.cost_from = BUDGET
         resume = override.resume
         if resume is None:
             return

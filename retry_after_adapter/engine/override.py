@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from ..clock import Event
-from ..cost import check_cost
+from ..cost import BUDGET, check_cost
 from ..deferral import Deferral
 from ..errors import ConfigurationError
 from ..policy import check_limit
@@ -79,7 +79,7 @@ def budget(
     if resume is not None and not isinstance(resume, Deferral):
         raise ConfigurationError("resume must be a Deferral (use Deferral.from_dict on stored JSON)")
     if cost is not None:
-        check_cost(cost)
+        cost = check_cost(cost, BUDGET)
     outer = _OVERRIDE.get() or Override()
     merged = Override(
         deadline=deadline if not isinstance(deadline, _Unset) else outer.deadline,

@@ -35,7 +35,8 @@ from ..cooldown.base import (
 from ..cooldown.guard import StoreBudget, StoreGuard
 from ..cooldown.legacy import opens_permits
 from ..cooldown.memory import MemoryCooldownStore
-from ..cooldown.weights import check_fits
+from ..cooldown.weights import token_quota
+from ..cost import cost_error
 from ..quota import Quota
 from .buckets import Dialects
 from .meters import Meter, Meters, meters_of
@@ -242,6 +243,9 @@ class Plan:
         ask = Ask(call.scope, now, self.limit, self.per, lease, self.margin, 1, 0.0, learn, opened, weigh)
         guard = self.guard
         answer = store.admit(ask) if guard is None else guard.admit(ask, call.budget)
+        if answer.oversized and weigh is not None:
+            limit = f"the server's announced token limit of {answer.oversized}"
+            raise cost_error(weigh.cost, call.progress.cost_from, limit)
         # Keep on the call what the answer says.
         call.cooldown, not_before, ticket.admission, ticket.slot_busy = answer
         ticket.rate_held = answer.by_rate
@@ -274,7 +278,8 @@ class Plan:
         cost, tokens = call.progress.cost, self.tokens
         if tokens is None:
             return Weigh(cost)
-        check_fits(cost, tokens.limit, tokens.per)
+        if cost > tokens.limit:
+            raise cost_error(cost, call.progress.cost_from, token_quota(tokens.limit, tokens.per))
         call.ticket.admitted_at = call.clock.monotonic()  # before the grant: its lower bound
         return Weigh(cost, tokens.limit, tokens.per, tokens.margin)
 

@@ -8,6 +8,7 @@ processes and threads is in ``test_llm_sdks.py``."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -83,9 +84,9 @@ def test_every_front_end_reads_the_cost_of_its_own_request() -> None:
 @pytest.mark.parametrize(
     ("options", "cause"),
     [
-        ({"quota": TOKENS, "cost": lambda request: 26}, "exceeds the token quota"),
-        ({"quota": TOKENS, "cost": lambda request: "10"}, "cost= function returned"),
-        ({"quota": TOKENS, "cost": lambda request: 1 / 0}, "raised ZeroDivisionError"),
+        ({"quota": TOKENS, "cost": lambda request: 26}, r"26 tokens \(the cost= function <lambda>\) exceeds the token quota"),
+        ({"quota": TOKENS, "cost": lambda request: "10"}, r"a cost of a str \(the cost= function <lambda>\)"),
+        ({"quota": TOKENS, "cost": lambda request: 1 / 0}, "the cost= function <lambda> raised ZeroDivisionError"),
     ],
 )
 def test_a_bad_cost_is_the_packages_error_naming_its_cause_and_nothing_is_sent(
@@ -103,9 +104,9 @@ def test_bad_token_settings_are_refused_when_made() -> None:
         Quota(10, per=1, unit="bytes")
     with pytest.raises(ConfigurationError, match="one Quota of each unit"):
         RetryAfterAdapter(quota=(Quota(1, per=1), Quota(2, per=1)))
-    with pytest.raises(ConfigurationError, match=r"cost must be an int >= 0 .* not -1"):
+    with pytest.raises(ConfigurationError, match=r"a cost of -1 \(cost= \(a fixed cost\)\): a cost is an int from 0"):
         RetryAfterAdapter(cost=-1)
-    with pytest.raises(ConfigurationError, match="cost of 30 tokens exceeds the token quota of 25 per 3 s"):
+    with pytest.raises(ConfigurationError, match=r"cost of 30 tokens \(cost= \(a fixed cost\)\) exceeds the token quota of 25 per 3 s"):
         RetryAfterAdapter(cost=30, quota=TOKENS)  # a fixed cost that could never fit: refused when made
     with pytest.raises(ConfigurationError, match="cost"):
         with budget(cost=1.5):  # type: ignore[arg-type]
@@ -164,3 +165,107 @@ def test_the_failure_layer_weighs_locally_and_settles_a_late_token_permit_later(
     assert local.not_before is None and local.weighed is not None and local.seq is None
     assert local.token_seq is None
     assert guard._local_admit(Ask("t", now, weigh=Weigh(20, 25, 1.0)), None).not_before is not None
+
+
+# -- costs no store can hold, and costs no announced allowance admits ---------------------
+#: Costs no store can hold (a SQLite integer ends at 2**63 - 1, a Redis script's number is
+#: exact to 2**53) or that are no cost at all: each is refused before any store sees it.
+UNHOLDABLE = [2**63, 2**63 - 1, 2**53, 2**31, -1, 1.5, 2.0, True, "10"]
+
+
+@pytest.mark.parametrize("value", UNHOLDABLE, ids=repr)
+def test_a_cost_no_store_can_hold_is_refused_naming_it_and_where_it_came_from(value: Any) -> None:
+    """The same check for the three places a cost comes from: a fixed ``cost=``,
+    ``budget(cost=...)`` and a ``cost=`` function (named by its qualified name)."""
+    shown = repr(value) if isinstance(value, (int, float)) else "a str"
+    with pytest.raises(ConfigurationError, match=re.escape(f"a cost of {shown} (cost= (a fixed cost))")):
+        RetryAfterAdapter(cost=value)
+    with pytest.raises(ConfigurationError, match=re.escape(f"a cost of {shown} (budget(cost=...))")):
+        with budget(cost=value):
+            pass
+
+    def priced(request: Any) -> Any:
+        return value
+
+    adapter = RetryAfterAdapter(RetryAfterRetry(total=0), cooldown=MemoryCooldownStore(), cost=priced)
+    with pytest.raises(ConfigurationError, match=re.escape(f"a cost of {shown} (the cost= function {priced.__qualname__})")):
+        session(adapter).post("http://127.0.0.1:9/", json={})  # refused before a connection is tried
+    assert RetryAfterAdapter(cost=2**31 - 1).cost == 2**31 - 1  # the largest cost there is
+
+
+ANNOUNCING = ["openai", "anthropic"]
+
+
+def _announced(kind: str, store: Any, **options: Any) -> tuple[QuotaServer, requests.Session]:
+    """A loopback stand-in of the provider ``kind`` announcing 1000 tokens a minute (its
+    token headers) in a fixed window (so what is spent stays spent until the reset), and
+    a Session on ``store`` whose first call (cost 10) has the store record that allowance."""
+    server = QuotaServer(100, 60, quota_headers=kind, tokens=1000, refill="window").start()
+    retry = RetryAfterRetry(total=3, deadline=5, max_wait=2, raise_on_status=False)
+    http = session(RetryAfterAdapter(retry, cooldown=store, **options))
+    with budget(cost=10):
+        assert http.post(server.url + "/v1/messages", json={"max_tokens": 10}).status_code == 200
+    return server, http
+
+
+@pytest.mark.parametrize("kind", ANNOUNCING)
+def test_a_cost_of_2_to_the_63_is_a_configuration_error_at_once_on_every_store(kind: str, every_store: Any) -> None:
+    """``cost=max_tokens`` and ``max_tokens: 2**63`` against an announced token
+    allowance: a ConfigurationError naming the cost and the function, in well under a
+    second, nothing sent and nothing asked of the store (before: SQLite overflowed in
+    its transaction, each call spun 0.32 s and deferred ``quota`` for 0.1 s, forever;
+    memory and Redis sent it and deferred the server's 429)."""
+    server, http = _announced(kind, every_store, cost=max_tokens)
+    try:
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(ConfigurationError, match=r"a cost of 9223372036854775808 \(the cost= function max_tokens\)"):
+                http.post(server.url + "/v1/messages", json={"max_tokens": 2**63})
+            assert time.monotonic() - started < 1.0
+        assert server.stats().requests == 1
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("kind", ANNOUNCING)
+def test_a_cost_above_the_announced_token_limit_is_an_error_not_an_endless_deferral(
+    kind: str, every_store: Any
+) -> None:
+    """Above the server's whole announced token limit (1000) no window admits a cost:
+    every store answers so in the admission itself, and the call is a
+    ConfigurationError naming the cost, where it came from and the limit, nothing sent,
+    however long the call may wait; past the reset too (before: it waited for the reset
+    and was sent, for the server to refuse). A cost within the limit still goes."""
+    server, http = _announced(kind, every_store)
+    try:
+        started = time.monotonic()
+        with budget(cost=5000, deadline=30, max_wait=30):
+            with pytest.raises(ConfigurationError, match=r"5000 tokens \(budget\(cost=\.\.\.\)\) exceeds the server's announced token limit of 1000"):
+                http.post(server.url + "/v1/messages", json={"max_tokens": 5000})
+        assert time.monotonic() - started < 1.0
+        with budget(cost=1000):  # the limit itself: no error, it waits for the reset
+            assert local_deferral(http.post(server.url + "/v1/messages", json={"max_tokens": 1000})).reason == "quota"
+        with budget(cost=990):  # what is left
+            assert http.post(server.url + "/v1/messages", json={"max_tokens": 990}).status_code == 200
+        assert server.stats().requests == 2
+    finally:
+        server.stop()
+
+
+def test_every_store_refuses_a_cost_above_the_announced_token_limit_for_good(every_store: Any) -> None:
+    """The store's answer itself (the one rule, ``weights.oversized``, in the memory
+    store, SQLite's transaction and Redis's script): ``oversized`` is the limit; a cost
+    equal to it is admitted; past the reset the answer is the same."""
+    from datetime import datetime, timedelta, timezone
+
+    from retry_after_adapter.cooldown import Ask, Weigh
+    from retry_after_adapter.cooldown.base import token_scope
+
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    every_store.allow(token_scope("s"), 1000, now + timedelta(seconds=60), now, None, 1000, 60.0)
+    refused = every_store.admit(Ask("s", now, weigh=Weigh(1001)))
+    assert refused.oversized == 1000 and refused.not_before == now + timedelta(seconds=60)
+    assert every_store.admit(Ask("s", now, weigh=Weigh(1000))).not_before is None
+    later = now + timedelta(seconds=200)
+    assert every_store.admit(Ask("s", later, weigh=Weigh(1001))).oversized == 1000
+    assert every_store.admit(Ask("s", later, weigh=Weigh(10))).oversized == 0

@@ -19,7 +19,9 @@
 -- counting, member = "<member>:<cost>"). An attempt whose tokens are weighed is never
 -- admitted by the learned rate; its grant's reply has four more numbers: -2 (not the
 -- learned rate), the announced token allowance's count after its cost less one (-1:
--- none counted), 0 and when its token permit stops counting (-1: none).
+-- none counted), 0 and when its token permit stops counting (-1: none). A cost above
+-- the announced token allowance's whole limit is refused for good: two more numbers,
+-- -3 and that limit (the wait is its reset, or now).
 -- Returns {cooldown or -1, -1 when admitted or when to ask again, the admission number
 -- or -1, 1 when only a slot was missing, when the permit taken stops counting or -1,
 -- the extra permits taken (each counting hold ms longer), the extra admissions of the
@@ -129,11 +131,13 @@ local cost, tlimit = tonumber(ARGV[18]), tonumber(ARGV[19])
 local trec = nil
 if cost > 0 then
   trec = load(KEYS[7])
+  if trec ~= nil and trec.l > 0 and cost > trec.l then
+    -- Above the server's whole token limit: never admitted (weights.oversized).
+    return {cooldown, math.max(trec.u, now), -1, 0, -1, 0, 0, -1, -3, trec.l}
+  end
   if trec ~= nil then
     local trolled = roll(trec, now)
-    local need = cost
-    if trec.l > 0 and trec.l < need then need = trec.l end
-    local short = trec.r - (trec.n - trec.a) < need
+    local short = trec.r - (trec.n - trec.a) < cost
     local held = -1
     if short and trec.u > now then
       held = trec.u
