@@ -87,14 +87,16 @@ class RateAdmission:
         self._rates[scope] = rate
         return rate
 
-    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
+    def rate_answer(
+        self, scope: str, epoch: int | None, until: datetime | None, now: datetime, probe: bool | None = None
+    ) -> None:
         """See ``Store.rate_answer``."""
         at = _micros(now) / 1e6
         end = None if until is None else _micros(until) / 1e6
         with self._lock:
             rate = self._rates.get(scope)
             if rate is not None:
-                self._rates[scope] = answer_rate(rate, epoch, end, at)
+                self._rates[scope] = answer_rate(rate, epoch, end, at, probe)
 
     def rate_of(self, scope: str) -> Rate | None:
         """See ``Store.rate_of``."""

@@ -350,10 +350,13 @@ class Weighed(NamedTuple):
 class RateOutcome(NamedTuple):
     """How an attempt admitted in the learned rate's ``epoch`` (None: the current one)
     was answered: well (``until`` None) or throttled, the scope cooling down until
-    ``until``."""
+    ``until``; ``probe``: the attempt was a probe (True), a known send (False), or not
+    said (None; a store whose ``LearnedRate.rate_kinds`` is False is not told, and
+    reads every throttle as before)."""
 
     epoch: int | None
     until: datetime | None = None
+    probe: bool | None = None
 
 
 class Answer(NamedTuple):
@@ -454,9 +457,11 @@ class Store(ABC):
         """Record an allowance announced at ``now`` (see :class:`Announced`)."""
         self.answer(Answer(scope, now, announced=Announced(remaining, until, seq, limit, window)))
 
-    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
+    def rate_answer(
+        self, scope: str, epoch: int | None, until: datetime | None, now: datetime, probe: bool | None = None
+    ) -> None:
         """Tell the learned rate of an answer at ``now`` (see :class:`RateOutcome`)."""
-        self.answer(Answer(scope, now, rate=RateOutcome(epoch, until)))
+        self.answer(Answer(scope, now, rate=RateOutcome(epoch, until, probe)))
 
     @property
     def capabilities(self) -> frozenset[type]:
@@ -533,6 +538,11 @@ class Weights(ABC):
 class LearnedRate(ABC):
     """``admit`` admits by the scope's learned rate (``Ask.learn``, see ``rate``) and
     ``answer`` tells it how attempts were answered (``Answer.rate``)."""
+
+    #: Whether ``rate_answer`` takes ``probe``, the kind of attempt answered (see
+    #: :class:`RateOutcome`): declared by a store that reads it (the package's own); one
+    #: that does not is called as before, with four arguments.
+    rate_kinds = False
 
     @abstractmethod
     def rate_of(self, scope: str) -> Rate | None:
@@ -646,7 +656,10 @@ class FullStore(Store, QuotaLogs, Leases, Allowances, LearnedRate, FreshnessLog,
                 remaining, until, seq, limit, window = announced
                 self.allow(scope, remaining, until, at, seq, limit, window)
             if rate is not None:
-                self.rate_answer(scope, rate.epoch, rate.until, at)
+                if rate.probe is None or not getattr(self, "rate_kinds", False):
+                    self.rate_answer(scope, rate.epoch, rate.until, at)
+                else:
+                    self.rate_answer(scope, rate.epoch, rate.until, at, rate.probe)
         if token is not None:
             self.release(scope, token)
 
@@ -666,7 +679,9 @@ class FullStore(Store, QuotaLogs, Leases, Allowances, LearnedRate, FreshnessLog,
     ) -> None: ...
 
     @abstractmethod
-    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None: ...
+    def rate_answer(
+        self, scope: str, epoch: int | None, until: datetime | None, now: datetime, probe: bool | None = None
+    ) -> None: ...
 
     @abstractmethod
     def release(self, scope: str, token: str) -> None: ...

@@ -554,13 +554,21 @@ class StoreGuard(FullStore):
         self.writeback.write_through(self.inner.allow, args, budget)
 
     # -- the learned rate --------------------------------------------------------------
+    @property
+    def rate_kinds(self) -> bool:  # type: ignore[override]
+        """What the store it guards declares (see ``LearnedRate.rate_kinds``)."""
+        return bool(getattr(self.inner, "rate_kinds", False))
+
     def rate_answer(
-        self, scope: str, epoch: int | None, until: datetime | None, now: datetime,
+        self, scope: str, epoch: int | None, until: datetime | None, now: datetime, probe: bool | None = None,
         budget: StoreBudget | None = None,
     ) -> None:
-        """Tell the store's learned rate of an answer; a failure is ignored (the rate is
-        learned again from the next answers)."""
-        self.writeback.write_through(self.inner.rate_answer, (scope, epoch, until, now), budget)
+        """Tell the store's learned rate of an answer (``probe``: only to a store that
+        reads it); a failure is ignored (the rate is learned again from the next answers)."""
+        args: tuple[Any, ...] = (scope, epoch, until, now)
+        if probe is not None and self.rate_kinds:
+            args += (probe,)
+        self.writeback.write_through(self.inner.rate_answer, args, budget)
 
     def rate_of(self, scope: str) -> Rate | None:
         """The scope's learned rate from the store (None: none, or the store fails)."""

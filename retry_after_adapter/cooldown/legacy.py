@@ -86,7 +86,9 @@ class _Wrapper(FullStore):
     ) -> None:
         Store.allow(self, scope, remaining, until, now, seq, limit, window)
 
-    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
+    def rate_answer(
+        self, scope: str, epoch: int | None, until: datetime | None, now: datetime, probe: bool | None = None
+    ) -> None:
         Store.rate_answer(self, scope, epoch, until, now)
 
     def settle_weighed(self, scope: str, weighed: Weighed, now: datetime | None = None) -> None:

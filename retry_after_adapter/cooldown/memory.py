@@ -92,6 +92,9 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
     that kind for more than ``_SWEEP_AT`` scopes.
     """
 
+    #: ``rate_answer`` reads what kind of attempt was answered (``LearnedRate.rate_kinds``).
+    rate_kinds = True
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._until: dict[str, datetime] = {}

@@ -25,8 +25,12 @@ The states, and what moves between them:
 
 - **Cold** (no limit, a cap): a scope the store has never seen starts so, one probe in
   flight. A throttle that follows good answers learns ``limit`` = the good answers
-  counted in the epoch, within ``window`` = from the epoch's start to the throttle's
-  end (an upper bound on the server's window: a Retry-After is rounded up).
+  counted in the epoch, within ``window`` = the time they took (from the epoch's start
+  to the throttle's answer, :data:`MIN_WINDOW` at least): all a throttle says of the
+  rate. Its wait is the cooldown, obeyed to its end, not a window (one sporadic 429
+  may say an hour): probes go on a window after it, and a quota met again confirms
+  the limit (a refused probe) or, a known send refused a window later, shows the
+  window longer.
 - **Learned** (a limit, a cap): each window without a throttle ends an epoch and raises
   the limit by the probes the server accepted in it, so the limit follows a quota that
   rises, and a limit pinned low by a throttle that had nothing to do with the rate (a
@@ -37,9 +41,12 @@ The states, and what moves between them:
   rises by the probes it accepted before refusing one (or to their number, when the
   server's window began inside the epoch: its reset is later than the epoch's end), and
   falls by :data:`BETA` (CUBIC's decrease) when it refused a known send (the quota fell,
-  or the throttle was sporadic); probes start again from one in flight, after
+  or the throttle was sporadic; a known send refused while the epoch's probes were
+  taken or on their way keeps the limit: the server took a probe in its place, which
+  the throttle's ``probe`` flag tells); probes start again from one in flight, after
   :data:`QUIET_HELD` windows without probes when the limit held (a stable quota costs
-  one refused probe every third window at most) or :data:`QUIET_MOVED` when it moved.
+  one worker one refused probe every third window; several threads, what they have in
+  flight when the limit is met) or :data:`QUIET_MOVED` when it moved.
 - **Open** (no limit, no cap): a throttle starts a cold epoch at its end.
 
 Every throttle ends the epoch at the throttle's end, before which the rate admits
@@ -238,10 +245,13 @@ def roll_rate(record: Rate, now: float) -> Rate:
     )
 
 
-def answer_rate(record: Rate, epoch: int | None, until: float | None, now: float) -> Rate:
+def answer_rate(
+    record: Rate, epoch: int | None, until: float | None, now: float, probe: bool | None = None
+) -> Rate:
     """The record after an attempt admitted in ``epoch`` (None: the current one) was
     answered at ``now``: a probe's good answer (``until`` None), or a throttle whose
-    wait ends at ``until`` (at or before ``now``: no usable wait, the backoff applies).
+    wait ends at ``until`` (at or before ``now``: no usable wait, the backoff applies)
+    of a probe (``probe`` True), a known send (False) or an attempt not said (None).
     See the module."""
     record = roll_rate(record, now)
     if epoch is None:
@@ -259,9 +269,22 @@ def answer_rate(record: Rate, epoch: int | None, until: float | None, now: float
             # by others, or a window before: that says nothing of a rate): count again
             # from one probe in flight after the throttle.
             return _throttled(record, epoch, until, 0, 0.0, 0)
-        window = round(min(max(until - record.start, MIN_WINDOW), MAX_SECONDS), 3)  # whole ms, as stored
-        return _throttled(record, epoch, until, min(record.ok, MAX_COUNT), window, QUIET_HELD)
+        # What the throttle says of the rate: the server took `ok` sends in the time they
+        # took (from the epoch's start to this answer), then refused one. Its wait says
+        # when the cooldown ends, nothing of a window (a sporadic 429 can say an hour):
+        # probes go on a window after it (the first window after a throttle often still
+        # belongs to the server's last), and a quota met again confirms the limit.
+        window = round(min(max(now - record.start, MIN_WINDOW), MAX_SECONDS), 3)  # whole ms, as stored
+        return _throttled(record, epoch, until, min(record.ok, MAX_COUNT), window, QUIET_MOVED)
     window, limit, quiet = record.window, record.limit, QUIET_MOVED
+    if probe is False and (record.ok > 0 or record.probed):
+        # A known send refused while the epoch's probes were taken or on their way: the
+        # server took a probe in its place (requests overtake each other on the way,
+        # with several threads). It took the known sends but this one and the probes
+        # answered well; each probe answered well after this adds one (``_good``).
+        limit = max(1, min(MAX_COUNT, record.sent - 1 + record.ok))
+        window = _window_from_resets(record, epoch, until, now)
+        return _throttled(record, epoch, until, limit, window, QUIET_HELD)
     if record.ok > 0 and until - RESET_ROUNDING > record.ends:
         # The server's window began inside the epoch (its reset, a whole second rounded
         # up at most, is later than the epoch's end): what it accepted in it were probes,
@@ -271,31 +294,41 @@ def answer_rate(record: Rate, epoch: int | None, until: float | None, now: float
         limit = min(MAX_COUNT, limit + record.ok)  # it accepted that many probes, then refused
     elif record.probed:
         quiet = QUIET_HELD  # it refused the first probe: its limit, confirmed
-        window = _window_from_resets(record, epoch, until)
-    elif epoch - record.grace >= 2 and window < until - record.base <= 2 * window:
+        window = _window_from_resets(record, epoch, until, now)
+    elif epoch - record.grace >= 2 and window < until - record.base <= 2 * window + RESET_ROUNDING:
         # It refused a known send a window or more after its last reset, and its window
-        # ends no more than two learned windows after that reset: the window was learned
-        # short (the first epoch began inside the server's), not the limit too high.
+        # ends no more than two learned windows (and a Retry-After's rounding) after that
+        # reset: the window was learned short (the first epoch began inside the
+        # server's, or took less time than its window), not the limit too high.
         window = round(until - record.base, 3)
     else:
         limit = max(1, math.floor(limit * BETA))  # it refused a known send
     return _throttled(record, epoch, until, limit, window, quiet)
 
 
-def _window_from_resets(record: Rate, epoch: int, until: float) -> float:
+def _window_from_resets(record: Rate, epoch: int, until: float, now: float) -> float:
     """The window as the server's resets tell it, when it refused the first probe of
-    ``epoch``, its limit spent, ending the wait at ``until``: the server's window ends
-    there, as it ended at ``base`` (the last throttle's end) some windows before, one per
-    epoch since (each reset read from a Retry-After rounded up to a whole second: the
-    error of the learned window shrinks with each). The window moves half-way to it, so
-    that one reading's rounding moves it by a quarter second at most; unchanged before
-    an epoch has passed since ``base``."""
+    ``epoch`` at ``now``, its limit spent, ending the wait at ``until``: the server's
+    window ends there, as it ended at ``base`` (the last throttle's end) some windows
+    before, one per epoch since (each reset read from a Retry-After rounded up to a whole
+    second: the error of the learned window shrinks with each; a reading shorter than
+    the window counts that rounding in). The window moves half-way to it, so that one
+    reading's rounding moves it by a quarter second at most; unchanged before an epoch
+    has passed since ``base``, and when the wait is longer than a window (and its
+    rounding): that is no reset of the window learned, and a cooldown is not a rate."""
     windows = epoch - record.grace
-    if record.grace < 0 or windows < 2:
+    if record.grace < 0 or windows < 2 or until - now > record.window + RESET_ROUNDING:
         return record.window
     # In whole milliseconds, as every store keeps them, the half rounded up (as in Lua).
     since_ms = round(until * 1000) - round(record.base * 1000)
-    half_way = math.floor((round(record.window * 1000) + since_ms / windows) / 2 + 0.5) / 1000
+    window_ms = round(record.window * 1000)
+    reading = since_ms / windows
+    if reading < window_ms:
+        # Shorter only as far as the resets' rounding allows: a window learned short
+        # has two epochs' known sends meet one window of the server's, one learned long
+        # only leaves a little unsent.
+        reading = min(window_ms, (since_ms + RESET_ROUNDING * 1000) / windows)
+    half_way = math.floor((window_ms + reading) / 2 + 0.5) / 1000
     return min(max(half_way, MIN_WINDOW), MAX_SECONDS)
 
 

@@ -104,6 +104,9 @@ class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded, Forgetful, L
     URL credentials.
     """
 
+    #: ``rate_answer`` reads what kind of attempt was answered (``LearnedRate.rate_kinds``).
+    rate_kinds = True
+
     def __init__(
         self, client: Any, *, prefix: str = "retry-after:", timeout: float | None = None, push: bool = True
     ) -> None:
@@ -326,7 +329,9 @@ class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded, Forgetful, L
             raise self._failure("admit", exc) from exc
         return _admission(reply, None if together else stored, together, learn)
 
-    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
+    def rate_answer(
+        self, scope: str, epoch: int | None, until: datetime | None, now: datetime, probe: bool | None = None
+    ) -> None:
         """See ``Store.rate_answer``: one ``EVALSHA`` on the scope's "rate" key."""
         key = self.companion(check_scope(scope), _RATE)
         args = [
@@ -336,6 +341,7 @@ class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded, Forgetful, L
             int(RATE_KEPT * 1000),
             self._channel,
             scope,
+            "" if probe is None else int(probe),
         ]
         try:
             self._rate_script(keys=[key], args=[str(arg) for arg in args])

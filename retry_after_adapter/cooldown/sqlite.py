@@ -140,6 +140,9 @@ class SQLiteCooldownStore(SQLiteFile, FullStore, Weights, Bounded, LeaseRenewal)
     is unreliable); for several machines use :class:`RedisCooldownStore`.
     """
 
+    #: ``rate_answer`` reads what kind of attempt was answered (``LearnedRate.rate_kinds``).
+    rate_kinds = True
+
     def __init__(
         self, path: str | os.PathLike[str], *, timeout: float = DEFAULT_TIMEOUT, push: bool = True
     ) -> None:
@@ -228,7 +231,9 @@ class SQLiteCooldownStore(SQLiteFile, FullStore, Weights, Bounded, LeaseRenewal)
 
         self._run(settle)
 
-    def rate_answer(self, scope: str, epoch: int | None, until: datetime | None, now: datetime) -> None:
+    def rate_answer(
+        self, scope: str, epoch: int | None, until: datetime | None, now: datetime, probe: bool | None = None
+    ) -> None:
         """See ``Store.rate_answer``: one immediate transaction."""
         check_scope(scope)
         at = now_epoch_ms(check_until(now)) / 1000  # the present rounded down, as Redis reads it
@@ -238,7 +243,7 @@ class SQLiteCooldownStore(SQLiteFile, FullStore, Weights, Bounded, LeaseRenewal)
             with immediate(conn):
                 rate = rate_row_of(conn, scope)
                 if rate is not None:
-                    changed = answer_rate(rate, epoch, end, at)
+                    changed = answer_rate(rate, epoch, end, at, probe)
                     if changed != rate:
                         put_rate(conn, scope, changed)
 

@@ -143,6 +143,7 @@ class Plan:
         "notes",
         "opens",
         "per",
+        "rate_kinds",
         "release_slot",
         "replays",
         "slots",
@@ -189,6 +190,8 @@ class Plan:
         #: Whether calls are admitted by the scope's learned rate too (no quota
         #: configured, and a store that learns one).
         self.learns = learn_rate and quota is None and tokens is None and _carries(store, LearnedRate)
+        #: Whether the store reads the kind of attempt a throttle refused (``LearnedRate.rate_kinds``).
+        self.rate_kinds = self.learns and bool(getattr(store, "rate_kinds", False))
         #: Whether the store weighs a call's declared cost in tokens (``cost=``), and the
         #: token quota it is weighed against besides the server's announced one.
         self.weighs = _carries(store, Weights)
@@ -414,10 +417,14 @@ class Plan:
             return
         if not self.learns or self.store is None or call.scope is None:
             return
+        # A throttle says which kind of attempt it refused (a probe reports its answers)
+        # to a store that reads it: with several threads a probe may overtake a known send.
+        told = until is not None and ticket.rate_epoch is not None and self.rate_kinds
+        kind = (ticket.rate_report,) if told else ()
         ticket.rate_report = False  # once per attempt
         try:
             now = call.clock.now()
-            self._on_store(self.store.rate_answer, call, call.scope, ticket.rate_epoch, until, now)
+            self._on_store(self.store.rate_answer, call, call.scope, ticket.rate_epoch, until, now, *kind)
         except Exception as exc:
             log.debug("telling the learned rate failed: %s", type(exc).__name__)
 

@@ -230,31 +230,39 @@ def test_every_store_learns_alike(every_store: Any) -> None:
     store.release("r", "t1")
     rate = store.rate_of("r")
     assert rate is not None and (rate.cap, rate.ok, rate.limit, rate.probed) == (4, 5, 0, 1)  # 1, 2, 3, 4
-    # A throttle while cold: 5 per (start to the cooldown's end); late good answers add.
-    until = NOW + timedelta(seconds=3)
-    store.rate_answer("r", 0, until, NOW + timedelta(seconds=0.5))
-    store.rate_answer("r", 0, until + timedelta(seconds=9), NOW + timedelta(seconds=0.6))  # once
-    store.rate_answer("r", 0, None, NOW + timedelta(seconds=0.7))
+    # A throttle while cold: 5 per the time they took (not the cooldown's end); late
+    # good answers add; probes go on a window after the cooldown.
+    until = NOW + timedelta(seconds=30)
+    store.rate_answer("r", 0, until, NOW + timedelta(seconds=2.5))
+    store.rate_answer("r", 0, until + timedelta(seconds=9), NOW + timedelta(seconds=2.6))  # once
+    store.rate_answer("r", 0, None, NOW + timedelta(seconds=2.7))
     rate = store.rate_of("r")
-    assert rate is not None and (rate.cap, rate.limit, rate.epoch, rate.quiet, rate.grace) == (1, 6, 1, 2, 0)
-    assert rate.window == pytest.approx(3.0, abs=0.002) and rate.start == pytest.approx(until.timestamp())
+    assert rate is not None and (rate.cap, rate.limit, rate.epoch, rate.quiet, rate.grace) == (1, 6, 1, 1, 0)
+    assert rate.window == pytest.approx(2.5, abs=0.002) and rate.start == pytest.approx(until.timestamp())
     held = store.admit(Ask("r", until - timedelta(seconds=1), learn=(60.0, "early")))
     assert held.by_rate and held.not_before == until  # nothing before the epoch begins
     granted = [store.admit(Ask("r", until, learn=(60.0, f"a{n}"))) for n in range(7)]
     assert [g.not_before is None for g in granted] == [True] * 6 + [False]
     assert not any(g.rate_report for g in granted[:6])  # known sends: nothing to tell
-    assert granted[6].by_rate and granted[6].not_before == until + timedelta(seconds=3)  # quiet: the next epoch
-    # A throttle of a known send of the learned rate: 0.7 x, once per epoch.
-    store.rate_answer("r", 1, until + timedelta(seconds=2), until + timedelta(seconds=1))
-    store.rate_answer("r", 1, until + timedelta(seconds=5), until + timedelta(seconds=1.1))
+    assert granted[6].by_rate and granted[6].not_before == until + timedelta(seconds=2.5)  # quiet
+    second = until + timedelta(seconds=2.5)
+    granted = [store.admit(Ask("r", second, learn=(60.0, f"b{n}"))) for n in range(8)]
+    assert [g.not_before is None for g in granted] == [True] * 7 + [False]
+    assert granted[6].rate_report and granted[6].token == "b6"  # a probe
+    assert granted[7].by_rate and granted[7].slot_busy  # one probe in flight
+    store.release("r", "b6")
+    # The probe refused: the limit is confirmed, once per epoch.
+    until = second  # (what follows counts from the second epoch's start)
+    store.rate_answer("r", 2, until + timedelta(seconds=2), until + timedelta(seconds=1))
+    store.rate_answer("r", 2, until + timedelta(seconds=5), until + timedelta(seconds=1.1))
     rate = store.rate_of("r")
-    assert rate is not None and (rate.limit, rate.epoch, rate.quiet, rate.fails) == (4, 2, 1, 1)
+    assert rate is not None and (rate.limit, rate.epoch, rate.quiet, rate.fails) == (6, 3, 2, 1)
     # Throttles without a usable wait, in a row: backoffs of 2 s, then 4 s (the first
     # throttle above, after a good answer, was one of the row).
     at = until + timedelta(seconds=2)
-    store.rate_answer("r", 2, at, at)
+    store.rate_answer("r", 3, at, at)
     assert store.admit(Ask("r", at + timedelta(seconds=0.5), learn=(60.0, "b"))).not_before == at + timedelta(seconds=2)
-    store.rate_answer("r", 3, at + timedelta(seconds=2), at + timedelta(seconds=2))
+    store.rate_answer("r", 4, at + timedelta(seconds=2), at + timedelta(seconds=2))
     rate = store.rate_of("r")
     assert rate is not None and rate.start == pytest.approx((at + timedelta(seconds=6)).timestamp())
     # A throttle before any good answer learns nothing: counted again.
@@ -370,8 +378,9 @@ def test_every_store_keeps_the_record_rate_py_computes(every_store: Any) -> None
             else:
                 wait_ms = rng.choice((0, 400, 1000, 2000, 3700))
                 epoch = rng.choice((last_epoch, model.epoch, None))
-                store.rate_answer("p", epoch, when + timedelta(milliseconds=wait_ms), when)
-                model = answer_rate(model, epoch, (t0_ms + at_ms + wait_ms) / 1000, now)
+                probe = rng.choice((None, True, False))  # a probe, a known send, not said
+                store.rate_answer("p", epoch, when + timedelta(milliseconds=wait_ms), when, probe)
+                model = answer_rate(model, epoch, (t0_ms + at_ms + wait_ms) / 1000, now, probe)
             stored = store.rate_of("p")
             assert stored is not None
             for name in ("cap", "limit", "epoch", "sent", "ok", "grown", "grace", "quiet", "probed", "fails"):

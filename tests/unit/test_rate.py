@@ -69,12 +69,18 @@ def test_the_cap_is_lifted_when_no_limit_shows_up() -> None:
     assert answers == sum(range(SLOW_START_CAP, OPEN_CAP)) + SLOW_START_CAP - 1
 
 
-def test_a_throttle_while_cold_learns_what_the_server_accepted_within_the_window() -> None:
-    rate = learned(50, until=T0 + 5.2)
-    assert (rate.limit, rate.cap, rate.quiet) == (50, 1, QUIET_HELD)
-    assert rate.window == pytest.approx(5.2)
+def test_a_throttle_while_cold_learns_what_the_server_accepted_in_the_time_it_took() -> None:
+    """50 good answers, then a 429 answered 1.7 s after the epoch began: 50 per 1.7 s,
+    whatever the wait (5.2 s or an hour: a cooldown is not a rate); probes go on right
+    a window after the cooldown (one throttle confirms nothing)."""
+    rate = learned(50, until=T0 + 5.2, at=T0 + 1.7)
+    assert (rate.limit, rate.cap, rate.quiet) == (50, 1, QUIET_MOVED)
+    assert rate.window == pytest.approx(1.7)
     assert (rate.epoch, rate.start, rate.grace) == (1, T0 + 5.2, 0)
-    assert not rate.probes  # the server just showed its limit: no probe for a while
+    assert not rate.probes and roll_rate(rate, T0 + 5.2 + 1.7).probes
+    hour = learned(50, until=T0 + 3600.0, at=T0 + 1.7)
+    assert hour.window == pytest.approx(1.7) and hour.start == T0 + 3600.0
+    assert learned(50, until=T0 + 5.2, at=T0 + 0.3).window == 1.0  # MIN_WINDOW at least
 
 
 def test_answers_of_the_throttled_epoch_that_arrive_late_still_count_once() -> None:
@@ -135,40 +141,69 @@ def test_probes_accepted_across_the_server_s_reset_raise_the_limit_only_to_their
     """The server's window began inside the epoch when its reset lies past the epoch's
     end by more than a Retry-After's rounding: the probes it accepted were all it took in
     that window, so the limit becomes their number, not the limit plus them."""
-    rate = roll_rate(roll_rate(learned(20, until=T0 + 2.0, at=T0 + 0.2), T0 + 4.0), T0 + 6.0)
-    assert rate.probes and rate.window == pytest.approx(2.0) and rate.start == pytest.approx(T0 + 6.0)
-    probed = good(rate.probing(), 30, at=T0 + 6.5)
-    within = answer_rate(probed, probed.epoch, probed.ends + 0.9, T0 + 7.5)  # rounding: same window
+    rate = roll_rate(roll_rate(learned(20, until=T0 + 3.0, at=T0 + 2.0), T0 + 5.0), T0 + 7.0)
+    assert rate.probes and rate.window == pytest.approx(2.0) and rate.start == pytest.approx(T0 + 7.0)
+    probed = good(rate.probing(), 30, at=T0 + 7.5)
+    within = answer_rate(probed, probed.epoch, probed.ends + 0.9, T0 + 8.5)  # rounding: same window
     assert within.limit == 50
-    across = answer_rate(probed, probed.epoch, probed.ends + 1.5, T0 + 7.9)
+    across = answer_rate(probed, probed.epoch, probed.ends + 1.5, T0 + 8.9)
     assert across.limit == 30
 
 
 def test_a_refused_probe_measures_the_window_again_from_the_server_s_resets() -> None:
-    """Learned 2.8 s for a 2 s window (a Retry-After rounded up); a probe refused two
-    epochs after the last throttle's end, whose reset lies 3 server windows (and a
-    rounding) after it, moves the window half-way to what the resets say."""
-    rate = learned(80, until=T0 + 2.8, at=T0 + 0.8)
+    """Learned 2.8 s for a 2 s window; a probe refused two epochs after the last
+    throttle's end, whose reset lies 3 server windows (and a rounding) after it, moves
+    the window half-way to what the resets say. A wait longer than a window (and its
+    rounding) is no reset of it: the window stays."""
+    rate = learned(80, until=T0 + 3.2, at=T0 + 2.8)
+    assert rate.window == pytest.approx(2.8)
     rate = roll_rate(roll_rate(rate, rate.start + rate.window), rate.start + 2 * rate.window)
     assert rate.epoch == 3 and rate.probes
     until = rate.base + 3 * 2.0 + 0.4
     measured = answer_rate(rate.probing(), rate.epoch, until, rate.start + 0.5)
     assert measured.limit == 80 and measured.quiet == QUIET_HELD
-    assert measured.window == pytest.approx(math.floor((2800 + round((until - rate.base) * 1000) / 3) / 2 + 0.5) / 1000)
+    # The reading (6.4 s over 3 windows) is shorter than the window: shorter only as far
+    # as the resets' rounding (a second) allows.
+    reading = min(2800, (round((until - rate.base) * 1000) + 1000) / 3)
+    assert measured.window == pytest.approx(math.floor((2800 + reading) / 2 + 0.5) / 1000)
+    long_wait = answer_rate(rate.probing(), rate.epoch, rate.start + 0.5 + 3600.0, rate.start + 0.5)
+    assert long_wait.limit == 80 and long_wait.window == pytest.approx(2.8)
+
+
+def test_a_known_send_refused_while_probes_were_taken_keeps_the_limit_it_showed() -> None:
+    """With several threads a probe may reach the server before a known send: the
+    server takes the probe and refuses the known send. The limit is what it took (the
+    known sends but one, and the probes answered well), confirmed; a probe answered
+    well after the throttle adds one. (Read as a probe refused, the limit rose by one
+    each time and the next window's known sends were refused: 0.42-1.0 refused a window
+    with 4 and 8 threads against a quota of 5 per 2 s.)"""
+    rate = roll_rate(roll_rate(learned(5, until=T0 + 3.0, at=T0 + 2.0), T0 + 5.0), T0 + 7.0)
+    sent = rate
+    for _ in range(5):
+        sent = sent.sending()
+    taken = good(sent.probing(), 1, at=T0 + 7.01)
+    known = answer_rate(taken, taken.epoch, T0 + 9.0, T0 + 7.02, probe=False)
+    assert (known.limit, known.quiet) == (5, QUIET_HELD)
+    assert answer_rate(taken, taken.epoch, T0 + 9.0, T0 + 7.02, probe=True).limit == 6  # a probe refused
+    # The probe still on its way when the known send was refused: one less, then its
+    # good answer gives it back.
+    on_its_way = answer_rate(sent.probing(), sent.epoch, T0 + 9.0, T0 + 7.02, probe=False)
+    assert on_its_way.limit == 4
+    assert good(on_its_way, 1, epoch=sent.epoch, at=T0 + 7.03).limit == 5
 
 
 def test_a_window_learned_short_grows_when_a_known_send_is_refused_a_window_later() -> None:
-    """The cold start began 0.96 s into a 2 s window: 1.04 s learned. The next epoch's
+    """The cold start took 1.04 s of a 2 s window: 1.04 s learned. The next epoch's
     known sends are accepted, the one after refused by the same server window, which
     ends 2 s after the last reset: the window grows to that, the limit stays. Further
     than two learned windows, the throttle is read as the quota falling."""
-    rate = learned(20, until=T0 + 1.04, at=T0 + 0.1)
+    rate = learned(20, until=T0 + 1.05, at=T0 + 1.04)
     assert rate.window == pytest.approx(1.04)
     rolled = roll_rate(rate, T0 + 2.1)
     assert rolled.epoch == 2
-    short = answer_rate(rolled, 2, T0 + 3.04, T0 + 2.1)
+    short = answer_rate(rolled, 2, T0 + 3.05, T0 + 2.1)
     assert (short.limit, short.window) == (20, pytest.approx(2.0))
-    far = answer_rate(roll_rate(rate, T0 + 4.2), 4, T0 + 5.2, T0 + 4.2)
+    far = answer_rate(roll_rate(rate, T0 + 4.2), 4, T0 + 5.25, T0 + 4.2)
     assert far.limit == int(20 * BETA) and far.window == pytest.approx(1.04)
 
 
@@ -181,7 +216,7 @@ def test_a_rate_pinned_low_by_sporadic_throttles_is_open_again_within_a_few_wind
     for _ in range(3):  # three more sporadic throttles, each of a known send
         at = rate.start + rate.window * (rate.quiet + 0.5)
         rate = roll_rate(rate, at)
-        rate = answer_rate(rate, rate.epoch, at + 1.0, at)
+        rate = answer_rate(rate, rate.epoch, at + 3.0, at)
     assert rate.limit < 24
     windows = 0
     while not rate.open:
@@ -226,29 +261,42 @@ def test_a_store_admits_a_cold_scope_one_probe_in_flight_and_learns_from_answers
     assert rate is not None and (rate.cap, rate.ok, rate.probed) == (2, 1, 1)
 
 
-def _learn(store: Store, ok: int, until: datetime) -> None:
+def _learn(store: Store, ok: int, answered: datetime, until: datetime) -> None:
     store.admit(Ask("s", NOW, learn=(60.0, "t0")))
     store.release("s", "t0")
     for _ in range(ok):
         store.rate_answer("s", 0, None, NOW)
-    store.rate_answer("s", 0, until, NOW)
+    store.rate_answer("s", 0, until, answered)
 
 
 def test_a_store_admits_the_limit_per_epoch_as_known_sends_then_probes(store: Store) -> None:
-    until = NOW + timedelta(seconds=2)
-    _learn(store, 3, until)
+    """3 good answers in 2 s, then a 429 until 3 s: 3 per 2 s from the cooldown's end,
+    probes a window later; a refused probe confirms the limit: quiet windows follow."""
+    until = NOW + timedelta(seconds=3)
+    _learn(store, 3, NOW + timedelta(seconds=2), until)
     rate = store.rate_of("s")
-    assert rate is not None and (rate.limit, rate.window, rate.quiet) == (3, pytest.approx(2.0), QUIET_HELD)
+    assert rate is not None and (rate.limit, rate.window, rate.quiet) == (3, pytest.approx(2.0), QUIET_MOVED)
     granted = [store.admit(Ask("s", until, learn=(60.0, f"a{n}"))) for n in range(4)]
     assert [g.not_before is None for g in granted] == [True, True, True, False]
     assert all(g.token is None and g.rate_epoch == 1 and not g.rate_report for g in granted[:3])
+    assert granted[3].by_rate and granted[3].not_before == until + timedelta(seconds=2)
+    second = until + timedelta(seconds=2)
+    granted = [store.admit(Ask("s", second, learn=(60.0, f"e{n}"))) for n in range(4)]
+    assert [g.not_before is None for g in granted] == [True, True, True, True]
+    assert granted[3].rate_report and granted[3].token == "e3"  # a probe, a window after the cooldown
+    # The probe refused (the server's reset 4 s, two windows, after the last): confirmed.
+    store.rate_answer("s", 2, until + timedelta(seconds=4), second + timedelta(seconds=0.1))
+    store.release("s", "e3")
+    start = until + timedelta(seconds=4)
+    granted = [store.admit(Ask("s", start, learn=(60.0, f"b{n}"))) for n in range(4)]
+    assert [g.not_before is None for g in granted] == [True, True, True, False]
     # Quiet: no probe; refused by the rate until the next epoch begins, a window on.
     assert granted[3].by_rate and not granted[3].slot_busy
-    assert granted[3].not_before == until + timedelta(seconds=2)
-    assert store.admit(Ask("s", until + timedelta(seconds=1.999), learn=(60.0, "b"))).not_before is not None
-    assert store.admit(Ask("s", until + timedelta(seconds=2.0), learn=(60.0, "c"))).not_before is None
+    assert granted[3].not_before == start + timedelta(seconds=2)
+    assert store.admit(Ask("s", start + timedelta(seconds=1.999), learn=(60.0, "c"))).not_before is not None
+    assert store.admit(Ask("s", start + timedelta(seconds=2.0), learn=(60.0, "d"))).not_before is None
     # Two quiet windows later, a send beyond the limit is a probe: one in flight.
-    later = until + timedelta(seconds=3 * 2.0 + 0.1)
+    later = start + timedelta(seconds=3 * 2.0 + 0.1)
     known = [store.admit(Ask("s", later, learn=(60.0, f"k{n}"))) for n in range(3)]
     assert all(k.not_before is None and not k.rate_report for k in known)
     probe = store.admit(Ask("s", later, learn=(60.0, "p1")))

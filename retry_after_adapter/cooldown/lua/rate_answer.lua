@@ -3,7 +3,15 @@
 -- throttle's wait (epoch ms; -1: a probe's good answer; at or before now: no usable
 -- wait, the backoff applies), now (epoch ms), how long (ms) a rate is kept past its
 -- window, then the change channel (empty: none) and the scope: a rate that stops being
--- open is published there as "r 0 <scope>" (every near copy admits by it again).
+-- open is published there as "r 0 <scope>" (every near copy admits by it again); then
+-- what the throttled attempt was: "1" a probe, "0" a known send, "" not said.
+-- The window half-way to the server's resets' reading (rate._window_from_resets): a
+-- reading shorter than the window counts the resets' rounding in.
+local function rate_half_way(win, since, windows)
+  local reading = since / windows
+  if reading < win then reading = math.min(win, (since + RATE_RESET_ROUNDING) / windows) end
+  return math.floor((win + reading) / 2 + 0.5)
+end
 local r = rate_load(KEYS[1])
 if r == nil then return 0 end
 local epoch = tonumber(ARGV[1])
@@ -45,22 +53,31 @@ else
       lim, win, quiet = 0, 0, 0
     else
       lim = math.min(r.ok, RATE_MAX_COUNT)
-      win = math.min(math.max(untilms - r.st, RATE_MIN_WINDOW), RATE_MAX_WINDOW)
-      quiet = RATE_QUIET_HELD
+      win = math.min(math.max(now - r.st, RATE_MIN_WINDOW), RATE_MAX_WINDOW)
+      quiet = RATE_QUIET_MOVED
     end
   else
-    if r.ok > 0 and untilms - RATE_RESET_ROUNDING > r.st + r.win then
+    if ARGV[7] == '0' and (r.ok > 0 or r.pr > 0) then
+      -- A known send refused while the epoch's probes were taken or on their way.
+      lim = math.max(1, math.min(RATE_MAX_COUNT, r.sn - 1 + r.ok))
+      quiet = RATE_QUIET_HELD
+      local windows = epoch - r.gc
+      if r.gc >= 0 and windows >= 2 and untilms - now <= r.win + RATE_RESET_ROUNDING then
+        win = rate_half_way(r.win, untilms - r.base, windows)
+        win = math.min(math.max(win, RATE_MIN_WINDOW), RATE_MAX_WINDOW)
+      end
+    elseif r.ok > 0 and untilms - RATE_RESET_ROUNDING > r.st + r.win then
       lim = math.max(lim, math.min(RATE_MAX_COUNT, r.ok))
     elseif r.ok > 0 then
       lim = math.min(RATE_MAX_COUNT, r.lim + r.ok)
     elseif r.pr > 0 then
       quiet = RATE_QUIET_HELD
       local windows = epoch - r.gc
-      if r.gc >= 0 and windows >= 2 then
-        win = math.floor((r.win + (untilms - r.base) / windows) / 2 + 0.5)
+      if r.gc >= 0 and windows >= 2 and untilms - now <= r.win + RATE_RESET_ROUNDING then
+        win = rate_half_way(r.win, untilms - r.base, windows)
         win = math.min(math.max(win, RATE_MIN_WINDOW), RATE_MAX_WINDOW)
       end
-    elseif epoch - r.gc >= 2 and r.win < untilms - r.base and untilms - r.base <= 2 * r.win then
+    elseif epoch - r.gc >= 2 and r.win < untilms - r.base and untilms - r.base <= 2 * r.win + RATE_RESET_ROUNDING then
       win = untilms - r.base
     else
       lim = math.max(1, math.floor(r.lim * RATE_BETA))
