@@ -106,11 +106,11 @@ def _take(call: Call) -> Generator[Op, Any, datetime | None]:
 def admit_slowly(call: Call) -> Steps:
     """Look, wait while it fits, look again: at most :data:`MAX_ROUNDS` waits (a slot's
     short polls not counted), more while they add up to no more than ``max_wait`` (at
-    most :data:`MOST_ROUNDS`), then defer for what held the attempt back last."""
+    most :data:`MOST_ROUNDS`), each followed by a look; then defer for what held the
+    last look back, at the time that look was told."""
     rounds = 0
     waited = 0.0
-    left, why = 0.0, Reason.COOLDOWN
-    while rounds < MAX_ROUNDS or (rounds < MOST_ROUNDS and _waits_fit(call, waited)):
+    while True:
         if call.cancelled():
             return call.defer(Decision(DEFER, 0.0, Reason.CANCELLED), until=call.pending())
         try:
@@ -125,13 +125,15 @@ def admit_slowly(call: Call) -> Steps:
             if deferral is not None:
                 return deferral
             continue
+        spent = rounds >= MOST_ROUNDS or (rounds >= MAX_ROUNDS and not _waits_fit(call, waited))
+        if spent and why is not Reason.DEADLINE:
+            return _defer_after_rounds(call, until, why)
         rounds += 1
         left = call.seconds_until(until)
         deferral = yield from _wait(call, until, left, why)
         if deferral is not None:
             return deferral
         waited += max(0.0, left)
-    return (yield from _defer_after_rounds(call, left, why))
 
 
 def _waits_fit(call: Call, waited: float) -> bool:
@@ -225,16 +227,15 @@ def _unfit(call: Call, left: float, why: Reason) -> Reason:
     return why
 
 
-def _defer_after_rounds(call: Call, left: float, why: Reason) -> Steps:
+def _defer_after_rounds(call: Call, until: datetime, why: Reason) -> Deferral:
     """Still not admitted after every round (others keep taking what frees up): defer
-    for what held it back last, no earlier than one more such wait from now."""
-    try:
-        until: datetime | None = yield READ_COOLDOWN
-    except CooldownUnavailable:
-        return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
-    soonest = call.clock.now() + timedelta(seconds=max(left, MIN_ATTEMPT_TIMEOUT))
-    if until is None or until < soonest:
-        until = soonest
+    for what held the last look back (``why``), eligible when that look was told
+    (``until``: the store's earliest time, a permit that frees as the call gives up
+    included), no sooner than :data:`~.call.MIN_ATTEMPT_TIMEOUT` from now. (0.14 deferred
+    for the length of the last wait again, from its end, without looking: a call whose
+    sixteenth wait ran to a window's start was told to come back a window later.)"""
+    soonest = call.clock.now() + timedelta(seconds=MIN_ATTEMPT_TIMEOUT)
+    until = max(until, soonest)
     return call.defer(Decision(DEFER, call.seconds_until(until), why), until=until)
 
 
