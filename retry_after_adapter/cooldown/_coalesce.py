@@ -18,8 +18,9 @@ store failed is not tried again: lost, its permits count longer; written twice (
 reply lost, not the write), it could move another open permit of the same stored end (a
 batch's), whose request may still be on its way. What the delay
 costs while a quota binds is in the eligible times the store gives refused
-admissions (see :data:`SETTLE_DELAY`): it is kept short, and a burst's settles go as
-soon as :data:`FLUSH_COUNT` wait. A process killed (or ended
+admissions (see :data:`SETTLE_DELAY`): it is kept short, a burst's settles go as
+soon as :data:`FLUSH_COUNT` wait, and a refusal of a scope whose settles wait here
+writes them before it is answered (:meth:`Coalescer.holds`). A process killed (or ended
 by ``os._exit``) with settles waiting leaves its open permits open: they count
 ``OPEN_FOR`` seconds more, as a killed worker's always did. One that exits normally, or
 closes its store, writes them first.
@@ -43,9 +44,11 @@ from ._writeback import WriteBack
 __all__ = ["FLUSH_COUNT", "SETTLE_DELAY", "SETTLE_SHARE", "Coalescer", "may_wait", "settle_delay"]
 
 #: The longest (seconds) a settle waits to be written with others. Not longer: while
-#: it waits, a refused admission takes its open permit to end ``per`` after the refusal
-#: at the earliest (``base.free_at``: the store does not know it was answered), so a
-#: binding quota's waiters are told to come back later than they need. Measured with
+#: it waits, another process's refused admission takes its open permit to end ``per``
+#: after the refusal at the earliest (``base.free_at``: the store does not know it was
+#: answered), so a binding quota's waiters are told to come back later than they need
+#: (a refusal in this process writes the scope's waiting settles first and asks
+#: again: see ``StoreGuard.admit``). Measured with
 #: 4 processes x 8 threads under a binding ``Quota(250, per=1)``: 0.5 s and 256
 #: settles a write, 2/3 of the allowed rate; 0.25 s and 64, all of it.
 SETTLE_DELAY = 0.25
@@ -119,6 +122,12 @@ class Coalescer:
                 self._start()
         if full:
             self.flush()
+
+    def holds(self, scope: str) -> bool:
+        """Whether a settle of ``scope`` waits to be written (a refused admission of the
+        scope was answered without it: see ``StoreGuard.admit``)."""
+        with self._cond:
+            return any(args[0] == scope for args in self._waiting)
 
     def check_at(self, due: float, check: Callable[[bool], None]) -> None:
         """Run ``check(exiting)`` at ``due`` (monotonic seconds; at exit, with ``exiting``

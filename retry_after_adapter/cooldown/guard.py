@@ -317,10 +317,21 @@ class StoreGuard(FullStore):
         Every grant is checked against the local copy last: a cooldown this process
         learned while the grant was in flight (a slow store, a busy near copy) holds the
         attempt back, whatever the store said (the slot taken goes back; a permit
-        counts)."""
+        counts). A quota's refusal while settles of the scope wait here to be written
+        (``_coalesce``) writes them and asks once more: the store then knows the permits
+        this process saw answered, and tells when the earliest frees."""
         answer = self._admit(ask, budget)
         if answer.not_before is not None:
-            return answer
+            if ask.limit is None or not self.settles.holds(ask.scope):
+                return answer
+            # Refused while settles of the scope wait here: the store counted their
+            # answered permits as open, ending ``per`` from now at the earliest
+            # (``base.free_at``), so its eligible time is late by up to the whole spread
+            # of the permits the settles end. Written now, the store is asked again.
+            self.settles.flush()
+            answer = self._admit(ask, budget)
+            if answer.not_before is not None:
+                return answer
         local = self.local.get(ask.scope)
         if local is None or local <= (ask.now if ask.now is not None else datetime.now(timezone.utc)):
             return answer

@@ -308,3 +308,30 @@ def test_a_settle_write_that_failed_is_not_tried_again(tmp_path: Any) -> None:
         assert taken <= 10
     assert taken == 8
     guard.close()
+
+
+def test_a_refusal_is_told_when_the_permits_answered_here_free(store_url: str) -> None:
+    """``Quota(2, per=1)``: two GETs answered at once (their open permits' settles wait to
+    be written), then 0.1 s later a third call with a deadline too short for the
+    window: it defers (``deadline``: the permit frees after it), eligible one ``per`` after the first answer (when its permit
+    frees), not one ``per`` after its own refusal: the settles waiting here are written
+    before it is answered. (0.14 let the store count them as still unanswered, ending
+    ``per`` from the refusal at the earliest: every refusal in a binding window was told
+    a time up to the coalescing delay late.)"""
+    store = store_from_url(store_url)
+    quota = Quota(2, per=1.0)
+    adapter = RetryAfterAdapter(RetryAfterRetry(total=1, deadline=0.5), cooldown=store, quota=quota)
+    with QuotaServer(10, 1) as server, requests.Session() as session:
+        session.mount("http://", adapter)
+        assert session.get(server.url + "/a", timeout=5).status_code == 200
+        first = datetime.now(timezone.utc)  # after the first answer, before its settle waits out
+        assert session.get(server.url + "/b", timeout=5).status_code == 200
+        time.sleep(0.1)  # their settles still wait (up to a quarter of per)
+        response = session.get(server.url + "/c", timeout=5)
+        deferral = getattr(response, "deferral", None)
+        assert response.status_code == 429 and deferral is not None and deferral.reason == "deadline"
+        assert server.stats().requests == 2
+    assert deferral.eligible_at <= first + timedelta(seconds=quota.per + 0.05), (
+        deferral.eligible_at - first
+    )
+
