@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 import time
@@ -39,6 +40,7 @@ BENCHMARKS = {
     "cold_start": ("bench_cold_start.py", "cold_start.json"),
     "httpx": ("bench_httpx.py", "bench_httpx.json"),
     "scenarios": ("bench_scenarios.py", "scenarios.json"),
+    "workers": ("bench_workers.py", "workers.json"),
 }
 
 
@@ -100,6 +102,15 @@ def headline(name: str, doc: dict[str, Any]) -> str:
                     met[target][0] += bool(ok)
                     met[target][1] += 1
         return "adapter fleets meeting each target: " + ", ".join(f"{t} {a}/{n}" for t, (a, n) in met.items())
+    if name == "workers":
+        parts = []
+        for program, stores in doc["results"].items():
+            for kind, runs in stores.items():
+                walls = [r["wall_over_ideal"] for r in runs if r["wall_over_ideal"] is not None]
+                lost = sum(r["lost_window"] for r in runs)
+                median = _common.fmt(statistics.median(walls)) if walls else "-"
+                parts.append(f"{program} on {kind}: wall {median} x ideal, window lost in {lost}/{len(runs)}")
+        return "; ".join(parts)
     if name == "memory":
         return "; ".join(
             f"{v}: {_common.fmt_summary(e['growth_kib_per_10k_calls'], 1)} KiB per 10k calls"

@@ -535,6 +535,22 @@ def test_scopes_quick(tmp_path: Path) -> None:
         assert set(expiry["run_records_after"]) == set(expiry["run_records_before"])
 
 
+def test_workers_quick(tmp_path: Path) -> None:
+    doc = run_quick("bench_workers.py", tmp_path)
+    assert doc["benchmark"] == "workers"
+    assert set(doc["results"]) == {"queue", "jobs"}
+    for program, stores in doc["results"].items():
+        assert set(stores) == {"memory", "sqlite"}, program
+        shape = doc["settings"]["shapes"][program]
+        for kind, runs in stores.items():
+            assert len(runs) == 1, (program, kind)
+            for run in runs:
+                assert run["done"] == shape["items"], (program, kind, run)
+                assert finite(run["wall_over_ideal"]) and run["wall_over_ideal"] > 0.9
+                # The server's windows never hold more than the quota.
+                assert run["most_in_a_window"] <= shape["limit"]
+
+
 @pytest.mark.slow
 def test_tokens_quick(tmp_path: Path) -> None:
     for module in ("httpx2", "openai"):
