@@ -401,6 +401,24 @@ def test_a_call_that_waited_every_round_looks_again_before_it_defers(server: Thr
     assert [d.action for d in decisions] == ["retry"] * MAX_ROUNDS
 
 
+async def test_an_async_call_that_waited_every_round_looks_again_before_it_defers(server: ThrottleServer) -> None:
+    """The same on the async httpx transport (its driver runs the same admission steps)."""
+    httpx = pytest.importorskip("httpx")
+    from retry_after_adapter.httpx import AsyncRetryAfterTransport
+
+    store = MemoryCooldownStore()
+    quota = Quota(2, per=1.0)
+    scope = origin_scope(RequestInfo("GET", server.url, {}))
+    clock = RivalClock(store, scope, quota, turns=MAX_ROUNDS - 1)
+    clock.take()
+    retry = RetryAfterRetry(total=2, deadline=60, max_wait=60, clock=clock)
+    transport = AsyncRetryAfterTransport(retry, cooldown=store, quota=quota)
+    async with httpx.AsyncClient(transport=transport) as client:
+        response = await client.get(server.url)
+    assert deferral_of(response) is None and response.status_code == 200
+    assert server.count() == 1 and clock.taken == 2 * MAX_ROUNDS
+
+
 def test_a_call_out_of_rounds_is_told_when_the_earliest_permit_frees(server: ThrottleServer) -> None:
     """The same rival, for every wait of the call's rounds, the call scheduled
     0.3 s late after its last: it defers, eligible when the rival's last permits stop
