@@ -167,9 +167,12 @@ def run(program: str, shape: dict[str, Any], kind: str, workdir: str, quick: boo
     """One run of ``program`` on a fresh server and store."""
     store = make_store(kind, workdir)
     work = _queue_work if program == "queue" else _jobs_work
-    with QuotaServer(shape["limit"], shape["per"], align="first") as server:
-        ends = work(shape, server.url, store, quick)
-        log = json.loads(server.log_json())
+    try:
+        with QuotaServer(shape["limit"], shape["per"], align="first") as server:
+            ends = work(shape, server.url, store, quick)
+            log = json.loads(server.log_json())
+    finally:
+        store.close()  # what waits written while its file is still there
     entries = [dict(zip(log["fields"], entry, strict=True)) for entry in log["log"]]
     per_window: dict[int, int] = {}
     for e in entries:
