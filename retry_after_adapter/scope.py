@@ -197,9 +197,10 @@ def holds_credential(text: str, request: Any) -> bool:
 
 
 def _valid(value: object, function: Callable[[Any], object], request: Any) -> str:
-    """``function``'s result for ``request``, if it is a scope every store can hold (a
-    non-empty str, no NUL, no lone surrogate); else a ConfigurationError naming the
-    function and the value (see :func:`_refused`)."""
+    """A public scope function's result for ``request``, if it is a scope every store
+    can hold (a non-empty str, no NUL, no lone surrogate); else a ConfigurationError
+    naming the function and the value (see :func:`_refused`). A private function's
+    result is never checked so: it is hashed, whatever it holds, and never shown."""
     if isinstance(value, str) and value and not unstorable(value):
         return value
     raise _refused(value, function, request)
@@ -286,7 +287,10 @@ def resolve_scope(scope: str | ScopeFunction | None) -> Callable[[Any], str]:
         private = scope
 
         def hashed(request: Any) -> str:
-            return hash_scope(_valid(private(request), private, request))
+            value = private(request)
+            if isinstance(value, str) and value:  # any text: its hash is what is stored
+                return hash_scope(value)
+            raise _refused(value, private, request)
 
         return hashed
     raise ConfigurationError("scope must be 'origin', 'credential' or a callable")
