@@ -28,6 +28,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -153,6 +154,58 @@ class Waiting(Protocol):
         store may come back empty); start the writer if something waits."""
 
 
+#: An operation for a helper thread: its future, the operation and its arguments.
+_Job = tuple["concurrent.futures.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+#: Helper threads per store and process that run the operations of a store that does
+#: not bound its own (each abandoned at its call's bound, see :meth:`Breaker.bounded`).
+HELPER_THREADS = 8
+
+
+class HelperThreads:
+    """At most ``size`` daemon threads running submitted operations, each answered
+    through a :class:`concurrent.futures.Future`. Not a ``ThreadPoolExecutor``: the
+    interpreter joins those at exit, so a store whose backend never answers would keep
+    the process from ever exiting; a daemon thread stuck in a hung operation does not."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._size = size
+        self._name = name
+        self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._pending = 0
+
+    def submit(self, operation: Callable[..., _T], *args: Any) -> concurrent.futures.Future[_T]:
+        """Run ``operation(*args)`` on a helper thread (one more is started while more
+        operations wait than threads are idle, up to ``size``); its answer or error in
+        the future."""
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        with self._lock:
+            self._pending += 1
+            start = self._pending > self._idle and self._threads < self._size
+            if start:
+                self._threads += 1
+        self._queue.put((future, operation, args))
+        if start:
+            threading.Thread(target=self._run, name=f"{self._name}-{self._threads}", daemon=True).start()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            future, operation, args = self._queue.get()
+            with self._lock:
+                self._idle -= 1
+                self._pending -= 1
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(operation(*args))
+                except BaseException as exc:  # handed to the caller, who may have gone
+                    future.set_exception(exc)
+
+
 class Breaker:
     """The breaker and outage state of one store, owned by its failure layer; it works
     with the layer's write-back (``waiting``, set once both are made)."""
@@ -177,7 +230,7 @@ class Breaker:
         self._since = 0.0  # when the announced outage started
         self._last_failure = -math.inf
         self._last_recovery_line = -math.inf
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor: HelperThreads | None = None
         #: Outages announced with a warning; failed operations; busy answers.
         self.outages = 0
         self.failures = 0
@@ -239,15 +292,13 @@ class Breaker:
                 f"the cooldown store {self.name} did not answer within {limit:.3g} s", cause="timed out"
             ) from None
 
-    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+    def _pool(self) -> HelperThreads:
         executor = self._executor
         if executor is None:
             with self._lock:
                 executor = self._executor
                 if executor is None:
-                    executor = self._executor = concurrent.futures.ThreadPoolExecutor(
-                        max_workers=8, thread_name_prefix="retry-after-store"
-                    )
+                    executor = self._executor = HelperThreads(HELPER_THREADS, "retry-after-store")
         return executor
 
     def gave_up(self, budget: StoreBudget | None) -> None:

@@ -341,3 +341,38 @@ def test_a_redis_store_on_a_client_without_timeouts_declares_none_and_is_bounded
     with pytest.raises(pytest.skip.Exception, match="declares no bound"):
         run_the_kits_bound_test(store, None)  # the kit asks no hung handle of it
     client.close()
+
+
+def test_a_process_whose_store_hangs_still_exits(real_server: ThrottleServer) -> None:
+    """An operation abandoned on a helper thread does not keep the process from
+    exiting: a store of one's own whose backend hangs 60 s, one call under a deadline,
+    and the process ends within seconds (the helper threads are daemons; a
+    ``ThreadPoolExecutor``'s are joined at exit, and a backend that never answers would
+    keep the process forever)."""
+    import subprocess
+    import sys
+
+    real_server.serve([Reply(200)])
+    program = f"""
+import time
+import requests
+from retry_after_adapter import RetryAfterAdapter, RetryAfterRetry, budget
+from retry_after_adapter.cooldown import Store
+
+class Hung(Store):
+    def get(self, scope):
+        time.sleep(60)
+    def extend(self, scope, until):
+        time.sleep(60)
+        return until
+
+s = requests.Session()
+s.mount("http://", RetryAfterAdapter(RetryAfterRetry(total=0), cooldown=Hung(), learn_rate=False))
+with budget(deadline={DEADLINE}):
+    print(s.get({real_server.url!r}, timeout=5).status_code, flush=True)
+"""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=50)
+    took = time.monotonic() - started
+    assert done.returncode == 0 and done.stdout.strip() == "200", (done.stdout, done.stderr[-2000:])
+    assert took < 20, f"the process took {took:.1f} s to exit (its store hangs 60 s)"
