@@ -512,3 +512,14 @@ def remove_log_redaction() -> None:
         logger = logging.getLogger(name)
         for f in [f for f in logger.filters if isinstance(f, RedactingFilter)]:
             logger.removeFilter(f)
+
+
+def written_back(guard: Any, within: float = 5.0) -> None:
+    """Wait (at most ``within`` seconds) until ``guard``'s writer thread has written
+    back every pending cooldown: a recovered store is refilled by that thread, never on
+    a call's thread (which has its deadline)."""
+    import time
+
+    ends = time.monotonic() + within
+    while guard.pending and time.monotonic() < ends:
+        time.sleep(0.01)

@@ -79,6 +79,10 @@ class WriteBack:
         #: A write was kept locally while the store was not down (busy, or the call ran
         #: out of time): the next success writes it back.
         self._stranded = False
+        #: Everything pending waits for the writer thread to write it back (after a
+        #: recovery, a replaced store, a loss nobody noticed): never on a call's thread,
+        #: which has its deadline (thousands of cooldowns are a round trip each).
+        self._backlog = False
         self.written_back = 0
         #: Announced allowances written back after a failure.
         self.allowances_written_back = 0
@@ -187,13 +191,16 @@ class WriteBack:
         if not self.breaker.is_down and not self.breaker.announced:
             return wrote
         if self.breaker.close() and (self._pending or self._allowances):
-            try:
-                wrote = self.write_back() > 0 or wrote
-            except CooldownStoreError as exc:
-                self.breaker.failed(exc, None)
-                return True
+            self.hand_to_writer()
+            wrote = True  # what the store answered may predate the write-back
         self.breaker.maybe_recovered()
         return wrote
+
+    def hand_to_writer(self) -> None:
+        """Have the writer thread write back everything pending (see ``_backlog``)."""
+        with self.lock:
+            self._backlog = True
+        self.start_writer()
 
     def write_back(self) -> int:
         """Write every pending cooldown to the store now, then every pending announced
@@ -221,9 +228,11 @@ class WriteBack:
             if record.until <= now:
                 continue
             try:
-                self.inner.allow(
-                    scope, max(0, record.remaining), record.until, now, None, record.limit or None,
-                    record.window or None,
+                self.breaker.bounded(
+                    self.inner.allow,
+                    (scope, max(0, record.remaining), record.until, now, None, record.limit or None,
+                     record.window or None),
+                    None,
                 )
             except Exception as exc:
                 with self.lock:
@@ -285,10 +294,7 @@ class WriteBack:
             len(self._pending),
             extra={"store": self.breaker.name},
         )
-        try:
-            self.write_back()
-        except CooldownStoreError as exc:
-            self.breaker.failed(exc, None)
+        self.hand_to_writer()
         return True
 
     def suspect(self) -> None:
@@ -309,7 +315,8 @@ class WriteBack:
     def lost(self) -> None:
         """The store lost cooldowns it held, without an error between two operations (a
         restart without persistence that the client's reconnection hid): treated as a
-        failure this process noticed, and written back at once (it answers)."""
+        failure this process noticed, and written back at once by the writer thread (it
+        answers), not on the call's thread."""
         self.suspect()
         log.warning(
             "cooldown store %s lost cooldowns it held without an error (restarted without "
@@ -318,10 +325,7 @@ class WriteBack:
             len(self._pending),
             extra={"store": self.breaker.name},
         )
-        try:
-            self.write_back()
-        except CooldownStoreError as exc:
-            self.breaker.failed(exc, None)
+        self.hand_to_writer()
 
     # -- the writer thread ---------------------------------------------------------
     def failing(self) -> None:
@@ -341,7 +345,9 @@ class WriteBack:
     def start_writer(self) -> None:
         """Start the writer thread if something waits to be written and none runs."""
         with self.lock:
-            if self._writer is not None or not (self._pending or self._allowances or self._chores):
+            if self._writer is not None or not (
+                self._pending or self._allowances or self._chores or self._backlog
+            ):
                 return
             self._writer = threading.Thread(
                 target=self._write_back_loop, name="retry-after-write-back", daemon=True
@@ -366,13 +372,16 @@ class WriteBack:
                 # A scope to probe the store with: one whose cooldown or allowance waits.
                 waiting = next(iter(self._pending), None) or next(iter(self._allowances), None)
                 scope = waiting if self.breaker.is_down else None
-                if self._closed or (scope is None and not chores):
+                backlog, self._backlog = self._backlog and scope is None, self._backlog and scope is not None
+                if self._closed or (scope is None and not chores and not backlog):
                     self._writer = None
                     return
             with self._writing:
                 if self._closed:
                     continue
                 self._write_once(chores, scope)
+                if backlog:
+                    self._write_backlog()
 
     def _write_once(self, chores: list[tuple[str, tuple[Any, ...], datetime]], scope: str | None) -> None:
         """One turn of the writer thread: the chores again, and a pending scope's
@@ -384,6 +393,13 @@ class WriteBack:
                 self.write_through(self.inner.extend, (scope, until), None)
             else:
                 self.write_through(self.inner.get, (scope,), None)
+
+    def _write_backlog(self) -> None:
+        """Write back everything pending (the writer thread, the store answering)."""
+        try:
+            self.write_back()
+        except CooldownStoreError as exc:
+            self.breaker.failed(exc, None)  # written at the next recovery
 
     def close(self) -> None:
         """Before the store closes: a write of the writer thread under way is waited

@@ -39,7 +39,7 @@ from retry_after_adapter.cooldown import Ask
 from retry_after_adapter.cooldown.base import Changed, Feed
 from retry_after_adapter.cooldown.guard import BREAKER_FIRST, BREAKER_MAX_PENDING, QUIET_PERIOD, guard_of
 
-from ..conftest import RedisServer, local_deferral
+from ..conftest import RedisServer, local_deferral, written_back
 from ..servers import Reply, ThrottleServer
 
 UTC = timezone.utc
@@ -138,6 +138,7 @@ def test_one_session_per_thread_through_a_killed_redis_sends_nothing_inside_a_kn
     clock.advance(BREAKER_FIRST)
     with caplog.at_level(logging.INFO, logger="retry_after_adapter"):
         local_deferral(sessions[5].get(server.url))
+    written_back(guard)  # by the writer thread, not the call's
     assert guard.pending == 0 and not guard.down
     # The other process reads with the 2 s timeouts of the other cross-process tests: its
     # first connection and GET can miss the default 0.1 s on a loaded machine.
@@ -511,6 +512,7 @@ def test_sqlite_directory_renamed_away_fails_open_then_recovers(tmp_path: Path) 
     (tmp_path / "moved").rename(directory)
     fake.advance(BREAKER_FIRST)
     assert guard.get("s") is not None
+    written_back(guard)
     assert not guard.down and guard.pending == 0
     assert SQLiteCooldownStore(directory / "cooldown.db").get("s") is not None
 
@@ -592,6 +594,7 @@ def test_a_read_in_flight_never_erases_a_cooldown_written_meanwhile(write_fails:
         store.fail_writes = False
         guard.breaker.monotonic = lambda: time.monotonic() + 60  # past the breaker's back-off
         assert guard.get("s") == until
+        written_back(guard)
         assert store.inner.get("s") == until and guard.pending == 0
 
 
@@ -644,7 +647,8 @@ def test_the_feeds_echo_of_a_write_does_not_leave_its_cooldown_pending() -> None
     assert guard.down and guard.pending == 2
     store.failing = False
     guard.breaker.monotonic = lambda: time.monotonic() + 60  # past the breaker's back-off
-    guard.get("other")  # the first healthy operation writes it back (or the writer did)
+    guard.get("other")  # the first healthy operation hands it to the writer thread
+    written_back(guard)
     assert store.get("outage") == until.replace(microsecond=124000)
     deadline = time.monotonic() + 5  # had the writer thread taken the probe: its write
     while guard.pending and time.monotonic() < deadline:

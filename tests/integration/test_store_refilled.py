@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 import requests
 
-from retry_after_adapter import RetryAfterAdapter, RetryAfterRetry
+from retry_after_adapter import RetryAfterAdapter, RetryAfterRetry, budget
 from retry_after_adapter.cooldown.guard import guard_of
 
-from ..conftest import RedisServer
+from ..conftest import RedisServer, written_back
 from ..servers import Reply, Seen, ThrottleServer
 from . import edge_children
 
@@ -171,6 +171,7 @@ def test_a_restart_nobody_noticed_is_detected_and_written_back(
     assert real_server.count() == 1, "a call was sent inside this process's own cooldown after a restart"
     assert response.status_code == 429 and response.headers.get("X-Local-Deferral")
     assert any("lost" in record.getMessage() for record in caplog.records), caplog.text
+    written_back(guard)  # by the writer thread, at once (not on the call's thread)
     assert store.get(scope) is not None, "the cooldown was not written back"
     assert store.get("another-scope") is not None, "another cooldown this process held was not written back"
     peer = subprocess.run(
@@ -183,6 +184,38 @@ def test_a_restart_nobody_noticed_is_detected_and_written_back(
     edge_children.open_store("redis", server.url, prefix, False).delete(scope)
     assert s.get(real_server.url).status_code == 200 and real_server.count() == 2
     guard.close()
+
+
+def test_writing_back_thousands_of_cooldowns_holds_no_call_past_its_deadline(
+    redis_factory: Callable[..., RedisServer], real_server: ThrottleServer, redis_module: Any,
+) -> None:
+    """A process holds 3,000 running cooldowns when its Redis loses them all (FLUSHDB: a
+    loss nobody noticed). The next call, under ``budget(deadline=0.05)``, finds the
+    loss and is not sent (its own cooldown holds), and returns within its deadline: the
+    write-back (a round trip a scope) is the writer thread's, which refills the store
+    soon after."""
+    server = redis_factory()
+    real_server.serve([Reply(429, {"Retry-After": "120"})])
+    store = edge_children.open_store("redis", server.url, "many:", True)
+    s = requests.Session()
+    s.mount("http://", RetryAfterAdapter(RetryAfterRetry(total=0, max_wait=0, raise_on_status=False),
+                                         cooldown=store, learn_rate=False))
+    assert s.get(real_server.url).status_code == 429 and real_server.count() == 1
+    guard = guard_of(store)
+    until = datetime.now(timezone.utc) + timedelta(seconds=120)
+    for i in range(3000):
+        guard.extend(f"scope-{i}", until)
+    assert guard.pending == 0
+    redis_module.Redis(port=server.port).flushdb()
+    started = time.monotonic()
+    with budget(deadline=0.05):
+        response = s.get(real_server.url)
+    took = time.monotonic() - started
+    assert response.status_code == 429 and response.headers.get("X-Local-Deferral")
+    assert real_server.count() == 1
+    assert took < 0.05 + 0.3, f"the call took {took:.3f} s under a 0.05 s deadline"
+    written_back(guard, within=30)
+    assert guard.pending == 0 and store.get("scope-2999") is not None
 
 
 def test_an_announced_allowance_held_when_the_store_failed_is_written_back(
