@@ -39,6 +39,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .. import _forksafe
+from ._health import StoreBudget
 from ._writeback import WriteBack
 
 __all__ = ["FLUSH_COUNT", "SETTLE_DELAY", "SETTLE_SHARE", "Coalescer", "may_wait", "settle_delay"]
@@ -139,9 +140,10 @@ class Coalescer:
             self._cond.notify()
             self._start()
 
-    def flush(self, exiting: bool = False) -> None:
+    def flush(self, exiting: bool = False, budget: StoreBudget | None = None) -> None:
         """Write every waiting settle now, in one store operation (``exiting``: every
-        check run first); a write the store does not take is dropped (see below)."""
+        check run first; ``budget``: a call's, whose time left bounds the write); a
+        write the store does not take is dropped (see below)."""
         if exiting:
             self._run_checks(float("inf"))
         with self._cond:
@@ -152,7 +154,7 @@ class Coalescer:
         with self._writing:
             if self._closed:
                 return  # the store is closed: its permits count as stored
-            if writeback.write_through(writeback.inner.settle_many, (waiting,), None):
+            if writeback.write_through(writeback.inner.settle_many, (waiting,), budget):
                 self.flushes += 1
                 self.carried += len(waiting)
         # Not tried again when the store failed it: each ends its permit no later than

@@ -28,7 +28,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 from .. import _forksafe
-from ..errors import ConfigurationError, CooldownUnavailable
+from ..errors import ConfigurationError, CooldownStoreError, CooldownUnavailable
 from ._coalesce import Coalescer, may_wait
 from ._health import (
     BREAKER_FIRST,
@@ -91,6 +91,10 @@ DEFAULT: Any = type("_Default", (), {"__repr__": lambda self: "DEFAULT"})()
 #: A quota permit the store could not answer for (busy, or the call's time ran out) is
 #: "not yet": asked again after this long, never granted locally while the store is up.
 _PERMIT_RETRY = timedelta(milliseconds=20)
+
+#: Seconds a call must have left for a quota's refusal to write the scope's waiting
+#: settles and ask the store again (see ``StoreGuard.admit``).
+REASK_LEFT = 0.1
 
 log = logging.getLogger("retry_after_adapter")
 
@@ -166,12 +170,17 @@ class StoreGuard(FullStore):
 
     def _renew_leases(self, leases: list[tuple[str, str, datetime]]) -> set[str]:
         """Renew the near copy's held slots in the store (see ``_near.LIFE``), bounded
-        as any operation: the tokens it no longer holds."""
+        as any operation: the tokens it no longer holds. Not while the store is down
+        (the breaker's probes find its recovery; tried again at the next pass)."""
+        if self.breaker.is_down:
+            raise CooldownStoreError("the store is down: renewals wait for its recovery")
         return self.breaker.bounded(self.inner.renew, (leases,), None)  # type: ignore[attr-defined]
 
     def _renew_open(self, permits: list[tuple[str, int, float, datetime, datetime, int]]) -> list[int]:
         """Renew the near copy's open permits in the store (see ``_near.OPEN_LIFE``),
-        bounded as any operation: how many moved, each."""
+        bounded as any operation: how many moved, each. Not while the store is down."""
+        if self.breaker.is_down:
+            raise CooldownStoreError("the store is down: renewals wait for its recovery")
         return self.breaker.bounded(self.inner.renew_open, (permits,), None)  # type: ignore[attr-defined]
 
     @property
@@ -322,13 +331,13 @@ class StoreGuard(FullStore):
         this process saw answered, and tells when the earliest frees."""
         answer = self._admit(ask, budget)
         if answer.not_before is not None:
-            if ask.limit is None or not self.settles.holds(ask.scope):
+            if ask.limit is None or not self.settles.holds(ask.scope) or not self._time_to_ask_again(budget):
                 return answer
             # Refused while settles of the scope wait here: the store counted their
             # answered permits as open, ending ``per`` from now at the earliest
             # (``base.free_at``), so its eligible time is late by up to the whole spread
             # of the permits the settles end. Written now, the store is asked again.
-            self.settles.flush()
+            self.settles.flush(budget=budget)
             answer = self._admit(ask, budget)
             if answer.not_before is not None:
                 return answer
@@ -337,6 +346,14 @@ class StoreGuard(FullStore):
             return answer
         self._undo(ask, answer)
         return Admission(local, local, None, False)
+
+    def _time_to_ask_again(self, budget: StoreBudget | None) -> bool:
+        """Whether the call has time for a refusal's settles to be written and the store
+        asked again: :data:`REASK_LEFT` left at least (both are bounded by what the call
+        has left; a settle write cut short is not tried again, its permit counting
+        longer, so it is not started with less)."""
+        left = budget.left() if budget is not None else None
+        return left is None or left >= REASK_LEFT
 
     def _undo(self, ask: Ask, answer: Admission) -> None:
         """A grant the local copy holds back after all (nothing will be sent): the slot
