@@ -5,12 +5,17 @@
 -- window, then the change channel (empty: none) and the scope: a rate that stops being
 -- open is published there as "r 0 <scope>" (every near copy admits by it again); then
 -- what the throttled attempt was: "1" a probe, "0" a known send, "" not said.
--- The window half-way to the server's resets' reading (rate._window_from_resets): a
--- reading shorter than the window counts the resets' rounding in.
-local function rate_half_way(win, since, windows)
+-- The window as the server's resets tell it (rate._window_from_resets): half-way to
+-- their reading (one shorter than the window counts the resets' rounding in), unchanged
+-- before two epochs since the last throttle or when the wait is longer than a window.
+local function rate_window_from_resets(r, epoch, untilms, now)
+  local windows = epoch - r.gc
+  if r.gc < 0 or windows < 2 or untilms - now > r.win + RATE_RESET_ROUNDING then return r.win end
+  local since = untilms - r.base
   local reading = since / windows
-  if reading < win then reading = math.min(win, (since + RATE_RESET_ROUNDING) / windows) end
-  return math.floor((win + reading) / 2 + 0.5)
+  if reading < r.win then reading = math.min(r.win, (since + RATE_RESET_ROUNDING) / windows) end
+  local win = math.floor((r.win + reading) / 2 + 0.5)
+  return math.min(math.max(win, RATE_MIN_WINDOW), RATE_MAX_WINDOW)
 end
 local r = rate_load(KEYS[1])
 if r == nil then return 0 end
@@ -61,22 +66,14 @@ else
       -- A known send refused while the epoch's probes were taken or on their way.
       lim = math.max(1, math.min(RATE_MAX_COUNT, r.sn - 1 + r.ok))
       quiet = RATE_QUIET_HELD
-      local windows = epoch - r.gc
-      if r.gc >= 0 and windows >= 2 and untilms - now <= r.win + RATE_RESET_ROUNDING then
-        win = rate_half_way(r.win, untilms - r.base, windows)
-        win = math.min(math.max(win, RATE_MIN_WINDOW), RATE_MAX_WINDOW)
-      end
+      win = rate_window_from_resets(r, epoch, untilms, now)
     elseif r.ok > 0 and untilms - RATE_RESET_ROUNDING > r.st + r.win then
       lim = math.max(lim, math.min(RATE_MAX_COUNT, r.ok))
     elseif r.ok > 0 then
       lim = math.min(RATE_MAX_COUNT, r.lim + r.ok)
     elseif r.pr > 0 then
       quiet = RATE_QUIET_HELD
-      local windows = epoch - r.gc
-      if r.gc >= 0 and windows >= 2 and untilms - now <= r.win + RATE_RESET_ROUNDING then
-        win = rate_half_way(r.win, untilms - r.base, windows)
-        win = math.min(math.max(win, RATE_MIN_WINDOW), RATE_MAX_WINDOW)
-      end
+      win = rate_window_from_resets(r, epoch, untilms, now)
     elseif epoch - r.gc >= 2 and r.win < untilms - r.base and untilms - r.base <= 2 * r.win + RATE_RESET_ROUNDING then
       win = untilms - r.base
     else
