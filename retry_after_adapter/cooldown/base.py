@@ -500,11 +500,15 @@ class LeaseRenewal(ABC):
     within that life (see ``_near.LIFE``)."""
 
     @abstractmethod
-    def renew(self, leases: Sequence[tuple[str, str, datetime]], now: datetime | None = None) -> set[str]:
+    def renew(
+        self, leases: Sequence[tuple[str, str, datetime]], now: datetime | None = None, exact: bool = False
+    ) -> set[str]:
         """For each ``(scope, token, until)``: a lease still held at ``now`` (None: the
-        present) is made to end no earlier than ``until``; one that expired or was
-        given back is not taken again. In as few operations as the store can (one
-        transaction, one pipeline). Returns the tokens not held."""
+        present) is made to end no earlier than ``until`` (``exact``: to end at
+        ``until``, earlier too: a slot an attempt no longer uses, kept for the next
+        one, counts only a short life from then); one that expired or was given back
+        is not taken again. In as few operations as the store can (one transaction, one
+        pipeline). Returns the tokens not held."""
 
     @abstractmethod
     def renew_open(

@@ -443,8 +443,11 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
         if held is not None:
             held.pop(token, None)
 
-    def renew(self, leases: Sequence[tuple[str, str, datetime]], now: datetime | None = None) -> set[str]:
-        """Move held leases later (see ``LeaseRenewal.renew``): one lock."""
+    def renew(
+        self, leases: Sequence[tuple[str, str, datetime]], now: datetime | None = None, exact: bool = False
+    ) -> set[str]:
+        """Move held leases later, or (``exact``) to the end given (see
+        ``LeaseRenewal.renew``): one lock."""
         at = _micros(now if now is not None else datetime.now(timezone.utc))
         ends = [(scope, token, _micros(until)) for scope, token, until in leases]
         lost = set()
@@ -454,7 +457,7 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
                 expires = held.get(token) if held is not None else None
                 if held is None or expires is None or expires <= at:
                     lost.add(token)
-                elif until > expires:
+                elif until > expires or exact:
                     held[token] = until
         return lost
 

@@ -520,14 +520,17 @@ class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded, Forgetful, L
         except Exception as exc:
             raise self._failure("lifted", exc) from exc
 
-    def renew(self, leases: Sequence[tuple[str, str, datetime]], now: datetime | None = None) -> set[str]:
-        """Move held leases later (see ``LeaseRenewal.renew``): one ``EVALSHA`` of
-        ``renew.lua`` per scope, pipelined (on a cluster, one round trip per node)."""
+    def renew(
+        self, leases: Sequence[tuple[str, str, datetime]], now: datetime | None = None, exact: bool = False
+    ) -> set[str]:
+        """Move held leases later, or (``exact``) to the end given (see
+        ``LeaseRenewal.renew``): one ``EVALSHA`` of ``renew.lua`` per scope, pipelined
+        (on a cluster, one round trip per node)."""
         at = str(now_epoch_ms(now if now is not None else datetime.now(timezone.utc)))
         calls: dict[str, list[str]] = {}
         for scope, token, until in leases:
             key = self.companion(check_scope(scope), "lease")
-            calls.setdefault(key, [at]).extend((token, str(to_epoch_ms(check_until(until)))))
+            calls.setdefault(key, [at, "1" if exact else "0"]).extend((token, str(to_epoch_ms(check_until(until)))))
         replies = self._pipelined(self._renew_script, calls, "renew")
         return {_text(token) for reply in replies.values() for token in reply}
 

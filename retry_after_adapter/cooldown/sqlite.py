@@ -335,9 +335,11 @@ class SQLiteCooldownStore(SQLiteFile, FullStore, Weights, Bounded, LeaseRenewal)
             lambda conn: conn.execute("DELETE FROM lease WHERE scope = ? AND token = ?", (scope, token))
         )
 
-    def renew(self, leases: Sequence[tuple[str, str, datetime]], now: datetime | None = None) -> set[str]:
-        """Move held leases later (see ``LeaseRenewal.renew``): one immediate
-        transaction."""
+    def renew(
+        self, leases: Sequence[tuple[str, str, datetime]], now: datetime | None = None, exact: bool = False
+    ) -> set[str]:
+        """Move held leases later, or (``exact``) to the end given (see
+        ``LeaseRenewal.renew``): one immediate transaction."""
         rows = [
             (to_epoch_ms(check_until(until)), check_scope(scope), token) for scope, token, until in leases
         ]
@@ -349,7 +351,7 @@ class SQLiteCooldownStore(SQLiteFile, FullStore, Weights, Bounded, LeaseRenewal)
             with immediate(conn):
                 for until, scope, token in rows:
                     found = conn.execute(
-                        "UPDATE lease SET expires_ms = max(expires_ms, ?) "
+                        "UPDATE lease SET expires_ms = " + ("?" if exact else "max(expires_ms, ?)") + " "
                         "WHERE scope = ? AND token = ? AND expires_ms > ?",
                         (until, scope, token, present),
                     ).rowcount

@@ -354,6 +354,25 @@ class StoreContract(TokenContract):
         assert slots.renew([(scope, "lapses", later + second)], later) == {"lapses"}  # type: ignore[attr-defined]
         assert slots.admit(Ask(scope, later, None, None, (3, 30.0, "more"))).not_before is None
 
+    def test_renew_exact_sets_a_held_lease_s_end_earlier_too(self, store: Any) -> None:
+        """``LeaseRenewal.renew(..., exact=True)``: a lease still held is made to end at
+        the end given, earlier too (a slot kept for reuse counts only its short life);
+        one that lapsed or was given back stays free."""
+        slots = self.carrying(store, Leases, LeaseRenewal)
+        now, scope = now_ms(), self.s("exact")
+        second = timedelta(seconds=1)
+        for token in ("kept", "given"):
+            assert slots.admit(Ask(scope, now, None, None, (2, 60.0, token))).not_before is None
+        slots.answer(Answer(scope, token="given"))  # noqa: S106 - a slot's token
+        shorter = [(scope, "kept", now + second), (scope, "given", now + second)]
+        assert slots.renew(shorter, now + second / 2, exact=True) == {"given"}  # type: ignore[attr-defined]
+        refused = slots.admit(Ask(scope, now + second / 2, None, None, (1, 30.0, "other")))
+        assert refused.not_before == now + second, refused  # "kept" until its new, earlier end
+        later = now + 2 * second  # "kept" lapsed at now + 1 s, not at now + 60 s
+        assert slots.renew([(scope, "kept", later + second)], later, exact=True) == {"kept"}  # type: ignore[attr-defined]
+        assert slots.admit(Ask(scope, later, None, None, (2, 30.0, "x"))).not_before is None
+        assert slots.admit(Ask(scope, later, None, None, (2, 30.0, "y"))).not_before is None
+
     def test_renew_open_moves_open_permits_later_and_never_a_lapsed_one(self, store: Any) -> None:
         """``LeaseRenewal.renew_open``: up to ``count`` open permits stored to end at
         ``end`` move to ``until`` (they count until then; a settle of the new end
