@@ -210,21 +210,17 @@ class _Held:
         return left >= ttl
 
     def renewal(self, now: datetime) -> datetime | None:
-        """The end to renew its lease to at ``now`` (None: not renewed: no life, or its
-        attempt's ttl is over)."""
-        if not self.life:
+        """The end to renew its lease to at ``now`` (None: not renewed: no life, or an
+        attempt uses it: its lease was set to cover the attempt's whole ttl)."""
+        if not self.life or self.wire is not None:
             return None
         until = now + timedelta(seconds=self.life)
-        if self.wire is not None:
-            if self.wire <= now:
-                return None
-            until = min(until, self.wire)
         return until if until > self.expires else None
 
 
-#: Renews leases in the store: ``(scope, token, until)`` each; answers the tokens the
-#: store no longer holds.
-Renew = Callable[[list[tuple[str, str, datetime]]], Collection[str]]
+#: Renews leases in the store: ``(scope, token, until)`` each, later only, or (the flag
+#: set) to end at ``until``, earlier too; answers the tokens the store no longer holds.
+Renew = Callable[[list[tuple[str, str, datetime]], bool], Collection[str]]
 #: Moves open permits' ends in the store: ``(scope, limit, per, end, until, count)``
 #: each; answers how many moved, each.
 RenewOpen = Callable[[list[tuple[str, int, float, datetime, datetime, int]]], list[int]]
@@ -238,13 +234,15 @@ class _Open:
     end now (renewed), how long they count past the present (per + margin), and the
     latest end they are renewed to."""
 
-    __slots__ = ("count", "cur", "most", "tail")
+    __slots__ = ("count", "cur", "most", "renewing", "tail")
 
     def __init__(self, count: int, cur: datetime, tail: float, most: datetime) -> None:
         self.count = count
         self.cur = cur
         self.tail = tail
         self.most = most
+        #: A renewal of them is in the store (``open_lock`` not held meanwhile).
+        self.renewing = False
 
 
 #: ``(scope, limit, per, margin)``: one quota's batch; ``(scope, 0, 0.0, 0.0)``: the
@@ -484,12 +482,10 @@ class Near:
                 if len(self._held) >= KNOWN_MAX:
                     self._held.clear()  # those slots go back to the store, not here
                 wire = lease[1] if ttl is None else ttl
-                life = lease[1] if wire > lease[1] else 0.0  # taken shorter than its ttl: renewed
+                life = LIFE if self._renews(wire) else 0.0  # kept with a renewed life once parked
                 held = _Held(scope, present + timedelta(seconds=lease[1]), lease[0], life,
                              present + timedelta(seconds=wire))
                 self._held[lease[2]] = held
-                if life:
-                    self._wake()  # renewed while the attempt runs
 
     def learned(self, scope: str) -> None:
         """This process wrote a cooldown (kept in the local copy): a learned rate may
@@ -505,9 +501,14 @@ class Near:
         (renewed while the process holds it), else a little longer than the attempt's
         ttl (see the module)."""
         slots, ttl, token = lease
-        if self.renew is not None and ttl > LIFE:
-            return (slots, LIFE, token)
+        if self._renews(ttl):
+            return (slots, ttl, token)
         return (slots, ttl + min(REUSE_MAX, ttl * REUSE_SHARE), token)
+
+    def _renews(self, ttl: float) -> bool:
+        """Whether a slot taken for an attempt of ``ttl`` seconds is kept with a renewed
+        life once the attempt ends (a store that renews, a ttl longer than :data:`LIFE`)."""
+        return self.renew is not None and ttl > LIFE
 
     # -- permits ---------------------------------------------------------------------
     def _count(self, scope: str, limit: int, per: float, margin: float, present: datetime) -> _Permits:
@@ -610,36 +611,96 @@ class Near:
 
     # -- slots -----------------------------------------------------------------------
     def _reuse(self, scope: str, present: datetime, ttl: float, cap: int) -> str | None:
-        """A slot this process holds idle on ``scope``, taken under the same cap, with
-        at least ``ttl`` seconds of lease left, taken for an attempt (None: none). A slot
-        taken under another cap is not reused: the store counted it against that cap,
-        and an attempt under a smaller one must be counted again."""
-        with self._lock:
-            idle = self._idle.get(scope)
-            if not idle:
+        """A slot this process holds idle on ``scope``, taken under the same cap, taken
+        for an attempt of ``ttl`` seconds starting at ``present`` (None: none): one with
+        at least ``ttl`` seconds of lease left, or one kept with a renewed life (see
+        :data:`LIFE`) whose lease the store moved to ``present + ttl`` first (one store
+        operation: the attempt's slot never depends on a renewal landing in time). A
+        slot taken under another cap is not reused: the store counted it against that
+        cap, and an attempt under a smaller one must be counted again."""
+        while True:
+            with self._lock:
+                found = self._pick(scope, present, ttl, cap)
+            if found is None:
                 return None
-            found = None
-            for slot in reversed(list(idle)):
-                if slot.cap != cap:
-                    continue
-                idle.remove(slot)
-                held = self._held.get(slot.token)
-                if held is not None and held.usable(present, ttl):
-                    held.wire = present + timedelta(seconds=ttl)
-                    found = slot.token
-                    break
-                self._held.pop(slot.token, None)
-                self._later(scope, slot.token)
-            if not idle:
-                del self._idle[scope]
-            return found
+            token, held = found
+            if not held.life:
+                return token
+            until = held.wire
+            assert until is not None
+            try:
+                lost = self._renew_now([(scope, token, until)], False)
+            except Exception as exc:  # the store admits the attempt; the slot goes back
+                log.debug("taking a kept concurrency slot again failed: %s", type(exc).__name__)
+                with self._lock:
+                    if self._held.pop(token, None) is not None:
+                        self._later(scope, token)
+                return None
+            with self._lock:
+                if token not in lost and self._held.get(token) is held:
+                    held.expires = max(held.expires, until)
+                    return token
+                self._held.pop(token, None)  # it lapsed in the store: another one, if any
+
+    def _pick(self, scope: str, present: datetime, ttl: float, cap: int) -> tuple[str, _Held] | None:
+        """(Lock held.) :meth:`_reuse`'s choice: an idle slot's token and what is held of
+        it, marked in use by an attempt of ``ttl`` seconds from ``present``; those
+        found unusable on the way go back to the store."""
+        idle = self._idle.get(scope)
+        if not idle:
+            return None
+        found = None
+        for slot in reversed(list(idle)):
+            if slot.cap != cap:
+                continue
+            idle.remove(slot)
+            held = self._held.get(slot.token)
+            if held is not None and held.usable(present, ttl):
+                held.wire = present + timedelta(seconds=ttl)
+                found = (slot.token, held)
+                break
+            self._held.pop(slot.token, None)
+            self._later(scope, slot.token)
+        if not idle:
+            del self._idle[scope]
+        return found
+
+    def _renew_now(self, leases: list[tuple[str, str, datetime]], exact: bool) -> Collection[str]:
+        """Renew ``leases`` in the store now (in the caller's thread): the tokens it no
+        longer holds."""
+        renew = self.renew
+        if renew is None:
+            return {token for _, token, _ in leases}
+        return renew(leases, exact)
 
     def park(self, scope: str, token: str) -> bool:
         """An attempt gave its slot back: keep it idle here for :data:`IDLE` seconds
-        (True), or False for a slot this process did not take (the store gets it)."""
+        (True), or False for a slot this process did not take (the store gets it). A
+        slot kept with a renewed life has its lease set to end :data:`LIFE` seconds
+        from now first, in the store (one operation, in the caller's thread: a process
+        that ends right after, even by ``os._exit``, leaves it counting that long, not
+        the rest of its attempt's ``lease_ttl``); if that fails, the store gets it."""
         with self._lock:
             held = self._held.get(token)
-            if held is None or held.scope != scope:
+            if held is None or held.scope != scope or held.wire is None:
+                return False
+            life = held.life
+        if life:
+            until = datetime.now(timezone.utc) + timedelta(seconds=life)
+            try:
+                lost = self._renew_now([(scope, token, until)], True)
+            except Exception as exc:  # given back instead (or later, by the writer)
+                log.debug("keeping a concurrency slot failed: %s", type(exc).__name__)
+                with self._lock:
+                    self._held.pop(token, None)
+                return False
+            with self._lock:
+                if token in lost or self._held.get(token) is not held:
+                    self._held.pop(token, None)
+                    return token in lost  # lapsed: nothing to give back
+                held.expires = until
+        with self._lock:
+            if self._held.get(token) is not held:
                 return False
             held.wire = None
             self._idle.setdefault(scope, []).append(_Slot(token, time.monotonic(), held.cap))
@@ -707,7 +768,11 @@ class Near:
             return
         with self._lock:
             end = key[3]
-            self._open[key] = _Open(count, end, tail, end + timedelta(seconds=most))
+            group = self._open.get(key)
+            if group is not None and group.cur == end:  # granted in the same millisecond
+                group.count += count
+            else:
+                self._open[key] = _Open(count, end, tail, end + timedelta(seconds=most))
             self._wake()
 
     def settling(self, key: _OpenKey, count: int = 1) -> datetime:
@@ -725,8 +790,11 @@ class Near:
     def _renew_open(self) -> None:
         """Renew the open permits not settled whose life runs out (less than
         :data:`RENEW_SHARE` of :data:`OPEN_LIFE` left past the present + per +
-        margin), all in one store operation, ``open_lock`` held: a settle reads where
-        they end after it."""
+        margin), all in one store operation. ``open_lock`` is held only to note what
+        is renewed and to apply the answer, never across the store operation (callers
+        settle under it): a settle meanwhile takes its permit out of the renewal
+        (:meth:`settling`), and is written to the end it read, before or after the
+        renewal; the permit's move is then found settled (see :meth:`_renewed_open`)."""
         renew_open = self.renew_open
         if renew_open is None or not self._open:
             return
@@ -739,29 +807,29 @@ class Near:
                     if group.cur <= now - _FORGET_OPEN:
                         del self._open[key]  # lapsed long ago: never settled here
                         continue
-                    if group.cur <= now or group.cur >= group.most:
-                        continue  # lapsed, or as long as an open permit counts
+                    if group.cur <= now or group.cur >= group.most or group.renewing:
+                        continue  # lapsed, as long as an open permit counts, or under way
                     if (group.cur - floor).total_seconds() < RENEW_SHARE * OPEN_LIFE:
                         until = min(floor + timedelta(seconds=OPEN_LIFE), group.most)
                         if until > group.cur:
-                            todo.append((key, group, until))
-            if not todo:
-                return
-            try:
-                moved = renew_open([(*key[:3], group.cur, until, group.count) for key, group, until in todo])
-            except Exception as exc:  # tried again at the next pass, while life is left
-                log.debug("renewing open permits failed: %s", type(exc).__name__)
-                return
-            with self._lock:
-                for (_, group, until), done in zip(todo, moved, strict=True):
-                    if done:
-                        group.cur = until
+                            group.renewing = True
+                            todo.append((key, group, group.cur, until, group.count))
+        if not todo:
+            return
+        try:
+            moved = renew_open([(*key[:3], cur, until, count) for key, _, cur, until, count in todo])
+        except Exception as exc:  # tried again at the next pass, while life is left
+            log.debug("renewing open permits failed: %s", type(exc).__name__)
+            moved = [0] * len(todo)
+        with self.open_lock, self._lock:
+            for (_, group, cur, until, _count), done in zip(todo, moved, strict=True):
+                group.renewing = False
+                if done and group.cur == cur:
+                    group.cur = until
 
     def _renewed(self) -> bool:
         """(Lock held.) Whether a slot held is renewed (its attempt's ttl not over)."""
-        return any(
-            held.life and (held.wire is None or held.wire > held.expires) for held in self._held.values()
-        )
+        return any(held.life and held.wire is None for held in self._held.values())
 
     def _renewals(self) -> list[tuple[str, str, datetime]]:
         """(Lock held.) When a held slot's life is running out (less than
@@ -788,7 +856,7 @@ class Near:
         if renew is None:
             return
         try:
-            lost = set(renew(renewals))
+            lost = set(renew(renewals, False))
         except Exception as exc:  # tried again at the next pass, while life is left
             log.debug("renewing held concurrency slots failed: %s", type(exc).__name__)
             return

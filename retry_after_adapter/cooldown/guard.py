@@ -168,13 +168,14 @@ class StoreGuard(FullStore):
                 end = near.settling((scope, limit, per, end), count)
         self.settles.add_many([(scope, limit, per, end, never, True)] * count, per)
 
-    def _renew_leases(self, leases: list[tuple[str, str, datetime]]) -> set[str]:
-        """Renew the near copy's held slots in the store (see ``_near.LIFE``), bounded
-        as any operation: the tokens it no longer holds. Not while the store is down
-        (the breaker's probes find its recovery; tried again at the next pass)."""
+    def _renew_leases(self, leases: list[tuple[str, str, datetime]], exact: bool = False) -> set[str]:
+        """Renew the near copy's held slots in the store (see ``_near.LIFE``; ``exact``:
+        to end as given, earlier too), bounded as any operation: the tokens it no
+        longer holds. Not while the store is down (the breaker's probes find its
+        recovery; tried again at the next pass; a slot to keep is given back instead)."""
         if self.breaker.is_down:
             raise CooldownStoreError("the store is down: renewals wait for its recovery")
-        return self.breaker.bounded(self.inner.renew, (leases,), None)  # type: ignore[attr-defined]
+        return self.breaker.bounded(self.inner.renew, (leases, None, exact), None)  # type: ignore[attr-defined]
 
     def _renew_open(self, permits: list[tuple[str, int, float, datetime, datetime, int]]) -> list[int]:
         """Renew the near copy's open permits in the store (see ``_near.OPEN_LIFE``),
@@ -404,8 +405,10 @@ class StoreGuard(FullStore):
         batch, hold = near.batch(scope, rest, per, margin, claim=True, opened=opened)
         epoch = near.epoch
         missing = ask._replace(limit=rest, lease=rest_lease, batch=batch, hold=hold)
-        renewed = opened and near.renew_open is not None and ask.opened > OPEN_LIFE
-        if renewed:  # counted OPEN_LIFE past per + margin, renewed while unanswered
+        # A batch's open permits (held near, for reuse) count OPEN_LIFE past per + margin,
+        # renewed while unanswered; a permit taken alone, for its attempt, its full time.
+        renewed = opened and batch > 1 and near.renew_open is not None and ask.opened > OPEN_LIFE
+        if renewed:
             missing = missing._replace(opened=OPEN_LIFE)
         granted = False
         try:

@@ -111,17 +111,20 @@ def call_then_exit(kind: str, where: str, prefix: str, url: str, how: str) -> No
         os._exit(0)
 
 
-def busy_until_killed(kind: str, where: str, prefix: str, url: str, threads: str, limit: str = "") -> None:
+def busy_until_killed(
+    kind: str, where: str, prefix: str, url: str, threads: str, limit: str = "", ttl: str = ""
+) -> None:
     """``threads`` threads GET ``url`` in a loop (one Session, ``max_concurrency`` =
-    ``threads``, the default ``lease_ttl``; with ``limit``, ``Quota(limit, per=1)``),
-    until this process is killed: it holds slots in use and parked for reuse (and open
-    permits) throughout."""
+    ``threads``, ``lease_ttl`` = ``ttl`` seconds, else the default; with ``limit``,
+    ``Quota(limit, per=1)``), until this process is killed: it holds slots in use and
+    parked for reuse (and open permits) throughout."""
     store = open_store(kind, where, prefix)
     s = requests.Session()
     retry = RetryAfterRetry(total=0, max_wait=10)
     quota = Quota(int(limit), per=1) if limit else None
+    lease = {"lease_ttl": float(ttl)} if ttl else {}
     s.mount("http://", RetryAfterAdapter(
-        retry, cooldown=store, max_concurrency=int(threads), quota=quota, learn_rate=False
+        retry, cooldown=store, max_concurrency=int(threads), quota=quota, learn_rate=False, **lease
     ))  # fmt: skip
 
     def run() -> None:

@@ -4,12 +4,13 @@ task, and a real worker process SIGKILLed while its threads hold concurrency slo
 use and parked for reuse), on a real SQLite file and the session's real Redis, against
 a loopback server that counts what it holds at once.
 
-A slot a process keeps (parked between its threads' attempts, or in use) is stored
-with a short life that the process renews while it holds it (``_near.LIFE``), so the
-capacity of a process that dies without giving it back comes back within about a
-second, not ``lease_ttl`` (60 s by default); a forked child starts with none of its
-parent's slots, nor its parent's kept-alive connections. The cap still holds at the
-server throughout, and an attempt that outlives a slot's life keeps its slot.
+A slot a process keeps for reuse (parked between its threads' attempts) is stored
+with a short life that the process renews while it keeps it (``_near.LIFE``), so the
+capacity a process that dies kept for reuse comes back within about a second, not
+``lease_ttl`` (60 s by default); a slot an attempt uses counts its ``lease_ttl``
+whatever the renewals do (a slow store, a starved process: the cap holds at the server).
+A forked child starts with none of its parent's slots, nor its parent's kept-alive
+connections. The cap still holds at the server throughout.
 """
 
 from __future__ import annotations
@@ -203,16 +204,20 @@ def test_a_pool_with_one_task_per_worker_never_waits_for_a_lease(
 
 # ====================================== 3. a SIGKILLed worker holding slots in use and parked
 THREADS = 8
+#: The killed worker's ``lease_ttl`` (seconds): what its slots in use at the kill count.
+KILLED_TTL = 3.0
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_sigkilled_worker_s_slots_come_back_within_about_a_second(
+def test_a_sigkilled_worker_s_slots_come_back_by_their_attempts_lease(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """A worker process runs 8 threads of GETs (``max_concurrency=8``, ``lease_ttl``
-    60 s) against a server that holds each 20 ms, so at any moment it holds slots in
+    3 s) against a server that holds each 20 ms, so at any moment it holds slots in
     use and parked; it is SIGKILLed. This process then measures how long until it can
-    take all 8 slots itself: about a second (under 2 s here; the lease was 60 s)."""
+    take all 8 slots itself: those in use at the kill count their attempts'
+    ``lease_ttl`` (a slot on the wire never depends on a renewal), those parked about a
+    second: all back within 3 s + 1.5 s, none of them kept for the renewed life alone."""
     where = where_for(kind, tmp_path, request)
     server = HoldingServer(hold=0.02)
     prefix = "sigkill:"
@@ -221,7 +226,7 @@ def test_a_sigkilled_worker_s_slots_come_back_within_about_a_second(
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.integration.near_children", "busy_until_killed",
-             kind, where, prefix, server.url, str(THREADS)],
+             kind, where, prefix, server.url, str(THREADS), "", str(KILLED_TTL)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         try:
@@ -241,7 +246,7 @@ def test_a_sigkilled_worker_s_slots_come_back_within_about_a_second(
         if busy is None:
             store.release(scope, "probe-busy")
         taken: list[str] = []
-        limit = time.monotonic() + 5.0
+        limit = time.monotonic() + KILLED_TTL + 3.0
         while len(taken) < THREADS and time.monotonic() < limit:
             token = f"mine-{len(taken)}"
             if store.lease(scope, THREADS, 5.0, None, token) is None:
@@ -254,8 +259,8 @@ def test_a_sigkilled_worker_s_slots_come_back_within_about_a_second(
     FIGURES[f"sigkill, {kind}"] = (back, held_at_kill)
     print(f"\n{kind}: the killed worker's slots all back {back:.3f} s after the kill "
           f"(all 8 held right after: {held_at_kill}), {server.total} requests, most at the server {server.most}")
-    assert len(taken) == THREADS, f"only {len(taken)} of {THREADS} slots came back within 5 s"
-    assert back <= 2.0, f"the killed worker's slots came back {back:.2f} s after the kill"
+    assert len(taken) == THREADS, f"only {len(taken)} of {THREADS} slots came back within {KILLED_TTL + 3} s"
+    assert back <= KILLED_TTL + 1.5, f"the killed worker's slots came back {back:.2f} s after the kill"
     assert server.most <= THREADS
 
 
