@@ -528,9 +528,10 @@ class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded, Forgetful, L
         (on a cluster, one round trip per node)."""
         at = str(now_epoch_ms(now if now is not None else datetime.now(timezone.utc)))
         calls: dict[str, list[str]] = {}
+        flag = "1" if exact else "0"
         for scope, token, until in leases:
             key = self.companion(check_scope(scope), "lease")
-            calls.setdefault(key, [at, "1" if exact else "0"]).extend((token, str(to_epoch_ms(check_until(until)))))
+            calls.setdefault(key, [at, flag]).extend((token, str(to_epoch_ms(check_until(until)))))
         replies = self._pipelined(self._renew_script, calls, "renew")
         return {_text(token) for reply in replies.values() for token in reply}
 

@@ -111,6 +111,13 @@ def _restore(path: str, timeout: float, push: bool = True) -> SQLiteCooldownStor
     return SQLiteCooldownStore(path, timeout=timeout, push=push)
 
 
+#: ``LeaseRenewal.renew``'s statements: a held lease's end set as given, or moved later.
+_SET_EXACT = "UPDATE lease SET expires_ms = ? WHERE scope = ? AND token = ? AND expires_ms > ?"
+_SET_LATER = (
+    "UPDATE lease SET expires_ms = max(expires_ms, ?) WHERE scope = ? AND token = ? AND expires_ms > ?"
+)
+
+
 class SQLiteCooldownStore(SQLiteFile, FullStore, Weights, Bounded, LeaseRenewal):
     """Cooldowns shared by every process and thread on one host through a SQLite file.
 
@@ -351,8 +358,7 @@ class SQLiteCooldownStore(SQLiteFile, FullStore, Weights, Bounded, LeaseRenewal)
             with immediate(conn):
                 for until, scope, token in rows:
                     found = conn.execute(
-                        "UPDATE lease SET expires_ms = " + ("?" if exact else "max(expires_ms, ?)") + " "
-                        "WHERE scope = ? AND token = ? AND expires_ms > ?",
+                        _SET_EXACT if exact else _SET_LATER,
                         (until, scope, token, present),
                     ).rowcount
                     if not found:

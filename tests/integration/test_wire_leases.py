@@ -1,0 +1,144 @@
+"""What an attempt on the wire holds counts for the attempt, whatever the renewals do:
+two real store objects on one real SQLite file (or the session's real Redis), one of
+them renewing slowly (a store subclass that sleeps in ``renew`` and ``renew_open``, as
+a loaded store or a starved process does), against a loopback server that holds each
+request and counts what it holds at once.
+
+A process keeps capacity for reuse with a short life it renews (``_near.LIFE``); an
+attempt's own slot counts its ``lease_ttl`` and its own open quota permit its full open
+time from the moment its request goes, so a late renewal never lets another process's
+attempt reach the server beside it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from retry_after_adapter import (
+    Quota,
+    RedisCooldownStore,
+    RetryAfterAdapter,
+    RetryAfterRetry,
+    SQLiteCooldownStore,
+)
+from retry_after_adapter.cooldown.guard import guard_of
+from tests.integration import near_children
+from tests.servers import HoldingServer
+
+KINDS = ["sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+
+
+def _slow(cls: type, seconds: float) -> type:
+    """``cls`` whose renewals (``renew``, ``renew_open``) each take ``seconds`` more."""
+
+    class Slow(cls):  # type: ignore[misc, valid-type]
+        renewals = 0
+
+        def renew(self, *args: Any, **kwargs: Any) -> Any:
+            type(self).renewals += 1
+            time.sleep(seconds)
+            return super().renew(*args, **kwargs)
+
+        def renew_open(self, *args: Any, **kwargs: Any) -> Any:
+            type(self).renewals += 1
+            time.sleep(seconds)
+            return super().renew_open(*args, **kwargs)
+
+    return Slow
+
+
+def _stores(kind: str, tmp_path: Path, request: pytest.FixtureRequest, seconds: float) -> tuple[Any, Any]:
+    """A slow-renewing store and a plain one, sharing the same data."""
+    if kind == "sqlite":
+        where, cls = str(tmp_path / "shared.db"), SQLiteCooldownStore
+    else:
+        request.getfixturevalue("redis_client")  # emptied before and after
+        where, cls = str(request.getfixturevalue("redis_url")), RedisCooldownStore
+    slow = near_children.open_store(kind, where, "wire:", _slow(cls, seconds))
+    return slow, near_children.open_store(kind, where, "wire:")
+
+
+def _session(store: Any, **kw: Any) -> requests.Session:
+    s = requests.Session()
+    retry = RetryAfterRetry(total=0, max_wait=0.5, deadline=10)
+    s.mount("http://", RetryAfterAdapter(retry, cooldown=store, learn_rate=False, **kw))
+    return s
+
+
+def _until(seconds: float, started: float) -> None:
+    """Wait (in short steps) until ``seconds`` past ``started`` (time.monotonic())."""
+    while (left := started + seconds - time.monotonic()) > 0:
+        time.sleep(min(left, 0.05))
+
+
+def _at_server(server: HoldingServer, started: float) -> None:
+    while server.total < 2 and time.monotonic() - started < 10:
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_slot_on_the_wire_outlives_a_late_renewal(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``max_concurrency=1``: A (its store renewing 0.8 s late) sends an attempt the
+    server holds 2.5 s; B (another store object) asks 1.4 s in, past the slot's renewed
+    life (``LIFE``, 1 s), and is deferred: the server never holds two. (The slot lived
+    a second, renewed, in use too: B was sent beside A.)"""
+    a_store, b_store = _stores(kind, tmp_path, request, 0.8)
+    server = HoldingServer(hold=2.5)
+    try:
+        a, b = _session(a_store, max_concurrency=1), _session(b_store, max_concurrency=1)
+        started = time.monotonic()
+        assert a.get(server.url.replace("/x", "/warm"), timeout=10).status_code == 200  # kept for reuse
+        results: list[int] = []
+        thread = threading.Thread(target=lambda: results.append(a.get(server.url, timeout=10).status_code))
+        thread.start()
+        _at_server(server, started)
+        sent = time.monotonic()
+        _until(1.4, sent)
+        r = b.get(server.url, timeout=10)
+        thread.join(10)
+        assert results == [200]
+        print(f"\n{kind}: B {r.status_code}, deferred {r.deferral is not None}, most at the server {server.most}, "
+              f"A's renewals {type(a_store).renewals}")
+        assert server.most == 1, "another process's attempt reached the server beside the slot's attempt"
+        assert r.deferral is not None
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_open_permit_on_the_wire_outlives_a_late_renewal(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """``Quota(1, per=1)``: A (its store renewing 1.2 s late) sends an attempt the
+    server holds 3.5 s; B asks 2.7 s in, past what the permit's renewals kept (per +
+    margin + ``OPEN_LIFE`` each), and is deferred: the permit counts until A's answer +
+    per. (The permit lived ``OPEN_LIFE`` past per, renewed: B was sent beside A.)"""
+    a_store, b_store = _stores(kind, tmp_path, request, 1.2)
+    server = HoldingServer(hold=3.5)
+    try:
+        a, b = _session(a_store, quota=Quota(1, per=1)), _session(b_store, quota=Quota(1, per=1))
+        assert guard_of(a_store).near is not None
+        results: list[int] = []
+        started = time.monotonic()
+        thread = threading.Thread(target=lambda: results.append(a.get(server.url, timeout=10).status_code))
+        thread.start()
+        while server.total < 1 and time.monotonic() - started < 10:
+            time.sleep(0.005)
+        _until(2.7, started)
+        r = b.get(server.url, timeout=10)
+        thread.join(10)
+        assert results == [200]
+        print(f"\n{kind}: B {r.status_code}, deferred {r.deferral is not None}, most at the server {server.most}, "
+              f"A's renewals {type(a_store).renewals}")
+        assert server.most == 1, "another process's attempt reached the server inside the quota's one permit"
+        assert r.deferral is not None
+    finally:
+        server.close()
