@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,15 @@ import pytest
 import requests
 
 from retry_after_adapter import (
+    MemoryCooldownStore,
     Quota,
     RedisCooldownStore,
     RetryAfterAdapter,
     RetryAfterRetry,
     SQLiteCooldownStore,
 )
+from retry_after_adapter.cooldown import Ask
+from retry_after_adapter.cooldown._near import Near
 from retry_after_adapter.cooldown.guard import guard_of
 from tests.integration import near_children
 from tests.servers import HoldingServer
@@ -142,3 +146,68 @@ def test_an_open_permit_on_the_wire_outlives_a_late_renewal(
         assert r.deferral is not None
     finally:
         server.close()
+
+
+# ============================ the near copy's renewal of open permits, on a real store
+class _GatedMemory(MemoryCooldownStore):
+    """A memory store whose ``renew_open`` waits for ``gate`` (at most 5 s) once it has
+    said it ``entered``: a renewal under way in a slow store."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def renew_open(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        self.gate.wait(5)
+        return super().renew_open(*args, **kwargs)
+
+
+def _open_permit(store: MemoryCooldownStore, scope: str, opened: float) -> tuple[str, int, float, datetime]:
+    """An open permit of ``Quota(5, per=1)`` granted in ``store`` now, counting
+    ``opened`` seconds past per: the near copy's key of it."""
+    answer = store.admit(Ask(scope, datetime.now(timezone.utc), 5, 1.0, opened=opened))
+    assert answer.not_before is None and answer.permit is not None
+    return (scope, 5, 1.0, answer.permit)
+
+
+def test_a_renewal_in_the_store_never_holds_up_a_settle() -> None:
+    """While the reaper's renewal of open permits waits on the store, a caller's settle
+    takes ``open_lock`` at once (it waited for the whole store operation: a caller's
+    admission path waited for a renewal, whatever its deadline), and finds the end the
+    store has its permit at; the renewal then applies to the permits still unsettled."""
+    store = _GatedMemory()
+    near = Near(lambda scope, token: None, lambda scope: None)
+    near.renew_open = store.renew_open
+    key = _open_permit(store, "gated", 0.5)  # 0.5 s past per: renewed at once
+    near.opened(key, 1, 1.0, 9.0)
+    try:
+        assert store.entered.wait(5), "the reaper did not renew"
+        t0 = time.monotonic()
+        assert near.open_lock.acquire(timeout=1.0), "a settle waited for the renewal in the store"
+        try:
+            waited = time.monotonic() - t0
+            assert near.settling(key) == key[3]  # not moved yet: the store has it there
+        finally:
+            near.open_lock.release()
+    finally:
+        store.gate.set()
+    assert waited < 0.5
+    deadline = time.monotonic() + 5
+    while store.entered.is_set() and time.monotonic() < deadline and key in near._open:
+        time.sleep(0.01)
+    assert key not in near._open  # settled: never renewed again
+
+
+def test_two_grants_in_one_millisecond_are_both_renewed() -> None:
+    """Two open permits of one quota granted to end in the same millisecond in one
+    process share the near copy's key: both are counted there (the second no longer
+    replaces the first), so settling one leaves the other renewed."""
+    near = Near(lambda scope, token: None, lambda scope: None)
+    key = ("same-ms", 5, 1.0, datetime(2030, 1, 1, tzinfo=timezone.utc))
+    near.opened(key, 1, 1.0, 9.0)
+    near.opened(key, 1, 1.0, 9.0)
+    with near.open_lock:
+        assert near.settling(key) == key[3]
+    assert key in near._open and near._open[key].count == 1, "the second grant's permit is no longer renewed"
