@@ -27,26 +27,31 @@ without a store round trip while nothing has changed (owned by the failure layer
   batch is open in the store (counting ``OPEN_FOR`` longer) until the answer of the
   attempt that spent it settles it; those not spent within ``hold`` are given back
   then (settled to end at once: never sent, they need not count), with the other
-  settles (``_coalesce``). On a store that renews (:class:`~.base.LeaseRenewal`), an
-  open permit taken through the copy (a batch's, or one alone) counts
-  :data:`OPEN_LIFE` past its grant + per + margin, not ``OPEN_FOR``, and the slots'
-  thread renews the permits not settled yet (all in one store operation) while their
-  answers are awaited, up to ``OPEN_FOR`` in all; a settle finds a renewed permit by
-  where the store has it end now (:meth:`Near.settling`, under ``open_lock``, which a
-  renewal holds). A process killed leaves them counting about :data:`OPEN_LIFE` past
-  per (else ``OPEN_FOR`` longer, as a killed worker's open permit always did).
+  settles (``_coalesce``). On a store that renews (:class:`~.base.LeaseRenewal`), the
+  open permits of a batch count :data:`OPEN_LIFE` past their grant + per + margin,
+  not ``OPEN_FOR``, and the slots' thread renews those not settled yet (all in one
+  store operation) while their answers are awaited, up to ``OPEN_FOR`` in all; a
+  settle finds a renewed permit by where the store has it end now
+  (:meth:`Near.settling`, under ``open_lock``, which a renewal takes only to note
+  what it renews and to apply the store's answer, never across the store operation).
+  A process killed leaves them counting about :data:`OPEN_LIFE` past per. An open
+  permit taken alone, for its attempt, counts its full ``OPEN_FOR`` (as a killed
+  worker's always did): no renewal missed ever cuts it short while its request is out.
 - **Concurrency slots held per process.** A slot given back by an attempt stays with
   the process for :data:`IDLE` seconds, for its next attempt on the scope (any
-  thread), then goes back to the store. On a store that renews leases
-  (:class:`~.base.LeaseRenewal`), a slot this process holds (idle, or in use) is
-  stored with a short life, :data:`LIFE` seconds, that a thread of the process renews
-  while it holds the slot (an attempt's slot no longer than its ``lease_ttl`` from its
-  start), so a process that dies (``os._exit``, SIGKILL, OOM), or a forked child that
-  exits, gives its slots back within about :data:`LIFE`; an idle slot is reused only
-  while at least :data:`RESERVE_SHARE` of its life is left. Otherwise (a store
-  without it, or a ``lease_ttl`` no longer than :data:`LIFE`), its lease is taken a
-  little longer than the attempt's ttl and reused only while at least the ttl is left,
-  so an attempt on a reused slot is covered as long as one on a new slot; a killed
+  thread), then goes back to the store. A slot's lease is taken a little longer than
+  its attempt's ttl and reused without a store operation while at least the ttl is
+  left: an attempt's slot counts its whole ttl whatever any renewal does. On a store
+  that renews leases (:class:`~.base.LeaseRenewal`, a ``lease_ttl`` over
+  :data:`LIFE`), a slot kept when no other attempt of the process is under way on the
+  scope has its end set :data:`LIFE` seconds ahead first (one store operation, in the
+  thread that gives it back: where a slot not kept would be given back), and a thread
+  of the process renews that life while it keeps the slot; taken again, its end is
+  moved to the attempt's start + ttl (one store operation) before the request goes.
+  So a process that dies between its calls (``os._exit``, SIGKILL, OOM), or a forked
+  child that makes a call and exits, gives its slots back within about :data:`LIFE`;
+  one killed with attempts under way, their slots (and those kept meanwhile) within
+  their ttl. Otherwise (a store without it, a short ``lease_ttl``), a killed
   process's slots come back when their leases expire.
 
 A scope with an announced allowance (the store counts its admissions) is always
@@ -177,6 +182,12 @@ def batch_size(rate: float, longest: float, opened: bool, most: int) -> int:
     return min(BATCH_TARGET, max(math.floor(share), min(2, math.floor(spends))), most)
 
 
+def _reuse_margin(ttl: float) -> float:
+    """Seconds a slot's lease is taken (or moved) past its attempt's ttl: how long its
+    process may reuse it without a store operation."""
+    return min(REUSE_MAX, ttl * REUSE_SHARE)
+
+
 class _Slot(NamedTuple):
     """A slot held idle (its lease: the :class:`_Held` of its token)."""
 
@@ -202,12 +213,18 @@ class _Held:
 
     def usable(self, present: datetime, ttl: float) -> bool:
         """Whether an attempt of ``ttl`` seconds starting at ``present`` may reuse it:
-        at least the ttl left (a renewed slot: :data:`RESERVE_SHARE` of its life, the
-        renewal covers the rest)."""
+        at least the ttl left, or (a slot kept with a renewed life) at least
+        :data:`RESERVE_SHARE` of its life, for the store operation that moves its end
+        to cover the ttl before the attempt is sent (see :meth:`covers`)."""
         left = (self.expires - present).total_seconds()
         if self.life:
             return left >= min(ttl, RESERVE_SHARE * self.life)
         return left >= ttl
+
+    def covers(self, present: datetime, ttl: float) -> bool:
+        """Whether its lease covers an attempt of ``ttl`` seconds from ``present`` as it
+        is (else the store moves its end first)."""
+        return self.expires >= present + timedelta(seconds=ttl)
 
     def renewal(self, now: datetime) -> datetime | None:
         """The end to renew its lease to at ``now`` (None: not renewed: no life, or an
@@ -288,6 +305,8 @@ class Near:
         #: Slots to give back to the store on the reaper thread (scope, token).
         self._due: list[tuple[str, str]] = []
         self._reaper: threading.Thread | None = None
+        #: Store operations that set a kept slot's end (kept, or taken again): counted.
+        self.moved = 0
         #: Held by the reaper while it gives slots back (``release_all`` waits for it).
         self._giving = threading.Lock()
         self.feed: Feed | None = None
@@ -496,14 +515,11 @@ class Near:
                 self._known[scope] = known._replace(rated=True)
 
     def lease_for(self, lease: Lease) -> Lease:
-        """The lease to take from the store for a slot this process may keep: on a
-        store that renews leases, :data:`LIFE` seconds when the attempt's ttl is longer
-        (renewed while the process holds it), else a little longer than the attempt's
-        ttl (see the module)."""
+        """The lease to take from the store for a slot this process may keep: a little
+        longer than the attempt's ttl (see the module), so that the process's next
+        attempts may reuse it without a store operation while the ttl is left."""
         slots, ttl, token = lease
-        if self._renews(ttl):
-            return (slots, ttl, token)
-        return (slots, ttl + min(REUSE_MAX, ttl * REUSE_SHARE), token)
+        return (slots, ttl + _reuse_margin(ttl), token)
 
     def _renews(self, ttl: float) -> bool:
         """Whether a slot taken for an attempt of ``ttl`` seconds is kept with a renewed
@@ -624,10 +640,9 @@ class Near:
             if found is None:
                 return None
             token, held = found
-            if not held.life:
+            if not held.life or held.covers(present, ttl):
                 return token
-            until = held.wire
-            assert until is not None
+            until = present + timedelta(seconds=ttl + _reuse_margin(ttl))
             try:
                 lost = self._renew_now([(scope, token, until)], False)
             except Exception as exc:  # the store admits the attempt; the slot goes back
@@ -639,8 +654,17 @@ class Near:
             with self._lock:
                 if token not in lost and self._held.get(token) is held:
                     held.expires = max(held.expires, until)
+                    self.moved += 1
                     return token
                 self._held.pop(token, None)  # it lapsed in the store: another one, if any
+
+    def _in_flight(self, scope: str, token: str) -> bool:
+        """(Lock held.) Whether an attempt of this process other than ``token``'s uses
+        a slot it holds on ``scope``."""
+        return any(
+            held.wire is not None and held.scope == scope and other != token
+            for other, held in self._held.items()
+        )
 
     def _pick(self, scope: str, present: datetime, ttl: float, cap: int) -> tuple[str, _Held] | None:
         """(Lock held.) :meth:`_reuse`'s choice: an idle slot's token and what is held of
@@ -684,7 +708,9 @@ class Near:
             held = self._held.get(token)
             if held is None or held.scope != scope or held.wire is None:
                 return False
-            life = held.life
+            # While other attempts of this process are under way on the scope, it is
+            # kept as it is (reused at once, most likely; given back within IDLE).
+            life = held.life if not self._in_flight(scope, token) else 0.0
         if life:
             until = datetime.now(timezone.utc) + timedelta(seconds=life)
             try:
@@ -699,6 +725,7 @@ class Near:
                     self._held.pop(token, None)
                     return token in lost  # lapsed: nothing to give back
                 held.expires = until
+                self.moved += 1
         with self._lock:
             if self._held.get(token) is not held:
                 return False
