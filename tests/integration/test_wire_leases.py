@@ -211,3 +211,39 @@ def test_two_grants_in_one_millisecond_are_both_renewed() -> None:
     with near.open_lock:
         assert near.settling(key) == key[3]
     assert key in near._open and near._open[key].count == 1, "the second grant's permit is no longer renewed"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_busy_process_passes_its_slots_on_without_a_store_operation(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """One Session of 8 threads (``max_concurrency=8``, ``lease_ttl`` 60 s), 25 GETs
+    each: a slot given back while other attempts of the process are under way is kept
+    as it is and taken again as it is (its lease covers ``lease_ttl`` from each reuse
+    for 5 s); only a slot kept with none under way has its end set a second ahead. The
+    store operations that set a kept slot's end stay well under one per request (one
+    at each give-back and one at each reuse: two per request)."""
+    _, store = _stores(kind, tmp_path, request, 0.0)
+    server = HoldingServer(hold=0.005)
+    try:
+        s = _session(store, max_concurrency=8)
+        s.get(server.url, timeout=10)
+        near = guard_of(store).near
+        assert near is not None
+        before = near.moved
+
+        def run() -> None:
+            for _ in range(25):
+                assert s.get(server.url, timeout=10).status_code == 200
+
+        threads = [threading.Thread(target=run) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        moved = near.moved - before
+        print(f"\n{kind}: {moved} kept slots' ends set for 200 requests, most at the server {server.most}")
+        assert server.most <= 8
+        assert moved <= 200 * 0.5, f"{moved} store operations setting kept slots' ends for 200 requests"
+    finally:
+        server.close()
