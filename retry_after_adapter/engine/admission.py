@@ -108,6 +108,14 @@ def admit_slowly(call: Call) -> Steps:
     short polls not counted), more while they add up to no more than ``max_wait`` (at
     most :data:`MOST_ROUNDS`), each followed by a look; then defer for what held the
     last look back, at the time that look was told."""
+    try:
+        return (yield from _admit_rounds(call))
+    finally:
+        _retire(call)
+
+
+def _admit_rounds(call: Call) -> Steps:
+    """The rounds of :func:`admit_slowly` (see it)."""
     rounds = 0
     waited = 0.0
     while True:
@@ -130,10 +138,12 @@ def admit_slowly(call: Call) -> Steps:
             return _defer_after_rounds(call, until, why)
         rounds += 1
         left = call.seconds_until(until)
+        _enlist(call, left)
         deferral = yield from _wait(call, until, left, why)
         if deferral is not None:
             return deferral
         waited += max(0.0, left)
+        yield from _let_elders_look(call)
 
 
 def _waits_fit(call: Call, waited: float) -> bool:
@@ -364,12 +374,69 @@ _WAITING: dict[tuple[int, str], int] = {}
 _WAITING_LOCK = threading.Lock()
 
 
+#: Calls of this process waiting for their scope's next permit, cooldown end or rate
+#: step, per (store object, scope): ``id(call)`` -> (monotonic second it began waiting,
+#: monotonic second its present wait ends). See :func:`_let_elders_look`.
+_ELDERS: dict[tuple[int, str], dict[int, tuple[float, float]]] = {}
+#: Seconds a call that woke lets an elder of its scope look first (one that began
+#: waiting before it and whose wait has ended too), at most :data:`ELDER_YIELDS` times.
+ELDER_YIELD = 0.002
+ELDER_YIELDS = 3
+
+
 def _new_lock() -> None:
     """In a forked child: a parent thread may have held the lock, and the calls the
     parent's threads had waiting are not this process's."""
     global _WAITING_LOCK
     _WAITING_LOCK = threading.Lock()
     _WAITING.clear()
+    _ELDERS.clear()
+
+
+def _enlist(call: Call, left: float) -> None:
+    """The call waits ``left`` seconds for its scope (its first wait starts its age)."""
+    if call.scope is None:
+        return
+    now = call.clock.monotonic()
+    key = (id(call.plan.store), call.scope)
+    with _WAITING_LOCK:
+        waiting = _ELDERS.setdefault(key, {})
+        since = waiting.get(id(call), (now, now))[0]
+        waiting[id(call)] = (since, now + max(0.0, left))
+
+
+def _retire(call: Call) -> None:
+    """The call waits no more (admitted, deferred, or gone)."""
+    if call.scope is None:
+        return
+    key = (id(call.plan.store), call.scope)
+    with _WAITING_LOCK:
+        waiting = _ELDERS.get(key)
+        if waiting is not None and waiting.pop(id(call), None) is not None and not waiting:
+            del _ELDERS[key]
+
+
+def _let_elders_look(call: Call) -> Generator[Op, Any, None]:
+    """Waiters of one scope in one process woken by the same permit would race for it,
+    the winner by chance: one could lose every race until its ``max_wait`` was spent
+    (a bucket gives one request a step, and every waiter wakes for it). So a call that
+    woke lets an elder (waiting longer, its wait over too, not yet looked) look first,
+    :data:`ELDER_YIELD` seconds at a time: the scope's waiters here are served in the
+    order they began waiting. A lone waiter pays nothing."""
+    if call.scope is None:
+        return
+    key = (id(call.plan.store), call.scope)
+    for _ in range(ELDER_YIELDS):
+        now = call.clock.monotonic()
+        with _WAITING_LOCK:
+            waiting = _ELDERS.get(key, {})
+            mine = waiting.get(id(call))
+            elder = mine is not None and any(
+                since < mine[0] and due <= now for other, (since, due) in waiting.items() if other != id(call)
+            )
+        if not elder:
+            return
+        yield Sleep(ELDER_YIELD)
 
 
 _forksafe.at_fork(_new_lock)
