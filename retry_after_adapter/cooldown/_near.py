@@ -43,16 +43,19 @@ without a store round trip while nothing has changed (owned by the failure layer
   its attempt's ttl and reused without a store operation while at least the ttl is
   left: an attempt's slot counts its whole ttl whatever any renewal does. On a store
   that renews leases (:class:`~.base.LeaseRenewal`, a ``lease_ttl`` over
-  :data:`LIFE`), a slot kept when no other attempt of the process is under way on the
-  scope has its end set :data:`LIFE` seconds ahead first (one store operation, in the
-  thread that gives it back: where a slot not kept would be given back), and a thread
-  of the process renews that life while it keeps the slot; taken again, its end is
-  moved to the attempt's start + ttl (one store operation) before the request goes.
-  So a process that dies between its calls (``os._exit``, SIGKILL, OOM), or a forked
-  child that makes a call and exits, gives its slots back within about :data:`LIFE`;
-  one killed with attempts under way, their slots (and those kept meanwhile) within
-  their ttl. Otherwise (a store without it, a short ``lease_ttl``), a killed
-  process's slots come back when their leases expire.
+  :data:`LIFE`), a forked child (a ``multiprocessing`` or Celery prefork worker, which
+  may leave by ``os._exit`` right after its call) that keeps a slot when no other
+  attempt of it is under way on the scope has the slot's end set :data:`LIFE` seconds
+  ahead first (one store operation, in the thread that gives it back: where a slot
+  not kept would be given back), and a thread of the process renews that life while
+  it keeps the slot; taken again, its end is moved to the attempt's start + ttl (one
+  store operation) before the request goes. Any other process keeps a slot as it is
+  (no store operation: the next attempt reuses it, or the reaper gives it back within
+  :data:`IDLE`). So a forked child that makes a call and exits gives its slots back
+  within about :data:`LIFE`; a process killed with attempts under way, their slots
+  (and those it kept in the last :data:`IDLE` seconds) within their ttl. Otherwise (a
+  store without it, a short ``lease_ttl``), a killed process's slots come back when
+  their leases expire.
 
 A scope with an announced allowance (the store counts its admissions) is always
 admitted by the store. Everything here is dropped in a forked child (the parent's:
@@ -708,9 +711,10 @@ class Near:
             held = self._held.get(token)
             if held is None or held.scope != scope or held.wire is None:
                 return False
-            # While other attempts of this process are under way on the scope, it is
-            # kept as it is (reused at once, most likely; given back within IDLE).
-            life = held.life if not self._in_flight(scope, token) else 0.0
+            # Kept as it is (reused at once, most likely; given back within IDLE by the
+            # reaper) unless this is a forked child with no other attempt under way on
+            # the scope: one that may leave by ``os._exit`` right after its call.
+            life = held.life if _forked_child() and not self._in_flight(scope, token) else 0.0
         if life:
             until = datetime.now(timezone.utc) + timedelta(seconds=life)
             try:
@@ -949,6 +953,16 @@ class Near:
         self._reaper = None
         self.epoch += 1
 
+
+
+#: The process that imported this module: a forked child of it has another id.
+_IMPORTED_IN = os.getpid()
+
+
+def _forked_child() -> bool:
+    """Whether this process is a forked child of the one that imported the package
+    (a ``multiprocessing`` or Celery prefork worker, which may end by ``os._exit``)."""
+    return os.getpid() != _IMPORTED_IN
 
 
 # ------------------------------------------------- slots held at exit go back at once

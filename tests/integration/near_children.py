@@ -98,17 +98,24 @@ def hold_then_die(
 
 def call_then_exit(kind: str, where: str, prefix: str, url: str, how: str) -> None:
     """One call with a concurrency cap and a long lease (its slot is then held idle by
-    the process), then exit: normally (``how`` "normal": the exit hooks run) or with
-    ``os._exit`` ("abrupt": no hook runs)."""
+    the process), then exit: normally (``how`` "normal": the exit hooks run) or, as a
+    forked child does (a multiprocessing or Celery prefork worker), with ``os._exit``
+    ("abrupt": no hook runs; this process forks a child that makes the call and leaves
+    so, and waits for it)."""
     store = open_store(kind, where, prefix)
     s = requests.Session()
     adapter = RetryAfterAdapter(
         RetryAfterRetry(total=0), cooldown=store, max_concurrency=2, lease_ttl=30, learn_rate=False
     )
     s.mount("http://", adapter)
-    assert s.get(url, timeout=10).status_code == 200
     if how == "abrupt":
-        os._exit(0)
+        pid = os.fork()
+        if pid == 0:
+            ok = s.get(url, timeout=10).status_code == 200
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        os._exit(os.waitstatus_to_exitcode(status))
+    assert s.get(url, timeout=10).status_code == 200
 
 
 def busy_until_killed(

@@ -584,10 +584,10 @@ def test_an_idle_slot_goes_back_by_itself_and_calls_in_a_row_reuse_one(
 def test_a_process_that_exits_gives_its_held_slots_back_at_once(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest, origin: ThrottleServer
 ) -> None:
-    """A child makes one call (``lease_ttl=30``) and exits: with ``os._exit`` (no exit
-    hook: the slot it held idle stays in the store, which shows what the hooks are for,
-    but only for its short life, ``_near.LIFE``, never renewed: gone within about a
-    second, not 30 s), normally (``atexit``), and as a ``spawn`` multiprocessing worker
+    """A child makes one call (``lease_ttl=30``) and exits: as a forked child with
+    ``os._exit`` (no exit hook: the slot it held idle stays in the store, which shows
+    what the hooks are for, but only for its short life, ``_near.LIFE``, never renewed:
+    gone within about a second, not 30 s), normally (``atexit``), and as a ``spawn`` multiprocessing worker
     (which ends through multiprocessing's exit function, not ``atexit``): after a normal
     exit the store holds no lease of it, at once."""
     where = where_for(kind, tmp_path, request)
