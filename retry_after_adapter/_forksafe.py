@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["ForkSafe", "at_fork", "register"]
+__all__ = ["ForkSafe", "at_fork", "forked_child", "register"]
 
 
 class ForkSafe(Protocol):
@@ -39,6 +39,17 @@ def register(owner: ForkSafe) -> None:
 def at_fork(hook: Callable[[], None]) -> None:
     """Have ``hook()`` called in every forked child (for module-level locks)."""
     _HOOKS.append(hook)
+
+
+#: The process that imported the package: a forked child of it has another id.
+_IMPORTED_IN = os.getpid()
+
+
+def forked_child() -> bool:
+    """Whether this process is a forked child of the one that imported the package (a
+    ``multiprocessing`` or Celery prefork worker, which may end by ``os._exit`` right
+    after a call: what it gives back must be written before the call returns)."""
+    return os.getpid() != _IMPORTED_IN
 
 
 def _in_child() -> None:

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -165,7 +165,7 @@ class _Attempts:
         inner: Any,
         request: Any,
         url: str,
-        offload: Callable[[Callable[[], None]], Any] | None = None,
+        offload: Callable[[Callable[[], None]], Future[None]] | None = None,
     ) -> None:
         self.flavour = flavour
         #: The transport each attempt goes through, and how a blocking release is run
@@ -277,7 +277,9 @@ class _SyncAttempts(_Attempts):
 class _AsyncBody:
     """:class:`_SyncBody` for async streams."""
 
-    def __init__(self, stream: Any, done: _Once, offload: Callable[[Callable[[], None]], Any] | None) -> None:
+    def __init__(
+        self, stream: Any, done: _Once, offload: Callable[[Callable[[], None]], Future[None]] | None
+    ) -> None:
         # ``offload(fn)`` hands ``fn`` to the store's threads without waiting for it: a
         # cancel landing in ``aclose`` must not drop the slot's release.
         self._stream = stream
@@ -295,7 +297,11 @@ class _AsyncBody:
             if self._offload is None:
                 self._done()
             else:
-                self._offload(self._done)
+                handed = self._offload(self._done)
+                if handed is not None and _forksafe.forked_child():
+                    # A forked child may leave by os._exit once the call returns: the
+                    # slot goes back first (shielded: a cancel does not drop it).
+                    await asyncio.shield(asyncio.wrap_future(handed))
 
 
 class _AsyncAttempts(_Attempts):
@@ -488,8 +494,8 @@ class AsyncFront(_Front):
                 pool = self._pool
         return pool
 
-    def _offload(self, fn: Callable[[], None]) -> None:
-        self._threads().submit(fn)
+    def _offload(self, fn: Callable[[], None]) -> Future[None]:
+        return self._threads().submit(fn)
 
     async def handle_async_request(self, request: Any) -> Any:
         url = str(request.url)

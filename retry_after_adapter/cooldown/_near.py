@@ -75,6 +75,7 @@ from collections.abc import Callable, Collection
 from datetime import datetime, timedelta, timezone
 from typing import NamedTuple
 
+from .. import _forksafe
 from .base import Admission, Feed, Granted, Lease
 
 __all__ = ["BATCH_TARGET", "IDLE", "LIFE", "Near"]
@@ -714,7 +715,7 @@ class Near:
             # Kept as it is (reused at once, most likely; given back within IDLE by the
             # reaper) unless this is a forked child with no other attempt under way on
             # the scope: one that may leave by ``os._exit`` right after its call.
-            life = held.life if _forked_child() and not self._in_flight(scope, token) else 0.0
+            life = held.life if _forksafe.forked_child() and not self._in_flight(scope, token) else 0.0
         if life:
             until = datetime.now(timezone.utc) + timedelta(seconds=life)
             try:
@@ -953,16 +954,6 @@ class Near:
         self._reaper = None
         self.epoch += 1
 
-
-
-#: The process that imported this module: a forked child of it has another id.
-_IMPORTED_IN = os.getpid()
-
-
-def _forked_child() -> bool:
-    """Whether this process is a forked child of the one that imported the package
-    (a ``multiprocessing`` or Celery prefork worker, which may end by ``os._exit``)."""
-    return os.getpid() != _IMPORTED_IN
 
 
 # ------------------------------------------------- slots held at exit go back at once
