@@ -29,6 +29,9 @@ from ..servers import Reply, Seen, ThrottleServer
 from . import edge_children
 from .conftest import process_store_place
 
+#: Stores and processes, not a urllib3 line: the README's test command runs them (see tox.ini).
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 #: Seconds after B's call returned from which A must send nothing (the push's delivery
 #: takes milliseconds on loopback; a Redis feed's worst case, a channel found stale, is

@@ -46,7 +46,8 @@ PEERS_WITHIN = 1.0
 #: arrival of its 429 is a little earlier).
 EDGE = 0.05
 
-pytestmark = pytest.mark.redis
+#: Stores and processes, not a urllib3 line: the README's test command runs them (see tox.ini).
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
 class Origin:

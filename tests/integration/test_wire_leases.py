@@ -35,6 +35,9 @@ from retry_after_adapter.cooldown.guard import guard_of
 from tests.integration import near_children
 from tests.servers import HoldingServer
 
+#: Stores and processes, not a urllib3 line: the README's test command runs them (see tox.ini).
+pytestmark = pytest.mark.slow
+
 KINDS = ["sqlite", pytest.param("redis", marks=pytest.mark.redis)]
 
 
