@@ -31,11 +31,12 @@ from retry_after_adapter.cooldown._ms import to_epoch_ms
 from retry_after_adapter.cooldown.guard import guard_of
 
 
-def open_store(kind: str, where: str, prefix: str, cls: Any = None) -> Any:
+def open_store(kind: str, where: str, prefix: str, cls: Any = None, push: bool = True) -> Any:
     """The shared store of ``kind`` at ``where`` (a path, a Redis URL, or the
-    ``host:port`` of a cluster node), of class ``cls`` when given (a subclass)."""
+    ``host:port`` of a cluster node), of class ``cls`` when given (a subclass), made
+    with ``push`` (a SQLite file or a Redis URL)."""
     if kind == "sqlite":
-        return (cls or SQLiteCooldownStore)(where)
+        return (cls or SQLiteCooldownStore)(where, push=push)
     if kind == "cluster":
         from redis.cluster import RedisCluster
 
@@ -43,7 +44,7 @@ def open_store(kind: str, where: str, prefix: str, cls: Any = None) -> Any:
         client = RedisCluster(host=host, port=int(port), socket_timeout=2.0, socket_connect_timeout=2.0)
         return (cls or RedisCooldownStore)(client, prefix=prefix, timeout=4.0)
     return (cls or RedisCooldownStore).from_url(
-        where, prefix=prefix, socket_timeout=2.0, socket_connect_timeout=2.0
+        where, prefix=prefix, push=push, socket_timeout=2.0, socket_connect_timeout=2.0
     )
 
 
@@ -54,7 +55,11 @@ def report(**fields: Any) -> None:
 def learn_429(kind: str, where: str, prefix: str, url: str) -> None:
     """One call to ``url`` (answered 429 with a Retry-After): the cooldown is learned
     the way every worker learns one, and written to the shared store."""
-    store = open_store(kind, where, prefix)
+    learn_through(open_store(kind, where, prefix), url)
+
+
+def learn_through(store: Any, url: str) -> None:
+    """One call to ``url`` through ``store``, reporting its status and when it ended."""
     s = requests.Session()
     s.mount(
         "http://",
