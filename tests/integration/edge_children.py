@@ -15,14 +15,16 @@ from typing import Any
 
 import requests
 
-from retry_after_adapter import RetryAfterAdapter, RetryAfterRetry
-
-from . import near_children
+from retry_after_adapter import RedisCooldownStore, RetryAfterAdapter, RetryAfterRetry, SQLiteCooldownStore
 
 
 def open_store(kind: str, where: str, prefix: str, push: bool) -> Any:
-    """The shared store of ``kind`` at ``where`` (a path or a Redis URL), made with ``push``."""
-    return near_children.open_store(kind, where, prefix, push=push)
+    """The shared store of ``kind`` at ``where`` (a path or a Redis URL)."""
+    if kind == "sqlite":
+        return SQLiteCooldownStore(where, push=push)
+    return RedisCooldownStore.from_url(
+        where, prefix=prefix, push=push, socket_timeout=2.0, socket_connect_timeout=2.0
+    )
 
 
 def report(**fields: Any) -> None:
@@ -32,7 +34,14 @@ def report(**fields: Any) -> None:
 def learn_429(kind: str, where: str, prefix: str, push: str, url: str) -> None:
     """One call to ``url`` (answered 429 with a Retry-After) through a store made with
     ``push`` ("1" or "0"): the cooldown is learned the way every worker learns one."""
-    near_children.learn_through(open_store(kind, where, prefix, push == "1"), url)
+    store = open_store(kind, where, prefix, push == "1")
+    s = requests.Session()
+    s.mount(
+        "http://",
+        RetryAfterAdapter(RetryAfterRetry(total=0, raise_on_status=False), cooldown=store, learn_rate=False),
+    )
+    status = s.get(url, timeout=10).status_code
+    report(status=status, done_at=time.time())
 
 
 def keep_calling(kind: str, where: str, prefix: str, push: str, url: str, seconds: str) -> None:

@@ -31,12 +31,11 @@ from retry_after_adapter.cooldown._ms import to_epoch_ms
 from retry_after_adapter.cooldown.guard import guard_of
 
 
-def open_store(kind: str, where: str, prefix: str, cls: Any = None, push: bool = True) -> Any:
+def open_store(kind: str, where: str, prefix: str, cls: Any = None) -> Any:
     """The shared store of ``kind`` at ``where`` (a path, a Redis URL, or the
-    ``host:port`` of a cluster node), of class ``cls`` when given (a subclass), made
-    with ``push`` (a SQLite file or a Redis URL)."""
+    ``host:port`` of a cluster node), of class ``cls`` when given (a subclass)."""
     if kind == "sqlite":
-        return (cls or SQLiteCooldownStore)(where, push=push)
+        return (cls or SQLiteCooldownStore)(where)
     if kind == "cluster":
         from redis.cluster import RedisCluster
 
@@ -44,7 +43,7 @@ def open_store(kind: str, where: str, prefix: str, cls: Any = None, push: bool =
         client = RedisCluster(host=host, port=int(port), socket_timeout=2.0, socket_connect_timeout=2.0)
         return (cls or RedisCooldownStore)(client, prefix=prefix, timeout=4.0)
     return (cls or RedisCooldownStore).from_url(
-        where, prefix=prefix, push=push, socket_timeout=2.0, socket_connect_timeout=2.0
+        where, prefix=prefix, socket_timeout=2.0, socket_connect_timeout=2.0
     )
 
 
@@ -55,11 +54,7 @@ def report(**fields: Any) -> None:
 def learn_429(kind: str, where: str, prefix: str, url: str) -> None:
     """One call to ``url`` (answered 429 with a Retry-After): the cooldown is learned
     the way every worker learns one, and written to the shared store."""
-    learn_through(open_store(kind, where, prefix), url)
-
-
-def learn_through(store: Any, url: str) -> None:
-    """One call to ``url`` through ``store``, reporting its status and when it ended."""
+    store = open_store(kind, where, prefix)
     s = requests.Session()
     s.mount(
         "http://",
