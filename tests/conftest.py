@@ -516,10 +516,11 @@ def remove_log_redaction() -> None:
 
 def written_back(guard: Any, within: float = 5.0) -> None:
     """Wait (at most ``within`` seconds) until ``guard``'s writer thread has written
-    back every pending cooldown: a recovered store is refilled by that thread, never on
-    a call's thread (which has its deadline)."""
+    back every pending cooldown (and a replaced store everything this process knows):
+    a recovered store is refilled by that thread, never on a call's thread (which has
+    its deadline)."""
     import time
 
     ends = time.monotonic() + within
-    while guard.pending and time.monotonic() < ends:
+    while not guard.writeback.idle and time.monotonic() < ends:
         time.sleep(0.01)

@@ -105,6 +105,14 @@ class WriteBack:
         """How many cooldowns learned during an outage wait to be written back."""
         return len(self._pending)
 
+    @property
+    def idle(self) -> bool:
+        """Whether nothing waits for the writer thread and it is not running."""
+        with self.lock:
+            return self._writer is None and not (
+                self._pending or self._allowances or self._chores or self._backlog
+            )
+
     def waits(self, scope: str) -> bool:
         """Whether ``scope``'s cooldown waits to be written back."""
         return scope in self._pending

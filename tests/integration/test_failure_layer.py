@@ -450,6 +450,7 @@ def test_sqlite_deleted_under_running_workers_is_reopened_and_written_back(
     assert store.generation == 1
     # The new file holds the cooldown again: a process that opens it now holds back too.
     assert path.exists()
+    written_back(guard_of(store))
     assert read_in_another_process(f"sqlite:///{path}", scope_of(server)) != "None"
     store.close()
 
@@ -479,6 +480,7 @@ def test_sqlite_overwritten_with_garbage_follows_the_failure_policy(
     os.unlink(path)
     clock.advance(BREAKER_FIRST)
     assert local_deferral(sessions[1].get(server.url)).reason == "cooldown"
+    written_back(guard_of(store))  # by the writer thread, not the call's
     assert read_in_another_process(f"sqlite:///{path}", scope_of(server)) != "None"
     store.close()
 
@@ -494,6 +496,7 @@ def test_sqlite_replaced_by_another_database_is_reopened(tmp_path: Path) -> None
     os.replace(other, path)  # an operator restores an (empty) database file
     assert guard.get("s") is not None
     assert store.generation == 1
+    written_back(guard)
     assert SQLiteCooldownStore(path).get("s") is not None  # written back
 
 
