@@ -28,10 +28,10 @@ from urllib3.util.retry import Retry
 
 from . import _forksafe
 from .deferral import Deferral
+from .deferred import RetryDeferred
 from .engine import Call, Op, Outcome, drive, steps
 from .engine.admission import STORE_STEPS, carry_out_store
 from .engine.ops import Close, Follow, Keep, Send, Sleep, StoreOp
-from .errors import RetryDeferred
 from .redact import message_url
 from .retry import RetryAfterRetry
 from .scope import RequestInfo

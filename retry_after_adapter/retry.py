@@ -31,16 +31,11 @@ from ._compat import RETRY_KEYWORDS, response_header
 from .body import DEFAULT_MAX_RETRY_BODY
 from .clock import DEFAULT_CLOCK, Clock, SystemClock
 from .deferral import Deferral
+from .deferred import DeferralLimitExceeded, MaxRetryDeferred
 from .engine import REDIRECT, Call, current_override, judge, judge_redirect, wait_until
 from .engine.call import Heard, Terms
 from .engine.verdict import plan_wait
-from .errors import (
-    ConfigurationError,
-    DeferralLimitExceeded,
-    InvalidRetryAfter,
-    MaxRetryDeferred,
-    unknown_keyword,
-)
+from .errors import ConfigurationError, InvalidRetryAfter, unknown_keyword
 from .header import parse_retry_after
 from .observe import DecisionHook, as_hooks
 from .policy import (

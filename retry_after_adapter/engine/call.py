@@ -22,8 +22,9 @@ from urllib3.util.timeout import Timeout
 from ..clock import Clock, Event
 from ..cost import BUDGET
 from ..deferral import Deferral
+from ..deferred import DeferralLimitExceeded
 from ..dialects import milliseconds, precise_wait
-from ..errors import DeferralLimitExceeded, InvalidRetryAfter
+from ..errors import InvalidRetryAfter
 from ..header import RetryAfter, parse_retry_after
 from ..observe import DecisionHook, emit
 from ..policy import DEFER, STOP, TOO_LONG, Decision, Reason, beyond_bound, lifetime_limit

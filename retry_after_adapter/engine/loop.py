@@ -31,7 +31,7 @@ from urllib3.exceptions import MaxRetryError
 from urllib3.util.retry import Retry
 
 from ..deferral import Deferral
-from ..errors import DeferralLimitExceeded
+from ..deferred import DeferralLimitExceeded
 from ..policy import DEFER, RETRY, STOP, Reason
 from ..redact import message_url
 from .admission import admit_slowly, admitted, drive, wait_steps

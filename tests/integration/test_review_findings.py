@@ -36,7 +36,8 @@ from retry_after_adapter import (
 )
 from retry_after_adapter.cooldown import Ask
 from retry_after_adapter.cooldown.guard import BREAKER_FIRST, guard_of
-from retry_after_adapter.errors import CooldownStoreError, MaxRetryDeferred
+from retry_after_adapter.deferred import MaxRetryDeferred
+from retry_after_adapter.errors import CooldownStoreError
 
 from ..conftest import local_deferral
 from ..servers import Reply, Seen, ThrottleServer
