@@ -25,7 +25,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from urllib3.exceptions import MaxRetryError, ResponseError
-from urllib3.util.retry import Retry
 
 from ._compat import RETRY_KEYWORDS, response_header
 from .body import DEFAULT_MAX_RETRY_BODY
@@ -33,7 +32,7 @@ from .clock import DEFAULT_CLOCK, Clock, SystemClock
 from .deferral import Deferral
 from .deferred import DeferralLimitExceeded, MaxRetryDeferred
 from .engine import REDIRECT, Call, current_override, judge, judge_redirect, wait_until
-from .engine.call import Heard, Terms
+from .engine.state import Heard, Policy, Terms
 from .engine.verdict import plan_wait
 from .errors import ConfigurationError, InvalidRetryAfter, unknown_keyword
 from .header import parse_retry_after
@@ -109,7 +108,7 @@ def _clock(clock: object) -> Clock:
     return clock
 
 
-class RetryAfterRetry(Retry):
+class RetryAfterRetry(Policy):
     """A urllib3 ``Retry`` that never shortens a server's Retry-After.
 
     Every urllib3 argument works as in ``urllib3.util.Retry`` (``total``, ``connect``,

@@ -3,13 +3,19 @@
 A newcomer reads it in this order (each module one concern, higher ones import lower):
 
 - ``override``: ``budget()``, the limits a caller sets around calls (a context variable).
+- ``state``: the records a call is made of (``Terms``, ``Progress``, ``Ticket``,
+  ``Heard``, ``Slot``), the ``Policy`` settings the engine reads of a
+  ``RetryAfterRetry``, and ``CallState``, what the plan reads of a call.
+- ``meters``: this process's attempts per scope (for quota headers).
+- ``buckets``: what providers' dialects teach a plan (Discord's routes, GitHub's
+  secondary-limit streaks), kept per plan.
 - ``plan``: :class:`Plan`, what every call of one adapter needs that does not change
   per call (the store, the quota, the cap), worked out once; the store operations a
   call makes through it (one per attempt for admission).
 - ``call``: :class:`Call`, one call's state (time, counts, what the server said) and
   its deferrals.
-- ``meters``: this process's attempts per scope (for quota headers).
-- ``learn``: what an answer teaches (Retry-After, quota headers, freshness).
+- ``learn``: what an answer teaches (Retry-After, quota headers, freshness, a route's
+  bucket).
 - ``verdict``: :func:`judge`, learn, count as urllib3 does, then the pure policy decides.
 - ``admission``: :func:`admitted` and :func:`admit_slowly`, before every attempt: take
   what it needs, or wait, or defer.
