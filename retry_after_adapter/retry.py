@@ -31,9 +31,18 @@ from .body import DEFAULT_MAX_RETRY_BODY
 from .clock import DEFAULT_CLOCK, Clock, SystemClock
 from .deferral import Deferral
 from .deferred import DeferralLimitExceeded, MaxRetryDeferred
-from .engine import REDIRECT, Call, current_override, judge, judge_redirect, wait_until
-from .engine.state import Heard, Policy, Terms
-from .engine.verdict import plan_wait
+from .engine import (
+    REDIRECT,
+    Call,
+    Heard,
+    Policy,
+    Terms,
+    current_override,
+    judge,
+    judge_redirect,
+    plan_wait,
+    wait_until,
+)
 from .errors import ConfigurationError, InvalidRetryAfter, unknown_keyword
 from .header import parse_retry_after
 from .observe import DecisionHook, as_hooks
@@ -53,7 +62,7 @@ from .policy import (
 from .scope import strip_query
 
 if TYPE_CHECKING:
-    from .engine.verdict import Verdict
+    from .engine import Verdict
 
 __all__ = ["COOLDOWN_STATUSES", "DEFAULT_MAX_WAIT", "DEFAULT_STATUS_FORCELIST", "RetryAfterRetry"]
 

@@ -25,8 +25,7 @@ from .cooldown.memory import DEFAULT_STORE
 from .cooldown.weights import token_quota
 from .cost import FIXED, CostFunction, check_cost_option, cost_error, cost_of
 from .deferral import Deferral
-from .engine import Call, Outcome, Plan, current_override
-from .engine.learn import refine_call
+from .engine import Call, Outcome, Plan, current_override, refine_call
 from .errors import ConfigurationError, close_keyword, unknown_keyword
 from .observe import DecisionHook, as_hooks
 from .quota import Quota

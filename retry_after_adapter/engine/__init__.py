@@ -31,45 +31,47 @@ A newcomer reads it in this order (each module one concern, higher ones import l
 
 from __future__ import annotations
 
-from .admission import admit_slowly, admitted, drive, wait_steps, wait_until
+# The engine's interface to the front ends (requests, urllib3, httpx, httpx2), the
+# policy's stock-loop mode and the settings: what they import of it, nothing more.
+from .admission import STORE_STEPS, admitted, carry_out_store, drive, wait_until
 from .call import MIN_ATTEMPT_TIMEOUT, Call
-from .loop import SINGLE_ATTEMPT, Outcome, Transport, judge_redirect, run, steps
-from .ops import Close, Follow, Keep, Op, Send, Sleep, Steps
-from .override import UNSET, Override, budget, current_override
-from .plan import NO_PLAN, Plan
-from .verdict import FINAL, RAISE, REDIRECT, RETURN, Verdict, judge
+from .learn import refine_call
+from .loop import SINGLE_ATTEMPT, Outcome, judge_redirect, run, steps
+from .ops import Close, Follow, Keep, Op, Send, Sleep, StoreOp
+from .override import budget, current_override
+from .plan import Plan
+from .state import Heard, Policy, Terms
+from .verdict import REDIRECT, Verdict, judge, plan_wait
 
 __all__ = [
-    "FINAL",
     "MIN_ATTEMPT_TIMEOUT",
-    "NO_PLAN",
-    "RAISE",
     "REDIRECT",
-    "RETURN",
     "SINGLE_ATTEMPT",
-    "UNSET",
+    "STORE_STEPS",
     "Call",
     "Close",
     "Follow",
+    "Heard",
     "Keep",
     "Op",
     "Outcome",
-    "Override",
     "Plan",
+    "Policy",
     "Send",
     "Sleep",
-    "Steps",
-    "Transport",
+    "StoreOp",
+    "Terms",
     "Verdict",
-    "admit_slowly",
     "admitted",
     "budget",
+    "carry_out_store",
     "current_override",
     "drive",
     "judge",
     "judge_redirect",
+    "plan_wait",
+    "refine_call",
     "run",
     "steps",
-    "wait_steps",
     "wait_until",
 ]
