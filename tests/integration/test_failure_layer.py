@@ -35,7 +35,7 @@ from retry_after_adapter import (
     budget,
     deferral_of,
 )
-from retry_after_adapter.cooldown import Ask
+from retry_after_adapter.cooldown import Ask, Store
 from retry_after_adapter.cooldown.base import Changed, Feed
 from retry_after_adapter.cooldown.guard import BREAKER_FIRST, BREAKER_MAX_PENDING, QUIET_PERIOD, guard_of
 
@@ -180,7 +180,7 @@ def test_warnings_are_counted_per_outage_across_eight_adapters(
     store.close()
 
 
-class FlakyStore:
+class FlakyStore(Store):
     """A store whose every other operation fails (a half-broken network path)."""
 
     def __init__(self) -> None:
@@ -223,7 +223,7 @@ def test_a_flapping_store_logs_a_few_lines_a_minute(
     assert recoveries_of(caplog)[-1].getMessage().startswith("cooldown store FlakyStore recovered")
 
 
-class DownStore:
+class DownStore(Store):
     """A store that fails every operation while ``broken``; ``calls`` counts the
     operations that reached it. With ``gate`` set, a failing operation first waits there
     for the others: operations in flight together when the store breaks."""
@@ -355,7 +355,7 @@ def test_a_black_hole_redis_costs_a_call_without_a_deadline_one_store_timeout(
 def test_a_store_without_a_declared_timeout_is_bounded_on_a_helper_thread(
     real_server: ThrottleServer,
 ) -> None:
-    class Hung:
+    class Hung(Store):
         """A store of the user's own that hangs (no ``timeout`` attribute)."""
 
         release = threading.Event()
@@ -540,7 +540,7 @@ def test_an_operator_clear_is_seen_by_a_running_process_while_the_store_answers(
     assert guard.local.get("s") is None  # the local copy follows the store
 
 
-class GatedStore:
+class GatedStore(Store):
     """A store whose reads and writes each wait for a gate after reaching the backend:
     for the races between one thread's read and another's write."""
 
