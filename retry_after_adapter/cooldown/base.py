@@ -463,7 +463,10 @@ def quiesce_guard(store: object) -> None:
 # -- capabilities: one mixin each ------------------------------------------------------
 class QuotaLogs(ABC):  # noqa: B024 - a capability declared by type; its work is admit's
     """``admit`` takes a configured quota's permits (``Ask.limit``, ``per``, ``margin``,
-    ``batch``, ``hold``, ``opened``) and ``answer`` settles them (``Answer.permit``)."""
+    ``batch``, ``hold``, ``opened``) and ``answer`` settles them (``Answer.permit``),
+    exactly when ``Permit.exact`` says so (earlier than stored too). Every store of this
+    type settles exactly: the engine takes a short quota's permits open on that promise
+    (counted longer until their answer), and the conformance kit checks it."""
 
 
 class Leases(ABC):  # noqa: B024 - a capability declared by type; its work is admit's

@@ -712,12 +712,12 @@ def guard_of(store: object) -> StoreGuard:
     guard are collected together once nothing else holds the store: hold the store,
     not only its guard.
     """
-    guard = FAILURE_LAYERS.find(store)
-    if isinstance(guard, StoreGuard):
+    guard: StoreGuard | None = FAILURE_LAYERS.find(store)
+    if guard is not None:
         return guard
     with _REGISTRY_LOCK:
         guard = FAILURE_LAYERS.find(store)
-        if isinstance(guard, StoreGuard):
+        if guard is not None:
             return guard
         try:
             held: object = weakref.proxy(store)
