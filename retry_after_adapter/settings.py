@@ -300,14 +300,14 @@ def _plan(settings: Settings, replays: bool = False) -> Plan:
     store = shared(settings.cooldown)
     if store is not None and settings.quota is not None and QuotaLogs not in store.capabilities:
         raise ConfigurationError(
-            "a quota needs a store that takes permits (the QuotaLogs capability; acquire() in 0.x); "
+            "a quota needs a store that takes permits (the QuotaLogs capability); "
             f"{type(settings.cooldown).__name__} does not: add the mixin to it, or "
             "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
         )
     if store is not None and settings.max_concurrency is not None and Leases not in store.capabilities:
         raise ConfigurationError(
             "max_concurrency needs a store that holds leases "
-            "(the Leases capability; lease() and release() in 0.x); "
+            "(the Leases capability); "
             f"{type(settings.cooldown).__name__} does not: add the mixin to it, or "
             "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
         )

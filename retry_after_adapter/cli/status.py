@@ -47,6 +47,7 @@ def _shared_store(text: str) -> tuple[Any, int]:
 
 # --------------------------------------------------------------------------- status
 def cmd_status(args: argparse.Namespace) -> int:
+    from ..cooldown.base import FreshnessLog
     from ..errors import CooldownStoreError
 
     store, code = _shared_store(args.cooldown)

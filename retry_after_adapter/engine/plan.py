@@ -23,18 +23,18 @@ from ..cooldown.base import (
     Allowances,
     Ask,
     FreshnessLog,
-    FullStore,
+    InProcess,
     Learn,
     LearnedRate,
     Lease,
+    PartwiseStore,
+    QuotaLogs,
     Weigh,
     Weighed,
     Weights,
     token_scope,
 )
 from ..cooldown.guard import StoreBudget, StoreGuard
-from ..cooldown.legacy import opens_permits
-from ..cooldown.memory import MemoryCooldownStore
 from ..cooldown.weights import token_quota
 from ..cost import cost_error
 from ..quota import Quota
@@ -78,31 +78,30 @@ _forksafe.at_fork(_redraw_tokens)
 _NO_TOKENS: tuple[Lease | None, Learn | None] = (None, None)
 
 
-def _carries(store: FullStore | None, capability: type) -> bool:
+def _carries(store: PartwiseStore | None, capability: type) -> bool:
     return store is not None and capability in store.capabilities
 
 
-def _opens(store: FullStore | None, quota: Quota | None) -> bool:
+def _opens(store: PartwiseStore | None, quota: Quota | None) -> bool:
     """Whether every permit of ``quota`` is taken open: the store can settle a permit
     exactly (earlier too), and ``per + margin`` alone is shorter than :data:`OPEN_FOR`."""
     return (
         quota is not None
         and quota.window < OPEN_FOR
-        and store is not None
-        and opens_permits(store)
+        and _carries(store, QuotaLogs)
     )
 
 
 def _cooldown_reader(
-    store: FullStore | None, guard: StoreGuard | None
+    store: PartwiseStore | None, guard: StoreGuard | None
 ) -> Callable[[str], datetime | None] | None:
     """How a scope's cooldown is read without a store operation: the failure layer's
     local copy of a shared store, or a memory store's own table (a dict read: the
     cooldown its admission read as it granted, and since); None: not at all."""
     if guard is not None:
         return guard.local.get
-    if isinstance(store, MemoryCooldownStore):
-        return store._until.get
+    if isinstance(store, InProcess):
+        return store.cooldown_reader()
     return None
 
 
@@ -135,7 +134,7 @@ class Plan:
 
     def __init__(
         self,
-        store: FullStore | None = None,
+        store: PartwiseStore | None = None,
         *,
         fail_closed: bool = False,
         quota: Quota | None = None,
@@ -163,15 +162,15 @@ class Plan:
         self.ttl = ttl
         self.max_waiting = max_waiting
         self.meters: Meters | None = meters_of(store) if store is not None else None
-        #: Whether the store records announced allowances and freshness (a store of 0.x
-        #: may not: it is then not asked).
+        #: Whether the store records announced allowances and freshness (a store of
+        #: your own may not: it is then not asked).
         self.allows = _carries(store, Allowances)
         self.notes = _carries(store, FreshnessLog)
         #: Whether calls are admitted by the scope's learned rate too (no quota
         #: configured, and a store that learns one).
         self.learns = learn_rate and quota is None and tokens is None and _carries(store, LearnedRate)
         #: Whether the store reads the kind of attempt a throttle refused (``LearnedRate.rate_kinds``).
-        self.rate_kinds = self.learns and bool(getattr(store, "rate_kinds", False))
+        self.rate_kinds = self.learns and store is not None and store.rate_kinds
         #: Whether the store weighs a call's declared cost in tokens (``cost=``), and the
         #: token quota it is weighed against besides the server's announced one.
         self.weighs = _carries(store, Weights)
