@@ -70,20 +70,26 @@ from typing import Any
 import pytest
 
 from ..cooldown.base import (
+    Admission,
     Allowances,
     Announced,
     Answer,
     Ask,
     Bounded,
+    ChangeFeed,
     FreshnessLog,
     LeaseRenewal,
     Leases,
+    Listing,
     Permit,
     QuotaLogs,
     Store,
+    Weigh,
+    Weights,
 )
 from ..errors import ConfigurationError, CooldownStoreError
 from ._contract_tokens import TokenContract, now_ms
+from ._interleave import Overlap, first_overlap
 
 __all__ = ["StoreContract"]
 
@@ -257,6 +263,54 @@ class StoreContract(TokenContract):
         # Lifted, a scope starts again from nothing: later-wins applies to new cooldowns only.
         assert store.extend(self.s("b*[x]"), base + timedelta(seconds=1)) == base + timedelta(seconds=1)
 
+    def test_holds_names_what_holds_each_scope_back(self, store: Any) -> None:
+        """``Listing.holds``: a running cooldown is listed as a ``"cooldown"`` hold until
+        its end, and so (for each capability the store carries) a quota whose permits
+        are all taken (``"quota"``, its limit), a held slot (``"leases"``) and an
+        announced allowance spent (``"allowance"``, until its reset); a past cooldown
+        and a lifted scope are not (the CLI's ``status`` shows this list)."""
+        listed: Any = self.carrying(store, Listing)
+        now = now_ms()
+        held, past = self.s("held"), self.s("past")
+        listed.extend(held, now + timedelta(seconds=30))
+        listed.extend(past, now - timedelta(seconds=30))
+        expected: dict[str, tuple[str, datetime, int | None]] = {
+            held: ("cooldown", now + timedelta(seconds=30), None),
+        }
+        if isinstance(store, QuotaLogs):
+            quota = self.s("quota")
+            for _ in range(2):
+                assert listed.admit(Ask(scope=quota, now=now, limit=2, per=60.0)).not_before is None
+            expected[quota] = ("quota", now + timedelta(seconds=60), 2)
+        if isinstance(store, Leases):
+            slots = self.s("slots")
+            assert listed.admit(Ask(scope=slots, now=now, lease=(1, 30.0, "held"))).not_before is None
+            expected[slots] = ("leases", now + timedelta(seconds=30), 1)
+        if isinstance(store, Allowances):
+            spent = self.s("spent")
+            reset = now + timedelta(seconds=20)
+            listed.answer(Answer(scope=spent, now=now, announced=Announced(remaining=0, until=reset)))
+            expected[spent] = ("allowance", reset, None)
+        holds = listed.holds(now)
+        name = type(store).__name__
+        for scope, (kind, until, number) in expected.items():
+            found = [hold for hold in holds.get(scope, []) if hold.kind == kind]
+            assert found, (
+                f"{name}.holds() does not list the {kind!r} that holds {scope!r} back until "
+                f"{until.isoformat()} (it listed {holds.get(scope, [])!r} for it)"
+            )
+            assert any(hold.until >= until for hold in found) and all(
+                hold.until < until + timedelta(seconds=2) for hold in found
+            ), f"{name}.holds() lists {scope!r}'s {kind!r} hold until {found[0].until}, not {until}"
+            if number is not None:
+                assert any(hold.number == number for hold in found), (
+                    f"{name}.holds() lists {scope!r}'s {kind!r} hold with number "
+                    f"{found[0].number}, not {number}"
+                )
+        assert past not in holds, f"{name}.holds() lists {past!r}, whose cooldown ended 30 s ago"
+        assert listed.delete(held) is True
+        assert held not in listed.holds(now), f"{name}.holds() still lists {held!r} after delete()"
+
     # -- the core's admission and answer ---------------------------------------------
     @staticmethod
     def carrying(store: Any, *capabilities: type) -> Store:
@@ -423,6 +477,90 @@ class StoreContract(TokenContract):
             thread.join(timeout=60)
         assert granted == {"permits": 5, "slots": 1}
 
+    # Atomic in every order: two admissions that may not both be granted, the first
+    # paused at each line of the store's code in turn while the second runs (see
+    # ``_interleave``): deterministic, where the threads above only may race.
+    def test_a_quota_permit_is_atomic_in_every_order(self, store: Any) -> None:
+        quota = self.carrying(store, QuotaLogs)
+        now = now_ms()
+
+        def ask(n: int) -> Callable[[], Admission]:
+            return lambda: quota.admit(Ask(scope=self.s(f"order-q{n}"), now=now, limit=1, per=60.0))
+
+        self._never_both(quota, "the one permit of a quota (Ask.limit=1)", ask, ask)
+
+    def test_a_slot_is_atomic_in_every_order(self, store: Any) -> None:
+        slots = self.carrying(store, Leases)
+        now = now_ms()
+
+        def ask(token: str) -> Callable[[int], Callable[[], Admission]]:
+            def one(n: int) -> Callable[[], Admission]:
+                return lambda: slots.admit(Ask(scope=self.s(f"order-c{n}"), now=now, lease=(1, 60.0, token)))
+
+            return one
+
+        self._never_both(slots, "the one concurrency slot (Ask.lease=(1, ...))", ask("first"), ask("second"))
+
+    def test_an_announced_allowance_is_atomic_in_every_order(self, store: Any) -> None:
+        announced = self.carrying(store, Allowances)
+        now = now_ms()
+        reset = now + timedelta(seconds=60)
+
+        def first(n: int) -> Callable[[], Admission]:
+            scope = self.s(f"order-a{n}")
+            announced.answer(Answer(scope=scope, now=now, announced=Announced(remaining=1, until=reset)))
+            return lambda: announced.admit(Ask(scope=scope, now=now))
+
+        def second(n: int) -> Callable[[], Admission]:
+            return lambda: announced.admit(Ask(scope=self.s(f"order-a{n}"), now=now))
+
+        self._never_both(announced, "the one request an announced allowance has left", first, second)
+
+    def test_a_token_quota_is_atomic_in_every_order(self, store: Any) -> None:
+        tokens = self.carrying(store, Weights)
+        now = now_ms()
+
+        def ask(n: int) -> Callable[[], Admission]:
+            weigh = Weigh(cost=10, limit=10, per=60.0)
+            return lambda: tokens.admit(Ask(scope=self.s(f"order-t{n}"), now=now, weigh=weigh))
+
+        self._never_both(tokens, "the ten tokens of a token quota of ten (Ask.weigh)", ask, ask)
+
+    def _never_both(
+        self,
+        store: Store,
+        what: str,
+        first: Callable[[int], Callable[[], Admission]],
+        second: Callable[[int], Callable[[], Admission]],
+    ) -> None:
+        """Two admissions of ``what`` are never both granted, in any order the kit
+        makes of the first's lines and the second (see ``_interleave``)."""
+
+        def wrong(overlap: Overlap) -> bool:
+            errors = [e for e in (overlap.first_error, overlap.second_error) if e is not None]
+            if any(not isinstance(e, CooldownStoreError) for e in errors):
+                return True
+            results = (overlap.first, overlap.second)
+            return not errors and all(result.not_before is None for result in results)
+
+        overlap, orders = first_overlap(store, first, second, wrong)
+        if overlap is None:
+            return
+        name = type(store).__name__
+        for error in (overlap.first_error, overlap.second_error):
+            if error is not None and not isinstance(error, CooldownStoreError):
+                raise AssertionError(
+                    f"{name}.admit raised {type(error).__name__} when two admissions of {what} "
+                    f"overlapped (the first paused at {overlap.where}): {error}"
+                ) from error
+        pytest.fail(
+            f"{name}.admit is not atomic: two admissions of {what} were both granted when the "
+            f"first was paused at {overlap.where} while the second ran (order {orders} the kit "
+            "tried): what one reads must stay locked until it writes (a read, then a write "
+            "without a lock held across them, as in a READ COMMITTED transaction, lets every "
+            "worker in between take it too)"
+        )
+
     def test_admission_is_all_or_nothing(self, store: Any) -> None:
         """A quota permit that is free while the slot is not: nothing is taken."""
         whole = self.carrying(store, QuotaLogs, Leases)
@@ -457,6 +595,43 @@ class StoreContract(TokenContract):
         fresh = log.freshness(scope)
         assert fresh is not None and fresh.last_success == now and fresh.last_error == "throttled"
         assert scope in log.freshness_entries()
+
+    # -- ChangeFeed ------------------------------------------------------------------------
+    def test_a_fresh_feed_delivers_every_change(self, store: Any, other_store: Any) -> None:
+        """``ChangeFeed``: once its feed says it is fresh, a cooldown learned and a
+        scope lifted through another handle (``other_store``; the store itself without
+        one) are delivered (``changed`` called with the scope, or None) within
+        :data:`FEED_DELIVERS` seconds, or the feed stops saying it is fresh: a process's
+        near copy admits from memory while ``fresh()`` is True, into a cooldown it was
+        never told of otherwise."""
+        feeding: Any = self.carrying(store, ChangeFeed)
+        heard: list[str | None] = []
+        feed = feeding.feed(lambda scope, until: heard.append(scope))
+        if feed is None:
+            pytest.skip("the store's feed() gave no feed this time (None)")
+        name = type(store).__name__
+        writer = other_store if isinstance(other_store, Store) else feeding
+        try:
+            if not _eventually(feed.fresh, FEED_DELIVERS):
+                pytest.skip(f"the feed never said it was fresh within {FEED_DELIVERS:g} s: it claims nothing")
+            scope = self.s("fed")
+            changes: list[tuple[str, Callable[[], object]]] = [
+                ("a cooldown learned", lambda: writer.extend(scope, now_ms() + timedelta(seconds=30))),
+            ]
+            if isinstance(writer, Listing):
+                changes.append(("a scope lifted", lambda: writer.delete(scope)))
+            for change, write in changes:
+                del heard[:]
+                write()
+                told = _eventually(lambda: scope in heard or None in heard or not feed.fresh(), FEED_DELIVERS)
+                if not told:
+                    pytest.fail(
+                        f"{name}'s feed still says it is fresh (fresh() True) {FEED_DELIVERS:g} s after "
+                        f"{change} ({scope!r}, through another handle), and never delivered it: a "
+                        "worker's near copy would admit requests into a cooldown it was not told of"
+                    )
+        finally:
+            feed.close()
 
     # -- Bounded ---------------------------------------------------------------------------
     def test_a_declared_bound_holds_when_the_backend_hangs(self, store: Any, hung_store: Any) -> None:
@@ -497,6 +672,20 @@ class StoreContract(TokenContract):
                     f"{type(hung_store).__name__}.{name}() on a backend that does not answer raised "
                     f"{type(error).__name__}, not CooldownStoreError"
                 )
+
+
+#: Seconds a change feed has to deliver a change made elsewhere once it says it is fresh.
+FEED_DELIVERS = 3.0
+
+
+def _eventually(condition: Callable[[], bool], seconds: float) -> bool:
+    """Whether ``condition()`` is True within ``seconds`` (asked every 5 ms)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def declared_bound_of(store: Any) -> float | None:
