@@ -653,25 +653,44 @@ class StoreContract(TokenContract):
             pytest.skip("the hung handle declares no bound this time (operation_timeout() is None)")
         allowed = 3 * bound + 0.5
         until = now_ms() + timedelta(seconds=30)
-        quota = (1, 60.0) if isinstance(hung_store, QuotaLogs) else ()  # a permit: a write
+        scope = self.s("hung")
+        taking = isinstance(hung_store, QuotaLogs)  # a permit: a write
+        permit = Permit(limit=1, per=60.0, expires=until) if taking else None
+        token = "contract" if isinstance(hung_store, Leases) else None
         operations: list[tuple[str, Callable[[], object]]] = [
-            ("get", lambda: hung_store.get(self.s("hung"))),
-            ("extend", lambda: hung_store.extend(self.s("hung"), until)),
-            ("admit", lambda: hung_store.admit(Ask(self.s("hung"), now_ms(), *quota))),
+            ("get", lambda: hung_store.get(scope)),
+            ("extend", lambda: hung_store.extend(scope, until)),
+            (
+                "admit",
+                lambda: hung_store.admit(
+                    Ask(scope=scope, now=now_ms(), limit=1 if taking else None, per=60.0 if taking else None)
+                ),
+            ),
+            (
+                "answer",
+                lambda: hung_store.answer(Answer(scope=scope, now=now_ms(), token=token, permit=permit)),
+            ),
         ]
-        for name, operation in operations:
-            took, error = _within(operation, allowed)
-            if took is None:
-                pytest.fail(
-                    f"{type(hung_store).__name__}.{name}() declares a bound of {bound:g} s "
-                    f"(operation_timeout()) but did not end within {allowed:g} s on a backend "
-                    "that does not answer"
-                )
-            if error is not None and not isinstance(error, CooldownStoreError):
-                pytest.fail(
-                    f"{type(hung_store).__name__}.{name}() on a backend that does not answer raised "
-                    f"{type(error).__name__}, not CooldownStoreError"
-                )
+        feed = hung_store.feed(lambda scope, until: None) if isinstance(hung_store, ChangeFeed) else None
+        if feed is not None:  # asked on the calling thread before each admission from the near copy
+            operations.append(("feed().fresh", feed.fresh))
+        try:
+            for name, operation in operations:
+                took, error = _within(operation, allowed)
+                if took is None:
+                    pytest.fail(
+                        f"{type(hung_store).__name__}.{name}() declares a bound of {bound:g} s "
+                        f"(operation_timeout()) but did not end within {allowed:g} s on a backend "
+                        "that does not answer"
+                    )
+                if error is not None and not isinstance(error, CooldownStoreError):
+                    pytest.fail(
+                        f"{type(hung_store).__name__}.{name}() on a backend that does not answer raised "
+                        f"{type(error).__name__}, not CooldownStoreError"
+                    )
+        finally:
+            if feed is not None:
+                feed.close()
 
 
 #: Seconds a change feed has to deliver a change made elsewhere once it says it is fresh.
