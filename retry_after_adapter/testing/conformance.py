@@ -26,7 +26,10 @@ What is checked:
   store share a cooldown: after one is answered 429, the other defers without sending
   (skipped, saying so, unless ``other_store`` gives a second handle: the memory store
   shares one object);
-- **the operator's view**, when the store has ``entries`` and ``delete``;
+- **the operator's view**, when the store has ``entries`` and ``delete``; and, when it
+  is a :class:`~retry_after_adapter.cooldown.Listing`, ``holds()`` names what holds each
+  scope back (a running cooldown, a quota's permits all taken, a held slot, an announced
+  allowance spent), never a past cooldown or a lifted scope;
 - **the core's admission**, when the store is a :class:`~retry_after_adapter.cooldown.Store`:
   ``admit`` answers the cooldown, an empty ``answer`` is nothing, naive times and bad
   scopes (empty, over 512 characters, not a str, a NUL, a lone surrogate) are refused
@@ -40,20 +43,32 @@ What is checked:
   an announced token allowance is spent by costs; tokens are taken all or nothing with
   the rest, exactly under eight racing threads; a late answer moves a token permit
   later; a cost above the token quota is refused) and ``FreshnessLog`` (later wins);
+- **admission atomic in every order**, for each of ``QuotaLogs`` (a quota's one
+  permit), ``Leases`` (the one slot), ``Allowances`` (an allowance's last request) and
+  ``Weights`` (a token quota's tokens): two admissions, the first paused at each line of
+  the store's own code in turn while the second runs (see ``_interleave``), are never
+  both granted. A store that reads, lets go, and writes what it read (a READ COMMITTED
+  transaction without a per-scope lock) fails on every run, naming the line;
+- **a change feed that says it is fresh delivers** (``ChangeFeed``): a cooldown learned
+  and a scope lifted through ``other_store`` (the store itself without one) reach the
+  feed's ``changed`` within :data:`FEED_DELIVERS` seconds, unless ``fresh()`` stops
+  saying True;
 - **the bound a store declares**, when it is
   :class:`~retry_after_adapter.cooldown.Bounded` (the failure layer then calls it on
   the calling thread, trusting that bound): ``operation_timeout()`` is a finite number
   of seconds > 0 (or None), and on ``hung_store``, a handle of the store whose backend
   does not answer (a server that accepts and never replies, a file another connection
-  holds locked), ``get``, ``extend`` and ``admit`` each end within three times that
-  bound and half a second, with an answer or a ``CooldownStoreError``. A ``Bounded``
-  store without a ``hung_store`` fixture fails: the bound is a promise the kit checks.
+  holds locked), ``get``, ``extend``, ``admit``, ``answer`` and its feed's ``fresh()``
+  each end within three times that bound and half a second, with an answer or a
+  ``CooldownStoreError``. A ``Bounded`` store without a ``hung_store`` fixture fails:
+  the bound is a promise the kit checks.
 
 Each test uses scopes of its own (a random prefix), so a store that keeps data between
 runs, or is shared with other tests, can run the contract.
 
-Times are real (the contract sleeps nowhere); a test takes milliseconds, the adapter's
-one a loopback round trip or two, the bound's about three of the declared bound.
+Times are real (the contract sleeps nowhere but to poll); a test takes milliseconds,
+the adapter's one a loopback round trip or two, the bound's about three of the
+declared bound, each "in every order" one well under a second.
 """
 
 from __future__ import annotations
