@@ -260,6 +260,53 @@ class StoreContract(TokenContract):
             for session in sessions:
                 session.close()
 
+    def test_a_worker_that_asked_before_is_held_by_a_cooldown_learned_elsewhere(
+        self, store: Any, other_store: Any
+    ) -> None:
+        """As above, but the other handle's worker sent first: what it knows of the
+        scope (a near copy, kept while the store's feed says nothing changed) must not
+        let it send into the cooldown learned since. A store with a change feed is given
+        :data:`FEED_SETTLES` seconds to deliver it."""
+        import requests
+
+        from ..cooldown.memory import MemoryCooldownStore
+
+        if other_store is store and not isinstance(store, MemoryCooldownStore):
+            pytest.skip("give the contract an `other_store` fixture: a second handle on the same data")
+
+        from ..adapter import RetryAfterAdapter
+        from ..deferral import deferral_of
+        from ..retry import RetryAfterRetry
+        from .server import QuotaServer
+
+        with QuotaServer(quota=2, window=3600, align="first") as server:
+            sessions = []
+            for handle in (store, other_store):
+                session = requests.Session()
+                retry = RetryAfterRetry(total=0, max_wait=1, raise_on_status=False)
+                session.mount("http://", RetryAfterAdapter(retry, cooldown=handle, learn_rate=False))
+                sessions.append(session)
+            first, second = sessions
+            try:
+                assert second.get(server.url + "/b", timeout=10).status_code == 200  # it knows the scope
+                assert first.get(server.url + "/a", timeout=10).status_code == 200
+                throttled = first.get(server.url + "/a", timeout=10)  # the server's 429: a cooldown stored
+                assert throttled.status_code == 429 and not getattr(throttled, "local", False)
+                if isinstance(other_store, ChangeFeed):
+                    time.sleep(FEED_SETTLES)
+                held = second.get(server.url + "/b", timeout=10)
+                deferral = deferral_of(held)
+                sent = server.stats().requests
+                assert sent == 3 and getattr(held, "local", False), (
+                    f"a worker on {type(other_store).__name__} that had sent before sent into a "
+                    f"cooldown learned through another handle (the server saw {sent} requests, "
+                    "not 3): what it knew of the scope was trusted after the store changed"
+                )
+                assert deferral is not None and deferral.reason == "cooldown"
+            finally:
+                for session in sessions:
+                    session.close()
+
     # -- the operator's view -----------------------------------------------------------
     def test_entries_list_and_delete_lifts_one_scope(self, store: Any) -> None:
         if not (callable(getattr(store, "entries", None)) and callable(getattr(store, "delete", None))):
@@ -710,6 +757,9 @@ class StoreContract(TokenContract):
 
 #: Seconds a change feed has to deliver a change made elsewhere once it says it is fresh.
 FEED_DELIVERS = 3.0
+#: Seconds the adapter's test gives a change feed to deliver a cooldown (the package's
+#: Redis feed: under 10 ms on loopback).
+FEED_SETTLES = 0.5
 
 
 def _eventually(condition: Callable[[], bool], seconds: float) -> bool:
