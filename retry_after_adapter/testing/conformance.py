@@ -23,9 +23,11 @@ What is checked:
   aware, in UTC, never earlier than asked (a store may round up, by less than a
   millisecond); past, far-future and 512-character scopes work; eight threads racing
   short cooldowns never replace a long one; and two adapters on two handles of the
-  store share a cooldown: after one is answered 429, the other defers without sending
-  (skipped, saying so, unless ``other_store`` gives a second handle: the memory store
-  shares one object);
+  store share a cooldown: after one is answered 429, the other defers without sending,
+  also when it sent before (what it knows of the scope, a near copy, must not be
+  trusted once the store changed; a ``ChangeFeed`` store is given
+  :data:`FEED_SETTLES` seconds to deliver) (skipped, saying so, unless
+  ``other_store`` gives a second handle: the memory store shares one object);
 - **the operator's view**, when the store has ``entries`` and ``delete``; and, when it
   is a :class:`~retry_after_adapter.cooldown.Listing`, ``holds()`` names what holds each
   scope back (a running cooldown, a quota's permits all taken, a held slot, an announced
