@@ -16,15 +16,16 @@ judgement only lets the two run together.
 
 The store's own code is that of the packages its classes come from (a class of a
 package ``acme.stores`` makes every file of ``acme`` the store's), less the standard
-library and this kit; a client library it calls (redis-py, a database driver) is not
-paused in.
+library and this kit, wherever they are installed; a client library it calls
+(redis-py, a database driver) is not paused in. A store none of whose code could be
+paused in (no line of Python run by its first admission) is tried in no order: the kit
+says so.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import sysconfig
 import threading
 import time
 from collections.abc import Callable
@@ -43,23 +44,22 @@ QUIET_FOR = 0.1
 STEP_LIMIT = 10.0
 
 _KIT = os.path.dirname(os.path.abspath(__file__))
-_STDLIB = tuple(
-    os.path.abspath(path) for path in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
-)
 
 
 def store_files(store: object) -> Callable[[str], bool]:
     """Whether a file holds ``store``'s own code (see the module)."""
     roots: set[str] = set()
     for cls in type(store).__mro__:
+        name = cls.__module__.partition(".")[0]
         module = sys.modules.get(cls.__module__)
         path = getattr(module, "__file__", None)
-        if not path:
+        if not path or name in sys.stdlib_module_names:
             continue
-        top = sys.modules.get(cls.__module__.partition(".")[0])
-        package = getattr(top, "__path__", None)
-        roots.update(os.path.abspath(p) for p in package) if package else roots.add(os.path.abspath(path))
-    roots = {root for root in roots if not root.startswith(_STDLIB)}
+        package = getattr(sys.modules.get(name), "__path__", None)
+        if package:
+            roots.update(os.path.abspath(p) for p in package)
+        else:
+            roots.add(os.path.abspath(path))
     known: dict[str, bool] = {}
 
     def own(filename: str) -> bool:

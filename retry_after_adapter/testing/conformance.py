@@ -608,6 +608,8 @@ class StoreContract(TokenContract):
             return not errors and all(result.not_before is None for result in results)
 
         overlap, orders = first_overlap(store, first, second, wrong)
+        if overlap is None and orders == 0:
+            pytest.skip(f"no line of {type(store).__name__}'s own code ran in admit: no order to try")
         if overlap is None:
             return
         name = type(store).__name__
