@@ -42,6 +42,9 @@ ASLEEP_FOR = 0.015
 QUIET_FOR = 0.1
 #: Seconds the kit waits at most for either operation to reach its next step.
 STEP_LIMIT = 10.0
+#: The most orders tried: an operation that runs more lines of the store's code is
+#: paused at every n-th line, evenly spread (the package's stores run 50 to 150).
+MOST_ORDERS = 2000
 
 _KIT = os.path.dirname(os.path.abspath(__file__))
 
@@ -200,6 +203,7 @@ def first_overlap(
     calibration.start()
     calibration.join()
     lines = calibration.lines
+    stride = -(-lines // MOST_ORDERS)  # every line, up to MOST_ORDERS of them; else evenly spread
     trial, k = 0, 1
     while k <= lines:
         trial += 1
@@ -211,11 +215,14 @@ def first_overlap(
         if _waits(two) and one.parked:
             # The second waits for what the first holds: the first goes on, a line at a
             # time, until the second runs again (a later pause would wait as long).
-            while not one.done and _asleep(two.thread) is not False and not two.done:
+            seen = two.lines
+            while not one.done and not two.done and two.lines == seen and _asleep(two.thread) is not False:
                 one.step()
-            k = max(k + 1, one.lines)
+                if _asleep(two.thread) is None:
+                    time.sleep(0.001)  # its state cannot be read: a moment to run a line
+            k = max(k + stride, one.lines)
         else:
-            k += 1
+            k += stride
         one.release()
         one.join()
         two.join()
