@@ -5,7 +5,8 @@ pytest does not collect it by itself: its name does not start with ``test_``).
 Each is one of the package's stores, or a small store on the documented core and
 mixins, with one thing broken as a third party's store was found broken:
 
-- :class:`HoldsNothing`: ``Listing.holds()`` lists nothing;
+- :class:`HoldsNothing` and :class:`ListsNoHolds`: ``Listing.holds()`` lists nothing
+  (the memory store's; a small store's of the core and ``Listing``);
 - :class:`DeafFeed`: a change feed that says it is fresh and never delivers a change;
 - :class:`UnlockedMemoryStore` and :class:`ReadThenWriteStore`: an ``admit`` that reads,
   then writes what it read, with nothing held across (no lock at all; a lock taken for
@@ -34,6 +35,7 @@ from retry_after_adapter.cooldown import (
     Feed,
     Hold,
     Leases,
+    Listing,
     QuotaLogs,
     Store,
     check_scope,
@@ -50,6 +52,35 @@ class HoldsNothing(MemoryCooldownStore):
 
     def holds(self, now: datetime | None = None) -> dict[str, list[Hold]]:
         return {}
+
+
+class ListsNoHolds(Store, Listing):
+    """A small store of the core and ``Listing`` (no ``Weights``, whose token test would
+    read ``holds()`` too): its entries and deletion work, ``holds()`` lists nothing."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._until: dict[str, datetime] = {}
+
+    def get(self, scope: str) -> datetime | None:
+        return self._until.get(check_scope(scope))
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        scope, until = check_scope(scope), check_until(until)
+        with self._lock:
+            kept = self._until[scope] = max(self._until.get(scope, until), until)
+            return kept
+
+    def entries(self) -> dict[str, datetime]:
+        with self._lock:
+            return dict(self._until)
+
+    def holds(self, now: datetime | None = None) -> dict[str, list[Hold]]:
+        return {}
+
+    def delete(self, scope: str) -> bool:
+        with self._lock:
+            return self._until.pop(check_scope(scope), None) is not None
 
 
 class AlwaysFresh(Feed):
@@ -181,6 +212,12 @@ class TestKitOnHoldsNothing(StoreContract):
     @pytest.fixture
     def store(self) -> Any:
         return HoldsNothing()
+
+
+class TestKitOnListsNoHolds(StoreContract):
+    @pytest.fixture
+    def store(self) -> Any:
+        return ListsNoHolds()
 
 
 class TestKitOnDeafFeed(StoreContract):

@@ -56,6 +56,10 @@ def test_a_store_whose_holds_list_nothing_fails(failures: dict[str, dict[str, st
     failed = failures["TestKitOnHoldsNothing"]
     assert set(failed) == {"test_holds_names_what_holds_each_scope_back", "test_token_holds_are_listed"}
     assert "HoldsNothing.holds() does not list the 'cooldown'" in failed["test_holds_names_what_holds_each_scope_back"]
+    # A store without Weights had only the entries and delete test: it failed nothing.
+    failed = failures["TestKitOnListsNoHolds"]
+    assert set(failed) == {"test_holds_names_what_holds_each_scope_back"}
+    assert "ListsNoHolds.holds() does not list the 'cooldown'" in failed["test_holds_names_what_holds_each_scope_back"]
 
 
 def test_a_feed_fresh_without_delivering_fails(failures: dict[str, dict[str, str]]) -> None:
