@@ -23,11 +23,11 @@ What is checked:
   aware, in UTC, never earlier than asked (a store may round up, by less than a
   millisecond); past, far-future and 512-character scopes work; eight threads racing
   short cooldowns never replace a long one; and two adapters on two handles of the
-  store share a cooldown: after one is answered 429, the other defers without sending,
-  also when it sent before (what it knows of the scope, a near copy, must not be
-  trusted once the store changed; a ``ChangeFeed`` store is given
-  :data:`FEED_SETTLES` seconds to deliver) (skipped, saying so, unless
-  ``other_store`` gives a second handle: the memory store shares one object);
+  store share a cooldown: after one is answered 429, the other defers without sending
+  (skipped, saying so, unless ``other_store`` gives a second handle: the memory store
+  shares one object), also when it sent before (what it knows of the scope, a near
+  copy, must not be trusted once the store changed; a ``ChangeFeed`` store is given
+  :data:`FEED_SETTLES` seconds to deliver; without ``other_store``, on one handle);
 - **the operator's view**, when the store has ``entries`` and ``delete``; and, when it
   is a :class:`~retry_after_adapter.cooldown.Listing`, ``holds()`` names what holds each
   scope back (a running cooldown, a quota's permits all taken, a held slot, an announced
@@ -268,13 +268,9 @@ class StoreContract(TokenContract):
         """As above, but the other handle's worker sent first: what it knows of the
         scope (a near copy, kept while the store's feed says nothing changed) must not
         let it send into the cooldown learned since. A store with a change feed is given
-        :data:`FEED_SETTLES` seconds to deliver it."""
+        :data:`FEED_SETTLES` seconds to deliver it. (Without ``other_store``, the two
+        adapters share the one handle.)"""
         import requests
-
-        from ..cooldown.memory import MemoryCooldownStore
-
-        if other_store is store and not isinstance(store, MemoryCooldownStore):
-            pytest.skip("give the contract an `other_store` fixture: a second handle on the same data")
 
         from ..adapter import RetryAfterAdapter
         from ..deferral import deferral_of
