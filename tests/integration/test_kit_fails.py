@@ -96,13 +96,19 @@ def test_an_admit_that_is_not_atomic_fails_every_time(
 
 
 @pytest.mark.parametrize(
-    ("cls", "operation", "bound"),
-    [("TestKitOnUnderstatesItsBound", "extend", "0.1 s"), ("TestKitOnRetriesPastItsBound", "answer", "0.2 s")],
+    ("cls", "operations", "bound"),
+    [
+        # A locked file: the first of these that writes waits out its 1.5 s (a read may not).
+        ("TestKitOnUnderstatesItsBound", ("get", "extend", "admit"), "0.1 s"),
+        # Every operation but answer keeps the bound.
+        ("TestKitOnRetriesPastItsBound", ("answer",), "0.2 s"),
+    ],
 )
 def test_a_store_that_breaks_its_declared_bound_fails(
-    failures: dict[str, dict[str, str]], cls: str, operation: str, bound: str
+    failures: dict[str, dict[str, str]], cls: str, operations: tuple[str, ...], bound: str
 ) -> None:
     failed = failures[cls]
     assert set(failed) == {"test_a_declared_bound_holds_when_the_backend_hangs"}
     message = failed["test_a_declared_bound_holds_when_the_backend_hangs"]
-    assert f".{operation}() declares a bound of {bound} (operation_timeout()) but did not end within" in message
+    said = f"() declares a bound of {bound} (operation_timeout()) but did not end within"
+    assert any(f".{operation}{said}" in message for operation in operations), message
