@@ -31,8 +31,8 @@ from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import _common
 import requests
+from lib import common as _common
 
 from retry_after_adapter import (
     RedisCooldownStore,

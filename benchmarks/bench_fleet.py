@@ -27,7 +27,7 @@ a SQLiteCooldownStore file, or a RedisCooldownStore on a redis-server this scrip
 on a free loopback port (skipped, with a message, when the binary or redis-py is
 missing). Stock shares nothing, so it has one multi-process row.
 
-Reported per run (see ``_fleet.analyse`` for the exact definitions): requests sent while
+Reported per run (see ``lib.fleet.analyse`` for the exact definitions): requests sent while
 an announced cooldown was running ("early"; a request whose send started before the 429
 was sent is "in flight" instead), calls that took longer than their deadline, 429s
 provoked beyond the in-flight ones (allowance: one per window with 429s per process),
@@ -40,7 +40,7 @@ with min-max.
 (first-hit windows, whole-second epoch resets, no window said): from the project's
 emulation (``QuotaServer(quota_headers="express")``) and from express-rate-limit itself,
 a Node script this benchmark writes to a temporary folder and starts with ``node`` as it
-starts redis-server (``_express.py``; skipped with a message without ``node`` or the npm
+starts redis-server (``lib/express.py``; skipped with a message without ``node`` or the npm
 packages, which ``--npm-install`` puts in a cache folder when asked). Its targets: at
 most 2 429s, no request early, wall within 1.22 x ideal in every run.
 
@@ -61,10 +61,10 @@ import tempfile
 import time
 from typing import Any
 
-import _common
-import _express
-import _fleet
-from _common import cell
+from lib import common as _common
+from lib import express as _express
+from lib import fleet as _fleet
+from lib.common import cell
 
 from retry_after_adapter.testing.redis import RedisServer, missing
 

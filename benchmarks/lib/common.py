@@ -7,7 +7,7 @@ and writes the same JSON to ``benchmarks/results/<name>.json`` (or to ``--out DI
 
 Run as a script, this module is that server::
 
-    python benchmarks/_common.py --serve-ok     # prints "PORT <n>", serves until killed
+    python benchmarks/lib/common.py --serve-ok     # prints "PORT <n>", serves until killed
 """
 
 from __future__ import annotations
@@ -29,9 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from retry_after_adapter.testing.redis import RedisCluster, RedisServer, missing
-
-BENCH_DIR = Path(__file__).resolve().parent
+BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO_DIR = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 JSON_MARKER = "--- JSON ---"
@@ -43,6 +41,7 @@ if str(REPO_DIR) not in sys.path:
     except ImportError:
         sys.path.insert(0, str(REPO_DIR))
 
+from retry_after_adapter.testing.redis import RedisCluster, RedisServer, missing  # noqa: E402
 
 # -- statistics ---------------------------------------------------------------------------
 
@@ -322,6 +321,13 @@ def redis_server(workdir: str | Path) -> Iterator[tuple[RedisServer | None, str]
         return
     with server:
         yield server, ""
+
+
+@contextlib.contextmanager
+def redis_url(workdir: str | Path) -> Iterator[tuple[str | None, str]]:
+    """:func:`redis_server` as ``(url, version)``, or ``(None, why not)``."""
+    with redis_server(workdir) as (server, why):
+        yield (server.url, server.version) if server is not None else (None, why)
 
 
 @contextlib.contextmanager
