@@ -25,8 +25,8 @@ import threading
 import time
 from typing import Any
 
-import _common
 import requests
+from lib import common as _common
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 

@@ -20,7 +20,6 @@ import contextlib
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,8 +31,8 @@ from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import _common
 import requests
+from lib import common as _common
 
 from retry_after_adapter import (
     RedisCooldownStore,
@@ -43,6 +42,8 @@ from retry_after_adapter import (
     budget,
 )
 from retry_after_adapter.cooldown.memory import DEFAULT_STORE
+from retry_after_adapter.testing.ports import black_hole
+from retry_after_adapter.testing.redis import RedisServer, missing
 
 COOLDOWN = 5  # seconds: the Retry-After the server announces once armed
 #: Requests admitted before the 429 reached the store may still arrive this long after
@@ -199,46 +200,6 @@ class Fleet:
             t.join(10)
 
 
-class Redis:
-    def __init__(self, workdir: str) -> None:
-        self.binary = shutil.which("redis-server")
-        self.workdir = workdir
-        self.port = _common_free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        assert self.binary is not None
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", self.workdir]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError("redis-server did not start")
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
-
-
-def _common_free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def inside_cooldown(server: CountingServer, store: Any, threads: int, fault: Callable[[], None],
                     seconds: float, store_failure: str = "open") -> dict[str, Any]:  # fmt: skip
     """Warm the fleet, apply ``fault``, arm one 429, count what is sent inside it."""
@@ -283,8 +244,7 @@ print(sent)
 def restart_run(server: CountingServer, tmp: str, threads: int) -> dict[str, Any]:
     """Redis killed; a 429 learned during the outage; Redis restarted (empty) 2.5 s
     after the kill while the fleet goes on; a second process starts at once."""
-    redis = Redis(tmp)
-    redis.start()
+    redis = RedisServer(tmp).start()
     store = RedisCooldownStore.from_url(redis.url)
     scope = f"http://127.0.0.1:{server.httpd.server_address[1]}"
     checker = RedisCooldownStore.from_url(redis.url)
@@ -295,7 +255,7 @@ def restart_run(server: CountingServer, tmp: str, threads: int) -> dict[str, Any
         server.arm()
         server.wait_fired()
         time.sleep(max(0.0, killed + 2.5 - time.monotonic()))
-        redis.start()
+        redis.restart()
         restarted = time.monotonic()
         left = str(time.time() + server.until - time.monotonic())  # the cooldown's end, wall clock
         second = subprocess.Popen(
@@ -408,54 +368,45 @@ def main() -> None:
             server, DEFAULT_STORE, threads, lambda: None, seconds
         )
 
-        have_redis = shutil.which("redis-server") is not None
-        if have_redis:
-            redis = Redis(tmp)
-            redis.start()
+        if not missing():
+            redis = RedisServer(tmp).start()
             store = RedisCooldownStore.from_url(redis.url)
             results["Redis killed, 32 threads"] = inside_cooldown(server, store, threads, redis.kill, seconds)
             store.close()
             results["Redis killed, restarted 2.5 s later"] = restart_run(server, tmp, threads)
 
-        # A hung Redis: a socket that accepts and never answers.
-        hole = socket.socket()
-        hole.bind(("127.0.0.1", 0))
-        hole.listen(256)
-        held: list[socket.socket] = []
-        threading.Thread(
-            target=lambda: [held.append(hole.accept()[0]) for _ in range(1000)], daemon=True
-        ).start()
-        hole_url = f"redis://127.0.0.1:{hole.getsockname()[1]}/0"
-        timings: dict[str, list[float]] = {}
-        for name, deadline, failure, throttled in (
-            ("budget(deadline=0.3), fail open", 0.3, "open", False),
-            ("budget(deadline=0.3), fail closed", 0.3, "closed", False),
-            ("no deadline, fail open", None, "open", False),
-            ("a 429 each call, budget(deadline=0.3)", 0.3, "open", True),
-            ("a 429 each call, no deadline", None, "open", True),
-        ):
-            hung = RedisCooldownStore.from_url(hole_url)  # a fresh store: its own breaker
-            s = requests.Session()
-            s.mount(
-                "http://",
-                RetryAfterAdapter(
-                    RetryAfterRetry(total=0, raise_on_status=False, max_wait=1),
-                    cooldown=hung,
-                    store_failure=failure,
-                ),
-            )
-            took = []
-            for _ in range(5):
-                if throttled:
-                    server.arm()
-                started = time.monotonic()
-                with budget(deadline=deadline):
-                    s.get(server.url)
-                took.append(time.monotonic() - started)
-            timings[name] = took
-        results[HUNG] = timings
-        server.disarm()
-        hole.close()
+        # A hung Redis: a port that accepts connections and never answers.
+        with black_hole() as hole_port:
+            hole_url = f"redis://127.0.0.1:{hole_port}/0"
+            timings: dict[str, list[float]] = {}
+            for name, deadline, failure, throttled in (
+                ("budget(deadline=0.3), fail open", 0.3, "open", False),
+                ("budget(deadline=0.3), fail closed", 0.3, "closed", False),
+                ("no deadline, fail open", None, "open", False),
+                ("a 429 each call, budget(deadline=0.3)", 0.3, "open", True),
+                ("a 429 each call, no deadline", None, "open", True),
+            ):
+                hung = RedisCooldownStore.from_url(hole_url)  # a fresh store: its own breaker
+                s = requests.Session()
+                s.mount(
+                    "http://",
+                    RetryAfterAdapter(
+                        RetryAfterRetry(total=0, raise_on_status=False, max_wait=1),
+                        cooldown=hung,
+                        store_failure=failure,
+                    ),
+                )
+                took = []
+                for _ in range(5):
+                    if throttled:
+                        server.arm()
+                    started = time.monotonic()
+                    with budget(deadline=deadline):
+                        s.get(server.url)
+                    took.append(time.monotonic() - started)
+                timings[name] = took
+            results[HUNG] = timings
+            server.disarm()
 
         # SQLite faults, 32 threads in this process.
         for name, failure, fault in (

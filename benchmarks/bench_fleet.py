@@ -27,7 +27,7 @@ a SQLiteCooldownStore file, or a RedisCooldownStore on a redis-server this scrip
 on a free loopback port (skipped, with a message, when the binary or redis-py is
 missing). Stock shares nothing, so it has one multi-process row.
 
-Reported per run (see ``_fleet.analyse`` for the exact definitions): requests sent while
+Reported per run (see ``lib.fleet.analyse`` for the exact definitions): requests sent while
 an announced cooldown was running ("early"; a request whose send started before the 429
 was sent is "in flight" instead), calls that took longer than their deadline, 429s
 provoked beyond the in-flight ones (allowance: one per window with 429s per process),
@@ -40,7 +40,7 @@ with min-max.
 (first-hit windows, whole-second epoch resets, no window said): from the project's
 emulation (``QuotaServer(quota_headers="express")``) and from express-rate-limit itself,
 a Node script this benchmark writes to a temporary folder and starts with ``node`` as it
-starts redis-server (``_express.py``; skipped with a message without ``node`` or the npm
+starts redis-server (``lib/express.py``; skipped with a message without ``node`` or the npm
 packages, which ``--npm-install`` puts in a cache folder when asked). Its targets: at
 most 2 429s, no request early, wall within 1.22 x ideal in every run.
 
@@ -56,17 +56,17 @@ import math
 import multiprocessing
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import tempfile
 import time
 from typing import Any
 
-import _common
-import _express
-import _fleet
-from _common import cell
+from lib import common as _common
+from lib import express as _express
+from lib import fleet as _fleet
+from lib.common import cell
+
+from retry_after_adapter.testing.redis import RedisServer, missing
 
 SHAPES = {
     "a": {"quota": 50, "window": 5.0, "items": 200, "deadline": 3.0},
@@ -277,68 +277,6 @@ def run_processes(
     )
 
 
-# -- a redis-server of our own ----------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-class RedisServer:
-    """``redis-server`` on a free loopback port, without persistence; ``url`` to reach it."""
-
-    def __init__(self, binary: str, workdir: str) -> None:
-        self.proc: subprocess.Popen[bytes] | None = None
-        for _ in range(5):
-            self.port = _free_port()
-            self.proc = subprocess.Popen(
-                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                cwd=workdir,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                stdin=subprocess.DEVNULL,
-            )
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                if _ping(self.port):
-                    self.url = f"redis://127.0.0.1:{self.port}/0"
-                    return
-                time.sleep(0.05)
-            self.stop()
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
-def redis_unavailable() -> str | None:
-    """Why the Redis runs are skipped, or None when they can run."""
-    if shutil.which("redis-server") is None:
-        return "no redis-server binary on PATH"
-    try:
-        import redis  # noqa: F401
-    except ImportError:
-        return "the redis package (redis-py) is not installed"
-    return None
-
-
 # -- the report -------------------------------------------------------------------------------
 
 NUMERIC = (
@@ -467,10 +405,10 @@ def main() -> None:
     redis_server: RedisServer | None = None
     workdir = tempfile.mkdtemp(prefix="bench-fleet-")
     if "redis" in modes:
-        why = redis_unavailable()
+        why = missing() or None
         if why is None:
             try:
-                redis_server = RedisServer(shutil.which("redis-server") or "redis-server", workdir)
+                redis_server = RedisServer(workdir).start()
             except RuntimeError as exc:
                 why = str(exc)
         if why is not None:

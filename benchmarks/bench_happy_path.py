@@ -88,8 +88,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import _common
 import requests
+from lib import common as _common
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 from urllib3.util.timeout import Timeout

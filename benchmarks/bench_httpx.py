@@ -23,7 +23,7 @@
    httpx-retries' ``RetryTransport(
    retry=Retry(total=10, backoff_factor=0.5))`` (it sleeps each Retry-After, capped at
    its ``max_backoff_wait``, inside the call). Counted as the fleet benchmark counts
-   them (``_fleet.analyse``): early sends, 429s, overruns (calls longer than 3 s),
+   them (``lib.fleet.analyse``): early sends, 429s, overruns (calls longer than 3 s),
    items done, wall against the ideal 15 s. Targets for ours: 0 early, <= 2 429s, 0
    overruns, wall <= 1.05x, in every run.
 
@@ -42,9 +42,9 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-import _common
-import _fleet
 import httpx
+from lib import common as _common
+from lib import fleet as _fleet
 
 HAPPY_TARGET = 1.05
 FLEET = {"quota": 50, "window": 5.0, "items": 200, "deadline": 3.0, "tasks": 500}

@@ -25,7 +25,7 @@ import shutil
 import sys
 from typing import Any
 
-import _common
+from lib import common as _common
 
 TARGET = 1.03
 ADMISSION_TARGET = 1.05

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _common
+from lib import common as _common
 
 
 def child(variant: str, url: str, samples: list[int]) -> dict[str, Any]:

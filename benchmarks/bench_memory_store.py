@@ -28,7 +28,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
-import _common
+from lib import common as _common
 
 from retry_after_adapter import MemoryCooldownStore
 

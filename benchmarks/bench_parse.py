@@ -30,7 +30,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-import _common
+from lib import common as _common
 from urllib3.util.retry import Retry
 
 from retry_after_adapter import RetryAfterRetry, parse_retry_after

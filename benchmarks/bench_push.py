@@ -36,8 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import _common
-from bench_stores import redis_server
+from lib import common as _common
 
 from retry_after_adapter import RedisCooldownStore, SQLiteCooldownStore
 from retry_after_adapter.cooldown import Ask
@@ -130,7 +129,7 @@ def main() -> None:
         path = os.path.join(workdir, "push.db")
         for push in (True, False):
             results.append(trials("sqlite", path, count, push))
-        with redis_server(workdir) as (url, why):
+        with _common.redis_url(workdir) as (url, why):
             if url is None:
                 print(f"Redis skipped: {why}", file=sys.stderr)
             else:

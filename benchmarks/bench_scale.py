@@ -73,9 +73,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import _common
-import bench_load as load
-from _fleet import fetch_log
+from lib import common as _common
+from lib import load
+from lib.fleet import fetch_log
 
 NEVER_LIMIT = load.QUOTA_LIMIT
 BINDING_LIMIT = 250
@@ -143,7 +143,7 @@ class Stores:
         total = 0
         for client in self.clients.get(kind, []):
             for name, count in load.commandstats(client).items():
-                total += 0 if load._own(name) else count
+                total += 0 if load.own_command(name) else count
         return total
 
     def close(self) -> None:

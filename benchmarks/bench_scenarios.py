@@ -67,9 +67,9 @@ from datetime import datetime, timezone
 from typing import Any
 from xml.sax.saxutils import escape
 
-import _common
-import _fleet
 import requests
+from lib import common as _common
+from lib import fleet as _fleet
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
@@ -279,7 +279,7 @@ def run(scenario: Scenario, fleet: str, threads: int, latency: float) -> dict[st
     """One fleet through one scenario on a fresh server: what the server saw (arrivals,
     announcements), what the workers did, when the store learned of cooldowns and the
     learned rate over time. The adapters' store is a ``MemoryCooldownStore`` that also
-    stamps when it was read (``X-Checked-At``) and written (``_fleet.make_store``)."""
+    stamps when it was read (``X-Checked-At``) and written (``lib.fleet.make_store``)."""
     store = _fleet.make_store(None) if fleet != "stock" else None
     _fleet.STORE_WRITES.clear()
     sessions = [make_session(fleet, scenario, store) for _ in range(threads)]

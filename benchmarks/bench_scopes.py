@@ -44,7 +44,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import _common
+from lib import common as _common
 
 from retry_after_adapter.cooldown import Ask
 
@@ -372,13 +372,10 @@ def main() -> None:
     fixed = sorted({int(n) for n in args.checkpoints.split(",")}) if args.checkpoints else None
     load_at_start = _common.loadavg()
 
-    sys.path.insert(0, str(_common.BENCH_DIR))
-    from bench_stores import redis_server
-
     runs: dict[str, Any] = {}
     skipped: list[str] = []
     workdir_made = tempfile.TemporaryDirectory(prefix="bench-scopes-")
-    with workdir_made as workdir, redis_server(workdir) as (redis_url, redis_why):
+    with workdir_made as workdir, _common.redis_url(workdir) as (redis_url, redis_why):
         if "redis" in stores and redis_url is None:
             skipped.append(f"redis: {redis_why}")
             print(f"Redis skipped: {redis_why}", file=sys.stderr)

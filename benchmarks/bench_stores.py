@@ -31,8 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import _common
+from lib import common as _common
 
 from retry_after_adapter.cooldown import (
     CooldownStore,
@@ -152,16 +151,6 @@ def run_in_processes(
     return out
 
 
-# -- a private redis-server --------------------------------------------------------------
-
-
-@contextmanager
-def redis_server(workdir: str) -> Iterator[tuple[str | None, str]]:
-    """Yield (url, version) of a fresh loopback redis-server, or (None, why not)."""
-    with _common.redis_server(workdir) as (server, why):
-        yield (server.url, server.version) if server is not None else (None, why)
-
-
 # -- the run -----------------------------------------------------------------------------
 
 
@@ -243,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         sqlite_many.close()
 
-        with redis_server(workdir) as (url, redis_version):
+        with _common.redis_url(workdir) as (url, redis_version):
             if url is None:
                 notes.append(f"Redis skipped: {redis_version}")
                 print(f"Redis skipped: {redis_version}", file=sys.stderr)

@@ -12,7 +12,7 @@ the requests and the tokens in the provider's own headers. Each call is a chat c
 with ``max_tokens=--cost`` (default 10: two fit in a window): OpenAI's
 ``chat.completions.create``, Anthropic's ``messages.create``. Every SDK client keeps
 its defaults (``max_retries=2``); a ``RateLimitError`` is caught and the worker calls
-again when it says (``bench_llm.wait_after``), as in ``bench_llm.py``. Fleets, for each
+again when it says (``lib.llm.wait_after``), as in ``bench_llm.py``. Fleets, for each
 SDK:
 
 - SDK alone: ``--threads`` (8) threads on one client over a plain ``httpx2.Client()``;
@@ -43,9 +43,9 @@ import math
 import time
 from typing import Any
 
-import _common
-import bench_llm
-from _common import cell
+from lib import common as _common
+from lib import llm
+from lib.common import cell
 
 SHAPE = {"limit": 25, "per": 3.0, "cost": 10, "threads": 8, "tasks": 8}
 #: (name, how, quota): how "threads" or "async"; transport None: the SDK alone.
@@ -97,11 +97,11 @@ def fleet_threads(sdk: str, shape: dict[str, Any], quota: str | None, server: An
     options = transport_options(shape, quota)
     transport = RetryAfterTransport(**options) if options is not None else None
     with httpx2.Client(transport=transport) as http:
-        client = bench_llm.sdk_client(sdk, server.url, http)
+        client = llm.sdk_client(sdk, server.url, http)
         calls = shape["threads"]
         start_at = time.monotonic() + 0.05
         limit = 3 * least(shape, calls) + 30
-        tally = bench_llm.run_threads(sdk, [client], calls, 1, start_at, limit, chat(sdk, shape["cost"]))
+        tally = llm.run_threads(sdk, [client], calls, 1, start_at, limit, chat(sdk, shape["cost"]))
     return result(shape, calls, start_at, tally, server)
 
 
@@ -112,17 +112,17 @@ def fleet_async(sdk: str, shape: dict[str, Any], quota: str | None, server: Any)
 
     calls = shape["tasks"]
     limit = 3 * least(shape, calls) + 30
-    tally = bench_llm.Tally()
+    tally = llm.Tally()
     call = chat(sdk, shape["cost"])
 
     async def main() -> float:
         options = transport_options(shape, quota)
         transport = AsyncRetryAfterTransport(**options) if options is not None else None
         async with httpx2.AsyncClient(transport=transport) as http:
-            client = bench_llm.async_sdk_client(sdk, server.url, http)
+            client = llm.async_sdk_client(sdk, server.url, http)
             start_at = time.monotonic()
             stop_at = start_at + limit
-            tasks = [bench_llm.async_worker(sdk, client, 1, stop_at, tally, call) for _ in range(calls)]
+            tasks = [llm.async_worker(sdk, client, 1, stop_at, tally, call) for _ in range(calls)]
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*tasks), limit + 30)
             return start_at
@@ -206,14 +206,14 @@ def tables(report: dict[str, Any], shape: dict[str, Any], reps: int) -> list[str
 
 def main() -> None:
     p = _common.parser(__doc__ or "")
-    p.add_argument("--sdks", default=",".join(bench_llm.SDKS), help="comma-separated (default both)")
+    p.add_argument("--sdks", default=",".join(llm.SDKS), help="comma-separated (default both)")
     p.add_argument("--reps", type=int, help="repetitions (default 3; quick 1)")
     for key in ("limit", "cost", "threads", "tasks"):
         p.add_argument(f"--{key}", type=int, help=f"default {SHAPE[key]}")
     p.add_argument("--per", type=float, help=f"default {SHAPE['per']:g}")
     args = p.parse_args()
     sdks = [s for s in args.sdks.split(",") if s] if not args.quick else ["openai"]
-    skipped = bench_llm.missing_sdks(sdks)
+    skipped = llm.missing_sdks(sdks)
     for sdk, why in skipped.items():
         print(f"skipping {sdk}: {why}", flush=True)
     sdks = [s for s in sdks if s not in skipped]

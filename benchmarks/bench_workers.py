@@ -39,8 +39,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import _common
 import requests
+from lib import common as _common
 
 from retry_after_adapter import (
     MemoryCooldownStore,

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _common
+from lib import common as _common
 
 #: name -> (script, JSON file it writes)
 BENCHMARKS = {

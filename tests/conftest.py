@@ -1,6 +1,7 @@
 """Shared fixtures: a FakeClock; the loopback servers of ``tests/servers.py`` (one
 fixture each: a real HTTP server that stamps requests with the FakeClock, and the
-others); and a real ``redis-server`` on loopback, started and stopped by the tests.
+others); and a real ``redis-server`` (and a Redis Cluster) on loopback, started and
+stopped by the tests through ``retry_after_adapter.testing.redis``.
 
 Without a ``redis-server`` binary the Redis tests are skipped, unless the environment
 variable ``CI`` is set (to anything but ``0``/``false``/``no``): in CI a missing server is
@@ -11,8 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +22,8 @@ import pytest
 
 from retry_after_adapter import FakeClock
 from retry_after_adapter.cooldown import sqlite as sqlite_store
+from retry_after_adapter.testing import ports
+from retry_after_adapter.testing.redis import RedisCluster, RedisServer
 from tests import servers
 from tests.servers import (
     BodyServer,
@@ -33,9 +34,6 @@ from tests.servers import (
     ThrottleServer,
     TLSServer,
 )
-
-#: How long a freshly started server may take to answer PING.
-START_TIMEOUT = 10.0
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -175,14 +173,14 @@ def server_process() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
 def closed_port() -> Iterator[int]:
     """A port with a bound but not listening socket: connecting is refused (and the
     port cannot be taken by anyone else while the test runs)."""
-    with servers.closed_port() as port:
+    with ports.closed_port() as port:
         yield port
 
 
 @pytest.fixture
 def black_hole() -> Iterator[int]:
     """A port that accepts TCP connections and never answers on them: a hung server."""
-    with servers.black_hole() as port:
+    with ports.black_hole() as port:
         yield port
 
 
@@ -190,7 +188,7 @@ def black_hole() -> Iterator[int]:
 def connect_hangs() -> Iterator[int]:
     """A port whose accept queue is full: a new connect gets no answer (its SYN is
     dropped) until the client gives up."""
-    with servers.connect_hangs() as port:
+    with ports.connect_hangs() as port:
         yield port
 
 
@@ -204,119 +202,6 @@ def skip_or_fail(message: str) -> None:
     if in_ci():
         pytest.fail(f"{message} (CI is set, so this is an error rather than a skip)", pytrace=False)
     pytest.skip(message)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class RedisServer:
-    """One ``redis-server`` process on 127.0.0.1, without persistence.
-
-    ``kill()`` (SIGKILL), ``freeze()``/``thaw()`` (SIGSTOP/SIGCONT) and ``restart()``
-    (same port, empty data) are for outage tests.
-    """
-
-    def __init__(self, binary: str, workdir: Path, extra_args: tuple[str, ...] = ()) -> None:
-        self.binary = binary
-        self.workdir = workdir
-        self.extra_args = extra_args
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-        workdir.mkdir(parents=True, exist_ok=True)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        """Start on a free port (a few tries: another process may take the port first)."""
-        error = ""
-        for _ in range(5):
-            self.port = free_port()
-            try:
-                self._launch()
-                return self
-            except RuntimeError as exc:
-                error = str(exc)
-        raise RuntimeError(f"redis-server did not start: {error}")
-
-    def restart(self) -> RedisServer:
-        """Start again on the same port (after kill() or stop())."""
-        self.stop()
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            try:
-                self._launch()
-                return self
-            except RuntimeError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def _launch(self) -> None:
-        log = self.workdir / f"redis-{self.port}.log"
-        args = [
-            self.binary,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(self.workdir),
-            "--logfile", str(log),
-            *self.extra_args,
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = log.read_text(errors="replace")[-500:] if log.exists() else ""
-                self.proc = None
-                raise RuntimeError(f"redis-server exited at start: {tail}")
-            if self.answers_ping():
-                return
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(f"redis-server did not answer PING within {START_TIMEOUT} s")
-
-    def answers_ping(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                reply = sock.recv(64)
-        except OSError:
-            return False
-        return reply.startswith((b"+PONG", b"-NOAUTH"))
-
-    def kill(self) -> None:
-        """SIGKILL: the server dies at once, dropping every connection and all data."""
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-    def freeze(self) -> None:
-        """SIGSTOP: connections stay open but nothing answers (a hung server)."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def thaw(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        self.thaw()
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-        self.proc = None
 
 
 @pytest.fixture(scope="session")
@@ -342,7 +227,7 @@ def redis_server(
     redis_binary: str, redis_module: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RedisServer]:
     """One server for the whole session; tests get it empty through ``redis_client``."""
-    server = RedisServer(redis_binary, tmp_path_factory.mktemp("redis")).start()
+    server = RedisServer(tmp_path_factory.mktemp("redis"), binary=redis_binary).start()
     yield server
     server.stop()
 
@@ -381,7 +266,7 @@ def redis_factory(
     servers: list[RedisServer] = []
 
     def make(*extra_args: str) -> RedisServer:
-        server = RedisServer(redis_binary, tmp_path / f"redis-{len(servers)}", tuple(extra_args))
+        server = RedisServer(tmp_path / f"redis-{len(servers)}", tuple(extra_args), binary=redis_binary)
         servers.append(server)
         return server.start()
 
@@ -390,85 +275,13 @@ def redis_factory(
         server.stop()
 
 
-class RedisCluster:
-    """A real 3-node Redis Cluster on 127.0.0.1 (three masters, no replicas), made with
-    ``redis-cli --cluster create``; its data lives and dies with the test session."""
-
-    NODES = 3
-
-    def __init__(self, binary: str, workdir: Path) -> None:
-        self.servers = [
-            RedisServer(
-                binary,
-                workdir / f"node-{n}",
-                (
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "2000",
-                ),
-            )
-            for n in range(self.NODES)
-        ]
-
-    @property
-    def ports(self) -> list[int]:
-        return [server.port for server in self.servers]
-
-    def start(self) -> RedisCluster:
-        for server in self.servers:
-            server.start()
-        cli = shutil.which("redis-cli")
-        if cli is None:
-            self.stop()
-            raise RuntimeError("redis-cli not found (it comes with redis-server)")
-        created = subprocess.run(
-            [
-                cli,
-                "--cluster",
-                "create",
-                *(f"127.0.0.1:{port}" for port in self.ports),
-                "--cluster-replicas",
-                "0",
-                "--cluster-yes",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if created.returncode != 0:
-            self.stop()
-            raise RuntimeError(
-                f"redis-cli --cluster create failed: {created.stdout[-300:]} {created.stderr[-300:]}"
-            )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            states = [
-                subprocess.run(
-                    [cli, "-p", str(port), "cluster", "info"], capture_output=True, text=True, timeout=5
-                ).stdout
-                for port in self.ports
-            ]
-            if all("cluster_state:ok" in state for state in states):
-                return self
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("the Redis Cluster did not reach cluster_state:ok within 30 s")
-
-    def stop(self) -> None:
-        for server in self.servers:
-            server.stop()
-
-
 @pytest.fixture(scope="session")
 def redis_cluster(
     redis_binary: str, redis_module: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RedisCluster]:
     """One 3-node cluster for the session (started on first use)."""
     try:
-        cluster = RedisCluster(redis_binary, tmp_path_factory.mktemp("cluster")).start()
+        cluster = RedisCluster(tmp_path_factory.mktemp("cluster")).start()
     except RuntimeError as exc:
         skip_or_fail(str(exc))
         raise
@@ -519,7 +332,6 @@ def written_back(guard: Any, within: float = 5.0) -> None:
     back every pending cooldown (and a replaced store everything this process knows):
     a recovered store is refilled by that thread, never on a call's thread (which has
     its deadline)."""
-    import time
 
     ends = time.monotonic() + within
     while not guard.writeback.idle and time.monotonic() < ends:

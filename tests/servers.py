@@ -17,8 +17,10 @@ that hand them to tests are in ``tests/conftest.py``.
 - ``KeepAliveServer``: drops a request that comes on a connection idle too long.
 - ``TLSServer``: TLS with a certificate from an unknown CA; counts connections.
 - ``server_process``: a server in a process of its own (to be killed).
-- ``closed_port``, ``black_hole``, ``connect_hangs``: ports that refuse, accept and
-  never answer, or never accept.
+
+Ports that refuse, accept and never answer, or never accept (``closed_port``,
+``black_hole``, ``connect_hangs``) are in ``retry_after_adapter.testing.ports``, which
+the benchmarks share.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from retry_after_adapter import Clock, FakeClock, SystemClock
+from retry_after_adapter.header import format_http_date
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -60,10 +63,6 @@ class QuietHandler(BaseHTTPRequestHandler):
 
 
 # ------------------------------------------------------------------ ThrottleServer
-def format_http_date(when: datetime) -> str:
-    return when.strftime("%a, %d %b %Y %H:%M:%S GMT")
-
-
 class _Server(ThreadingHTTPServer):
     # The default backlog of 5 makes a burst of connects wait for a kernel retry (1 s).
     request_queue_size = 64
@@ -882,72 +881,3 @@ def server_process() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
         proc.wait(5)
         if proc.stdout is not None:
             proc.stdout.close()
-
-
-# ------------------------------------------------------------------ ports without a server
-@contextlib.contextmanager
-def closed_port() -> Iterator[int]:
-    """A port with a bound but not listening socket: connecting is refused (and the
-    port cannot be taken by anyone else meanwhile)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        sock.close()
-
-
-@contextlib.contextmanager
-def black_hole() -> Iterator[int]:
-    """A port that accepts TCP connections and never answers on them: a hung server."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(128)
-    listener.settimeout(0.05)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                continue
-            held.append(conn)
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join(2)
-        for conn in held:
-            conn.close()
-        listener.close()
-
-
-@contextlib.contextmanager
-def connect_hangs() -> Iterator[int]:
-    """A port whose accept queue is full: a new connect gets no answer (its SYN is
-    dropped) until the client gives up."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    port = listener.getsockname()[1]
-    fillers = []
-    for _ in range(3):
-        filler = socket.socket()
-        filler.setblocking(False)
-        try:
-            filler.connect(("127.0.0.1", port))
-        except BlockingIOError:
-            pass
-        fillers.append(filler)
-    time.sleep(0.05)
-    try:
-        yield port
-    finally:
-        for filler in fillers:
-            filler.close()
-        listener.close()

@@ -6,6 +6,9 @@
 - :class:`ScenarioServer`: a loopback HTTP server whose answers follow a script of
   phases over time (healthy, every n-th throttled, a deploy's 503s, a 429 storm, fixed
   and sliding windows; see ``retry_after_adapter.testing.scenarios``);
+- :class:`RedisServer` and :class:`RedisCluster`: a real ``redis-server`` (or a 3-node
+  Redis Cluster) on a free loopback port, in a temporary directory, stopped on leaving
+  its ``with`` block (see ``retry_after_adapter.testing.redis``);
 - :class:`FakeClock`: a clock that moves only when told to or when something waits on
   it (the same class as ``retry_after_adapter.FakeClock``);
 - :func:`reset_default_store`: forget every cooldown in the process-wide default store;
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
     from ._store import reset_default_store
     from .plugin import fake_clock as fake_clock
     from .plugin import fake_retry as fake_retry
+    from .redis import RedisCluster, RedisServer
     from .scenarios import ScenarioServer
     from .server import QuotaServer
 
@@ -43,13 +47,15 @@ pytest_plugins = ["retry_after_adapter.testing.plugin"]
 _WHERE: dict[str, str] = {
     "FakeClock": "..clock",
     "QuotaServer": ".server",
+    "RedisCluster": ".redis",
+    "RedisServer": ".redis",
     "fake_clock": ".plugin",
     "fake_retry": ".plugin",
     "reset_default_store": "._store",
     "ScenarioServer": ".scenarios",
 }
 
-__all__ = ["FakeClock", "QuotaServer", "ScenarioServer", "reset_default_store"]
+__all__ = ["FakeClock", "QuotaServer", "RedisCluster", "RedisServer", "ScenarioServer", "reset_default_store"]
 
 
 # No ``__dir__`` that lists these names: pytest and pluggy look up every name ``dir()``

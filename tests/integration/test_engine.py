@@ -8,6 +8,7 @@ import copy
 import pickle
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import requests
@@ -29,7 +30,7 @@ from retry_after_adapter import (
 from retry_after_adapter.cooldown.memory import DEFAULT_STORE
 
 from ..conftest import local_deferral
-from ..servers import Reply, ThrottleServer
+from ..servers import Reply, Seen, ThrottleServer
 from .conftest import make_session
 
 # -- one deadline per session.get(), redirects included -------------------------------------
@@ -429,3 +430,64 @@ def test_a_get_leaves_no_reference_cycle_for_the_garbage_collector(server, cap: 
         gc.enable()
         del alive
     assert ours == [], f"attempts left cycles for the collector: {ours}"
+
+
+# -- a redirect hop that used up the deadline -------------------------------------------
+
+
+def mount(adapter: RetryAfterAdapter) -> requests.Session:
+    session = requests.Session()
+    session.mount("http://", adapter)
+    return session
+
+
+@pytest.mark.parametrize("store", ["none", "memory"])
+def test_redirect_hop_that_used_up_the_deadline_defers_before_the_next_hop(
+    clock: FakeClock, server: ThrottleServer, store: str
+) -> None:
+    def slow_redirect(seen: Seen) -> Reply:
+        if seen.path == "/start":
+            clock.advance(5.0)  # this hop took 5 s of the call's 2 s deadline
+            return Reply(302, {"Location": "/next"}, b"")
+        return Reply(200)
+
+    server.responder = slow_redirect
+    cooldown = None if store == "none" else MemoryCooldownStore()
+    session = mount(RetryAfterAdapter(RetryAfterRetry(3, deadline=2.0, clock=clock), cooldown=cooldown))
+
+    response = session.get(f"{server.url}/start")
+
+    assert [s.path for s in server.seen] == ["/start"], (
+        f"the next hop was sent after the deadline had passed: {[s.path for s in server.seen]}"
+    )
+    assert response.status_code == 429
+    assert response.headers.get("X-Local-Deferral") == "deadline"
+    assert local_deferral(response).reason == "deadline"
+
+
+# -- urllib3's own loop: a cancelled wait keeps the response it waited after ------------
+
+
+def test_stock_urllib3_cancelled_wait_keeps_the_503_and_its_retry_after(
+    clock: FakeClock, server: ThrottleServer
+) -> None:
+    server.serve([Reply(503, {"Retry-After": "5"}, b"busy")])
+    records: list[Any] = []
+    pool = urllib3.PoolManager(retries=RetryAfterRetry(3, clock=clock, on_decision=records.append))
+    cancel = threading.Event()
+    cancel.set()
+
+    with budget(cancel=cancel), pytest.raises(MaxRetryDeferred) as raised:
+        pool.request("GET", f"{server.url}/busy")
+
+    deferral = raised.value.deferral
+    assert server.count() == 1
+    assert deferral.reason == "cancelled"
+    assert deferral.status == 503, f"the deferral lost the last response's status: {deferral.status!r}"
+    assert deferral.retry_after == "5", f"the deferral lost its Retry-After: {deferral.retry_after!r}"
+    assert deferral.attempts == 1
+    assert records, "the on_decision hook was never called"
+    assert (records[-1].action, records[-1].reason) == ("defer", "cancelled")
+    assert [r.status for r in records] == [503] * len(records), (
+        f"hook records lost the 503: {[(r.action, r.reason, r.status) for r in records]}"
+    )

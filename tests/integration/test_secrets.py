@@ -43,9 +43,10 @@ from retry_after_adapter import (
 from retry_after_adapter.cooldown import Store
 from retry_after_adapter.observe import Counters
 from retry_after_adapter.scope import hash_scope
+from retry_after_adapter.testing.ports import closed_port
 
 from ..conftest import remove_log_redaction
-from ..servers import Reply, closed_port
+from ..servers import Reply
 
 TOKEN = "s3cr3t-token-AAA"
 COOKIE = "s3cr3t-cookie-BBB"

@@ -1,15 +1,13 @@
-"""Behaviours that a restructure of the engine and the store failure layer once broke,
-pinned with real parts: a loopback HTTP server, real requests and urllib3 loops, and
-stores of one's own.
+"""What the failure layer promises a store of one's own, through the adapter against a
+real loopback HTTP server, and what it refuses (the store shapes of 0.x-0.10).
 
 - A fail-closed adapter whose breaker probe runs out of the call's time while the store
   hangs sends nothing: it answers with a local 429 ``cooldown-unknown``.
-- Without a store (``cooldown=None``), a redirect hop that used up the deadline defers
-  with reason ``deadline`` before the next hop is sent.
-- In urllib3's own retry loop, a wait cancelled through ``budget(cancel=...)`` gives a
-  deferral (and hook records) that keep the last response's status and Retry-After.
 - A core store (no ``Allowances``, no ``FreshnessLog``) costs no helper-thread
   operations for them.
+
+(A redirect hop that used up the deadline and a cancelled wait in urllib3's own loop,
+pinned beside these once, are the engine's: ``test_engine.py``.)
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ from typing import Any
 
 import pytest
 import requests
-import urllib3
 
 from retry_after_adapter import (
     FakeClock,
@@ -30,15 +27,13 @@ from retry_after_adapter import (
     Quota,
     RetryAfterAdapter,
     RetryAfterRetry,
-    budget,
 )
 from retry_after_adapter.cooldown import Admission, Answer, Ask, QuotaLogs, Store
 from retry_after_adapter.cooldown.guard import BREAKER_FIRST, guard_of
-from retry_after_adapter.deferred import MaxRetryDeferred
 from retry_after_adapter.errors import CooldownStoreError
 
 from ..conftest import local_deferral
-from ..servers import Reply, Seen, ThrottleServer
+from ..servers import Reply, ThrottleServer
 
 #: Quota headers announcing one request left in a 60 s window.
 ONE_LEFT = {"X-RateLimit-Limit": "10", "X-RateLimit-Remaining": "1", "X-RateLimit-Reset-After": "60"}
@@ -124,61 +119,6 @@ def test_fail_closed_probe_out_of_the_calls_time_sends_nothing(
         f"expected a local cooldown-unknown deferral, got {response.headers.get('X-Local-Deferral')!r}"
     )
     assert local_deferral(response).reason == "cooldown-unknown"
-
-
-# -- no store: a redirect hop that used up the deadline ---------------------------------
-
-
-@pytest.mark.parametrize("store", ["none", "memory"])
-def test_redirect_hop_that_used_up_the_deadline_defers_before_the_next_hop(
-    clock: FakeClock, server: ThrottleServer, store: str
-) -> None:
-    def slow_redirect(seen: Seen) -> Reply:
-        if seen.path == "/start":
-            clock.advance(5.0)  # this hop took 5 s of the call's 2 s deadline
-            return Reply(302, {"Location": "/next"}, b"")
-        return Reply(200)
-
-    server.responder = slow_redirect
-    cooldown = None if store == "none" else MemoryCooldownStore()
-    session = mount(RetryAfterAdapter(RetryAfterRetry(3, deadline=2.0, clock=clock), cooldown=cooldown))
-
-    response = session.get(f"{server.url}/start")
-
-    assert [s.path for s in server.seen] == ["/start"], (
-        f"the next hop was sent after the deadline had passed: {[s.path for s in server.seen]}"
-    )
-    assert response.status_code == 429
-    assert response.headers.get("X-Local-Deferral") == "deadline"
-    assert local_deferral(response).reason == "deadline"
-
-
-# -- urllib3's own loop: a cancelled wait keeps the response it waited after ------------
-
-
-def test_stock_urllib3_cancelled_wait_keeps_the_503_and_its_retry_after(
-    clock: FakeClock, server: ThrottleServer
-) -> None:
-    server.serve([Reply(503, {"Retry-After": "5"}, b"busy")])
-    records: list[Any] = []
-    pool = urllib3.PoolManager(retries=RetryAfterRetry(3, clock=clock, on_decision=records.append))
-    cancel = threading.Event()
-    cancel.set()
-
-    with budget(cancel=cancel), pytest.raises(MaxRetryDeferred) as raised:
-        pool.request("GET", f"{server.url}/busy")
-
-    deferral = raised.value.deferral
-    assert server.count() == 1
-    assert deferral.reason == "cancelled"
-    assert deferral.status == 503, f"the deferral lost the last response's status: {deferral.status!r}"
-    assert deferral.retry_after == "5", f"the deferral lost its Retry-After: {deferral.retry_after!r}"
-    assert deferral.attempts == 1
-    assert records, "the on_decision hook was never called"
-    assert (records[-1].action, records[-1].reason) == ("defer", "cancelled")
-    assert [r.status for r in records] == [503] * len(records), (
-        f"hook records lost the 503: {[(r.action, r.reason, r.status) for r in records]}"
-    )
 
 
 # -- a core store without allow/note: no helper-thread work for them --------------------

@@ -1,7 +1,8 @@
-"""Three promises about what admission holds and gives back, with real parts: a loopback
-HTTP server (``PromiseServer``) that counts the requests it has in progress, real SQLite
-files, and real ``redis-server`` processes (the session's, and ones of the test's own
-that are killed and restarted on the same port).
+"""The concurrency cap's slots, what admission holds and gives back (the cap itself is
+``test_concurrency.py``'s), with real parts: a loopback HTTP server (``PromiseServer``)
+that counts the requests it has in progress, real SQLite files, and real
+``redis-server`` processes (the session's, and ones of the test's own that are killed
+and restarted on the same port).
 
 1. A concurrency slot is never leaked: when the store grants an admission and its
    lease, and the failure layer's local copy then turns the grant into "not yet" (it

@@ -7,7 +7,7 @@ and writes the same JSON to ``benchmarks/results/<name>.json`` (or to ``--out DI
 
 Run as a script, this module is that server::
 
-    python benchmarks/_common.py --serve-ok     # prints "PORT <n>", serves until killed
+    python benchmarks/lib/common.py --serve-ok     # prints "PORT <n>", serves until killed
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import math
 import os
 import platform
 import re
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
+BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO_DIR = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 JSON_MARKER = "--- JSON ---"
@@ -43,6 +41,7 @@ if str(REPO_DIR) not in sys.path:
     except ImportError:
         sys.path.insert(0, str(REPO_DIR))
 
+from retry_after_adapter.testing.redis import RedisCluster, RedisServer, missing  # noqa: E402
 
 # -- statistics ---------------------------------------------------------------------------
 
@@ -303,152 +302,49 @@ def ok_server() -> ServerProcess:
     return ServerProcess(Path(__file__), "--serve-ok")
 
 
-# -- a private redis-server -------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port on loopback that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _pings(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-class RedisServer:
-    """A ``redis-server`` on a free loopback port, without persistence: ``url``, ``pid``
-    and ``version``. Made by :func:`redis_server`."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, version: str) -> None:
-        self.proc = proc
-        self.port = port
-        self.pid = proc.pid
-        self.version = version
-        self.url = f"redis://127.0.0.1:{port}/0"
-
-
-def _missing_redis() -> str:
-    """Why a private Redis cannot run here ("" when it can)."""
-    if shutil.which("redis-server") is None:
-        return "redis-server not found on PATH"
-    try:
-        import redis  # noqa: F401
-    except ImportError:
-        return "the redis package is not installed (pip install 'retry_after_adapter[redis]')"
-    return ""
-
-
-def _start_node(workdir: str | Path, *extra: str) -> tuple[subprocess.Popen[bytes], int] | None:
-    """A ``redis-server`` on a free loopback port that answers PING (None: it would not
-    start in five tries), without persistence, with ``extra`` arguments."""
-    binary = shutil.which("redis-server") or "redis-server"
-    for _ in range(5):
-        port = free_port()
-        log = os.path.join(str(workdir), f"redis-{port}.log")
-        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", str(workdir), "--logfile", log, *extra]  # fmt: skip
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and proc.poll() is None and not _pings(port):
-            time.sleep(0.02)
-        if proc.poll() is None and _pings(port):
-            return proc, port
-        _end(proc)
-    return None
-
-
-def _end(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
-
-
-def _version() -> str:
-    binary = shutil.which("redis-server") or "redis-server"
-    return subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+# -- a private redis-server (the package's test harness) ---------------------------------
 
 
 @contextlib.contextmanager
 def redis_server(workdir: str | Path) -> Iterator[tuple[RedisServer | None, str]]:
     """Yield ``(server, "")`` for a fresh loopback redis-server (ended on exit), or
-    ``(None, why not)`` when the binary or the ``redis`` package is missing."""
-    why = _missing_redis()
-    started = None if why else _start_node(workdir)
-    if started is None:
-        yield None, why or "redis-server did not start"
+    ``(None, why not)`` when the binary or the ``redis`` package is missing or it
+    would not start."""
+    why = missing()
+    if why:
+        yield None, why
         return
-    proc, port = started
     try:
-        yield RedisServer(proc, port, _version()), ""
-    finally:
-        _end(proc)
-
-
-class RedisClusterNodes:
-    """A 3-node Redis Cluster on loopback (three masters, no replicas): ``ports`` and
-    ``version``. Made by :func:`redis_cluster`."""
-
-    def __init__(self, nodes: list[tuple[subprocess.Popen[bytes], int]], version: str) -> None:
-        self.ports = [port for _, port in nodes]
-        self.version = version
+        server = RedisServer(workdir).start()
+    except RuntimeError as exc:
+        yield None, str(exc)
+        return
+    with server:
+        yield server, ""
 
 
 @contextlib.contextmanager
-def redis_cluster(workdir: str | Path, nodes: int = 3) -> Iterator[tuple[RedisClusterNodes | None, str]]:
+def redis_url(workdir: str | Path) -> Iterator[tuple[str | None, str]]:
+    """:func:`redis_server` as ``(url, version)``, or ``(None, why not)``."""
+    with redis_server(workdir) as (server, why):
+        yield (server.url, server.version) if server is not None else (None, why)
+
+
+@contextlib.contextmanager
+def redis_cluster(workdir: str | Path, nodes: int = 3) -> Iterator[tuple[RedisCluster | None, str]]:
     """Yield ``(cluster, "")`` for a fresh ``nodes``-master Redis Cluster on loopback
     (made with ``redis-cli --cluster create``, ended on exit), or ``(None, why not)``."""
-    why = _missing_redis() or ("" if shutil.which("redis-cli") else "redis-cli not found on PATH")
-    started: list[tuple[subprocess.Popen[bytes], int]] = []
+    why = missing(cluster=True)
+    if why:
+        yield None, why
+        return
     try:
-        for n in range(nodes if not why else 0):
-            node_dir = Path(workdir) / f"cluster-node-{n}"
-            node_dir.mkdir(parents=True, exist_ok=True)
-            node = _start_node(node_dir, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-            if node is None:
-                why = "a cluster node did not start"
-                break
-            started.append(node)
-        if not why:
-            why = _create_cluster([port for _, port in started])
-        yield (None, why) if why else (RedisClusterNodes(started, _version()), "")
-    finally:
-        for proc, _ in started:
-            _end(proc)
-
-
-def _create_cluster(ports: list[int]) -> str:
-    """Join the nodes into one cluster and wait for it to be ready ("": done; else why not)."""
-    cli = shutil.which("redis-cli") or "redis-cli"
-    created = subprocess.run(  # no replicas (the default)
-        [cli, "--cluster", "create", *(f"127.0.0.1:{port}" for port in ports), "--cluster-yes"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if created.returncode != 0:
-        return f"redis-cli --cluster create failed: {created.stdout[-300:]} {created.stderr[-300:]}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        info = [
-            subprocess.run(
-                [cli, "-p", str(port), "cluster", "info"], capture_output=True, text=True, timeout=5
-            )
-            for port in ports
-        ]
-        if all("cluster_state:ok" in i.stdout for i in info):
-            return ""
-        time.sleep(0.1)
-    return "the Redis Cluster did not reach cluster_state:ok within 30 s"
+        cluster = RedisCluster(Path(workdir) / "cluster", nodes).start()
+    except RuntimeError as exc:
+        yield None, str(exc)
+        return
+    with cluster:
+        yield cluster, ""
 
 
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")

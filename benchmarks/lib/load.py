@@ -1,0 +1,423 @@
+"""The load fleet of ``bench_load.py`` and ``bench_scale.py``: worker processes of
+threads, each thread with its own Session on a shared store (or a memory store of its
+own) and a quota that never binds, sending GETs flat out or paced to the benchmarks'
+``200 ok`` server; how the parent starts them together, collects their reports and
+replaces a stuck one; and what Redis was asked meanwhile (``INFO commandstats``, and
+``MONITOR`` by client)."""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import hashlib
+import logging
+import math
+import multiprocessing
+import os
+import queue
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+#: The quota every adapter has: it never binds.
+QUOTA_LIMIT = 10_000
+TIMEOUT = 10.0
+#: Seconds after the window's end by which every worker must have reported (a call may
+#: take up to its 30 s deadline): past it a worker is reported stuck and replaced.
+STUCK_AFTER = 45.0
+#: Commands the benchmark itself sends to Redis (left out of every count).
+OWN_COMMANDS = ("info", "config", "monitor", "flushall")
+#: The change feed's commands, shown apart.
+FEED_COMMANDS = ("ping", "subscribe", "unsubscribe")
+
+
+def _path_scope(request: Any) -> str:
+    """A scope per path (``/s17``): a plain scope function (its result is hashed)."""
+    return str(request.url).rsplit("/", 1)[1]
+
+
+def _make_store(spec: dict[str, Any]) -> Any:
+    from retry_after_adapter import MemoryCooldownStore
+    from retry_after_adapter.cooldown import RedisCooldownStore, SQLiteCooldownStore
+
+    kind = spec["store"]
+    timeout = spec["timeout"]
+    if kind == "memory":
+        return MemoryCooldownStore()
+    if kind == "sqlite":
+        if timeout is None:
+            return SQLiteCooldownStore(spec["where"], push=spec["push"])
+        return SQLiteCooldownStore(spec["where"], push=spec["push"], timeout=timeout)
+    if kind == "cluster":  # "where": the port of one of its nodes
+        from redis.cluster import RedisCluster
+
+        wait = timeout or 0.1
+        client = RedisCluster(
+            host="127.0.0.1", port=spec["where"], socket_timeout=wait, socket_connect_timeout=wait
+        )
+        return RedisCooldownStore(client, prefix=spec["prefix"], push=spec["push"])
+    if timeout is None:
+        return RedisCooldownStore.from_url(spec["where"], prefix=spec["prefix"], push=spec["push"])
+    return RedisCooldownStore.from_url(
+        spec["where"],
+        prefix=spec["prefix"],
+        push=spec["push"],
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+    )
+
+
+def _session(spec: dict[str, Any], store: Any) -> Any:
+    import requests
+
+    from retry_after_adapter import Quota, RetryAfterAdapter, RetryAfterRetry
+
+    retry = RetryAfterRetry(total=5, backoff_factor=0.5, status_forcelist=(429, 502, 503, 504), deadline=30)
+    kwargs: dict[str, Any] = {"cooldown": store}
+    if spec["quota"]:
+        kwargs["quota"] = Quota(spec.get("limit", QUOTA_LIMIT), per=spec.get("per", 1.0))
+    if spec.get("max_concurrency"):
+        kwargs["max_concurrency"] = spec["max_concurrency"]
+    if spec["scopes"] > 0:
+        kwargs["scope"] = _path_scope
+    session = requests.Session()
+    session.mount("http://", RetryAfterAdapter(max_retries=retry, **kwargs))
+    return session
+
+
+class _Counting(logging.Handler):
+    """Counts the package's log records (INFO and up) and keeps the first few."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.counts: Counter[str] = Counter()
+        self.first: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.counts[record.levelname] += 1
+        if len(self.first) < 3:
+            self.first.append(f"{record.levelname}: {record.getMessage()}"[:300])
+
+
+def _thread(
+    session: Any, urls: list[str], offset: int, t0: float, t1: float, out: list[int], every: float = 0.0
+) -> None:
+    """GETs until ``t1``; ``out``: [200s answered within [t0, t1), other outcomes].
+    ``every`` > 0: one GET every ``every`` seconds at most (on schedule, not catching up
+    with a burst when late), the threads' first ones spread over the first ``every``."""
+    get = session.get
+    clock = time.monotonic
+    n = len(urls)
+    i = offset
+    inside = bad = 0
+    due = clock() + every * ((offset * 0.6180339887) % 1.0)  # golden-ratio spread
+    while True:
+        if every:
+            time.sleep(max(0.0, due - clock()))
+            due = max(due + every, clock())
+        try:
+            ok = get(urls[i % n], timeout=TIMEOUT).status_code == 200
+        except Exception:
+            ok = False
+        i += 1
+        now = clock()
+        if now >= t1:
+            break
+        if not ok:
+            bad += 1
+        elif now >= t0:
+            inside += 1
+    out[0], out[1] = inside, bad
+
+
+#: This worker's writes to Redis within the measured window (``_WINDOW``, monotonic).
+_SENT = [0]
+
+
+_WINDOW = [math.inf, math.inf]
+
+
+def _count_round_trips() -> None:
+    """Count each write this process sends to Redis within the measured window: one
+    per round trip (a pipeline of many commands is one write; MONITOR shows each
+    command of it apart)."""
+    try:
+        from redis import connection
+    except ImportError:
+        return
+    send = connection.AbstractConnection.send_packed_command
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _WINDOW[0] <= time.monotonic() < _WINDOW[1]:
+            _SENT[0] += 1
+        return send(self, *args, **kwargs)
+
+    connection.AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+
+
+def worker(index: int, commands: Any, results: Any, nice: int) -> None:
+    """One worker process: runs each spec it is sent (see :func:`run_variant`)."""
+    from retry_after_adapter.cooldown.guard import guard_of
+
+    _count_round_trips()
+
+    if nice:
+        with contextlib.suppress(OSError):
+            os.nice(nice)
+    faulthandler.register(signal.SIGUSR1)  # kill -USR1 <pid>: every thread's stack on stderr
+    logger = logging.getLogger("retry_after_adapter")
+    logger.setLevel(logging.INFO)
+    while True:
+        spec = commands.get()
+        if spec is None:
+            return
+        handler = _Counting()
+        logger.addHandler(handler)
+        store = _make_store(spec)
+        base = spec["url"]
+        urls = [f"{base}/s{n}" for n in range(spec["scopes"])] if spec["scopes"] > 0 else [base + "/"]
+        if spec.get("one_session"):  # every thread on one Session (one adapter)
+            sessions = [_session(spec, store)] * spec["threads"]
+        else:
+            sessions = [_session(spec, store) for _ in range(spec["threads"])]
+        results.put(("ready", index))
+        start_at, t0, t1 = commands.get()
+        _SENT[0], _WINDOW[:] = 0, [t0, t1]
+        outs = [[0, 0] for _ in sessions]
+        # Paced (``pace`` GETs a second in the process): each thread's share, spread.
+        every = len(sessions) / spec["pace"] if spec.get("pace") else 0.0
+        threads = [
+            threading.Thread(
+                target=_thread,
+                args=(s, urls, index * len(sessions) + n, t0, t1, outs[n], every),
+                daemon=True,
+            )
+            for n, s in enumerate(sessions)
+        ]
+        time.sleep(max(0.0, start_at - time.monotonic()))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s in sessions:
+            s.close()
+        health = {"failures": 0, "busy": 0, "outages": 0}
+        if spec["store"] == "memory":
+            store.close()
+        else:
+            guard = guard_of(store)
+            health = {"failures": guard.failures, "busy": guard.busy, "outages": guard.outages}
+            guard.close()  # its held slots, its change feed, then the store
+        logger.removeHandler(handler)
+        results.put(
+            (
+                "done",
+                index,
+                {
+                    "ok": sum(o[0] for o in outs),
+                    "bad": sum(o[1] for o in outs),
+                    "log": dict(handler.counts),
+                    "log_first": handler.first,
+                    "sent": _SENT[0],
+                    **health,
+                },
+            )
+        )
+
+
+class Fleet:
+    """The worker processes, started once (spawn) and given one variant at a time."""
+
+    def __init__(self, processes: int, nice: int) -> None:
+        self.nice = nice
+        self.context = multiprocessing.get_context("spawn")
+        self.results = self.context.Queue()
+        self.commands: list[Any] = [None] * processes
+        self.procs: list[Any] = [None] * processes
+        for n in range(processes):
+            self._start(n)
+
+    def _start(self, n: int) -> None:
+        self.commands[n] = self.context.Queue()
+        self.procs[n] = self.context.Process(
+            target=worker, args=(n, self.commands[n], self.results, self.nice), daemon=True
+        )
+        self.procs[n].start()
+
+    def replace(self, n: int) -> None:
+        """Worker ``n`` is stuck: its threads' stacks go to stderr, then it is killed and
+        a new worker takes its place."""
+        proc = self.procs[n]
+        with contextlib.suppress(OSError):
+            os.kill(proc.pid, signal.SIGUSR1)  # see worker(): faulthandler
+        time.sleep(1.0)
+        proc.kill()
+        proc.join(timeout=10)
+        self._start(n)
+
+    def close(self) -> None:
+        for q in self.commands:
+            q.put(None)
+        for proc in self.procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
+
+
+_LINE = re.compile(rb'([0-9]+\.[0-9]+) \[[0-9]+ ([^\]]+)\] "([^"]+)"(?: "([^"]*)")?')
+
+
+def script_names() -> dict[bytes, str]:
+    """The package's Lua scripts by SHA1 (what ``EVALSHA`` names): a round trip is
+    counted per script (``evalsha admit``, ``evalsha settle``...)."""
+    try:
+        from retry_after_adapter.cooldown.redis import SCRIPTS, _source
+    except ImportError:  # the redis module moved: counted as plain "evalsha"
+        return {}
+    return {hashlib.sha1(_source(name).encode("utf-8")).hexdigest().encode(): name for name in SCRIPTS}
+
+
+class Monitor:
+    """Counts the commands Redis runs between the wall-clock times :attr:`since` and
+    :attr:`until` (as Redis stamps them), by who sent them: a client (a round trip) or
+    a Lua script (``[0 lua]`` in ``MONITOR``'s lines)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.sock.sendall(b"MONITOR\r\n")
+        reply = self.sock.recv(5)
+        if reply != b"+OK\r\n":
+            raise RuntimeError(f"MONITOR refused: {reply!r}")
+        self.since = math.inf
+        self.until = math.inf
+        self.clients: Counter[str] = Counter()
+        self.scripts: Counter[str] = Counter()
+        self.received = time.monotonic()  # when the last chunk came
+        self.names = script_names()
+        self._stop = False
+        self._thread = threading.Thread(target=self._read, name="monitor", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        self.sock.settimeout(0.1)
+        rest = b""
+        while not self._stop:
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.received = time.monotonic()
+            data = rest + chunk
+            cut = data.rfind(b"\n") + 1
+            data, rest = data[:cut], data[cut:]
+            since, until = self.since, self.until
+            for stamp, source, command, first in _LINE.findall(data):
+                if since <= float(stamp) < until:
+                    name = command.decode().lower()
+                    if source == b"lua":
+                        self.scripts[name] += 1
+                    else:
+                        if name == "evalsha":
+                            name += " " + self.names.get(first, "(another script)")
+                        self.clients[name] += 1
+
+    def drain(self, quiet: float = 0.05, longest: float = 2.0) -> None:
+        """Wait until nothing came for ``quiet`` seconds (what was sent has been read)."""
+        end = time.monotonic() + longest
+        while time.monotonic() < end and time.monotonic() - self.received < quiet:
+            time.sleep(quiet / 2)
+
+    def close(self) -> None:
+        self._stop = True
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self._thread.join(timeout=2)
+
+
+def commandstats(client: Any) -> dict[str, int]:
+    """Calls per command since the last reset (script-run commands included)."""
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(entry["calls"]) for name, entry in stats.items()}
+
+
+def own_command(command: str) -> bool:
+    return command.split("|", 1)[0] in OWN_COMMANDS
+
+
+def feed_command(command: str) -> bool:
+    return command.split("|", 1)[0] in FEED_COMMANDS
+
+
+def collect(fleet: Fleet, kind: str, count: int, last: float) -> dict[int, Any]:
+    """Up to ``count`` messages ``kind`` from the workers, until ``last`` (monotonic):
+    each worker's by its index."""
+    got: dict[int, Any] = {}
+    while len(got) < count and time.monotonic() < last:
+        with contextlib.suppress(queue.Empty):
+            message = fleet.results.get(timeout=max(0.1, last - time.monotonic()))
+            assert message[0] == kind, (message, kind)
+            got[message[1]] = message[2] if len(message) > 2 else None
+    return got
+
+
+def replace_stuck(fleet: Fleet, stuck: list[int], what: str) -> list[int]:
+    for n in stuck:
+        print(
+            f"  worker {n} did not {what} within {STUCK_AFTER:g} s: its stacks follow; replaced",
+            file=sys.stderr,
+        )
+        fleet.replace(n)
+    return stuck
+
+
+def ready(fleet: Fleet, spec: dict[str, Any], processes: int) -> int:
+    """Send ``spec`` to the first ``processes`` workers and wait until each is ready;
+    the workers stuck before they could start (then the others ran an empty window, and
+    the stuck ones were replaced): 0 when every one is ready."""
+    for q in fleet.commands[:processes]:
+        q.put(spec)
+    got = collect(fleet, "ready", processes, time.monotonic() + STUCK_AFTER)
+    if len(got) == processes:
+        return 0
+    now = time.monotonic()
+    for n in got:
+        fleet.commands[n].put((now, now, now))
+    collect(fleet, "done", len(got), now + STUCK_AFTER)
+    return len(replace_stuck(fleet, [n for n in range(processes) if n not in got], "start"))
+
+
+def start(fleet: Fleet, processes: int, warm: float, duration: float) -> tuple[float, float]:
+    """Start the ready workers' run: ``warm`` seconds, then the measured window ``(t0,
+    t1)`` (monotonic), returned."""
+    start_at = time.monotonic() + 0.05
+    t0, t1 = start_at + warm, start_at + warm + duration
+    for q in fleet.commands[:processes]:
+        q.put((start_at, t0, t1))
+    return t0, t1
+
+
+def reports(fleet: Fleet, processes: int, t1: float) -> tuple[list[dict[str, Any]], int]:
+    """The workers' reports of the run whose window ended at ``t1``, and how many were
+    stuck (replaced). A call that began before ``t1`` ends within its deadline (30 s); a
+    worker that has not reported well after that is stuck (a deadlock in the store)."""
+    got = collect(fleet, "done", processes, t1 + STUCK_AFTER)
+    stuck = replace_stuck(fleet, [n for n in range(processes) if n not in got], "finish")
+    return list(got.values()), len(stuck)
+
+
+def prepare_sqlite(spec: dict[str, Any]) -> None:
+    """Create the file and its schema before the workers open it together."""
+    if spec["store"] == "sqlite":
+        from retry_after_adapter.cooldown import SQLiteCooldownStore
+
+        SQLiteCooldownStore(spec["where"]).close()
