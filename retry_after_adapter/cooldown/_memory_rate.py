@@ -9,6 +9,7 @@ import threading
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from ..quota import MAX_COUNT
 from ._memory_log import _PROBE_RECHECK_US, _as_datetime, _granted, _micros, _rate_ended, _sweep
 from .base import Admission, Granted, Learn, Lease, RateHeld
 from .rate import Rate, answer_rate, fresh_rate, roll_rate
@@ -46,6 +47,11 @@ class RateAdmission:
             if refused is not None or rate.open:
                 return refused or _granted(cooldown)  # (refused: every configured slot held)
             self._rates[scope] = rate.sending()
+            if lease is None and rate.waits_for_known:
+                # Probes follow in this epoch: this send holds a probe slot (never
+                # refused for it) until its answer, so no probe races it to the server.
+                self._take_slot(scope, (MAX_COUNT, *learn), at)
+                return Granted.of(None, cooldown, None, 0, learn[1], rate_epoch=rate.epoch)
             return Granted.of(None, cooldown, None, rate_epoch=rate.epoch)
         ends = round(rate.ends * 1e6) if rate.limit > 0 else None
         if not rate.probes:
@@ -92,7 +98,9 @@ class RateAdmission:
     ) -> None:
         """See ``Store.rate_answer``."""
         at = _micros(now) / 1e6
-        end = None if until is None else _micros(until) / 1e6
+        # The throttle's end in whole milliseconds rounded up, as the other stores keep
+        # it: an epoch that begins there (and each a window on) never begins before it.
+        end = None if until is None else -(-_micros(until) // 1000) / 1000
         with self._lock:
             rate = self._rates.get(scope)
             if rate is not None:

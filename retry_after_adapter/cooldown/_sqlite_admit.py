@@ -218,6 +218,12 @@ def _admit_rate(
         if refused is not None or rate.open:
             return refused or Admission(cooldown, None)  # (refused: every configured slot held)
         conn.execute("UPDATE learned_rate SET sent = sent + 1 WHERE scope = ?", (scope,))
+        if lease is None and rate.waits_for_known:
+            # Probes follow in this epoch: this send holds a probe slot (never refused
+            # for it) until its answer, so no probe races it to the server.
+            expires = now_ms + window_ms(learn[0])
+            conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, learn[1], expires))
+            return Granted.of(None, cooldown, None, 0, learn[1], rate_epoch=rate.epoch)
         return Granted.of(None, cooldown, None, rate_epoch=rate.epoch)
     ends = round(rate.ends * 1000) if rate.limit > 0 else None
     if not rate.probes:
