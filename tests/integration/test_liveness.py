@@ -517,6 +517,8 @@ class SteppedClock(FakeClock):
     def sleep(self, seconds: float, cancel: threading.Event | None = None) -> bool:
         if not getattr(self.local, "worker", False):
             return super().sleep(seconds, cancel)
+        if cancel is not None and cancel.is_set():
+            return False
         me = object()
         with self.turn:
             self.ends[me] = self.monotonic() + max(0.0, seconds)

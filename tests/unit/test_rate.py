@@ -316,6 +316,23 @@ def test_a_store_admits_the_limit_per_epoch_as_known_sends_then_probes(store: St
     assert busy.not_before is not None and busy.not_before <= later + timedelta(seconds=1)  # not the lease's 60 s
 
 
+def test_no_epoch_begins_before_the_throttle_s_end_rounded_to_milliseconds(store: Store) -> None:
+    """A throttle's end with a part of a millisecond (3.0004 s on): every store keeps it
+    in whole milliseconds rounded up, the memory store too, so an epoch rolled a window
+    on and on never begins before its time (the memory store kept 3.0004, and rolled
+    epochs rounded to the millisecond began at 5.000, 7.000: 0.4 ms early)."""
+    until = NOW + timedelta(seconds=3, microseconds=400)
+    _learn(store, 3, NOW + timedelta(seconds=2), until)
+    rate = store.rate_of("s")
+    assert rate is not None and rate.window == pytest.approx(2.0)
+    assert rate.start == math.ceil(until.timestamp() * 1000) / 1000
+    store.admit(Ask("s", until + timedelta(seconds=2, microseconds=100), learn=(60.0, "a")))
+    store.admit(Ask("s", until + timedelta(seconds=4, microseconds=-100), learn=(60.0, "b")))
+    rate = store.rate_of("s")
+    assert rate is not None  # still the epoch of 2 s on, not yet the one of 4 s on
+    assert (until + timedelta(seconds=2)).timestamp() <= rate.start < (until + timedelta(seconds=3)).timestamp()
+
+
 def test_a_store_holds_a_scope_back_for_a_throttle_without_a_usable_wait(store: Store) -> None:
     store.admit(Ask("s", NOW, learn=(60.0, "t0")))
     store.rate_answer("s", None, NOW, NOW)  # a 429 without Retry-After
