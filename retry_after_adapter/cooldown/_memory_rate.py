@@ -5,11 +5,11 @@ under; times in whole microseconds since the epoch (``at``)."""
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from ..quota import MAX_COUNT
 from ._memory_log import _PROBE_RECHECK_US, _as_datetime, _granted, _micros, _rate_ended, _sweep
 from .base import Admission, Granted, Learn, Lease, RateHeld
 from .rate import Rate, answer_rate, fresh_rate, roll_rate
@@ -37,7 +37,8 @@ class RateAdmission:
     ) -> Admission:
         """(Lock held, no cooldown running, no quota, no allowance.) Admission by the
         scope's learned rate (see ``rate``): a known send (one of its limit in the
-        epoch), else a probe (a slot of its cap), else refused."""
+        epoch; with probes to come, holding a probe slot until its answer), else a probe
+        (a slot of its cap, every known send's answered), else refused."""
         rate = self._rate_locked(scope, at / 1e6)
         start = round(rate.start * 1e6)
         if start > at:  # a throttle's backoff
@@ -50,7 +51,7 @@ class RateAdmission:
             if lease is None and rate.waits_for_known:
                 # Probes follow in this epoch: this send holds a probe slot (never
                 # refused for it) until its answer, so no probe races it to the server.
-                self._take_slot(scope, (MAX_COUNT, *learn), at)
+                self._take_slot(scope, (sys.maxsize, *learn), at)
                 return Granted.of(None, cooldown, None, 0, learn[1], rate_epoch=rate.epoch)
             return Granted.of(None, cooldown, None, rate_epoch=rate.epoch)
         ends = round(rate.ends * 1e6) if rate.limit > 0 else None

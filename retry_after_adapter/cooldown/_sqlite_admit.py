@@ -209,7 +209,8 @@ def _admit_rate(
 ) -> Admission:
     """No cooldown running, no quota, no allowance: admission by the scope's learned
     rate (see ``MemoryCooldownStore._admit_rate``): a known send (one of its limit in
-    the epoch), else a probe (a slot of its cap), else refused."""
+    the epoch; with probes to come, holding a probe slot until its answer), else a
+    probe (a slot of its cap, every known send's answered), else refused."""
     rate = _rate_now(conn, scope, now_ms)
     if round(rate.start * 1000) > now_ms:  # a throttle's backoff
         return RateHeld(cooldown, from_epoch_ms(round(rate.start * 1000)))

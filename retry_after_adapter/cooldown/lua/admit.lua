@@ -162,8 +162,9 @@ local slots, ttl, token = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local opened, per = tonumber(ARGV[16]), tonumber(ARGV[17])
 if ARGV[12] == '1' and counts == 0 and rec == nil and not weighs then
   -- The learned rate (rate.py): made at the scope's first admission, rolled, kept: a
-  -- known send (one of its limit in the epoch), else a probe (a slot of its cap, under
-  -- a configured one too), else refused.
+  -- known send (one of its limit in the epoch; with probes to come, holding a probe
+  -- slot until its answer), else a probe (a slot of its cap, under a configured one
+  -- too: every known send's answered), else refused.
   local r = rate_load(KEYS[5])
   if r == nil then
     r = rate_fresh(now)
