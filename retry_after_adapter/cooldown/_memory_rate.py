@@ -5,6 +5,7 @@ under; times in whole microseconds since the epoch (``at``)."""
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -36,7 +37,8 @@ class RateAdmission:
     ) -> Admission:
         """(Lock held, no cooldown running, no quota, no allowance.) Admission by the
         scope's learned rate (see ``rate``): a known send (one of its limit in the
-        epoch), else a probe (a slot of its cap), else refused."""
+        epoch; with probes to come, holding a probe slot until its answer), else a probe
+        (a slot of its cap, every known send's answered), else refused."""
         rate = self._rate_locked(scope, at / 1e6)
         start = round(rate.start * 1e6)
         if start > at:  # a throttle's backoff
@@ -46,6 +48,11 @@ class RateAdmission:
             if refused is not None or rate.open:
                 return refused or _granted(cooldown)  # (refused: every configured slot held)
             self._rates[scope] = rate.sending()
+            if lease is None and rate.waits_for_known:
+                # Probes follow in this epoch: this send holds a probe slot (never
+                # refused for it) until its answer, so no probe races it to the server.
+                self._take_slot(scope, (sys.maxsize, *learn), at)
+                return Granted.of(None, cooldown, None, 0, learn[1], rate_epoch=rate.epoch)
             return Granted.of(None, cooldown, None, rate_epoch=rate.epoch)
         ends = round(rate.ends * 1e6) if rate.limit > 0 else None
         if not rate.probes:
@@ -92,7 +99,9 @@ class RateAdmission:
     ) -> None:
         """See ``Store.rate_answer``."""
         at = _micros(now) / 1e6
-        end = None if until is None else _micros(until) / 1e6
+        # The throttle's end in whole milliseconds rounded up, as the other stores keep
+        # it: an epoch that begins there (and each a window on) never begins before it.
+        end = None if until is None else -(-_micros(until) // 1000) / 1000
         with self._lock:
             rate = self._rates.get(scope)
             if rate is not None:

@@ -209,7 +209,8 @@ def _admit_rate(
 ) -> Admission:
     """No cooldown running, no quota, no allowance: admission by the scope's learned
     rate (see ``MemoryCooldownStore._admit_rate``): a known send (one of its limit in
-    the epoch), else a probe (a slot of its cap), else refused."""
+    the epoch; with probes to come, holding a probe slot until its answer), else a
+    probe (a slot of its cap, every known send's answered), else refused."""
     rate = _rate_now(conn, scope, now_ms)
     if round(rate.start * 1000) > now_ms:  # a throttle's backoff
         return RateHeld(cooldown, from_epoch_ms(round(rate.start * 1000)))
@@ -218,6 +219,12 @@ def _admit_rate(
         if refused is not None or rate.open:
             return refused or Admission(cooldown, None)  # (refused: every configured slot held)
         conn.execute("UPDATE learned_rate SET sent = sent + 1 WHERE scope = ?", (scope,))
+        if lease is None and rate.waits_for_known:
+            # Probes follow in this epoch: this send holds a probe slot (never refused
+            # for it) until its answer, so no probe races it to the server.
+            expires = now_ms + window_ms(learn[0])
+            conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, learn[1], expires))
+            return Granted.of(None, cooldown, None, 0, learn[1], rate_epoch=rate.epoch)
         return Granted.of(None, cooldown, None, rate_epoch=rate.epoch)
     ends = round(rate.ends * 1000) if rate.limit > 0 else None
     if not rate.probes:

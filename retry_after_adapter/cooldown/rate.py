@@ -12,7 +12,10 @@ sends are of two kinds:
   accepts in a window. They take nothing else and their answers are not told to the
   store.
 - **Probes**: sends beyond the limit (every send, while nothing is learned), admitted
-  while fewer than ``cap`` probes are in flight (a concurrency slot of the store). Each
+  while fewer than ``cap`` probes are in flight (a concurrency slot of the store). In an
+  epoch with probes to come, each known send holds such a slot until its answer (it is
+  never refused one), so the epoch's first probe goes once every known send of it was
+  answered: it never races a known send that the server might refuse in its place. Each
   good answer of a probe is told to the store: it counts as accepted, and the cap grows
   as TCP's slow start grows its window (one more per good answer up to
   :data:`SLOW_START_CAP`, so it doubles per round; then one more per round of ``cap``
@@ -45,8 +48,8 @@ The states, and what moves between them:
   taken or on their way keeps the limit: the server took a probe in its place, which
   the throttle's ``probe`` flag tells); probes start again from one in flight, after
   :data:`QUIET_HELD` windows without probes when the limit held (a stable quota costs
-  one worker one refused probe every third window; several threads, what they have in
-  flight when the limit is met) or :data:`QUIET_MOVED` when it moved.
+  one refused probe every third window, however many threads share it) or
+  :data:`QUIET_MOVED` when it moved.
 - **Open** (no limit, no cap): a throttle starts a cold epoch at its end.
 
 Every throttle ends the epoch at the throttle's end, before which the rate admits
@@ -167,6 +170,13 @@ class Rate(NamedTuple):
     def probes(self) -> bool:
         """Whether a send beyond the limit may be admitted now (under ``cap``)."""
         return self.cap > 0 and self.quiet <= 0
+
+    @property
+    def waits_for_known(self) -> bool:
+        """Whether the epoch's probes wait for its known sends' answers: a known send
+        of an epoch with probes to come holds a probe slot until it is answered (see
+        the module), so that no probe races it to the server."""
+        return self.limit > 0 and self.probes
 
     @property
     def ends(self) -> float:

@@ -246,10 +246,22 @@ def test_every_store_learns_alike(every_store: Any) -> None:
     assert not any(g.rate_report for g in granted[:6])  # known sends: nothing to tell
     assert granted[6].by_rate and granted[6].not_before == until + timedelta(seconds=2.5)  # quiet
     second = until + timedelta(seconds=2.5)
-    granted = [store.admit(Ask("r", second, learn=(60.0, f"b{n}"))) for n in range(8)]
-    assert [g.not_before is None for g in granted] == [True] * 7 + [False]
-    assert granted[6].rate_report and granted[6].token == "b6"  # a probe
-    assert granted[7].by_rate and granted[7].slot_busy  # one probe in flight
+    granted = [store.admit(Ask("r", second, learn=(60.0, f"b{n}"))) for n in range(7)]
+    assert [g.not_before is None for g in granted] == [True] * 6 + [False]
+    # Probes follow in this epoch: each known send holds a probe slot until its answer,
+    # and the probe waits for them (it never races a known send to the server).
+    assert [g.token for g in granted[:6]] == [f"b{n}" for n in range(6)]
+    assert not any(g.rate_report for g in granted[:6])
+    assert granted[6].by_rate and granted[6].slot_busy
+    assert granted[6].not_before == second + timedelta(seconds=1)  # looked at again within a second
+    for n in range(5):
+        store.release("r", f"b{n}")
+    assert store.admit(Ask("r", second, learn=(60.0, "b6"))).slot_busy  # one known send unanswered
+    store.release("r", "b5")
+    probe = store.admit(Ask("r", second, learn=(60.0, "b6")))
+    assert probe.not_before is None and probe.rate_report and probe.token == "b6"  # a probe
+    busy = store.admit(Ask("r", second, learn=(60.0, "b7")))
+    assert busy.by_rate and busy.slot_busy  # one probe in flight
     store.release("r", "b6")
     # The probe refused: the limit is confirmed, once per epoch.
     until = second  # (what follows counts from the second epoch's start)

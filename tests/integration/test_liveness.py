@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -482,3 +485,139 @@ def _count_writes(store: SQLiteCooldownStore, work: Callable[[], object]) -> int
     for conn in list(store._conns):
         conn.set_trace_callback(None)
     return began[0]
+
+
+# -- a quota that holds still, several threads: the refused probes it costs --------------------------
+
+
+class SteppedClock(FakeClock):
+    """A fake clock for several worker threads: a worker's ``sleep`` blocks until the
+    clock reaches its end, and the clock moves only when every worker sleeps, to the
+    earliest end (a request in flight takes no time on it; its real time is the
+    threads' race). Any other thread's sleep moves it as a FakeClock's does."""
+
+    def __init__(self, start: datetime) -> None:
+        super().__init__(start)
+        self.turn = threading.Condition()
+        self.workers = 0
+        self.ends: dict[object, float] = {}
+        self.local = threading.local()
+
+    def join(self) -> None:
+        with self.turn:
+            self.workers += 1
+            self.local.worker = True
+
+    def leave(self) -> None:
+        with self.turn:
+            self.workers -= 1
+            self.local.worker = False
+            self._step()
+
+    def sleep(self, seconds: float, cancel: threading.Event | None = None) -> bool:
+        if not getattr(self.local, "worker", False):
+            return super().sleep(seconds, cancel)
+        if cancel is not None and cancel.is_set():
+            return False
+        me = object()
+        with self.turn:
+            self.ends[me] = self.monotonic() + max(0.0, seconds)
+            self._step()
+            stuck = 0
+            while me in self.ends:
+                if not self.turn.wait(1.0):
+                    stuck += 1
+                    assert stuck < 20, "the workers stopped moving"
+        return True
+
+    def _step(self) -> None:
+        """(``turn`` held.) Every worker sleeps: move to the earliest end, wake its sleepers."""
+        if not self.ends or len(self.ends) < self.workers:
+            return
+        end = min(self.ends.values())
+        self.advance(max(0.0, end - self.monotonic()))
+        for me in [me for me, at in self.ends.items() if at <= end]:
+            del self.ends[me]
+        self.turn.notify_all()
+
+
+class JitteryServer(ThrottleServer):
+    """A ThrottleServer that counts each request up to 4 ms of real time after it came
+    (requests sent together overtake each other on their way, as on a network)."""
+
+    def _next(self, seen: Seen) -> Reply:
+        time.sleep(random.uniform(0.0, 0.004))
+        return super()._next(seen)
+
+
+def steady_quota_refusals(store: Any, threads: int, seconds: float) -> tuple[list[int], list[int]]:
+    """``threads`` threads of one process on ``store`` send as fast as they are
+    admitted to a server that takes 5 requests per 2 s in fixed windows (from its first
+    request) and says nothing else (a 429's Retry-After: the seconds to the reset,
+    rounded up), for ``seconds`` of a :class:`SteppedClock` started at the real time (a
+    store's own clock expires its keys); each deferred call waits for its eligible
+    time. The refused and the good answers per window."""
+    clock = SteppedClock(datetime.now(timezone.utc))
+    server = JitteryServer(clock).start()
+    try:
+        scenario = Scenario(fixed_window(lambda t: 5, 2.0), clock.now())
+        server.responder = scenario
+        retry = RetryAfterRetry(total=3, deadline=5.0, clock=clock, raise_on_status=False)
+        adapter = RetryAfterAdapter(max_retries=retry, cooldown=store)
+        start = clock.now()
+        failures: list[BaseException] = []
+
+        def work() -> None:
+            clock.join()
+            try:
+                session = requests.Session()
+                session.mount("http://", adapter)
+                while (clock.now() - start).total_seconds() < seconds:
+                    deferral = deferral_of(session.get(server.url, timeout=10))
+                    if deferral is not None:
+                        clock.sleep(max(0.001, (deferral.eligible_at - clock.now()).total_seconds()))
+            except BaseException as exc:  # reported by the test
+                failures.append(exc)
+            finally:
+                clock.leave()
+
+        workers = [threading.Thread(target=work) for _ in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+        assert not failures and not any(worker.is_alive() for worker in workers), failures
+    finally:
+        server.stop()
+    windows = int(seconds // 2.0)
+    refused = [sum(1 for t in scenario.statuses(429) if i * 2.0 <= t < i * 2.0 + 2.0) for i in range(windows)]
+    good = [scenario.good(i * 2.0, i * 2.0 + 2.0) for i in range(windows)]
+    return refused, good
+
+
+@pytest.mark.parametrize("threads", [4, 8])
+@pytest.mark.parametrize("kind", ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def test_a_steady_quota_costs_several_threads_one_refused_probe_every_third_window(
+    kind: str, threads: int, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """5 per 2 s in fixed windows, nothing announced, 4 and 8 threads sharing one store:
+    from the fifth window on, one refused attempt every third window (the probe that
+    confirms the limit), and every other window the server's 5 taken. A new epoch's
+    probe waits for the answers of its known sends: before, it raced them, the server
+    took it in a known send's place, and its good answer let a second probe in
+    (0.33-0.73 refused per window with real threads over 40 s; here, 80 s of the
+    clock in about a second, most runs failed on every store)."""
+    if kind == "memory":
+        store: Any = MemoryCooldownStore()
+    elif kind == "sqlite":
+        store = SQLiteCooldownStore(str(tmp_path / "steady.db"))
+    else:
+        from retry_after_adapter import RedisCooldownStore
+
+        store = RedisCooldownStore(request.getfixturevalue("redis_client"), prefix="steady:")
+    refused, good = steady_quota_refusals(store, threads, seconds=80.0)
+    steady = refused[5:]  # windows 5-39 (the first five learn the quota)
+    # One refused attempt in any three windows in a row at most: 0.33 per window.
+    assert all(sum(steady[i : i + 3]) <= 1 for i in range(len(steady))), refused
+    assert sum(steady) <= math.ceil(len(steady) / 3), refused
+    assert sum(good[5:]) >= 0.9 * 5 * len(steady), good  # what the server allows

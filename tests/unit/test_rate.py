@@ -282,7 +282,13 @@ def test_a_store_admits_the_limit_per_epoch_as_known_sends_then_probes(store: St
     assert granted[3].by_rate and granted[3].not_before == until + timedelta(seconds=2)
     second = until + timedelta(seconds=2)
     granted = [store.admit(Ask("s", second, learn=(60.0, f"e{n}"))) for n in range(4)]
-    assert [g.not_before is None for g in granted] == [True, True, True, True]
+    assert [g.not_before is None for g in granted] == [True, True, True, False]
+    # A window after the cooldown, probes follow: the known sends hold probe slots until
+    # their answers, and the probe waits for them.
+    assert [g.token for g in granted[:3]] == ["e0", "e1", "e2"] and granted[3].slot_busy
+    for n in range(3):
+        store.release("s", f"e{n}")
+    granted[3] = store.admit(Ask("s", second, learn=(60.0, "e3")))
     assert granted[3].rate_report and granted[3].token == "e3"  # a probe, a window after the cooldown
     # The probe refused (the server's reset 4 s, two windows, after the last): confirmed.
     store.rate_answer("s", 2, until + timedelta(seconds=4), second + timedelta(seconds=0.1))
@@ -299,11 +305,32 @@ def test_a_store_admits_the_limit_per_epoch_as_known_sends_then_probes(store: St
     later = start + timedelta(seconds=3 * 2.0 + 0.1)
     known = [store.admit(Ask("s", later, learn=(60.0, f"k{n}"))) for n in range(3)]
     assert all(k.not_before is None and not k.rate_report for k in known)
+    early = store.admit(Ask("s", later, learn=(60.0, "p0")))
+    assert early.by_rate and early.slot_busy  # the known sends are not answered yet
+    for n in range(3):
+        store.release("s", f"k{n}")
     probe = store.admit(Ask("s", later, learn=(60.0, "p1")))
     assert probe.not_before is None and probe.rate_report and probe.token == "p1"
     busy = store.admit(Ask("s", later, learn=(60.0, "p2")))
     assert busy.by_rate and busy.slot_busy
     assert busy.not_before is not None and busy.not_before <= later + timedelta(seconds=1)  # not the lease's 60 s
+
+
+def test_no_epoch_begins_before_the_throttle_s_end_rounded_to_milliseconds(store: Store) -> None:
+    """A throttle's end with a part of a millisecond (3.0004 s on): every store keeps it
+    in whole milliseconds rounded up, the memory store too, so an epoch rolled a window
+    on and on never begins before its time (the memory store kept 3.0004, and rolled
+    epochs rounded to the millisecond began at 5.000, 7.000: 0.4 ms early)."""
+    until = NOW + timedelta(seconds=3, microseconds=400)
+    _learn(store, 3, NOW + timedelta(seconds=2), until)
+    rate = store.rate_of("s")
+    assert rate is not None and rate.window == pytest.approx(2.0)
+    assert rate.start == math.ceil(until.timestamp() * 1000) / 1000
+    store.admit(Ask("s", until + timedelta(seconds=2, microseconds=100), learn=(60.0, "a")))
+    store.admit(Ask("s", until + timedelta(seconds=4, microseconds=-100), learn=(60.0, "b")))
+    rate = store.rate_of("s")
+    assert rate is not None  # still the epoch of 2 s on, not yet the one of 4 s on
+    assert (until + timedelta(seconds=2)).timestamp() <= rate.start < (until + timedelta(seconds=3)).timestamp()
 
 
 def test_a_store_holds_a_scope_back_for_a_throttle_without_a_usable_wait(store: Store) -> None:

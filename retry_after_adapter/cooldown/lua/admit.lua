@@ -27,7 +27,8 @@
 -- the extra permits taken (each counting hold ms longer), the extra admissions of the
 -- announced allowance counted (numbered after this one's), and its reset or -1}; by
 -- the learned rate, three more: its epoch (or, refused, -1), 1 when a probe's good
--- answer is to be told, 1 when the slot was taken as the probe's token.
+-- answer is to be told, 1 when the slot was taken as the probe's token (a known send's
+-- too, when probes follow it in its epoch).
 
 -- When a permit of a full permit set (count >= limit) is free at the earliest: once
 -- count - limit + 1 stopped counting, an open permit counted as ending at its grant +
@@ -161,8 +162,9 @@ local slots, ttl, token = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local opened, per = tonumber(ARGV[16]), tonumber(ARGV[17])
 if ARGV[12] == '1' and counts == 0 and rec == nil and not weighs then
   -- The learned rate (rate.py): made at the scope's first admission, rolled, kept: a
-  -- known send (one of its limit in the epoch), else a probe (a slot of its cap, under
-  -- a configured one too), else refused.
+  -- known send (one of its limit in the epoch; with probes to come, holding a probe
+  -- slot until its answer), else a probe (a slot of its cap, under a configured one
+  -- too: every known send's answered), else refused.
   local r = rate_load(KEYS[5])
   if r == nil then
     r = rate_fresh(now)
@@ -204,6 +206,16 @@ if ARGV[12] == '1' and counts == 0 and rec == nil and not weighs then
   if rate_open(r) then return {cooldown, -1, -1, 0, -1, 0, 0, -1} end
   if known then
     redis.call('HINCRBY', KEYS[5], 'sn', 1)
+    if slots == 0 and r.lim > 0 and r.cap > 0 and r.qt <= 0 then
+      -- Probes follow in this epoch (rate.Rate.waits_for_known): this send holds a probe
+      -- slot (never refused for it) until its answer, so no probe races it to the server.
+      local held = tonumber(ARGV[13])
+      redis.call('ZADD', KEYS[4], now + held, ARGV[14])
+      if redis.call('PTTL', KEYS[4]) < held + 1000 then
+        redis.call('PEXPIRE', KEYS[4], held + 1000)
+      end
+      return {cooldown, -1, -1, 0, -1, 0, 0, -1, r.ep, 0, 1}
+    end
     return {cooldown, -1, -1, 0, -1, 0, 0, -1, r.ep, 0, 0}
   end
   if r.pr == 0 then
