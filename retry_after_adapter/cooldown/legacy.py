@@ -92,7 +92,7 @@ class _Wrapper(FullStore):
         Store.rate_answer(self, scope, epoch, until, now)
 
     def settle_weighed(self, scope: str, weighed: Weighed, now: datetime | None = None) -> None:
-        self.answer(Answer(scope, now, weighed=weighed))
+        self.answer(Answer(scope=scope, now=now, weighed=weighed))
 
     def release(self, scope: str, token: str) -> None:
         Store.release(self, scope, token)
@@ -224,18 +224,19 @@ class LegacyStore(_Wrapper):
         # A store of 0.x learns no rate (``learn`` unused), has no change feed (it is
         # never asked for a batch) and takes no open permit (never asked: see
         # :func:`opens_permits`; were it, the permit counts that much longer).
-        scope, now, limit, per, lease, margin, _, _, _, opened, _ = ask
-        margin += opened
+        scope, now, limit, per = ask.scope, ask.now, ask.limit, ask.per
+        margin = ask.margin + ask.opened
+        # A store of 0.x takes a lease as a tuple ``(slots, ttl, token)``.
+        lease = None if ask.lease is None else (ask.lease.slots, ask.lease.ttl, ask.lease.token)
         if self._modern:
-            answer = self._admit(scope, now, limit, per, lease, margin)
-            return answer if isinstance(answer, Admission) else Admission(*answer)
+            return _admission_of(self._admit(scope, now, limit, per, lease, margin))
         if now is None:
             now = datetime.now(timezone.utc)
         if self._admit is not None:
             # The admit of 0.4: a whole window (per + margin), a lease only when asked.
             window = per + margin if per is not None else None
             args = (scope, now, limit, window) if lease is None else (scope, now, limit, window, lease)
-            return Admission(*self._admit(*args))
+            return _admission_of(self._admit(*args))
         return self._composed(scope, now, limit, per, lease, margin)
 
     def _composed(
@@ -244,29 +245,33 @@ class LegacyStore(_Wrapper):
         """Admission in up to three operations: the cooldown, a permit, a slot."""
         cooldown = self._get(scope)
         if cooldown is not None and cooldown > now:
-            return Admission(cooldown, cooldown)
+            return Admission(cooldown=cooldown, not_before=cooldown)
         if limit is not None and per is not None:
             if self._acquire is None:
                 raise ConfigurationError(f"{type(self.inner).__name__} cannot take quota permits")
             refused = self._acquire(scope, limit, per + margin, now)
             if refused is not None:
-                return Admission(cooldown, refused)
+                return Admission(cooldown=cooldown, not_before=refused)
         if lease is not None and self._lease is not None:
             # As in 0.5: the permit first, then the slot (a permit taken counts anyway).
             busy = self._lease(scope, lease[0], lease[1], now, lease[2])
             if busy is not None:
-                return Admission(cooldown, busy, None, True)
-        return Admission(cooldown, None)
+                return Admission(cooldown=cooldown, not_before=busy, slot_busy=True)
+        return Admission(cooldown=cooldown, not_before=None)
 
     def answer(self, answer: Answer) -> None:
-        scope, now, token, permit, announced, *_ = answer  # (a store of 0.x learns no rate, weighs no tokens)
+        # (a store of 0.x learns no rate, weighs no tokens)
+        scope, now, token, permit = answer.scope, answer.now, answer.token, answer.permit
+        announced = answer.announced
         settle = self._forward["settle"]
         if permit is not None and settle is not None:
             settle(scope, permit.limit, permit.per, permit.expires, now)  # never exactly
         allow = self._forward["allow"]
         if announced is not None and allow is not None:
             at = now if now is not None else datetime.now(timezone.utc)
-            remaining, until, seq, limit, window = announced
+            remaining, until, seq, limit, window = (
+                announced.remaining, announced.until, announced.seq, announced.limit, announced.window
+            )
             allow(scope, remaining, until, at, seq, limit, window)
         if token is not None and self._release is not None:
             self._release(scope, token)
@@ -332,3 +337,14 @@ def opens_permits(store: object) -> bool:
     and settles them exactly: every store but one written for 0.x."""
     inner = getattr(store, "inner", store)
     return QuotaLogs in getattr(inner, "capabilities", ()) and not isinstance(inner, LegacyStore)
+
+
+def _admission_of(reply: Any) -> Admission:
+    """What the admit of a store of 0.x answered, as an :class:`Admission`: one, or the
+    tuple it was then, ``(cooldown, not_before[, seq[, slot_busy]])``."""
+    if isinstance(reply, Admission):
+        return reply
+    cooldown, not_before, *rest = reply
+    seq = rest[0] if rest else None
+    busy = bool(rest[1]) if len(rest) > 1 else False
+    return Admission(cooldown=cooldown, not_before=not_before, seq=seq, slot_busy=busy)

@@ -42,7 +42,6 @@ from .base import (
     Admission,
     Ask,
     FullStore,
-    Granted,
     Hold,
     Learn,
     Lease,
@@ -198,7 +197,7 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
         for its ttl (None), or say when the earliest lease expires (nothing taken).
         Expired leases (a killed worker's) are dropped when every slot looks held (and
         a few other scopes' that all expired, in a large store)."""
-        slots, ttl, token = lease
+        slots, ttl, token = lease.slots, lease.ttl, lease.token
         if len(self._lease_scopes) > _SWEEP_AT:
             _sweep(self._lease_scopes, self._leases, _leases_ended, at, _SWEEP_PER_WRITE)
         held = self._leases.get(scope)
@@ -256,7 +255,8 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
         its own expiry, so workers with different margins never drop each other's.
         ``batch`` and ``hold``: extra permits; ``opened``: an open permit; ``learn``: the
         learned rate, see ``Store.admit``."""
-        scope, now, limit, per, lease, margin, batch, hold, learn, opened, weigh = ask
+        scope, now, limit, lease, learn = ask.scope, ask.now, ask.limit, ask.lease, ask.learn
+        weigh = ask.weigh
         if limit is None and lease is None and weigh is None and scope not in self._allowance and (
             learn is None or _open(self._rates.get(scope))
         ):
@@ -266,7 +266,7 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
                 return _ADMITTED
             if now is None:
                 now = datetime.now(timezone.utc)
-            return Admission(cooldown, cooldown if cooldown > now else None)
+            return Admission(cooldown=cooldown, not_before=cooldown if cooldown > now else None)
         if type(scope) is not str:
             check_scope(scope)  # raises (a str's length is checked when first stored)
         if now is not None:
@@ -276,9 +276,10 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
                 now = datetime.now(timezone.utc)  # the grant's time: the lock is ours
             cooldown = self._until.get(scope)
             if cooldown is not None and cooldown > now:
-                return Admission(cooldown, cooldown)
+                return Admission(cooldown=cooldown, not_before=cooldown)
             return self._admit_locked(
-                scope, now, cooldown, limit, per, lease, margin, batch, hold, learn, opened, weigh
+                scope, now, cooldown, limit, ask.per, lease, ask.margin, ask.batch, ask.hold, learn,
+                ask.opened, weigh,
             )
 
     def _admit_locked(
@@ -297,12 +298,14 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
             rolled, wait = admit_allowance(record, now)
             if wait is not None:
                 self._allowance[scope] = rolled
-                return Admission(cooldown, wait)
+                return Admission(cooldown=cooldown, not_before=wait)
         tokens = None
         if weigh is not None:
             tokens, wait = self._tokens.weigh(self._allowance, scope, weigh, now, at)
             if wait is not None:
-                return Admission(cooldown, wait) if tokens is None else too_large(cooldown, tokens, now)
+                if tokens is None:
+                    return Admission(cooldown=cooldown, not_before=wait)
+                return too_large(cooldown, tokens, now)
         if learn is not None and limit is None and record is None and tokens is None:
             return self._admit_rate(scope, now, at, cooldown, lease, learn)
         key = None if limit is None else _quota_key(limit, per, margin + opened)
@@ -344,13 +347,18 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
                     self._take_permit(scope, key, later, later_expected)
             until = rolled.until if units and rolled is not None else None
             # now + key[3]: the same instant as at + key[2]
-            return Granted.of(now + key[3], cooldown, seq, extra, None, units, until)
+            return Admission(
+                cooldown=cooldown, not_before=None, seq=seq, permit=now + key[3], extra=extra, units=units,
+                units_until=until,
+            )
         if units:
             assert rolled is not None
-            return Granted.of(None, cooldown, seq, 0, None, units, rolled.until)
+            return Admission(
+                cooldown=cooldown, not_before=None, seq=seq, units=units, units_until=rolled.until
+            )
         if seq is None:
-            return _ADMITTED if cooldown is None else Admission(cooldown, None)
-        return Admission(cooldown, None, seq)
+            return _ADMITTED if cooldown is None else Admission(cooldown=cooldown, not_before=None)
+        return Admission(cooldown=cooldown, not_before=None, seq=seq)
 
     def _refused(
         self, scope: str, key: tuple[int, int, int, timedelta] | None, limit: int | None,
@@ -362,11 +370,11 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
         if key is not None and limit is not None:
             refused = self._permit_refused(scope, key, limit, at)
             if refused is not None:
-                return Admission(cooldown, _as_datetime(refused))
+                return Admission(cooldown=cooldown, not_before=_as_datetime(refused))
         if lease is not None:
             busy = self._take_slot(scope, lease, at)
             if busy is not None:
-                return Admission(cooldown, _as_datetime(busy), None, True)
+                return Admission(cooldown=cooldown, not_before=_as_datetime(busy), slot_busy=True)
         return None
 
     def settle(

@@ -243,14 +243,20 @@ class Plan:
                 opened = OPEN_FOR
         ticket.permit_open = opened > 0
         weigh = self._weigh(call) if call.progress.cost and self.weighs else None
-        ask = Ask(call.scope, now, self.limit, self.per, lease, self.margin, 1, 0.0, learn, opened, weigh)
+        ask = Ask(
+            scope=call.scope, now=now, limit=self.limit, per=self.per, margin=self.margin, opened=opened,
+            lease=lease, learn=learn, weigh=weigh,
+        )
         guard = self.guard
         answer = store.admit(ask) if guard is None else guard.admit(ask, call.budget)
         if answer.oversized and weigh is not None:
             limit = f"the server's announced token limit of {answer.oversized}"
             raise cost_error(weigh.cost, call.progress.cost_from, limit)
         # Keep on the call what the answer says.
-        call.cooldown, not_before, ticket.admission, ticket.slot_busy = answer
+        call.cooldown = answer.cooldown
+        not_before = answer.not_before
+        ticket.admission = answer.seq
+        ticket.slot_busy = answer.slot_busy
         ticket.rate_held = answer.by_rate
         # Only a configured quota's permit is settled (the learned rate counts sends, no permit).
         ticket.permit = answer.permit if self.limit is not None else None
@@ -261,7 +267,7 @@ class Plan:
             ticket.token_seq = answer.token_seq
         if not_before is None:
             if lease is not None:
-                ticket.lease_token = answer.token or lease[2]  # a slot this process held, or the new one
+                ticket.lease_token = answer.token or lease.token  # a slot this process held, or the new one
             elif answer.token is not None:
                 ticket.lease_token = answer.token  # a slot of the learned rate's probes
         return not_before
@@ -269,10 +275,12 @@ class Plan:
     def _new_tokens(self) -> tuple[Lease | None, Learn | None]:
         """A concurrency slot to take (with the cap) and the learned rate's probe (when
         it governs), each with a new token (one for both)."""
-        lease = (self.slots, self.ttl, next(_lease_tokens)) if self.slots is not None else None
+        lease = None
+        if self.slots is not None:
+            lease = Lease(slots=self.slots, ttl=self.ttl, token=next(_lease_tokens))
         if not self.learns:
             return lease, None
-        return lease, (self.ttl, lease[2] if lease is not None else next(_lease_tokens))
+        return lease, Learn(ttl=self.ttl, token=lease.token if lease is not None else next(_lease_tokens))
 
     def _weigh(self, call: Call) -> Weigh:
         """What the attempt's declared cost asks of the scope's tokens: the server's

@@ -34,7 +34,7 @@ from retry_after_adapter import (
     RetryAfterRetry,
     budget,
 )
-from retry_after_adapter.cooldown import Ask
+from retry_after_adapter.cooldown import Ask, Lease
 from retry_after_adapter.cooldown.guard import BREAKER_FIRST, guard_of
 from retry_after_adapter.errors import CooldownStoreError, MaxRetryDeferred
 
@@ -91,7 +91,9 @@ class SwitchableStore:
         margin: float = 0.0,
     ) -> Any:
         self._gate("admit")
-        return self.m.admit(Ask(scope, now, limit, per, lease, margin))
+        # A store of 0.x is given a lease as a tuple (slots, ttl, token).
+        slot = None if lease is None else Lease(slots=lease[0], ttl=lease[1], token=lease[2])
+        return self.m.admit(Ask(scope=scope, now=now, limit=limit, per=per, lease=slot, margin=margin))
 
     def acquire(self, scope: str, limit: int, per: float, now: Any = None, margin: float = 0.0) -> Any:
         self._gate("acquire")
@@ -293,7 +295,9 @@ class Store04:
         self, scope: str, now: datetime, limit: Any = None, window: Any = None, lease: Any = None
     ) -> Any:
         self.ops.append("admit")
-        return tuple(self.m.admit(Ask(scope, now, limit, window, lease)))
+        slot = None if lease is None else Lease(slots=lease[0], ttl=lease[1], token=lease[2])
+        answer = self.m.admit(Ask(scope=scope, now=now, limit=limit, per=window, lease=slot))
+        return (answer.cooldown, answer.not_before, answer.seq, answer.slot_busy)  # the tuple of 0.4
 
     def allow(self, *args: Any) -> Any:
         return self.m.allow(*args)

@@ -26,6 +26,7 @@ from retry_after_adapter.cooldown import (
     Ask,
     Freshness,
     FreshnessLog,
+    Lease,
     QuotaLogs,
     Store,
 )
@@ -102,7 +103,7 @@ def test_a_core_store_shares_cooldowns_and_admits_every_attempt() -> None:
         assert held.local and deferral_of(held).reason == "cooldown"  # type: ignore[attr-defined, union-attr]
         assert server.stats().requests == 2
     assert store.admits >= 3  # every attempt asked the store's admit, the core's default
-    answered = store.admit(Ask(next(iter(store.until)), datetime.now(timezone.utc)))
+    answered = store.admit(Ask(scope=next(iter(store.until)), now=datetime.now(timezone.utc)))
     assert answered.not_before is not None
 
 
@@ -145,7 +146,8 @@ class StoreOf010(Store):
     ) -> Admission:
         self.calls.append("admit")
         self.nows.append(now)  # None: the store stamps the grant itself, as 0.6-0.10's did
-        return self.m.admit(Ask(scope, now, limit, per, lease, margin))
+        slot = None if lease is None else Lease(slots=lease[0], ttl=lease[1], token=lease[2])  # a store of 0.x is given a tuple
+        return self.m.admit(Ask(scope=scope, now=now, limit=limit, per=per, lease=slot, margin=margin))
 
     def allow(self, *args: Any) -> None:
         self.m.allow(*args)
@@ -174,11 +176,11 @@ def test_a_store_written_for_0_10_is_adapted_by_type_and_keeps_its_quota() -> No
 def test_an_answer_carries_its_parts_to_a_full_store_in_one_call() -> None:
     store = MemoryCooldownStore()
     now = datetime.now(timezone.utc)
-    granted = store.admit(Ask("s", now, 1, 1.0, (1, 30.0, "slot"), opened=10.0))
+    granted = store.admit(Ask(scope="s", now=now, limit=1, per=1.0, lease=Lease(slots=1, ttl=30.0, token="slot"), opened=10.0))
     assert granted.not_before is None and granted.permit is not None
     from retry_after_adapter.cooldown import Permit
 
-    store.answer(Answer("s", now, token="slot", permit=Permit(1, 1.0, granted.permit, True)))
+    store.answer(Answer(scope="s", now=now, token="slot", permit=Permit(1, 1.0, granted.permit, True)))
     later = now + timedelta(seconds=1)
     # The slot is back and the permit ended at the answer + per, exactly.
-    assert store.admit(Ask("s", later, 1, 1.0, (1, 30.0, "again"))).not_before is None
+    assert store.admit(Ask(scope="s", now=later, limit=1, per=1.0, lease=Lease(slots=1, ttl=30.0, token="again"))).not_before is None
