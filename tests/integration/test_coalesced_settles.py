@@ -136,7 +136,7 @@ url, how = sys.argv[1], sys.argv[2]
 guard = guard_of(store_from_url(url))
 scope = "https://api.example.com:443/" + how
 for _ in range(3):
-    granted = guard.admit(Ask(scope, datetime.now(timezone.utc), 3, 1.0, opened=10.0))
+    granted = guard.admit(Ask(scope=scope, now=datetime.now(timezone.utc), limit=3, per=1.0, opened=10.0))
     assert granted.not_before is None and granted.permit is not None, granted
     guard.settle(scope, 3, 1.0, granted.permit, None, exact=True)
 assert guard.settles.carried == 0  # all three wait
