@@ -76,7 +76,7 @@ from datetime import datetime, timedelta, timezone
 from typing import NamedTuple
 
 from .. import _forksafe
-from .base import ADMITTED, Admission, Feed, Lease
+from .base import ADMITTED, Admission, Feed, Lease, assembled
 
 __all__ = ["BATCH_TARGET", "IDLE", "LIFE", "Near"]
 
@@ -395,7 +395,9 @@ class Near:
             if cooldown is None and seq is None:
                 return ADMITTED, None, None  # (the common case: one value, shared)
             return Admission(cooldown=cooldown, not_before=None, seq=seq), None, None
-        return Admission(cooldown=cooldown, not_before=None, seq=seq, permit=permit, token=token), None, None
+        # (built whole, see ``assembled``: an attempt the copy admits alone makes one)
+        fields = {"cooldown": cooldown, "not_before": None, "seq": seq, "permit": permit, "token": token}
+        return assembled(Admission, fields), None, None
 
     def _fresh_known(self, scope: str) -> _Known | None:
         """What the copy knows of ``scope`` when it may answer for it (the feed has

@@ -49,6 +49,7 @@ from .base import (
     Weigh,
     Weighed,
     Weights,
+    assembled,
     check_scope,
     check_until,
     extra_permits,
@@ -347,10 +348,10 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
                     self._take_permit(scope, key, later, later_expected)
             until = rolled.until if units and rolled is not None else None
             # now + key[3]: the same instant as at + key[2]
-            return Admission(
-                cooldown=cooldown, not_before=None, seq=seq, permit=now + key[3], extra=extra, units=units,
-                units_until=until,
-            )
+            # (built whole, see ``assembled``: every grant of a quota makes one)
+            fields = {"cooldown": cooldown, "not_before": None, "seq": seq, "permit": now + key[3]}
+            fields["extra"], fields["units"], fields["units_until"] = extra, units, until
+            return assembled(Admission, fields)
         if units:
             assert rolled is not None
             return Admission(

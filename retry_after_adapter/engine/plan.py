@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 
 __all__ = ["NO_PLAN", "OPEN_FOR", "Plan"]
 
+# What ``cooldown.base.assembled`` does, inlined on the path every attempt takes.
+_new = object.__new__
+_set = object.__setattr__
+
 log = logging.getLogger("retry_after_adapter")
 
 #: Seconds an open permit counts beyond ``per + margin`` in the store until its answer
@@ -131,6 +135,7 @@ class Plan:
 
     __slots__ = (
         "allows",
+        "asked",
         "cooldown_of",
         "dialects",
         "fail_closed",
@@ -178,6 +183,10 @@ class Plan:
         #: Whether every quota permit is taken open (see :meth:`answered` and
         #: :func:`_opens`).
         self.opens = _opens(store, quota)
+        #: The fields of every attempt's :class:`Ask` that the plan fixes (the quota,
+        #: taken open or not), each attempt's own set on a copy (see ``admit_once``).
+        opened = OPEN_FOR if self.limit is not None and self.opens else 0.0
+        self.asked = vars(Ask(scope="", limit=self.limit, per=self.per, margin=self.margin, opened=opened))
         #: The concurrency cap: slots per scope, each a lease of ``ttl`` seconds at most.
         self.slots = slots
         self.ttl = ttl
@@ -236,17 +245,18 @@ class Plan:
         ticket = call.ticket
         # New tokens: a slot's, a probe's (none while one is held).
         lease, learn = self._new_tokens() if ticket.lease_token is None else _NO_TOKENS
-        opened = 0.0
         if self.limit is not None:
             ticket.admitted_at = call.clock.monotonic()  # before the grant: its lower bound
-            if self.opens:
-                opened = OPEN_FOR
-        ticket.permit_open = opened > 0
+            ticket.permit_open = self.opens
+        else:
+            ticket.permit_open = False
         weigh = self._weigh(call) if call.progress.cost and self.weighs else None
-        ask = Ask(
-            scope=call.scope, now=now, limit=self.limit, per=self.per, margin=self.margin, opened=opened,
-            lease=lease, learn=learn, weigh=weigh,
-        )
+        # The plan's Ask with the attempt's own fields (built whole: see ``assembled``).
+        fields = self.asked.copy()
+        fields["scope"], fields["now"], fields["lease"], fields["learn"] = call.scope, now, lease, learn
+        fields["weigh"] = weigh
+        ask = _new(Ask)
+        _set(ask, "__dict__", fields)
         guard = self.guard
         answer = store.admit(ask) if guard is None else guard.admit(ask, call.budget)
         if answer.oversized and weigh is not None:
@@ -275,12 +285,19 @@ class Plan:
     def _new_tokens(self) -> tuple[Lease | None, Learn | None]:
         """A concurrency slot to take (with the cap) and the learned rate's probe (when
         it governs), each with a new token (one for both)."""
+        if self.slots is None and not self.learns:
+            return _NO_TOKENS
+        # (each built whole: see ``assembled``)
+        token = next(_lease_tokens)
         lease = None
         if self.slots is not None:
-            lease = Lease(slots=self.slots, ttl=self.ttl, token=next(_lease_tokens))
+            lease = _new(Lease)
+            _set(lease, "__dict__", {"slots": self.slots, "ttl": self.ttl, "token": token})
         if not self.learns:
             return lease, None
-        return lease, Learn(ttl=self.ttl, token=lease.token if lease is not None else next(_lease_tokens))
+        learn = _new(Learn)
+        _set(learn, "__dict__", {"ttl": self.ttl, "token": token})
+        return lease, learn
 
     def _weigh(self, call: Call) -> Weigh:
         """What the attempt's declared cost asks of the scope's tokens: the server's
