@@ -331,7 +331,8 @@ def _contention_worker(path: str, threads: int, seconds: float, reads: float, ou
 
     from retry_after_adapter.cooldown.guard import guard_of
 
-    guard = guard_of(SQLiteCooldownStore(path))
+    store = SQLiteCooldownStore(path)  # held: its guard holds it weakly
+    guard = guard_of(store)
     raised = [0]
     worst = [0.0]
     done = [0]

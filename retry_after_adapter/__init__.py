@@ -21,16 +21,14 @@ if TYPE_CHECKING:
         store_from_url,
     )
     from .deferral import Deferral, deferral_of
+    from .deferred import DeferralLimitExceeded, MaxRetryDeferred, RetryDeferred
     from .engine import budget
     from .errors import (
         ConfigurationError,
         CooldownStoreError,
-        DeferralLimitExceeded,
         InvalidDeferral,
         InvalidRetryAfter,
-        MaxRetryDeferred,
         RetryAfterError,
-        RetryDeferred,
     )
     from .header import RetryAfter, parse_retry_after
     from .observe import Counters, DecisionRecord, redact_logs, redact_urllib3_logs
@@ -51,11 +49,11 @@ _WHERE: dict[str, str] = {
     "Counters": ".observe",
     "DecisionRecord": ".observe",
     "Deferral": ".deferral",
-    "DeferralLimitExceeded": ".errors",
+    "DeferralLimitExceeded": ".deferred",
     "FakeClock": ".clock",
     "InvalidDeferral": ".errors",
     "InvalidRetryAfter": ".errors",
-    "MaxRetryDeferred": ".errors",
+    "MaxRetryDeferred": ".deferred",
     "MemoryCooldownStore": ".cooldown",
     "Quota": ".quota",
     "Reason": ".policy",
@@ -66,7 +64,7 @@ _WHERE: dict[str, str] = {
     "RetryAfterPoolManager": ".pool",
     "RetryAfterResponse": ".adapter",
     "RetryAfterRetry": ".retry",
-    "RetryDeferred": ".errors",
+    "RetryDeferred": ".deferred",
     "SQLiteCooldownStore": ".cooldown",
     "SystemClock": ".clock",
     "budget": ".engine",

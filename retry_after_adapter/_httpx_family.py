@@ -28,10 +28,22 @@ from urllib3.util.retry import Retry
 
 from . import _forksafe
 from .deferral import Deferral
-from .engine import Call, Op, Outcome, drive, steps
-from .engine.admission import STORE_STEPS, carry_out_store
-from .engine.ops import Close, Follow, Keep, Send, Sleep, StoreOp
-from .errors import RetryDeferred
+from .deferred import RetryDeferred
+from .engine import (
+    STORE_STEPS,
+    Call,
+    Close,
+    Follow,
+    Keep,
+    Op,
+    Outcome,
+    Send,
+    Sleep,
+    StoreOp,
+    carry_out_store,
+    drive,
+    steps,
+)
 from .redact import message_url
 from .retry import RetryAfterRetry
 from .scope import RequestInfo

@@ -23,8 +23,8 @@ from urllib3.util.retry import Retry
 from . import _forksafe, _keepalive, body
 from .cooldown.memory import DEFAULT_STORE
 from .deferral import Deferral
+from .deferred import RetryDeferred
 from .engine import SINGLE_ATTEMPT, Call, Outcome, run
-from .errors import RetryDeferred
 from .policy import Reason
 from .redact import message_url
 from .retry import RetryAfterRetry

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import ConfigurationError
-from .quota import MAX_COUNT
+from .header import MAX_COUNT
 
 __all__ = ["MAX_COST", "CostFunction", "cost_of", "max_tokens"]
 
@@ -34,7 +34,7 @@ MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
 #: The largest cost a request may declare, in tokens: the largest count the package
-#: reads from any header (``quota.MAX_COUNT``, 2**31 - 1), so no announced allowance
+#: reads from any header (``header.MAX_COUNT``, 2**31 - 1), so no announced allowance
 #: is larger, and far below what a store would round or overflow (a Redis script
 #: computes in doubles, exact to 2**53; SQLite's integers end at 2**63 - 1) however
 #: many costs it adds up.

@@ -38,8 +38,9 @@ from urllib3.util.retry import Retry
 from .adapter import RetryAfterAdapter
 from .cooldown.memory import MemoryCooldownStore
 from .deferral import Deferral
+from .deferred import RetryDeferred
 from .engine import budget
-from .errors import ConfigurationError, RetryDeferred
+from .errors import ConfigurationError
 from .retry import RetryAfterRetry
 from .testing.server import ALIGNS as ALIGNS
 from .testing.server import FORMS as FORMS

@@ -51,6 +51,12 @@ MAX_LENGTH = 128
 
 #: Largest delay reported, in seconds (about 31.7 million years).
 MAX_DELAY = 10**15
+#: The largest count (``remaining``, a limit) taken from a quota header: more is read as
+#: this (fewer allowed, never more), so no store ever meets a number it cannot hold.
+MAX_COUNT = 2**31 - 1
+#: The longest duration (seconds) taken from a quota header even when
+#: ``max_retry_after`` is None (no bound): ten years, far inside what a datetime can add.
+MAX_SECONDS = 10 * 365 * 86400.0
 
 _UTC = timezone.utc
 _FAR_FUTURE = datetime.max.replace(tzinfo=_UTC)

@@ -188,9 +188,11 @@ class Counters:
     def __init__(self, *, by_scope: bool = False, max_scopes: int = 100, freshness: Any = None) -> None:
         if isinstance(max_scopes, bool) or not isinstance(max_scopes, int) or max_scopes < 0:
             raise ConfigurationError(f"max_scopes must be an int >= 0, got {max_scopes!r}")
-        if freshness is not None and not callable(getattr(freshness, "freshness_entries", None)):
+        from .cooldown.base import FreshnessLog  # (the stores, only when one is given)
+
+        if freshness is not None and not isinstance(freshness, FreshnessLog):
             raise ConfigurationError("freshness must be a store that keeps freshness records, or None")
-        self.freshness = freshness
+        self.freshness: Any = freshness
         self.by_scope = bool(by_scope)
         self.max_scopes = max_scopes
         self._lock = threading.Lock()

@@ -27,8 +27,8 @@ from urllib3.util.retry import Retry
 
 from . import _forksafe, _keepalive, body
 from .deferral import Deferral
+from .deferred import MaxRetryDeferred
 from .engine import SINGLE_ATTEMPT, Call, Outcome, run
-from .errors import MaxRetryDeferred
 from .redact import message_url
 from .retry import RetryAfterRetry
 from .scope import RequestInfo

@@ -59,12 +59,10 @@ from .dialects import (
     sf_field,
 )
 from .errors import ConfigurationError, InvalidRetryAfter
-from .header import parse_http_date
+from .header import MAX_COUNT, MAX_SECONDS, parse_http_date
 
 __all__ = [
     "EPOCH_THRESHOLD",
-    "MAX_COUNT",
-    "MAX_SECONDS",
     "UNITS",
     "Quota",
     "QuotaHint",
@@ -184,12 +182,6 @@ class QuotaHint:
         return self.remaining == 0 and self.reset is not None and self.reset > 0
 
 
-#: The largest count (``remaining``, a limit) taken from a header: more is read as this
-#: (fewer allowed, never more), so no store ever meets a number it cannot hold.
-MAX_COUNT = 2**31 - 1
-#: The longest duration (seconds) taken from a header even when ``max_retry_after`` is
-#: None (no bound): ten years, far inside what a datetime can add.
-MAX_SECONDS = 10 * 365 * 86400.0
 
 
 def bound_hint(hint: QuotaHint | None, bound: float | None) -> QuotaHint | None:

@@ -25,22 +25,25 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from urllib3.exceptions import MaxRetryError, ResponseError
-from urllib3.util.retry import Retry
 
 from ._compat import RETRY_KEYWORDS, response_header
 from .body import DEFAULT_MAX_RETRY_BODY
 from .clock import DEFAULT_CLOCK, Clock, SystemClock
 from .deferral import Deferral
-from .engine import REDIRECT, Call, current_override, judge, judge_redirect, wait_until
-from .engine.call import Heard, Terms
-from .engine.verdict import plan_wait
-from .errors import (
-    ConfigurationError,
-    DeferralLimitExceeded,
-    InvalidRetryAfter,
-    MaxRetryDeferred,
-    unknown_keyword,
+from .deferred import DeferralLimitExceeded, MaxRetryDeferred
+from .engine import (
+    REDIRECT,
+    Call,
+    Heard,
+    Policy,
+    Terms,
+    current_override,
+    judge,
+    judge_redirect,
+    plan_wait,
+    wait_until,
 )
+from .errors import ConfigurationError, InvalidRetryAfter, unknown_keyword
 from .header import parse_retry_after
 from .observe import DecisionHook, as_hooks
 from .policy import (
@@ -59,7 +62,7 @@ from .policy import (
 from .scope import strip_query
 
 if TYPE_CHECKING:
-    from .engine.verdict import Verdict
+    from .engine import Verdict
 
 __all__ = ["COOLDOWN_STATUSES", "DEFAULT_MAX_WAIT", "DEFAULT_STATUS_FORCELIST", "RetryAfterRetry"]
 
@@ -114,7 +117,7 @@ def _clock(clock: object) -> Clock:
     return clock
 
 
-class RetryAfterRetry(Retry):
+class RetryAfterRetry(Policy):
     """A urllib3 ``Retry`` that never shortens a server's Retry-After.
 
     Every urllib3 argument works as in ``urllib3.util.Retry`` (``total``, ``connect``,

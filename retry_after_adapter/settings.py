@@ -25,8 +25,7 @@ from .cooldown.memory import DEFAULT_STORE
 from .cooldown.weights import token_quota
 from .cost import FIXED, CostFunction, check_cost_option, cost_error, cost_of
 from .deferral import Deferral
-from .engine import Call, Outcome, Plan, current_override
-from .engine.buckets import refine_call
+from .engine import Call, Outcome, Plan, current_override, refine_call
 from .errors import ConfigurationError, close_keyword, unknown_keyword
 from .observe import DecisionHook, as_hooks
 from .quota import Quota
@@ -301,14 +300,14 @@ def _plan(settings: Settings, replays: bool = False) -> Plan:
     store = shared(settings.cooldown)
     if store is not None and settings.quota is not None and QuotaLogs not in store.capabilities:
         raise ConfigurationError(
-            "a quota needs a store that takes permits (the QuotaLogs capability; acquire() in 0.x); "
+            "a quota needs a store that takes permits (the QuotaLogs capability); "
             f"{type(settings.cooldown).__name__} does not: add the mixin to it, or "
             "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
         )
     if store is not None and settings.max_concurrency is not None and Leases not in store.capabilities:
         raise ConfigurationError(
             "max_concurrency needs a store that holds leases "
-            "(the Leases capability; lease() and release() in 0.x); "
+            "(the Leases capability); "
             f"{type(settings.cooldown).__name__} does not: add the mixin to it, or "
             "use MemoryCooldownStore, SQLiteCooldownStore or RedisCooldownStore"
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -68,15 +69,54 @@ def print_json(data: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+#: ``module:factory`` (``--cooldown``): a store of one's own, made by calling ``factory()``.
+_FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
 def open_store(text: str | None, default: Any, *, create: bool = True) -> Any:
-    """The cooldown store ``--cooldown`` names; ``memory://`` (or nothing) is the process
-    default store. ``create=False``: only a store that exists (``status``, ``clear``)."""
+    """The cooldown store ``--cooldown`` names: a URL (``sqlite:///file``,
+    ``redis://host``), or ``module:factory``, a store of one's own that
+    ``factory()`` returns (the module imported from the working directory first, as a
+    web server's ``module:app``); ``memory://`` (or nothing) is the process default
+    store. ``create=False``: only a store that exists (``status``, ``clear``)."""
     if text is None or text.strip().lower() == "memory://":
         return default
+    if _FACTORY.fullmatch(text.strip()):
+        return _from_factory(text.strip())
     redactor.add_all(argument_secrets(text))
     from ..cooldown import store_from_url
 
     return store_from_url(text, create=create)
+
+
+def _from_factory(text: str) -> Any:
+    """The store ``factory()`` of ``module:factory`` returns; a ConfigurationError that
+    names what is wrong (no such module or factory, not a store)."""
+    import importlib
+
+    from ..cooldown.base import Store
+    from ..errors import ConfigurationError
+
+    module_name, _, attribute = text.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r} for {text}: {exc}") from None
+    factory: Any = module
+    for part in attribute.split("."):
+        if part not in vars(factory):
+            raise ConfigurationError(f"{module_name!r} has no {attribute!r} ({text})")
+        factory = vars(factory)[part]
+    if not callable(factory):
+        raise ConfigurationError(f"{text} is not callable: it must make the store")
+    store = factory()
+    if not isinstance(store, Store):
+        raise ConfigurationError(
+            f"{text} returned {type(store).__name__}, not a retry_after_adapter Store"
+        )
+    return store
 
 
 class _ScrubFilter(logging.Filter):

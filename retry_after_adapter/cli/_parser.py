@@ -341,4 +341,7 @@ def _clear_options(clear: argparse.ArgumentParser) -> None:
 
 
 def _shared_store_option(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--cooldown", required=True, metavar="URL", help="sqlite:///file or redis://host")
+    command.add_argument(
+        "--cooldown", required=True, metavar="URL",
+        help="sqlite:///file, redis://host, or module:factory (a store of your own with Listing)",
+    )

@@ -106,7 +106,8 @@ def _send(
     one. Closes ``session``."""
     import requests
 
-    from ..errors import RetryAfterError, RetryDeferred
+    from ..deferred import RetryDeferred
+    from ..errors import RetryAfterError
 
     try:
         return session.request(args.method, args.url, headers=headers, timeout=args.timeout)

@@ -8,6 +8,7 @@ import re
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from ..cooldown.base import FreshnessLog, Listing
 from ._output import EX_FAILED, EX_OK, EX_UNAVAILABLE, EX_USAGE, err, open_store, print_json
 
 if TYPE_CHECKING:
@@ -18,25 +19,35 @@ if TYPE_CHECKING:
 
 
 def _shared_store(text: str) -> tuple[Any, int]:
-    """The store ``--cooldown`` names for ``status`` and ``clear``, or (after an error
-    message) None and the exit code: not a shared store, or unavailable."""
+    """The store ``--cooldown`` names for ``status`` and ``clear`` (a URL, or
+    ``module:factory`` for a store of one's own), or (after an error message) None and
+    the exit code: not a shared store, a store that lists nothing, or unavailable."""
+    from ..cooldown.base import Listing
     from ..errors import ConfigurationError, CooldownStoreError
 
     if text.strip().lower().startswith("memory:"):
         err("error: --cooldown: memory:// lives inside one process; use sqlite:// or redis://")
         return None, EX_USAGE
     try:
-        return open_store(text, None, create=False), EX_OK
+        store = open_store(text, None, create=False)
     except (ConfigurationError, ImportError) as exc:
         err(f"error: --cooldown: {exc}")
         return None, EX_USAGE
     except CooldownStoreError as exc:
         err(f"error: {exc}")
         return None, EX_UNAVAILABLE
+    if not isinstance(store, Listing):
+        err(
+            f"error: --cooldown: {type(store).__name__} cannot list what it holds: status and "
+            "clear need a store with the Listing capability (entries, holds, delete)"
+        )
+        return None, EX_USAGE
+    return store, EX_OK
 
 
 # --------------------------------------------------------------------------- status
 def cmd_status(args: argparse.Namespace) -> int:
+    from ..cooldown.base import FreshnessLog
     from ..errors import CooldownStoreError
 
     store, code = _shared_store(args.cooldown)
@@ -45,8 +56,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     now = datetime.now(timezone.utc)
     try:
         entries = store.entries()
-        fresh: dict[str, Freshness] = store.freshness_entries() if hasattr(store, "freshness_entries") else {}
-        holds: dict[str, list[Hold]] = store.holds(now) if hasattr(store, "holds") else {}
+        fresh: dict[str, Freshness] = store.freshness_entries() if isinstance(store, FreshnessLog) else {}
+        holds: dict[str, list[Hold]] = store.holds(now)
     except CooldownStoreError as exc:
         err(f"error: {_plain(exc)}")
         return EX_UNAVAILABLE
@@ -161,7 +172,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
         return code
     scope: str = args.scope
     try:
-        held = store.holds().get(scope, []) if hasattr(store, "holds") else []
+        held = store.holds().get(scope, [])
         until = store.get(scope)
         removed = store.delete(scope)
         nearest = [] if removed else _nearest(store, scope)
@@ -184,13 +195,11 @@ def cmd_clear(args: argparse.Namespace) -> int:
     return EX_OK
 
 
-def _nearest(store: Any, scope: str) -> list[str]:
+def _nearest(store: Listing, scope: str) -> list[str]:
     """Stored scopes that the one asked for names in part (an origin without its port,
     a scheme less): what the operator most likely meant."""
-    known = set(store.entries())
-    if hasattr(store, "holds"):
-        known |= set(store.holds())
-    if hasattr(store, "freshness_entries"):
+    known = set(store.entries()) | set(store.holds())
+    if isinstance(store, FreshnessLog):
         known |= set(store.freshness_entries())
     bare = scope.rstrip("/")
     return sorted(k for k in known if bare and (k.startswith(bare) or bare.startswith(k)))[:5]

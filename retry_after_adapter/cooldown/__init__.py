@@ -5,9 +5,8 @@
   (:class:`QuotaLogs`, :class:`Leases`, :class:`Allowances`, :class:`LearnedRate`,
   :class:`FreshnessLog`, :class:`Listing`, :class:`ChangeFeed`, :class:`LeaseRenewal`;
   see ``base``), and :class:`Bounded` for a store that bounds each of its own
-  operations. A store
-  of 0.x (:class:`CooldownStore`: ``get`` and ``extend``, and what else it had) is
-  adapted once.
+  operations. A store of 0.x (an object with ``get`` and ``extend`` that is no
+  ``Store``) is refused with a message that says what to change.
 - :class:`MemoryCooldownStore`: the threads of one process.
 - :class:`SQLiteCooldownStore`: the processes of one host, through one SQLite file.
 - :class:`RedisCooldownStore`: processes on any number of hosts, through Redis or Valkey
@@ -19,6 +18,9 @@
 """
 
 from __future__ import annotations
+
+import warnings
+from typing import Any
 
 from .base import (
     CAPABILITIES,
@@ -34,17 +36,19 @@ from .base import (
     Feed,
     Forgetful,
     FreshnessLog,
-    FullStore,
     Hold,
+    InProcess,
     Learn,
     LearnedRate,
     Lease,
     LeaseRenewal,
     Leases,
     Listing,
+    PartwiseStore,
     Permit,
     QuotaLogs,
     RateOutcome,
+    Replaceable,
     Store,
     Weigh,
     Weighed,
@@ -74,8 +78,8 @@ __all__ = [
     "Forgetful",
     "Freshness",
     "FreshnessLog",
-    "FullStore",
     "Hold",
+    "InProcess",
     "Learn",
     "LearnedRate",
     "Lease",
@@ -83,10 +87,12 @@ __all__ = [
     "Leases",
     "Listing",
     "MemoryCooldownStore",
+    "PartwiseStore",
     "Permit",
     "QuotaLogs",
     "RateOutcome",
     "RedisCooldownStore",
+    "Replaceable",
     "SQLiteCooldownStore",
     "Store",
     "Weigh",
@@ -97,3 +103,14 @@ __all__ = [
     "store_from_url",
     "token_scope",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FullStore":  # the name of 0.11-0.14
+        warnings.warn(
+            "retry_after_adapter.cooldown.FullStore is now PartwiseStore (the same class)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return PartwiseStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -154,7 +154,11 @@ class Coalescer:
         with self._writing:
             if self._closed:
                 return  # the store is closed: its permits count as stored
-            if writeback.write_through(writeback.inner.settle_many, (waiting,), budget):
+            try:
+                settle_many = writeback.inner.settle_many
+            except ReferenceError:  # the store was collected (its layer holds it weakly)
+                return
+            if writeback.write_through(settle_many, (waiting,), budget):
                 self.flushes += 1
                 self.carried += len(waiting)
         # Not tried again when the store failed it: each ends its permit no later than

@@ -116,7 +116,7 @@ def declared_bound(store: object) -> float | None:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not (number and math.isfinite(value) and value > 0):
         raise ConfigurationError(
-            f"{type(store).__name__}.operation_timeout() must return a finite number of seconds > 0 "
+            f"{store.__class__.__name__}.operation_timeout() must return a finite number of seconds > 0 "
             f"or None, not {value!r}"
         )
     return float(value)
@@ -213,7 +213,7 @@ class Breaker:
     waiting: Waiting
 
     def __init__(self, name: str, bound: float | None, monotonic: Callable[[], float]) -> None:
-        #: The store's class name, for messages (a 0.x store's own, not its adapter's).
+        #: The store's class name, for messages (the store's own, not its completion's).
         self.name = name
         self.monotonic = monotonic
         self._lock = threading.Lock()

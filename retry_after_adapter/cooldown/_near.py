@@ -787,12 +787,16 @@ class Near:
                 empty_since = None
                 self._giving.acquire()
             try:
-                self._return(due)
-                if renewals:
-                    self._renew(renewals)
-            finally:
-                self._giving.release()
-            self._renew_open()
+                try:
+                    self._return(due)
+                    if renewals:
+                        self._renew(renewals)
+                finally:
+                    self._giving.release()
+                self._renew_open()
+            except ReferenceError:  # the store was collected (its layer holds it weakly)
+                self._reaper = None
+                return
 
     # -- open permits renewed ----------------------------------------------------------
     def opened(self, key: _OpenKey, count: int, tail: float, most: float) -> None:

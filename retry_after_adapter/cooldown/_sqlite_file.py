@@ -337,7 +337,7 @@ class SQLiteFile:
         self._bad = False
         #: When (time.monotonic()) the file's identity was last checked.
         self.checked_at = 0.0
-        self.replaced_reason = ""
+        self._replaced_reason = ""
         _forksafe.register(self)
         self._run(lambda conn: None)  # open now: a bad file fails here, not on the first 429
 
@@ -356,6 +356,11 @@ class SQLiteFile:
     def generation(self) -> int:
         """How many times this process found the file deleted or replaced (and reopened)."""
         return self._generation
+
+    @property
+    def replaced_reason(self) -> str:
+        """Why the file was last found deleted or replaced ("": never)."""
+        return self._replaced_reason
 
     def _slot(self) -> _Slot | None:
         """This thread's slot, if it was made in this process."""
@@ -438,7 +443,7 @@ class SQLiteFile:
         replaced, a new generation (a first open is not a replacement)."""
         if self._ident is not None:
             self._generation += 1
-            self.replaced_reason = (
+            self._replaced_reason = (
                 "the database file was deleted" if ident is None else "the database file was replaced"
             )
         self._ident = None  # set again when a connection opens the new file
@@ -454,7 +459,7 @@ class SQLiteFile:
             self._bad = True  # the header came back (a checkpoint), the rest did not
         if was_bad and not self._bad:
             self._generation += 1
-            self.replaced_reason = "the database file was replaced"
+            self._replaced_reason = "the database file was replaced"
 
     def _forget(self, conn: sqlite3.Connection) -> None:
         # Without the lock: this runs from a finalizer, which the garbage collector may

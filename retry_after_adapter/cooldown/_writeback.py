@@ -29,7 +29,7 @@ from typing import Any
 from ..errors import CooldownStoreError
 from ._health import BREAKER_MAX_PENDING, Breaker, OutOfTime, StoreBudget
 from .allowance import Allowance
-from .base import FullStore
+from .base import PartwiseStore, Replaceable
 from .memory import MemoryCooldownStore
 
 #: Seconds between the writer thread's looks while cooldowns wait to be written back.
@@ -60,8 +60,13 @@ class WriteBack:
     failure layer: ``inner`` the store, ``local`` the layer's local copy, ``breaker``
     the store's :class:`~._health.Breaker` (which it tells of what waits)."""
 
-    def __init__(self, inner: FullStore, local: MemoryCooldownStore, breaker: Breaker) -> None:
+    def __init__(
+        self, inner: PartwiseStore, local: MemoryCooldownStore, breaker: Breaker,
+        replaceable: Replaceable | None = None,
+    ) -> None:
         self.inner = inner
+        #: The store as it declares its data replaceable (see ``base.Replaceable``), or None.
+        self.replaceable = replaceable
         self.local = local
         self.breaker = breaker
         breaker.waiting = self
@@ -71,7 +76,7 @@ class WriteBack:
         #: Announced allowances held when the store failed, not yet written back.
         self._allowances: dict[str, Allowance] = {}
         self.lock = threading.Lock()
-        self._generation = getattr(inner, "generation", None)
+        self._generation = replaceable.generation if replaceable is not None else None
         #: Goes up at every write (local first, then the store), when a write-back
         #: starts and ends, and when the whole local copy is marked for one: an answer
         #: read across those moments is not mirrored down.
@@ -192,8 +197,8 @@ class WriteBack:
         """The store answered: close the breaker, write back, maybe end the outage.
         Returns whether cooldowns were written back (the answer may predate them)."""
         wrote = False
-        if self._generation is not None:
-            generation = getattr(self.inner, "generation", None)
+        if self.replaceable is not None:
+            generation = self.replaceable.generation
             if generation != self._generation:
                 wrote = self._replaced(generation)
         if not self.breaker.is_down and not self.breaker.announced:
@@ -266,7 +271,7 @@ class WriteBack:
                     raise CooldownStoreError(
                         f"writing back a cooldown failed: {type(exc).__name__}"
                     ) from None
-                # The store's effective time (a 0.x store's own answer may be anything).
+                # The store's effective time (a store of your own may answer anything).
                 if isinstance(answer, datetime) and answer.tzinfo is not None and answer > until:
                     stored = answer
             with self.lock:
@@ -285,7 +290,7 @@ class WriteBack:
             self.breaker.failed(exc, None)
             return True
 
-    def _replaced(self, generation: object) -> bool:
+    def _replaced(self, generation: int) -> bool:
         """The store lost its data under us (a SQLite file deleted or replaced): warn
         once, and write the whole local copy back."""
         with self.lock:
@@ -298,7 +303,7 @@ class WriteBack:
             "cooldown store %s was replaced under this process (%s); writing back the %d "
             "cooldowns this process knows",
             self.breaker.name,
-            getattr(self.inner, "replaced_reason", "its data is gone"),
+            self.replaceable.replaced_reason if self.replaceable is not None else "its data is gone",
             len(self._pending),
             extra={"store": self.breaker.name},
         )
@@ -387,9 +392,12 @@ class WriteBack:
             with self._writing:
                 if self._closed:
                     continue
-                self._write_once(chores, scope)
-                if backlog:
-                    self._write_backlog()
+                try:
+                    self._write_once(chores, scope)
+                    if backlog:
+                        self._write_backlog()
+                except ReferenceError:  # the store was collected: nobody is left to read it
+                    self._closed = True
 
     def _write_once(self, chores: list[tuple[str, tuple[Any, ...], datetime]], scope: str | None) -> None:
         """One turn of the writer thread: the chores again, and a pending scope's
@@ -424,9 +432,20 @@ class WriteBack:
             operation, args, give_up = chore
             if give_up <= now:
                 continue
-            if not self.write_through(getattr(self.inner, operation), args, None):
+            if not self.write_through(self._chore_operation(operation), args, None):
                 with self.lock:
                     self._chores.append(chore)
+
+    def _chore_operation(self, operation: str) -> Callable[..., Any]:
+        """The store's operation a chore names (see :meth:`add_chore`)."""
+        inner = self.inner
+        if operation == "settle":
+            return inner.settle
+        if operation == "settle_weighed":
+            return inner.settle_weighed
+        if operation == "release":
+            return inner.release
+        raise ValueError(f"no such chore: {operation!r}")
 
     def give_back_later(self, scope: str, token: str) -> None:
         """A slot the store did not take back: the writer tries for up to

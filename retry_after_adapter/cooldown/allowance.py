@@ -33,7 +33,7 @@ import math
 from datetime import datetime, timedelta
 from typing import NamedTuple, TypeVar
 
-from ..quota import MAX_SECONDS
+from ..header import MAX_SECONDS
 
 #: Two announced resets of one scope within this many seconds are the same window
 #: (delta-seconds are whole seconds: one window's resets differ by less than 1 s).

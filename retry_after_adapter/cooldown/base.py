@@ -11,19 +11,29 @@ extend, so a shorter cooldown never replaces a longer one.
   cooldown), ``admit`` of one :class:`Ask` and ``answer`` of one :class:`Answer` (both
   with defaults that fit a store of the core alone).
 - One mixin per capability, recognised by type: :class:`QuotaLogs`, :class:`Leases`,
-  :class:`Allowances`, :class:`LearnedRate`, :class:`FreshnessLog`, :class:`Listing`,
-  :class:`ChangeFeed`, :class:`LeaseRenewal`. :class:`FullStore` has them all but
+  :class:`Allowances`, :class:`Weights`, :class:`LearnedRate`, :class:`FreshnessLog`,
+  :class:`Listing`, :class:`ChangeFeed`, :class:`LeaseRenewal`.
+  :class:`PartwiseStore` applies an answer part by part and has them all but
   :class:`Weights` and :class:`LeaseRenewal` (which the memory, SQLite and Redis stores
   add): the memory, SQLite and Redis stores, the failure layer, and what
-  ``legacy.as_store`` makes of any other store.
-- One mixin declares a property the failure layer relies on: :class:`Bounded`, a store
-  that bounds each of its own operations (the SQLite and Redis stores).
-- :class:`CooldownStore` is the protocol of version 0.x (``get`` and ``extend``): a
-  store written for it keeps working, adapted once by ``legacy.LegacyStore``.
+  ``completed.as_store`` makes of any other store.
+- Mixins that declare what the failure layer and the engine rely on, each checked by
+  type, never by an attribute's name or a store's class: :class:`Bounded` (a store
+  that bounds each of its own operations: SQLite, Redis), :class:`Forgetful` (can lose
+  its data unnoticed: Redis), :class:`Replaceable` (its data can be replaced under a
+  process: SQLite), :class:`InProcess` (kept in this process's memory: the memory
+  store); and ``LearnedRate.rate_kinds``.
+- The failure layer of each store object is found in :data:`FAILURE_LAYERS`, by the
+  object's identity: nothing is set on a store.
+- :class:`CooldownStore` is the shape of the core (``get`` and ``extend``), for type
+  annotations; an object of that shape that is no :class:`Store` (a store of 0.x) is
+  refused with a message that says what to change.
 """
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,7 +47,9 @@ from .rate import Rate
 
 @runtime_checkable
 class CooldownStore(Protocol):
-    """Where workers share cooldowns. Implementations must be thread-safe.
+    """Where workers share cooldowns: the shape of the :class:`Store` core, for type
+    annotations (the adapter takes a :class:`Store`: an object of this shape alone, a
+    store of 0.x, is refused). Implementations must be thread-safe.
 
     Errors while talking to a backend are raised as ``CooldownStoreError``; the adapter
     turns them into its failure policy (fail open with a local copy, or fail closed).
@@ -451,7 +463,7 @@ class Store(ABC):
     def close(self) -> None:  # noqa: B027 - most stores have nothing to close
         """Release the store's connections (nothing, unless a store holds some)."""
 
-    # -- shorthands over admit and answer (one path each) -----------------------------
+    # -- shorthands over admit (one direction: admit never calls them) -------------------
     def acquire(
         self, scope: str, limit: int, per: float, now: datetime | None = None, margin: float = 0.0
     ) -> datetime | None:
@@ -465,51 +477,17 @@ class Store(ABC):
             scope=scope, now=now, lease=Lease(slots=limit, ttl=ttl, token=token)
         )).not_before
 
-    def release(self, scope: str, token: str) -> None:
-        """Give the slot taken as ``token`` back (nothing if it expired meanwhile)."""
-        self.answer(Answer(scope=scope, token=token))
-
-    def settle(
-        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
-        exact: bool = False,
-    ) -> None:
-        """Settle a permit answered at ``now`` (see :class:`Permit`)."""
-        self.answer(Answer(scope=scope, now=now, permit=Permit(limit, per, expires, exact)))
-
-    def settle_many(self, settles: Sequence[tuple[Any, ...]]) -> None:
-        """Several settles (each :meth:`settle`'s arguments) in as few operations as the
-        store can (this one: one each; SQLite: one transaction; Redis: one pipeline)."""
-        for args in settles:
-            self.settle(*args)
-
-    def allow(
-        self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,
-        limit: int | None = None, window: float | None = None,
-    ) -> None:
-        """Record an allowance announced at ``now`` (see :class:`Announced`)."""
-        self.answer(Answer(scope=scope, now=now, announced=Announced(remaining, until, seq, limit, window)))
-
-    def rate_answer(
-        self, scope: str, epoch: int | None, until: datetime | None, now: datetime, probe: bool | None = None
-    ) -> None:
-        """Tell the learned rate of an answer at ``now`` (see :class:`RateOutcome`)."""
-        self.answer(Answer(scope=scope, now=now, rate=RateOutcome(epoch, until, probe)))
-
     @property
     def capabilities(self) -> frozenset[type]:
         """The capability mixins the store carries (a wrapper answers for what it wraps)."""
         return frozenset(mixin for mixin in CAPABILITIES if isinstance(self, mixin))
 
 
-#: The attribute a store's failure layer (``guard.StoreGuard``) is kept under.
-GUARD_ATTR = "_retry_after_guard"
-
-
 def quiesce_guard(store: object) -> None:
     """Before ``store`` closes: what its failure layer's threads hold (settles, writes
     tried again) is written or dropped, and they write nothing after (a write racing
     the close crashed a process)."""
-    guard = getattr(store, GUARD_ATTR, None)
+    guard = FAILURE_LAYERS.find(store)
     if guard is not None:
         guard.quiesce()
 
@@ -517,7 +495,10 @@ def quiesce_guard(store: object) -> None:
 # -- capabilities: one mixin each ------------------------------------------------------
 class QuotaLogs(ABC):  # noqa: B024 - a capability declared by type; its work is admit's
     """``admit`` takes a configured quota's permits (``Ask.limit``, ``per``, ``margin``,
-    ``batch``, ``hold``, ``opened``) and ``answer`` settles them (``Answer.permit``)."""
+    ``batch``, ``hold``, ``opened``) and ``answer`` settles them (``Answer.permit``),
+    exactly when ``Permit.exact`` says so (earlier than stored too). Every store of this
+    type settles exactly: the engine takes a short quota's permits open on that promise
+    (counted longer until their answer), and the conformance kit checks it."""
 
 
 class Leases(ABC):  # noqa: B024 - a capability declared by type; its work is admit's
@@ -661,21 +642,94 @@ class Forgetful(ABC):
         process may still hold it (True), rather than lost with the store's data."""
 
 
+class Replaceable(ABC):
+    """A store whose data can be replaced under a running process without an error to
+    notice (the SQLite store: its file deleted or replaced, and reopened). The failure
+    layer compares :attr:`generation` after each answer, and writes back every cooldown
+    the process holds when it went up (not in :data:`CAPABILITIES`: it asks nothing of
+    the adapter)."""
+
+    @property
+    @abstractmethod
+    def generation(self) -> int:
+        """How many times this process found the store's data replaced (0: never)."""
+
+    @property
+    @abstractmethod
+    def replaced_reason(self) -> str:
+        """Why the data was last found replaced, in a few words for a log ("": never)."""
+
+
+class InProcess(ABC):
+    """A store kept in this process's memory (the memory store): it cannot fail, so the
+    failure layer does not wrap it, and a scope's cooldown is read from it without an
+    operation (not in :data:`CAPABILITIES`: it asks nothing of the adapter)."""
+
+    @abstractmethod
+    def cooldown_reader(self) -> Callable[[str], datetime | None]:
+        """A function that reads a scope's stored cooldown (may be past; None: none)
+        from memory, with no lock and no store operation: called before attempts."""
+
+
+class FailureLayers:
+    """The failure layer (``guard.StoreGuard``) of each store object in this process,
+    found by the store's identity, never by an attribute of the store (so a store that
+    is unhashable, compares equal to another, or takes no attributes is served too).
+
+    An entry ends with its store object (a weak reference), so a store nobody uses is
+    collected with its layer; a store that cannot be weakly referenced keeps its layer
+    for the process's life. A copy or an unpickled store is another object: it gets a
+    layer of its own."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[Callable[[], object], Any]] = {}
+
+    def find(self, store: object) -> Any:
+        """The layer made for ``store`` (this very object), or None."""
+        entry = self._entries.get(id(store))
+        if entry is None or entry[0]() is not store:
+            return None
+        return entry[1]
+
+    def add(self, store: object, layer: Any) -> bool:
+        """Keep ``layer`` as ``store``'s; returns whether the entry ends with the store
+        (False: the store cannot be weakly referenced, and both are kept)."""
+        key = id(store)
+        entries = self._entries
+
+        def ended(_: object) -> None:
+            entry = entries.get(key)
+            if entry is not None and entry[0]() is None:
+                del entries[key]
+
+        try:
+            ref: Callable[[], object] = weakref.ref(store, ended)
+        except TypeError:
+            entries[key] = ((lambda: store), layer)
+            return False
+        entries[key] = (ref, layer)
+        return True
+
+
+#: Every store object's failure layer in this process (see :class:`FailureLayers`).
+FAILURE_LAYERS = FailureLayers()
+
+
 #: Every capability mixin, in the order the docs list them.
 CAPABILITIES: tuple[type, ...] = (
     QuotaLogs, Leases, Allowances, Weights, LearnedRate, FreshnessLog, Listing, ChangeFeed, LeaseRenewal,
 )
 
 
-class FullStore(Store, QuotaLogs, Leases, Allowances, LearnedRate, FreshnessLog, Listing, ChangeFeed):
-    """A store with every capability but :class:`Weights`: the memory, SQLite and Redis
-    stores (which add ``Weights``), and what the adapter sees of any store
-    (``legacy.as_store`` completes one that lacks some, with what it lacks done
-    without). ``Weights`` is not among them, so that a store written against 0.11's
-    ``FullStore`` still is one, and never claims to weigh tokens it ignores (a token
-    quota is refused on it). Each part of an :class:`Answer` is applied by its own
-    operation (the shorthands ``settle``, ``settle_weighed``, ``allow``,
-    ``rate_answer`` and ``release``, each atomic), in that order."""
+class PartwiseStore(Store, QuotaLogs, Leases, Allowances, LearnedRate, FreshnessLog, Listing, ChangeFeed):
+    """A store that applies each part of an :class:`Answer` by an operation of its own,
+    and carries every capability the adapter's settings may need but :class:`Weights`
+    and :class:`LeaseRenewal`: the memory, SQLite and Redis stores (which add those
+    two), the failure layer, and what ``completed.as_store`` makes of any other
+    :class:`Store`. ``answer`` calls ``settle``, ``settle_weighed``, ``allow``,
+    ``rate_answer`` and ``release`` (each atomic on its own), in that order; they never
+    call ``answer`` (one direction). Called ``FullStore`` until 0.14 (a deprecated
+    alias): it never had every mixin."""
 
     def settle_weighed(self, scope: str, weighed: Weighed, now: datetime | None = None) -> None:
         """A store without :class:`Weights` took no token permit: nothing to settle."""
@@ -695,7 +749,7 @@ class FullStore(Store, QuotaLogs, Leases, Allowances, LearnedRate, FreshnessLog,
                     announced.window,
                 )
             if rate is not None:
-                if rate.probe is None or not getattr(self, "rate_kinds", False):
+                if rate.probe is None or not self.rate_kinds:
                     self.rate_answer(scope, rate.epoch, rate.until, at)
                 else:
                     self.rate_answer(scope, rate.epoch, rate.until, at, rate.probe)
@@ -723,7 +777,25 @@ class FullStore(Store, QuotaLogs, Leases, Allowances, LearnedRate, FreshnessLog,
     ) -> None: ...
 
     @abstractmethod
-    def release(self, scope: str, token: str) -> None: ...
+    def release(self, scope: str, token: str) -> None:
+        """Give the slot taken as ``token`` back (nothing if it expired meanwhile)."""
+
+    def settle_many(self, settles: Sequence[tuple[Any, ...]]) -> None:
+        """Several settles (each :meth:`settle`'s arguments) in as few operations as the
+        store can (this one: one each; SQLite: one transaction; Redis: one pipeline)."""
+        for args in settles:
+            self.settle(*args)
 
     @abstractmethod
     def admit(self, ask: Ask) -> Admission: ...
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FullStore":  # the name of 0.11-0.14
+        warnings.warn(
+            "retry_after_adapter.cooldown.FullStore is now PartwiseStore (the same class)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return PartwiseStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,6 +23,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -47,18 +48,20 @@ from ._health import (
 from ._near import OPEN_LIFE, REFILL_WAIT, Near
 from ._writeback import MAX_CHORES, RELEASE_KEPT, WRITER_POLL, WriteBack
 from .base import (
-    GUARD_ATTR,
+    FAILURE_LAYERS,
     Admission,
     Ask,
     Forgetful,
-    FullStore,
     Hold,
+    InProcess,
     LeaseRenewal,
+    PartwiseStore,
+    Replaceable,
     Weighed,
     check_scope,
 )
+from .completed import as_store, bare
 from .freshness import Freshness
-from .legacy import as_store, bare
 from .memory import MemoryCooldownStore
 from .rate import Rate
 
@@ -120,23 +123,27 @@ def _local_answer_allowed(budget: StoreBudget | None) -> None:
         raise CooldownUnavailable("the shared cooldown store is unavailable")
 
 
-class StoreGuard(FullStore):
+class StoreGuard(PartwiseStore):
     """The failure layer of one store object in this process (see the module).
 
     Each operation takes the calling call's :class:`StoreBudget` (``budget=``; None:
     no deadline, fail open)."""
 
-    def __init__(self, inner: FullStore, owner: object = None) -> None:
+    def __init__(self, inner: PartwiseStore, owner: object = None) -> None:
         self.inner = inner
-        #: The store object this guard was made for (``inner`` adapts it if it is of 0.x).
+        #: The store object this guard was made for (``inner`` completes it if it lacks
+        #: capabilities; a weak proxy of it when the guard is the process-wide one, see
+        #: :func:`guard_of`).
         self.owner: object = inner if owner is None else owner
-        self.name = type(self.owner).__name__
+        self.name = self.owner.__class__.__name__  # (a proxy's class is its store's)
         #: The local copy: what the store said, and what was learned while it failed.
         self.local = MemoryCooldownStore()
         #: The store's breaker (on the guard's own monotonic clock, seconds) and the
         #: write-back of what the store did not take.
-        self.breaker = Breaker(self.name, declared_bound(bare(inner)), time.monotonic)
-        self.writeback = WriteBack(inner, self.local, self.breaker)
+        store = bare(inner)
+        self.breaker = Breaker(self.name, declared_bound(store), time.monotonic)
+        replaceable = store if isinstance(store, Replaceable) else None
+        self.writeback = WriteBack(inner, self.local, self.breaker, replaceable)
         #: Settles waiting to be written together (see ``_coalesce``), and how many
         #: open permits of batches were given back unspent.
         self.settles = Coalescer(self.writeback)
@@ -604,7 +611,7 @@ class StoreGuard(FullStore):
     @property
     def rate_kinds(self) -> bool:  # type: ignore[override]
         """What the store it guards declares (see ``LearnedRate.rate_kinds``)."""
-        return bool(getattr(self.inner, "rate_kinds", False))
+        return self.inner.rate_kinds
 
     def rate_answer(
         self, scope: str, epoch: int | None, until: datetime | None, now: datetime, probe: bool | None = None,
@@ -691,7 +698,7 @@ class StoreGuard(FullStore):
 
     def __repr__(self) -> str:
         state = "down" if self.breaker.is_down else "healthy"
-        return f"StoreGuard({self.owner!r}, {state}, pending={self.writeback.pending})"
+        return f"StoreGuard({self.owner.__repr__()}, {state}, pending={self.writeback.pending})"
 
 
 def _no_guard() -> None:
@@ -699,10 +706,7 @@ def _no_guard() -> None:
 
 
 # ------------------------------------------------------------------ one guard per store
-_GUARD_ATTR = GUARD_ATTR
 _REGISTRY_LOCK = threading.Lock()
-#: Guards of stores that take no attribute (``__slots__``): kept for the process's life.
-_PINNED: dict[int, StoreGuard] = {}
 
 
 def _new_module_locks() -> None:
@@ -715,35 +719,37 @@ _forksafe.at_fork(_new_module_locks)
 
 
 def guard_of(store: object) -> StoreGuard:
-    """The process-wide :class:`StoreGuard` of ``store`` (made on first use; a store of
-    0.x is adapted once, see ``legacy``).
+    """The process-wide :class:`StoreGuard` of ``store`` (made on first use), found by
+    the store object's identity (``base.FAILURE_LAYERS``), never kept on the store.
 
     The guard lives as long as the store object: a new Session or adapter on the same
-    store object finds the same local copy and health state.
+    store object finds the same local copy and health state. It holds the store by a
+    weak proxy (where the store can be weakly referenced), so that the store and its
+    guard are collected together once nothing else holds the store: hold the store,
+    not only its guard.
     """
-    guard = getattr(store, _GUARD_ATTR, None)
-    if isinstance(guard, StoreGuard) and guard.owner is store:
+    guard: StoreGuard | None = FAILURE_LAYERS.find(store)
+    if guard is not None:
         return guard
-    pinned = _PINNED.get(id(store))
-    if pinned is not None and pinned.owner is store:
-        return pinned
     with _REGISTRY_LOCK:
-        guard = getattr(store, _GUARD_ATTR, None)
-        if isinstance(guard, StoreGuard) and guard.owner is store:
+        guard = FAILURE_LAYERS.find(store)
+        if guard is not None:
             return guard
-        guard = StoreGuard(as_store(store), store)
         try:
-            setattr(store, _GUARD_ATTR, guard)
-        except (AttributeError, TypeError):
-            _PINNED[id(store)] = guard  # holds the store, so its id stays unique
+            held: object = weakref.proxy(store)
+        except TypeError:
+            held = store  # no weak reference: the registry keeps both for the process's life
+        guard = StoreGuard(as_store(held), held)
+        FAILURE_LAYERS.add(store, guard)
         return guard
 
 
-def shared(cooldown: object) -> FullStore | None:
-    """What calls talk to for ``cooldown`` (None: no sharing): a memory store as it is
-    (it cannot fail), any other store through its process-wide guard."""
+def shared(cooldown: object) -> PartwiseStore | None:
+    """What calls talk to for ``cooldown`` (None: no sharing): a store kept in this
+    process (``InProcess``: it cannot fail) as it is, any other store through its
+    process-wide guard."""
     if cooldown is None:
         return None
-    if isinstance(cooldown, MemoryCooldownStore):
+    if isinstance(cooldown, InProcess):
         return as_store(cooldown)
     return guard_of(cooldown)

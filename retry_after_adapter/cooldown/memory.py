@@ -6,7 +6,7 @@ import bisect
 import collections
 import heapq
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -41,11 +41,12 @@ from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, m
 from .base import (
     Admission,
     Ask,
-    FullStore,
     Hold,
+    InProcess,
     Learn,
     Lease,
     LeaseRenewal,
+    PartwiseStore,
     Weigh,
     Weighed,
     Weights,
@@ -79,7 +80,7 @@ _FRESHNESS_KEPT = timedelta(seconds=FRESHNESS_KEPT)
 _ALLOWANCE_KEPT = timedelta(seconds=ALLOWANCE_KEPT)
 
 
-class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
+class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, InProcess):
     """Cooldowns shared by every thread of one process.
 
     ``get`` is one dict lookup, without the lock (a single dict read is atomic).
@@ -135,6 +136,10 @@ class MemoryCooldownStore(RateAdmission, FullStore, Weights, LeaseRenewal):
 
     def get(self, scope: str) -> datetime | None:
         return self._until.get(scope)
+
+    def cooldown_reader(self) -> Callable[[str], datetime | None]:
+        """The cooldowns' table's own ``get`` (see ``InProcess``): one dict read."""
+        return self._until.get
 
     def extend(self, scope: str, until: datetime) -> datetime:
         check_scope(scope)

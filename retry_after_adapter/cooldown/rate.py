@@ -64,7 +64,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from ..quota import MAX_COUNT, MAX_SECONDS
+from ..header import MAX_COUNT, MAX_SECONDS
 
 __all__ = [
     "BACKOFF",

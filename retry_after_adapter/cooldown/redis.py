@@ -11,6 +11,7 @@ time; only :meth:`RedisCooldownStore.from_url` does, when called.
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 from collections.abc import Sequence
@@ -48,8 +49,8 @@ from .base import (
     Changed,
     Feed,
     Forgetful,
-    FullStore,
     LeaseRenewal,
+    PartwiseStore,
     Weighed,
     Weights,
     check_scope,
@@ -83,7 +84,7 @@ def _restore(url: str, prefix: str, client_kwargs: dict[str, Any]) -> RedisCoold
     return RedisCooldownStore.from_url(url, prefix=prefix, **client_kwargs)
 
 
-class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded, Forgetful, LeaseRenewal):
+class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetful, LeaseRenewal):
     """Cooldowns shared by every process on every machine through Redis or Valkey.
 
     ``client`` is any synchronous redis-py compatible client: ``redis.Redis``,
@@ -586,7 +587,11 @@ class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded, Forgetful, L
         """The store's change channel, followed by a thread of this process (see
         ``RedisFeed``); None when the store was made with ``push=False`` (this process
         then follows nothing; what it writes is still published for the others)."""
-        return RedisFeed(self._client, self._channel, changed, self._failure) if self._push else None
+        if not self._push:
+            return None
+        # The feed names its failures as the store does, without holding the store (its
+        # failure layer holds the store weakly: both are collected once it is unused).
+        return RedisFeed(self._client, self._channel, changed, functools.partial(_failure, self._secrets))
 
     def close(self) -> None:
         """Close the client's connections (a client passed in is the caller's to close),
@@ -613,15 +618,20 @@ class RedisCooldownStore(RedisListing, FullStore, Weights, Bounded, Forgetful, L
         return f"RedisCooldownStore({type(self._client).__name__}, prefix={self._prefix!r})"
 
     def _failure(self, operation: str, exc: BaseException) -> CooldownStoreError:
-        """``exc`` as the package's error: what it was (``failure_cause``: an
-        authentication, a permission or TLS that will not heal told apart from a
-        timeout or a refused connection), without the URL's credentials."""
-        detail = scrub(str(exc), self._secrets)
-        cause, lasting = failure_cause(exc)
-        return CooldownStoreError(
-            f"the Redis cooldown store failed during {operation}: {cause} ({type(exc).__name__}"
-            + (f": {detail}" if detail else "")
-            + ")",
-            cause=cause,
-            lasting=lasting,
-        )
+        """``exc`` as the package's error (see :func:`_failure`)."""
+        return _failure(self._secrets, operation, exc)
+
+
+def _failure(hidden: Any, operation: str, exc: BaseException) -> CooldownStoreError:
+    """``exc`` as the package's error: what it was (``failure_cause``: an
+    authentication, a permission or TLS that will not heal told apart from a timeout or
+    a refused connection), without the URL's credentials (``hidden``)."""
+    detail = scrub(str(exc), hidden)
+    cause, lasting = failure_cause(exc)
+    return CooldownStoreError(
+        f"the Redis cooldown store failed during {operation}: {cause} ({type(exc).__name__}"
+        + (f": {detail}" if detail else "")
+        + ")",
+        cause=cause,
+        lasting=lasting,
+    )

@@ -16,6 +16,7 @@ import contextlib
 import os
 import random
 import sqlite3
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
@@ -42,9 +43,10 @@ from .base import (
     Bounded,
     Changed,
     Feed,
-    FullStore,
     Hold,
     LeaseRenewal,
+    PartwiseStore,
+    Replaceable,
     Weighed,
     Weights,
     check_scope,
@@ -118,7 +120,7 @@ _SET_LATER = (
 )
 
 
-class SQLiteCooldownStore(SQLiteFile, FullStore, Weights, Bounded, LeaseRenewal):
+class SQLiteCooldownStore(SQLiteFile, PartwiseStore, Weights, Bounded, LeaseRenewal, Replaceable):
     """Cooldowns shared by every process and thread on one host through a SQLite file.
 
     ``path`` is the database file (created when missing; its directory must exist). A
@@ -267,7 +269,9 @@ class SQLiteCooldownStore(SQLiteFile, FullStore, Weights, Bounded, LeaseRenewal)
         when the store was made with ``push=False``."""
         from ._sqlite_feed import SQLiteFeed  # (its module needs this one's store)
 
-        return SQLiteFeed(self, changed) if self._push else None
+        # Held weakly: the failure layer holds the store weakly too, so that both are
+        # collected once it is unused.
+        return SQLiteFeed(weakref.proxy(self), changed) if self._push else None
 
     def settle(
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,

@@ -3,13 +3,19 @@
 A newcomer reads it in this order (each module one concern, higher ones import lower):
 
 - ``override``: ``budget()``, the limits a caller sets around calls (a context variable).
+- ``state``: the records a call is made of (``Terms``, ``Progress``, ``Ticket``,
+  ``Heard``, ``Slot``), the ``Policy`` settings the engine reads of a
+  ``RetryAfterRetry``, and ``CallState``, what the plan reads of a call.
+- ``meters``: this process's attempts per scope (for quota headers).
+- ``buckets``: what providers' dialects teach a plan (Discord's routes, GitHub's
+  secondary-limit streaks), kept per plan.
 - ``plan``: :class:`Plan`, what every call of one adapter needs that does not change
   per call (the store, the quota, the cap), worked out once; the store operations a
   call makes through it (one per attempt for admission).
 - ``call``: :class:`Call`, one call's state (time, counts, what the server said) and
   its deferrals.
-- ``meters``: this process's attempts per scope (for quota headers).
-- ``learn``: what an answer teaches (Retry-After, quota headers, freshness).
+- ``learn``: what an answer teaches (Retry-After, quota headers, freshness, a route's
+  bucket).
 - ``verdict``: :func:`judge`, learn, count as urllib3 does, then the pure policy decides.
 - ``admission``: :func:`admitted` and :func:`admit_slowly`, before every attempt: take
   what it needs, or wait, or defer.
@@ -25,45 +31,47 @@ A newcomer reads it in this order (each module one concern, higher ones import l
 
 from __future__ import annotations
 
-from .admission import admit_slowly, admitted, drive, wait_steps, wait_until
+# The engine's interface to the front ends (requests, urllib3, httpx, httpx2), the
+# policy's stock-loop mode and the settings: what they import of it, nothing more.
+from .admission import STORE_STEPS, admitted, carry_out_store, drive, wait_until
 from .call import MIN_ATTEMPT_TIMEOUT, Call
-from .loop import SINGLE_ATTEMPT, Outcome, Transport, judge_redirect, run, steps
-from .ops import Close, Follow, Keep, Op, Send, Sleep, Steps
-from .override import UNSET, Override, budget, current_override
-from .plan import NO_PLAN, Plan
-from .verdict import FINAL, RAISE, REDIRECT, RETURN, Verdict, judge
+from .learn import refine_call
+from .loop import SINGLE_ATTEMPT, Outcome, judge_redirect, run, steps
+from .ops import Close, Follow, Keep, Op, Send, Sleep, StoreOp
+from .override import budget, current_override
+from .plan import Plan
+from .state import Heard, Policy, Terms
+from .verdict import REDIRECT, Verdict, judge, plan_wait
 
 __all__ = [
-    "FINAL",
     "MIN_ATTEMPT_TIMEOUT",
-    "NO_PLAN",
-    "RAISE",
     "REDIRECT",
-    "RETURN",
     "SINGLE_ATTEMPT",
-    "UNSET",
+    "STORE_STEPS",
     "Call",
     "Close",
     "Follow",
+    "Heard",
     "Keep",
     "Op",
     "Outcome",
-    "Override",
     "Plan",
+    "Policy",
     "Send",
     "Sleep",
-    "Steps",
-    "Transport",
+    "StoreOp",
+    "Terms",
     "Verdict",
-    "admit_slowly",
     "admitted",
     "budget",
+    "carry_out_store",
     "current_override",
     "drive",
     "judge",
     "judge_redirect",
+    "plan_wait",
+    "refine_call",
     "run",
     "steps",
-    "wait_steps",
     "wait_until",
 ]

@@ -14,113 +14,36 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from urllib3.util.retry import Retry
 from urllib3.util.timeout import Timeout
 
-from ..clock import Clock, Event
+from ..clock import Clock
 from ..cost import BUDGET
 from ..deferral import Deferral
+from ..deferred import DeferralLimitExceeded
 from ..dialects import milliseconds, precise_wait
-from ..errors import DeferralLimitExceeded, InvalidRetryAfter
+from ..errors import InvalidRetryAfter
 from ..header import RetryAfter, parse_retry_after
 from ..observe import DecisionHook, emit
 from ..policy import DEFER, STOP, TOO_LONG, Decision, Reason, beyond_bound, lifetime_limit
 from .override import UNSET, Override
 from .plan import NO_PLAN, Plan
+from .state import NOTHING_HEARD, Heard, Policy, Progress, Terms, Ticket
 
 if TYPE_CHECKING:
     from ..cooldown.guard import StoreBudget
-    from ..retry import RetryAfterRetry
     from .meters import Meter
-    from .plan import Slot
 
-__all__ = ["MIN_ATTEMPT_TIMEOUT", "Call", "Progress", "Terms", "Ticket", "terms_of"]
+__all__ = ["MIN_ATTEMPT_TIMEOUT", "Call", "terms_of"]
 
 #: The smallest timeout, in seconds, an attempt gets when its deadline is nearly used
 #: up (a zero timeout would make the socket non-blocking). ``attempt_reserve`` raises it.
 MIN_ATTEMPT_TIMEOUT = 0.1
 
 
-class Heard(NamedTuple):
-    """What the server said last: the answer's status, its raw Retry-After (trimmed)
-    and the clock skew its Date showed (seconds); None: not said, or no answer yet."""
-
-    status: int | None = None
-    retry_after: str | None = None
-    skew: float | None = None
-
-
-NOTHING_HEARD = Heard()
-
-
-class Ticket:
-    """One attempt's admission, from its grant to its answer: what the store gave it
-    and what its answer must settle (written by the plan, ``engine.plan``), how long it
-    waited for a slot and whether it queued (``engine.admission``), and when it was
-    sent (``engine.loop``).
-
-    Every field starts at its class default (made per call with no ``__init__``: the
-    defaults are immutable, and an attempt writes what it takes)."""
-
-    #: The slot the call holds while an attempt is on the wire.
-    lease_token: str | None = None
-    #: When the quota permit of the attempt on the wire stops counting, as stored, and
-    #: when (monotonic seconds) its admission started.
-    permit: datetime | None = None
-    admitted_at = 0.0
-    #: That permit is an open one: it counts until its answer settles it (see
-    #: ``Plan.answered``).
-    permit_open = False
-    #: The admission number of the attempt on the wire, for quota headers.
-    admission: int | None = None
-    #: The learned rate's epoch the attempt on the wire was admitted in (None: no
-    #: learned rate governed it), and whether its good answer is to be told.
-    rate_epoch: int | None = None
-    rate_report = False
-    #: The last admission was refused by the scope's learned rate (reason ``rate``).
-    rate_held = False
-    #: A learned rate's probe slot, given back once the attempt's answer is judged.
-    probe: Slot | None = None
-    #: The last admission was refused only for want of a concurrency slot.
-    slot_busy = False
-    #: How long (seconds) this attempt has waited for a concurrency slot so far.
-    slot_waited = 0.0
-    #: Counted among the calls waiting on its scope in this process (max_waiting).
-    queued = False
-    #: When (monotonic seconds) the last attempt was sent; None: none yet.
-    sent_at: float | None = None
-    #: When the token permit of the attempt on the wire stops counting, as stored
-    #: (None: it took none; see ``Plan._weigh``), and its number among the announced
-    #: token allowance's tokens (``Admission.token_seq``; None: not counted).
-    weighed: datetime | None = None
-    token_seq: int | None = None
-
-    def uncounted(self) -> None:
-        """The attempt moved to a scope whose store record did not count it (a refined
-        bucket): it has no admission number there."""
-        self.admission = None
-
-
-class Terms:
-    """What a call may spend: its deadline and maximum wait (seconds; None: none), its
-    cancel event and its decision hooks. Never changed once made: a policy's calls
-    share one (:func:`terms_of`), and an enclosing ``budget()`` makes its own."""
-
-    __slots__ = ("cancel", "deadline", "hooks", "max_wait")
-
-    def __init__(
-        self, deadline: float | None, max_wait: float | None, cancel: Event | None,
-        hooks: tuple[DecisionHook, ...],
-    ) -> None:
-        self.deadline = deadline
-        self.max_wait = max_wait
-        self.cancel = cancel
-        self.hooks = hooks
-
-
-def terms_of(policy: RetryAfterRetry, hooks: tuple[DecisionHook, ...]) -> Terms:
+def terms_of(policy: Policy, hooks: tuple[DecisionHook, ...]) -> Terms:
     """The terms of ``policy``'s calls with the front end's ``hooks`` added: made once
     per policy and hooks (kept on the policy, an immutable value), then shared."""
     kept = policy._terms
@@ -131,30 +54,6 @@ def terms_of(policy: RetryAfterRetry, hooks: tuple[DecisionHook, ...]) -> Terms:
     )
     policy._terms = (hooks, terms)
     return terms
-
-
-class Progress:
-    """What the job has spent so far: when this call started (the clock's monotonic
-    seconds; set per call), and, carried across its deferrals, the attempts sent, the
-    deferrals before this call, the chain of those deferrals, when its first attempt
-    was sent (UTC) and the eligible time it resumes at (no attempt before it; UTC).
-    Fields start at their class defaults (immutable), as :class:`Ticket`'s."""
-
-    start = 0.0
-    attempts = 0
-    deferrals_before = 0
-    history: tuple[Deferral, ...] = ()
-    started_at: datetime | None = None
-    #: No attempt before this: the eligible time of the deferral this call resumes.
-    not_before: datetime | None = None
-    #: What each attempt of the call costs in tokens (0: none declared; see ``cost``),
-    #: and where it came from (the ``cost=`` option or ``cost.BUDGET``), for an error.
-    cost = 0
-    cost_from: object = None
-    #: Whether the request can be sent again as it is: False for a body read once as it
-    #: is sent (a generator, a file), which nothing makes a replay of (set by the front
-    #: end; read only when a provider's answer would let a POST be replayed).
-    resendable = True
 
 
 class Call:
@@ -180,7 +79,7 @@ class Call:
 
     def __init__(
         self,
-        policy: RetryAfterRetry,
+        policy: Policy,
         plan: Plan = NO_PLAN,
         *,
         scope: str | None = None,

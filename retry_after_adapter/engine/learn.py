@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 from .._compat import announces_quota, header_getter, response_header
 from ..cooldown.allowance import SAME_WINDOW
 from ..cooldown.freshness import INVALID_HEADER, SERVER_ERROR, SUCCESS, SUCCESS_EVERY, THROTTLED, TRANSPORT
-from ..dialects import MS_FIELDS, RESET_MARGIN
-from ..errors import InvalidRetryAfter
-from ..policy import TOO_LONG, Reason
+from ..dialects import MS_FIELDS, RESET_MARGIN, bucket_of, github_secondary, is_global, secondary_wait
+from ..dialects import wants_body as _wants_body
+from ..errors import CooldownUnavailable, InvalidRetryAfter
+from ..policy import TOO_LONG, Reason, beyond_bound
 from ..quota import QuotaHint, bound_hint, read_quota, refill_step
-from .buckets import learn_cooldown, learn_route, learn_secondary
+from .buckets import MARK, base_scope
 
 if TYPE_CHECKING:
     from .call import Call
@@ -34,6 +35,8 @@ __all__ = [
     "note",
     "outcome_class",
     "read_quota_headers",
+    "refine_call",
+    "wants_body",
 ]
 
 #: No millisecond field: ``(None, None)``, one per ``MS_FIELDS``.
@@ -235,3 +238,97 @@ def outcome_class(
     if status >= 500:
         return SERVER_ERROR
     return SUCCESS if status < 400 else ""
+
+
+# -- providers' dialects (the memory of them per plan: ``buckets``) ---------------------
+
+
+def _on_scope(call: Call, scope: str, until: datetime) -> None:
+    """Advance ``scope``'s shared cooldown (not the call's own scope) to ``until``;
+    the call keeps the later of both as its own cooldown."""
+    own = call.scope
+    if own == scope:
+        call.plan.learn(call, until)
+        return
+    kept = call.cooldown
+    call.scope = scope
+    try:
+        call.plan.learn(call, until)
+    finally:
+        call.scope = own
+    if kept is not None and (call.cooldown is None or kept > call.cooldown):
+        call.cooldown = kept
+
+
+def refine_call(call: Call, method: str | None, url: str | None) -> None:
+    """Before the first attempt: when the call's route has reported a bucket, admit it
+    under the refined scope, held back by a running global cooldown of the unrefined
+    one (read once here). A store that cannot be read now holds nothing back."""
+    scope = call.scope
+    dialects = call.plan.dialects
+    if scope is None or not dialects.routes:
+        return
+    refined = dialects.refine(scope, method, url)
+    if refined == scope:
+        return
+    call.continue_on(call.plan, refined)
+    kept = call.cooldown
+    call.scope = scope
+    try:
+        until = call.plan.read_cooldown(call)
+    except CooldownUnavailable:
+        until = None
+    finally:
+        call.scope = refined
+        call.cooldown = kept
+    if until is None or until <= call.clock.now():
+        return
+    if call.progress.not_before is None or until > call.progress.not_before:
+        call.progress.not_before = until
+
+
+def learn_route(call: Call, get: Callable[[str], str | None], method: str | None, url: str | None) -> None:
+    """A response that names its bucket (its fields read by ``get``) refines its route's
+    scope, this call's too (what it says of its quota is then learned for the bucket)."""
+    if call.scope is None or method is None or url is None:
+        return
+    bucket = bucket_of(get)
+    if bucket is None:
+        return
+    refined = call.plan.dialects.learn(call.scope, method, url, bucket)
+    if refined != call.scope:
+        call.continue_on(call.plan, refined)
+        call.ticket.uncounted()  # the bucket's store record did not count this attempt
+        call.cooldown = None
+
+
+def learn_cooldown(call: Call, response: Any, until: datetime) -> None:
+    """A Retry-After's cooldown: the unrefined scope's when the response says its limit
+    is global (Discord), else the call's scope's."""
+    scope = call.scope
+    if scope is not None and MARK in scope and is_global(lambda name: response_header(response, name)):
+        _on_scope(call, base_scope(scope), until)
+        return
+    call.plan.learn(call, until)
+
+
+def learn_secondary(call: Call, response: Any, status: int | None, body: bytes | None) -> None:
+    """A GitHub secondary rate limit that names no wait: a shared cooldown of at least
+    60 s on the unrefined scope, doubled while such answers repeat (at most an hour);
+    not learned when longer than ``max_retry_after`` (never obeyed, never shortened)."""
+    scope = call.scope
+    if scope is None or not github_secondary(status, lambda name: response_header(response, name), body):
+        return
+    base = base_scope(scope)
+    now = call.clock.now()
+    wait = secondary_wait(call.plan.dialects.streak(base, now))
+    if beyond_bound(wait, call.policy.max_retry_after):
+        return
+    _on_scope(call, base, now + timedelta(seconds=wait))
+
+
+def wants_body(transport: Any, raw: Any) -> bool:
+    """Whether the body of the answer ``raw`` (a 403) must be read to be told apart (a
+    GitHub 403 that names no wait): the loop then reads and keeps it (bounded, as a
+    retried body), so that it stays readable. Never when the caller streams the body."""
+    return not transport.streams and _wants_body(403, lambda name: response_header(raw, name))

@@ -31,12 +31,12 @@ from urllib3.exceptions import MaxRetryError
 from urllib3.util.retry import Retry
 
 from ..deferral import Deferral
-from ..errors import DeferralLimitExceeded
+from ..deferred import DeferralLimitExceeded
 from ..policy import DEFER, RETRY, STOP, Reason
 from ..redact import message_url
 from .admission import admit_slowly, admitted, drive, wait_steps
-from .buckets import wants_body
 from .call import Call
+from .learn import wants_body
 from .ops import Close, Follow, Judge, Keep, Op, Send, Settle, Steps
 from .verdict import FINAL, REDIRECT, Verdict, plan_wait
 

@@ -16,33 +16,31 @@ import logging
 import secrets
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import _forksafe
 from ..cooldown.base import (
     Allowances,
     Ask,
     FreshnessLog,
-    FullStore,
+    InProcess,
     Learn,
     LearnedRate,
     Lease,
+    PartwiseStore,
+    QuotaLogs,
     Weigh,
     Weighed,
     Weights,
     token_scope,
 )
 from ..cooldown.guard import StoreBudget, StoreGuard
-from ..cooldown.legacy import opens_permits
-from ..cooldown.memory import MemoryCooldownStore
 from ..cooldown.weights import token_quota
 from ..cost import cost_error
 from ..quota import Quota
 from .buckets import Dialects
 from .meters import Meter, Meters, meters_of
-
-if TYPE_CHECKING:
-    from .call import Call
+from .state import CallState, Slot
 
 __all__ = ["NO_PLAN", "OPEN_FOR", "Plan"]
 
@@ -84,49 +82,30 @@ _forksafe.at_fork(_redraw_tokens)
 _NO_TOKENS: tuple[Lease | None, Learn | None] = (None, None)
 
 
-class Slot:
-    """Gives one concurrency slot back, once, when called (the attempt it covered has
-    ended); a second call does nothing."""
-
-    __slots__ = ("free", "scope", "token")
-
-    def __init__(self, free: Callable[[str, str], None], scope: str, token: str) -> None:
-        self.free = free
-        self.scope = scope
-        self.token: str | None = token
-
-    def __call__(self) -> None:
-        token = self.token
-        if token is not None:
-            self.token = None
-            self.free(self.scope, token)
-
-
-def _carries(store: FullStore | None, capability: type) -> bool:
+def _carries(store: PartwiseStore | None, capability: type) -> bool:
     return store is not None and capability in store.capabilities
 
 
-def _opens(store: FullStore | None, quota: Quota | None) -> bool:
+def _opens(store: PartwiseStore | None, quota: Quota | None) -> bool:
     """Whether every permit of ``quota`` is taken open: the store can settle a permit
     exactly (earlier too), and ``per + margin`` alone is shorter than :data:`OPEN_FOR`."""
     return (
         quota is not None
         and quota.window < OPEN_FOR
-        and store is not None
-        and opens_permits(store)
+        and _carries(store, QuotaLogs)
     )
 
 
 def _cooldown_reader(
-    store: FullStore | None, guard: StoreGuard | None
+    store: PartwiseStore | None, guard: StoreGuard | None
 ) -> Callable[[str], datetime | None] | None:
     """How a scope's cooldown is read without a store operation: the failure layer's
     local copy of a shared store, or a memory store's own table (a dict read: the
     cooldown its admission read as it granted, and since); None: not at all."""
     if guard is not None:
         return guard.local.get
-    if isinstance(store, MemoryCooldownStore):
-        return store._until.get
+    if isinstance(store, InProcess):
+        return store.cooldown_reader()
     return None
 
 
@@ -160,7 +139,7 @@ class Plan:
 
     def __init__(
         self,
-        store: FullStore | None = None,
+        store: PartwiseStore | None = None,
         *,
         fail_closed: bool = False,
         quota: Quota | None = None,
@@ -192,15 +171,15 @@ class Plan:
         self.ttl = ttl
         self.max_waiting = max_waiting
         self.meters: Meters | None = meters_of(store) if store is not None else None
-        #: Whether the store records announced allowances and freshness (a store of 0.x
-        #: may not: it is then not asked).
+        #: Whether the store records announced allowances and freshness (a store of
+        #: your own may not: it is then not asked).
         self.allows = _carries(store, Allowances)
         self.notes = _carries(store, FreshnessLog)
         #: Whether calls are admitted by the scope's learned rate too (no quota
         #: configured, and a store that learns one).
         self.learns = learn_rate and quota is None and tokens is None and _carries(store, LearnedRate)
         #: Whether the store reads the kind of attempt a throttle refused (``LearnedRate.rate_kinds``).
-        self.rate_kinds = self.learns and bool(getattr(store, "rate_kinds", False))
+        self.rate_kinds = self.learns and store is not None and store.rate_kinds
         #: Whether the store weighs a call's declared cost in tokens (``cost=``), and the
         #: token quota it is weighed against besides the server's announced one.
         self.weighs = _carries(store, Weights)
@@ -219,7 +198,7 @@ class Plan:
         self.replays = replays
 
     # -- per call ------------------------------------------------------------------
-    def budget(self, call: Call) -> StoreBudget:
+    def budget(self, call: CallState) -> StoreBudget:
         """What ``call`` may spend on a guarded store (see :attr:`guard`)."""
         end = None if call.terms.deadline is None else call.progress.start + call.terms.deadline
         return StoreBudget(end, call.clock.monotonic, self.fail_closed)
@@ -231,7 +210,7 @@ class Plan:
         return self.meters[scope]
 
     # -- per attempt: one store operation ---------------------------------------------
-    def admit_once(self, call: Call) -> datetime | None:
+    def admit_once(self, call: CallState) -> datetime | None:
         """Admit the next attempt now, in one store operation: None when it may go (a
         quota permit, one of the server's announced allowance and a concurrency slot
         taken, as the plan needs), else when to ask again (``call.cooldown`` holds the
@@ -299,7 +278,7 @@ class Plan:
         _set(learn, "__dict__", {"ttl": self.ttl, "token": token})
         return lease, learn
 
-    def _weigh(self, call: Call) -> Weigh:
+    def _weigh(self, call: CallState) -> Weigh:
         """What the attempt's declared cost asks of the scope's tokens: the server's
         announced token allowance, and the token quota when one is configured (a cost
         it could never admit is a ConfigurationError)."""
@@ -311,7 +290,9 @@ class Plan:
         call.ticket.admitted_at = call.clock.monotonic()  # before the grant: its lower bound
         return Weigh(cost, tokens.limit, tokens.per, tokens.margin)
 
-    def answered(self, call: Call, response: Any, on_done: Callable[[Any, Slot], None] | None = None) -> None:
+    def answered(
+        self, call: CallState, response: Any, on_done: Callable[[Any, Slot], None] | None = None
+    ) -> None:
         """The attempt is answered (or failed, ``response`` None): its permit counts
         until at least its answer + per; its slot is given back when the attempt is
         over (``on_done(response, slot)``: its body read or the response closed).
@@ -357,7 +338,7 @@ class Plan:
                 assert on_done is not None  # a response has a way to be done with
                 on_done(response, slot)
 
-    def learned_meanwhile(self, call: Call) -> bool:
+    def learned_meanwhile(self, call: CallState) -> bool:
         """Right before an admitted attempt goes out: whether this process learned a
         cooldown of the scope since the grant (another thread received a 429 while this
         one was on its way to the wire), read in this process's memory (no store
@@ -369,7 +350,7 @@ class Plan:
         return until is not None and until > call.clock.now()
 
     @staticmethod
-    def judged(call: Call) -> None:
+    def judged(call: CallState) -> None:
         """The attempt's answer was judged (what it taught is learned): a probe's slot
         goes back."""
         ticket = call.ticket
@@ -378,7 +359,7 @@ class Plan:
             ticket.probe = None
             probe()
 
-    def _settle(self, call: Call) -> None:
+    def _settle(self, call: CallState) -> None:
         """The attempt that took a quota permit was answered (or failed): it reached the
         server by now, so the permit must count until ``now + per``: exactly, for an open
         permit; at least, for one answered later than the margin (one more store
@@ -397,7 +378,7 @@ class Plan:
         except Exception as exc:  # the permit still counts until its stored end
             log.debug("settling a quota permit failed: %s", type(exc).__name__)
 
-    def _settle_weighed(self, call: Call) -> None:
+    def _settle_weighed(self, call: CallState) -> None:
         """The attempt that took a token permit was answered (or failed): answered later
         than the token quota's margin, the permit counts until at least ``now + per``
         (one more store operation), as a quota permit that is not open does."""
@@ -416,7 +397,7 @@ class Plan:
             log.debug("settling a token permit failed: %s", type(exc).__name__)
 
     # -- the slow path and news ---------------------------------------------------
-    def read_cooldown(self, call: Call) -> datetime | None:
+    def read_cooldown(self, call: CallState) -> datetime | None:
         """The scope's stored cooldown (no store: the call's own). May raise
         CooldownUnavailable (a guarded store failing closed)."""
         if self.store is None or call.scope is None:
@@ -424,7 +405,7 @@ class Plan:
         call.cooldown = self._on_store(self.store.get, call, call.scope)
         return call.cooldown
 
-    def learn(self, call: Call, until: datetime) -> None:
+    def learn(self, call: CallState, until: datetime) -> None:
         """Advance the scope's shared cooldown to ``until`` (later wins); never raises
         for a store that fails (the failure layer keeps it)."""
         if self.store is None or call.scope is None:
@@ -432,7 +413,7 @@ class Plan:
             return
         call.cooldown = self._on_store(self.store.extend, call, call.scope, until)
 
-    def rate_answer(self, call: Call, until: datetime | None) -> None:
+    def rate_answer(self, call: CallState, until: datetime | None) -> None:
         """Tell the scope's learned rate how the attempt was answered: well (``until``
         None; only a probe's answer, ``Ticket.rate_report``) or throttled until ``until``
         (at or before now: no usable wait, the rate backs off). Never raises (the rate
@@ -453,14 +434,14 @@ class Plan:
         except Exception as exc:
             log.debug("telling the learned rate failed: %s", type(exc).__name__)
 
-    def allow(self, call: Call, *args: Any) -> None:
+    def allow(self, call: CallState, *args: Any) -> None:
         """Record the server's announced allowance (``Store.allow``'s arguments after
         the scope)."""
         if self.allows and self.store is not None and call.scope is not None:
             self._on_store(self.store.allow, call, call.scope, *args)
 
     def allow_tokens(
-        self, call: Call, remaining: int, until: datetime, now: datetime, limit: int | None
+        self, call: CallState, remaining: int, until: datetime, now: datetime, limit: int | None
     ) -> None:
         """Record the server's announced token allowance (kept as the allowance of the
         scope's ``token_scope``: what every worker's declared costs are weighed against),
@@ -469,7 +450,7 @@ class Plan:
             tokens, seq = token_scope(call.scope), call.ticket.token_seq
             self._on_store(self.store.allow, call, tokens, remaining, until, now, seq, limit)
 
-    def note(self, call: Call, outcome: str) -> None:
+    def note(self, call: CallState, outcome: str) -> None:
         """Note an attempt's outcome in the scope's freshness record; never raises
         (freshness is news, never a reason to fail a call)."""
         if not self.notes or self.store is None or call.scope is None:
@@ -479,7 +460,7 @@ class Plan:
         except Exception as exc:
             log.debug("noting freshness failed: %s", type(exc).__name__)
 
-    def _on_store(self, operation: Callable[..., Any], call: Call, *args: Any) -> Any:
+    def _on_store(self, operation: Callable[..., Any], call: CallState, *args: Any) -> Any:
         """``operation(*args)``, with the call's budget when the store is guarded."""
         if self.guard is not None:
             return operation(*args, budget=call.budget)

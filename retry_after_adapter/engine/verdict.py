@@ -32,8 +32,8 @@ from ..policy import (
     out_of_attempts,
     retried_status,
 )
-from .call import NOTHING_HEARD, Heard
 from .learn import learn_retry_after, learn_route, learn_secondary, note, outcome_class, read_quota_headers
+from .state import NOTHING_HEARD, Heard
 
 if TYPE_CHECKING:
     from .call import Call

@@ -157,6 +157,6 @@ class TokenContract:
         reset = now + timedelta(seconds=30)
         listed.answer(Answer(scope=token_scope(spent), now=now, announced=Announced(0, reset, None, 25)))
         holds = listed.holds(now)
-        assert Hold("tokens", granted.weighed, 25) in holds[full]
-        assert Hold("allowance", reset) in holds[token_scope(spent)]
+        assert Hold("tokens", granted.weighed, 25) in holds.get(full, []), f"holds() lists {holds!r}"
+        assert Hold("allowance", reset) in holds.get(token_scope(spent), []), f"holds() lists {holds!r}"
 

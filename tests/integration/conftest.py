@@ -98,8 +98,9 @@ def make_session(
     return session
 
 
-def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """The command line, run as a user runs it (``python -m retry_after_adapter``)."""
+def run_cli(*args: str, timeout: float = 30, cwd: Any = None) -> subprocess.CompletedProcess[str]:
+    """The command line, run as a user runs it (``python -m retry_after_adapter``), in
+    the working directory ``cwd`` (None: this one)."""
     env = dict(os.environ, PYTHONIOENCODING="utf-8")
     return subprocess.run(
         [sys.executable, "-m", "retry_after_adapter", *args],
@@ -108,6 +109,7 @@ def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]
         timeout=timeout,
         env=env,
         stdin=subprocess.DEVNULL,
+        cwd=cwd,
     )
 
 

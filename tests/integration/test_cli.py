@@ -368,6 +368,93 @@ def test_status_and_clear_on_redis(redis_url: str, redis_client: object) -> None
     store.close()
 
 
+#: A store of one's own, as a third party writes it from docs/stores.md: the core and
+#: Listing, its cooldowns in a JSON file beside the module.
+OWN_STORE = """
+import json
+from datetime import datetime
+from pathlib import Path
+
+from retry_after_adapter.cooldown import Hold, Listing, Store
+
+PATH = Path(__file__).with_name("held.json")
+
+
+class FileStore(Store, Listing):
+    def _read(self):
+        return json.loads(PATH.read_text()) if PATH.exists() else {}
+
+    def get(self, scope):
+        value = self._read().get(scope)
+        return None if value is None else datetime.fromisoformat(value)
+
+    def extend(self, scope, until):
+        held = self._read()
+        kept = max(until, datetime.fromisoformat(held[scope])) if scope in held else until
+        held[scope] = kept.isoformat()
+        PATH.write_text(json.dumps(held))
+        return kept
+
+    def entries(self):
+        return {scope: datetime.fromisoformat(v) for scope, v in self._read().items()}
+
+    def holds(self, now=None):
+        return {scope: [Hold("cooldown", until)] for scope, until in self.entries().items()}
+
+    def delete(self, scope):
+        held = self._read()
+        found = held.pop(scope, None) is not None
+        PATH.write_text(json.dumps(held))
+        return found
+
+
+class CoreOnly(Store):
+    def get(self, scope):
+        return None
+
+    def extend(self, scope, until):
+        return until
+
+
+def make():
+    return FileStore()
+
+
+def core_only():
+    return CoreOnly()
+"""
+
+
+def test_status_and_clear_work_on_a_store_of_ones_own(tmp_path: Path) -> None:
+    (tmp_path / "own_store.py").write_text(OWN_STORE)
+    scope = "https://api.example.com:443"
+    until = datetime.now(timezone.utc) + timedelta(seconds=300)
+    (tmp_path / "held.json").write_text(json.dumps({scope: until.isoformat()}))
+    listed = run("status", "--cooldown", "own_store:make", "--json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    cooldowns = json.loads(listed.stdout)["cooldowns"]
+    assert [c["scope"] for c in cooldowns] == [scope]
+    assert [h["kind"] for h in cooldowns[0]["held_by"]] == ["cooldown"]
+    cleared = run("clear", scope, "--cooldown", "own_store:make", cwd=tmp_path)
+    assert cleared.returncode == 0, cleared.stderr
+    assert f"cleared the cooldown of {scope}" in cleared.stdout
+    assert json.loads((tmp_path / "held.json").read_text()) == {}
+
+
+def test_status_refuses_a_store_that_lists_nothing_and_a_factory_that_is_not_there(tmp_path: Path) -> None:
+    (tmp_path / "own_store.py").write_text(OWN_STORE)
+    core = run("status", "--cooldown", "own_store:core_only", cwd=tmp_path)
+    assert core.returncode == 2
+    assert "CoreOnly cannot list what it holds" in one_line(core.stderr)
+    assert "Listing" in core.stderr
+    missing = run("status", "--cooldown", "own_store:nothing", cwd=tmp_path)
+    assert missing.returncode == 2
+    assert "'own_store' has no 'nothing'" in one_line(missing.stderr)
+    unknown = run("clear", "x", "--cooldown", "no_such_module:make", cwd=tmp_path)
+    assert unknown.returncode == 2
+    assert "cannot import 'no_such_module'" in one_line(unknown.stderr)
+
+
 def test_status_refuses_the_in_process_memory_store() -> None:
     result = run("status", "--cooldown", "memory://")
     assert result.returncode == 2

@@ -133,7 +133,8 @@ from retry_after_adapter.cooldown.guard import guard_of
 
 _coalesce.SETTLE_DELAY = _coalesce.SETTLE_SHARE = 60.0  # none written by time, however slow this is
 url, how = sys.argv[1], sys.argv[2]
-guard = guard_of(store_from_url(url))
+store = store_from_url(url)  # held: its guard holds it weakly
+guard = guard_of(store)
 scope = "https://api.example.com:443/" + how
 for _ in range(3):
     granted = guard.admit(Ask(scope=scope, now=datetime.now(timezone.utc), limit=3, per=1.0, opened=10.0))

@@ -35,7 +35,7 @@ from retry_after_adapter import (
     budget,
     deferral_of,
 )
-from retry_after_adapter.cooldown import Ask, Lease
+from retry_after_adapter.cooldown import Ask, Lease, Store
 from retry_after_adapter.cooldown.base import Changed, Feed
 from retry_after_adapter.cooldown.guard import BREAKER_FIRST, BREAKER_MAX_PENDING, QUIET_PERIOD, guard_of
 
@@ -93,6 +93,101 @@ def test_every_adapter_on_one_store_object_shares_one_guard(tmp_path: Path) -> N
     copy = pickle.loads(pickle.dumps(adapters[0]))
     assert copy._plan.store is guard_of(copy.cooldown)
     assert copy._plan.store is not guard_of(store)
+
+
+def test_the_guard_is_kept_beside_the_store_never_on_it(tmp_path: Path) -> None:
+    """Nothing is set on a store object: a store, and one that is unhashable and
+    compares equal to every other, each get one guard of their own, shared by every
+    adapter on that object; and a store nobody uses any more is collected with its
+    guard (a SQLite store with its change feed)."""
+    import copy as copying
+    import gc
+    import weakref
+
+    from retry_after_adapter.cooldown.base import FAILURE_LAYERS
+
+    class Plain(Store):
+        def __init__(self) -> None:
+            self.until: dict[str, datetime] = {}
+
+        def get(self, scope: str) -> datetime | None:
+            return self.until.get(scope)
+
+        def extend(self, scope: str, until: datetime) -> datetime:
+            kept = self.until[scope] = max(until, self.until.get(scope, until))
+            return kept
+
+    class Unhashable(Plain):
+        def __eq__(self, other: object) -> bool:  # equal to every store: identity decides
+            return True
+
+        __hash__ = None  # type: ignore[assignment]
+
+    for store in (Plain(), Unhashable(), Unhashable()):
+        before = dict(vars(store))
+        adapters = [RetryAfterAdapter(cooldown=store) for _ in range(2)]
+        assert adapters[0]._plan.store is adapters[1]._plan.store is guard_of(store)
+        assert vars(store) == before  # nothing set on it
+    first, second = Unhashable(), Unhashable()
+    assert guard_of(first) is not guard_of(second)
+    assert guard_of(copying.copy(first)) is not guard_of(first)  # a copy is another object
+    sqlite = SQLiteCooldownStore(tmp_path / "c.db")
+    guard = guard_of(sqlite)
+    assert guard.near is not None and guard.near.feed is not None  # (its feed is running)
+    session = requests.Session()
+    session.mount("http://", RetryAfterAdapter(cooldown=sqlite))
+    kept = len(FAILURE_LAYERS._entries)
+    gone = weakref.ref(sqlite)
+    del sqlite, guard
+    gc.collect()
+    assert gone() is not None  # the session's adapter uses it
+    session.close()
+    del session
+    gc.collect()
+    assert gone() is None and len(FAILURE_LAYERS._entries) == kept - 1
+
+
+class Misleading(Store):
+    """A store of one's own whose attributes carry the names the failure layer once read
+    (0.14: ``generation``, ``replaced_reason``, ``rate_kinds``, ``stamps_grants``,
+    ``inner``) with meanings of its own: its generation goes up at every read."""
+
+    rate_kinds = True
+    stamps_grants = True
+    replaced_reason = "a schema version, not a replacement"
+
+    def __init__(self) -> None:
+        self.inner = MemoryCooldownStore()
+        self.reads = 0
+
+    @property
+    def generation(self) -> int:
+        self.reads += 1
+        return self.reads
+
+    def get(self, scope: str) -> datetime | None:
+        return self.inner.get(scope)
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        return self.inner.extend(scope, until)
+
+
+def test_a_stores_own_attributes_are_not_read_as_the_contract(
+    server: ThrottleServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only a declared type says a store's data can be replaced (``Replaceable``): a
+    ``generation`` of the store's own meaning is never read, so no write-back of
+    everything and no warning follows each answer (0.14 read it, and warned of a
+    replaced store at every operation)."""
+    store = Misleading()
+    server.serve([Reply(200)])
+    session = requests.Session()
+    session.mount("http://", RetryAfterAdapter(RetryAfterRetry(total=0), cooldown=store, learn_rate=False))
+    with caplog.at_level(logging.INFO, logger="retry_after_adapter"):
+        for _ in range(5):
+            assert session.get(server.url).status_code == 200
+    assert store.reads == 0 and warnings_of(caplog) == []
+    assert guard_of(store).writeback.replaceable is None
 
 
 # -- Redis killed: one Session per thread -------------------------------------------
@@ -180,7 +275,7 @@ def test_warnings_are_counted_per_outage_across_eight_adapters(
     store.close()
 
 
-class FlakyStore:
+class FlakyStore(Store):
     """A store whose every other operation fails (a half-broken network path)."""
 
     def __init__(self) -> None:
@@ -223,7 +318,7 @@ def test_a_flapping_store_logs_a_few_lines_a_minute(
     assert recoveries_of(caplog)[-1].getMessage().startswith("cooldown store FlakyStore recovered")
 
 
-class DownStore:
+class DownStore(Store):
     """A store that fails every operation while ``broken``; ``calls`` counts the
     operations that reached it. With ``gate`` set, a failing operation first waits there
     for the others: operations in flight together when the store breaks."""
@@ -355,7 +450,7 @@ def test_a_black_hole_redis_costs_a_call_without_a_deadline_one_store_timeout(
 def test_a_store_without_a_declared_timeout_is_bounded_on_a_helper_thread(
     real_server: ThrottleServer,
 ) -> None:
-    class Hung:
+    class Hung(Store):
         """A store of the user's own that hangs (no ``timeout`` attribute)."""
 
         release = threading.Event()
@@ -540,7 +635,7 @@ def test_an_operator_clear_is_seen_by_a_running_process_while_the_store_answers(
     assert guard.local.get("s") is None  # the local copy follows the store
 
 
-class GatedStore:
+class GatedStore(Store):
     """A store whose reads and writes each wait for a gate after reaching the backend:
     for the races between one thread's read and another's write."""
 

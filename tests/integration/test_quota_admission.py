@@ -23,7 +23,7 @@ from retry_after_adapter import (
     RetryAfterPoolManager,
     RetryAfterRetry,
 )
-from retry_after_adapter.cooldown import Ask
+from retry_after_adapter.cooldown import Ask, Store
 from retry_after_adapter.cooldown.guard import guard_of
 
 from ..conftest import local_deferral
@@ -109,18 +109,18 @@ def test_the_pool_manager_takes_permits(server: ThrottleServer, clock: FakeClock
 
 
 def test_a_quota_needs_a_store_that_takes_permits() -> None:
-    class OldStore:
+    class OldStore(Store):
         def get(self, scope: str) -> datetime | None:
             return None
 
         def extend(self, scope: str, until: datetime) -> datetime:
             return until
 
-    with pytest.raises(ConfigurationError, match=r"QuotaLogs capability; acquire\(\) in 0.x"):
+    with pytest.raises(ConfigurationError, match=r"the QuotaLogs capability\)"):
         RetryAfterAdapter(cooldown=OldStore(), quota=Quota(1, per=1))
     with pytest.raises(ConfigurationError):
         RetryAfterAdapter(cooldown=None, quota=Quota(1, per=1))
-    RetryAfterAdapter(cooldown=OldStore())  # a store that predates quotas still works for cooldowns
+    RetryAfterAdapter(cooldown=OldStore())  # a store of the core alone works for cooldowns
     for bad in ({"limit": 0, "per": 1}, {"limit": 1, "per": 0}, {"limit": 1, "per": 1, "margin": -1}):
         with pytest.raises(ConfigurationError):
             Quota(**bad)

@@ -36,6 +36,7 @@ from retry_after_adapter import (
     budget,
     deferral_of,
 )
+from retry_after_adapter.cooldown import Store
 
 from ..conftest import local_deferral
 from ..servers import Reply, ThrottleServer
@@ -276,7 +277,7 @@ def test_plain_urllib3_resume_at_eligible_at_keeps_the_counts(server, clock):
 # -- gaps found in review, fixed: each test keeps the fix in place -------------------------
 
 
-class BrokenStore:
+class BrokenStore(Store):
     """A shared store whose backend is down."""
 
     def get(self, scope: str) -> datetime | None:

@@ -1,17 +1,15 @@
 """Behaviours that a restructure of the engine and the store failure layer once broke,
 pinned with real parts: a loopback HTTP server, real requests and urllib3 loops, and
-stores written against older releases' store protocols.
+stores of one's own.
 
 - A fail-closed adapter whose breaker probe runs out of the call's time while the store
   hangs sends nothing: it answers with a local 429 ``cooldown-unknown``.
 - Without a store (``cooldown=None``), a redirect hop that used up the deadline defers
   with reason ``deadline`` before the next hop is sent.
-- A 0.x store (no ``admit``) whose ``acquire`` fails leaves no concurrency slot held.
 - In urllib3's own retry loop, a wait cancelled through ``budget(cancel=...)`` gives a
   deferral (and hook records) that keep the last response's status and Retry-After.
-- A 0.4 store with its own ``admit`` keeps being asked through that ``admit`` when a
-  concurrency lease is wanted too, so the allowance it learned holds.
-- A 0.x store without ``allow``/``note`` costs no helper-thread operations for them.
+- A core store (no ``Allowances``, no ``FreshnessLog``) costs no helper-thread
+  operations for them.
 """
 
 from __future__ import annotations
@@ -34,9 +32,10 @@ from retry_after_adapter import (
     RetryAfterRetry,
     budget,
 )
-from retry_after_adapter.cooldown import Ask, Lease
+from retry_after_adapter.cooldown import Admission, Answer, Ask, QuotaLogs, Store
 from retry_after_adapter.cooldown.guard import BREAKER_FIRST, guard_of
-from retry_after_adapter.errors import CooldownStoreError, MaxRetryDeferred
+from retry_after_adapter.deferred import MaxRetryDeferred
+from retry_after_adapter.errors import CooldownStoreError
 
 from ..conftest import local_deferral
 from ..servers import Reply, Seen, ThrottleServer
@@ -54,11 +53,9 @@ def mount(adapter: RetryAfterAdapter) -> requests.Session:
 # -- fail closed: the breaker's probe runs out of the call's time ----------------------
 
 
-class SwitchableStore:
-    """A shared store with the 0.5 signatures (kept in memory) that can be switched to
-    fail on every operation, or to hang until released."""
-
-    stamps_grants = True
+class SwitchableStore(Store, QuotaLogs):
+    """A shared store of one's own (kept in memory) that can be switched to fail on
+    every operation, or to hang until released."""
 
     def __init__(self) -> None:
         self.m = MemoryCooldownStore()
@@ -81,52 +78,13 @@ class SwitchableStore:
         self._gate("extend")
         return self.m.extend(scope, until)
 
-    def admit(
-        self,
-        scope: str,
-        now: datetime,
-        limit: Any = None,
-        per: Any = None,
-        lease: Any = None,
-        margin: float = 0.0,
-    ) -> Any:
+    def admit(self, ask: Ask) -> Admission:
         self._gate("admit")
-        # A store of 0.x is given a lease as a tuple (slots, ttl, token).
-        slot = None if lease is None else Lease(slots=lease[0], ttl=lease[1], token=lease[2])
-        return self.m.admit(Ask(scope=scope, now=now, limit=limit, per=per, lease=slot, margin=margin))
+        return self.m.admit(ask)
 
-    def acquire(self, scope: str, limit: int, per: float, now: Any = None, margin: float = 0.0) -> Any:
-        self._gate("acquire")
-        return self.m.acquire(scope, limit, per, now, margin)
-
-    def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> Any:
-        self._gate("lease")
-        return self.m.lease(scope, limit, ttl, now, token)
-
-    def release(self, scope: str, token: str) -> Any:
-        self._gate("release")
-        return self.m.release(scope, token)
-
-    def allow(self, *args: Any) -> Any:
-        self._gate("allow")
-        return self.m.allow(*args)
-
-    def settle(self, *args: Any) -> Any:
-        self._gate("settle")
-        return self.m.settle(*args)
-
-    def note(self, *args: Any) -> Any:
-        self._gate("note")
-        return self.m.note(*args)
-
-    def freshness(self, scope: str) -> Any:
-        return self.m.freshness(scope)
-
-    def freshness_entries(self) -> Any:
-        return self.m.freshness_entries()
-
-    def entries(self) -> Any:
-        return self.m.entries()
+    def answer(self, answer: Answer) -> None:
+        self._gate("answer")
+        self.m.answer(answer)
 
 
 @pytest.fixture
@@ -195,55 +153,6 @@ def test_redirect_hop_that_used_up_the_deadline_defers_before_the_next_hop(
     assert local_deferral(response).reason == "deadline"
 
 
-# -- a 0.x store without admit: a failed acquire leaves no slot held --------------------
-
-
-class Store0xSlots:
-    """A 0.x store: get/extend/acquire/lease/release (no admit); acquire can fail."""
-
-    def __init__(self) -> None:
-        self.d: dict[str, datetime] = {}
-        self.held: dict[str, int] = {}
-        self.fail = 0
-
-    def get(self, scope: str) -> datetime | None:
-        return self.d.get(scope)
-
-    def extend(self, scope: str, until: datetime) -> datetime:
-        self.d[scope] = max(until, self.d.get(scope, until))
-        return self.d[scope]
-
-    def acquire(self, scope: str, limit: int, per: float, now: datetime) -> None:
-        if self.fail:
-            self.fail -= 1
-            raise CooldownStoreError("down")
-        return None
-
-    def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> datetime | None:
-        if len(self.held) >= limit:
-            return now
-        self.held[token] = 1
-        return None
-
-    def release(self, scope: str, token: str) -> None:
-        self.held.pop(token, None)
-
-
-def test_legacy_store_failed_acquire_leaves_no_concurrency_slot_held(
-    clock: FakeClock, server: ThrottleServer
-) -> None:
-    store = Store0xSlots()
-    retry = RetryAfterRetry(0, clock=clock)
-    session = mount(RetryAfterAdapter(retry, cooldown=store, quota=Quota(10, per=60), max_concurrency=2))
-    store.fail = 1
-
-    response = session.get(f"{server.url}/a")
-
-    assert response.status_code == 200, "the store failing open lets the call through"
-    assert server.count() == 1
-    assert store.held == {}, f"{len(store.held)} concurrency slot(s) still held after the call"
-
-
 # -- urllib3's own loop: a cancelled wait keeps the response it waited after ------------
 
 
@@ -272,79 +181,12 @@ def test_stock_urllib3_cancelled_wait_keeps_the_503_and_its_retry_after(
     )
 
 
-# -- a 0.4 store with its own admit: its allowance holds when a lease is wanted too -----
+# -- a core store without allow/note: no helper-thread work for them --------------------
 
 
-class Store04:
-    """A store written for 0.4: admit(scope, now, limit, window, lease) without margin,
-    allow, and a lease with its own slot table."""
-
-    def __init__(self) -> None:
-        self.m = MemoryCooldownStore()
-        self.ops: list[str] = []
-        self.held: dict[str, int] = {}
-
-    def get(self, scope: str) -> Any:
-        self.ops.append("get")
-        return self.m.get(scope)
-
-    def extend(self, scope: str, until: datetime) -> Any:
-        return self.m.extend(scope, until)
-
-    def admit(
-        self, scope: str, now: datetime, limit: Any = None, window: Any = None, lease: Any = None
-    ) -> Any:
-        self.ops.append("admit")
-        slot = None if lease is None else Lease(slots=lease[0], ttl=lease[1], token=lease[2])
-        answer = self.m.admit(Ask(scope=scope, now=now, limit=limit, per=window, lease=slot))
-        return (answer.cooldown, answer.not_before, answer.seq, answer.slot_busy)  # the tuple of 0.4
-
-    def allow(self, *args: Any) -> Any:
-        return self.m.allow(*args)
-
-    def acquire(self, scope: str, limit: int, per: float, now: datetime) -> Any:
-        self.ops.append("acquire")
-        return self.m.acquire(scope, limit, per, now)
-
-    def lease(self, scope: str, limit: int, ttl: float, now: datetime, token: str) -> Any:
-        self.ops.append("lease")
-        if len(self.held) >= limit:
-            return now
-        self.held[token] = 1
-        return None
-
-    def release(self, scope: str, token: str) -> None:
-        self.ops.append("release")
-        self.held.pop(token, None)
-        self.m.release(scope, token)
-
-
-def test_legacy_04_store_own_admit_keeps_its_announced_allowance_with_a_lease(
-    clock: FakeClock, server: ThrottleServer
-) -> None:
-    server.serve([Reply(200, ONE_LEFT)])
-    store = Store04()
-    retry = RetryAfterRetry(0, clock=clock, max_wait=1)
-    session = mount(RetryAfterAdapter(retry, cooldown=store, max_concurrency=4))
-
-    results = []
-    for _ in range(3):
-        store.ops.clear()
-        response = session.get(f"{server.url}/q")
-        results.append((response.status_code, response.headers.get("X-Local-Deferral"), tuple(store.ops)))
-
-    assert [(status, local) for status, local, _ in results] == [(200, None), (200, None), (429, "quota")], (
-        f"the allowance the server announced (1 left after the first) did not hold: {results}"
-    )
-    assert server.count() == 2
-    assert all("admit" in ops for _, _, ops in results), f"the store's own admit was not asked: {results}"
-
-
-# -- a 0.x store without allow/note: no helper-thread work for them ---------------------
-
-
-class Store0x:
-    """A 0.x store: get and extend only (no timeout: operations run on helper threads)."""
+class CoreStore(Store):
+    """A store of the core alone: get and extend (not Bounded: operations run on helper
+    threads)."""
 
     def __init__(self) -> None:
         self.d: dict[str, datetime] = {}
@@ -357,12 +199,12 @@ class Store0x:
         return self.d[scope]
 
 
-def test_legacy_store_without_allow_or_note_gets_only_admissions_on_helper_threads(
+def test_core_store_without_allow_or_note_gets_only_admissions_on_helper_threads(
     clock: FakeClock, server: ThrottleServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hundred = {"X-RateLimit-Limit": "100", "X-RateLimit-Remaining": "50", "X-RateLimit-Reset-After": "60"}
     server.responder = lambda seen: Reply(200, hundred) if seen.path == "/q" else Reply(500, body=b"no")
-    session = mount(RetryAfterAdapter(RetryAfterRetry(0, clock=clock), cooldown=Store0x()))
+    session = mount(RetryAfterAdapter(RetryAfterRetry(0, clock=clock), cooldown=CoreStore()))
 
     # Observe (not replace) what is handed to helper threads: each operation still runs.
     submitted: list[str] = []

@@ -16,6 +16,7 @@ from retry_after_adapter import (
     RetryAfterRetry,
 )
 from retry_after_adapter.adapter import credential_scope, origin_scope
+from retry_after_adapter.cooldown import Store
 from retry_after_adapter.cooldown.guard import BREAKER_FIRST, guard_of
 
 from ..conftest import local_deferral
@@ -47,7 +48,7 @@ def test_credential_scope_hashes_the_credential():
     assert "secret" not in a
 
 
-class FlakyStore:
+class FlakyStore(Store):
     """A real store that can be switched to fail, like a server going away."""
 
     def __init__(self) -> None:

@@ -40,6 +40,7 @@ from retry_after_adapter import (
     public_scope,
     redact_urllib3_logs,
 )
+from retry_after_adapter.cooldown import Store
 from retry_after_adapter.observe import Counters
 from retry_after_adapter.scope import hash_scope
 
@@ -78,7 +79,7 @@ class Bearer(requests.auth.AuthBase):
         return request
 
 
-class BrokenStore:
+class BrokenStore(Store):
     """A cooldown store whose backend is down."""
 
     def get(self, scope):

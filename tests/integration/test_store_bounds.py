@@ -78,23 +78,6 @@ class HungStore(Store):
         return until
 
 
-class HungStoreOf0x:
-    """The same, written for 0.x (``get`` and ``extend``, no base class)."""
-
-    timeout = 0.25
-
-    def __init__(self) -> None:
-        self.backend = HungBackend()
-
-    def get(self, scope: str) -> datetime | None:
-        self.backend.wait()
-        return None
-
-    def extend(self, scope: str, until: datetime) -> datetime:
-        self.backend.wait()
-        return until
-
-
 @pytest.fixture
 def hung() -> Iterator[list[Any]]:
     """Hung stores made by a test, released at its end (their waits end at once)."""
@@ -131,18 +114,15 @@ CLIENTS = {"requests": requests_get, "httpx": httpx_get, "httpx-async": httpx_as
 
 
 @pytest.mark.parametrize("client", sorted(CLIENTS))
-@pytest.mark.parametrize("kind", ["store", "store-0x"])
 @pytest.mark.parametrize("attribute", [0.25, 10.0])
 def test_a_hung_store_of_ones_own_holds_no_call_past_its_deadline(
-    real_server: ThrottleServer, hung: list[Any], client: str, kind: str, attribute: float
+    real_server: ThrottleServer, hung: list[Any], client: str, attribute: float
 ) -> None:
     """0.14.0 trusted the ``timeout`` attribute and waited for the store on the calling
     thread: 3.0 s for a call under ``budget(deadline=0.5)``. Now the operation runs on a
     helper thread that the call stops waiting for (0.25 s: the bound for a store that
     declares none), and the call goes on without the store (fail open)."""
-    store: Any = HungStore(attribute) if kind == "store" else HungStoreOf0x()
-    if kind == "store-0x":
-        store.timeout = attribute
+    store = HungStore(attribute)
     hung.append(store)
     real_server.serve([Reply(200)])
     started = time.monotonic()

@@ -1,6 +1,6 @@
 """The store interface: a core every store implements and one mixin per capability,
 recognised by type; a store of 0.x (an object with its methods, or a subclass of 0.10's
-``Store``) still adapted, by name and type, never by its signatures."""
+``Store``) refused with a ConfigurationError that says what to change."""
 
 from __future__ import annotations
 
@@ -29,11 +29,10 @@ from retry_after_adapter.cooldown import (
     FreshnessLog,
     Learn,
     Lease,
-    QuotaLogs,
     Store,
 )
 from retry_after_adapter.cooldown.base import ADMITTED
-from retry_after_adapter.cooldown.legacy import Completed, LegacyStore, as_store, opens_permits
+from retry_after_adapter.cooldown.completed import Completed, as_store
 from retry_after_adapter.testing import QuotaServer
 
 
@@ -93,7 +92,6 @@ def test_capabilities_are_read_from_the_type() -> None:
     assert FreshDictStore().capabilities == {FreshnessLog}
     completed = as_store(FreshDictStore())
     assert isinstance(completed, Completed) and completed.capabilities == {FreshnessLog}
-    assert not opens_permits(completed) and opens_permits(MemoryCooldownStore())
 
 
 def test_a_core_store_shares_cooldowns_and_admits_every_attempt() -> None:
@@ -163,17 +161,39 @@ class StoreOf010(Store):
         self.m.release(scope, token)
 
 
-def test_a_store_written_for_0_10_is_adapted_by_type_and_keeps_its_quota() -> None:
-    store = StoreOf010()
-    adapted = as_store(store)
-    assert isinstance(adapted, LegacyStore) and QuotaLogs in adapted.capabilities
-    assert not opens_permits(adapted)  # 0.9's accounting: no open permits
-    with QuotaServer(quota=100, window=3600) as server:
-        session, _ = session_on(store, quota=Quota(2, per=60))
-        codes = [session.get(server.url + "/q", timeout=10).status_code for _ in range(3)]
-        assert codes == [200, 200, 429] and server.stats().requests == 2  # the third held back
-    assert store.calls.count("admit") >= 3  # admitted through its own admit of 0.10
-    assert set(store.nows) == {None}  # with a real clock, it stamps its grants itself
+def test_a_store_written_for_0_10_is_refused_with_what_to_change() -> None:
+    with pytest.raises(ConfigurationError, match=r"StoreOf010 was written for the Store of 0\.6-0\.10.*answer\(answer\)"):
+        RetryAfterAdapter(cooldown=StoreOf010(), quota=Quota(2, per=60))
+    with pytest.raises(ConfigurationError, match=r"0\.6-0\.10"):
+        as_store(StoreOf010())
+
+
+class StoreOf0x:
+    """A store of 0.1-0.5: get and extend on a plain object (found by name until 0.14)."""
+
+    def get(self, scope: str) -> datetime | None:
+        return None
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        return until
+
+
+def test_a_store_written_for_0x_is_refused_with_what_to_change() -> None:
+    for bad in (StoreOf0x(), object(), "memory://"):
+        with pytest.raises(ConfigurationError, match=r"must be a retry_after_adapter\.cooldown\.Store.*subclass Store"):
+            RetryAfterAdapter(cooldown=bad)
+
+
+def test_full_store_is_the_partwise_store_under_its_old_name() -> None:
+    from retry_after_adapter import cooldown
+    from retry_after_adapter.cooldown import PartwiseStore, base
+
+    with pytest.warns(DeprecationWarning, match="PartwiseStore"):
+        assert cooldown.FullStore is PartwiseStore
+    with pytest.warns(DeprecationWarning, match="PartwiseStore"):
+        assert base.FullStore is PartwiseStore
+    with pytest.raises(AttributeError):
+        cooldown.EmptyStore
 
 
 def test_an_answer_carries_its_parts_to_a_full_store_in_one_call() -> None:

@@ -20,7 +20,8 @@ from retry_after_adapter.dialects import (
     rfc3339_latest,
     should_retry,
 )
-from retry_after_adapter.quota import MAX_COUNT, MAX_SECONDS, QuotaHint, bound_hint, read_quota
+from retry_after_adapter.header import MAX_COUNT, MAX_SECONDS
+from retry_after_adapter.quota import QuotaHint, bound_hint, read_quota
 
 from .quota_corpus import DATE, EPOCH, RECEIVED_AT
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from retry_after_adapter.quota import MAX_COUNT, MAX_SECONDS, QuotaHint, bound_hint, read_quota
+from retry_after_adapter.header import MAX_COUNT, MAX_SECONDS
+from retry_after_adapter.quota import QuotaHint, bound_hint, read_quota
 
 from .quota_corpus import CORPUS, RECEIVED_AT
 

@@ -18,6 +18,7 @@ from retry_after_adapter import (
     RetryAfterPoolManager,
     RetryAfterRetry,
 )
+from retry_after_adapter.cooldown import Store
 from retry_after_adapter.httpx import AsyncRetryAfterTransport, RetryAfterTransport
 from retry_after_adapter.settings import Options, Settings
 
@@ -116,7 +117,7 @@ def test_an_option_set_that_fails_changes_nothing() -> None:
     """A scope or a store capability is checked while the plan is made: a refusal there
     leaves the settings, the plan and the scope function as they were."""
 
-    class CoreOnly:  # a store with the core alone: no quota, no leases
+    class CoreOnly(Store):  # a store with the core alone: no quota, no leases
         def get(self, scope: str) -> Any:
             return None
 
