@@ -361,12 +361,12 @@ def breakdown(
         key = kind.lower()
         if key in made:
             guard = guard_of(made[key])
-            ops[f"admit, {kind} near copy (a scope it knows)"] = lambda g=guard: g.admit(Ask(scope, None))
+            ops[f"admit, {kind} near copy (a scope it knows)"] = lambda g=guard: g.admit(Ask(scope=scope))
         if key + "-qc" in made:
             guard = guard_of(made[key + "-qc"])
 
             def permit(g: Any = guard) -> object:
-                return g.admit(Ask(scope, None, quota.limit, quota.per, None, quota.margin))
+                return g.admit(Ask(scope=scope, limit=quota.limit, per=quota.per, margin=quota.margin))
 
             end = time.perf_counter() + warm_seconds  # a second of history: batches form
             while time.perf_counter() < end:

@@ -83,7 +83,7 @@ def trials(kind: str, where: str, count: int, push: bool) -> dict[str, Any]:
         for i in range(count):
             scope = f"https://push-{os.getpid()}-{int(push)}-{i}.example:443"
             now = datetime.now(timezone.utc)
-            if guard.admit(Ask(scope, now)).not_before is not None:
+            if guard.admit(Ask(scope=scope, now=now)).not_before is not None:
                 missed += 1
                 continue
             writer.stdin.write(scope + "\n")
@@ -93,7 +93,7 @@ def trials(kind: str, where: str, count: int, push: bool) -> dict[str, Any]:
             refused_at = None
             give_up = time.monotonic() + 2.0
             while time.monotonic() < give_up:
-                if guard.admit(Ask(scope, datetime.now(timezone.utc))).not_before is not None:
+                if guard.admit(Ask(scope=scope, now=datetime.now(timezone.utc))).not_before is not None:
                     refused_at = time.time()
                     break
                 admitted += 1

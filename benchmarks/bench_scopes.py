@@ -46,7 +46,7 @@ from typing import Any
 
 from lib import common as _common
 
-from retry_after_adapter.cooldown import Ask
+from retry_after_adapter.cooldown import Ask, Lease
 
 STORES = ("memory", "sqlite", "redis")
 MODES = ("adapter", "store")
@@ -191,7 +191,9 @@ def store_calls(view: Any) -> tuple[Any, Any]:
     def call(n: int) -> None:
         scope = f"tenant-{n}"
         token = f"t{n}"
-        answer = view.admit(Ask(scope, None, 100, 1.0, (8, lease_ttl, token), 0.0))
+        answer = view.admit(Ask(
+            scope=scope, limit=100, per=1.0, lease=Lease(slots=8, ttl=lease_ttl, token=token)
+        ))
         if answer.not_before is not None:
             raise RuntimeError(f"a new scope was not admitted: {answer}")
         now = datetime.now(timezone.utc)
@@ -215,7 +217,9 @@ def expire(kind: str, store: Any, view: Any, scopes: int, rounds: int) -> dict[s
         for _ in range(500):
             at = base + timedelta(milliseconds=done)
             scope = f"{PROBE}{done}"
-            view.admit(Ask(scope, at, 100, 1.0, (8, 60.0, f"p{done}"), 0.0))
+            view.admit(Ask(
+                scope=scope, now=at, limit=100, per=1.0, lease=Lease(slots=8, ttl=60.0, token=f"p{done}")
+            ))
             view.release(scope, f"p{done}")
             view.allow(scope, 50, at + timedelta(seconds=1), at, None, 100, 1.0)
             view.note(scope, "success", at)

@@ -18,7 +18,7 @@ from .freshness import Freshness, last_noted
 from .rate import PROBE_RECHECK, Rate, rate_holds, rate_kept_until
 
 #: The answer of ``admit`` with nothing stored and nothing to take (shared: immutable).
-_ADMITTED = Admission(None, None)
+_ADMITTED = Admission(cooldown=None, not_before=None)
 
 _R = TypeVar("_R")
 _T = TypeVar("_T")
@@ -166,7 +166,7 @@ _PROBE_RECHECK_US = round(PROBE_RECHECK * 1_000_000)
 
 def _granted(cooldown: datetime | None) -> Admission:
     """Admitted, nothing to report (a cooldown that ran out may be known)."""
-    return _ADMITTED if cooldown is None else Admission(cooldown, None)
+    return _ADMITTED if cooldown is None else Admission(cooldown=cooldown, not_before=None)
 
 
 def _open(rate: Rate | None) -> bool:

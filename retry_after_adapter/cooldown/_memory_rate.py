@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from ._memory_log import _PROBE_RECHECK_US, _as_datetime, _granted, _micros, _rate_ended, _sweep
-from .base import Admission, Granted, Learn, Lease, RateHeld
+from .base import Admission, Learn, Lease
 from .rate import Rate, answer_rate, fresh_rate, roll_rate
 
 
@@ -42,7 +42,7 @@ class RateAdmission:
         rate = self._rate_locked(scope, at / 1e6)
         start = round(rate.start * 1e6)
         if start > at:  # a throttle's backoff
-            return RateHeld(cooldown, _as_datetime(start))
+            return Admission(cooldown=cooldown, not_before=_as_datetime(start), by_rate=True)
         if rate.open or rate.known:
             refused = self._refused(scope, None, None, lease, at, cooldown)
             if refused is not None or rate.open:
@@ -51,13 +51,13 @@ class RateAdmission:
             if lease is None and rate.waits_for_known:
                 # Probes follow in this epoch: this send holds a probe slot (never
                 # refused for it) until its answer, so no probe races it to the server.
-                self._take_slot(scope, (sys.maxsize, *learn), at)
-                return Granted.of(None, cooldown, None, 0, learn[1], rate_epoch=rate.epoch)
-            return Granted.of(None, cooldown, None, rate_epoch=rate.epoch)
+                self._take_slot(scope, Lease(slots=sys.maxsize, ttl=learn.ttl, token=learn.token), at)
+                return Admission(cooldown=cooldown, not_before=None, token=learn.token, rate_epoch=rate.epoch)
+            return Admission(cooldown=cooldown, not_before=None, rate_epoch=rate.epoch)
         ends = round(rate.ends * 1e6) if rate.limit > 0 else None
         if not rate.probes:
             assert ends is not None
-            return RateHeld(cooldown, _as_datetime(ends))
+            return Admission(cooldown=cooldown, not_before=_as_datetime(ends), by_rate=True)
         return self._probe_locked(scope, at, cooldown, lease, learn, rate, ends)
 
     def _probe_locked(
@@ -67,16 +67,22 @@ class RateAdmission:
         """(Lock held; ``at``, ``ends`` (the epoch's end, None: no limit) in microseconds.)
         A probe of the learned ``rate``: a slot under its cap (with a configured
         ``lease``, the smaller), else held back at most ``PROBE_RECHECK`` seconds."""
-        cap = (min(lease[0], rate.cap), lease[1], lease[2]) if lease is not None else (rate.cap, *learn)
+        if lease is not None:
+            cap = Lease(slots=min(lease.slots, rate.cap), ttl=lease.ttl, token=lease.token)
+        else:
+            cap = Lease(slots=rate.cap, ttl=learn.ttl, token=learn.token)
         busy = self._take_slot(scope, cap, at)
-        if busy is not None and lease is not None and lease[0] <= rate.cap:
-            return Admission(cooldown, _as_datetime(busy), None, True)  # the configured cap binds
+        if busy is not None and lease is not None and lease.slots <= rate.cap:
+            # the configured cap binds
+            return Admission(cooldown=cooldown, not_before=_as_datetime(busy), slot_busy=True)
         if busy is not None:
             again = min(busy, at + _PROBE_RECHECK_US, ends if ends is not None else busy)
-            return RateHeld(cooldown, _as_datetime(again), None, True)
+            return Admission(cooldown=cooldown, not_before=_as_datetime(again), slot_busy=True, by_rate=True)
         self._rates[scope] = rate.probing()
-        token = cap[2] if lease is None else None
-        return Granted.of(None, cooldown, None, 0, token, rate_epoch=rate.epoch, rate_report=True)
+        token = cap.token if lease is None else None
+        return Admission(
+            cooldown=cooldown, not_before=None, token=token, rate_epoch=rate.epoch, rate_report=True
+        )
 
     def _rate_locked(self, scope: str, now: float) -> Rate:
         """(Lock held.) The scope's learned rate as of ``now`` (seconds since the epoch),

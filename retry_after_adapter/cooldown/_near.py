@@ -76,7 +76,7 @@ from datetime import datetime, timedelta, timezone
 from typing import NamedTuple
 
 from .. import _forksafe
-from .base import Admission, Feed, Granted, Lease
+from .base import ADMITTED, Admission, Feed, Lease, assembled
 
 __all__ = ["BATCH_TARGET", "IDLE", "LIFE", "Near"]
 
@@ -358,7 +358,7 @@ class Near:
         known = self._fresh_known(scope)
         cooldown = self._cooldown(scope) if known is not None else None
         if cooldown is not None and cooldown > present:
-            return Admission(cooldown, cooldown), None, None
+            return Admission(cooldown=cooldown, not_before=cooldown), None, None
         # A permit of the batch and a held slot serve whether or not the copy can
         # answer for the cooldown (then the store's operation checks it).
         permit = None
@@ -366,7 +366,7 @@ class Near:
             permit = self._spend(scope, limit, per, margin, present, wait)
         token = None
         if lease is not None:
-            token = self._reuse(scope, present, lease[1], lease[0])
+            token = self._reuse(scope, present, lease.ttl, lease.slots)
         if (
             known is not None
             and not known.rated  # else the store's learned rate admits
@@ -392,8 +392,12 @@ class Near:
             if seq is None:
                 return None, permit, token
         if permit is None and token is None:
-            return Admission(cooldown, None, seq), None, None
-        return Granted.of(permit, cooldown, seq, 0, token), None, None
+            if cooldown is None and seq is None:
+                return ADMITTED, None, None  # (the common case: one value, shared)
+            return Admission(cooldown=cooldown, not_before=None, seq=seq), None, None
+        # (built whole, see ``assembled``: an attempt the copy admits alone makes one)
+        fields = {"cooldown": cooldown, "not_before": None, "seq": seq, "permit": permit, "token": token}
+        return assembled(Admission, fields), None, None
 
     def _fresh_known(self, scope: str) -> _Known | None:
         """What the copy knows of ``scope`` when it may answer for it (the feed has
@@ -504,11 +508,11 @@ class Near:
             if lease is not None:
                 if len(self._held) >= KNOWN_MAX:
                     self._held.clear()  # those slots go back to the store, not here
-                wire = lease[1] if ttl is None else ttl
+                wire = lease.ttl if ttl is None else ttl
                 life = LIFE if self._renews(wire) else 0.0  # kept with a renewed life once parked
-                held = _Held(scope, present + timedelta(seconds=lease[1]), lease[0], life,
+                held = _Held(scope, present + timedelta(seconds=lease.ttl), lease.slots, life,
                              present + timedelta(seconds=wire))
-                self._held[lease[2]] = held
+                self._held[lease.token] = held
 
     def learned(self, scope: str) -> None:
         """This process wrote a cooldown (kept in the local copy): a learned rate may
@@ -522,8 +526,7 @@ class Near:
         """The lease to take from the store for a slot this process may keep: a little
         longer than the attempt's ttl (see the module), so that the process's next
         attempts may reuse it without a store operation while the ttl is left."""
-        slots, ttl, token = lease
-        return (slots, ttl + _reuse_margin(ttl), token)
+        return Lease(slots=lease.slots, ttl=lease.ttl + _reuse_margin(lease.ttl), token=lease.token)
 
     def _renews(self, ttl: float) -> bool:
         """Whether a slot taken for an attempt of ``ttl`` seconds is kept with a renewed

@@ -14,10 +14,9 @@ from typing import Any
 from ..errors import CooldownStoreError
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from .allowance import ALLOWANCE_KEPT
-from .base import Admission, Ask, Granted, Learn, Lease, Oversized, RateHeld
+from .base import Admission, Ask, Learn, Lease
 from .freshness import Freshness
 from .rate import RATE_KEPT, Rate, rate_from_row
-from .weights import with_weighed
 
 #: Companion key names (see ``RedisCooldownStore.companion``): the learned rate's
 #: hash (and its fields), a quota's open permits, a scope's announced token allowance.
@@ -92,15 +91,21 @@ def _admission(reply: Any, stored: datetime | None, together: bool, learn: Learn
     number = None if seq < 0 else seq
     until = from_epoch_ms(reset) if units > 0 else None
     if len(reply) > 11:  # a grant that weighed tokens (its rated part is -2)
-        granted = Granted.of(end, known, number, extra, None, units, until)
-        return with_weighed(granted, _ms_or_none(int(reply[11])), rated[1] if rated[1] >= 0 else None)
+        return Admission(
+            cooldown=known, not_before=None, seq=number, permit=end, extra=extra, units=units,
+            units_until=until, weighed=_ms_or_none(int(reply[11])),
+            token_seq=rated[1] if rated[1] >= 0 else None,
+        )
     if rated[:1] == [-3]:  # a cost above the announced token limit (weights.oversized)
-        return Oversized.of(known, from_epoch_ms(wait), rated[1])
+        return Admission(cooldown=known, not_before=from_epoch_ms(wait), oversized=rated[1])
     if rated:
         return _rate_admission(rated, known, wait, busy, end, learn)
     if wait < 0 and (permit >= 0 or units > 0):
-        return Granted.of(end, known, number, extra, None, units, until)
-    return Admission(known, _ms_or_none(wait), number, bool(busy))
+        return Admission(
+            cooldown=known, not_before=None, seq=number, permit=end, extra=extra, units=units,
+            units_until=until,
+        )
+    return Admission(cooldown=known, not_before=_ms_or_none(wait), slot_busy=bool(busy), seq=number)
 
 
 def _rate_admission(
@@ -113,10 +118,13 @@ def _rate_admission(
     probe's good answer is to be told, 1 when the slot was taken as the probe's token
     (``learn``'s)."""
     if wait >= 0:
-        return RateHeld(known, from_epoch_ms(wait), None, bool(busy))
+        return Admission(cooldown=known, not_before=from_epoch_ms(wait), slot_busy=bool(busy), by_rate=True)
     assert learn is not None
-    token = learn[1] if rated[2] else None
-    return Granted.of(end, known, None, 0, token, rate_epoch=rated[0], rate_report=bool(rated[1]))
+    token = learn.token if rated[2] else None
+    return Admission(
+        cooldown=known, not_before=None, permit=end, token=token, rate_epoch=rated[0],
+        rate_report=bool(rated[1]),
+    )
 
 
 def _permit_args(limit: int | None, per: float | None, margin: float, when: datetime) -> tuple[object, ...]:
@@ -134,7 +142,7 @@ def _lease_args(lease: Lease | None) -> tuple[object, ...]:
     """The admit script's lease arguments: the slots (0: no cap), ttl (ms), token."""
     if lease is None:
         return (0, 0, "")
-    return (lease[0], window_ms(lease[1]), lease[2])
+    return (lease.slots, window_ms(lease.ttl), lease.token)
 
 
 def _admit_args(ask: Ask, when: datetime, together: bool) -> list[str]:
@@ -145,12 +153,12 @@ def _admit_args(ask: Ask, when: datetime, together: bool) -> list[str]:
     rate's, how much longer an open permit counts and the quota's per (ms; 0 without a
     quota), then the attempt's tokens (``weigh``: its cost, the token quota's limit,
     how long its permit counts in ms and a unique member; zeros without)."""
-    _, _, limit, per, lease, margin, batch, hold, learn, opened, weigh = ask
-    args = [now_epoch_ms(when), *_permit_args(limit, per, margin + opened, when)]
+    limit, per, learn, opened, weigh = ask.limit, ask.per, ask.learn, ask.opened, ask.weigh
+    args = [now_epoch_ms(when), *_permit_args(limit, per, ask.margin + opened, when)]
     args += ["1" if together else "0"]
-    args += [int(ALLOWANCE_KEPT * 1000), *_lease_args(lease), int(batch), round(hold * 1000)]
+    args += [int(ALLOWANCE_KEPT * 1000), *_lease_args(ask.lease), int(ask.batch), round(ask.hold * 1000)]
     if learn is not None:
-        args += ["1", window_ms(learn[0]), learn[1], int(RATE_KEPT * 1000)]
+        args += ["1", window_ms(learn.ttl), learn.token, int(RATE_KEPT * 1000)]
     else:
         args += ["0", 0, "", 0]
     if limit is not None and per is not None:

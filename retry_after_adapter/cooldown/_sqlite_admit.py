@@ -20,7 +20,7 @@ from ..errors import ConfigurationError
 from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from ._sqlite_file import RATE_COLUMNS
 from .allowance import Allowance, admit_allowance, admit_more
-from .base import Admission, Granted, Learn, Lease, RateHeld, Weigh, extra_permits, free_at
+from .base import Admission, Learn, Lease, Weigh, extra_permits, free_at
 from .rate import OPEN_KEPT, PROBE_RECHECK, RATE_KEPT, Rate, fresh_rate, rate_from_row, rate_row, roll_rate
 from .weights import too_large, with_weighed
 
@@ -81,10 +81,10 @@ def peek(conn: sqlite3.Connection, scope: str, fixed: datetime | None, learn: bo
     cooldown = None if rows[0][0] is None else from_epoch_ms(int(rows[0][0]))
     now = fixed or datetime.now(timezone.utc)
     if cooldown is not None and cooldown > now:
-        return Admission(cooldown, cooldown)
+        return Admission(cooldown=cooldown, not_before=cooldown)
     if rows[0][1] is not None or (learn and rows[0][2] != 0):
         return None
-    return Admission(cooldown, None)
+    return Admission(cooldown=cooldown, not_before=None)
 
 
 def admit_locked(
@@ -102,17 +102,19 @@ def admit_locked(
     rows = conn.execute(SELECT_UNTIL, (scope,)).fetchall()
     cooldown = from_epoch_ms(int(rows[0][0])) if rows else None
     if cooldown is not None and cooldown > now:
-        return Admission(cooldown, cooldown)
+        return Admission(cooldown=cooldown, not_before=cooldown)
     record, rolled, held = _announced(conn, scope, now)
     if held is not None:
-        return Admission(cooldown, held)
+        return Admission(cooldown=cooldown, not_before=held)
     tokens = None
     if weigh is not None:
         from ._sqlite_weights import weigh_locked  # (it reads this module's rows)
 
         tokens, wait = weigh_locked(conn, scope, weigh, now)
         if wait is not None:
-            return Admission(cooldown, wait) if tokens is None else too_large(cooldown, tokens, now)
+            if tokens is None:
+                return Admission(cooldown=cooldown, not_before=wait)
+            return too_large(cooldown, tokens, now)
     if learn is not None and quota is None and record is None and tokens is None:
         return _admit_rate(conn, scope, now_ms, cooldown, lease, learn)
     refused = _refused(conn, scope, quota, limit, lease, now_ms, cooldown)
@@ -160,8 +162,8 @@ def _grant(
     until = rolled.until if units and rolled is not None else None
     if quota is None:
         if units:
-            return Granted.of(None, cooldown, seq, 0, None, units, until)
-        return Admission(cooldown, None, seq)
+            return Admission(cooldown=cooldown, not_before=None, seq=seq, units=units, units_until=until)
+        return Admission(cooldown=cooldown, not_before=None, seq=seq)
     # The permit's end from its grant rounded *up*: never before grant + per + margin.
     end_ms = to_epoch_ms(now) + quota[1]
     extra = 0
@@ -181,7 +183,10 @@ def _grant(
                 "INSERT INTO open_permit VALUES (?, ?, ?, ?)", [(scope, quota[0], later, expected)] * extra
             )
     take_permit(conn, scope, quota[0], end_ms, to_epoch_ms(now) + quota[2] if quota[2] else 0)
-    return Granted.of(from_epoch_ms(end_ms), cooldown, seq, extra, None, units, until)
+    return Admission(
+        cooldown=cooldown, not_before=None, seq=seq, permit=from_epoch_ms(end_ms), extra=extra, units=units,
+        units_until=until,
+    )
 
 
 def _refused(
@@ -193,13 +198,13 @@ def _refused(
     if quota is not None and limit is not None:
         refused = _permit_refused(conn, scope, quota[0], limit, now_ms, quota[3])
         if refused is not None:
-            return Admission(cooldown, from_epoch_ms(refused))
+            return Admission(cooldown=cooldown, not_before=from_epoch_ms(refused))
     if lease is not None:
-        busy = _slot_refused(conn, scope, lease[0], now_ms)
+        busy = _slot_refused(conn, scope, lease.slots, now_ms)
         if busy is not None:
-            return Admission(cooldown, from_epoch_ms(busy), None, True)
-        expires = now_ms + window_ms(lease[1])
-        conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, lease[2], expires))
+            return Admission(cooldown=cooldown, not_before=from_epoch_ms(busy), slot_busy=True)
+        expires = now_ms + window_ms(lease.ttl)
+        conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, lease.token, expires))
     return None
 
 
@@ -213,23 +218,25 @@ def _admit_rate(
     probe (a slot of its cap, every known send's answered), else refused."""
     rate = _rate_now(conn, scope, now_ms)
     if round(rate.start * 1000) > now_ms:  # a throttle's backoff
-        return RateHeld(cooldown, from_epoch_ms(round(rate.start * 1000)))
+        return Admission(cooldown=cooldown, not_before=from_epoch_ms(round(rate.start * 1000)), by_rate=True)
     if rate.open or rate.known:
         refused = _refused(conn, scope, None, None, lease, now_ms, cooldown)
         if refused is not None or rate.open:
-            return refused or Admission(cooldown, None)  # (refused: every configured slot held)
+            return refused or Admission(
+                cooldown=cooldown, not_before=None
+            )  # (refused: every configured slot held)
         conn.execute("UPDATE learned_rate SET sent = sent + 1 WHERE scope = ?", (scope,))
         if lease is None and rate.waits_for_known:
             # Probes follow in this epoch: this send holds a probe slot (never refused
             # for it) until its answer, so no probe races it to the server.
-            expires = now_ms + window_ms(learn[0])
-            conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, learn[1], expires))
-            return Granted.of(None, cooldown, None, 0, learn[1], rate_epoch=rate.epoch)
-        return Granted.of(None, cooldown, None, rate_epoch=rate.epoch)
+            expires = now_ms + window_ms(learn.ttl)
+            conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, learn.token, expires))
+            return Admission(cooldown=cooldown, not_before=None, token=learn.token, rate_epoch=rate.epoch)
+        return Admission(cooldown=cooldown, not_before=None, rate_epoch=rate.epoch)
     ends = round(rate.ends * 1000) if rate.limit > 0 else None
     if not rate.probes:
         assert ends is not None
-        return RateHeld(cooldown, from_epoch_ms(ends))
+        return Admission(cooldown=cooldown, not_before=from_epoch_ms(ends), by_rate=True)
     return _probe(conn, scope, now_ms, cooldown, lease, learn, rate, ends)
 
 
@@ -241,19 +248,24 @@ def _probe(
     slot under its cap (with a configured ``lease``, under the smaller), else held back
     until a slot may be free (at most ``PROBE_RECHECK`` seconds); a configured cap that
     binds refuses as concurrency."""
-    cap = (min(lease[0], rate.cap), lease[1], lease[2]) if lease is not None else (rate.cap, *learn)
-    busy = _slot_refused(conn, scope, cap[0], now_ms)
-    if busy is not None and lease is not None and lease[0] <= rate.cap:
-        return Admission(cooldown, from_epoch_ms(busy), None, True)  # the configured cap binds
+    if lease is not None:
+        slots, ttl, held = min(lease.slots, rate.cap), lease.ttl, lease.token
+    else:
+        slots, ttl, held = rate.cap, learn.ttl, learn.token
+    busy = _slot_refused(conn, scope, slots, now_ms)
+    if busy is not None and lease is not None and lease.slots <= rate.cap:
+        return Admission(
+            cooldown=cooldown, not_before=from_epoch_ms(busy), slot_busy=True
+        )  # the configured cap binds
     if busy is not None:
         again = min(busy, now_ms + round(PROBE_RECHECK * 1000), ends if ends is not None else busy)
-        return RateHeld(cooldown, from_epoch_ms(again), None, True)
-    expires = now_ms + window_ms(cap[1])
-    conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, cap[2], expires))
+        return Admission(cooldown=cooldown, not_before=from_epoch_ms(again), slot_busy=True, by_rate=True)
+    expires = now_ms + window_ms(ttl)
+    conn.execute("INSERT OR REPLACE INTO lease VALUES (?, ?, ?)", (scope, held, expires))
     if not rate.probed:
         put_rate(conn, scope, rate.probing())
-    token = cap[2] if lease is None else None
-    return Granted.of(None, cooldown, None, 0, token, rate_epoch=rate.epoch, rate_report=True)
+    token = held if lease is None else None
+    return Admission(cooldown=cooldown, not_before=None, token=token, rate_epoch=rate.epoch, rate_report=True)
 
 
 # ------------------------------------------------------------ permits and leases

@@ -36,8 +36,9 @@ import warnings
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from ..errors import ConfigurationError
 from .freshness import Freshness
@@ -67,39 +68,61 @@ class CooldownStore(Protocol):
         ...
 
 
-class _Fields(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    """What a store's ``admit`` answers for one attempt: a frozen value, built by keyword
+    and read by name (copied with a change by ``dataclasses.replace``). Every time is an
+    aware UTC datetime.
+
+    Whether the attempt may go:
+
+    - ``cooldown``: the scope's stored cooldown (may be past; None: none stored).
+    - ``not_before``: None when the attempt may go (everything asked for is taken: a
+      quota permit, one of the announced allowance, a concurrency slot, a send of the
+      learned rate), else when to ask again (nothing taken): the earliest time
+      admission could succeed from what the store knows (see :func:`free_at`).
+    - ``slot_busy``: refused only because every concurrency slot is held
+      (``not_before`` is then when the earliest lease expires).
+    - ``by_rate``: refused by the scope's learned rate (its limit per window spent and
+      no probe admitted, a throttle's backoff, or every probe slot held:
+      ``slot_busy``); the deferral's reason is then ``rate``.
+    - ``oversized``: > 0 for a refusal for good: the attempt's declared cost is more
+      than the whole token limit the server announced, this many tokens, so no window
+      would admit it (``weights.oversized``); ``not_before`` is the allowance's reset,
+      for a layer that does not read this, and the engine raises a
+      ConfigurationError instead of waiting. 0: not so.
+
+    What a grant took (each left at its default by a refusal):
+
+    - ``seq``: the attempt's admission number once the scope's announced allowance is
+      counted (its quota headers), else None.
+    - ``permit``: when the configured quota permit taken stops counting as stored (its
+      grant + per + margin; ``Ask.opened`` seconds later for an open one); None: no
+      permit taken. The attempt's answer settles it (``Answer.permit``).
+    - ``extra``: how many more permits were taken in the same operation for this
+      process to spend (``Ask.batch``), each counting ``Ask.hold`` seconds longer
+      than ``permit``.
+    - ``token``: the concurrency slot the attempt holds when it is not the one
+      ``Ask.lease`` named (a slot this process already held), or the slot of the
+      learned rate's probes it took (``Ask.learn``); None: the one asked for, or none.
+    - ``units``: how many more admissions of the announced allowance were counted for
+      this process to spend (numbered ``seq + 1`` on) before ``units_until``, the
+      server's reset (None when ``units`` is 0).
+    - ``rate_epoch``: the learned rate's epoch the attempt was admitted in (None: no
+      learned rate governs the scope); ``rate_report``: whether its good answer must
+      be told to the store (``Answer.rate``).
+    - ``weighed``: when the token permit taken (``Ask.weigh`` with a configured token
+      quota) stops counting as stored, or None (see :class:`Weigh`); ``token_seq``:
+      the announced token allowance's count after this attempt's cost, less one (None:
+      none counted): an answer's token figure holds as of it, as ``seq`` for requests.
+    """
+
     cooldown: datetime | None
     not_before: datetime | None
-    seq: int | None = None
     slot_busy: bool = False
-
-
-class Admission(_Fields):
-    """What a store's ``admit`` answers for one attempt.
-
-    ``cooldown``: the scope's stored cooldown (may be past). ``not_before``: None when
-    the attempt may go (what was asked for is taken: a quota permit, one of the
-    announced allowance, a concurrency slot), else when to ask again (nothing taken).
-    ``seq``: the attempt's admission number once the scope's quota headers are counted,
-    else None. ``slot_busy``: refused only because every concurrency slot is held
-    (``not_before`` is then when the earliest lease expires).
-
-    Not among the tuple's four fields (so an Admission still unpacks and compares as
-    before), set on a :class:`Granted`: ``permit``, when the quota permit taken stops
-    counting (its grant + per + margin) as stored; ``extra``, how many more permits
-    were taken in the same operation for this process to spend (``admit``'s
-    ``batch``), each counting ``hold`` seconds longer than ``permit``; ``token``, the
-    concurrency slot the attempt holds when it is not the one asked for (a slot this
-    process already held); ``units``, how many more admissions of the announced
-    allowance were counted for this process to spend (numbered ``seq + 1`` on) before
-    ``units_until``, the server's reset; ``rate_epoch``, the learned rate's epoch the
-    attempt was admitted in (None: no learned rate governs the scope), and
-    ``rate_report``, whether its good answer must be told to the store
-    (:meth:`Store.rate_answer`)."""
-
-    __slots__ = ()
-
-    #: See above: set on a :class:`Granted`.
+    by_rate: bool = False
+    oversized: int = 0
+    seq: int | None = None
     permit: datetime | None = None
     extra: int = 0
     token: str | None = None
@@ -107,61 +130,31 @@ class Admission(_Fields):
     units_until: datetime | None = None
     rate_epoch: int | None = None
     rate_report: bool = False
-    #: When the token permit taken (``Ask.weigh`` of a configured token quota) stops
-    #: counting as stored, or None (see :class:`Weigh`); and the announced token
-    #: allowance's count after this attempt's cost, less one (None: none counted): an
-    #: answer's token figure holds as of it, as ``seq`` for requests.
     weighed: datetime | None = None
     token_seq: int | None = None
-    #: Refused by the scope's learned rate (see :class:`RateHeld`).
-    by_rate = False
-    #: Refused for good: the attempt's cost is above the server's announced token
-    #: limit, this (see :class:`Oversized`; 0: not so).
-    oversized = 0
 
 
-class RateHeld(Admission):
-    """A refusal by the scope's learned rate (its limit per window spent and no probe
-    admitted, a throttle's backoff, or every probe slot held: ``slot_busy``); the
-    deferral's reason is ``rate``."""
+#: The admission of an attempt that took nothing, on a scope with no cooldown stored
+#: (one shared value: an Admission is frozen).
+ADMITTED = Admission(cooldown=None, not_before=None)
 
-    __slots__ = ()
-
-    by_rate = True
-
-
-class Oversized(Admission):
-    """A refusal for good: the attempt's declared cost is more than the whole token
-    limit the server announced (``oversized``), so no window would admit it
-    (``weights.oversized``). ``not_before`` is the allowance's reset, for a layer that
-    does not read this; the engine raises a ConfigurationError instead of waiting."""
-
-    @classmethod
-    def of(cls, cooldown: datetime | None, not_before: datetime, limit: int) -> Oversized:
-        refused = cls(cooldown, not_before, None, False)
-        refused.oversized = limit
-        return refused
+_Value = TypeVar("_Value")
+_new = object.__new__
+_set = object.__setattr__
 
 
-class Granted(Admission):
-    """An admission that took a quota permit; ``permit`` says when it stops counting
-    (a store's ``settle`` moves that later when the attempt's answer came late)."""
-
-    @classmethod
-    def of(
-        cls, permit: datetime | None, cooldown: datetime | None, seq: int | None = None, extra: int = 0,
-        token: str | None = None, units: int = 0, units_until: datetime | None = None,
-        rate_epoch: int | None = None, rate_report: bool = False,
-    ) -> Granted:
-        granted = cls(cooldown, None, seq, False)
-        granted.rate_epoch = rate_epoch
-        granted.rate_report = rate_report
-        granted.permit = permit
-        granted.extra = extra
-        granted.token = token
-        granted.units = units
-        granted.units_until = units_until
-        return granted
+def assembled(cls: type[_Value], fields: dict[str, Any]) -> _Value:
+    """A value of ``cls`` (:class:`Ask`, :class:`Lease`, :class:`Learn`,
+    :class:`Admission`, :class:`Answer`) holding ``fields`` by name, the others at
+    their defaults: what ``cls(**fields)`` makes, a few times faster, for the
+    operations every attempt makes (a dataclass's generated ``__init__`` writes each
+    field by one ``object.__setattr__``, the cost of a frozen value; here its
+    attribute dict is set whole). ``fields`` must name every field without a default,
+    and nothing else (a test checks each use against the class's own ``__init__``);
+    it is owned by the value from then on."""
+    value = _new(cls)
+    _set(value, "__dict__", fields)
+    return value
 
 
 class Feed(ABC):
@@ -186,11 +179,26 @@ class Feed(ABC):
 Changed = Callable[[str | None, datetime | None], None]
 
 
-#: ``(slots, ttl seconds, token)``: a concurrency slot to take with an admission.
-Lease = tuple[int, float, str]
-#: ``(ttl seconds, token)``: admit by the scope's learned rate (see ``rate``), taking a
-#: slot as ``token`` for ``ttl`` seconds at most while the rate caps what is in flight.
-Learn = tuple[float, str]
+@dataclass(frozen=True, kw_only=True)
+class Lease:
+    """A concurrency slot to take with an admission (``Ask.lease``, :class:`Leases`):
+    one of ``slots`` slots of the scope (the cap), held as ``token`` (a string unique to
+    the attempt, or to the process's held slot) for ``ttl`` seconds at most unless
+    given back (``Answer.token``) or renewed (:class:`LeaseRenewal`) first."""
+
+    slots: int
+    ttl: float
+    token: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Learn:
+    """Admit by the scope's learned rate too (``Ask.learn``, :class:`LearnedRate`; see
+    ``rate``): while the rate caps what is in flight (its cold start, its probes), the
+    attempt takes a slot of it as ``token`` for ``ttl`` seconds at most."""
+
+    ttl: float
+    token: str
 
 
 class Hold(NamedTuple):
@@ -295,31 +303,43 @@ class Weigh(NamedTuple):
     margin: float = 0.0
 
 
-class Ask(NamedTuple):
-    """What one attempt asks a store to admit, all or nothing (see :meth:`Store.admit`).
+@dataclass(frozen=True, kw_only=True)
+class Ask:
+    """What one attempt asks a store to admit, all or nothing (see :meth:`Store.admit`):
+    a frozen value, built by keyword and read by name. Durations are seconds.
 
-    ``scope``; ``now``: the attempt's time (None: the present, read by the store as it
-    grants). A configured quota (:class:`QuotaLogs`): ``limit`` permits per ``per``
-    seconds, each counted ``per + margin`` seconds from its grant; ``opened`` > 0 takes
-    the permit *open* (counted ``opened`` seconds longer until its answer settles it
-    exactly); ``batch`` > 1 asks for up to ``batch - 1`` more permits for this process
-    to spend within ``hold`` seconds (each counted ``hold`` seconds longer; granted from
-    headroom only, see :func:`extra_permits`; an announced allowance is counted the same
-    way). ``lease`` (:class:`Leases`): a concurrency slot to take. ``learn``
-    (:class:`LearnedRate`): admit by the scope's learned rate too (not while a token
-    quota or a token allowance weighs the attempt). ``weigh`` (:class:`Weights`): the
-    attempt's cost in tokens."""
+    - ``scope``: the scope (see :func:`check_scope`).
+    - ``now``: the attempt's time, an aware UTC datetime (None: the present, read by
+      the store as it grants).
+    - ``limit``, ``per``: a configured quota (:class:`QuotaLogs`), ``limit`` permits per
+      ``per`` seconds (None, None: no quota), each permit counted ``per + margin``
+      seconds from its grant (``margin``: the time from admission to the server's
+      arrival).
+    - ``opened``: > 0 takes the permit *open*: counted ``opened`` seconds longer, until
+      its answer settles it exactly (``Permit.exact``).
+    - ``batch``: > 1 asks for up to ``batch - 1`` more permits for this process to
+      spend within ``hold`` seconds (each counted ``hold`` seconds longer; granted from
+      headroom only, see :func:`extra_permits`); an announced allowance is counted the
+      same way (``Admission.units``).
+    - ``lease``: a concurrency slot to take (:class:`Lease`, :class:`Leases`; None:
+      none).
+    - ``learn``: admit by the scope's learned rate too (:class:`Learn`,
+      :class:`LearnedRate`; None: not), ignored while a quota, an announced allowance
+      or a token quota governs the attempt.
+    - ``weigh``: the attempt's cost in tokens (:class:`Weigh`, :class:`Weights`; None:
+      no cost declared).
+    """
 
     scope: str
     now: datetime | None = None
     limit: int | None = None
     per: float | None = None
-    lease: Lease | None = None
     margin: float = 0.0
+    opened: float = 0.0
     batch: int = 1
     hold: float = 0.0
+    lease: Lease | None = None
     learn: Learn | None = None
-    opened: float = 0.0
     weigh: Weigh | None = None
 
 
@@ -371,13 +391,21 @@ class RateOutcome(NamedTuple):
     probe: bool | None = None
 
 
-class Answer(NamedTuple):
+@dataclass(frozen=True, kw_only=True)
+class Answer:
     """What an answered (or finished) attempt tells a store, in one operation (see
-    :meth:`Store.answer`): ``token``, a concurrency slot to give back; ``permit``, its
-    quota permit to settle; ``announced``, the allowance its answer announced;
-    ``rate``, its learned rate's outcome; ``weighed``, its token permit to settle.
-    ``now``: the answer's time (None: the present). A part a store does not carry is
-    ignored."""
+    :meth:`Store.answer`): a frozen value, built by keyword and read by name. A part a
+    store does not carry is ignored; None: nothing of that part.
+
+    - ``scope``: the attempt's scope.
+    - ``now``: the answer's time, an aware UTC datetime (None: the present).
+    - ``token``: a concurrency slot to give back (``Lease.token``, or
+      ``Admission.token``).
+    - ``permit``: its quota permit to settle (:class:`Permit`).
+    - ``announced``: the allowance its answer announced (:class:`Announced`).
+    - ``rate``: its learned rate's outcome (:class:`RateOutcome`).
+    - ``weighed``: its token permit to settle (:class:`Weighed`).
+    """
 
     scope: str
     now: datetime | None = None
@@ -423,7 +451,9 @@ class Store(ABC):
         The default, for a store of the core alone: the cooldown, read."""
         cooldown = self.get(ask.scope)
         now = ask.now if ask.now is not None else datetime.now(timezone.utc)
-        return Admission(cooldown, cooldown if cooldown is not None and cooldown > now else None)
+        return Admission(
+            cooldown=cooldown, not_before=cooldown if cooldown is not None and cooldown > now else None
+        )
 
     def answer(self, answer: Answer) -> None:  # noqa: B027 - the core keeps nothing per answer
         """An attempt's answer (see :class:`Answer`), in one atomic operation: its slot
@@ -438,12 +468,14 @@ class Store(ABC):
         self, scope: str, limit: int, per: float, now: datetime | None = None, margin: float = 0.0
     ) -> datetime | None:
         """Take a quota permit: None when taken, else when to ask again."""
-        return self.admit(Ask(scope, now, limit, per, None, margin)).not_before
+        return self.admit(Ask(scope=scope, now=now, limit=limit, per=per, margin=margin)).not_before
 
     def lease(self, scope: str, limit: int, ttl: float, now: datetime | None, token: str) -> datetime | None:
         """Take one of ``limit`` concurrency slots for ``ttl`` seconds as ``token``: None
         when taken, else when to ask again."""
-        return self.admit(Ask(scope, now, None, None, (limit, ttl, token))).not_before
+        return self.admit(Ask(
+            scope=scope, now=now, lease=Lease(slots=limit, ttl=ttl, token=token)
+        )).not_before
 
     @property
     def capabilities(self) -> frozenset[type]:
@@ -505,7 +537,7 @@ class LeaseRenewal(ABC):
 
 class Allowances(ABC):  # noqa: B024 - a capability declared by type; its work is admit's
     """``answer`` records what the server announced is left (``Answer.announced``) and
-    ``admit`` spreads it over every worker (``Admission.seq``, ``Granted.units``)."""
+    ``admit`` spreads it over every worker (``Admission.seq``, ``Admission.units``)."""
 
 
 class Weights(ABC):
@@ -703,7 +735,8 @@ class PartwiseStore(Store, QuotaLogs, Leases, Allowances, LearnedRate, Freshness
         """A store without :class:`Weights` took no token permit: nothing to settle."""
 
     def answer(self, answer: Answer) -> None:
-        scope, now, token, permit, announced, rate, weighed = answer
+        scope, now, token, permit = answer.scope, answer.now, answer.token, answer.permit
+        announced, rate, weighed = answer.announced, answer.rate, answer.weighed
         if permit is not None:
             self.settle(scope, permit.limit, permit.per, permit.expires, now, permit.exact)
         if weighed is not None:
@@ -711,8 +744,10 @@ class PartwiseStore(Store, QuotaLogs, Leases, Allowances, LearnedRate, Freshness
         if announced is not None or rate is not None:
             at = now if now is not None else datetime.now(timezone.utc)
             if announced is not None:
-                remaining, until, seq, limit, window = announced
-                self.allow(scope, remaining, until, at, seq, limit, window)
+                self.allow(
+                    scope, announced.remaining, announced.until, at, announced.seq, announced.limit,
+                    announced.window,
+                )
             if rate is not None:
                 if rate.probe is None or not self.rate_kinds:
                     self.rate_answer(scope, rate.epoch, rate.until, at)

@@ -78,24 +78,26 @@ class Completed(PartwiseStore):
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
         exact: bool = False,
     ) -> None:
-        self.inner.answer(Answer(scope, now, permit=Permit(limit, per, expires, exact)))
+        self.inner.answer(Answer(scope=scope, now=now, permit=Permit(limit, per, expires, exact)))
 
     def settle_weighed(self, scope: str, weighed: Weighed, now: datetime | None = None) -> None:
-        self.inner.answer(Answer(scope, now, weighed=weighed))
+        self.inner.answer(Answer(scope=scope, now=now, weighed=weighed))
 
     def allow(
         self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,
         limit: int | None = None, window: float | None = None,
     ) -> None:
-        self.inner.answer(Answer(scope, now, announced=Announced(remaining, until, seq, limit, window)))
+        self.inner.answer(Answer(
+            scope=scope, now=now, announced=Announced(remaining, until, seq, limit, window)
+        ))
 
     def rate_answer(
         self, scope: str, epoch: int | None, until: datetime | None, now: datetime, probe: bool | None = None
     ) -> None:
-        self.inner.answer(Answer(scope, now, rate=RateOutcome(epoch, until, probe)))
+        self.inner.answer(Answer(scope=scope, now=now, rate=RateOutcome(epoch, until, probe)))
 
     def release(self, scope: str, token: str) -> None:
-        self.inner.answer(Answer(scope, token=token))
+        self.inner.answer(Answer(scope=scope, token=token))
 
     # -- what the store may not carry ------------------------------------------------
     def rate_of(self, scope: str) -> Rate | None:

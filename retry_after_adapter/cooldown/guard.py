@@ -25,6 +25,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
@@ -51,7 +52,6 @@ from .base import (
     Admission,
     Ask,
     Forgetful,
-    Granted,
     Hold,
     InProcess,
     LeaseRenewal,
@@ -64,7 +64,6 @@ from .completed import as_store, bare
 from .freshness import Freshness
 from .memory import MemoryCooldownStore
 from .rate import Rate
-from .weights import with_weighed
 
 __all__ = [
     "BREAKER_FIRST",
@@ -353,7 +352,7 @@ class StoreGuard(PartwiseStore):
         if local is None or local <= (ask.now if ask.now is not None else datetime.now(timezone.utc)):
             return answer
         self._undo(ask, answer)
-        return Admission(local, local, None, False)
+        return Admission(cooldown=local, not_before=local)
 
     def _time_to_ask_again(self, budget: StoreBudget | None) -> bool:
         """Whether the call has time for a refusal's settles to be written and the store
@@ -368,7 +367,7 @@ class StoreGuard(PartwiseStore):
         goes back, and the permit is settled to count from ``ask.now`` (an open one would
         count ``opened`` seconds longer for nothing)."""
         scope, lease, limit, per = ask.scope, ask.lease, ask.limit, ask.per
-        token = answer.token or (lease[2] if lease is not None else None)
+        token = answer.token or (lease.token if lease is not None else None)
         if token is not None:
             self.release(scope, token)
         if answer.permit is not None and limit is not None and per is not None:
@@ -379,7 +378,8 @@ class StoreGuard(PartwiseStore):
 
     def _admit(self, ask: Ask, budget: StoreBudget | None) -> Admission:
         """:meth:`admit` but for its last check."""
-        scope, now, limit, per, lease, margin, _, _, learn, _, weigh = ask
+        scope, now, limit, per, margin = ask.scope, ask.now, ask.limit, ask.per, ask.margin
+        lease, learn, weigh = ask.lease, ask.learn, ask.weigh
         present = now if now is not None else datetime.now(timezone.utc)
         if self.breaker.skipped(budget):
             return self._local_admit(ask, budget)
@@ -400,7 +400,7 @@ class StoreGuard(PartwiseStore):
     def _admit_near(self, ask: Ask, budget: StoreBudget | None, present: datetime, near: Near) -> Admission:
         """Admission by the near copy when it can answer alone; else what it did not
         give (a permit, a slot) is asked of the store, with a batch for later."""
-        scope, _, limit, per, lease, margin, *_ = ask
+        scope, limit, per, lease, margin = ask.scope, ask.limit, ask.per, ask.lease, ask.margin
         left = budget.left() if budget is not None else None
         wait = REFILL_WAIT if left is None else max(0.0, min(REFILL_WAIT, left))
         answer, permit, token = near.admit(scope, present, limit, per, margin, lease, wait)
@@ -411,19 +411,19 @@ class StoreGuard(PartwiseStore):
         opened = ask.opened > 0 and rest is not None
         batch, hold = near.batch(scope, rest, per, margin, claim=True, opened=opened)
         epoch = near.epoch
-        missing = ask._replace(limit=rest, lease=rest_lease, batch=batch, hold=hold)
+        missing = replace(ask, limit=rest, lease=rest_lease, batch=batch, hold=hold)
         # A batch's open permits (held near, for reuse) count OPEN_LIFE past per + margin,
         # renewed while unanswered; a permit taken alone, for its attempt, its full time.
         renewed = opened and batch > 1 and near.renew_open is not None and ask.opened > OPEN_LIFE
         if renewed:
-            missing = missing._replace(opened=OPEN_LIFE)
+            missing = replace(missing, opened=OPEN_LIFE)
         granted = False
         try:
             answer = self._admit_store(missing, budget, present)
             if answer.not_before is None:
                 if renewed and answer.permit is not None:  # before another thread spends one
                     self._opened(near, scope, rest, per, margin, answer, hold, ask.opened)
-                ttl = lease[1] if lease is not None else None
+                ttl = lease.ttl if lease is not None else None
                 near.took(scope, present, answer, epoch, rest, per, margin, hold, rest_lease, opened, ttl)
                 granted = True  # took() ended the claim and woke the threads waiting for it
         finally:
@@ -440,7 +440,7 @@ class StoreGuard(PartwiseStore):
         if permit is None and token is None:
             return answer
         end = permit if permit is not None else answer.permit
-        return Granted.of(end, answer.cooldown, answer.seq, 0, token)
+        return Admission(cooldown=answer.cooldown, not_before=None, seq=answer.seq, permit=end, token=token)
 
     @staticmethod
     def _opened(
@@ -460,7 +460,7 @@ class StoreGuard(PartwiseStore):
         """Admission of ``ask`` in one store operation (see :meth:`admit`)."""
         scope, lease, learn = ask.scope, ask.lease, ask.learn
         epoch = self.writeback.epoch
-        held = lease[2] if lease is not None else learn[1] if learn is not None else None
+        held = lease.token if lease is not None else learn.token if learn is not None else None
         abandoned = None if held is None else self._abandoned(scope, held)
         try:
             answer = self.breaker.bounded(self.inner.admit, (ask,), budget, abandoned)
@@ -483,12 +483,20 @@ class StoreGuard(PartwiseStore):
         attempt back: what the store granted goes back at once (see :meth:`_undo`)."""
         not_before = cooldown if cooldown > present else answer.not_before
         if answer.not_before is None and not_before is not None:
-            self._undo(ask._replace(now=present), answer)
+            self._undo(replace(ask, now=present), answer)
         if not_before is None and answer.permit is not None:
-            granted = Granted.of(answer.permit, cooldown, answer.seq, answer.extra)
-            return with_weighed(granted, answer.weighed, answer.token_seq)
-        held = Admission(cooldown, not_before, answer.seq, answer.slot_busy)
-        return held if not_before is not None else with_weighed(held, answer.weighed, answer.token_seq)
+            return Admission(
+                cooldown=cooldown, not_before=None, seq=answer.seq, permit=answer.permit, extra=answer.extra,
+                weighed=answer.weighed, token_seq=answer.token_seq,
+            )
+        if not_before is not None:
+            return Admission(
+                cooldown=cooldown, not_before=not_before, slot_busy=answer.slot_busy, seq=answer.seq
+            )
+        return Admission(
+            cooldown=cooldown, not_before=None, seq=answer.seq, weighed=answer.weighed,
+            token_seq=answer.token_seq,
+        )
 
     def _abandoned(self, scope: str, token: str) -> Callable[[Admission], None]:
         """What to do with an admission the call stopped waiting for, should it come:
@@ -506,19 +514,27 @@ class StoreGuard(PartwiseStore):
         admission that asked for a slot alone is told that a slot is missing."""
         scope, limit, lease = ask.scope, ask.limit, ask.lease
         slot_only = limit is None and lease is not None
-        return Admission(self.local.get(scope), present + _PERMIT_RETRY, None, slot_only)
+        return Admission(
+            cooldown=self.local.get(scope), not_before=present + _PERMIT_RETRY, slot_busy=slot_only
+        )
 
     def _local_admit(self, ask: Ask, budget: StoreBudget | None) -> Admission:
         """The store is down: the local copy admits (fail open; its admission numbers are
         not the store's; no batch, no learned rate, no open permit; tokens weighed by
         what it knows) or CooldownUnavailable (fail closed)."""
         _local_answer_allowed(budget)
-        answer = self.local.admit(Ask(*ask[:6], weigh=ask.weigh))
+        local = Ask(
+            scope=ask.scope, now=ask.now, limit=ask.limit, per=ask.per, margin=ask.margin, lease=ask.lease,
+            weigh=ask.weigh,
+        )
+        answer = self.local.admit(local)
         if answer.oversized:
             return answer  # a cost the announced limit never admits: the engine's error
-        weighed = answer.weighed
-        answer = answer._replace(seq=None)  # (a plain Admission: the grant's numbers dropped)
-        return with_weighed(answer, weighed)
+        # The grant's numbers dropped (not the store's): its cooldown, its refusal, its tokens kept.
+        return Admission(
+            cooldown=answer.cooldown, not_before=answer.not_before, slot_busy=answer.slot_busy,
+            weighed=answer.weighed,
+        )
 
     def release(self, scope: str, token: str) -> None:
         """Give a slot back, in the store and locally. A store that is busy or down

@@ -41,7 +41,6 @@ from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, m
 from .base import (
     Admission,
     Ask,
-    Granted,
     Hold,
     InProcess,
     Learn,
@@ -51,6 +50,7 @@ from .base import (
     Weigh,
     Weighed,
     Weights,
+    assembled,
     check_scope,
     check_until,
     extra_permits,
@@ -203,7 +203,7 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, I
         for its ttl (None), or say when the earliest lease expires (nothing taken).
         Expired leases (a killed worker's) are dropped when every slot looks held (and
         a few other scopes' that all expired, in a large store)."""
-        slots, ttl, token = lease
+        slots, ttl, token = lease.slots, lease.ttl, lease.token
         if len(self._lease_scopes) > _SWEEP_AT:
             _sweep(self._lease_scopes, self._leases, _leases_ended, at, _SWEEP_PER_WRITE)
         held = self._leases.get(scope)
@@ -261,7 +261,8 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, I
         its own expiry, so workers with different margins never drop each other's.
         ``batch`` and ``hold``: extra permits; ``opened``: an open permit; ``learn``: the
         learned rate, see ``Store.admit``."""
-        scope, now, limit, per, lease, margin, batch, hold, learn, opened, weigh = ask
+        scope, now, limit, lease, learn = ask.scope, ask.now, ask.limit, ask.lease, ask.learn
+        weigh = ask.weigh
         if limit is None and lease is None and weigh is None and scope not in self._allowance and (
             learn is None or _open(self._rates.get(scope))
         ):
@@ -271,7 +272,7 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, I
                 return _ADMITTED
             if now is None:
                 now = datetime.now(timezone.utc)
-            return Admission(cooldown, cooldown if cooldown > now else None)
+            return Admission(cooldown=cooldown, not_before=cooldown if cooldown > now else None)
         if type(scope) is not str:
             check_scope(scope)  # raises (a str's length is checked when first stored)
         if now is not None:
@@ -281,9 +282,10 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, I
                 now = datetime.now(timezone.utc)  # the grant's time: the lock is ours
             cooldown = self._until.get(scope)
             if cooldown is not None and cooldown > now:
-                return Admission(cooldown, cooldown)
+                return Admission(cooldown=cooldown, not_before=cooldown)
             return self._admit_locked(
-                scope, now, cooldown, limit, per, lease, margin, batch, hold, learn, opened, weigh
+                scope, now, cooldown, limit, ask.per, lease, ask.margin, ask.batch, ask.hold, learn,
+                ask.opened, weigh,
             )
 
     def _admit_locked(
@@ -302,12 +304,14 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, I
             rolled, wait = admit_allowance(record, now)
             if wait is not None:
                 self._allowance[scope] = rolled
-                return Admission(cooldown, wait)
+                return Admission(cooldown=cooldown, not_before=wait)
         tokens = None
         if weigh is not None:
             tokens, wait = self._tokens.weigh(self._allowance, scope, weigh, now, at)
             if wait is not None:
-                return Admission(cooldown, wait) if tokens is None else too_large(cooldown, tokens, now)
+                if tokens is None:
+                    return Admission(cooldown=cooldown, not_before=wait)
+                return too_large(cooldown, tokens, now)
         if learn is not None and limit is None and record is None and tokens is None:
             return self._admit_rate(scope, now, at, cooldown, lease, learn)
         key = None if limit is None else _quota_key(limit, per, margin + opened)
@@ -349,13 +353,18 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, I
                     self._take_permit(scope, key, later, later_expected)
             until = rolled.until if units and rolled is not None else None
             # now + key[3]: the same instant as at + key[2]
-            return Granted.of(now + key[3], cooldown, seq, extra, None, units, until)
+            # (built whole, see ``assembled``: every grant of a quota makes one)
+            fields = {"cooldown": cooldown, "not_before": None, "seq": seq, "permit": now + key[3]}
+            fields["extra"], fields["units"], fields["units_until"] = extra, units, until
+            return assembled(Admission, fields)
         if units:
             assert rolled is not None
-            return Granted.of(None, cooldown, seq, 0, None, units, rolled.until)
+            return Admission(
+                cooldown=cooldown, not_before=None, seq=seq, units=units, units_until=rolled.until
+            )
         if seq is None:
-            return _ADMITTED if cooldown is None else Admission(cooldown, None)
-        return Admission(cooldown, None, seq)
+            return _ADMITTED if cooldown is None else Admission(cooldown=cooldown, not_before=None)
+        return Admission(cooldown=cooldown, not_before=None, seq=seq)
 
     def _refused(
         self, scope: str, key: tuple[int, int, int, timedelta] | None, limit: int | None,
@@ -367,11 +376,11 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, I
         if key is not None and limit is not None:
             refused = self._permit_refused(scope, key, limit, at)
             if refused is not None:
-                return Admission(cooldown, _as_datetime(refused))
+                return Admission(cooldown=cooldown, not_before=_as_datetime(refused))
         if lease is not None:
             busy = self._take_slot(scope, lease, at)
             if busy is not None:
-                return Admission(cooldown, _as_datetime(busy), None, True)
+                return Admission(cooldown=cooldown, not_before=_as_datetime(busy), slot_busy=True)
         return None
 
     def settle(

@@ -307,13 +307,13 @@ class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetfu
         permit later (:meth:`settle`). (A scope whose key has a ``}`` that Redis would
         not read as a hash tag has its cooldown read by a ``GET`` before: two round
         trips.)"""
-        scope, now, limit, per, _, _, _, _, learn, _, weigh = ask
+        scope, now, limit, per, learn, weigh = ask.scope, ask.now, ask.limit, ask.per, ask.learn, ask.weigh
         key = self.key(check_scope(scope))
         _, together = _slot_string(key)
         stored = None if together else self.get(scope)
         when = _present(now)
         if stored is not None and stored > when:
-            return Admission(stored, stored)
+            return Admission(cooldown=stored, not_before=stored)
         quota = limit is not None and per is not None
         allowance = self.companion(scope, "allowance")
         permits = self.quota_key(scope, limit, per) if quota else allowance  # type: ignore[arg-type]

@@ -207,10 +207,11 @@ class SQLiteCooldownStore(SQLiteFile, PartwiseStore, Weights, Bounded, LeaseRene
         transaction, all or nothing (a plain read while the scope has none of them).
         ``now`` None: the real present, read once the transaction holds the lock, so a
         permit's time is when it is granted."""
-        scope, now, limit, per, lease, margin, batch, hold, learn, opened, weigh = ask
+        scope, now, limit, lease, learn = ask.scope, ask.now, ask.limit, ask.lease, ask.learn
+        weigh, batch, hold = ask.weigh, ask.batch, ask.hold
         check_scope(scope)
         fixed = None if now is None else check_until(now)
-        quota = quota_of(limit, per, margin, opened) if limit is not None else None
+        quota = quota_of(limit, ask.per, ask.margin, ask.opened) if limit is not None else None
         nothing_to_take = quota is None and lease is None and weigh is None
 
         def admit(conn: sqlite3.Connection) -> Admission:

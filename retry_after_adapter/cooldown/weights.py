@@ -17,12 +17,13 @@ either, with the rest of the attempt's admission:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConfigurationError
 from .allowance import Allowance
-from .base import Admission, Granted, Oversized
+from .base import Admission
 
 #: What a store's weighing gives when only a configured token quota weighs an attempt
 #: (no announced token allowance to count the cost in): a grant writes no allowance.
@@ -58,7 +59,7 @@ def too_large(cooldown: datetime | None, record: Allowance, now: datetime) -> Ad
     """The refusal of a cost :func:`oversized` for ``record``: ``Admission.oversized``
     is the announced limit; ``not_before`` the allowance's reset (now, when that is
     past), what a layer that does not know this answer waits for."""
-    return Oversized.of(cooldown, max(record.until, now), record.limit)
+    return Admission(cooldown=cooldown, not_before=max(record.until, now), oversized=record.limit)
 
 
 def weighed_free_at(entries: Iterable[tuple[Any, int]], total: int, cost: int, limit: int) -> Any:
@@ -83,8 +84,4 @@ def with_weighed(answer: Admission, expires: datetime | None, seq: int | None = 
     less one (None: none counted), as a request's admission number is."""
     if expires is None and seq is None:
         return answer
-    if type(answer) is not Granted:
-        answer = Granted.of(None, answer.cooldown, answer.seq)
-    answer.weighed = expires
-    answer.token_seq = seq
-    return answer
+    return replace(answer, weighed=expires, token_seq=seq)

@@ -44,6 +44,10 @@ from .state import CallState, Slot
 
 __all__ = ["NO_PLAN", "OPEN_FOR", "Plan"]
 
+# What ``cooldown.base.assembled`` does, inlined on the path every attempt takes.
+_new = object.__new__
+_set = object.__setattr__
+
 log = logging.getLogger("retry_after_adapter")
 
 #: Seconds an open permit counts beyond ``per + margin`` in the store until its answer
@@ -110,6 +114,7 @@ class Plan:
 
     __slots__ = (
         "allows",
+        "asked",
         "cooldown_of",
         "dialects",
         "fail_closed",
@@ -157,6 +162,10 @@ class Plan:
         #: Whether every quota permit is taken open (see :meth:`answered` and
         #: :func:`_opens`).
         self.opens = _opens(store, quota)
+        #: The fields of every attempt's :class:`Ask` that the plan fixes (the quota,
+        #: taken open or not), each attempt's own set on a copy (see ``admit_once``).
+        opened = OPEN_FOR if self.limit is not None and self.opens else 0.0
+        self.asked = vars(Ask(scope="", limit=self.limit, per=self.per, margin=self.margin, opened=opened))
         #: The concurrency cap: slots per scope, each a lease of ``ttl`` seconds at most.
         self.slots = slots
         self.ttl = ttl
@@ -215,21 +224,28 @@ class Plan:
         ticket = call.ticket
         # New tokens: a slot's, a probe's (none while one is held).
         lease, learn = self._new_tokens() if ticket.lease_token is None else _NO_TOKENS
-        opened = 0.0
         if self.limit is not None:
             ticket.admitted_at = call.clock.monotonic()  # before the grant: its lower bound
-            if self.opens:
-                opened = OPEN_FOR
-        ticket.permit_open = opened > 0
+            ticket.permit_open = self.opens
+        else:
+            ticket.permit_open = False
         weigh = self._weigh(call) if call.progress.cost and self.weighs else None
-        ask = Ask(call.scope, now, self.limit, self.per, lease, self.margin, 1, 0.0, learn, opened, weigh)
+        # The plan's Ask with the attempt's own fields (built whole: see ``assembled``).
+        fields = self.asked.copy()
+        fields["scope"], fields["now"], fields["lease"], fields["learn"] = call.scope, now, lease, learn
+        fields["weigh"] = weigh
+        ask = _new(Ask)
+        _set(ask, "__dict__", fields)
         guard = self.guard
         answer = store.admit(ask) if guard is None else guard.admit(ask, call.budget)
         if answer.oversized and weigh is not None:
             limit = f"the server's announced token limit of {answer.oversized}"
             raise cost_error(weigh.cost, call.progress.cost_from, limit)
         # Keep on the call what the answer says.
-        call.cooldown, not_before, ticket.admission, ticket.slot_busy = answer
+        call.cooldown = answer.cooldown
+        not_before = answer.not_before
+        ticket.admission = answer.seq
+        ticket.slot_busy = answer.slot_busy
         ticket.rate_held = answer.by_rate
         # Only a configured quota's permit is settled (the learned rate counts sends, no permit).
         ticket.permit = answer.permit if self.limit is not None else None
@@ -240,7 +256,7 @@ class Plan:
             ticket.token_seq = answer.token_seq
         if not_before is None:
             if lease is not None:
-                ticket.lease_token = answer.token or lease[2]  # a slot this process held, or the new one
+                ticket.lease_token = answer.token or lease.token  # a slot this process held, or the new one
             elif answer.token is not None:
                 ticket.lease_token = answer.token  # a slot of the learned rate's probes
         return not_before
@@ -248,10 +264,19 @@ class Plan:
     def _new_tokens(self) -> tuple[Lease | None, Learn | None]:
         """A concurrency slot to take (with the cap) and the learned rate's probe (when
         it governs), each with a new token (one for both)."""
-        lease = (self.slots, self.ttl, next(_lease_tokens)) if self.slots is not None else None
+        if self.slots is None and not self.learns:
+            return _NO_TOKENS
+        # (each built whole: see ``assembled``)
+        token = next(_lease_tokens)
+        lease = None
+        if self.slots is not None:
+            lease = _new(Lease)
+            _set(lease, "__dict__", {"slots": self.slots, "ttl": self.ttl, "token": token})
         if not self.learns:
             return lease, None
-        return lease, (self.ttl, lease[2] if lease is not None else next(_lease_tokens))
+        learn = _new(Learn)
+        _set(learn, "__dict__", {"ttl": self.ttl, "token": token})
+        return lease, learn
 
     def _weigh(self, call: CallState) -> Weigh:
         """What the attempt's declared cost asks of the scope's tokens: the server's

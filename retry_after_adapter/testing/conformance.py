@@ -81,6 +81,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -95,6 +96,7 @@ from ..cooldown.base import (
     Bounded,
     ChangeFeed,
     FreshnessLog,
+    Lease,
     LeaseRenewal,
     Leases,
     Listing,
@@ -347,7 +349,9 @@ class StoreContract(TokenContract):
             expected[quota] = ("quota", now + timedelta(seconds=60), 2)
         if isinstance(store, Leases):
             slots = self.s("slots")
-            assert listed.admit(Ask(scope=slots, now=now, lease=(1, 30.0, "held"))).not_before is None
+            assert listed.admit(Ask(
+                scope=slots, now=now, lease=Lease(slots=1, ttl=30.0, token="held")
+            )).not_before is None
             expected[slots] = ("leases", now + timedelta(seconds=30), 1)
         if isinstance(store, Allowances):
             spent = self.s("spent")
@@ -389,12 +393,12 @@ class StoreContract(TokenContract):
     def test_admit_answers_the_cooldown(self, store: Any) -> None:
         core = self.carrying(store)
         now = now_ms()
-        assert core.admit(Ask(self.s("free"), now)).not_before is None
+        assert core.admit(Ask(scope=self.s("free"), now=now)).not_before is None
         core.extend(self.s("held"), now + timedelta(seconds=30))
-        held = core.admit(Ask(self.s("held"), now))
+        held = core.admit(Ask(scope=self.s("held"), now=now))
         assert held.not_before == now + timedelta(seconds=30) and held.cooldown == held.not_before
-        assert core.admit(Ask(self.s("held"), now + timedelta(seconds=31))).not_before is None
-        core.answer(Answer(self.s("held"), now))  # an answer with nothing in it is nothing
+        assert core.admit(Ask(scope=self.s("held"), now=now + timedelta(seconds=31))).not_before is None
+        core.answer(Answer(scope=self.s("held"), now=now))  # an answer with nothing in it is nothing
 
     def test_a_naive_time_is_refused(self, store: Any) -> None:
         core = self.carrying(store)
@@ -413,18 +417,27 @@ class StoreContract(TokenContract):
     def test_a_refused_admission_with_a_naive_time_takes_nothing(self, store: Any) -> None:
         whole = self.carrying(store, QuotaLogs, Leases)
         with pytest.raises(ConfigurationError):
-            whole.admit(Ask(self.s("naive"), datetime.now(), 5, 1.0, (2, 10.0, "token")))
-        answer = whole.admit(Ask(self.s("naive"), now_ms(), 1, 1.0, (1, 10.0, "token")))
+            whole.admit(Ask(
+                scope=self.s("naive"), now=datetime.now(), limit=5, per=1.0,
+                lease=Lease(slots=2, ttl=10.0, token="token"),
+            ))
+        answer = whole.admit(Ask(
+            scope=self.s("naive"), now=now_ms(), limit=1, per=1.0,
+            lease=Lease(slots=1, ttl=10.0, token="token"),
+        ))
         assert answer.not_before is None  # the refused calls took neither the permit nor the slot
         for scope in ("", "x" * 513, None, "\udfff", "\x00"):
             with pytest.raises(ConfigurationError):
-                whole.admit(Ask(scope, now_ms(), 5, 1.0, (2, 10.0, "token")))  # type: ignore[arg-type]
+                bad = Ask(scope=scope, now=now_ms(), limit=5, per=1.0)  # type: ignore[arg-type]
+                whole.admit(replace(bad, lease=Lease(slots=2, ttl=10.0, token="token")))
 
     def test_a_quota_admits_its_limit_then_says_when(self, store: Any) -> None:
         quota = self.carrying(store, QuotaLogs)
         now = now_ms()
-        assert [quota.admit(Ask(self.s("q"), now, 2, 60.0)).not_before for _ in range(2)] == [None, None]
-        refused = quota.admit(Ask(self.s("q"), now, 2, 60.0))
+        assert [quota.admit(Ask(
+            scope=self.s("q"), now=now, limit=2, per=60.0
+        )).not_before for _ in range(2)] == [None, None]
+        refused = quota.admit(Ask(scope=self.s("q"), now=now, limit=2, per=60.0))
         assert refused.not_before is not None and refused.not_before >= now + timedelta(seconds=60)
 
     def test_an_open_permit_counts_until_its_answer_settles_it_exactly(self, store: Any) -> None:
@@ -432,24 +445,36 @@ class StoreContract(TokenContract):
         end to the answer + per exactly, earlier too, and never before."""
         quota = self.carrying(store, QuotaLogs)
         now, scope = now_ms(), self.s("open")
-        granted = quota.admit(Ask(scope, now, 1, 1.0, opened=10.0))
+        granted = quota.admit(Ask(scope=scope, now=now, limit=1, per=1.0, opened=10.0))
         assert granted.not_before is None and granted.permit is not None
         assert granted.permit >= now + timedelta(seconds=11)
-        assert quota.admit(Ask(scope, now + timedelta(seconds=2), 1, 1.0)).not_before is not None
+        assert quota.admit(Ask(
+            scope=scope, now=now + timedelta(seconds=2), limit=1, per=1.0
+        )).not_before is not None
         answered = now + timedelta(seconds=2)
-        quota.answer(Answer(scope, answered, permit=Permit(1, 1.0, granted.permit, exact=True)))
-        assert quota.admit(Ask(scope, answered + timedelta(milliseconds=500), 1, 1.0)).not_before is not None
-        assert quota.admit(Ask(scope, answered + timedelta(seconds=1), 1, 1.0)).not_before is None
+        quota.answer(Answer(scope=scope, now=answered, permit=Permit(1, 1.0, granted.permit, exact=True)))
+        assert quota.admit(Ask(
+            scope=scope, now=answered + timedelta(milliseconds=500), limit=1, per=1.0
+        )).not_before is not None
+        assert quota.admit(Ask(
+            scope=scope, now=answered + timedelta(seconds=1), limit=1, per=1.0
+        )).not_before is None
 
     def test_a_slot_is_held_all_or_nothing_and_given_back(self, store: Any) -> None:
         slots = self.carrying(store, Leases)
         now = now_ms()
-        assert slots.admit(Ask(self.s("c"), now, None, None, (1, 30.0, "one"))).not_before is None
-        assert slots.admit(Ask(self.s("c"), now, None, None, (1, 30.0, "two"))).not_before is not None
-        slots.answer(Answer(self.s("c"), token="one"))  # noqa: S106 - a slot's token
-        assert slots.admit(Ask(self.s("c"), now, None, None, (1, 30.0, "two"))).not_before is None
+        assert slots.admit(Ask(
+            scope=self.s("c"), now=now, lease=Lease(slots=1, ttl=30.0, token="one")
+        )).not_before is None
+        assert slots.admit(Ask(
+            scope=self.s("c"), now=now, lease=Lease(slots=1, ttl=30.0, token="two")
+        )).not_before is not None
+        slots.answer(Answer(scope=self.s("c"), token="one"))
+        assert slots.admit(Ask(
+            scope=self.s("c"), now=now, lease=Lease(slots=1, ttl=30.0, token="two")
+        )).not_before is None
         slots.extend(self.s("c"), now + timedelta(seconds=30))  # a cooldown refuses the slot too
-        refused = slots.admit(Ask(self.s("c"), now, None, None, (2, 30.0, "three")))
+        refused = slots.admit(Ask(scope=self.s("c"), now=now, lease=Lease(slots=2, ttl=30.0, token="three")))
         assert refused.not_before is not None and refused.not_before >= now + timedelta(seconds=30)
 
     def test_renew_moves_a_held_lease_later_and_never_takes_a_lapsed_one_again(self, store: Any) -> None:
@@ -459,17 +484,23 @@ class StoreContract(TokenContract):
         now, scope = now_ms(), self.s("renew")
         second = timedelta(seconds=1)
         for token in ("held", "lapses", "given"):
-            assert slots.admit(Ask(scope, now, None, None, (3, 1.0, token))).not_before is None
-        slots.answer(Answer(scope, token="given"))  # noqa: S106 - a slot's token
+            assert slots.admit(Ask(
+                scope=scope, now=now, lease=Lease(slots=3, ttl=1.0, token=token)
+            )).not_before is None
+        slots.answer(Answer(scope=scope, token="given"))
         renewal = [(scope, "held", now + 5 * second), (scope, "given", now + 5 * second)]
         assert slots.renew(renewal, now + second / 2) == {"given"}  # type: ignore[attr-defined]
         assert slots.renew([(scope, "held", now + second)], now + second / 2) == set()  # type: ignore[attr-defined]
         later = now + 2 * second
-        assert slots.admit(Ask(scope, later, None, None, (2, 30.0, "other"))).not_before is None
-        refused = slots.admit(Ask(scope, later, None, None, (2, 30.0, "more")))
+        assert slots.admit(Ask(
+            scope=scope, now=later, lease=Lease(slots=2, ttl=30.0, token="other")
+        )).not_before is None
+        refused = slots.admit(Ask(scope=scope, now=later, lease=Lease(slots=2, ttl=30.0, token="more")))
         assert refused.not_before == now + 5 * second, refused  # "held" until its renewed end
         assert slots.renew([(scope, "lapses", later + second)], later) == {"lapses"}  # type: ignore[attr-defined]
-        assert slots.admit(Ask(scope, later, None, None, (3, 30.0, "more"))).not_before is None
+        assert slots.admit(Ask(
+            scope=scope, now=later, lease=Lease(slots=3, ttl=30.0, token="more")
+        )).not_before is None
 
     def test_renew_exact_sets_a_held_lease_s_end_earlier_too(self, store: Any) -> None:
         """``LeaseRenewal.renew(..., exact=True)``: a lease still held is made to end at
@@ -479,16 +510,24 @@ class StoreContract(TokenContract):
         now, scope = now_ms(), self.s("exact")
         second = timedelta(seconds=1)
         for token in ("kept", "given"):
-            assert slots.admit(Ask(scope, now, None, None, (2, 60.0, token))).not_before is None
-        slots.answer(Answer(scope, token="given"))  # noqa: S106 - a slot's token
+            assert slots.admit(Ask(
+                scope=scope, now=now, lease=Lease(slots=2, ttl=60.0, token=token)
+            )).not_before is None
+        slots.answer(Answer(scope=scope, token="given"))
         shorter = [(scope, "kept", now + second), (scope, "given", now + second)]
         assert slots.renew(shorter, now + second / 2, exact=True) == {"given"}  # type: ignore[attr-defined]
-        refused = slots.admit(Ask(scope, now + second / 2, None, None, (1, 30.0, "other")))
+        refused = slots.admit(Ask(
+            scope=scope, now=now + second / 2, lease=Lease(slots=1, ttl=30.0, token="other")
+        ))
         assert refused.not_before == now + second, refused  # "kept" until its new, earlier end
         later = now + 2 * second  # "kept" lapsed at now + 1 s, not at now + 60 s
         assert slots.renew([(scope, "kept", later + second)], later, exact=True) == {"kept"}  # type: ignore[attr-defined]
-        assert slots.admit(Ask(scope, later, None, None, (2, 30.0, "x"))).not_before is None
-        assert slots.admit(Ask(scope, later, None, None, (2, 30.0, "y"))).not_before is None
+        assert slots.admit(Ask(
+            scope=scope, now=later, lease=Lease(slots=2, ttl=30.0, token="x")
+        )).not_before is None
+        assert slots.admit(Ask(
+            scope=scope, now=later, lease=Lease(slots=2, ttl=30.0, token="y")
+        )).not_before is None
 
     def test_renew_open_moves_open_permits_later_and_never_a_lapsed_one(self, store: Any) -> None:
         """``LeaseRenewal.renew_open``: up to ``count`` open permits stored to end at
@@ -497,7 +536,7 @@ class StoreContract(TokenContract):
         quota = self.carrying(store, QuotaLogs, LeaseRenewal)
         now, scope = now_ms(), self.s("renew-open")
         second = timedelta(seconds=1)
-        granted = [quota.admit(Ask(scope, now, 3, 1.0, opened=1.0)) for _ in range(2)]
+        granted = [quota.admit(Ask(scope=scope, now=now, limit=3, per=1.0, opened=1.0)) for _ in range(2)]
         assert all(g.not_before is None and g.permit == granted[0].permit for g in granted), granted
         end = granted[0].permit
         assert end is not None
@@ -506,12 +545,12 @@ class StoreContract(TokenContract):
         assert moved == [1]
         # At end + 1 s: the permit not moved stopped counting, the moved one counts.
         later = end + second
-        assert quota.admit(Ask(scope, later, 3, 1.0)).not_before is None
-        assert quota.admit(Ask(scope, later, 3, 1.0)).not_before is None
-        assert quota.admit(Ask(scope, later, 3, 1.0)).not_before is not None
+        assert quota.admit(Ask(scope=scope, now=later, limit=3, per=1.0)).not_before is None
+        assert quota.admit(Ask(scope=scope, now=later, limit=3, per=1.0)).not_before is None
+        assert quota.admit(Ask(scope=scope, now=later, limit=3, per=1.0)).not_before is not None
         # Its answer settles it exactly, by its new end.
-        quota.answer(Answer(scope, later, permit=Permit(3, 1.0, until, exact=True)))
-        assert quota.admit(Ask(scope, later + second, 3, 1.0)).not_before is None
+        quota.answer(Answer(scope=scope, now=later, permit=Permit(3, 1.0, until, exact=True)))
+        assert quota.admit(Ask(scope=scope, now=later + second, limit=3, per=1.0)).not_before is None
         # Past its end, nothing moves.
         assert quota.renew_open([(scope, 3, 1.0, end, until, 1)], end + second) == [0]  # type: ignore[attr-defined]
 
@@ -527,8 +566,12 @@ class StoreContract(TokenContract):
         def race(seed: int) -> None:
             start.wait()
             for i in range(4):
-                permit = whole.admit(Ask(self.s("atomic-q"), now, 5, 60.0)).not_before is None
-                slot = whole.admit(Ask(self.s("atomic-c"), now, None, None, (1, 60.0, f"t{seed}-{i}")))
+                permit = whole.admit(Ask(
+                    scope=self.s("atomic-q"), now=now, limit=5, per=60.0
+                )).not_before is None
+                slot = whole.admit(Ask(
+                    scope=self.s("atomic-c"), now=now, lease=Lease(slots=1, ttl=60.0, token=f"t{seed}-{i}")
+                ))
                 with lock:
                     granted["permits"] += permit
                     granted["slots"] += slot.not_before is None
@@ -558,7 +601,9 @@ class StoreContract(TokenContract):
 
         def ask(token: str) -> Callable[[int], Callable[[], Admission]]:
             def one(n: int) -> Callable[[], Admission]:
-                return lambda: slots.admit(Ask(scope=self.s(f"order-c{n}"), now=now, lease=(1, 60.0, token)))
+                return lambda: slots.admit(Ask(
+                    scope=self.s(f"order-c{n}"), now=now, lease=Lease(slots=1, ttl=60.0, token=token)
+                ))
 
             return one
 
@@ -631,23 +676,29 @@ class StoreContract(TokenContract):
         whole = self.carrying(store, QuotaLogs, Leases)
         now = now_ms()
         scope = self.s("both")
-        assert whole.admit(Ask(scope, now, None, None, (1, 60.0, "holder"))).not_before is None
-        refused = whole.admit(Ask(scope, now, 1, 60.0, (1, 60.0, "second")))
+        assert whole.admit(Ask(
+            scope=scope, now=now, lease=Lease(slots=1, ttl=60.0, token="holder")
+        )).not_before is None
+        refused = whole.admit(Ask(
+            scope=scope, now=now, limit=1, per=60.0, lease=Lease(slots=1, ttl=60.0, token="second")
+        ))
         assert refused.not_before is not None  # the slot is held
-        whole.answer(Answer(scope, token="holder"))  # noqa: S106 - a slot's token
+        whole.answer(Answer(scope=scope, token="holder"))
         # The refused admission took no permit: the quota's one permit is still free.
-        assert whole.admit(Ask(scope, now, 1, 60.0, (1, 60.0, "second"))).not_before is None
+        assert whole.admit(Ask(
+            scope=scope, now=now, limit=1, per=60.0, lease=Lease(slots=1, ttl=60.0, token="second")
+        )).not_before is None
 
     # -- Allowances, FreshnessLog ---------------------------------------------------------
     def test_an_announced_allowance_is_spent_then_holds_until_its_reset(self, store: Any) -> None:
         announced = self.carrying(store, Allowances)
         now, scope = now_ms(), self.s("announced")
         reset = now + timedelta(seconds=30)
-        announced.answer(Answer(scope, now, announced=Announced(1, reset, None, 10, 30.0)))
-        assert announced.admit(Ask(scope, now)).not_before is None  # the one left
-        refused = announced.admit(Ask(scope, now))
+        announced.answer(Answer(scope=scope, now=now, announced=Announced(1, reset, None, 10, 30.0)))
+        assert announced.admit(Ask(scope=scope, now=now)).not_before is None  # the one left
+        refused = announced.admit(Ask(scope=scope, now=now))
         assert refused.not_before is not None and refused.not_before >= reset
-        assert announced.admit(Ask(scope, reset + timedelta(seconds=1))).not_before is None
+        assert announced.admit(Ask(scope=scope, now=reset + timedelta(seconds=1))).not_before is None
 
     def test_freshness_keeps_the_last_success_and_error(self, store: Any) -> None:
         log = self.carrying(store, FreshnessLog)

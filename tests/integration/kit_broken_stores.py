@@ -155,14 +155,14 @@ class ReadThenWriteStore(Store, QuotaLogs, Leases):
             return Admission(cooldown=cooldown, not_before=cooldown)
         if ask.limit is not None and ask.per is not None and len(permits) >= ask.limit:
             return Admission(cooldown=cooldown, not_before=min(permits))
-        if ask.lease is not None and len(slots) >= ask.lease[0]:
+        if ask.lease is not None and len(slots) >= ask.lease.slots:
             return Admission(cooldown=cooldown, not_before=min(slots.values()), slot_busy=True)
         with self._lock:  # the write: another statement
             if ask.limit is not None and ask.per is not None:
                 self._permits[scope] = [*permits, now + timedelta(seconds=ask.per + ask.margin)]
             if ask.lease is not None:
-                _, ttl, token = ask.lease
-                self._slots[scope] = {**slots, token: now + timedelta(seconds=ttl)}
+                lease = ask.lease
+                self._slots[scope] = {**slots, lease.token: now + timedelta(seconds=lease.ttl)}
         return Admission(cooldown=cooldown, not_before=None)
 
     def answer(self, answer: Answer) -> None:

@@ -26,7 +26,7 @@ from retry_after_adapter import (
     RetryAfterRetry,
     SQLiteCooldownStore,
 )
-from retry_after_adapter.cooldown import Ask
+from retry_after_adapter.cooldown import Ask, Lease
 from retry_after_adapter.cooldown._ms import to_epoch_ms
 from retry_after_adapter.cooldown.guard import guard_of
 
@@ -85,11 +85,11 @@ def hold_then_die(
     guard = guard_of(store)
     # The store operation a near copy makes for a batch (its size is the copy's choice:
     # the failure layer's admit picks it from the process's rate, so it is asked here).
-    batch = store.admit(Ask(scope, None, int(limit), float(per), None, 0.0, 8, float(hold)))
+    batch = store.admit(Ask(scope=scope, limit=int(limit), per=float(per), batch=8, hold=float(hold)))
     assert batch.not_before is None, batch
     before = time.time()
     for token in ("child-in-use", "child-idle"):
-        answer = guard.admit(Ask(scope, None, None, None, (2, float(ttl), token)))
+        answer = guard.admit(Ask(scope=scope, lease=Lease(slots=2, ttl=float(ttl), token=token)))
         assert answer.not_before is None, answer
     guard.release(scope, "child-idle")  # kept by the process for its next attempt (IDLE s)
     report(before=before, after=time.time(), permit_ms=to_epoch_ms(batch.permit), extra=batch.extra)

@@ -92,7 +92,7 @@ def test_settles_written_together_move_the_permits_one_settle_at_a_time_would(st
     store = store_from_url(store_url)
     t = datetime.now(timezone.utc) + timedelta(days=1)  # Redis expires keys by its own clock
     one, many = SCOPE + "/one", SCOPE + "/many"
-    ends = {scope: [store.admit(Ask(scope, t, 3, 1.0, opened=10.0)).permit for _ in range(3)] for scope in (one, many)}
+    ends = {scope: [store.admit(Ask(scope=scope, now=t, limit=3, per=1.0, opened=10.0)).permit for _ in range(3)] for scope in (one, many)}
     assert len(set(ends[one])) == 1 and ends[one][0] == ends[many][0]  # one stored end
     answers = [t + timedelta(seconds=0.1 * n) for n in (1, 2, 3)]
     settles = [(3, 1.0, ends[one][n], answers[n], True) for n in range(3)]
@@ -102,7 +102,7 @@ def test_settles_written_together_move_the_permits_one_settle_at_a_time_would(st
 
     def free(scope: str, at: datetime) -> int:
         granted = 0
-        while granted < 4 and store.admit(Ask(scope, at, 3, 1.0)).not_before is None:
+        while granted < 4 and store.admit(Ask(scope=scope, now=at, limit=3, per=1.0)).not_before is None:
             granted += 1
         return granted
 
@@ -112,7 +112,7 @@ def test_settles_written_together_move_the_permits_one_settle_at_a_time_would(st
     # A late answer (not exact) moves a permit later, never earlier, in both.
     late = t + timedelta(seconds=30)
     for scope in (one, many):
-        permit = store.admit(Ask(scope, late, 3, 1.0)).permit
+        permit = store.admit(Ask(scope=scope, now=late, limit=3, per=1.0)).permit
         assert permit is not None
         (store.settle(scope, 3, 1.0, permit, late + timedelta(seconds=5)) if scope == one
          else store.settle_many([(scope, 3, 1.0, permit, late + timedelta(seconds=5))]))
@@ -137,7 +137,7 @@ store = store_from_url(url)  # held: its guard holds it weakly
 guard = guard_of(store)
 scope = "https://api.example.com:443/" + how
 for _ in range(3):
-    granted = guard.admit(Ask(scope, datetime.now(timezone.utc), 3, 1.0, opened=10.0))
+    granted = guard.admit(Ask(scope=scope, now=datetime.now(timezone.utc), limit=3, per=1.0, opened=10.0))
     assert granted.not_before is None and granted.permit is not None, granted
     guard.settle(scope, 3, 1.0, granted.permit, None, exact=True)
 assert guard.settles.carried == 0  # all three wait
@@ -160,7 +160,7 @@ def test_a_process_ending_with_settles_waiting(store_url: str, how: str) -> None
     answered = datetime.fromtimestamp(float(child.stdout.split()[-1]), timezone.utc)
     store = store_from_url(store_url)
     later = answered + timedelta(seconds=1.0 + 2 * settle_delay(1.0) + 0.3)
-    admission = store.admit(Ask(SCOPE + "/" + how, later, 3, 1.0, opened=10.0))
+    admission = store.admit(Ask(scope=SCOPE + "/" + how, now=later, limit=3, per=1.0, opened=10.0))
     if how == "kill":
         assert admission.not_before is not None  # the permits count: open, not settled
     else:
@@ -233,7 +233,7 @@ def test_settles_waiting_across_a_redis_restart_land(
     store = RedisCooldownStore(client, prefix="restart:")
     guard = guard_of(store)
     for _ in range(2):
-        granted = guard.admit(Ask(SCOPE, datetime.now(timezone.utc), 2, 1.0, opened=10.0))
+        granted = guard.admit(Ask(scope=SCOPE, now=datetime.now(timezone.utc), limit=2, per=1.0, opened=10.0))
         assert granted.not_before is None and granted.permit is not None
         guard.settle(SCOPE, 2, 1.0, granted.permit, None, exact=True)
     answered = datetime.now(timezone.utc)
@@ -247,7 +247,7 @@ def test_settles_waiting_across_a_redis_restart_land(
     assert client.zcard(opened) == 0  # settled: open no more
     ends = [score for _, score in client.zrange(store.quota_key(SCOPE, 2, 1.0), 0, -1, withscores=True)]
     assert len(ends) == 2 and max(ends) <= answered.timestamp() * 1000 + 1000 + 50, ends
-    assert store.admit(Ask(SCOPE, answered + timedelta(seconds=1.1), 2, 1.0, opened=10.0)).not_before is None
+    assert store.admit(Ask(scope=SCOPE, now=answered + timedelta(seconds=1.1), limit=2, per=1.0, opened=10.0)).not_before is None
     client.close()
 
 
@@ -262,7 +262,7 @@ def test_a_closed_store_gets_no_write_from_the_threads_that_write_later(tmp_path
     path = tmp_path / "closing.db"
     store = SQLiteCooldownStore(path, timeout=0.05)
     guard = guard_of(store)
-    granted = guard.admit(Ask(SCOPE, datetime.now(timezone.utc), 2, 1.0, opened=10.0))
+    granted = guard.admit(Ask(scope=SCOPE, now=datetime.now(timezone.utc), limit=2, per=1.0, opened=10.0))
     assert granted.permit is not None
     blocker = sqlite3.connect(path, isolation_level=None)
     blocker.execute("BEGIN EXCLUSIVE")
@@ -295,7 +295,7 @@ def test_a_settle_write_that_failed_is_not_tried_again(tmp_path: Any) -> None:
     store = LostReply(tmp_path / "lost.db")
     guard = guard_of(store)
     now = datetime.now(timezone.utc)
-    granted = guard.inner.admit(Ask(SCOPE, now, 10, 1.0, None, 0.0, 3, 0.1, None, 10.0))
+    granted = guard.inner.admit(Ask(scope=SCOPE, now=now, limit=10, per=1.0, batch=3, hold=0.1, opened=10.0))
     assert granted.not_before is None and granted.extra == 2 and granted.permit is not None
     extras_end = granted.permit + timedelta(seconds=0.1)
     guard.settles.add((SCOPE, 10, 1.0, extras_end, now, True), 1.0)
@@ -304,7 +304,7 @@ def test_a_settle_write_that_failed_is_not_tried_again(tmp_path: Any) -> None:
     assert guard.writeback.chores_waiting == 0  # not the writer thread's to try again
     later = now + timedelta(seconds=1.5)
     taken = 0
-    while store.admit(Ask(SCOPE, later, 10, 1.0, None, 0.0, 1, 0.0, None, 10.0)).not_before is None:
+    while store.admit(Ask(scope=SCOPE, now=later, limit=10, per=1.0, opened=10.0)).not_before is None:
         taken += 1
         assert taken <= 10
     assert taken == 8

@@ -31,7 +31,7 @@ import pytest
 import requests
 
 from retry_after_adapter import Quota, RetryAfterAdapter, RetryAfterRetry
-from retry_after_adapter.cooldown import Ask, _near
+from retry_after_adapter.cooldown import Ask, Lease, _near
 from retry_after_adapter.cooldown.guard import guard_of
 from tests.integration import near_children
 from tests.servers import HoldingServer
@@ -276,17 +276,17 @@ def test_renew_moves_held_leases_later_and_never_takes_a_lapsed_one_again(store:
     t0 = datetime(2030, 1, 1, tzinfo=timezone.utc)
     second = timedelta(seconds=1)
     for token in ("a", "b", "c"):
-        assert store.admit(Ask("renewed", t0, None, None, (3, 1.0, token))).not_before is None
+        assert store.admit(Ask(scope="renewed", now=t0, lease=Lease(slots=3, ttl=1.0, token=token))).not_before is None
     store.release("renewed", "c")
     lost = store.renew([("renewed", "a", t0 + 5 * second), ("renewed", "c", t0 + 5 * second)], t0 + second / 2)
     assert lost == {"c"}
     # At t0 + 2 s: "b" lapsed (1 s), "a" holds until t0 + 5 s, "c" was not taken again.
     at = t0 + 2 * second
-    assert store.admit(Ask("renewed", at, None, None, (2, 10.0, "x"))).not_before is None
-    refused = store.admit(Ask("renewed", at, None, None, (2, 1.0, "y")))
+    assert store.admit(Ask(scope="renewed", now=at, lease=Lease(slots=2, ttl=10.0, token="x"))).not_before is None
+    refused = store.admit(Ask(scope="renewed", now=at, lease=Lease(slots=2, ttl=1.0, token="y")))
     assert refused.not_before == t0 + 5 * second, refused
     assert store.renew([("renewed", "b", t0 + 9 * second)], at) == {"b"}
-    assert store.admit(Ask("renewed", at, None, None, (3, 1.0, "z"))).not_before is None
+    assert store.admit(Ask(scope="renewed", now=at, lease=Lease(slots=3, ttl=1.0, token="z"))).not_before is None
 
 
 @pytest.mark.parametrize("kind", KINDS)

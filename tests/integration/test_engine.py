@@ -366,7 +366,7 @@ class AlwaysBusyStore(MemoryCooldownStore):
     def admit(self, ask):
         from retry_after_adapter.cooldown.base import Admission
 
-        return Admission(None, ask.now + timedelta(milliseconds=20))
+        return Admission(cooldown=None, not_before=ask.now + timedelta(milliseconds=20))
 
 
 def test_admission_that_never_comes_defers_with_its_reason_and_a_future_time(server, clock):

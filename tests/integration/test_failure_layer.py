@@ -35,7 +35,7 @@ from retry_after_adapter import (
     budget,
     deferral_of,
 )
-from retry_after_adapter.cooldown import Ask, Store
+from retry_after_adapter.cooldown import Ask, Lease, Store
 from retry_after_adapter.cooldown.base import Changed, Feed
 from retry_after_adapter.cooldown.guard import BREAKER_FIRST, BREAKER_MAX_PENDING, QUIET_PERIOD, guard_of
 
@@ -838,7 +838,7 @@ def test_a_slot_given_back_while_sqlite_is_locked_reaches_it_once_the_lock_is_go
     store = SQLiteCooldownStore(path, timeout=0.01)
     guard = guard_of(store)
     now = datetime.now(UTC)
-    assert store.admit(Ask("s", now, None, None, (1, 60.0, "t1"))).not_before is None
+    assert store.admit(Ask(scope="s", now=now, lease=Lease(slots=1, ttl=60.0, token="t1"))).not_before is None
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
     guard.release("s", "t1")  # busy: kept for the writer thread
@@ -847,7 +847,7 @@ def test_a_slot_given_back_while_sqlite_is_locked_reaches_it_once_the_lock_is_go
     deadline = time.monotonic() + 2.0
     granted = False
     while not granted and time.monotonic() < deadline:
-        granted = store.admit(Ask("s", datetime.now(UTC), None, None, (1, 60.0, "t2"))).not_before is None
+        granted = store.admit(Ask(scope="s", now=datetime.now(UTC), lease=Lease(slots=1, ttl=60.0, token="t2"))).not_before is None
         time.sleep(0.05)
     assert granted, "the slot given back while the file was locked never reached the store"
     assert [hold.kind for hold in store.holds()["s"]] == ["leases"]  # t2's, alone

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from retry_after_adapter import MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry
-from retry_after_adapter.cooldown import Ask
+from retry_after_adapter.cooldown import Ask, Learn
 from retry_after_adapter.cooldown.rate import SLOW_START_CAP
 from retry_after_adapter.scope import RequestInfo, origin_scope
 from retry_after_adapter.testing.server import QuotaServer
@@ -79,7 +79,7 @@ def test_quota_headers_switch_the_learned_rate_off(slow_server: HoldingServer) -
         session.mount("http://", adapter)
         assert session.get(server.url + "/first").status_code == 200
         scope = origin_scope(RequestInfo("GET", server.url, {}))
-        assert store.admit(Ask(scope, None, learn=(60.0, "probe"))).rate_epoch is None
+        assert store.admit(Ask(scope=scope, learn=Learn(ttl=60.0, token="probe"))).rate_epoch is None
 
 
 # -- a fleet that learns the quota: threads, and real processes on a shared store -----------
@@ -221,9 +221,9 @@ def test_every_store_learns_alike(every_store: Any) -> None:
     """One sequence of admissions and answers, the same records in every store: the
     memory and SQLite stores apply ``rate.py``, Redis its Lua copy."""
     store = every_store
-    first = store.admit(Ask("r", NOW, learn=(60.0, "t1")))
+    first = store.admit(Ask(scope="r", now=NOW, learn=Learn(ttl=60.0, token="t1")))
     assert first.not_before is None and first.token == "t1" and first.rate_report
-    busy = store.admit(Ask("r", NOW, learn=(60.0, "t2")))
+    busy = store.admit(Ask(scope="r", now=NOW, learn=Learn(ttl=60.0, token="t2")))
     assert busy.slot_busy and busy.by_rate  # one probe in flight
     for _ in range(5):
         store.rate_answer("r", 0, None, NOW)
@@ -239,14 +239,14 @@ def test_every_store_learns_alike(every_store: Any) -> None:
     rate = store.rate_of("r")
     assert rate is not None and (rate.cap, rate.limit, rate.epoch, rate.quiet, rate.grace) == (1, 6, 1, 1, 0)
     assert rate.window == pytest.approx(2.5, abs=0.002) and rate.start == pytest.approx(until.timestamp())
-    held = store.admit(Ask("r", until - timedelta(seconds=1), learn=(60.0, "early")))
+    held = store.admit(Ask(scope="r", now=until - timedelta(seconds=1), learn=Learn(ttl=60.0, token="early")))
     assert held.by_rate and held.not_before == until  # nothing before the epoch begins
-    granted = [store.admit(Ask("r", until, learn=(60.0, f"a{n}"))) for n in range(7)]
+    granted = [store.admit(Ask(scope="r", now=until, learn=Learn(ttl=60.0, token=f"a{n}"))) for n in range(7)]
     assert [g.not_before is None for g in granted] == [True] * 6 + [False]
     assert not any(g.rate_report for g in granted[:6])  # known sends: nothing to tell
     assert granted[6].by_rate and granted[6].not_before == until + timedelta(seconds=2.5)  # quiet
     second = until + timedelta(seconds=2.5)
-    granted = [store.admit(Ask("r", second, learn=(60.0, f"b{n}"))) for n in range(7)]
+    granted = [store.admit(Ask(scope="r", now=second, learn=Learn(ttl=60.0, token=f"b{n}"))) for n in range(7)]
     assert [g.not_before is None for g in granted] == [True] * 6 + [False]
     # Probes follow in this epoch: each known send holds a probe slot until its answer,
     # and the probe waits for them (it never races a known send to the server).
@@ -256,11 +256,11 @@ def test_every_store_learns_alike(every_store: Any) -> None:
     assert granted[6].not_before == second + timedelta(seconds=1)  # looked at again within a second
     for n in range(5):
         store.release("r", f"b{n}")
-    assert store.admit(Ask("r", second, learn=(60.0, "b6"))).slot_busy  # one known send unanswered
+    assert store.admit(Ask(scope="r", now=second, learn=Learn(ttl=60.0, token="b6"))).slot_busy  # one known send unanswered
     store.release("r", "b5")
-    probe = store.admit(Ask("r", second, learn=(60.0, "b6")))
+    probe = store.admit(Ask(scope="r", now=second, learn=Learn(ttl=60.0, token="b6")))
     assert probe.not_before is None and probe.rate_report and probe.token == "b6"  # a probe
-    busy = store.admit(Ask("r", second, learn=(60.0, "b7")))
+    busy = store.admit(Ask(scope="r", now=second, learn=Learn(ttl=60.0, token="b7")))
     assert busy.by_rate and busy.slot_busy  # one probe in flight
     store.release("r", "b6")
     # The probe refused: the limit is confirmed, once per epoch.
@@ -273,25 +273,25 @@ def test_every_store_learns_alike(every_store: Any) -> None:
     # throttle above, after a good answer, was one of the row).
     at = until + timedelta(seconds=2)
     store.rate_answer("r", 3, at, at)
-    assert store.admit(Ask("r", at + timedelta(seconds=0.5), learn=(60.0, "b"))).not_before == at + timedelta(seconds=2)
+    assert store.admit(Ask(scope="r", now=at + timedelta(seconds=0.5), learn=Learn(ttl=60.0, token="b"))).not_before == at + timedelta(seconds=2)
     store.rate_answer("r", 4, at + timedelta(seconds=2), at + timedelta(seconds=2))
     rate = store.rate_of("r")
     assert rate is not None and rate.start == pytest.approx((at + timedelta(seconds=6)).timestamp())
     # A throttle before any good answer learns nothing: counted again.
     store.rate_answer("fresh", None, None, NOW)  # no record: nothing
     assert store.rate_of("fresh") is None
-    store.admit(Ask("fresh", NOW, learn=(60.0, "f1")))
+    store.admit(Ask(scope="fresh", now=NOW, learn=Learn(ttl=60.0, token="f1")))
     store.rate_answer("fresh", 0, NOW + timedelta(seconds=30), NOW)
     fresh = store.rate_of("fresh")
     assert fresh is not None and (fresh.cap, fresh.limit, fresh.epoch) == (1, 0, 1)
     # A scope that shows no limit is opened: admission takes nothing, reports nothing.
-    store.admit(Ask("open", NOW, learn=(60.0, "o1")))
+    store.admit(Ask(scope="open", now=NOW, learn=Learn(ttl=60.0, token="o1")))
     store.release("open", "o1")
     for _ in range(600):
         store.rate_answer("open", 0, None, NOW)
     opened = store.rate_of("open")
     assert opened is not None and (opened.cap, opened.limit) == (0, 0)
-    answer = store.admit(Ask("open", NOW, learn=(60.0, "o2")))
+    answer = store.admit(Ask(scope="open", now=NOW, learn=Learn(ttl=60.0, token="o2")))
     assert answer.not_before is None and answer.token is None and answer.rate_epoch is None
 
 
@@ -374,7 +374,7 @@ def test_every_store_keeps_the_record_rate_py_computes(every_store: Any) -> None
             when = datetime.fromtimestamp(0, timezone.utc) + timedelta(milliseconds=t0_ms + at_ms)
             kind = rng.random()
             if kind < admits or model is None:
-                answer = store.admit(Ask("p", when, learn=(60.0, f"t{step}")))
+                answer = store.admit(Ask(scope="p", now=when, learn=Learn(ttl=60.0, token=f"t{step}")))
                 model = fresh_rate(now) if model is None else roll_rate(model, now)
                 if model.start <= now and not model.open:
                     if model.known:

@@ -367,7 +367,7 @@ class RivalClock(FakeClock):
         self.taken = 0
 
     def take(self) -> None:
-        ask = Ask(self.scope, self.now(), self.quota.limit, self.quota.per, margin=self.quota.margin)
+        ask = Ask(scope=self.scope, now=self.now(), limit=self.quota.limit, per=self.quota.per, margin=self.quota.margin)
         while self.store.admit(ask).not_before is None:
             self.taken += 1
 

@@ -396,12 +396,12 @@ def test_a_killed_and_restarted_redis_during_push_never_leaves_a_stale_answer(
         # The copy answers again, and follows the channel: a second scope, known, then
         # held back by a cooldown another client learns.
         second = scope + "/second"
-        assert guard_of(store).admit(Ask(second, None)).not_before is None and knows(near, second)
+        assert guard_of(store).admit(Ask(scope=second)).not_before is None and knows(near, second)
         start = time.monotonic()
         write_cooldown(other, prefix, second, 60)
         pushed = wait_for(lambda: news_reached(near, second), PUSH_BOUND, step=0.0005)
         assert pushed is not None, "a cooldown written after the restart was not pushed within 1 s"
-        assert guard_of(store).admit(Ask(second, None)).not_before is not None
+        assert guard_of(store).admit(Ask(scope=second)).not_before is not None
     PUSH_DELAYS["redis: after a restart"] = time.monotonic() - start
     print(
         f"\nredis restart: stale {stale * 1000:.0f} ms after the kill; subscribed again "
@@ -422,7 +422,7 @@ def take_all(
     one is refused: how many were taken, and when the refusal says to ask again. (With
     a long ``margin``, the test's own permits outlast everything it looks at.)"""
     for taken in range(2 * LIMIT + 1):
-        not_before = store.admit(Ask(scope, now, LIMIT, PER, None, margin)).not_before
+        not_before = store.admit(Ask(scope=scope, now=now, limit=LIMIT, per=PER, margin=margin)).not_before
         if not_before is not None:
             return taken, not_before
     raise AssertionError(f"more than {2 * LIMIT} permits of a quota of {LIMIT}")
@@ -794,7 +794,7 @@ class PermitLog:
             )
 
     def admit(self, limit: int, per: float) -> Any:
-        answer = self.guard.admit(Ask("batching", self.clock.now(), limit, per, None, MARGIN))
+        answer = self.guard.admit(Ask(scope="batching", now=self.clock.now(), limit=limit, per=per, margin=MARGIN))
         assert answer.not_before is None, answer
         return answer
 

@@ -168,11 +168,11 @@ def test_a_permit_counts_its_whole_window_from_a_grant_inside_a_millisecond(stor
     not from the millisecond's start (0.7 ms less: a request that reached the server
     within the margin could then share its server window with the next permit's)."""
     grant = _inside_a_millisecond()
-    answer = store.admit(Ask("s", grant, 1, 1.0, None, 0.05))
+    answer = store.admit(Ask(scope="s", now=grant, limit=1, per=1.0, margin=0.05))
     assert answer.not_before is None and answer.permit is not None
     assert answer.permit >= grant + timedelta(seconds=1.05)
     just_before = grant + timedelta(seconds=1.05) - timedelta(microseconds=200)
-    refused = store.admit(Ask("s", just_before, 1, 1.0, None, 0.05))
+    refused = store.admit(Ask(scope="s", now=just_before, limit=1, per=1.0, margin=0.05))
     assert refused.not_before is not None, "a permit stopped counting before its grant + per + margin"
 
 
@@ -180,11 +180,11 @@ def test_a_batch_counts_hold_longer_from_a_grant_inside_a_millisecond(store: Any
     """The extra permits of a batch granted 0.7 ms into a millisecond count ``per +
     margin + hold`` from the grant: just before that, only the others are free."""
     grant = _inside_a_millisecond()
-    answer = store.admit(Ask("b", grant, 8, 1.0, None, 0.05, 4, 0.1))
+    answer = store.admit(Ask(scope="b", now=grant, limit=8, per=1.0, margin=0.05, batch=4, hold=0.1))
     assert answer.not_before is None and answer.extra > 0
     at = grant + timedelta(seconds=1.15) - timedelta(microseconds=200)
     admitted = 0
-    while admitted <= 8 and store.admit(Ask("b", at, 8, 1.0, None, 0.05)).not_before is None:
+    while admitted <= 8 and store.admit(Ask(scope="b", now=at, limit=8, per=1.0, margin=0.05)).not_before is None:
         admitted += 1
     assert admitted == 8 - answer.extra, "a batch's extra permits stopped counting before grant + per + margin + hold"
 
@@ -195,14 +195,14 @@ def test_a_settled_permit_counts_until_its_answer_plus_per_inside_a_millisecond(
     permit, settled at that answer, counts until the answer + ``per``, never up to a
     millisecond less (the next permit could reach the server inside the same window)."""
     grant = datetime.now(UTC).replace(microsecond=0)
-    permit = store.admit(Ask("s", grant, 1, 1.0, None, 0.0)).permit
+    permit = store.admit(Ask(scope="s", now=grant, limit=1, per=1.0)).permit
     assert permit is not None
     answered = _inside_a_millisecond() + timedelta(milliseconds=300)
     store.settle("s", 1, 1.0, permit, answered, exact)
     just_before = answered + timedelta(seconds=1) - timedelta(microseconds=200)
-    refused = store.admit(Ask("s", just_before, 1, 1.0, None, 0.0))
+    refused = store.admit(Ask(scope="s", now=just_before, limit=1, per=1.0))
     assert refused.not_before is not None, "a settled permit stopped counting before its answer + per"
-    assert store.admit(Ask("s", answered + timedelta(seconds=1.001), 1, 1.0, None, 0.0)).not_before is None
+    assert store.admit(Ask(scope="s", now=answered + timedelta(seconds=1.001), limit=1, per=1.0)).not_before is None
 
 
 # -- real processes on one SQLite file, counted by the server --------------------------

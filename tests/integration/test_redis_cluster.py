@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from retry_after_adapter import FakeClock, Quota, RedisCooldownStore, RetryAfterAdapter, RetryAfterRetry
-from retry_after_adapter.cooldown import Ask
+from retry_after_adapter.cooldown import Ask, Learn
 from retry_after_adapter.cooldown.base import Weigh, token_scope
 
 from ..conftest import local_deferral
@@ -60,16 +60,16 @@ def test_scopes_spread_over_the_nodes(store: RedisCooldownStore, cluster_client:
 def test_cooldowns_permits_allowances_leases_and_freshness_on_the_cluster(store: RedisCooldownStore) -> None:
     for scope in SCOPES:
         assert store.extend(scope, NOW + timedelta(seconds=5)) == NOW + timedelta(seconds=5)
-        assert store.admit(Ask(scope, NOW))[1] == NOW + timedelta(seconds=5)  # cooling: nothing taken
+        assert store.admit(Ask(scope=scope, now=NOW)).not_before == NOW + timedelta(seconds=5)  # cooling: nothing taken
         later = NOW + timedelta(seconds=6)
-        assert [store.admit(Ask(scope, later, 2, 10.0))[1] for _ in range(3)] == [
+        assert [store.admit(Ask(scope=scope, now=later, limit=2, per=10.0)).not_before for _ in range(3)] == [
             None,
             None,
             later + timedelta(seconds=10),
         ]
         store.allow(scope, 1, later + timedelta(seconds=30), later)
-        assert store.admit(Ask(scope, later))[1] is None
-        assert store.admit(Ask(scope, later))[1] == later + timedelta(seconds=30)
+        assert store.admit(Ask(scope=scope, now=later)).not_before is None
+        assert store.admit(Ask(scope=scope, now=later)).not_before == later + timedelta(seconds=30)
         # A slot is admitted like anything else: past the cooldown and the allowance.
         free = later + timedelta(seconds=31)
         assert store.lease(scope, 1, 30.0, free, "a") is None
@@ -124,7 +124,7 @@ def test_the_near_copy_follows_the_cluster_change_channel(store: RedisCooldownSt
         time.sleep(0.01)
     assert near.fresh()
     for scope in scopes:
-        assert guard.admit(Ask(scope, now)).not_before is None  # read once: known
+        assert guard.admit(Ask(scope=scope, now=now)).not_before is None  # read once: known
         assert near.knows(scope)
     other = RedisCooldownStore(cluster_client, prefix=store.prefix)  # another worker's writes
     until = now + timedelta(seconds=30)
@@ -138,7 +138,7 @@ def test_the_near_copy_follows_the_cluster_change_channel(store: RedisCooldownSt
         time.sleep(0.005)
     assert pushed() == len(scopes)  # every node's publish arrived: each scope is read again
     for scope in scopes:
-        answer = guard.admit(Ask(scope, now))
+        answer = guard.admit(Ask(scope=scope, now=now))
         assert answer.not_before is not None  # held back, by the time stored (whole ms, up)
         assert timedelta(0) <= answer.not_before - until < timedelta(milliseconds=1)
 
@@ -148,15 +148,15 @@ def test_the_learned_rate_on_the_cluster(store: RedisCooldownStore) -> None:
     cooldown key: learned and obeyed through the cluster for scopes on every node."""
     now = datetime(2027, 1, 15, 12, 0, tzinfo=timezone.utc)
     for scope in SCOPES[:-1]:
-        assert store.admit(Ask(scope, now, learn=(60.0, scope + "-1"))).token == scope + "-1"
-        assert store.admit(Ask(scope, now, learn=(60.0, scope + "-2"))).slot_busy
+        assert store.admit(Ask(scope=scope, now=now, learn=Learn(ttl=60.0, token=scope + "-1"))).token == scope + "-1"
+        assert store.admit(Ask(scope=scope, now=now, learn=Learn(ttl=60.0, token=scope + "-2"))).slot_busy
         store.rate_answer(scope, 0, None, now)
         store.rate_answer(scope, 0, now + timedelta(seconds=2), now)
         rate = store.rate_of(scope)
         assert rate is not None and (rate.limit, rate.cap, rate.quiet) == (1, 1, 1)
         later = now + timedelta(seconds=2)
-        assert store.admit(Ask(scope, later, learn=(60.0, scope + "-3"))).not_before is None
-        assert store.admit(Ask(scope, later, learn=(60.0, scope + "-4"))).not_before is not None
+        assert store.admit(Ask(scope=scope, now=later, learn=Learn(ttl=60.0, token=scope + "-3"))).not_before is None
+        assert store.admit(Ask(scope=scope, now=later, learn=Learn(ttl=60.0, token=scope + "-4"))).not_before is not None
 
 
 def test_token_weighed_admission_on_the_cluster(store: RedisCooldownStore, cluster_client: Any) -> None:
@@ -167,13 +167,13 @@ def test_token_weighed_admission_on_the_cluster(store: RedisCooldownStore, clust
         slot = cluster_client.keyslot(store.key(scope))
         assert cluster_client.keyslot(store.token_key(scope, 25, 3.0)) == slot
         assert cluster_client.keyslot(store.companion(scope, "allowance:tokens")) == slot
-        first = store.admit(Ask(scope, NOW, weigh=Weigh(10, 25, 3.0)))
+        first = store.admit(Ask(scope=scope, now=NOW, weigh=Weigh(10, 25, 3.0)))
         assert first.not_before is None and first.weighed is not None
-        assert store.admit(Ask(scope, NOW, weigh=Weigh(10, 25, 3.0))).not_before is None
-        assert store.admit(Ask(scope, NOW, weigh=Weigh(10, 25, 3.0))).not_before == first.weighed
+        assert store.admit(Ask(scope=scope, now=NOW, weigh=Weigh(10, 25, 3.0))).not_before is None
+        assert store.admit(Ask(scope=scope, now=NOW, weigh=Weigh(10, 25, 3.0))).not_before == first.weighed
         store.allow(token_scope(scope), 25, NOW + timedelta(seconds=30), NOW, None, 25)
-        assert store.admit(Ask(scope, NOW, weigh=Weigh(20))).not_before is None
-        assert store.admit(Ask(scope, NOW, weigh=Weigh(10))).not_before == NOW + timedelta(seconds=30)
+        assert store.admit(Ask(scope=scope, now=NOW, weigh=Weigh(20))).not_before is None
+        assert store.admit(Ask(scope=scope, now=NOW, weigh=Weigh(10))).not_before == NOW + timedelta(seconds=30)
 
 
 def test_renew_moves_leases_of_scopes_on_every_node_in_one_call(store: RedisCooldownStore) -> None:

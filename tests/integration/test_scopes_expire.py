@@ -29,7 +29,7 @@ from retry_after_adapter import (
     RetryAfterRetry,
     SQLiteCooldownStore,
 )
-from retry_after_adapter.cooldown import Ask, _sqlite_admit
+from retry_after_adapter.cooldown import Ask, Lease, _sqlite_admit
 from retry_after_adapter.cooldown import memory as memory_module
 from retry_after_adapter.cooldown import sqlite as sqlite_module
 from retry_after_adapter.cooldown.allowance import ALLOWANCE_KEPT
@@ -52,7 +52,7 @@ def leave_records(store: Any, scope: str, at: datetime, *, released: bool = True
     """What one call of a new scope leaves: a quota permit and a lease taken, the lease
     given back (or not: a worker killed mid-attempt), an announced allowance, a note."""
     token = f"{scope}/token"
-    answer = store.admit(Ask(scope, at, 100, 1.0, (8, 60.0, token)))
+    answer = store.admit(Ask(scope=scope, now=at, limit=100, per=1.0, lease=Lease(slots=8, ttl=60.0, token=token)))
     assert answer.not_before is None, answer
     if released:
         store.release(scope, token)
@@ -64,9 +64,9 @@ def hold_live_records(store: Any, at: datetime) -> None:
     """Scope ``live``: records that all still matter for a long while after ``at``: two
     permits of ``2 per 3600 s``, a lease of one slot for two hours, an allowance used up
     until a reset two hours ahead, and an error noted a day before."""
-    assert store.admit(Ask("live", at, 2, 3600.0)).not_before is None
-    assert store.admit(Ask("live", at, 2, 3600.0)).not_before is None
-    assert store.admit(Ask("live", at, None, None, (1, 7200.0, "live-token"))).not_before is None
+    assert store.admit(Ask(scope="live", now=at, limit=2, per=3600.0)).not_before is None
+    assert store.admit(Ask(scope="live", now=at, limit=2, per=3600.0)).not_before is None
+    assert store.admit(Ask(scope="live", now=at, lease=Lease(slots=1, ttl=7200.0, token="live-token"))).not_before is None
     store.allow("live", 0, at + timedelta(hours=2), at)
     store.note("live", "throttled", at - timedelta(days=1))
 
@@ -75,12 +75,12 @@ def assert_live_records_hold(store: Any, at: datetime) -> None:
     """Everything :func:`hold_live_records` took at ``at - 60 s`` still holds at ``at``."""
     start = at - timedelta(seconds=60)
     # The allowance (used up until its reset) holds the scope back first...
-    assert store.admit(Ask("live", at, None, None)).not_before == start + timedelta(hours=2)
+    assert store.admit(Ask(scope="live", now=at)).not_before == start + timedelta(hours=2)
     store.allow("live", 5, at + timedelta(hours=3), at)  # ...until a later window frees it:
     # ...then the permits still count...
-    assert store.admit(Ask("live", at, 2, 3600.0)).not_before == start + timedelta(seconds=3600)
+    assert store.admit(Ask(scope="live", now=at, limit=2, per=3600.0)).not_before == start + timedelta(seconds=3600)
     # ...and the lease is still held.
-    busy = store.admit(Ask("live", at, None, None, (1, 30.0, "other")))
+    busy = store.admit(Ask(scope="live", now=at, lease=Lease(slots=1, ttl=30.0, token="other")))
     assert busy.slot_busy and busy.not_before == start + timedelta(seconds=7200)
     record = store.freshness("live")
     assert record is not None and record.last_error == "throttled"
@@ -135,14 +135,14 @@ def test_a_settled_permit_comes_back_after_its_scope_was_swept() -> None:
     """A permit whose answer came after it stopped counting is put back by ``settle``
     even when the sweep dropped its scope's permits meanwhile: it reached the server."""
     store = MemoryCooldownStore()
-    permit = store.admit(Ask("slow", T0, 1, 1.0)).permit
+    permit = store.admit(Ask(scope="slow", now=T0, limit=1, per=1.0)).permit
     assert permit is not None
     for n in range(MANY):  # a second later: "slow"'s permit stopped counting, swept
         leave_records(store, f"other-{n}", T0 + timedelta(seconds=2))
     assert "slow" not in store._permits
     answered = T0 + timedelta(seconds=3)
     store.settle("slow", 1, 1.0, permit, answered)
-    assert store.admit(Ask("slow", answered, 1, 1.0)).not_before == answered + timedelta(seconds=1)
+    assert store.admit(Ask(scope="slow", now=answered, limit=1, per=1.0)).not_before == answered + timedelta(seconds=1)
 
 
 # ============================================================ SQLite
@@ -207,7 +207,7 @@ def test_every_redis_key_a_scope_leaves_has_a_ttl(redis_client: Any) -> None:
     # A plain scope, one whose "}" is no hash tag, one with a hash tag of its own.
     for scope in ("https://api.example:443|sha256:0f", "tenant}odd", "{tagged}tenant"):
         store.extend(scope, now - timedelta(seconds=5))  # ended: does not hold admit back
-        granted = store.admit(Ask(scope, now, 5, 60.0, (2, 30.0, "a")))
+        granted = store.admit(Ask(scope=scope, now=now, limit=5, per=60.0, lease=Lease(slots=2, ttl=30.0, token="a")))
         assert granted.not_before is None and granted.permit is not None
         store.settle(scope, 5, 60.0, granted.permit, now + timedelta(seconds=1))  # late: moved
         assert store.lease(scope, 2, 30.0, now, "b") is None

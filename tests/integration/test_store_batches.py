@@ -15,7 +15,7 @@ import pytest
 from retry_after_adapter import FakeClock, SQLiteCooldownStore
 from retry_after_adapter.cooldown import Ask
 from retry_after_adapter.cooldown.allowance import allowance_reserve
-from retry_after_adapter.cooldown.base import Granted, extra_permits
+from retry_after_adapter.cooldown.base import extra_permits
 from retry_after_adapter.cooldown.guard import guard_of
 
 from .conftest import AHEAD
@@ -26,25 +26,25 @@ SCOPE = "https://api.example.com:443"
 def free_now(store: Any, limit: int, per: float, at: Any) -> int:
     """How many single permits the store still grants at ``at`` (taking them)."""
     taken = 0
-    while store.admit(Ask(SCOPE, at, limit, per)).not_before is None:
+    while store.admit(Ask(scope=SCOPE, now=at, limit=limit, per=per)).not_before is None:
         taken += 1
         assert taken <= limit
     return taken
 
 
 def test_a_batch_takes_extras_from_the_headroom_only(store: Any) -> None:
-    answer = store.admit(Ask(SCOPE, AHEAD, 20, 10.0, None, 0.0, 8, 0.5))
-    assert isinstance(answer, Granted) and answer.not_before is None
+    answer = store.admit(Ask(scope=SCOPE, now=AHEAD, limit=20, per=10.0, batch=8, hold=0.5))
+    assert answer.not_before is None and answer.permit is not None
     assert answer.extra == 7  # asked 8: the first and seven more
     assert answer.permit == AHEAD + timedelta(seconds=10)
     # 20 - 8 taken = 12 free; the next batch leaves a quarter of the limit (5) alone.
-    second = store.admit(Ask(SCOPE, AHEAD, 20, 10.0, None, 0.0, 16, 0.5))
+    second = store.admit(Ask(scope=SCOPE, now=AHEAD, limit=20, per=10.0, batch=16, hold=0.5))
     assert second.extra == extra_permits(16, 12, 20) == 6
     assert free_now(store, 20, 10.0, AHEAD) == 20 - 8 - 7
 
 
 def test_extras_count_their_hold_longer_and_then_lapse(store: Any) -> None:
-    store.admit(Ask(SCOPE, AHEAD, 10, 1.0, None, 0.0, 4, 0.5))  # 1 + 3 extras
+    store.admit(Ask(scope=SCOPE, now=AHEAD, limit=10, per=1.0, batch=4, hold=0.5))  # 1 + 3 extras
     # At per (1 s) the first permit lapsed, the extras (1.5 s) still count.
     assert free_now(store, 10, 1.0, AHEAD + timedelta(seconds=1.2)) == 10 - 3
     # Past per + hold, every one lapsed: the whole limit again (those just taken lapse too).
@@ -53,28 +53,28 @@ def test_extras_count_their_hold_longer_and_then_lapse(store: Any) -> None:
 
 def test_a_quota_near_its_limit_is_spent_one_permit_at_a_time(store: Any) -> None:
     for _ in range(15):
-        assert store.admit(Ask(SCOPE, AHEAD, 20, 10.0)).not_before is None
-    answer = store.admit(Ask(SCOPE, AHEAD, 20, 10.0, None, 0.0, 8, 0.5))
+        assert store.admit(Ask(scope=SCOPE, now=AHEAD, limit=20, per=10.0)).not_before is None
+    answer = store.admit(Ask(scope=SCOPE, now=AHEAD, limit=20, per=10.0, batch=8, hold=0.5))
     assert answer.not_before is None and answer.extra == 0  # 5 free: all reserve
 
 
 def test_a_batch_counts_more_admissions_of_an_announced_allowance(store: Any) -> None:
     reset = AHEAD + timedelta(seconds=30)
     store.allow(SCOPE, 40, reset, AHEAD, None, 40, 60.0)
-    answer = store.admit(Ask(SCOPE, AHEAD, None, None, None, 0.0, 8))
+    answer = store.admit(Ask(scope=SCOPE, now=AHEAD, batch=8))
     assert answer.not_before is None and answer.seq == 0
-    assert isinstance(answer, Granted) and answer.units == 7 and answer.units_until == reset
+    assert answer.units == 7 and answer.units_until == reset
     # The next admission is numbered after the batch's: 0 + 1 + 7.
-    assert store.admit(Ask(SCOPE, AHEAD)).seq == 8
+    assert store.admit(Ask(scope=SCOPE, now=AHEAD)).seq == 8
     # What is left (40 - 9 = 31) less the reserve (10) bounds the next batch.
-    big = store.admit(Ask(SCOPE, AHEAD, None, None, None, 0.0, 64))
+    big = store.admit(Ask(scope=SCOPE, now=AHEAD, batch=64))
     assert big.units == 31 - 1 - allowance_reserve(40, 40) == 20
 
 
 def test_no_allowance_batch_past_the_reset(store: Any) -> None:
     reset = AHEAD + timedelta(seconds=5)
     store.allow(SCOPE, 40, reset, AHEAD, None, 40, 0.0)  # a limit, no window: counted past the reset
-    late = store.admit(Ask(SCOPE, reset + timedelta(seconds=1), None, None, None, 0.0, 8))
+    late = store.admit(Ask(scope=SCOPE, now=reset + timedelta(seconds=1), batch=8))
     assert late.not_before is None and late.units == 0
 
 
@@ -94,7 +94,7 @@ def spend(guard: Any, start: Any, count: int, step: float) -> list[int | None]:
     refused)."""
     seqs: list[int | None] = []
     for i in range(count):
-        answer = guard.admit(Ask(SCOPE, start + timedelta(seconds=i * step)))
+        answer = guard.admit(Ask(scope=SCOPE, now=start + timedelta(seconds=i * step)))
         seqs.append(answer.seq if answer.not_before is None else None)
     return seqs
 
@@ -136,7 +136,7 @@ def test_two_processes_near_copies_never_spend_more_than_announced(tmp_path: Pat
     for i in range(400):  # 200 per second per copy for 1 s, then on
         at = AHEAD + timedelta(seconds=i * 0.005)
         for guard in guards:
-            if guard.admit(Ask(SCOPE, at)).not_before is None:
+            if guard.admit(Ask(scope=SCOPE, now=at)).not_before is None:
                 admitted += 1
     assert admitted == 100
 
@@ -182,8 +182,8 @@ def test_a_redis_batch_never_shortens_the_life_of_a_longer_permit(redis_client: 
 
     store = RedisCooldownStore(redis_client, prefix="batch-ttl:")
     now = datetime.now(timezone.utc)
-    longer = store.admit(Ask(SCOPE, now, 5, 1.0, None, 4.0))
-    batch = store.admit(Ask(SCOPE, now, 5, 1.0, None, 0.05, 3, 0.0))
+    longer = store.admit(Ask(scope=SCOPE, now=now, limit=5, per=1.0, margin=4.0))
+    batch = store.admit(Ask(scope=SCOPE, now=now, limit=5, per=1.0, margin=0.05, batch=3))
     assert longer.permit is not None and batch.extra == 2
     lives_ms = redis_client.pttl(store.quota_key(SCOPE, 5, 1.0))
     assert lives_ms >= (longer.permit - now).total_seconds() * 1000, lives_ms

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from retry_after_adapter import RedisCooldownStore, SQLiteCooldownStore
-from retry_after_adapter.cooldown import STORE_FORMAT, Ask, Weigh, Weighed, token_scope
+from retry_after_adapter.cooldown import STORE_FORMAT, Ask, Learn, Lease, Weigh, Weighed, token_scope
 from retry_after_adapter.cooldown._redis_feed import CANARY
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "store-format.md"
@@ -131,17 +131,17 @@ def exercise(store: Any, scope: str, opened_rate: bool = False) -> None:
     now = datetime.now(timezone.utc).replace(microsecond=0)
     store.extend(scope, now + timedelta(seconds=30))
     after = now + timedelta(seconds=31)
-    granted = store.admit(Ask(scope, after, 5, 60.0, (2, 30.0, "slot-1"), 0.05, batch=3, hold=1.0))
+    granted = store.admit(Ask(scope=scope, now=after, limit=5, per=60.0, lease=Lease(slots=2, ttl=30.0, token="slot-1"), margin=0.05, batch=3, hold=1.0))
     assert granted.not_before is None and granted.permit is not None and granted.extra == 2
     store.settle(scope, 5, 60.0, granted.permit, after + timedelta(seconds=5))
-    assert store.admit(Ask(scope, after, 5, 2.0, opened=10.0)).not_before is None  # left open
+    assert store.admit(Ask(scope=scope, now=after, limit=5, per=2.0, opened=10.0)).not_before is None  # left open
     store.allow(scope, 10, after + timedelta(seconds=60), after, None, 100, 60.0)
     store.allow(token_scope(scope), 1000, after + timedelta(seconds=60), after, None, 10_000, 60.0)
-    weighed = store.admit(Ask(scope, after, weigh=Weigh(10, 500, 60.0, 0.05)))
+    weighed = store.admit(Ask(scope=scope, now=after, weigh=Weigh(10, 500, 60.0, 0.05)))
     assert weighed.not_before is None and weighed.weighed is not None and weighed.token_seq is not None
     store.settle_weighed(scope, Weighed(10, 500, 60.0, weighed.weighed), after + timedelta(seconds=5))
     rated = scope + "|rated"
-    probe = store.admit(Ask(rated, after, learn=(30.0, "probe-1")))
+    probe = store.admit(Ask(scope=rated, now=after, learn=Learn(ttl=30.0, token="probe-1")))
     assert probe.not_before is None and probe.rate_epoch is not None
     store.rate_answer(rated, probe.rate_epoch, None, after)
     if opened_rate:  # good answers until the rate is open, then a throttle closes it

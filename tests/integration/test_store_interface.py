@@ -4,6 +4,7 @@ recognised by type; a store of 0.x (an object with its methods, or a subclass of
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -26,8 +27,11 @@ from retry_after_adapter.cooldown import (
     Ask,
     Freshness,
     FreshnessLog,
+    Learn,
+    Lease,
     Store,
 )
+from retry_after_adapter.cooldown.base import ADMITTED
 from retry_after_adapter.cooldown.completed import Completed, as_store
 from retry_after_adapter.testing import QuotaServer
 
@@ -100,7 +104,7 @@ def test_a_core_store_shares_cooldowns_and_admits_every_attempt() -> None:
         assert held.local and deferral_of(held).reason == "cooldown"  # type: ignore[attr-defined, union-attr]
         assert server.stats().requests == 2
     assert store.admits >= 3  # every attempt asked the store's admit, the core's default
-    answered = store.admit(Ask(next(iter(store.until)), datetime.now(timezone.utc)))
+    answered = store.admit(Ask(scope=next(iter(store.until)), now=datetime.now(timezone.utc)))
     assert answered.not_before is not None
 
 
@@ -143,7 +147,8 @@ class StoreOf010(Store):
     ) -> Admission:
         self.calls.append("admit")
         self.nows.append(now)  # None: the store stamps the grant itself, as 0.6-0.10's did
-        return self.m.admit(Ask(scope, now, limit, per, lease, margin))
+        slot = None if lease is None else Lease(slots=lease[0], ttl=lease[1], token=lease[2])  # a store of 0.x is given a tuple
+        return self.m.admit(Ask(scope=scope, now=now, limit=limit, per=per, lease=slot, margin=margin))
 
     def allow(self, *args: Any) -> None:
         self.m.allow(*args)
@@ -194,11 +199,75 @@ def test_full_store_is_the_partwise_store_under_its_old_name() -> None:
 def test_an_answer_carries_its_parts_to_a_full_store_in_one_call() -> None:
     store = MemoryCooldownStore()
     now = datetime.now(timezone.utc)
-    granted = store.admit(Ask("s", now, 1, 1.0, (1, 30.0, "slot"), opened=10.0))
+    granted = store.admit(Ask(scope="s", now=now, limit=1, per=1.0, lease=Lease(slots=1, ttl=30.0, token="slot"), opened=10.0))
     assert granted.not_before is None and granted.permit is not None
     from retry_after_adapter.cooldown import Permit
 
-    store.answer(Answer("s", now, token="slot", permit=Permit(1, 1.0, granted.permit, True)))
+    store.answer(Answer(scope="s", now=now, token="slot", permit=Permit(1, 1.0, granted.permit, True)))
     later = now + timedelta(seconds=1)
     # The slot is back and the permit ended at the answer + per, exactly.
-    assert store.admit(Ask("s", later, 1, 1.0, (1, 30.0, "again"))).not_before is None
+    assert store.admit(Ask(scope="s", now=later, limit=1, per=1.0, lease=Lease(slots=1, ttl=30.0, token="again"))).not_before is None
+
+
+# -- the values: frozen, keyword-only, read by name --------------------------------------
+VALUES = (Ask, Admission, Answer, Lease, Learn)
+
+
+def test_the_values_are_frozen_and_built_by_keyword_only() -> None:
+    now = datetime.now(timezone.utc)
+    with pytest.raises(TypeError):
+        Ask("s", now)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Admission(None, None)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Answer("s", now)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Lease(2, 30.0, "t")  # type: ignore[misc]
+    ask = Ask(scope="s", now=now, lease=Lease(slots=2, ttl=30.0, token="t"), learn=Learn(ttl=30.0, token="t"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ask.limit = 5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        _scope, *_ = ask  # type: ignore[misc]  # no unpacking by position
+    refused = Admission(cooldown=now, not_before=now, by_rate=True)
+    assert refused == dataclasses.replace(ADMITTED, cooldown=now, not_before=now, by_rate=True)
+    assert refused != Admission(cooldown=now, not_before=now)  # every field counts in equality
+    for value in VALUES:
+        assert dataclasses.is_dataclass(value) and value.__dataclass_params__.frozen  # type: ignore[attr-defined]
+        assert all(field.kw_only for field in dataclasses.fields(value))
+        assert value.__doc__ and all(f"``{field.name}``" in value.__doc__ for field in dataclasses.fields(value))
+
+
+class RecordingStore(MemoryCooldownStore):
+    """A memory store that keeps every Ask it was given and every Admission it answered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[Ask, Admission]] = []
+
+    def admit(self, ask: Ask) -> Admission:
+        answer = super().admit(ask)
+        self.seen.append((ask, answer))
+        return answer
+
+
+@pytest.mark.parametrize("settings", [{}, {"quota": Quota(1000, per=1.0), "max_concurrency": 4}])
+def test_the_values_built_whole_on_the_hot_path_are_the_ones_their_init_builds(settings: dict[str, Any]) -> None:
+    """An attempt's Ask, its Lease or Learn and a grant's Admission are built without
+    their __init__ (``assembled``): each holds exactly the class's fields, and equals
+    what the class builds from them."""
+    store = RecordingStore()
+    with QuotaServer(quota=1000, window=3600) as server:
+        session = requests.Session()
+        retry = RetryAfterRetry(total=0, max_wait=1, raise_on_status=False)
+        session.mount("http://", RetryAfterAdapter(retry, cooldown=store, learn_rate=True, **settings))
+        for _ in range(3):
+            assert session.get(server.url + "/v", timeout=10).status_code == 200
+    assert len(store.seen) >= 3
+    for ask, answer in store.seen:
+        parts = [ask, answer, *(part for part in (ask.lease, ask.learn) if part is not None)]
+        assert ask.lease is not None or ask.learn is not None
+        for value in parts:
+            names = {field.name for field in dataclasses.fields(value)}
+            assert set(vars(value)) <= names, set(vars(value)) - names
+            assert value == type(value)(**{name: getattr(value, name) for name in names})
+    assert any(answer.permit is not None for _, answer in store.seen) == bool(settings)

@@ -237,16 +237,16 @@ def test_an_announced_allowance_held_when_the_store_failed_is_written_back(
     reset = now + timedelta(seconds=30)
     guard.allow("api", 0, reset, now)
     other = edge_children.open_store("redis", server.url, prefix, False)
-    assert other.admit(Ask("api", None)).not_before is not None
+    assert other.admit(Ask(scope="api")).not_before is not None
     server.kill()
     guard.get("api")  # fails: the outage is noticed
     assert guard.down
     server.restart()
-    assert other.admit(Ask("api", None)).not_before is None  # empty
+    assert other.admit(Ask(scope="api")).not_before is None  # empty
     deadline = time.monotonic() + 3
-    while other.admit(Ask("api", None)).not_before is None and time.monotonic() < deadline:
+    while other.admit(Ask(scope="api")).not_before is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    held = other.admit(Ask("api", None)).not_before
+    held = other.admit(Ask(scope="api")).not_before
     assert held is not None and abs((held - reset).total_seconds()) < 0.01, held
     assert guard.writeback.allowances_written_back == 1
     guard.close()

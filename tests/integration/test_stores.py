@@ -626,11 +626,11 @@ def test_redis_delete_lifts_only_its_own_scopes_permits(redis_client: Any) -> No
     now = datetime.now(timezone.utc)
     mine, other = "tenant-{7}", "z:del:tenant-{7}"
     for scope in (mine, other):
-        assert store.admit(Ask(scope, now, 1, 60.0, weigh=Weigh(25, 25, 60.0))).not_before is None
+        assert store.admit(Ask(scope=scope, now=now, limit=1, per=60.0, weigh=Weigh(25, 25, 60.0))).not_before is None
     assert store.delete(mine)
-    assert store.admit(Ask(mine, now, 1, 60.0, weigh=Weigh(25, 25, 60.0))).not_before is None
-    assert store.admit(Ask(other, now, 1, 60.0)).not_before is not None  # its permit still counts
-    assert store.admit(Ask(other, now, weigh=Weigh(1, 25, 60.0))).not_before is not None
+    assert store.admit(Ask(scope=mine, now=now, limit=1, per=60.0, weigh=Weigh(25, 25, 60.0))).not_before is None
+    assert store.admit(Ask(scope=other, now=now, limit=1, per=60.0)).not_before is not None  # its permit still counts
+    assert store.admit(Ask(scope=other, now=now, weigh=Weigh(1, 25, 60.0))).not_before is not None
 
 
 # -- real processes sharing one cooldown ----------------------------------------------------

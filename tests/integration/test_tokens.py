@@ -155,16 +155,16 @@ def test_the_failure_layer_weighs_locally_and_settles_a_late_token_permit_later(
     inner = Switch()
     guard = StoreGuard(inner)
     now = datetime.now(timezone.utc)
-    granted = guard.admit(Ask("s", now, weigh=Weigh(25, 25, 1.0)))
+    granted = guard.admit(Ask(scope="s", now=now, weigh=Weigh(25, 25, 1.0)))
     assert granted.not_before is None and granted.weighed is not None
     inner.down = True
     guard.settle_weighed("s", Weighed(25, 25, 1.0, granted.weighed), now + timedelta(seconds=5))
     assert [chore[0] for chore in guard.writeback._chores] == ["settle_weighed"]
     guard.local.allow("t", 5, now + timedelta(seconds=30), now)  # the local copy numbers admissions
-    local = guard._local_admit(Ask("t", now, weigh=Weigh(10, 25, 1.0)), None)
+    local = guard._local_admit(Ask(scope="t", now=now, weigh=Weigh(10, 25, 1.0)), None)
     assert local.not_before is None and local.weighed is not None and local.seq is None
     assert local.token_seq is None
-    assert guard._local_admit(Ask("t", now, weigh=Weigh(20, 25, 1.0)), None).not_before is not None
+    assert guard._local_admit(Ask(scope="t", now=now, weigh=Weigh(20, 25, 1.0)), None).not_before is not None
 
 
 # -- costs no store can hold, and costs no announced allowance admits ---------------------
@@ -263,9 +263,9 @@ def test_every_store_refuses_a_cost_above_the_announced_token_limit_for_good(eve
 
     now = datetime.now(timezone.utc).replace(microsecond=0)
     every_store.allow(token_scope("s"), 1000, now + timedelta(seconds=60), now, None, 1000, 60.0)
-    refused = every_store.admit(Ask("s", now, weigh=Weigh(1001)))
+    refused = every_store.admit(Ask(scope="s", now=now, weigh=Weigh(1001)))
     assert refused.oversized == 1000 and refused.not_before == now + timedelta(seconds=60)
-    assert every_store.admit(Ask("s", now, weigh=Weigh(1000))).not_before is None
+    assert every_store.admit(Ask(scope="s", now=now, weigh=Weigh(1000))).not_before is None
     later = now + timedelta(seconds=200)
-    assert every_store.admit(Ask("s", later, weigh=Weigh(1001))).oversized == 1000
-    assert every_store.admit(Ask("s", later, weigh=Weigh(10))).oversized == 0
+    assert every_store.admit(Ask(scope="s", now=later, weigh=Weigh(1001))).oversized == 1000
+    assert every_store.admit(Ask(scope="s", now=later, weigh=Weigh(10))).oversized == 0

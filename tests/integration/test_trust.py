@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from retry_after_adapter import RedisCooldownStore
-from retry_after_adapter.cooldown import Ask
+from retry_after_adapter.cooldown import Ask, Lease
 from retry_after_adapter.cooldown.guard import guard_of
 from retry_after_adapter.errors import CooldownStoreError
 
@@ -86,11 +86,11 @@ def test_a_writer_that_may_not_publish_writes_nothing_and_says_so_by_name(
     assert "app-pw" not in str(raised.value)
     assert admin.get("t:" + SCOPE) is None  # nothing written: no copy can miss it
     guard_a = fresh_guard(a)
-    assert guard_a.admit(Ask(SCOPE, now)).not_before is None
+    assert guard_a.admit(Ask(scope=SCOPE, now=now)).not_before is None
     with caplog.at_level(logging.WARNING, logger="retry_after_adapter"):
         guard_b = guard_of(b)
         assert guard_b.extend(SCOPE, until) == until  # kept locally
-        answer = guard_b.admit(Ask(SCOPE, now))
+        answer = guard_b.admit(Ask(scope=SCOPE, now=now))
     assert answer.not_before == until  # B never sends inside the cooldown it received
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert any("permission" in w.lower() for w in warnings), warnings
@@ -139,7 +139,7 @@ def test_tenants_on_two_databases_never_hear_each_other(acl_server: tuple[Any, C
     now = datetime.now(timezone.utc)
     guard_one = fresh_guard(one)
     for _ in range(3):
-        assert guard_one.admit(Ask(SCOPE, now)).not_before is None  # known near
+        assert guard_one.admit(Ask(scope=SCOPE, now=now)).not_before is None  # known near
     received: list[str] = []
     feed = guard_one.near.feed
     original = feed._changed
@@ -148,7 +148,7 @@ def test_tenants_on_two_databases_never_hear_each_other(acl_server: tuple[Any, C
     guard_zero.extend(SCOPE, now + timedelta(seconds=30))
     time.sleep(0.2)
     assert SCOPE not in received
-    assert all(guard_one.admit(Ask(SCOPE, now)).not_before is None for _ in range(50))
+    assert all(guard_one.admit(Ask(scope=SCOPE, now=now)).not_before is None for _ in range(50))
     assert SCOPE not in one.holds()
     assert SCOPE in zero.holds()
 
@@ -161,12 +161,12 @@ def test_a_forged_publish_costs_a_round_trip_never_a_wait(acl_server: tuple[Any,
     store = RedisCooldownStore(connect(), prefix="t:")
     guard = fresh_guard(store)
     now = datetime.now(timezone.utc)
-    assert guard.admit(Ask(SCOPE, now)).not_before is None
+    assert guard.admit(Ask(scope=SCOPE, now=now)).not_before is None
     assert guard.near.knows(SCOPE)
     channel = store._channel
     admin.publish(channel, f"c 253402300799000 {SCOPE}")
     assert wait_for(lambda: not guard.near.knows(SCOPE), 2.0)  # dropped: read again
-    answer = guard.admit(Ask(SCOPE, now))
+    answer = guard.admit(Ask(scope=SCOPE, now=now))
     assert answer.not_before is None and answer.cooldown is None
     assert guard.local.get(SCOPE) is None  # the local copy learned nothing from it
 
@@ -187,7 +187,7 @@ def test_a_wrong_redis_password_is_named_as_a_misconfiguration(
     assert raised.value.cause == "authentication failed" and raised.value.lasting
     assert "not-this-one" not in str(raised.value)
     with caplog.at_level(logging.WARNING, logger="retry_after_adapter"):
-        guard_of(store).admit(Ask(SCOPE, datetime.now(timezone.utc)))
+        guard_of(store).admit(Ask(scope=SCOPE, now=datetime.now(timezone.utc)))
     warning = next(r for r in caplog.records if r.levelno == logging.WARNING)
     assert "authentication failed" in warning.getMessage()
     assert "misconfiguration" in warning.getMessage() and warning.lasting  # type: ignore[attr-defined]
@@ -269,12 +269,12 @@ def test_a_grant_in_flight_when_this_process_learns_a_cooldown_is_held_back(redi
     store = RedisCooldownStore.from_url(url, prefix="t:", socket_timeout=3.0, socket_connect_timeout=3.0)
     guard = guard_of(store)
     now = datetime.now(timezone.utc)
-    assert guard.admit(Ask(SCOPE, now)).not_before is None  # known, and the scripts loaded
+    assert guard.admit(Ask(scope=SCOPE, now=now)).not_before is None  # known, and the scripts loaded
     admin = RedisCooldownStore.from_url(url, prefix="admin:")._client
     admin.execute_command("CLIENT", "PAUSE", "400", "WRITE")
     answers: list[Any] = []
-    lease = (4, 30.0, "slot-1")
-    admitting = threading.Thread(target=lambda: answers.append(guard.admit(Ask(SCOPE, None, lease=lease))))
+    lease = Lease(slots=4, ttl=30.0, token="slot-1")
+    admitting = threading.Thread(target=lambda: answers.append(guard.admit(Ask(scope=SCOPE, lease=lease))))
     admitting.start()
     time.sleep(0.1)  # the admission waits on the paused server
     until = datetime.now(timezone.utc) + timedelta(seconds=30)
@@ -354,7 +354,7 @@ def test_two_hundred_forks_while_threads_use_a_sqlite_store_every_child_finishes
         while not stop.is_set():
             try:
                 store.extend(f"https://h{n}.example.com:443", now + timedelta(seconds=1))
-                store.admit(Ask(f"https://h{n}.example.com:443", None, 1000, 1.0))
+                store.admit(Ask(scope=f"https://h{n}.example.com:443", limit=1000, per=1.0))
                 store.get(SCOPE)
             except CooldownStoreError:  # a lock held past the timeout by the others: go on
                 continue
@@ -414,9 +414,9 @@ def test_an_open_permit_granted_then_held_back_by_the_local_copy_is_settled(tmp_
     blocker.execute("COMMIT")
     blocker.close()
     assert guard.local.get(SCOPE) is not None
-    assert guard.admit(Ask(SCOPE, now, 1, 1.0, opened=10.0)).not_before is not None
+    assert guard.admit(Ask(scope=SCOPE, now=now, limit=1, per=1.0, opened=10.0)).not_before is not None
     later = now + timedelta(seconds=1.4)
-    assert guard.admit(Ask(SCOPE, later, 1, 1.0, opened=10.0)).not_before is None
+    assert guard.admit(Ask(scope=SCOPE, now=later, limit=1, per=1.0, opened=10.0)).not_before is None
 
 
 @pytest.mark.slow

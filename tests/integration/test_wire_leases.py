@@ -170,7 +170,7 @@ class _GatedMemory(MemoryCooldownStore):
 def _open_permit(store: MemoryCooldownStore, scope: str, opened: float) -> tuple[str, int, float, datetime]:
     """An open permit of ``Quota(5, per=1)`` granted in ``store`` now, counting
     ``opened`` seconds past per: the near copy's key of it."""
-    answer = store.admit(Ask(scope, datetime.now(timezone.utc), 5, 1.0, opened=opened))
+    answer = store.admit(Ask(scope=scope, now=datetime.now(timezone.utc), limit=5, per=1.0, opened=opened))
     assert answer.not_before is None and answer.permit is not None
     return (scope, 5, 1.0, answer.permit)
 

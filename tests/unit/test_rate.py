@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from retry_after_adapter import MemoryCooldownStore, SQLiteCooldownStore
-from retry_after_adapter.cooldown import Ask
+from retry_after_adapter.cooldown import Ask, Learn
 from retry_after_adapter.cooldown.base import Store
 from retry_after_adapter.cooldown.rate import (
     BACKOFF,
@@ -248,21 +248,21 @@ def store(request: pytest.FixtureRequest, tmp_path: object) -> Store:
 
 
 def test_a_store_admits_a_cold_scope_one_probe_in_flight_and_learns_from_answers(store: Store) -> None:
-    first = store.admit(Ask("s", NOW, learn=(60.0, "t1")))
+    first = store.admit(Ask(scope="s", now=NOW, learn=Learn(ttl=60.0, token="t1")))
     assert first.not_before is None and first.token == "t1"
     assert (first.rate_epoch, first.rate_report) == (0, True)
-    second = store.admit(Ask("s", NOW, learn=(60.0, "t2")))
+    second = store.admit(Ask(scope="s", now=NOW, learn=Learn(ttl=60.0, token="t2")))
     assert second.slot_busy and second.not_before is not None and second.by_rate  # one in flight
     store.rate_answer("s", 0, None, NOW)
     store.release("s", "t1")
-    assert store.admit(Ask("s", NOW, learn=(60.0, "t3"))).token == "t3"
-    assert store.admit(Ask("s", NOW, learn=(60.0, "t4"))).token == "t4"  # two in flight now
+    assert store.admit(Ask(scope="s", now=NOW, learn=Learn(ttl=60.0, token="t3"))).token == "t3"
+    assert store.admit(Ask(scope="s", now=NOW, learn=Learn(ttl=60.0, token="t4"))).token == "t4"  # two in flight now
     rate = store.rate_of("s")
     assert rate is not None and (rate.cap, rate.ok, rate.probed) == (2, 1, 1)
 
 
 def _learn(store: Store, ok: int, answered: datetime, until: datetime) -> None:
-    store.admit(Ask("s", NOW, learn=(60.0, "t0")))
+    store.admit(Ask(scope="s", now=NOW, learn=Learn(ttl=60.0, token="t0")))
     store.release("s", "t0")
     for _ in range(ok):
         store.rate_answer("s", 0, None, NOW)
@@ -276,42 +276,42 @@ def test_a_store_admits_the_limit_per_epoch_as_known_sends_then_probes(store: St
     _learn(store, 3, NOW + timedelta(seconds=2), until)
     rate = store.rate_of("s")
     assert rate is not None and (rate.limit, rate.window, rate.quiet) == (3, pytest.approx(2.0), QUIET_MOVED)
-    granted = [store.admit(Ask("s", until, learn=(60.0, f"a{n}"))) for n in range(4)]
+    granted = [store.admit(Ask(scope="s", now=until, learn=Learn(ttl=60.0, token=f"a{n}"))) for n in range(4)]
     assert [g.not_before is None for g in granted] == [True, True, True, False]
     assert all(g.token is None and g.rate_epoch == 1 and not g.rate_report for g in granted[:3])
     assert granted[3].by_rate and granted[3].not_before == until + timedelta(seconds=2)
     second = until + timedelta(seconds=2)
-    granted = [store.admit(Ask("s", second, learn=(60.0, f"e{n}"))) for n in range(4)]
+    granted = [store.admit(Ask(scope="s", now=second, learn=Learn(ttl=60.0, token=f"e{n}"))) for n in range(4)]
     assert [g.not_before is None for g in granted] == [True, True, True, False]
     # A window after the cooldown, probes follow: the known sends hold probe slots until
     # their answers, and the probe waits for them.
     assert [g.token for g in granted[:3]] == ["e0", "e1", "e2"] and granted[3].slot_busy
     for n in range(3):
         store.release("s", f"e{n}")
-    granted[3] = store.admit(Ask("s", second, learn=(60.0, "e3")))
+    granted[3] = store.admit(Ask(scope="s", now=second, learn=Learn(ttl=60.0, token="e3")))
     assert granted[3].rate_report and granted[3].token == "e3"  # a probe, a window after the cooldown
     # The probe refused (the server's reset 4 s, two windows, after the last): confirmed.
     store.rate_answer("s", 2, until + timedelta(seconds=4), second + timedelta(seconds=0.1))
     store.release("s", "e3")
     start = until + timedelta(seconds=4)
-    granted = [store.admit(Ask("s", start, learn=(60.0, f"b{n}"))) for n in range(4)]
+    granted = [store.admit(Ask(scope="s", now=start, learn=Learn(ttl=60.0, token=f"b{n}"))) for n in range(4)]
     assert [g.not_before is None for g in granted] == [True, True, True, False]
     # Quiet: no probe; refused by the rate until the next epoch begins, a window on.
     assert granted[3].by_rate and not granted[3].slot_busy
     assert granted[3].not_before == start + timedelta(seconds=2)
-    assert store.admit(Ask("s", start + timedelta(seconds=1.999), learn=(60.0, "c"))).not_before is not None
-    assert store.admit(Ask("s", start + timedelta(seconds=2.0), learn=(60.0, "d"))).not_before is None
+    assert store.admit(Ask(scope="s", now=start + timedelta(seconds=1.999), learn=Learn(ttl=60.0, token="c"))).not_before is not None
+    assert store.admit(Ask(scope="s", now=start + timedelta(seconds=2.0), learn=Learn(ttl=60.0, token="d"))).not_before is None
     # Two quiet windows later, a send beyond the limit is a probe: one in flight.
     later = start + timedelta(seconds=3 * 2.0 + 0.1)
-    known = [store.admit(Ask("s", later, learn=(60.0, f"k{n}"))) for n in range(3)]
+    known = [store.admit(Ask(scope="s", now=later, learn=Learn(ttl=60.0, token=f"k{n}"))) for n in range(3)]
     assert all(k.not_before is None and not k.rate_report for k in known)
-    early = store.admit(Ask("s", later, learn=(60.0, "p0")))
+    early = store.admit(Ask(scope="s", now=later, learn=Learn(ttl=60.0, token="p0")))
     assert early.by_rate and early.slot_busy  # the known sends are not answered yet
     for n in range(3):
         store.release("s", f"k{n}")
-    probe = store.admit(Ask("s", later, learn=(60.0, "p1")))
+    probe = store.admit(Ask(scope="s", now=later, learn=Learn(ttl=60.0, token="p1")))
     assert probe.not_before is None and probe.rate_report and probe.token == "p1"
-    busy = store.admit(Ask("s", later, learn=(60.0, "p2")))
+    busy = store.admit(Ask(scope="s", now=later, learn=Learn(ttl=60.0, token="p2")))
     assert busy.by_rate and busy.slot_busy
     assert busy.not_before is not None and busy.not_before <= later + timedelta(seconds=1)  # not the lease's 60 s
 
@@ -326,37 +326,37 @@ def test_no_epoch_begins_before_the_throttle_s_end_rounded_to_milliseconds(store
     rate = store.rate_of("s")
     assert rate is not None and rate.window == pytest.approx(2.0)
     assert rate.start == math.ceil(until.timestamp() * 1000) / 1000
-    store.admit(Ask("s", until + timedelta(seconds=2, microseconds=100), learn=(60.0, "a")))
-    store.admit(Ask("s", until + timedelta(seconds=4, microseconds=-100), learn=(60.0, "b")))
+    store.admit(Ask(scope="s", now=until + timedelta(seconds=2, microseconds=100), learn=Learn(ttl=60.0, token="a")))
+    store.admit(Ask(scope="s", now=until + timedelta(seconds=4, microseconds=-100), learn=Learn(ttl=60.0, token="b")))
     rate = store.rate_of("s")
     assert rate is not None  # still the epoch of 2 s on, not yet the one of 4 s on
     assert (until + timedelta(seconds=2)).timestamp() <= rate.start < (until + timedelta(seconds=3)).timestamp()
 
 
 def test_a_store_holds_a_scope_back_for_a_throttle_without_a_usable_wait(store: Store) -> None:
-    store.admit(Ask("s", NOW, learn=(60.0, "t0")))
+    store.admit(Ask(scope="s", now=NOW, learn=Learn(ttl=60.0, token="t0")))
     store.rate_answer("s", None, NOW, NOW)  # a 429 without Retry-After
-    held = store.admit(Ask("s", NOW + timedelta(seconds=0.5), learn=(60.0, "t1")))
+    held = store.admit(Ask(scope="s", now=NOW + timedelta(seconds=0.5), learn=Learn(ttl=60.0, token="t1")))
     assert held.by_rate and held.not_before == NOW + timedelta(seconds=BACKOFF)
     store.release("s", "t0")
-    assert store.admit(Ask("s", NOW + timedelta(seconds=BACKOFF), learn=(60.0, "t2"))).not_before is None
+    assert store.admit(Ask(scope="s", now=NOW + timedelta(seconds=BACKOFF), learn=Learn(ttl=60.0, token="t2"))).not_before is None
 
 
 def test_an_open_scope_is_admitted_without_the_rate(store: Store) -> None:
-    store.admit(Ask("s", NOW, learn=(60.0, "t0")))
+    store.admit(Ask(scope="s", now=NOW, learn=Learn(ttl=60.0, token="t0")))
     store.release("s", "t0")
     for _ in range(600):
         store.rate_answer("s", 0, None, NOW)
     rate = store.rate_of("s")
     assert rate is not None and rate.open
-    answer = store.admit(Ask("s", NOW, learn=(60.0, "t1")))
+    answer = store.admit(Ask(scope="s", now=NOW, learn=Learn(ttl=60.0, token="t1")))
     assert answer.not_before is None and answer.rate_epoch is None and answer.token is None
 
 
 def test_a_store_keeps_no_rate_without_learn_and_none_once_an_allowance_is_announced(store: Store) -> None:
-    assert store.admit(Ask("plain", NOW)).not_before is None
+    assert store.admit(Ask(scope="plain", now=NOW)).not_before is None
     assert store.rate_of("plain") is None
     store.allow("quoted", 10, NOW + timedelta(seconds=30), NOW)
-    answer = store.admit(Ask("quoted", NOW, learn=(60.0, "t")))
+    answer = store.admit(Ask(scope="quoted", now=NOW, learn=Learn(ttl=60.0, token="t")))
     assert answer.rate_epoch is None and answer.token is None
     assert store.rate_of("quoted") is None
