@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -124,6 +125,9 @@ def test_the_quota_and_leases_store_demo_keeps_its_quota_and_its_slots() -> None
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     assert "answers: 200 200 200 200 200 200 200 200" in done.stdout
-    assert "most in any second: 3; most at once: 2" in done.stdout
+    found = re.search(r"most in any second: (\d+); most at once: (\d+)", done.stdout)
+    assert found is not None, done.stdout
+    in_a_second, at_once = map(int, found.groups())
+    assert 1 <= in_a_second <= 3 and 1 <= at_once <= 2, done.stdout  # a store that ignored either: 8
     assert took < 20, f"the demo took {took:.1f} s (about 3 s alone)"
     assert done.stderr == ""
