@@ -19,10 +19,11 @@ from retry_after_adapter import MemoryCooldownStore, RedisCooldownStore, SQLiteC
 from retry_after_adapter.testing.conformance import StoreContract
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "json_file_store.py"
+QUOTA_EXAMPLE = EXAMPLE.with_name("locked_dict_store.py")
 
 
-def example_module() -> Any:
-    spec = importlib.util.spec_from_file_location("json_file_store", EXAMPLE)
+def example_module(path: Path = EXAMPLE) -> Any:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -89,6 +90,14 @@ class TestAThirdPartyStoreWithTheCoreAlone(StoreContract):
     @pytest.fixture
     def other_store(self, store: Any, tmp_path: Path) -> Any:
         return example_module().JSONFileStore(tmp_path / "cooldowns.json")
+
+
+class TestAThirdPartyStoreWithQuotasAndLeases(StoreContract):
+    """The worked example of docs/stores.md: ``QuotaLogs`` and ``Leases`` on a dict."""
+
+    @pytest.fixture
+    def store(self) -> Any:
+        return example_module(QUOTA_EXAMPLE).LockedDictStore()
 
 
 class TestTheDocsStore(StoreContract):

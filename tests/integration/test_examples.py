@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -111,3 +112,22 @@ def test_job_queue_gives_up_and_keeps_the_chain(tmp_path, real_server):
     assert stored is not None and "s3cr3t" not in stored
     assert Deferral.from_dict(json.loads(stored)).deferrals == 1
     assert real_server.count() == 1
+
+
+def test_the_quota_and_leases_store_demo_keeps_its_quota_and_its_slots() -> None:
+    """``examples/locked_dict_store.py``: eight threads on one store of one's own, a quota
+    of 3 per second and 2 slots; every request answered, neither bound ever passed."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "locked_dict_store.py")],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert "answers: 200 200 200 200 200 200 200 200" in done.stdout
+    found = re.search(r"most in any second: (\d+); most at once: (\d+)", done.stdout)
+    assert found is not None, done.stdout
+    in_a_second, at_once = map(int, found.groups())
+    assert 1 <= in_a_second <= 3 and 1 <= at_once <= 2, done.stdout  # a store that ignored either: 8
+    assert took < 20, f"the demo took {took:.1f} s (about 3 s alone)"
+    assert done.stderr == ""
