@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from retry_after_adapter import FakeClock
-from retry_after_adapter.cooldown import sqlite as sqlite_store
+from retry_after_adapter.cooldown.sqlite import store as sqlite_store
 from retry_after_adapter.testing import ports
 from retry_after_adapter.testing.redis import RedisCluster, RedisServer
 from tests import servers

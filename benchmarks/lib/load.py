@@ -277,10 +277,10 @@ def script_names() -> dict[bytes, str]:
     """The package's Lua scripts by SHA1 (what ``EVALSHA`` names): a round trip is
     counted per script (``evalsha admit``, ``evalsha settle``...)."""
     try:
-        from retry_after_adapter.cooldown.redis import SCRIPTS, _source
+        from retry_after_adapter.cooldown.redis.wire import SCRIPTS, script_source
     except ImportError:  # the redis module moved: counted as plain "evalsha"
         return {}
-    return {hashlib.sha1(_source(name).encode("utf-8")).hexdigest().encode(): name for name in SCRIPTS}
+    return {hashlib.sha1(script_source(name).encode("utf-8")).hexdigest().encode(): name for name in SCRIPTS}
 
 
 class Monitor:

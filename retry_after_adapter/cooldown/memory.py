@@ -1,43 +1,21 @@
-"""A thread-safe in-process cooldown store."""
+"""A thread-safe in-process cooldown store.
+"""
 
 from __future__ import annotations
 
 import bisect
 import collections
 import heapq
+import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import _forksafe
-from ._memory_log import (  # time in microseconds, and what the store's records say
-    _ADMITTED,
-    _EPOCH,
-    _US,
-    _allowance_ended,
-    _allowance_holds,
-    _as_datetime,
-    _cooldown_holds,
-    _expire,
-    _freshness_ended,
-    _lease_holds,
-    _leases_ended,
-    _micros,
-    _move_permit,
-    _open,
-    _permit_free_at,
-    _permits_ended,
-    _quota_holds,
-    _quota_key,
-    _rate_holds,
-    _sweep,
-    _token_holds,
-)
-from ._memory_rate import RateAdmission
-from ._memory_weights import TokenLogs
-from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance
+from ..errors import ConfigurationError
+from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance, roll
 from .base import (
     Admission,
     Ask,
@@ -54,11 +32,512 @@ from .base import (
     check_scope,
     check_until,
     extra_permits,
+    free_at,
     token_scope,
 )
-from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, merge_note
-from .rate import Rate
-from .weights import too_large
+from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, last_noted, merge_note
+from .rate import PROBE_RECHECK, Rate, answer_rate, fresh_rate, rate_holds, rate_kept_until, roll_rate
+from .weights import NO_ALLOWANCE, check_fits, oversized, too_large, weighed_free_at, with_weighed
+
+# ------------------------------------------------------------------------------------
+# The memory store's units and records, as pure functions: times in whole
+# microseconds since the epoch, when a kind of record can no longer matter, a quota's
+# log key and when its next permit is free, the answers admission gives.
+
+
+#: The answer of ``admit`` with nothing stored and nothing to take (shared: immutable).
+_ADMITTED = Admission(cooldown=None, not_before=None)
+
+_R = TypeVar("_R")
+_T = TypeVar("_T")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
+
+
+def _micros(at: datetime) -> int:
+    """``at`` (an aware datetime) as whole microseconds since the epoch: exact, since a
+    datetime holds microseconds; permits and leases are kept so (cheap to compare)."""
+    try:
+        return (at - _EPOCH) // _US
+    except TypeError:  # naive, or not a datetime
+        check_until(at)
+        raise
+
+
+def _as_datetime(micros: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=micros)
+
+
+def _permits_ended(logs: dict[tuple[int, ...], collections.deque[int]], at: int) -> bool:
+    """Whether a scope's permit logs hold no permit that counts at ``at`` (each log is
+    sorted: its last permit stops counting last)."""
+    for log in logs.values():  # noqa: SIM110 - a loop: no generator made per look
+        if log and log[-1] > at:
+            return False
+    return True
+
+
+def _leases_ended(held: dict[str, int], at: int) -> bool:
+    """Whether a scope holds no lease that runs at ``at`` (a copy of the values:
+    ``release`` pops without the lock)."""
+    return max(list(held.values()), default=at) <= at
+
+
+def _allowance_ended(record: Allowance, stale: datetime) -> bool:
+    """Whether an allowance's reset is at or before ``stale`` (the present less
+    ``ALLOWANCE_KEPT``): what it counted is over."""
+    return record.until <= stale
+
+
+def _rate_ended(record: Rate, now: float) -> bool:
+    """Whether a learned rate was unused long enough to be dropped at ``now`` (seconds
+    since the epoch; see ``rate.rate_kept_until``)."""
+    return rate_kept_until(record) <= now
+
+
+def _freshness_ended(record: Freshness, stale: datetime) -> bool:
+    """Whether a freshness record was last noted at or before ``stale`` (the present
+    less ``FRESHNESS_KEPT``): news no longer."""
+    noted = last_noted(record)
+    return noted is None or noted <= stale
+
+
+def _closed_ends(log: collections.deque[int], opened: dict[int, list[int]], k: int) -> list[int]:
+    """The earliest ``k`` ends of ``log`` (ascending) that are not open permits'."""
+    skip = {end: len(ends) for end, ends in opened.items()}
+    closed: list[int] = []
+    for end in log:
+        if skip.get(end, 0) > 0:
+            skip[end] -= 1
+            continue
+        closed.append(end)
+        if len(closed) >= k:
+            break
+    return closed
+
+
+def _permit_free_at(
+    log: collections.deque[int], opened: dict[int, list[int]] | None, limit: int, at: int, per: int
+) -> int | None:
+    """None when a permit of a quota of ``limit`` per ``per`` is free at ``at``, else the
+    earliest time one could be, by the quota's ``log`` (when each permit stops counting,
+    soonest first, those that stopped at ``at`` already dropped) and its ``opened``
+    permits (see ``MemoryCooldownStore._opened``; an open permit counted as ending at its
+    grant + per + margin, or at ``at`` + ``per`` should its answer come now: see
+    ``base.free_at``); every time in microseconds. Open permits that ran out at ``at``
+    are dropped."""
+    if opened:
+        for end in [end for end in opened if end <= at]:
+            del opened[end]  # never answered (its worker stopped): it ran out
+    if len(log) < limit:
+        return None
+    if not opened:
+        return log[-limit]
+    expected = [when for ends in opened.values() for when in ends]
+    closed = _closed_ends(log, opened, len(log) - limit + 1)
+    return free_at(closed, expected, limit, len(log), at + per)
+
+
+def _move_permit(log: collections.deque[int], old: int, new: int) -> None:
+    """Move the permit of ``log`` (sorted) that stops counting at ``old`` to ``new``
+    (microseconds), or put it back at ``new`` if it expired (and was dropped)
+    meanwhile."""
+    index = bisect.bisect_left(log, old)
+    if index < len(log) and log[index] == old:
+        del log[index]
+    bisect.insort(log, new)
+
+
+#: ``_window_micros`` of the windows seen (a few per process).
+_WINDOWS: dict[float, int] = {}
+#: ``_quota_key`` of the quotas seen (a few per process).
+_QUOTAS: dict[tuple[int, float, float], tuple[int, int, int, timedelta]] = {}
+
+
+def _quota_key(limit: int, per: float | None, margin: float) -> tuple[int, int, int, timedelta]:
+    """A quota's log key ``(limit, per)`` (``key[:2]``), how long its permits count
+    (``per + margin``) in whole microseconds, and that as a timedelta."""
+    try:
+        return _QUOTAS[(limit, per, margin)]  # type: ignore[index]
+    except (KeyError, TypeError):
+        pass
+    if per is None:
+        raise ConfigurationError("a quota needs a window (per)")
+    per_us = _window_micros(per)
+    counts = per_us + _window_micros(margin)
+    key = (limit, per_us, counts, timedelta(microseconds=counts))
+    if len(_QUOTAS) >= 1024:
+        _QUOTAS.clear()
+    _QUOTAS[(limit, per, margin)] = key
+    return key
+
+
+def _window_micros(per: float) -> int:
+    """``per`` seconds in whole microseconds (as ``timedelta(seconds=per)`` rounds)."""
+    try:
+        return _WINDOWS[per]
+    except (KeyError, TypeError):
+        pass
+    try:
+        micros = timedelta(seconds=per) // _US
+    except (TypeError, OverflowError, ValueError):
+        raise ConfigurationError("a window must be a number of seconds") from None
+    if len(_WINDOWS) >= 1024:
+        _WINDOWS.clear()
+    _WINDOWS[per] = micros
+    return micros
+
+
+#: ``rate.PROBE_RECHECK`` in microseconds.
+_PROBE_RECHECK_US = round(PROBE_RECHECK * 1_000_000)
+
+
+def _granted(cooldown: datetime | None) -> Admission:
+    """Admitted, nothing to report (a cooldown that ran out may be known)."""
+    return _ADMITTED if cooldown is None else Admission(cooldown=cooldown, not_before=None)
+
+
+def _open(rate: Rate | None) -> bool:
+    """Whether a learned rate admits without taking anything (no cap, no limit: ``Rate.open``,
+    inline on the common path)."""
+    return rate is not None and rate.cap <= 0 and rate.limit <= 0
+
+
+# What holds each scope back, per kind of record (``now`` aware, ``at`` the same
+# instant in microseconds; the store's lock held by the caller).
+def _cooldown_holds(until: dict[str, datetime], now: datetime) -> Iterator[tuple[str, Hold]]:
+    for scope, end in until.items():
+        if end > now:
+            yield scope, Hold("cooldown", end)
+
+
+def _allowance_holds(allowances: dict[str, Allowance], now: datetime) -> Iterator[tuple[str, Hold]]:
+    for scope, record in allowances.items():
+        rolled = roll(record, now)
+        if rolled.until > now and rolled.remaining <= 0:
+            yield scope, Hold("allowance", rolled.until)
+
+
+def _quota_holds(
+    permits: dict[str, dict[tuple[int, ...], collections.deque[int]]], at: int
+) -> Iterator[tuple[str, Hold]]:
+    for scope, logs in permits.items():
+        for (limit, *_), log in logs.items():
+            live = [expires for expires in log if expires > at]
+            if len(live) >= limit:
+                yield scope, Hold("quota", _as_datetime(live[len(live) - limit]), limit)
+
+
+def _lease_holds(leases: dict[str, dict[str, int]], at: int) -> Iterator[tuple[str, Hold]]:
+    for scope, held in leases.items():
+        live = [expires for expires in list(held.values()) if expires > at]
+        if live:
+            yield scope, Hold("leases", _as_datetime(max(live)), len(live))
+
+
+def _token_holds(found: list[tuple[str, int, int]]) -> Iterator[tuple[str, Hold]]:
+    for scope, end, limit in found:
+        yield scope, Hold("tokens", _as_datetime(end), limit)
+
+
+def _rate_holds(rates: dict[str, Rate], at: int) -> Iterator[tuple[str, Hold]]:
+    for scope, rate in rates.items():
+        ends = rate_holds(rate, at / 1e6)
+        if ends is not None:
+            yield scope, Hold("rate", _as_datetime(round(ends * 1e6)), rate.limit)
+
+
+def _sweep(
+    scopes: collections.deque[str],
+    records: dict[str, _R],
+    ended: Callable[[_R, _T], bool],
+    at: _T,
+    most: int,
+) -> None:
+    """(Lock held.) Drop the records of the scopes longest in ``scopes`` (every scope
+    with a record in ``records``, in the order they got one) that ``ended`` says can no
+    longer matter at ``at``, at most ``most`` of them (the store's ``_SWEEP_PER_WRITE``), up to the first that
+    still matters: that one goes to the end of the queue. A write that adds one scope thus
+    removes one (or more) that no longer matter or moves one that does, so the queue
+    stays under twice the scopes that matter; and while every record matters (a young
+    store), it costs one look. A scope gone meanwhile (``delete``) leaves the queue."""
+    for _ in range(most):
+        scope = scopes.popleft()
+        record = records.get(scope)
+        if record is None:
+            continue
+        if not ended(record, at):
+            scopes.append(scope)
+            return
+        del records[scope]
+
+
+def _expire(heap: list[tuple[datetime, str]], until: dict[str, datetime], now: datetime, most: int) -> None:
+    """(Lock held.) Drop the cooldowns ``until`` holds that ended at ``now`` (an aware
+    datetime), found from the top of ``heap`` (``(eligible time, scope)`` of every write),
+    at most ``most`` heap entries looked at; an entry a later write replaced is skipped."""
+    for _ in range(most):
+        if not heap or heap[0][0] > now:
+            return
+        when, scope = heapq.heappop(heap)
+        if until.get(scope) == when:
+            del until[scope]
+
+# ------------------------------------------------------------------------------------
+# The memory store's admission by a scope's learned rate (see ``rate``): a mixin of
+# :class:`~.memory.MemoryCooldownStore`, whose lock every ``_locked`` method runs
+# under; times in whole microseconds since the epoch (``at``).
+
+
+class RateAdmission:
+    """What the memory store admits by, and tells, a scope's learned rate."""
+
+    _lock: threading.Lock
+    _rates: dict[str, Rate]
+    _rate_scopes: collections.deque[str]
+
+    if TYPE_CHECKING:  # the store's own
+
+        def _refused(
+            self, scope: str, key: tuple[int, int, int, timedelta] | None, limit: int | None,
+            lease: Lease | None, at: int, cooldown: datetime | None,
+        ) -> Admission | None: ...
+
+        def _take_slot(self, scope: str, lease: Lease, at: int) -> int | None: ...
+
+    def _admit_rate(
+        self, scope: str, now: datetime, at: int, cooldown: datetime | None, lease: Lease | None,
+        learn: Learn,
+    ) -> Admission:
+        """(Lock held, no cooldown running, no quota, no allowance.) Admission by the
+        scope's learned rate (see ``rate``): a known send (one of its limit in the
+        epoch; with probes to come, holding a probe slot until its answer), else a probe
+        (a slot of its cap, every known send's answered), else refused."""
+        rate = self._rate_locked(scope, at / 1e6)
+        start = round(rate.start * 1e6)
+        if start > at:  # a throttle's backoff
+            return Admission(cooldown=cooldown, not_before=_as_datetime(start), by_rate=True)
+        if rate.open or rate.known:
+            refused = self._refused(scope, None, None, lease, at, cooldown)
+            if refused is not None or rate.open:
+                return refused or _granted(cooldown)  # (refused: every configured slot held)
+            self._rates[scope] = rate.sending()
+            if lease is None and rate.waits_for_known:
+                # Probes follow in this epoch: this send holds a probe slot (never
+                # refused for it) until its answer, so no probe races it to the server.
+                self._take_slot(scope, Lease(slots=sys.maxsize, ttl=learn.ttl, token=learn.token), at)
+                return Admission(cooldown=cooldown, not_before=None, token=learn.token, rate_epoch=rate.epoch)
+            return Admission(cooldown=cooldown, not_before=None, rate_epoch=rate.epoch)
+        ends = round(rate.ends * 1e6) if rate.limit > 0 else None
+        if not rate.probes:
+            assert ends is not None
+            return Admission(cooldown=cooldown, not_before=_as_datetime(ends), by_rate=True)
+        return self._probe_locked(scope, at, cooldown, lease, learn, rate, ends)
+
+    def _probe_locked(
+        self, scope: str, at: int, cooldown: datetime | None, lease: Lease | None, learn: Learn,
+        rate: Rate, ends: int | None,
+    ) -> Admission:
+        """(Lock held; ``at``, ``ends`` (the epoch's end, None: no limit) in microseconds.)
+        A probe of the learned ``rate``: a slot under its cap (with a configured
+        ``lease``, the smaller), else held back at most ``PROBE_RECHECK`` seconds."""
+        if lease is not None:
+            cap = Lease(slots=min(lease.slots, rate.cap), ttl=lease.ttl, token=lease.token)
+        else:
+            cap = Lease(slots=rate.cap, ttl=learn.ttl, token=learn.token)
+        busy = self._take_slot(scope, cap, at)
+        if busy is not None and lease is not None and lease.slots <= rate.cap:
+            # the configured cap binds
+            return Admission(cooldown=cooldown, not_before=_as_datetime(busy), slot_busy=True)
+        if busy is not None:
+            again = min(busy, at + _PROBE_RECHECK_US, ends if ends is not None else busy)
+            return Admission(cooldown=cooldown, not_before=_as_datetime(again), slot_busy=True, by_rate=True)
+        self._rates[scope] = rate.probing()
+        token = cap.token if lease is None else None
+        return Admission(
+            cooldown=cooldown, not_before=None, token=token, rate_epoch=rate.epoch, rate_report=True
+        )
+
+    def _rate_locked(self, scope: str, now: float) -> Rate:
+        """(Lock held.) The scope's learned rate as of ``now`` (seconds since the epoch),
+        made at its first admission; kept."""
+        rate = self._rates.get(scope)
+        if rate is None:
+            if len(self._rate_scopes) > _SWEEP_AT:
+                _sweep(self._rate_scopes, self._rates, _rate_ended, now, _SWEEP_PER_WRITE)
+            rate = fresh_rate(now)
+            self._rate_scopes.append(scope)
+        else:
+            rate = roll_rate(rate, now)
+        self._rates[scope] = rate
+        return rate
+
+    def rate_answer(
+        self, scope: str, epoch: int | None, until: datetime | None, now: datetime, probe: bool | None = None
+    ) -> None:
+        """See ``Store.rate_answer``."""
+        at = _micros(now) / 1e6
+        # The throttle's end in whole milliseconds rounded up, as the other stores keep
+        # it: an epoch that begins there (and each a window on) never begins before it.
+        end = None if until is None else -(-_micros(until) // 1000) / 1000
+        with self._lock:
+            rate = self._rates.get(scope)
+            if rate is not None:
+                self._rates[scope] = answer_rate(rate, epoch, end, at, probe)
+
+    def rate_of(self, scope: str) -> Rate | None:
+        """See ``Store.rate_of``."""
+        return self._rates.get(scope)
+
+# ------------------------------------------------------------------------------------
+# The memory store's token permits (a configured ``Quota(..., unit="tokens")``): per
+# scope and quota, a log of ``(end, cost)``, soonest end first, with the sum of its
+# costs; times in whole microseconds since the epoch. Every method runs under the
+# store's lock.
+
+
+#: A quota's log key: (limit, per in microseconds).
+_Key = tuple[int, int]
+
+
+class _Log:
+    """One token quota's live permits and what they weigh."""
+
+    __slots__ = ("entries", "total")
+
+    def __init__(self) -> None:
+        self.entries: collections.deque[tuple[int, int]] = collections.deque()
+        self.total = 0
+
+    def drop(self, at: int) -> None:
+        """Drop the permits that stopped counting at ``at``."""
+        entries = self.entries
+        while entries and entries[0][0] <= at:
+            self.total -= entries.popleft()[1]
+
+    def put(self, end: int, cost: int) -> None:
+        if not self.entries or end >= self.entries[-1][0]:
+            self.entries.append((end, cost))
+        else:
+            bisect.insort(self.entries, (end, cost))
+        self.total += cost
+
+    def remove(self, end: int, cost: int) -> bool:
+        index = bisect.bisect_left(self.entries, (end, cost))
+        if index < len(self.entries) and self.entries[index] == (end, cost):
+            del self.entries[index]
+            self.total -= cost
+            return True
+        return False
+
+
+class TokenLogs:
+    """Every scope's token permits (the lock is the store's)."""
+
+    def __init__(self) -> None:
+        self._logs: dict[str, dict[_Key, _Log]] = {}
+
+    @staticmethod
+    def _micros(seconds: float) -> int:
+        return round(seconds * 1_000_000)
+
+    def _log(self, scope: str, limit: int, per: float) -> _Log:
+        logs = self._logs.setdefault(scope, {})
+        key = (limit, self._micros(per))
+        log = logs.get(key)
+        if log is None:
+            log = logs[key] = _Log()
+        return log
+
+    def refused(self, scope: str, weigh: Weigh, at: int) -> int | None:
+        """None when ``weigh``'s cost fits its quota at ``at``, else when it could."""
+        log = self._log(scope, weigh.limit, weigh.per)
+        log.drop(at)
+        end: int | None = weighed_free_at(log.entries, log.total, weigh.cost, weigh.limit)
+        return end
+
+    def weigh(
+        self, allowances: dict[str, Allowance], scope: str, weigh: Weigh, now: datetime, at: int
+    ) -> tuple[Allowance | None, datetime | None]:
+        """The attempt's tokens, by the announced token allowances kept in
+        ``allowances`` (the store's) and this log: ``(record, None)`` when they fit (the
+        announced token allowance with the cost counted, to keep on the grant;
+        ``weights.NO_ALLOWANCE`` when only a configured token quota weighs them; None: nothing weighs
+        them), else ``(None, when to ask again)``, or ``(the announced allowance, its
+        reset)`` when the cost is above its whole limit (``weights.oversized``: never
+        admitted, see ``weights.too_large``); nothing taken."""
+        record = allowances.get(token_scope(scope))
+        counted = None
+        if record is not None:
+            if oversized(record, weigh.cost):
+                return record, record.until
+            counted, wait = admit_allowance(record, now, weigh.cost)
+            if wait is not None:
+                allowances[token_scope(scope)] = counted  # rolled
+                return None, wait
+        if weigh.limit > 0:
+            check_fits(weigh.cost, weigh.limit, weigh.per)
+            refused = self.refused(scope, weigh, at)
+            if refused is not None:
+                return None, _as_datetime(refused)
+            return counted or NO_ALLOWANCE, None
+        return counted, None
+
+    def grant(
+        self, allowances: dict[str, Allowance], scope: str, weigh: Weigh, at: int, counted: Allowance,
+        answer: Admission,
+    ) -> Admission:
+        """The grant ``answer``'s tokens, checked by :meth:`weigh` before anything was
+        taken: the announced allowance ``counted`` kept (its count after the cost: what
+        an answer's figure holds as of), the token quota's permit taken."""
+        seq = None
+        if counted is not NO_ALLOWANCE:
+            allowances[token_scope(scope)] = counted
+            seq = counted.admitted - 1
+        end = _as_datetime(self.take(scope, weigh, at)) if weigh.limit > 0 else None
+        return with_weighed(answer, end, seq)
+
+    def take(self, scope: str, weigh: Weigh, at: int) -> int:
+        """Take ``weigh``'s permit at ``at``; returns when it stops counting."""
+        end = at + self._micros(weigh.per + weigh.margin)
+        self._log(scope, weigh.limit, weigh.per).put(end, weigh.cost)
+        self._sweep(at)
+        return end
+
+    def settle(self, scope: str, weighed: Weighed, old: int, at: int) -> None:
+        """The permit stopping at ``old`` was answered at ``at``: it counts at least
+        until ``at + per`` (put back if it was dropped meanwhile)."""
+        new = at + self._micros(weighed.per)
+        if new <= old:
+            return
+        log = self._log(scope, weighed.limit, weighed.per)
+        log.remove(old, weighed.cost)
+        log.put(new, weighed.cost)
+
+    def _sweep(self, at: int) -> None:
+        """Forget a few scopes whose permits all stopped counting (one look per take)."""
+        if len(self._logs) > 64:
+            scope = next(iter(self._logs))
+            logs = self._logs.pop(scope)
+            if any(log.entries and log.entries[-1][0] > at for log in logs.values()):
+                self._logs[scope] = logs  # still counts: to the back of the queue
+
+    def holds(self, at: int) -> list[tuple[str, int, int]]:
+        """``(scope, when the quota has room again, limit)`` of each full token quota."""
+        found = []
+        for scope, logs in self._logs.items():
+            for (limit, _), log in logs.items():
+                log.drop(at)
+                if log.total >= limit and log.entries:
+                    found.append((scope, log.entries[0][0], limit))
+        return found
+
+    def delete(self, scope: str) -> bool:
+        return self._logs.pop(scope, None) is not None
+
+    def clear(self) -> None:
+        self._logs.clear()
+
 
 #: Expired entries are dropped only while the store holds at least this many scopes, so
 #: a small store never forgets a time (tests on a fake clock keep theirs).

@@ -19,9 +19,9 @@ import requests
 
 from retry_after_adapter import Quota, RetryAfterAdapter, RetryAfterRetry, store_from_url
 from retry_after_adapter.cooldown._coalesce import settle_delay
-from retry_after_adapter.cooldown._redis_wire import _OPEN
 from retry_after_adapter.cooldown.base import Ask
 from retry_after_adapter.cooldown.guard import guard_of
+from retry_after_adapter.cooldown.redis.wire import OPEN_SUFFIX
 from retry_after_adapter.testing import QuotaServer
 
 from ..conftest import RedisServer
@@ -240,7 +240,7 @@ def test_settles_waiting_across_a_redis_restart_land(
     assert guard.settles.carried == 0
     server.restart()
     guard.settles.flush()  # if the store failed it, the writer thread tries again
-    opened = store.quota_key(SCOPE, 2, 1.0, _OPEN)
+    opened = store.quota_key(SCOPE, 2, 1.0, OPEN_SUFFIX)
     deadline = time.monotonic() + 5
     while client.zcard(opened) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -274,7 +274,7 @@ def write_cooldown(client: Any, prefix: str, scope: str, seconds: float, pipe: A
     """Another client learns a cooldown the way every store does (its extend script,
     which publishes it), on ``pipe`` when given (a transaction)."""
     from retry_after_adapter.cooldown._ms import to_epoch_ms
-    from retry_after_adapter.cooldown.redis import GRACE_MS
+    from retry_after_adapter.cooldown.redis.store import GRACE_MS
 
     writer = RedisCooldownStore(client, prefix=prefix)
     if pipe is None:

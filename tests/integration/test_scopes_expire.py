@@ -29,12 +29,13 @@ from retry_after_adapter import (
     RetryAfterRetry,
     SQLiteCooldownStore,
 )
-from retry_after_adapter.cooldown import Ask, Lease, _sqlite_admit
+from retry_after_adapter.cooldown import Ask, Lease
 from retry_after_adapter.cooldown import memory as memory_module
-from retry_after_adapter.cooldown import sqlite as sqlite_module
 from retry_after_adapter.cooldown.allowance import ALLOWANCE_KEPT
 from retry_after_adapter.cooldown.freshness import FRESHNESS_KEPT
 from retry_after_adapter.cooldown.guard import StoreGuard
+from retry_after_adapter.cooldown.sqlite import rules as sqlite_rules
+from retry_after_adapter.cooldown.sqlite import store as sqlite_module
 from retry_after_adapter.engine.meters import MAX_METERS, Meters, meters_of
 from retry_after_adapter.scope import public_scope
 from retry_after_adapter.testing import QuotaServer
@@ -180,8 +181,8 @@ def test_sqlite_sweeps_find_their_rows_through_an_index(tmp_path: Path) -> None:
     store = SQLiteCooldownStore(tmp_path / "plans.db")
     store.note("s", "success", T0)  # opens the file: the schema and its indexes
     statements = {
-        _sqlite_admit.SWEEP_PERMITS: (0, 8),
-        _sqlite_admit.SWEEP_LEASES: (0, 8),
+        sqlite_rules.SWEEP_PERMITS: (0, 8),
+        sqlite_rules.SWEEP_LEASES: (0, 8),
         sqlite_module._SWEEP_ALLOWANCE: (0, "s", 8),
         sqlite_module._SWEEP_FRESHNESS: (0, 8),
         sqlite_module._SWEEP_SOME: (0, 8),

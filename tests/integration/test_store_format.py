@@ -19,7 +19,7 @@ import pytest
 
 from retry_after_adapter import RedisCooldownStore, SQLiteCooldownStore
 from retry_after_adapter.cooldown import STORE_FORMAT, Ask, Learn, Lease, Weigh, Weighed, token_scope
-from retry_after_adapter.cooldown._redis_feed import CANARY
+from retry_after_adapter.cooldown.redis.feed import CANARY
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "store-format.md"
 TEXT = PAGE.read_text(encoding="utf-8")

@@ -35,7 +35,7 @@ from retry_after_adapter.cooldown import (
     SQLiteCooldownStore,
     store_from_url,
 )
-from retry_after_adapter.cooldown import sqlite as sqlite_module
+from retry_after_adapter.cooldown.sqlite import store as sqlite_module
 from retry_after_adapter.errors import ConfigurationError, CooldownStoreError
 
 from ..conftest import RedisServer

@@ -11,19 +11,19 @@ from datetime import datetime
 from importlib import resources
 from typing import Any
 
-from ..errors import CooldownStoreError
-from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
-from .allowance import ALLOWANCE_KEPT
-from .base import Admission, Ask, Learn, Lease
-from .freshness import Freshness
-from .rate import RATE_KEPT, Rate, rate_from_row
+from ...errors import CooldownStoreError
+from .._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
+from ..allowance import ALLOWANCE_KEPT
+from ..base import Admission, Ask, Learn, Lease
+from ..freshness import Freshness
+from ..rate import RATE_KEPT, Rate, rate_from_row
 
 #: Companion key names (see ``RedisCooldownStore.companion``): the learned rate's
 #: hash (and its fields), a quota's open permits, a scope's announced token allowance.
-_RATE = "learned-rate"
-_RATE_FIELDS = ("cap", "lim", "win", "ep", "st", "base", "sn", "ok", "gr", "gc", "qt", "pr", "fl")
-_OPEN = ":open"
-_TOKENS = "allowance:tokens"
+RATE_KEY = "learned-rate"
+RATE_FIELDS = ("cap", "lim", "win", "ep", "st", "base", "sn", "ok", "gr", "gc", "qt", "pr", "fl")
+OPEN_SUFFIX = ":open"
+TOKENS_KEY = "allowance:tokens"
 
 
 def lua(*names: str) -> str:
@@ -50,7 +50,7 @@ SCRIPTS = {
 _SOURCES: dict[str, str] = {}
 
 
-def _source(name: str) -> str:
+def script_source(name: str) -> str:
     """The source of the script ``name`` (read once per process)."""
     source = _SOURCES.get(name)
     if source is None:
@@ -66,7 +66,7 @@ def _counts_ms(per: float, margin: float) -> int:
     return window_ms(per) + math.ceil(margin * 1000)
 
 
-def _glob(text: str) -> str:
+def glob_pattern(text: str) -> str:
     """``text`` as a SCAN pattern that matches it literally."""
     return _GLOB_SPECIAL.sub(r"\\\g<0>", text)
 
@@ -76,7 +76,7 @@ def _ms_or_none(ms: int) -> datetime | None:
     return None if ms < 0 else from_epoch_ms(ms)
 
 
-def _admission(reply: Any, stored: datetime | None, together: bool, learn: Learn | None) -> Admission:
+def admission_of(reply: Any, stored: datetime | None, together: bool, learn: Learn | None) -> Admission:
     """The admit script's reply as an :class:`Admission`: eight numbers (see
     ``admit.lua``), three more when the learned rate admitted, two (-3 and the limit)
     when a cost is above the announced token limit; ``stored``: the cooldown
@@ -145,7 +145,7 @@ def _lease_args(lease: Lease | None) -> tuple[object, ...]:
     return (lease.slots, window_ms(lease.ttl), lease.token)
 
 
-def _admit_args(ask: Ask, when: datetime, together: bool) -> list[str]:
+def admit_args(ask: Ask, when: datetime, together: bool) -> list[str]:
     """The admit script's arguments for ``ask`` at ``when`` (an aware UTC datetime: the
     present, passed as whole ms rounded down), in ``admit.lua``'s order: the quota's
     (see :func:`_permit_args`), whether the script reads the cooldown (``together``),
@@ -174,19 +174,19 @@ def _admit_args(ask: Ask, when: datetime, together: bool) -> list[str]:
     return [str(arg) for arg in args]
 
 
-def _text(raw: Any) -> str:
+def text_of(raw: Any) -> str:
     return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
-def _learned_rate(fields: list[Any]) -> Rate | None:
+def learned_rate_of(fields: list[Any]) -> Rate | None:
     """A learned-rate hash's fields (``rate.Rate``'s, in ``rate.rate_row``'s order; times
     in ms) as a Rate, or None when the hash holds none."""
     if fields[0] is None:
         return None
-    return rate_from_row(tuple(int(float(_text(v or b"0"))) for v in fields))
+    return rate_from_row(tuple(int(float(text_of(v or b"0"))) for v in fields))
 
 
-def _freshness(fields: list[Any], until: datetime | None) -> Freshness:
+def freshness_of(fields: list[Any], until: datetime | None) -> Freshness:
     """A freshness hash's (s, e, t) fields as a Freshness."""
 
     def when(raw: Any) -> datetime | None:
@@ -200,7 +200,7 @@ def _freshness(fields: list[Any], until: datetime | None) -> Freshness:
     return Freshness(when(success), None if text is None else str(text), when(error_at), until)
 
 
-def _slot_string(key: str) -> tuple[str, bool]:
+def slot_string(key: str) -> tuple[str, bool]:
     """What Redis Cluster hashes of ``key`` (its hash tag, else the whole key), with a
     tag free of braces for the scope's other keys, and whether ``{tag}...`` keys share
     the cooldown key's slot (False only for a key whose ``}`` is not part of a tag)."""
@@ -214,13 +214,13 @@ def _slot_string(key: str) -> tuple[str, bool]:
     return key, True
 
 
-def _as_redis_url(url: str) -> str:
+def as_redis_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     mapped = {"valkey": "redis", "valkeys": "rediss"}.get(scheme.lower())
     return f"{mapped}{sep}{rest}" if mapped and sep else url
 
 
-def _database(client: Any) -> int:
+def database_of(client: Any) -> int:
     """The database a redis-py style client uses (a cluster has one: 0)."""
     kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
     database = kwargs.get("db", 0) if isinstance(kwargs, dict) else 0
@@ -230,7 +230,7 @@ def _database(client: Any) -> int:
         return 0
 
 
-def _client_timeout(client: Any) -> float | None:
+def client_timeout(client: Any) -> float | None:
     """Connect plus socket timeout of a redis-py style client's pool (a cluster client's:
     the ones its nodes' connections get), if both are set."""
     kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)

@@ -34,8 +34,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .. import _forksafe
-from .base import Changed, Feed
+from ... import _forksafe
+from ..base import Changed, Feed
 
 __all__ = ["CHANNEL", "PING_EVERY", "STALE_AFTER", "RedisFeed"]
 

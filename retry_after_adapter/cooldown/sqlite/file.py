@@ -23,8 +23,9 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from .. import _forksafe
-from ..errors import ConfigurationError, CooldownStoreError, failure_cause
+from ... import _forksafe
+from ...errors import ConfigurationError, CooldownStoreError, failure_cause
+from ..base import quiesce_guard
 
 _T = TypeVar("_T")
 
@@ -80,7 +81,7 @@ _PERMIT_SCHEMA = (
     + ")",
     "CREATE INDEX IF NOT EXISTS learned_rate_ended ON learned_rate (start_ms + window_ms)",
     # When each row stops mattering, so that the rows of every scope are swept a few at a
-    # time as others are written (see ``sqlite.py`` and ``_sqlite_admit.py``), never by a
+    # time as others are written (see ``store.py`` and ``rules.py``), never by a
     # scan of a table.
     "CREATE INDEX IF NOT EXISTS cooldown_until ON cooldown (until_ms)",
     "CREATE INDEX IF NOT EXISTS permit_log_expires ON permit_log (expires_ms)",
@@ -538,8 +539,6 @@ class SQLiteFile:
 
     def close(self) -> None:
         """Close this process's connections. The store cannot be used afterwards."""
-        from .base import quiesce_guard
-
         quiesce_guard(self)
         with self._lock:
             self._closed = True

@@ -16,28 +16,17 @@ import contextlib
 import os
 import random
 import sqlite3
+import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
-from ..errors import ConfigurationError, CooldownStoreError
-from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms
-from ._sqlite_admit import (
-    SELECT_UNTIL,
-    SWEEP_PER_WRITE,
-    admit_locked,
-    allowance_row,
-    peek,
-    put_allowance,
-    put_rate,
-    quota_of,
-    rate_row_of,
-    take_permit,
-)
-from ._sqlite_file import DEFAULT_TIMEOUT, SQLiteFile, immediate
-from .allowance import ALLOWANCE_KEPT, merge_allowance, roll
-from .base import (
+from ...errors import ConfigurationError, CooldownStoreError
+from .._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms
+from ..allowance import ALLOWANCE_KEPT, merge_allowance, roll
+from ..base import (
     Admission,
     Ask,
     Bounded,
@@ -53,10 +42,26 @@ from .base import (
     check_until,
     token_scope,
 )
-from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, merge_note
-from .rate import Rate, answer_rate, rate_holds
+from ..freshness import FRESHNESS_KEPT, Freshness, check_outcome, merge_note
+from ..rate import Rate, answer_rate, rate_holds
+from .file import CHANGES_KEPT, DEFAULT_TIMEOUT, SQLiteFile, immediate, sqlite_gate
+from .rules import (
+    SELECT_UNTIL,
+    SWEEP_PER_WRITE,
+    admit_locked,
+    allowance_row,
+    peek,
+    put_allowance,
+    put_rate,
+    quota_of,
+    rate_row_of,
+    settle_locked,
+    take_permit,
+)
 
-__all__ = ["DEFAULT_TIMEOUT", "SQLiteCooldownStore"]
+__all__ = ["DEFAULT_TIMEOUT", "FILE_CHECK_EVERY", "SQLiteCooldownStore", "SQLiteFeed"]
+
+
 
 #: Rows whose time is older than this are deleted now and then by ``extend``.
 _KEEP_EXPIRED_MS = 3_600_000
@@ -74,7 +79,7 @@ _UPSERT_RETURNING = (
 )
 _SWEEP = "DELETE FROM cooldown WHERE until_ms < ?"
 _SWEEP_SOME = "DELETE FROM cooldown WHERE rowid IN (SELECT rowid FROM cooldown WHERE until_ms < ? LIMIT ?)"
-#: A few rows of any scope that stopped mattering (see ``_sqlite_admit`` for permits and
+#: A few rows of any scope that stopped mattering (see ``rules`` for permits and
 #: leases): allowances ``ALLOWANCE_KEPT`` past their reset, freshness ``FRESHNESS_KEPT``
 #: past its last note.
 _SWEEP_ALLOWANCE = (
@@ -228,8 +233,6 @@ class SQLiteCooldownStore(SQLiteFile, PartwiseStore, Weights, Bounded, LeaseRene
     def settle_weighed(self, scope: str, weighed: Weighed, now: datetime | None = None) -> None:
         """See ``Weights.settle_weighed``: one immediate transaction (the answer's time
         rounded up: the request reached the server before it)."""
-        from ._sqlite_weights import settle_locked
-
         check_scope(scope)
         check_until(weighed.expires)
         fixed = None if now is None else to_epoch_ms(check_until(now))
@@ -267,8 +270,6 @@ class SQLiteCooldownStore(SQLiteFile, PartwiseStore, Weights, Bounded, LeaseRene
     def feed(self, changed: Changed) -> Feed | None:
         """The file's change log, checked before each attempt (see ``SQLiteFeed``); None
         when the store was made with ``push=False``."""
-        from ._sqlite_feed import SQLiteFeed  # (its module needs this one's store)
-
         # Held weakly: the failure layer holds the store weakly too, so that both are
         # collected once it is unused.
         return SQLiteFeed(weakref.proxy(self), changed) if self._push else None
@@ -577,3 +578,73 @@ def _settle_locked(conn: sqlite3.Connection, args: _Settle, new: int) -> None:
     ).rowcount
     if not moved:  # expired (and deleted) meanwhile: put back
         take_permit(conn, scope, quota, new)
+
+# ------------------------------------------------------------------------------------
+# The change feed of a SQLite store in one process (see :class:`SQLiteFeed`): what
+# keeps its near copy fresh, as ``redis.feed`` does for Redis.
+
+
+_LAST_CHANGE = "SELECT max(seq) FROM change"
+
+#: Seconds between two checks of the file's identity by the feed (a file deleted or
+#: replaced is noticed within this, or at the next store operation).
+FILE_CHECK_EVERY = 0.01
+
+
+class SQLiteFeed(Feed):
+    """The change feed of a SQLite file in one process, polled: before an attempt is
+    admitted near, the change log's last number is read on the thread's connection (one
+    indexed read, no write transaction: WAL readers take no lock); only when it moved
+    are the new entries read, from where this process left off. So the near copy is
+    never staler than the check itself. The file's identity is checked at least every
+    :data:`FILE_CHECK_EVERY` seconds: a file deleted or replaced (a new generation)
+    starts the copy over."""
+
+    def __init__(self, store: SQLiteCooldownStore, changed: Changed) -> None:
+        self._store = store
+        self._changed = changed
+        self._lock = threading.Lock()
+        #: The last change applied (None: not read yet), and in which generation.
+        self._seen: int | None = None
+        self._generation = -1
+
+    def fresh(self) -> bool:
+        store = self._store
+        slot = store._slot()
+        if (
+            slot is not None
+            and self._seen is not None
+            and slot.generation == self._generation == store.generation
+            and time.monotonic() - store.checked_at < FILE_CHECK_EVERY
+        ):
+            # The common case: this thread's connection, the file checked just now.
+            try:
+                with sqlite_gate():
+                    last = slot.conn.execute(_LAST_CHANGE).fetchone()[0]
+            except sqlite3.Error:
+                return False
+            if (last or 0) == self._seen:
+                return True
+        try:
+            return store._run(self._poll)
+        except Exception:  # the store's trouble: the attempt goes to the store and meets it
+            return False
+
+    def _poll(self, conn: sqlite3.Connection) -> bool:
+        with self._lock:
+            if self._generation != self._store.generation or self._seen is None:
+                self._seen = int(conn.execute(_LAST_CHANGE).fetchone()[0] or 0)
+                self._generation = self._store.generation
+                self._changed(None, None)
+                return True
+            rows = conn.execute(
+                "SELECT seq, scope FROM change WHERE seq > ? ORDER BY seq LIMIT ?", (self._seen, CHANGES_KEPT)
+            ).fetchall()
+            if rows and (rows[0][0] != self._seen + 1 or len(rows) == CHANGES_KEPT):
+                self._changed(None, None)  # fell behind what the log keeps: start over
+            else:
+                for _, scope in rows:
+                    self._changed(str(scope), None)
+            if rows:
+                self._seen = int(rows[-1][0])
+        return True

@@ -16,32 +16,13 @@ import math
 import secrets
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError, CooldownStoreError, failure_cause
-from ..redact import client_secrets, redact_url, scrub, url_secrets
-from ._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
-from ._redis_feed import CHANNEL, RedisFeed
-from ._redis_listing import RedisListing
-from ._redis_wire import (
-    _OPEN,
-    _RATE,
-    _RATE_FIELDS,
-    _TOKENS,
-    SCRIPTS,
-    _admission,
-    _admit_args,
-    _as_redis_url,
-    _client_timeout,
-    _database,
-    _freshness,
-    _learned_rate,
-    _slot_string,
-    _source,
-    _text,
-)
-from .allowance import ALLOWANCE_KEPT, SAME_WINDOW
-from .base import (
+from ...errors import ConfigurationError, CooldownStoreError, failure_cause
+from ...redact import client_secrets, redact_url, scrub, url_secrets
+from .._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
+from ..allowance import ALLOWANCE_KEPT, SAME_WINDOW, Allowance, roll
+from ..base import (
     TOKENS,
     Admission,
     Ask,
@@ -49,6 +30,7 @@ from .base import (
     Changed,
     Feed,
     Forgetful,
+    Hold,
     LeaseRenewal,
     PartwiseStore,
     Weighed,
@@ -56,10 +38,217 @@ from .base import (
     check_scope,
     check_until,
     quiesce_guard,
+    token_scope,
 )
-from .freshness import FRESHNESS_KEPT, Freshness, check_outcome
-from .rate import RATE_KEPT, Rate
-from .weights import check_fits
+from ..freshness import FRESHNESS_KEPT, Freshness, check_outcome
+from ..rate import RATE_KEPT, Rate, rate_holds
+from ..weights import check_fits
+from .feed import CHANNEL, RedisFeed
+from .wire import (
+    OPEN_SUFFIX,
+    RATE_FIELDS,
+    RATE_KEY,
+    SCRIPTS,
+    TOKENS_KEY,
+    admission_of,
+    admit_args,
+    as_redis_url,
+    client_timeout,
+    database_of,
+    freshness_of,
+    glob_pattern,
+    learned_rate_of,
+    script_source,
+    slot_string,
+    text_of,
+)
+
+# ------------------------------------------------------------------------------------
+# The operator's view of :class:`RedisCooldownStore` (the ``Listing``
+# capability): what is stored, what holds each scope back, and lifting it. A mixin of
+# the store; SCAN throughout, so that the server is never blocked.
+
+
+#: How long (ms) the mark ``delete`` leaves outlives the cooldown it lifted (as the
+#: cooldown's key outlives its cooldown).
+LIFTED_KEPT_MS = 60_000
+
+
+class RedisListing:
+    """``delete``, ``holds`` and ``entries`` of the Redis store."""
+
+    _client: Any
+    _prefix: str
+    _channel: str
+
+    if TYPE_CHECKING:  # the store's own
+
+        def key(self, scope: str) -> str: ...
+
+        def get(self, scope: str) -> datetime | None: ...
+
+        def companion(self, scope: str, name: str) -> str: ...
+
+        def _failure(self, operation: str, exc: BaseException) -> CooldownStoreError: ...
+
+    def delete(self, scope: str) -> bool:
+        """Lift everything that holds ``scope`` back (an operator clearing it): its
+        cooldown, announced allowance, every quota's permits and its concurrency leases
+        (one ``DEL`` per key: they may live in two cluster slots); True if there was
+        any of them. First it marks the scope lifted (``{<key>}lifted``, living until the
+        cooldown it lifts ends and a minute more): a process that still holds that
+        cooldown then reads it as lifted, not as lost with the store's data (see
+        ``lifted``)."""
+        key = self.key(check_scope(scope))
+        tag, _ = slot_string(key)
+        if tag == key:  # {key}quota:L/P, {key}tokens:L/P
+            quotas = glob_pattern(self.companion(scope, "quota:")) + "*"
+            tokens = glob_pattern(self.companion(scope, "tokens:")) + "*"
+        else:  # {tag}quota:L/P:key, {tag}tokens:L/P:key
+            quotas = "{" + glob_pattern(tag) + "}quota:*:" + glob_pattern(key)
+            tokens = "{" + glob_pattern(tag) + "}tokens:*:" + glob_pattern(key)
+        try:
+            keys = [key, self.companion(scope, "allowance"), self.companion(scope, "lease")]
+            keys += [self.companion(scope, TOKENS_KEY), self.companion(scope, RATE_KEY)]
+            keys += self._companions(scope, tokens) + self._companions(scope, quotas)
+            if self._channel:
+                # Once before (a client that may not PUBLISH deletes nothing: no near copy
+                # misses it), once after (a copy that read the scope meanwhile reads again).
+                self._client.publish(self._channel, "d 0 " + scope)
+            self._mark_lifted(scope, key)
+            found = sum(int(self._client.delete(name)) for name in keys) > 0
+            if self._channel:
+                self._client.publish(self._channel, "d 0 " + scope)
+            return found
+        except Exception as exc:
+            raise self._failure("delete", exc) from exc
+
+    def _mark_lifted(self, scope: str, key: str) -> None:
+        """Mark ``scope`` lifted until its cooldown (stored under ``key``) ends, and
+        :data:`LIFTED_KEPT_MS` more."""
+        raw = self._client.get(key)
+        try:
+            until = int(raw) if raw is not None else 0
+        except (TypeError, ValueError):
+            until = 0
+        kept = max(0, until - now_epoch_ms(datetime.now(timezone.utc))) + LIFTED_KEPT_MS
+        self._client.set(self.companion(scope, "lifted"), "1", px=kept)
+
+    def _companions(self, scope: str, pattern: str) -> list[str]:
+        """The keys SCAN finds for ``pattern`` that are ``scope``'s own companions (the
+        pattern of a key with a hash tag of its own also matches another scope's whose
+        key ends in ``:<key>``)."""
+        found = (text_of(raw) for raw in self._client.scan_iter(match=pattern, count=1000))
+        return [name for name in found if (self._companion_of(name) or ("",))[0] == scope]
+
+    def holds(self, now: datetime | None = None) -> dict[str, list[Hold]]:
+        """Every scope held back at ``now`` (default: the present) and by what (see
+        ``MemoryCooldownStore.holds``): SCANs this prefix's keys, so it does not block
+        the server (a key changed meanwhile may be missed or stale)."""
+        now = now if now is not None else datetime.now(timezone.utc)
+        now_ms = now_epoch_ms(now)
+        found: dict[str, list[Hold]] = {}
+        for scope, until in self.entries().items():
+            if until > now:
+                found.setdefault(scope, []).append(Hold("cooldown", until))
+        prefix = self._glob_prefix()
+        try:
+            for raw in (
+                key
+                for pattern in ("{" + prefix + "*}*", "{*}*:" + prefix + "*")
+                for key in self._client.scan_iter(match=pattern, count=1000)
+            ):
+                named = self._companion_of(text_of(raw))
+                if named is None:
+                    continue
+                scope, name = named
+                hold = self._hold(text_of(raw), name, now, now_ms)
+                if hold is not None:
+                    # The announced token allowance under its own scope, as the other stores keep it.
+                    found.setdefault(token_scope(scope) if name == TOKENS_KEY else scope, []).append(hold)
+        except Exception as exc:
+            raise self._failure("holds", exc) from exc
+        return found
+
+    def _companion_of(self, key: str) -> tuple[str, str] | None:
+        """``(scope, name)`` of a companion key of this store (see :meth:`companion`), or
+        None for any other key."""
+        end = key.find("}")
+        if not key.startswith("{") or end < 0:
+            return None
+        tag, rest = key[1:end], key[end + 1 :]
+        marker = ":" + self._prefix
+        if tag.startswith(self._prefix) and marker not in rest:
+            scope, name = tag[len(self._prefix) :], rest
+        elif marker in rest:
+            name, _, full = rest.partition(marker)
+            scope = full
+        else:
+            return None
+        if not scope or self.companion(scope, name) != key:
+            return None  # a record of another prefix that matched the pattern
+        return scope, name
+
+    def _hold(self, key: str, name: str, now: datetime, now_ms: int) -> Hold | None:
+        """What the companion record ``key`` (its ``name``) holds its scope back with."""
+        if name in ("allowance", TOKENS_KEY):
+            return self._allowance_hold(key, now)
+        if name == "lease":
+            live = self._client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
+            return Hold("leases", from_epoch_ms(int(live[-1][1])), len(live)) if live else None
+        if name == RATE_KEY:
+            return self._rate_hold(key, now_ms)
+        if name.startswith("tokens:"):
+            limit = int(name[len("tokens:") :].split("/", 1)[0])
+            live = self._client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
+            weight = sum(int(text_of(member).rsplit(":", 1)[1]) for member, _ in live)
+            return Hold("tokens", from_epoch_ms(int(live[0][1])), limit) if weight >= limit else None
+        if name.startswith("quota:") and not name.endswith(OPEN_SUFFIX):
+            limit = int(name[len("quota:") :].split("/", 1)[0])
+            live = self._client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
+            if len(live) >= limit:
+                return Hold("quota", from_epoch_ms(int(live[len(live) - limit][1])), limit)
+        return None
+
+    def _allowance_hold(self, key: str, now: datetime) -> Hold | None:
+        fields = self._client.hmget(key, ["r", "a", "u", "n", "l", "w", "x"])
+        if fields[3] is None:
+            return None
+        left, at, until, count, lim, window = (int(float(text_of(v or 0))) for v in fields[:6])
+        record = Allowance(left, at, from_epoch_ms(until), count, lim, window / 1000, fields[6] == b"1")
+        rolled = roll(record, now)
+        return Hold("allowance", rolled.until) if rolled.until > now and rolled.remaining <= 0 else None
+
+    def _rate_hold(self, key: str, now_ms: int) -> Hold | None:
+        rate = learned_rate_of(self._client.hmget(key, list(RATE_FIELDS)))
+        if rate is None:
+            return None
+        ends = rate_holds(rate, now_ms / 1000)
+        return None if ends is None else Hold("rate", from_epoch_ms(round(ends * 1000)), rate.limit)
+
+    def entries(self) -> dict[str, datetime]:
+        """Every scope under this store's prefix and its eligible time (SCAN, so it
+        does not block the server; a key changed meanwhile may be missed or stale)."""
+        pattern = self._glob_prefix() + "*"
+        found: dict[str, datetime] = {}
+        try:
+            keys = list(self._client.scan_iter(match=pattern, count=1000))
+            for key in keys:
+                raw = self._client.get(key)  # one key at a time: no cross-slot MGET on a cluster
+                name = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+                try:
+                    found[name[len(self._prefix) :]] = from_epoch_ms(int(raw))
+                except (TypeError, ValueError):
+                    continue  # gone meanwhile, or not a time: not a cooldown
+        except Exception as exc:
+            raise self._failure("entries", exc) from exc
+        return found
+
+    def _glob_prefix(self) -> str:
+        """The key prefix as a SCAN pattern that matches it literally."""
+        return glob_pattern(self._prefix)
+
+
 
 #: The default connect and reply timeouts (seconds) of a client made by ``from_url``.
 DEFAULT_SOCKET_TIMEOUT = 0.1
@@ -128,10 +317,10 @@ class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetfu
                 )
         self._client = client
         self._prefix = prefix
-        self._timeout = float(timeout) if timeout is not None else _client_timeout(client)
+        self._timeout = float(timeout) if timeout is not None else client_timeout(client)
         self._secrets = client_secrets(client)
         try:  # registered locally: no round trip until a script first runs
-            scripts = {name: client.register_script(_source(name)) for name in SCRIPTS}
+            scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
         except Exception as exc:
             raise self._failure("register_script", exc) from exc
         self._script = scripts["extend"]
@@ -149,7 +338,7 @@ class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetfu
         #: one server never hear each other's changes). Every store publishes there,
         #: ``push=False`` too: other processes' near copies trust the channel to carry
         #: every write (a writer heard by nobody would let them send inside its cooldowns).
-        self._channel = f"{CHANNEL}{_database(client)}:{prefix}"
+        self._channel = f"{CHANNEL}{database_of(client)}:{prefix}"
         #: Whether this process follows the channel and keeps a near copy (see :meth:`feed`).
         self._push = push
 
@@ -206,7 +395,7 @@ class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetfu
             kwargs["retry"] = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
         kwargs.update(client_kwargs)
         try:
-            client = redis.Redis.from_url(_as_redis_url(url), **kwargs)
+            client = redis.Redis.from_url(as_redis_url(url), **kwargs)
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(
                 f"invalid Redis cooldown URL {redact_url(url)!r}: {scrub(str(exc), url_secrets(url))}"
@@ -280,7 +469,7 @@ class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetfu
         cooldown key unchanged: ``{prefix + scope}name``, or for a key with a hash tag of
         its own ``{tag}name:`` and the key)."""
         key = self.key(scope)
-        tag, _ = _slot_string(key)
+        tag, _ = slot_string(key)
         if tag == key:
             return "{" + key + "}" + name
         # The key's own hash tag: the key follows, so that prefixes never share a key.
@@ -309,7 +498,7 @@ class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetfu
         trips.)"""
         scope, now, limit, per, learn, weigh = ask.scope, ask.now, ask.limit, ask.per, ask.learn, ask.weigh
         key = self.key(check_scope(scope))
-        _, together = _slot_string(key)
+        _, together = slot_string(key)
         stored = None if together else self.get(scope)
         when = _present(now)
         if stored is not None and stored > when:
@@ -317,24 +506,24 @@ class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetfu
         quota = limit is not None and per is not None
         allowance = self.companion(scope, "allowance")
         permits = self.quota_key(scope, limit, per) if quota else allowance  # type: ignore[arg-type]
-        opens = self.quota_key(scope, limit, per, _OPEN) if quota else allowance  # type: ignore[arg-type]
+        opens = self.quota_key(scope, limit, per, OPEN_SUFFIX) if quota else allowance  # type: ignore[arg-type]
         keys = [key if together else allowance, permits, allowance, self.companion(scope, "lease")]
-        keys += [self.companion(scope, _RATE), opens, self.companion(scope, _TOKENS)]
+        keys += [self.companion(scope, RATE_KEY), opens, self.companion(scope, TOKENS_KEY)]
         weighs = weigh is not None and weigh.limit > 0
         if weighs:
             check_fits(weigh.cost, weigh.limit, weigh.per)  # type: ignore[union-attr]
         keys += [self.token_key(scope, weigh.limit, weigh.per) if weighs else allowance]  # type: ignore[union-attr]
         try:
-            reply = self._admit_script(keys=keys, args=_admit_args(ask, when, together))
+            reply = self._admit_script(keys=keys, args=admit_args(ask, when, together))
         except Exception as exc:
             raise self._failure("admit", exc) from exc
-        return _admission(reply, None if together else stored, together, learn)
+        return admission_of(reply, None if together else stored, together, learn)
 
     def rate_answer(
         self, scope: str, epoch: int | None, until: datetime | None, now: datetime, probe: bool | None = None
     ) -> None:
         """See ``Store.rate_answer``: one ``EVALSHA`` on the scope's "rate" key."""
-        key = self.companion(check_scope(scope), _RATE)
+        key = self.companion(check_scope(scope), RATE_KEY)
         args = [
             -1 if epoch is None else int(epoch),
             -1 if until is None else to_epoch_ms(check_until(until)),
@@ -351,12 +540,12 @@ class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetfu
 
     def rate_of(self, scope: str) -> Rate | None:
         """See ``Store.rate_of``: one ``HMGET``."""
-        key = self.companion(check_scope(scope), _RATE)
+        key = self.companion(check_scope(scope), RATE_KEY)
         try:
-            raw = self._client.hmget(key, list(_RATE_FIELDS))
+            raw = self._client.hmget(key, list(RATE_FIELDS))
         except Exception as exc:
             raise self._failure("rate_of", exc) from exc
-        return _learned_rate(raw)
+        return learned_rate_of(raw)
 
     def settle(
         self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
@@ -415,7 +604,7 @@ class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetfu
             secrets.token_hex(8),
             "1" if exact else "0",
         ]
-        return [key, self.quota_key(scope, limit, per, _OPEN)], args
+        return [key, self.quota_key(scope, limit, per, OPEN_SUFFIX)], args
 
     def allow(
         self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,
@@ -426,7 +615,7 @@ class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetfu
         token allowance beside the scope's own)."""
         check_scope(scope)
         if scope.endswith(TOKENS) and len(scope) > len(TOKENS):
-            key = self.companion(scope[: -len(TOKENS)], _TOKENS)
+            key = self.companion(scope[: -len(TOKENS)], TOKENS_KEY)
         else:
             key = self.companion(scope, "allowance")
         args = [
@@ -482,7 +671,7 @@ class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetfu
         until = self.get(scope)
         if all(value is None for value in fields) and until is None:
             return None
-        return _freshness(fields, until)
+        return freshness_of(fields, until)
 
     def freshness_entries(self) -> dict[str, Freshness]:
         """Every scope's freshness under this prefix (SCAN, as :meth:`entries`)."""
@@ -495,9 +684,9 @@ class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetfu
             ):
                 *fields, name = self._client.hmget(raw, ["s", "e", "t", "k"])
                 scope = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
-                if not scope or self.companion(scope, "fresh") != _text(raw):
+                if not scope or self.companion(scope, "fresh") != text_of(raw):
                     continue  # not a record of this store (another prefix that matched)
-                found[scope] = _freshness(fields, found.get(scope, Freshness()).next_eligible)
+                found[scope] = freshness_of(fields, found.get(scope, Freshness()).next_eligible)
         except Exception as exc:
             raise self._failure("freshness", exc) from exc
         return found
@@ -534,7 +723,7 @@ class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetfu
             key = self.companion(check_scope(scope), "lease")
             calls.setdefault(key, [at, flag]).extend((token, str(to_epoch_ms(check_until(until)))))
         replies = self._pipelined(self._renew_script, calls, "renew")
-        return {_text(token) for reply in replies.values() for token in reply}
+        return {text_of(token) for reply in replies.values() for token in reply}
 
     def renew_open(
         self, permits: Sequence[tuple[str, int, float, datetime, datetime, int]], now: datetime | None = None
@@ -546,7 +735,7 @@ class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetfu
         order: list[tuple[tuple[str, str], int]] = []
         for scope, limit, per, end, until, count in permits:
             key = self.quota_key(check_scope(scope), limit, per)
-            keys = (key, self.quota_key(scope, limit, per, _OPEN))
+            keys = (key, self.quota_key(scope, limit, per, OPEN_SUFFIX))
             args = calls.setdefault(keys, [at])
             order.append((keys, (len(args) - 1) // 3))
             ends = (to_epoch_ms(check_until(end)), to_epoch_ms(check_until(until)))
