@@ -168,10 +168,10 @@ class StoreGuard(PartwiseStore):
         scope, limit, per, _ = key
         self.given_back += count
         never = datetime.now(timezone.utc) - timedelta(seconds=per)  # settled to never + per: now
-        permits = self.near.permits if self.near is not None else None
-        if permits is not None and permits.renew_open is not None:
-            with permits.open_lock:  # renewed meanwhile: where the store has them now
-                end = permits.settling((scope, limit, per, end), count)
+        near = self.near
+        if near is not None and near.permits.renew_open is not None:
+            with near.permits.open_lock:  # renewed meanwhile: where the store has them now
+                end = near.permits.settling((scope, limit, per, end), count)
         self.settles.add_many([(scope, limit, per, end, never, True)] * count, per)
 
     def _renew_leases(self, leases: list[tuple[str, str, datetime]], exact: bool = False) -> set[str]:
@@ -565,10 +565,10 @@ class StoreGuard(PartwiseStore):
         """Move a permit's end later in the store (see ``MemoryCooldownStore.settle``),
         within what the call has left; a failure is counted against the store but never
         the call's."""
-        permits = self.near.permits if self.near is not None else None
-        if exact and permits is not None and permits.renew_open is not None:
-            with permits.open_lock:  # renewed meanwhile: where the store has it now
-                expires = permits.settling((scope, limit, per, expires))
+        near = self.near
+        if exact and near is not None and near.permits.renew_open is not None:
+            with near.permits.open_lock:  # renewed meanwhile: where the store has it now
+                expires = near.permits.settling((scope, limit, per, expires))
         # The answer's time, pinned: tried again later, it must not move further.
         at = now if now is not None else datetime.now(timezone.utc)
         args: tuple[Any, ...] = (scope, limit, per, expires, at)
