@@ -78,7 +78,7 @@ def trials(kind: str, where: str, count: int, push: bool) -> dict[str, Any]:
     try:
         near = guard.near
         end = time.monotonic() + 2.0
-        while near is not None and not near.fresh() and time.monotonic() < end:
+        while near is not None and not near.cooldowns.fresh() and time.monotonic() < end:
             time.sleep(0.01)
         for i in range(count):
             scope = f"https://push-{os.getpid()}-{int(push)}-{i}.example:443"

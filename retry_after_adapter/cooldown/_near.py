@@ -7,10 +7,9 @@ without a store round trip while nothing has changed (owned by the failure layer
   fresh (``Store.feed``: a pub/sub channel on Redis, a change log whose last number is
   read before each attempt on SQLite), a change made anywhere (a cooldown learned or
   lifted, an allowance announced, a learned rate closed) reaches this copy as "read it
-  again" (never as a value to trust: see :meth:`Near.changed`), so an unchanged scope
-  is answered here. A feed that is not
-  fresh sends every attempt to the store, at once, until it is fresh again (and the
-  copy starts over).
+  again" (never as a value to trust: see :meth:`PushedCooldowns.changed`), so an
+  unchanged scope is answered here. A feed that is not fresh sends every attempt to
+  the store, at once, until it is fresh again (and the copy starts over).
 - **Quota permits in batches.** A process that spends a quota's permits fast enough
   takes several in one store operation (``admit``'s ``batch``) and spends them within
   ``hold`` seconds of their grant; each counts ``per + margin + hold`` seconds in the
@@ -32,7 +31,7 @@ without a store round trip while nothing has changed (owned by the failure layer
   not ``OPEN_FOR``, and the slots' thread renews those not settled yet (all in one
   store operation) while their answers are awaited, up to ``OPEN_FOR`` in all; a
   settle finds a renewed permit by where the store has it end now
-  (:meth:`Near.settling`, under ``open_lock``, which a renewal takes only to note
+  (:meth:`PermitBatches.settling`, under ``open_lock``, which a renewal takes only to note
   what it renews and to apply the store's answer, never across the store operation).
   A process killed leaves them counting about :data:`OPEN_LIFE` past per. An open
   permit taken alone, for its attempt, counts its full ``OPEN_FOR`` (as a killed
@@ -60,6 +59,11 @@ without a store round trip while nothing has changed (owned by the failure layer
 A scope with an announced allowance (the store counts its admissions) is always
 admitted by the store. Everything here is dropped in a forked child (the parent's:
 a child never uses, renews or gives back its parent's slots and permits).
+
+Each cache is one object with its own locks and state: :class:`PushedCooldowns`,
+:class:`PermitBatches` (its ``open_lock`` taken before its lock) and
+:class:`HeldSlots` (whose thread also renews the open permits); :class:`Near` holds
+the three and admits from them. No part's lock is taken while another part's is held.
 """
 
 from __future__ import annotations
@@ -78,7 +82,7 @@ from typing import NamedTuple
 from .. import _forksafe
 from .base import ADMITTED, Admission, Feed, Lease, assembled
 
-__all__ = ["BATCH_TARGET", "IDLE", "LIFE", "Near"]
+__all__ = ["BATCH_TARGET", "IDLE", "LIFE", "HeldSlots", "Near", "PermitBatches", "PushedCooldowns"]
 
 log = logging.getLogger("retry_after_adapter")
 
@@ -160,7 +164,7 @@ class _Permits:
         self.since = now
         self.spent = 0
         #: The batch's permits are open (see ``Plan.answered``): those not spent are
-        #: given back (``Near.give_back_permits``), else they would count ``OPEN_FOR`` longer.
+        #: given back (``PermitBatches.give_back_permits``), else they would count ``OPEN_FOR`` longer.
         self.open = False
 
 
@@ -270,52 +274,21 @@ class _Open:
 #: scope's batch of its announced allowance.
 _Quota = tuple[str, int, float, float]
 
+class PushedCooldowns:
+    """The scopes read from the store since their last change, kept while its change
+    feed pushes every change (see the module): their cooldowns are the failure layer's
+    local copy. Thread-safe."""
 
-class Near:
-    """The near copy (see the module). Thread-safe; made by the failure layer when its
-    store has a change feed."""
-
-    def __init__(
-        self, give_back: Callable[[str, str], None], cooldown: Callable[[str], datetime | None]
-    ) -> None:
-        #: Gives a slot back to the store (the failure layer's release).
-        self._give_back = give_back
+    def __init__(self, cooldown: Callable[[str], datetime | None]) -> None:
         #: A scope's cooldown as this process knows it: the failure layer's local copy,
         #: which mirrors every store answer and holds what this process learned.
-        self._cooldown = cooldown
+        self.cooldown = cooldown
         self._lock = threading.Lock()
-        #: Notified when a quota's batch came (or the thread taking it gave up).
-        self._refilled = threading.Condition(self._lock)
         self._known: dict[str, _Known] = {}
         #: Goes up at every change delivered: an answer read across one is not kept.
         self.epoch = 0
-        self._permits: dict[_Quota, _Permits] = {}
-        #: Gives back ``count`` open permits of a quota's batch that ends at ``end``,
-        #: never spent (set by the failure layer); and those waiting for it.
-        self.give_back_permits: Callable[[_Quota, datetime, int], None] | None = None
-        self._lapsed: list[tuple[_Quota, datetime, int]] = []
-        #: Slots this process holds: per scope, the idle ones; every held token's scope.
-        self._idle: dict[str, list[_Slot]] = {}
-        self._held: dict[str, _Held] = {}
-        #: Renews held slots' leases in the store (set by the failure layer when the
-        #: store can: see :data:`LIFE`); None: leases are taken for the attempt's ttl.
-        self.renew: Renew | None = None
-        #: Moves open permits' ends in the store (set with ``renew``), the open permits
-        #: taken through the copy and not settled yet, and the lock held while they
-        #: are renewed in the store and while a settle reads where one ends.
-        self.renew_open: RenewOpen | None = None
-        self._open: dict[_OpenKey, _Open] = {}
-        self.open_lock = threading.Lock()
-        #: Slots to give back to the store on the reaper thread (scope, token).
-        self._due: list[tuple[str, str]] = []
-        self._reaper: threading.Thread | None = None
-        #: Store operations that set a kept slot's end (kept, or taken again): counted.
-        self.moved = 0
-        #: Held by the reaper while it gives slots back (``release_all`` waits for it).
-        self._giving = threading.Lock()
         self.feed: Feed | None = None
 
-    # -- the feed ------------------------------------------------------------------
     def changed(self, scope: str | None, until: datetime | None = None) -> None:
         """The feed's news: ``scope`` changed (None: anything may have): what the copy
         knew of it is dropped, and the next attempt reads the store. ``until`` (what the
@@ -333,80 +306,94 @@ class Near:
         known = self._known.get(scope)
         return known is not None and not known.rated
 
+    def counted(self, scope: str) -> bool:
+        """Whether the copy knows ``scope`` and the store counts its admissions (an
+        announced allowance)."""
+        known = self._known.get(scope)
+        return known is not None and known.counted
+
     def knows(self, scope: str) -> bool:
         """Whether the copy holds what the store said of ``scope``."""
         return scope in self._known
 
     def cooldown_of(self, scope: str) -> datetime | None:
         """The cooldown the copy answers with for ``scope`` (None: none, or not known)."""
-        return self._cooldown(scope) if scope in self._known else None
+        return self.cooldown(scope) if scope in self._known else None
 
     def fresh(self) -> bool:
         feed = self.feed
         return feed is not None and feed.fresh()
 
-    # -- admission -------------------------------------------------------------------
-    def admit(
-        self, scope: str, present: datetime, limit: int | None, per: float | None, margin: float,
-        lease: Lease | None, wait: float = 0.0,
-    ) -> tuple[Admission | None, datetime | None, str | None]:
-        """What this process can give at ``present`` without the store: ``(answer, None,
-        None)`` when it answers alone (admitted, or held back by a known cooldown), else
-        ``(None, permit, token)``: a permit's end and a held slot it took (None: the
-        store must give it), to be put back with :meth:`put_back` if the store refuses.
-        ``wait``: seconds it may wait for a batch another thread is taking."""
-        known = self._fresh_known(scope)
-        cooldown = self._cooldown(scope) if known is not None else None
-        if cooldown is not None and cooldown > present:
-            return Admission(cooldown=cooldown, not_before=cooldown), None, None
-        # A permit of the batch and a held slot serve whether or not the copy can
-        # answer for the cooldown (then the store's operation checks it).
-        permit = None
-        if limit is not None and per is not None:
-            permit = self._spend(scope, limit, per, margin, present, wait)
-        token = None
-        if lease is not None:
-            token = self._reuse(scope, present, lease.ttl, lease.slots)
-        if (
-            known is not None
-            and not known.rated  # else the store's learned rate admits
-            and (limit is None or permit is not None)
-            and (lease is None or token is not None)
-        ):
-            return self._answer_alone(scope, present, known, cooldown, permit, token)
-        return None, permit, token
-
-    def _answer_alone(
-        self, scope: str, present: datetime, known: _Known, cooldown: datetime | None,
-        permit: datetime | None, token: str | None,
-    ) -> tuple[Admission | None, datetime | None, str | None]:
-        """:meth:`admit`'s answer when the copy knows ``scope``, no learned rate governs
-        it, no cooldown runs at ``present`` (an aware UTC datetime) and what it asks was
-        found here: ``permit`` (the end of a batch's permit, None: no quota) and
-        ``token`` (a held slot, None: no cap). A scope whose announced allowance the
-        store counts needs one of its admissions held here too, else the store answers
-        (``(None, permit, token)``)."""
-        seq = None
-        if known.counted:  # one of the announced allowance too
-            seq = self._spend_unit(scope, present)
-            if seq is None:
-                return None, permit, token
-        if permit is None and token is None:
-            if cooldown is None and seq is None:
-                return ADMITTED, None, None  # (the common case: one value, shared)
-            return Admission(cooldown=cooldown, not_before=None, seq=seq), None, None
-        # (built whole, see ``assembled``: an attempt the copy admits alone makes one)
-        fields = {"cooldown": cooldown, "not_before": None, "seq": seq, "permit": permit, "token": token}
-        return assembled(Admission, fields), None, None
-
-    def _fresh_known(self, scope: str) -> _Known | None:
+    def fresh_known(self, scope: str) -> _Known | None:
         """What the copy knows of ``scope`` when it may answer for it (the feed has
         delivered every change so far), else None."""
         if scope not in self._known or not self.fresh():
             return None
         return self._known.get(scope)  # the feed may just have delivered news of it
 
-    def _spend_unit(self, scope: str, present: datetime) -> int | None:
+    def took(self, scope: str, answer: Admission, epoch: int) -> None:
+        """The store answered for ``scope`` (read at ``epoch``): kept, unless a change
+        was delivered since."""
+        with self._lock:
+            if epoch == self.epoch:
+                if len(self._known) >= KNOWN_MAX:
+                    self._known.clear()
+                rated = answer.rate_epoch is not None
+                self._known[scope] = _Known(answer.seq is not None, rated)
+
+    def learned(self, scope: str) -> None:
+        """This process wrote a cooldown (kept in the local copy): a learned rate may
+        govern the scope again after it, so the store admits its attempts."""
+        with self._lock:
+            known = self._known.get(scope)
+            if known is not None and not known.rated:
+                self._known[scope] = known._replace(rated=True)
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's copy is not this process's (the feed is made
+        again)."""
+        self._lock = threading.Lock()
+        self._known.clear()
+        self.epoch += 1
+
+
+def _nothing() -> None:
+    return None
+
+
+def _never() -> bool:
+    return False
+
+
+class PermitBatches:
+    """Quota permits (and admissions of an announced allowance) taken from the store in
+    batches and spent here, and the open ones renewed until settled (see the module).
+    Thread-safe."""
+
+    def __init__(self, counted: Callable[[str], bool], fresh: Callable[[], bool]) -> None:
+        #: Whether the store counts a scope's admissions (an announced allowance,
+        #: batched too), and whether the change feed is fresh (batches only then).
+        self._counted = counted
+        self._fresh = fresh
+        self._lock = threading.Lock()
+        #: Notified when a quota's batch came (or the thread taking it gave up).
+        self._refilled = threading.Condition(self._lock)
+        self._permits: dict[_Quota, _Permits] = {}
+        #: Gives back ``count`` open permits of a quota's batch that ends at ``end``,
+        #: never spent (set by the failure layer); and those waiting for it.
+        self.give_back_permits: Callable[[_Quota, datetime, int], None] | None = None
+        self._lapsed: list[tuple[_Quota, datetime, int]] = []
+        #: Moves open permits' ends in the store (set by the failure layer when the
+        #: store renews: see :data:`OPEN_LIFE`), the open permits taken through the
+        #: copy and not settled yet, and the lock held while they are renewed in the
+        #: store and while a settle reads where one ends.
+        self.renew_open: RenewOpen | None = None
+        self._open: dict[_OpenKey, _Open] = {}
+        self.open_lock = threading.Lock()
+        #: Starts the thread that renews them (the held slots': see :class:`Near`).
+        self.wake: Callable[[], None] = _nothing
+
+    def spend_unit(self, scope: str, present: datetime) -> int | None:
         """An admission of the scope's announced allowance held here, if one is left to
         spend at ``present``: its number."""
         with self._lock:
@@ -416,17 +403,13 @@ class Near:
             units.seq += 1
             return units.seq - 1
 
-    def put_back(self, scope: str, limit: int | None, per: float | None, margin: float,
-                 permit: datetime | None, token: str | None) -> None:
-        """The store refused the attempt: what :meth:`admit` took goes back."""
-        if permit is not None and limit is not None and per is not None:
-            with self._lock:
-                batch = self._permits.get((scope, limit, per, margin))
-                if batch is not None and batch.end == permit:
-                    batch.count += 1
-                    batch.spent -= 1
-        if token is not None:
-            self.park(scope, token)
+    def put_back(self, scope: str, limit: int, per: float, margin: float, permit: datetime) -> None:
+        """The store refused the attempt: the permit :meth:`spend` gave goes back."""
+        with self._lock:
+            batch = self._permits.get((scope, limit, per, margin))
+            if batch is not None and batch.end == permit:
+                batch.count += 1
+                batch.spent -= 1
 
     def batch(
         self, scope: str, limit: int | None, per: float | None, margin: float, claim: bool = False,
@@ -443,12 +426,11 @@ class Near:
             key: _Quota = (scope, limit, per, margin)
             longest, most = (OPEN_HOLD_SHARE if opened else HOLD_SHARE) * per, max(1, limit // 4)
         else:
-            known = self._known.get(scope)
-            if known is None or not known.counted:
+            if not self._counted(scope):
                 return 1, 0.0
             key, longest, most = (scope, 0, 0.0, 0.0), UNIT_HOLD, BATCH_TARGET
         permits = self._permits.get(key)
-        if permits is None or not self.fresh():
+        if permits is None or not self._fresh():
             return 1, 0.0
         rate, longest = _sizing_rate(permits, longest, opened, per)
         size = batch_size(rate, longest, opened, most)
@@ -464,30 +446,13 @@ class Near:
         return size, math.floor(min(longest, 1.5 * size / rate) * 1000) / 1000
 
     def took(
-        self, scope: str, present: datetime, answer: Admission, epoch: int, limit: int | None,
-        per: float | None, margin: float, hold: float, lease: Lease | None, opened: bool = False,
-        ttl: float | None = None,
+        self, scope: str, present: datetime, answer: Admission, limit: int | None, per: float | None,
+        margin: float, hold: float, opened: bool,
     ) -> None:
-        """The store admitted an attempt at ``present`` (read at ``epoch``): keep what it
-        said of the scope, the batch's extra permits (``opened``: open ones) and the
-        slot's lease (``lease``: as taken, see :meth:`lease_for`; ``ttl``: the
-        attempt's own, seconds)."""
-        try:
-            self._took(scope, present, answer, epoch, limit, per, margin, hold, lease, opened, ttl)
-        finally:
-            self._give_lapsed()
-
-    def _took(
-        self, scope: str, present: datetime, answer: Admission, epoch: int, limit: int | None,
-        per: float | None, margin: float, hold: float, lease: Lease | None, opened: bool,
-        ttl: float | None,
-    ) -> None:
+        """The store admitted an attempt at ``present``: the batch's extra permits
+        (``opened``: open ones) and admissions of an announced allowance are kept
+        (the open permits that lapsed are given back by :meth:`give_lapsed`)."""
         with self._lock:
-            if epoch == self.epoch:
-                if len(self._known) >= KNOWN_MAX:
-                    self._known.clear()
-                rated = answer.rate_epoch is not None
-                self._known[scope] = _Known(answer.seq is not None, rated)
             if limit is not None and per is not None and answer.permit is not None:
                 permits = self._count(scope, limit, per, margin, present)
                 permits.refilling = 0.0
@@ -505,35 +470,7 @@ class Near:
                     units.count = answer.units
                     units.seq = answer.seq + 1
                     units.spend_by = min(present + timedelta(seconds=hold), answer.units_until)
-            if lease is not None:
-                if len(self._held) >= KNOWN_MAX:
-                    self._held.clear()  # those slots go back to the store, not here
-                wire = lease.ttl if ttl is None else ttl
-                life = LIFE if self._renews(wire) else 0.0  # kept with a renewed life once parked
-                held = _Held(scope, present + timedelta(seconds=lease.ttl), lease.slots, life,
-                             present + timedelta(seconds=wire))
-                self._held[lease.token] = held
 
-    def learned(self, scope: str) -> None:
-        """This process wrote a cooldown (kept in the local copy): a learned rate may
-        govern the scope again after it, so the store admits its attempts."""
-        with self._lock:
-            known = self._known.get(scope)
-            if known is not None and not known.rated:
-                self._known[scope] = known._replace(rated=True)
-
-    def lease_for(self, lease: Lease) -> Lease:
-        """The lease to take from the store for a slot this process may keep: a little
-        longer than the attempt's ttl (see the module), so that the process's next
-        attempts may reuse it without a store operation while the ttl is left."""
-        return Lease(slots=lease.slots, ttl=lease.ttl + _reuse_margin(lease.ttl), token=lease.token)
-
-    def _renews(self, ttl: float) -> bool:
-        """Whether a slot taken for an attempt of ``ttl`` seconds is kept with a renewed
-        life once the attempt ends (a store that renews, a ttl longer than :data:`LIFE`)."""
-        return self.renew is not None and ttl > LIFE
-
-    # -- permits ---------------------------------------------------------------------
     def _count(self, scope: str, limit: int, per: float, margin: float, present: datetime) -> _Permits:
         """(Lock held.) The quota's batch, its rate brought up to date with one more
         permit spent."""
@@ -555,7 +492,7 @@ class Near:
             permits.early = (permits.spent - 1) / seconds if early else 0.0
         return permits
 
-    def _spend(
+    def spend(
         self, scope: str, limit: int, per: float, margin: float, present: datetime, wait: float = 0.0
     ) -> datetime | None:
         """A permit of the batch, if one is left to spend at ``present``: its end. While
@@ -574,7 +511,7 @@ class Near:
                 self._refilled.wait(min(batch.refilling - now, started + wait - now))
                 permits = self._take(key, present + timedelta(seconds=time.monotonic() - started))
             end = None if permits is None else permits.end
-        self._give_lapsed()
+        self.give_lapsed()
         return end
 
     def refilled(self, scope: str, limit: int | None, per: float | None, margin: float) -> None:
@@ -604,7 +541,7 @@ class Near:
 
     def _lapse(self, key: _Quota, permits: _Permits) -> None:
         """(Lock held.) The batch's permits not spent lapse: open ones are given back
-        (after the lock, by :meth:`_give_lapsed`)."""
+        (after the lock, by :meth:`give_lapsed`)."""
         if permits.count > 0 and permits.open and permits.end is not None:
             self._lapsed.append((key, permits.end, permits.count))
         permits.count = 0
@@ -617,9 +554,9 @@ class Near:
             permits = self._permits.get(key)
             if permits is not None and permits.end == end:
                 self._lapse(key, permits)
-        self._give_lapsed()
+        self.give_lapsed()
 
-    def _give_lapsed(self) -> None:
+    def give_lapsed(self) -> None:
         """Give back the open permits that lapsed (``give_back_permits``: the failure
         layer's)."""
         if not self._lapsed:
@@ -632,8 +569,147 @@ class Near:
         for key, end, count in lapsed:
             give_back(key, end, count)
 
-    # -- slots -----------------------------------------------------------------------
-    def _reuse(self, scope: str, present: datetime, ttl: float, cap: int) -> str | None:
+    # -- open permits renewed ----------------------------------------------------------
+    def opened(self, key: _OpenKey, count: int, tail: float, most: float) -> None:
+        """``count`` open permits granted to end at ``key``'s end, taken with a life of
+        :data:`OPEN_LIFE` (``tail``: their per + margin, seconds): renewed while not
+        settled, up to ``most`` seconds past their end as granted."""
+        if count <= 0:
+            return
+        with self._lock:
+            end = key[3]
+            group = self._open.get(key)
+            if group is not None and group.cur == end:  # granted in the same millisecond
+                group.count += count
+            else:
+                self._open[key] = _Open(count, end, tail, end + timedelta(seconds=most))
+        # After the lock (the thread's lock is never taken under this one): a thread
+        # that saw none open before it was noted has ended, and another starts.
+        self.wake()
+
+    def settling(self, key: _OpenKey, count: int = 1) -> datetime:
+        """(``open_lock`` held.) ``count`` open permits granted to end at ``key``'s end
+        are settled (or given back): where the store has them end now."""
+        with self._lock:
+            group = self._open.get(key)
+            if group is None:
+                return key[3]
+            group.count -= count
+            if group.count <= 0:
+                del self._open[key]
+            return group.cur
+
+    def pending(self) -> bool:
+        """Whether open permits wait to be settled (read without the lock: the held
+        slots' thread keeps running while they do)."""
+        return bool(self._open)
+
+    def renew_due(self) -> None:
+        """Renew the open permits not settled whose life runs out (less than
+        :data:`RENEW_SHARE` of :data:`OPEN_LIFE` left past the present + per +
+        margin), all in one store operation (on the held slots' thread). ``open_lock``
+        is held only to note what is renewed and to apply the answer, never across the
+        store operation (callers settle under it): a settle meanwhile takes its permit
+        out of the renewal (:meth:`settling`), and is written to the end it read,
+        before or after the renewal; the permit's move is then found settled (see
+        :meth:`_renewed_open`)."""
+        renew_open = self.renew_open
+        if renew_open is None or not self._open:
+            return
+        with self.open_lock:
+            now = datetime.now(timezone.utc)
+            with self._lock:
+                todo = []
+                for key, group in list(self._open.items()):
+                    floor = now + timedelta(seconds=group.tail)
+                    if group.cur <= now - _FORGET_OPEN:
+                        del self._open[key]  # lapsed long ago: never settled here
+                        continue
+                    if group.cur <= now or group.cur >= group.most or group.renewing:
+                        continue  # lapsed, as long as an open permit counts, or under way
+                    if (group.cur - floor).total_seconds() < RENEW_SHARE * OPEN_LIFE:
+                        until = min(floor + timedelta(seconds=OPEN_LIFE), group.most)
+                        if until > group.cur:
+                            group.renewing = True
+                            todo.append((key, group, group.cur, until, group.count))
+        if not todo:
+            return
+        try:
+            moved = renew_open([(*key[:3], cur, until, count) for key, _, cur, until, count in todo])
+        except Exception as exc:  # tried again at the next pass, while life is left
+            log.debug("renewing open permits failed: %s", type(exc).__name__)
+            moved = [0] * len(todo)
+        with self.open_lock, self._lock:
+            for (_, group, cur, until, _count), done in zip(todo, moved, strict=True):
+                group.renewing = False
+                if done and group.cur == cur:
+                    group.cur = until
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's batches and open permits are not this
+        process's (the parent's to give back, settle and renew)."""
+        self._lock = threading.Lock()
+        self._refilled = threading.Condition(self._lock)
+        self._permits.clear()
+        self._lapsed = []
+        self._open.clear()
+        self.open_lock = threading.Lock()
+
+
+class HeldSlots:
+    """Concurrency slots this process took through the copy and keeps idle for a
+    moment for its next attempt on the scope, their lives renewed on a thread of their
+    own, which also runs another chore (the open permits' renewals: see :class:`Near`)
+    while that has work (see the module). Thread-safe."""
+
+    def __init__(
+        self, give_back: Callable[[str, str], None], chore: Callable[[], None] = _nothing,
+        chore_pending: Callable[[], bool] = _never,
+    ) -> None:
+        #: Gives a slot back to the store (the failure layer's release).
+        self._give_back = give_back
+        #: Done at each pass of the thread, which lasts while ``chore_pending()``.
+        self._chore = chore
+        self._chore_pending = chore_pending
+        self._lock = threading.Lock()
+        #: Slots this process holds: per scope, the idle ones; every held token's scope.
+        self._idle: dict[str, list[_Slot]] = {}
+        self._held: dict[str, _Held] = {}
+        #: Renews held slots' leases in the store (set by the failure layer when the
+        #: store can: see :data:`LIFE`); None: leases are taken for the attempt's ttl.
+        self.renew: Renew | None = None
+        #: Slots to give back to the store on the reaper thread (scope, token).
+        self._due: list[tuple[str, str]] = []
+        self._reaper: threading.Thread | None = None
+        #: Store operations that set a kept slot's end (kept, or taken again): counted.
+        self.moved = 0
+        #: Held by the reaper while it gives slots back (``release_all`` waits for it).
+        self._giving = threading.Lock()
+
+    def took(self, scope: str, present: datetime, lease: Lease, ttl: float | None) -> None:
+        """The store gave a slot at ``present`` for ``lease`` (as taken, see
+        :meth:`lease_for`; ``ttl``: the attempt's own, seconds): held here."""
+        with self._lock:
+            if len(self._held) >= KNOWN_MAX:
+                self._held.clear()  # those slots go back to the store, not here
+            wire = lease.ttl if ttl is None else ttl
+            life = LIFE if self._renews(wire) else 0.0  # kept with a renewed life once parked
+            held = _Held(scope, present + timedelta(seconds=lease.ttl), lease.slots, life,
+                         present + timedelta(seconds=wire))
+            self._held[lease.token] = held
+
+    def lease_for(self, lease: Lease) -> Lease:
+        """The lease to take from the store for a slot this process may keep: a little
+        longer than the attempt's ttl (see the module), so that the process's next
+        attempts may reuse it without a store operation while the ttl is left."""
+        return Lease(slots=lease.slots, ttl=lease.ttl + _reuse_margin(lease.ttl), token=lease.token)
+
+    def _renews(self, ttl: float) -> bool:
+        """Whether a slot taken for an attempt of ``ttl`` seconds is kept with a renewed
+        life once the attempt ends (a store that renews, a ttl longer than :data:`LIFE`)."""
+        return self.renew is not None and ttl > LIFE
+
+    def reuse(self, scope: str, present: datetime, ttl: float, cap: int) -> str | None:
         """A slot this process holds idle on ``scope``, taken under the same cap, taken
         for an attempt of ``ttl`` seconds starting at ``present`` (None: none): one with
         at least ``ttl`` seconds of lease left, or one kept with a renewed life (see
@@ -747,6 +823,11 @@ class Near:
         self._due.append((scope, token))
         self._wake()
 
+    def wake(self) -> None:
+        """Start the reaper thread unless it runs (for the chore: see :class:`Near`)."""
+        with self._lock:
+            self._wake()
+
     def _wake(self) -> None:
         """(Lock held.) Start the reaper thread unless it runs."""
         _give_back_at_exit(self)
@@ -755,9 +836,10 @@ class Near:
             self._reaper.start()
 
     def _reap(self) -> None:
-        """Give back the slots idle for :data:`IDLE` seconds and renew the held slots'
-        lives (see :data:`LIFE`); ends when none was held idle, nor renewed, for
-        :data:`REAPER_LINGER` seconds (a process using slots keeps one thread)."""
+        """Give back the slots idle for :data:`IDLE` seconds, renew the held slots'
+        lives (see :data:`LIFE`) and do the chore; ends when none was held idle, nor
+        renewed, and the chore had nothing pending, for :data:`REAPER_LINGER` seconds
+        (a process using slots keeps one thread)."""
         empty_since = None
         while True:
             time.sleep(IDLE / 2)
@@ -776,7 +858,8 @@ class Near:
                     else:
                         del self._idle[scope]
                 renewals = self._renewals()
-                if not self._idle and not due and not renewals and not self._renewed() and not self._open:
+                idle = not self._idle and not due and not renewals and not self._renewed()
+                if idle and not self._chore_pending():
                     now = time.monotonic()
                     if empty_since is None:
                         empty_since = now
@@ -793,78 +876,10 @@ class Near:
                         self._renew(renewals)
                 finally:
                     self._giving.release()
-                self._renew_open()
+                self._chore()
             except ReferenceError:  # the store was collected (its layer holds it weakly)
                 self._reaper = None
                 return
-
-    # -- open permits renewed ----------------------------------------------------------
-    def opened(self, key: _OpenKey, count: int, tail: float, most: float) -> None:
-        """``count`` open permits granted to end at ``key``'s end, taken with a life of
-        :data:`OPEN_LIFE` (``tail``: their per + margin, seconds): renewed while not
-        settled, up to ``most`` seconds past their end as granted."""
-        if count <= 0:
-            return
-        with self._lock:
-            end = key[3]
-            group = self._open.get(key)
-            if group is not None and group.cur == end:  # granted in the same millisecond
-                group.count += count
-            else:
-                self._open[key] = _Open(count, end, tail, end + timedelta(seconds=most))
-            self._wake()
-
-    def settling(self, key: _OpenKey, count: int = 1) -> datetime:
-        """(``open_lock`` held.) ``count`` open permits granted to end at ``key``'s end
-        are settled (or given back): where the store has them end now."""
-        with self._lock:
-            group = self._open.get(key)
-            if group is None:
-                return key[3]
-            group.count -= count
-            if group.count <= 0:
-                del self._open[key]
-            return group.cur
-
-    def _renew_open(self) -> None:
-        """Renew the open permits not settled whose life runs out (less than
-        :data:`RENEW_SHARE` of :data:`OPEN_LIFE` left past the present + per +
-        margin), all in one store operation. ``open_lock`` is held only to note what
-        is renewed and to apply the answer, never across the store operation (callers
-        settle under it): a settle meanwhile takes its permit out of the renewal
-        (:meth:`settling`), and is written to the end it read, before or after the
-        renewal; the permit's move is then found settled (see :meth:`_renewed_open`)."""
-        renew_open = self.renew_open
-        if renew_open is None or not self._open:
-            return
-        with self.open_lock:
-            now = datetime.now(timezone.utc)
-            with self._lock:
-                todo = []
-                for key, group in list(self._open.items()):
-                    floor = now + timedelta(seconds=group.tail)
-                    if group.cur <= now - _FORGET_OPEN:
-                        del self._open[key]  # lapsed long ago: never settled here
-                        continue
-                    if group.cur <= now or group.cur >= group.most or group.renewing:
-                        continue  # lapsed, as long as an open permit counts, or under way
-                    if (group.cur - floor).total_seconds() < RENEW_SHARE * OPEN_LIFE:
-                        until = min(floor + timedelta(seconds=OPEN_LIFE), group.most)
-                        if until > group.cur:
-                            group.renewing = True
-                            todo.append((key, group, group.cur, until, group.count))
-        if not todo:
-            return
-        try:
-            moved = renew_open([(*key[:3], cur, until, count) for key, _, cur, until, count in todo])
-        except Exception as exc:  # tried again at the next pass, while life is left
-            log.debug("renewing open permits failed: %s", type(exc).__name__)
-            moved = [0] * len(todo)
-        with self.open_lock, self._lock:
-            for (_, group, cur, until, _count), done in zip(todo, moved, strict=True):
-                group.renewing = False
-                if done and group.cur == cur:
-                    group.cur = until
 
     def _renewed(self) -> bool:
         """(Lock held.) Whether a slot held is renewed (its attempt's ttl not over)."""
@@ -944,36 +959,135 @@ class Near:
         finally:
             self._giving.release()
 
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's slots are not this process's (its slots are
+        the parent's to give back)."""
+        self._lock = threading.Lock()
+        self._giving = threading.Lock()
+        self._idle.clear()
+        self._held.clear()
+        self._due = []
+        self._reaper = None
+
+
+class Near:
+    """The near copy (see the module): its three parts, and admission from them.
+    Thread-safe; made by the failure layer when its store has a change feed, which
+    sets what the parts do in the store (``cooldowns.feed``,
+    ``permits.give_back_permits`` and ``renew_open``, ``slots.renew``)."""
+
+    __slots__ = ("cooldowns", "permits", "slots")
+
+    def __init__(
+        self, give_back: Callable[[str, str], None], cooldown: Callable[[str], datetime | None]
+    ) -> None:
+        #: The scopes known, kept while the feed pushes every change.
+        self.cooldowns = PushedCooldowns(cooldown)
+        #: The quotas' batches, and the open permits renewed on the slots' thread.
+        self.permits = PermitBatches(self.cooldowns.counted, self.cooldowns.fresh)
+        #: The slots held (``give_back``: the failure layer's release).
+        self.slots = HeldSlots(give_back, self.permits.renew_due, self.permits.pending)
+        self.permits.wake = self.slots.wake
+
+    def admit(
+        self, scope: str, present: datetime, limit: int | None, per: float | None, margin: float,
+        lease: Lease | None, wait: float = 0.0,
+    ) -> tuple[Admission | None, datetime | None, str | None]:
+        """What this process can give at ``present`` without the store: ``(answer, None,
+        None)`` when it answers alone (admitted, or held back by a known cooldown), else
+        ``(None, permit, token)``: a permit's end and a held slot it took (None: the
+        store must give it), to be put back with :meth:`put_back` if the store refuses.
+        ``wait``: seconds it may wait for a batch another thread is taking."""
+        cooldowns = self.cooldowns
+        known = cooldowns.fresh_known(scope)
+        cooldown = cooldowns.cooldown(scope) if known is not None else None
+        if cooldown is not None and cooldown > present:
+            return Admission(cooldown=cooldown, not_before=cooldown), None, None
+        # A permit of the batch and a held slot serve whether or not the copy can
+        # answer for the cooldown (then the store's operation checks it).
+        permit = None
+        if limit is not None and per is not None:
+            permit = self.permits.spend(scope, limit, per, margin, present, wait)
+        token = None
+        if lease is not None:
+            token = self.slots.reuse(scope, present, lease.ttl, lease.slots)
+        if (
+            known is not None
+            and not known.rated  # else the store's learned rate admits
+            and (limit is None or permit is not None)
+            and (lease is None or token is not None)
+        ):
+            return self._answer_alone(scope, present, known, cooldown, permit, token)
+        return None, permit, token
+
+    def _answer_alone(
+        self, scope: str, present: datetime, known: _Known, cooldown: datetime | None,
+        permit: datetime | None, token: str | None,
+    ) -> tuple[Admission | None, datetime | None, str | None]:
+        """:meth:`admit`'s answer when the copy knows ``scope``, no learned rate governs
+        it, no cooldown runs at ``present`` (an aware UTC datetime) and what it asks was
+        found here: ``permit`` (the end of a batch's permit, None: no quota) and
+        ``token`` (a held slot, None: no cap). A scope whose announced allowance the
+        store counts needs one of its admissions held here too, else the store answers
+        (``(None, permit, token)``)."""
+        seq = None
+        if known.counted:  # one of the announced allowance too
+            seq = self.permits.spend_unit(scope, present)
+            if seq is None:
+                return None, permit, token
+        if permit is None and token is None:
+            if cooldown is None and seq is None:
+                return ADMITTED, None, None  # (the common case: one value, shared)
+            return Admission(cooldown=cooldown, not_before=None, seq=seq), None, None
+        # (built whole, see ``assembled``: an attempt the copy admits alone makes one)
+        fields = {"cooldown": cooldown, "not_before": None, "seq": seq, "permit": permit, "token": token}
+        return assembled(Admission, fields), None, None
+
+    def put_back(self, scope: str, limit: int | None, per: float | None, margin: float,
+                 permit: datetime | None, token: str | None) -> None:
+        """The store refused the attempt: what :meth:`admit` took goes back."""
+        if permit is not None and limit is not None and per is not None:
+            self.permits.put_back(scope, limit, per, margin, permit)
+        if token is not None:
+            self.slots.park(scope, token)
+
+    def took(
+        self, scope: str, present: datetime, answer: Admission, epoch: int, limit: int | None,
+        per: float | None, margin: float, hold: float, lease: Lease | None, opened: bool = False,
+        ttl: float | None = None,
+    ) -> None:
+        """The store admitted an attempt at ``present`` (read at the cooldowns' ``epoch``):
+        keep what it said of the scope, the batch's extra permits (``opened``: open ones)
+        and the slot's lease (``lease``: as taken, see :meth:`HeldSlots.lease_for`;
+        ``ttl``: the attempt's own, seconds)."""
+        try:
+            self.cooldowns.took(scope, answer, epoch)
+            self.permits.took(scope, present, answer, limit, per, margin, hold, opened)
+            if lease is not None:
+                self.slots.took(scope, present, lease, ttl)
+        finally:
+            self.permits.give_lapsed()
+
     def after_fork(self) -> None:
         """In a forked child: the parent's copy, batches and slots are not this
         process's (its slots are the parent's to give back); the feed is made again."""
-        self._lock = threading.Lock()
-        self._refilled = threading.Condition(self._lock)
-        self._giving = threading.Lock()
-        self._known.clear()
-        self._permits.clear()
-        self._lapsed = []  # the parent's to give back
-        self._idle.clear()
-        self._held.clear()
-        self._open.clear()  # the parent's to settle and renew
-        self.open_lock = threading.Lock()
-        self._due = []
-        self._reaper = None
-        self.epoch += 1
-
+        self.cooldowns.after_fork()
+        self.permits.after_fork()
+        self.slots.after_fork()
 
 
 # ------------------------------------------------- slots held at exit go back at once
-#: Near copies holding slots in this process, and the process the exit hooks are for.
-_HOLDING: weakref.WeakSet[Near] = weakref.WeakSet()
+#: The held slots of this process's near copies, and the process the exit hooks are for.
+_HOLDING: weakref.WeakSet[HeldSlots] = weakref.WeakSet()
 _HOOKED = [0]
 
 
-def _give_back_at_exit(near: Near) -> None:
-    """Have ``near``'s held slots given back when this process exits normally (its
+def _give_back_at_exit(slots: HeldSlots) -> None:
+    """Have ``slots`` given back when this process exits normally (its
     interpreter's exit, and a multiprocessing worker's, which skips ``atexit``), so a
     short-lived process never leaves slots to their lease's expiry."""
-    _HOLDING.add(near)
+    _HOLDING.add(slots)
     pid = os.getpid()
     if _HOOKED[0] == pid:
         return
@@ -985,5 +1099,5 @@ def _give_back_at_exit(near: Near) -> None:
 
 
 def _release_everything() -> None:
-    for near in list(_HOLDING):
-        near.release_all()
+    for slots in list(_HOLDING):
+        slots.release_all()

@@ -151,13 +151,13 @@ class StoreGuard(PartwiseStore):
         #: The near copy, when the store has a change feed (see ``_near``).
         self.near: Near | None = None
         near = Near(self._release_now, self.local.get)
-        feed = inner.feed(near.changed)
+        feed = inner.feed(near.cooldowns.changed)
         if feed is not None:
-            near.feed = feed
-            near.give_back_permits = self._give_back_permits
+            near.cooldowns.feed = feed
+            near.permits.give_back_permits = self._give_back_permits
             if LeaseRenewal in inner.capabilities:
-                near.renew = self._renew_leases
-                near.renew_open = self._renew_open
+                near.slots.renew = self._renew_leases
+                near.permits.renew_open = self._renew_open
             self.near = near
         _forksafe.register(self)
 
@@ -169,9 +169,9 @@ class StoreGuard(PartwiseStore):
         self.given_back += count
         never = datetime.now(timezone.utc) - timedelta(seconds=per)  # settled to never + per: now
         near = self.near
-        if near is not None and near.renew_open is not None:
-            with near.open_lock:  # renewed meanwhile: where the store has them now
-                end = near.settling((scope, limit, per, end), count)
+        if near is not None and near.permits.renew_open is not None:
+            with near.permits.open_lock:  # renewed meanwhile: where the store has them now
+                end = near.permits.settling((scope, limit, per, end), count)
         self.settles.add_many([(scope, limit, per, end, never, True)] * count, per)
 
     def _renew_leases(self, leases: list[tuple[str, str, datetime]], exact: bool = False) -> set[str]:
@@ -290,7 +290,8 @@ class StoreGuard(PartwiseStore):
         # that raced this write must not mirror the store's older answer over it.
         local = self.writeback.keep(scope, until)
         if self.near is not None:
-            self.near.learned(scope)  # held back near from now on (the local copy), whatever the store does
+            # Held back near from now on (the local copy), whatever the store does.
+            self.near.cooldowns.learned(scope)
         if self.breaker.skipped(budget):
             self.writeback.start_writer()
             return local
@@ -312,7 +313,7 @@ class StoreGuard(PartwiseStore):
             self.local.extend(scope, remote)  # later wins: a later write may be in already
         effective = max(local, remote)
         if self.near is not None and remote > local:
-            self.near.learned(scope)
+            self.near.cooldowns.learned(scope)
         return effective
 
     # -- admission -------------------------------------------------------------------
@@ -388,7 +389,7 @@ class StoreGuard(PartwiseStore):
         # permits and admissions, not tokens).
         if near is None or self.breaker.is_down or weigh is not None:
             return self._admit_store(ask, budget, present)
-        if learn is not None and lease is not None and not near.unrated(scope):
+        if learn is not None and lease is not None and not near.cooldowns.unrated(scope):
             # The learned rate may cap the slot too: the store takes it (a slot held here
             # would pass the cold cap by, and its answers would teach the rate nothing).
             answer, _, _ = near.admit(scope, present, limit, per, margin, None)
@@ -407,14 +408,14 @@ class StoreGuard(PartwiseStore):
         if answer is not None:
             return answer
         rest = None if permit is not None else limit
-        rest_lease = None if token is not None or lease is None else near.lease_for(lease)
+        rest_lease = None if token is not None or lease is None else near.slots.lease_for(lease)
         opened = ask.opened > 0 and rest is not None
-        batch, hold = near.batch(scope, rest, per, margin, claim=True, opened=opened)
-        epoch = near.epoch
+        batch, hold = near.permits.batch(scope, rest, per, margin, claim=True, opened=opened)
+        epoch = near.cooldowns.epoch
         missing = replace(ask, limit=rest, lease=rest_lease, batch=batch, hold=hold)
         # A batch's open permits (held near, for reuse) count OPEN_LIFE past per + margin,
         # renewed while unanswered; a permit taken alone, for its attempt, its full time.
-        renewed = opened and batch > 1 and near.renew_open is not None and ask.opened > OPEN_LIFE
+        renewed = opened and batch > 1 and near.permits.renew_open is not None and ask.opened > OPEN_LIFE
         if renewed:
             missing = replace(missing, opened=OPEN_LIFE)
         granted = False
@@ -427,8 +428,8 @@ class StoreGuard(PartwiseStore):
                 near.took(scope, present, answer, epoch, rest, per, margin, hold, rest_lease, opened, ttl)
                 granted = True  # took() ended the claim and woke the threads waiting for it
         finally:
-            if batch > 1 and not granted:  # refused or failed: they go on (see Near._spend)
-                near.refilled(scope, rest, per, margin)
+            if batch > 1 and not granted:  # refused or failed: they go on (see PermitBatches.spend)
+                near.permits.refilled(scope, rest, per, margin)
         if answer.not_before is not None:
             near.put_back(scope, limit, per, margin, permit, token)
             return answer
@@ -436,7 +437,8 @@ class StoreGuard(PartwiseStore):
             # Open permits of the batch not spent within ``hold`` are given back then.
             assert rest is not None and per is not None
             key, batch_end = (scope, rest, per, margin), answer.permit + timedelta(seconds=hold)
-            self.settles.check_at(time.monotonic() + hold, functools.partial(near.lapse_due, key, batch_end))
+            lapse = functools.partial(near.permits.lapse_due, key, batch_end)
+            self.settles.check_at(time.monotonic() + hold, lapse)
         if permit is None and token is None:
             return answer
         end = permit if permit is not None else answer.permit
@@ -452,9 +454,9 @@ class StoreGuard(PartwiseStore):
         margin in all, as an open permit taken for that long counts."""
         assert limit is not None and per is not None and answer.permit is not None
         most = opened - OPEN_LIFE
-        near.opened((scope, limit, per, answer.permit), 1, per + margin, most)
+        near.permits.opened((scope, limit, per, answer.permit), 1, per + margin, most)
         extras = (scope, limit, per, answer.permit + timedelta(seconds=hold))
-        near.opened(extras, answer.extra, per + margin, most)
+        near.permits.opened(extras, answer.extra, per + margin, most)
 
     def _admit_store(self, ask: Ask, budget: StoreBudget | None, present: datetime) -> Admission:
         """Admission of ``ask`` in one store operation (see :meth:`admit`)."""
@@ -543,7 +545,7 @@ class StoreGuard(PartwiseStore):
         attempt of the scope may use it) and given back from there."""
         self.local.release(scope, token)
         near = self.near
-        if near is not None and near.park(scope, token):
+        if near is not None and near.slots.park(scope, token):
             return
         self._release_now(scope, token)
 
@@ -564,9 +566,9 @@ class StoreGuard(PartwiseStore):
         within what the call has left; a failure is counted against the store but never
         the call's."""
         near = self.near
-        if exact and near is not None and near.renew_open is not None:
-            with near.open_lock:  # renewed meanwhile: where the store has it now
-                expires = near.settling((scope, limit, per, expires))
+        if exact and near is not None and near.permits.renew_open is not None:
+            with near.permits.open_lock:  # renewed meanwhile: where the store has it now
+                expires = near.permits.settling((scope, limit, per, expires))
         # The answer's time, pinned: tried again later, it must not move further.
         at = now if now is not None else datetime.now(timezone.utc)
         args: tuple[Any, ...] = (scope, limit, per, expires, at)
@@ -664,7 +666,7 @@ class StoreGuard(PartwiseStore):
     def delete(self, scope: str) -> bool:
         self.local.delete(scope)
         if self.near is not None:
-            self.near.changed(scope)
+            self.near.cooldowns.changed(scope)
         return self.inner.delete(scope)
 
     def quiesce(self) -> None:
@@ -676,9 +678,9 @@ class StoreGuard(PartwiseStore):
         self.quiesce()
         near = self.near
         if near is not None:
-            near.release_all()
-            if near.feed is not None:
-                near.feed.close()
+            near.slots.release_all()
+            if near.cooldowns.feed is not None:
+                near.cooldowns.feed.close()
         self.inner.close()
 
     # -- internals -------------------------------------------------------------------

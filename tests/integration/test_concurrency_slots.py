@@ -56,7 +56,7 @@ def leases_held(store: Any, scope: str, client: Any = None) -> int:
         return len(store._leases.get(scope, {}))
     near = guard_of(store).near
     if near is not None:
-        near.release_all()
+        near.slots.release_all()
     if isinstance(store, SQLiteCooldownStore):
         with closing(sqlite3.connect(store.path, timeout=5)) as db:
             row = db.execute("SELECT count(*) FROM lease WHERE scope = ?", (scope,)).fetchone()

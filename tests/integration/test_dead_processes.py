@@ -117,10 +117,10 @@ def test_forked_children_that_leave_with_os_exit_all_get_their_call(
     near = guard_of(store).near
     assert near is not None
     parking = time.monotonic() + 1.0  # the async transport gives the slot back on the store's thread
-    while not near._idle and time.monotonic() < parking:
+    while not near.slots._idle and time.monotonic() < parking:
         time.sleep(0.001)
-    assert near._idle, "the parent's slot was not parked for reuse"
-    parked = [slot.token for slots in near._idle.values() for slot in slots]
+    assert near.slots._idle, "the parent's slot was not parked for reuse"
+    parked = [slot.token for slots in near.slots._idle.values() for slot in slots]
     served = deferred = 0
     waits: list[float] = []
     started = time.monotonic()
@@ -155,7 +155,7 @@ def test_forked_children_that_leave_with_os_exit_all_get_their_call(
     assert served == CHILDREN, f"{served} of {CHILDREN} forked children served ({deferred} deferred)"
     assert holding.most <= CAP
     # The parent's parked slot was nobody else's: still its own (or given back by it).
-    assert all(token not in near._held or near._held[token].scope for token in parked)
+    assert all(token not in near.slots._held or near.slots._held[token].scope for token in parked)
 
 
 # ============================================ 2. a multiprocessing pool, one task each

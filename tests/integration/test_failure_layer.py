@@ -133,7 +133,7 @@ def test_the_guard_is_kept_beside_the_store_never_on_it(tmp_path: Path) -> None:
     assert guard_of(copying.copy(first)) is not guard_of(first)  # a copy is another object
     sqlite = SQLiteCooldownStore(tmp_path / "c.db")
     guard = guard_of(sqlite)
-    assert guard.near is not None and guard.near.feed is not None  # (its feed is running)
+    assert guard.near is not None and guard.near.cooldowns.feed is not None  # (its feed is running)
     session = requests.Session()
     session.mount("http://", RetryAfterAdapter(cooldown=sqlite))
     key = id(sqlite)

@@ -54,7 +54,8 @@ from retry_after_adapter.cooldown._near import (
     EARLY,
     EARLY_SPENT,
     HOLD_SHARE,
-    Near,
+    PermitBatches,
+    PushedCooldowns,
 )
 from retry_after_adapter.cooldown.guard import guard_of
 from retry_after_adapter.engine.plan import OPEN_FOR
@@ -107,20 +108,21 @@ def reported(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return found
 
 
-def fresh_near(store: Any, timeout: float = 2.0) -> Near:
-    """The store's near copy, its feed fresh (a Redis feed subscribes on first use)."""
+def fresh_near(store: Any, timeout: float = 2.0) -> PushedCooldowns:
+    """The store's near copy's pushed cooldowns, its feed fresh (a Redis feed subscribes
+    on first use)."""
     near = guard_of(store).near
     assert near is not None, f"{store!r} keeps no near copy"
-    assert wait_for(near.fresh, timeout) is not None, "the change feed did not become fresh"
-    return near
+    assert wait_for(near.cooldowns.fresh, timeout) is not None, "the change feed did not become fresh"
+    return near.cooldowns
 
 
-def knows(near: Near, scope: str) -> bool:
+def knows(near: PushedCooldowns, scope: str) -> bool:
     """Whether the near copy holds ``scope`` (and would answer it while fresh)."""
     return near.knows(scope)
 
 
-def news_reached(near: Near, scope: str) -> bool:
+def news_reached(near: PushedCooldowns, scope: str) -> bool:
     """Whether a cooldown learned elsewhere reached the copy: the scope dropped (read
     again at the next admission) or held with a cooldown still running."""
     until = near.cooldown_of(scope)
@@ -772,7 +774,7 @@ class PermitLog:
         self.guard = guard_of(self.store)
         near = self.guard.near
         assert near is not None
-        self.near = near
+        self.near: PermitBatches = near.permits
         self.clock = FakeClock()
         with closing(sqlite3.connect(path, timeout=5)) as db, db:
             db.execute("CREATE TABLE test_permits (expires_ms INTEGER)")

@@ -282,7 +282,7 @@ def test_with_redis_an_attempt_costs_one_round_trip_and_two_with_a_cap_without_p
         s.get(server.url)  # warm: scripts loaded, the success noted (once a second)
         near = guard_of(store).near
         for _ in range(100):  # the change channel subscribed (a few ms)
-            if near is None or near.fresh():
+            if near is None or near.cooldowns.fresh():
                 break
             time.sleep(0.01)
         Counting.commands.clear()

@@ -120,18 +120,18 @@ def test_the_near_copy_follows_the_cluster_change_channel(store: RedisCooldownSt
     now = datetime.now(timezone.utc)
     scopes = [f"https://api{i}.example.com:443" for i in range(6)]  # over several nodes
     deadline = time.monotonic() + 1.0
-    while not near.fresh() and time.monotonic() < deadline:
+    while not near.cooldowns.fresh() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert near.fresh()
+    assert near.cooldowns.fresh()
     for scope in scopes:
         assert guard.admit(Ask(scope=scope, now=now)).not_before is None  # read once: known
-        assert near.knows(scope)
+        assert near.cooldowns.knows(scope)
     other = RedisCooldownStore(cluster_client, prefix=store.prefix)  # another worker's writes
     until = now + timedelta(seconds=30)
     for scope in scopes:
         other.extend(scope, until)
     def pushed() -> int:
-        return sum(1 for scope in scopes if not near.knows(scope))
+        return sum(1 for scope in scopes if not near.cooldowns.knows(scope))
 
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline and pushed() < len(scopes):

@@ -44,8 +44,8 @@ def wait_for_line(caplog: pytest.LogCaptureFixture, words: str, store: Any) -> s
         for line in lines(caplog):
             if words in line:
                 return line
-        assert guard.near is not None and guard.near.feed is not None
-        guard.near.feed.fresh()  # in use: the feed's thread goes on
+        assert guard.near is not None and guard.near.cooldowns.feed is not None
+        guard.near.cooldowns.feed.fresh()  # in use: the feed's thread goes on
         time.sleep(0.02)
     raise AssertionError(f"no line with {words!r} within {LOG_WITHIN} s: {lines(caplog)}")
 
@@ -56,7 +56,7 @@ def fresh_feed(store: Any) -> None:
     deadline = time.monotonic() + LOG_WITHIN
     while time.monotonic() < deadline:
         guard.get(SCOPE)
-        feed = guard.near.feed if guard.near is not None else None
+        feed = guard.near.cooldowns.feed if guard.near is not None else None
         if feed is not None and feed.fresh():
             return
         time.sleep(0.02)

@@ -65,7 +65,7 @@ def acl_server(redis_factory: Callable[..., Any], redis_module: Any) -> Iterator
 def fresh_guard(store: RedisCooldownStore) -> Any:
     guard = guard_of(store)
     assert guard.near is not None
-    assert wait_for(guard.near.fresh), "the near copy never became fresh"
+    assert wait_for(guard.near.cooldowns.fresh), "the near copy never became fresh"
     return guard
 
 
@@ -108,11 +108,11 @@ def test_a_near_copy_that_may_not_publish_trusts_the_channel_only_while_others_s
     guard_b = guard_of(b)
     assert guard_b.near is not None
     with caplog.at_level(logging.WARNING, logger="retry_after_adapter"):
-        assert not wait_for(guard_b.near.fresh, 2.5)
+        assert not wait_for(guard_b.near.cooldowns.fresh, 2.5)
     assert any("may not publish" in r.getMessage() for r in caplog.records)
     a = RedisCooldownStore(connect(), prefix="t:")
     fresh_guard(a)
-    assert wait_for(guard_b.near.fresh, 3.0)
+    assert wait_for(guard_b.near.cooldowns.fresh, 3.0)
 
 
 def test_a_subscription_that_answers_but_carries_nothing_goes_stale(
@@ -124,9 +124,9 @@ def test_a_subscription_that_answers_but_carries_nothing_goes_stale(
     _, connect = acl_server
     store = RedisCooldownStore(connect(), prefix="t:")
     guard = fresh_guard(store)
-    feed = guard.near.feed
+    feed = guard.near.cooldowns.feed
     feed._channel = "somewhere-else"  # canaries no longer travel through the subscription
-    assert wait_for(lambda: not guard.near.fresh(), 3.0)
+    assert wait_for(lambda: not guard.near.cooldowns.fresh(), 3.0)
 
 
 def test_tenants_on_two_databases_never_hear_each_other(acl_server: tuple[Any, Callable[..., Any]]) -> None:
@@ -141,7 +141,7 @@ def test_tenants_on_two_databases_never_hear_each_other(acl_server: tuple[Any, C
     for _ in range(3):
         assert guard_one.admit(Ask(scope=SCOPE, now=now)).not_before is None  # known near
     received: list[str] = []
-    feed = guard_one.near.feed
+    feed = guard_one.near.cooldowns.feed
     original = feed._changed
     feed._changed = lambda scope, until: (received.append(str(scope)), original(scope, until))  # type: ignore[method-assign]
     guard_zero = fresh_guard(zero)
@@ -162,10 +162,10 @@ def test_a_forged_publish_costs_a_round_trip_never_a_wait(acl_server: tuple[Any,
     guard = fresh_guard(store)
     now = datetime.now(timezone.utc)
     assert guard.admit(Ask(scope=SCOPE, now=now)).not_before is None
-    assert guard.near.knows(SCOPE)
+    assert guard.near.cooldowns.knows(SCOPE)
     channel = store._channel
     admin.publish(channel, f"c 253402300799000 {SCOPE}")
-    assert wait_for(lambda: not guard.near.knows(SCOPE), 2.0)  # dropped: read again
+    assert wait_for(lambda: not guard.near.cooldowns.knows(SCOPE), 2.0)  # dropped: read again
     answer = guard.admit(Ask(scope=SCOPE, now=now))
     assert answer.not_before is None and answer.cooldown is None
     assert guard.local.get(SCOPE) is None  # the local copy learned nothing from it

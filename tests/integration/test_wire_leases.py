@@ -181,39 +181,39 @@ def test_a_renewal_in_the_store_never_holds_up_a_settle() -> None:
     admission path waited for a renewal, whatever its deadline), and finds the end the
     store has its permit at; the renewal then applies to the permits still unsettled."""
     store = _GatedMemory()
-    near = Near(lambda scope, token: None, lambda scope: None)
-    near.renew_open = store.renew_open
+    permits = Near(lambda scope, token: None, lambda scope: None).permits
+    permits.renew_open = store.renew_open
     key = _open_permit(store, "gated", 0.5)  # 0.5 s past per: renewed at once
-    near.opened(key, 1, 1.0, 9.0)
+    permits.opened(key, 1, 1.0, 9.0)
     try:
         assert store.entered.wait(5), "the reaper did not renew"
         t0 = time.monotonic()
-        assert near.open_lock.acquire(timeout=1.0), "a settle waited for the renewal in the store"
+        assert permits.open_lock.acquire(timeout=1.0), "a settle waited for the renewal in the store"
         try:
             waited = time.monotonic() - t0
-            assert near.settling(key) == key[3]  # not moved yet: the store has it there
+            assert permits.settling(key) == key[3]  # not moved yet: the store has it there
         finally:
-            near.open_lock.release()
+            permits.open_lock.release()
     finally:
         store.gate.set()
     assert waited < 0.5
     deadline = time.monotonic() + 5
-    while store.entered.is_set() and time.monotonic() < deadline and key in near._open:
+    while store.entered.is_set() and time.monotonic() < deadline and key in permits._open:
         time.sleep(0.01)
-    assert key not in near._open  # settled: never renewed again
+    assert key not in permits._open  # settled: never renewed again
 
 
 def test_two_grants_in_one_millisecond_are_both_renewed() -> None:
     """Two open permits of one quota granted to end in the same millisecond in one
     process share the near copy's key: both are counted there (the second no longer
     replaces the first), so settling one leaves the other renewed."""
-    near = Near(lambda scope, token: None, lambda scope: None)
+    permits = Near(lambda scope, token: None, lambda scope: None).permits
     key = ("same-ms", 5, 1.0, datetime(2030, 1, 1, tzinfo=timezone.utc))
-    near.opened(key, 1, 1.0, 9.0)
-    near.opened(key, 1, 1.0, 9.0)
-    with near.open_lock:
-        assert near.settling(key) == key[3]
-    assert key in near._open and near._open[key].count == 1, "the second grant's permit is no longer renewed"
+    permits.opened(key, 1, 1.0, 9.0)
+    permits.opened(key, 1, 1.0, 9.0)
+    with permits.open_lock:
+        assert permits.settling(key) == key[3]
+    assert key in permits._open and permits._open[key].count == 1, "the second grant's permit is no longer renewed"
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -233,7 +233,7 @@ def test_a_busy_process_passes_its_slots_on_without_a_store_operation(
         s.get(server.url, timeout=10)
         near = guard_of(store).near
         assert near is not None
-        before = near.moved
+        before = near.slots.moved
 
         def run() -> None:
             for _ in range(25):
@@ -244,7 +244,7 @@ def test_a_busy_process_passes_its_slots_on_without_a_store_operation(
             thread.start()
         for thread in threads:
             thread.join(30)
-        moved = near.moved - before
+        moved = near.slots.moved - before
         print(f"\n{kind}: {moved} kept slots' ends set for 200 requests, most at the server {server.most}")
         assert server.most <= 8
         assert moved <= 200 * 0.5, f"{moved} store operations setting kept slots' ends for 200 requests"
