@@ -676,38 +676,43 @@ class FailureLayers:
     found by the store's identity, never by an attribute of the store (so a store that
     is unhashable, compares equal to another, or takes no attributes is served too).
 
-    An entry ends with its store object (a weak reference), so a store nobody uses is
-    collected with its layer; a store that cannot be weakly referenced keeps its layer
-    for the process's life. A copy or an unpickled store is another object: it gets a
-    layer of its own."""
+    The layer holds its store; an entry holds both weakly, so it lasts while anything
+    uses the layer (an adapter, a pool manager, a transport, or a thread of the layer
+    with work it still owes the store: a cooldown to write back, slots to give back,
+    permits to settle) and ends with it: a store nobody uses is then collected with its
+    layer, never before the layer's work is done. A store that cannot be weakly
+    referenced is kept by its entry until the layer ends. A copy or an unpickled store
+    is another object: it gets a layer of its own."""
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[Callable[[], object], Any]] = {}
+        self._entries: dict[int, tuple[Callable[[], object], Callable[[], object]]] = {}
 
     def find(self, store: object) -> Any:
-        """The layer made for ``store`` (this very object), or None."""
+        """The layer made for ``store`` (this very object) that is still in use, or None."""
         entry = self._entries.get(id(store))
         if entry is None or entry[0]() is not store:
             return None
-        return entry[1]
+        return entry[1]()
 
     def add(self, store: object, layer: Any) -> bool:
-        """Keep ``layer`` as ``store``'s; returns whether the entry ends with the store
-        (False: the store cannot be weakly referenced, and both are kept)."""
+        """Keep ``layer`` as ``store``'s while it is in use; returns whether the store
+        is held weakly by the entry (False: it cannot be weakly referenced, and the
+        entry holds it until the layer ends)."""
         key = id(store)
         entries = self._entries
 
         def ended(_: object) -> None:
             entry = entries.get(key)
-            if entry is not None and entry[0]() is None:
+            if entry is not None and (entry[0]() is None or entry[1]() is None):
                 del entries[key]
 
+        layer_ref: Callable[[], object] = weakref.ref(layer, ended)
         try:
             ref: Callable[[], object] = weakref.ref(store, ended)
         except TypeError:
-            entries[key] = ((lambda: store), layer)
+            entries[key] = ((lambda: store), layer_ref)
             return False
-        entries[key] = (ref, layer)
+        entries[key] = (ref, layer_ref)
         return True
 
 

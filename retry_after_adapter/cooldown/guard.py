@@ -23,7 +23,6 @@ import functools
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -724,11 +723,12 @@ def guard_of(store: object) -> StoreGuard:
     """The process-wide :class:`StoreGuard` of ``store`` (made on first use), found by
     the store object's identity (``base.FAILURE_LAYERS``), never kept on the store.
 
-    The guard lives as long as the store object: a new Session or adapter on the same
-    store object finds the same local copy and health state. It holds the store by a
-    weak proxy (where the store can be weakly referenced), so that the store and its
-    guard are collected together once nothing else holds the store: hold the store,
-    not only its guard.
+    The guard holds its store, and lives while anything uses it: an adapter, a pool
+    manager or a transport on the store, or one of its own threads with work it still
+    owes the store (a cooldown to write back, slots to give back, permits to settle).
+    Meanwhile every new Session or adapter on the same store object finds the same local
+    copy and health state; once nothing uses it, it is collected, and the store with
+    it unless the caller holds it.
     """
     guard: StoreGuard | None = FAILURE_LAYERS.find(store)
     if guard is not None:
@@ -737,11 +737,7 @@ def guard_of(store: object) -> StoreGuard:
         guard = FAILURE_LAYERS.find(store)
         if guard is not None:
             return guard
-        try:
-            held: object = weakref.proxy(store)
-        except TypeError:
-            held = store  # no weak reference: the registry keeps both for the process's life
-        guard = StoreGuard(as_store(held), held)
+        guard = StoreGuard(as_store(store), store)
         FAILURE_LAYERS.add(store, guard)
         return guard
 

@@ -149,6 +149,50 @@ def test_the_guard_is_kept_beside_the_store_never_on_it(tmp_path: Path) -> None:
     assert gone() is None and key not in FAILURE_LAYERS._entries
 
 
+@pytest.mark.redis
+def test_a_front_end_and_its_store_dropped_still_owe_the_store_its_cooldown_and_slots(
+    redis_factory: Callable[..., RedisServer], server: ThrottleServer, tmp_path: Path
+) -> None:
+    """A pool manager made per job on a store of its own, dropped after the job: what its
+    failure layer still owes the store is done all the same (0.15's first registry held
+    the store weakly, and dropped the cooldown a worker learned in an outage, and the
+    slots it kept: the next job on the file waited 65 s for them)."""
+    import gc
+
+    from retry_after_adapter import Quota, RetryAfterPoolManager
+
+    # Slots kept for reuse go back to the file: every job finds all four free.
+    server.serve([Reply(200)])
+    path = tmp_path / "slots.db"
+    for _ in range(5):
+        manager = RetryAfterPoolManager(cooldown=SQLiteCooldownStore(path), max_concurrency=4, quota=Quota(100, per=1))
+        started = time.monotonic()
+        assert [manager.request("GET", server.url + "/x").status for _ in range(3)] == [200] * 3
+        assert time.monotonic() - started < 5.0  # (0.14: 0.06 s; with the slots lost: 65 s)
+        manager.clear()
+        del manager
+        gc.collect()
+    # A cooldown learned while Redis is down, its worker dropped: written back once Redis is.
+    redis = redis_factory()
+    url = redis.url
+    redis.kill()
+    server.serve([Reply(429, {"Retry-After": "30"})])
+    manager = RetryAfterPoolManager(
+        cooldown=RedisCooldownStore.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    )
+    response = manager.request("GET", server.url + "/x", retries=RetryAfterRetry(total=1, max_wait=0.1))
+    assert response.status == 429
+    del manager, response
+    gc.collect()
+    redis.restart()
+    other = RedisCooldownStore.from_url(url)
+    ends = time.monotonic() + 15  # the writer's back-off after the outage, on a loaded machine
+    while other.get(scope_of(server)) is None and time.monotonic() < ends:
+        time.sleep(0.1)
+    assert other.get(scope_of(server)) is not None
+    other.close()
+
+
 class Misleading(Store):
     """A store of one's own whose attributes carry the names the failure layer once read
     (0.14: ``generation``, ``replaced_reason``, ``rate_kinds``, ``stamps_grants``,
