@@ -482,22 +482,14 @@ class StoreGuard(PartwiseStore):
     def _held_locally(self, ask: Ask, answer: Admission, cooldown: datetime, present: datetime) -> Admission:
         """The store's answer when a later local time (not yet written back) holds the
         attempt back: what the store granted goes back at once (see :meth:`_undo`)."""
-        not_before = cooldown if cooldown > present else answer.not_before
-        if answer.not_before is None and not_before is not None:
-            self._undo(replace(ask, now=present), answer)
-        if not_before is None and answer.permit is not None:
-            return Admission(
-                cooldown=cooldown, not_before=None, seq=answer.seq, permit=answer.permit, extra=answer.extra,
-                weighed=answer.weighed, token_seq=answer.token_seq,
-            )
-        if not_before is not None:
-            return Admission(
-                cooldown=cooldown, not_before=not_before, slot_busy=answer.slot_busy, seq=answer.seq
-            )
-        return Admission(
-            cooldown=cooldown, not_before=None, seq=answer.seq, weighed=answer.weighed,
-            token_seq=answer.token_seq,
-        )
+        if cooldown > present:  # held back here: by the later local time, nothing else
+            if answer.not_before is None:
+                self._undo(replace(ask, now=present), answer)
+            return Admission(cooldown=cooldown, not_before=cooldown, seq=answer.seq)
+        # The local time has passed: the store's answer stands, with every part it
+        # granted (a slot's token, the learned rate's epoch and report, the allowance's
+        # units), only its cooldown the later local one.
+        return replace(answer, cooldown=cooldown)
 
     def _abandoned(self, scope: str, token: str) -> Callable[[Admission], None]:
         """What to do with an admission the call stopped waiting for, should it come:

@@ -1015,3 +1015,31 @@ def test_a_read_begun_after_a_write_but_answered_with_the_older_time_never_lower
     assert MemoryCooldownStore.get(inner, scope) == t1
     assert guard.local.get(scope) == t1, "the older answer was mirrored over the confirmed write"
     assert answers == [t1]
+
+
+def test_a_grant_mirrored_over_a_past_local_cooldown_keeps_everything_it_granted(tmp_path: Path) -> None:
+    """The store grants while the local copy holds another, already past, time for the
+    scope: the answer the call gets is the store's whole grant (before, its slot's token,
+    the learned rate's epoch and report and the allowance's units were dropped, so the
+    known send's probe slot was never given back and the scope's probing stalled for
+    the slot's life); a local time still running refuses, and the grant goes back."""
+    from retry_after_adapter.cooldown import Admission, Learn
+
+    store = SQLiteCooldownStore(tmp_path / "c.db")
+    guard = guard_of(store)
+    now = datetime.now(timezone.utc)
+    ask = Ask(scope="s", now=now, learn=Learn(ttl=30.0, token="tok1"))
+    granted = Admission(
+        cooldown=None, not_before=None, token="tok1", rate_epoch=3, rate_report=True, units=2,
+        units_until=now + timedelta(seconds=5),
+    )
+    past = now - timedelta(seconds=1)
+    kept = guard._held_locally(ask, granted, past, now)
+    assert kept == Admission(
+        cooldown=past, not_before=None, token="tok1", rate_epoch=3, rate_report=True, units=2,
+        units_until=now + timedelta(seconds=5),
+    )
+    running = now + timedelta(seconds=30)
+    held = guard._held_locally(ask, granted, running, now)
+    assert held.not_before == running and held.token is None and not held.rate_report
+    store.close()
