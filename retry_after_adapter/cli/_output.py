@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..redact import Redactor, argument_secrets
+from ..redact import Redactor, argument_secrets, redact
 
 EX_OK = 0
 EX_FAILED = 1
@@ -59,7 +59,7 @@ def _add_header_token(token: str) -> None:
 
 def err(message: str) -> None:
     """One line on stderr, prefixed with the program name and scrubbed of secrets."""
-    line = redactor(message).replace("\n", " ").strip()
+    line = redact(redactor(message)).replace("\n", " ").strip()
     sys.stderr.write(f"{PROG}: {line}\n")
     sys.stderr.flush()
 
@@ -71,6 +71,8 @@ def print_json(data: dict[str, Any]) -> None:
 
 #: ``module:factory`` (``--cooldown``): a store of one's own, made by calling ``factory()``.
 _FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+#: What starts a store URL: ``sqlite:x.db`` is a mistyped URL, not a module ``sqlite``.
+_URL_SCHEMES = frozenset({"memory", "sqlite", "redis", "rediss", "valkey", "valkeys"})
 
 
 def open_store(text: str | None, default: Any, *, create: bool = True) -> Any:
@@ -81,7 +83,7 @@ def open_store(text: str | None, default: Any, *, create: bool = True) -> Any:
     store. ``create=False``: only a store that exists (``status``, ``clear``)."""
     if text is None or text.strip().lower() == "memory://":
         return default
-    if _FACTORY.fullmatch(text.strip()):
+    if _FACTORY.fullmatch(text.strip()) and text.partition(":")[0].lower() not in _URL_SCHEMES:
         return _from_factory(text.strip())
     redactor.add_all(argument_secrets(text))
     from ..cooldown import store_from_url
@@ -95,15 +97,23 @@ def _from_factory(text: str) -> Any:
     import importlib
 
     from ..cooldown.base import Store
-    from ..errors import ConfigurationError
+    from ..errors import ConfigurationError, failure_cause
 
     module_name, _, attribute = text.partition(":")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    # What the module or the factory raise is told by its kind only: their messages may
+    # hold the credentials the store is made with (a URL, a password).
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import {module_name!r} for {text}: {exc}") from None
+    except ModuleNotFoundError as exc:  # its module's name is all it says
+        raise ConfigurationError(
+            f"cannot import {module_name!r} for {text}: no module named {exc.name!r}"
+        ) from None
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot import {module_name!r} for {text}: {failure_cause(exc)[0]} (its message is not shown)"
+        ) from None
     factory: Any = module
     for part in attribute.split("."):
         if part not in vars(factory):
@@ -111,7 +121,12 @@ def _from_factory(text: str) -> Any:
         factory = vars(factory)[part]
     if not callable(factory):
         raise ConfigurationError(f"{text} is not callable: it must make the store")
-    store = factory()
+    try:
+        store = factory()
+    except Exception as exc:
+        raise ConfigurationError(
+            f"{text} failed to make the store: {failure_cause(exc)[0]} (its message is not shown)"
+        ) from None
     if not isinstance(store, Store):
         raise ConfigurationError(
             f"{text} returned {type(store).__name__}, not a retry_after_adapter Store"

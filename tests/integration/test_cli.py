@@ -422,6 +422,10 @@ def make():
 
 def core_only():
     return CoreOnly()
+
+
+def leaky():
+    raise ValueError("cannot reach redis://user:hunter2@db:6379/0 password=hunter2")
 """
 
 
@@ -453,6 +457,14 @@ def test_status_refuses_a_store_that_lists_nothing_and_a_factory_that_is_not_the
     unknown = run("clear", "x", "--cooldown", "no_such_module:make", cwd=tmp_path)
     assert unknown.returncode == 2
     assert "cannot import 'no_such_module'" in one_line(unknown.stderr)
+    # A factory's failure is told by its kind: its message may hold the store's secrets.
+    leaky = run("status", "--cooldown", "own_store:leaky", cwd=tmp_path)
+    assert leaky.returncode == 2
+    assert "own_store:leaky failed to make the store: ValueError" in one_line(leaky.stderr)
+    assert "hunter2" not in leaky.stderr and "user" not in leaky.stderr
+    # A mistyped URL is a URL, not a module to import.
+    typo = run("status", "--cooldown", "sqlite:cooldown.db", cwd=tmp_path)
+    assert typo.returncode == 2 and "cannot import" not in typo.stderr
 
 
 def test_status_refuses_the_in_process_memory_store() -> None:
