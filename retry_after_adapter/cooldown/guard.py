@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -113,6 +114,22 @@ def _no_store_holds(scope: str, exc: Exception) -> None:
     store failure skipped nor an admission asked again (a false deferral)."""
     if isinstance(exc, (ValueError, TypeError)):
         check_scope(scope)
+
+
+#: The values a store reads and makes, by the names Python's errors give them.
+_VALUES = re.compile(r"\b(Ask|Admission|Answer|Lease|Learn)\b")
+
+
+def _values_misread(store: PartwiseStore, exc: Exception) -> None:
+    """A store of one's own read or made one of the values the old way (by position,
+    as a tuple: what 0.14 allowed): a ConfigurationError that says so, rather than a
+    store failure every attempt meets (each deferred, nothing said)."""
+    if isinstance(exc, (TypeError, AttributeError)) and _VALUES.search(str(exc)):
+        raise ConfigurationError(
+            f"{type(bare(store)).__name__}.admit failed: {type(exc).__name__}: {exc}; since 0.15 Ask, "
+            "Admission, Answer, Lease and Learn are frozen keyword-only dataclasses: read them by name "
+            "and build them by keyword (see 'The values' in docs/stores.md)"
+        ) from exc
 
 
 def _local_answer_allowed(budget: StoreBudget | None) -> None:
@@ -470,6 +487,7 @@ class StoreGuard(PartwiseStore):
             return self._later(ask, present)
         except Exception as exc:
             _no_store_holds(scope, exc)
+            _values_misread(self.inner, exc)
             self.breaker.failed(exc, budget)
             if self.breaker.is_down:
                 return self._local_admit(ask, budget)

@@ -184,6 +184,25 @@ def test_a_store_written_for_0x_is_refused_with_what_to_change() -> None:
             RetryAfterAdapter(cooldown=bad)
 
 
+def test_a_store_that_reads_the_values_the_0_14_way_is_told_what_changed() -> None:
+    """A store written for 0.14 unpacks ``Ask`` by position: since the values became
+    keyword-only dataclasses that raises inside its admit, which is a ConfigurationError
+    naming the change at the first call, nothing sent (not a store failure every
+    attempt meets, each deferred with nothing said)."""
+
+    class Positional(DictStore):
+        def admit(self, ask: Ask) -> Admission:
+            _scope, _now, *_ = ask  # type: ignore[misc]  # 0.14: a NamedTuple
+            return super().admit(ask)
+
+    with QuotaServer(quota=5, window=3600, align="first") as server:
+        session, _ = session_on(Positional())
+        with pytest.raises(ConfigurationError, match="keyword-only dataclasses") as raised:
+            session.get(server.url + "/a", timeout=10)
+        assert "Positional.admit failed: TypeError" in str(raised.value)
+        assert server.stats().requests == 0
+
+
 def test_full_store_is_the_partwise_store_under_its_old_name() -> None:
     from retry_after_adapter import cooldown
     from retry_after_adapter.cooldown import PartwiseStore, base
