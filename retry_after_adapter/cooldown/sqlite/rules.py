@@ -168,7 +168,7 @@ def _grant(
             "SELECT count(*) FROM permit_log WHERE scope = ? AND quota = ?", (scope, quota[0])
         ).fetchall()[0][0]
         extra = extra_permits(batch, limit - int(live), limit)
-        later = end_ms + round(hold * 1000)  # whole ms (see Near.batch)
+        later = end_ms + round(hold * 1000)  # whole ms (see PermitBatches.batch)
         conn.executemany(
             "INSERT INTO permit_log (scope, quota, expires_ms) VALUES (?, ?, ?)",
             [(scope, quota[0], later)] * extra,
