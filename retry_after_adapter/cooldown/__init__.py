@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from .base import (
@@ -55,6 +54,7 @@ from .base import (
     Weights,
     check_scope,
     check_until,
+    renamed,
     token_scope,
 )
 from .freshness import Freshness
@@ -106,11 +106,4 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "FullStore":  # the name of 0.11-0.14
-        warnings.warn(
-            "retry_after_adapter.cooldown.FullStore is now PartwiseStore (the same class)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return PartwiseStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return renamed(__name__, name)  # FullStore, with a DeprecationWarning

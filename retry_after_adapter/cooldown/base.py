@@ -795,12 +795,19 @@ class PartwiseStore(Store, QuotaLogs, Leases, Allowances, LearnedRate, Freshness
     def admit(self, ask: Ask) -> Admission: ...
 
 
-def __getattr__(name: str) -> Any:
-    if name == "FullStore":  # the name of 0.11-0.14
+def renamed(module: str, name: str) -> Any:
+    """``module``'s attribute ``name`` when it is a name of an older version (with a
+    DeprecationWarning: ``FullStore``, 0.11-0.14's name of :class:`PartwiseStore`), else
+    the AttributeError a module raises (a module ``__getattr__``'s answer)."""
+    if name == "FullStore":
         warnings.warn(
             "retry_after_adapter.cooldown.FullStore is now PartwiseStore (the same class)",
             DeprecationWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         return PartwiseStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+
+def __getattr__(name: str) -> Any:
+    return renamed(__name__, name)

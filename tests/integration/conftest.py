@@ -13,6 +13,7 @@ import requests
 from retry_after_adapter import (
     FakeClock,
     MemoryCooldownStore,
+    RedisCooldownStore,
     RetryAfterAdapter,
     RetryAfterRetry,
     SQLiteCooldownStore,
@@ -132,3 +133,34 @@ def release_and_gather(procs: list[Any], server: Any, barrier: Any, results: Any
                 p.kill()
                 p.join(5)
     return reports
+
+
+def real_now() -> datetime:
+    """The real time, whole milliseconds: a FakeClock starting here makes Redis's own
+    expiry clock (the real one) agree with the fake one at the start."""
+    now = datetime.now(timezone.utc)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+#: The ``clock`` fixture (and with it ``server``, whose arrivals and Date headers follow
+#: it) starts at the real time in the tests marked so.
+AT_REAL_TIME = pytest.mark.clock_start.with_args(real_now)
+
+
+def kind_of(store: Any) -> str:
+    if isinstance(store, SQLiteCooldownStore):
+        return "sqlite"
+    if isinstance(store, RedisCooldownStore):
+        return "redis"
+    return "memory"
+
+
+def never_waiting(clock: Any, store: Any, *, who: str | None = None, **adapter_kw: Any) -> requests.Session:
+    """A Session whose adapter never waits (``max_wait=0``: every wait is a deferral, so
+    the FakeClock moves only when the test moves it) and sends each attempt once."""
+    s = requests.Session()
+    retry = RetryAfterRetry(clock=clock, total=0, max_wait=0, raise_on_status=False)
+    s.mount("http://", RetryAfterAdapter(retry, cooldown=store, **adapter_kw))
+    if who is not None:
+        s.headers["X-Who"] = who
+    return s

@@ -33,7 +33,6 @@ from retry_after_adapter import (
     RetryAfterAdapter,
     RetryAfterPoolManager,
     RetryAfterRetry,
-    SQLiteCooldownStore,
     deferral_of,
 )
 from retry_after_adapter.cooldown import Ask, Store
@@ -41,7 +40,14 @@ from retry_after_adapter.cooldown.guard import guard_of
 
 from ..conftest import local_deferral
 from ..servers import ArrivalServer, BusyServer, Reply, ThrottleServer
-from .conftest import process_store, process_store_place, release_and_gather
+from .conftest import (
+    AT_REAL_TIME,
+    kind_of,
+    never_waiting,
+    process_store,
+    process_store_place,
+    release_and_gather,
+)
 
 UTC = timezone.utc
 
@@ -263,7 +269,6 @@ def test_eight_processes_of_eight_threads_never_exceed_the_quota_at_the_server(
 def test_with_redis_an_attempt_costs_one_round_trip_and_two_with_a_cap_without_push(
     server: ThrottleServer, clock: FakeClock, redis_url: str, redis_client: Any, redis_module: Any
 ) -> None:
-    from retry_after_adapter import RedisCooldownStore
 
     class Counting(redis_module.Redis):  # type: ignore[misc, name-defined]
         commands: list[str] = []
@@ -300,40 +305,6 @@ def test_with_redis_an_attempt_costs_one_round_trip_and_two_with_a_cap_without_p
 
 
 # -- permits stamped when granted, counted until their answer ---------------------------------
-
-
-def real_now() -> datetime:
-    """The real time, whole milliseconds: a FakeClock starting here makes Redis's own
-    expiry clock (the real one) agree with the fake one at the start."""
-    now = datetime.now(UTC)
-    return now.replace(microsecond=now.microsecond // 1000 * 1000)
-
-
-
-#: The ``clock`` fixture (and with it ``server``, whose arrivals and Date headers follow
-#: it) starts at the real time in the tests marked so.
-AT_REAL_TIME = pytest.mark.clock_start.with_args(real_now)
-
-
-def kind_of(store: Any) -> str:
-    if isinstance(store, SQLiteCooldownStore):
-        return "sqlite"
-    if isinstance(store, RedisCooldownStore):
-        return "redis"
-    return "memory"
-
-
-
-def never_waiting(clock: Any, store: Any, *, who: str | None = None, **adapter_kw: Any) -> requests.Session:
-    """A Session whose adapter never waits (``max_wait=0``: every wait is a deferral, so
-    the FakeClock moves only when the test moves it) and sends each attempt once."""
-    s = requests.Session()
-    retry = RetryAfterRetry(clock=clock, total=0, max_wait=0, raise_on_status=False)
-    s.mount("http://", RetryAfterAdapter(retry, cooldown=store, **adapter_kw))
-    if who is not None:
-        s.headers["X-Who"] = who
-    return s
-
 
 
 PROCESSES = 8
@@ -583,8 +554,6 @@ def test_a_request_a_busy_server_counts_late_holds_the_others_back_after_fast_an
         f"A's first answer took {took:.3f} s (margin {LATE_MARGIN}); B was asked at (s after A's "
         f"request came, sent) {asked[:5]}"
     )
-
-
 
 
 # -- two quotas on one scope ------------------------------------------------------------------

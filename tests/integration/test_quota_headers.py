@@ -35,7 +35,7 @@ from retry_after_adapter.cooldown.guard import guard_of
 from ..conftest import local_deferral
 from ..servers import Reply, ThrottleServer
 from ..unit.quota_corpus import CORPUS, DATE, RECEIVED_AT
-from .conftest import run_cli
+from .conftest import AT_REAL_TIME, kind_of, never_waiting, run_cli
 
 #: Every call runs on a FakeClock at the corpus's RECEIVED_AT (its Date headers say so),
 #: but for the tests marked ``AT_REAL_TIME``.
@@ -195,41 +195,6 @@ TWO_DAYS = 2 * 86400.0
 HOSTILE = {"RateLimit-Policy": '"default";q=2;w=3153600000', "RateLimit": '"default";r=1;t=1'}
 
 
-
-def real_now() -> datetime:
-    """The real time, whole milliseconds: a FakeClock starting here makes Redis's own
-    expiry clock (the real one) agree with the fake one at the start."""
-    now = datetime.now(UTC)
-    return now.replace(microsecond=now.microsecond // 1000 * 1000)
-
-
-
-#: The ``clock`` fixture (and with it ``server``, whose arrivals and Date headers follow
-#: it) starts at the real time in the tests marked so.
-AT_REAL_TIME = pytest.mark.clock_start.with_args(real_now)
-
-
-def kind_of(store: Any) -> str:
-    if isinstance(store, SQLiteCooldownStore):
-        return "sqlite"
-    if isinstance(store, RedisCooldownStore):
-        return "redis"
-    return "memory"
-
-
-
-def never_waiting(clock: Any, store: Any, *, who: str | None = None, **adapter_kw: Any) -> requests.Session:
-    """A Session whose adapter never waits (``max_wait=0``: every wait is a deferral, so
-    the FakeClock moves only when the test moves it) and sends each attempt once."""
-    s = requests.Session()
-    retry = RetryAfterRetry(clock=clock, total=0, max_wait=0, raise_on_status=False)
-    s.mount("http://", RetryAfterAdapter(retry, cooldown=store, **adapter_kw))
-    if who is not None:
-        s.headers["X-Who"] = who
-    return s
-
-
-
 def redis_ttls(client: Any) -> dict[str, float]:
     """Seconds left of every key in the Redis server (-1: no TTL), freshness records
     excepted: those are kept 30 days after their last note by design, whatever a
@@ -264,7 +229,6 @@ def sqlite_times_beyond(path: str, limit: datetime) -> list[str]:
     finally:
         conn.close()
     return found
-
 
 
 @AT_REAL_TIME
