@@ -18,7 +18,7 @@ from .._compat import announces_quota, header_getter, response_header
 from ..cooldown.allowance import SAME_WINDOW
 from ..cooldown.freshness import INVALID_HEADER, SERVER_ERROR, SUCCESS, SUCCESS_EVERY, THROTTLED, TRANSPORT
 from ..dialects import MS_FIELDS, RESET_MARGIN, bucket_of, github_secondary, is_global, secondary_wait
-from ..dialects import wants_body as _wants_body
+from ..dialects import wants_body as wants_github_body
 from ..errors import CooldownUnavailable, InvalidRetryAfter
 from ..policy import TOO_LONG, Reason, beyond_bound
 from ..quota import QuotaHint, bound_hint, read_quota, refill_step
@@ -331,4 +331,4 @@ def wants_body(transport: Any, raw: Any) -> bool:
     """Whether the body of the answer ``raw`` (a 403) must be read to be told apart (a
     GitHub 403 that names no wait): the loop then reads and keeps it (bounded, as a
     retried body), so that it stays readable. Never when the caller streams the body."""
-    return not transport.streams and _wants_body(403, lambda name: response_header(raw, name))
+    return not transport.streams and wants_github_body(403, lambda name: response_header(raw, name))
