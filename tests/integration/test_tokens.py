@@ -198,9 +198,12 @@ ANNOUNCING = ["openai", "anthropic"]
 
 def _announced(kind: str, store: Any, **options: Any) -> tuple[QuotaServer, requests.Session]:
     """A loopback stand-in of the provider ``kind`` announcing 1000 tokens a minute (its
-    token headers) in a fixed window (so what is spent stays spent until the reset), and
-    a Session on ``store`` whose first call (cost 10) has the store record that allowance."""
-    server = QuotaServer(100, 60, quota_headers=kind, tokens=1000, refill="window").start()
+    token headers) in a fixed window (so what is spent stays spent until the reset) that
+    starts at its first request (aligned to the clock's minute, a run in a minute's last
+    2 s had the reset fit ``max_wait`` and a refusal the test expects waited and went),
+    and a Session on ``store`` whose first call (cost 10) has the store record that
+    allowance."""
+    server = QuotaServer(100, 60, quota_headers=kind, tokens=1000, refill="window", align="first").start()
     retry = RetryAfterRetry(total=3, deadline=5, max_wait=2, raise_on_status=False)
     http = session(RetryAfterAdapter(retry, cooldown=store, **options))
     with budget(cost=10):
