@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 BENCH_DIR = Path(__file__).resolve().parent.parent
 REPO_DIR = BENCH_DIR.parent
@@ -260,8 +260,18 @@ class ServerProcess:
     def __init__(self, script: Path | str, *args: str, start_timeout: float = 20.0) -> None:
         # A Path is a script; a str is a module, run with ``python -m``.
         head = [str(script)] if isinstance(script, Path) else ["-m", script]
+        self._start([sys.executable, *head, *args], f"server {script}", start_timeout)
+
+    def _start(
+        self, command: list[str], what: str, start_timeout: float, cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """Run ``command`` and wait (at most ``start_timeout`` seconds) for its ``PORT``
+        line; ``what`` names the server in the error when it does not come."""
         self.proc = subprocess.Popen(
-            [sys.executable, *head, *args],
+            command,
+            cwd=cwd,
+            env=env,
             stdout=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,
@@ -275,7 +285,7 @@ class ServerProcess:
                 break
         if not line.startswith("PORT "):
             self.stop()
-            raise RuntimeError(f"server {script} did not start (got {line!r})")
+            raise RuntimeError(f"{what} did not start (got {line!r})")
         self.port = int(line.split()[1])
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -290,7 +300,7 @@ class ServerProcess:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -24,8 +24,9 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
+
+from .common import ServerProcess
 
 #: Where ``--npm-install`` installs the packages, and where they are looked for by default.
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "retry-after-adapter-bench"
@@ -119,7 +120,7 @@ def unavailable(modules: Path) -> str | None:
     return None
 
 
-class ExpressServer:
+class ExpressServer(ServerProcess):
     """The real server on a free loopback port; ``url`` to reach it. A context manager."""
 
     def __init__(self, modules: Path, limit: int, window: float, start_timeout: float = 20.0) -> None:
@@ -127,41 +128,9 @@ class ExpressServer:
         script = Path(self.folder) / "server.js"
         script.write_text(SERVER_JS)
         env = {**os.environ, "NODE_PATH": str(modules.resolve())}
-        self.proc = subprocess.Popen(
-            ["node", str(script), str(limit), str(round(window * 1000))],
-            cwd=self.folder,
-            env=env,
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + start_timeout
-        line = ""
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if line.startswith("PORT ") or not line:
-                break
-        if not line.startswith("PORT "):
-            self.stop()
-            raise RuntimeError(f"the express server did not start (got {line!r})")
-        self.port = int(line.split()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
+        command = ["node", str(script), str(limit), str(round(window * 1000))]
+        self._start(command, "the express server", start_timeout, cwd=self.folder, env=env)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        super().stop()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-    def __enter__(self) -> ExpressServer:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
