@@ -234,25 +234,16 @@ class StoreContract(TokenContract):
         assert store.get(self.s("quota")) == long
 
     def test_two_adapters_on_two_handles_share_a_cooldown(self, store: Any, other_store: Any) -> None:
-        import requests
-
         from ..cooldown.base import InProcess
 
         if other_store is store and not isinstance(store, InProcess):
             pytest.skip("give the contract an `other_store` fixture: a second handle on the same data")
 
-        from ..adapter import RetryAfterAdapter
         from ..deferral import deferral_of
-        from ..retry import RetryAfterRetry
         from .server import QuotaServer
 
         with QuotaServer(quota=1, window=3600, align="first") as server:
-            sessions = []
-            for handle in (store, other_store):
-                session = requests.Session()
-                retry = RetryAfterRetry(total=0, max_wait=1, raise_on_status=False)
-                session.mount("http://", RetryAfterAdapter(retry, cooldown=handle, learn_rate=False))
-                sessions.append(session)
+            sessions = _workers_on(store, other_store)
             first, second = sessions
             assert first.get(server.url + "/a", timeout=10).status_code == 200
             throttled = first.get(server.url + "/a", timeout=10)  # the server's 429: a cooldown stored
@@ -272,20 +263,11 @@ class StoreContract(TokenContract):
         let it send into the cooldown learned since. A store with a change feed is given
         :data:`FEED_SETTLES` seconds to deliver it. (Without ``other_store``, the two
         adapters share the one handle.)"""
-        import requests
-
-        from ..adapter import RetryAfterAdapter
         from ..deferral import deferral_of
-        from ..retry import RetryAfterRetry
         from .server import QuotaServer
 
         with QuotaServer(quota=2, window=3600, align="first") as server:
-            sessions = []
-            for handle in (store, other_store):
-                session = requests.Session()
-                retry = RetryAfterRetry(total=0, max_wait=1, raise_on_status=False)
-                session.mount("http://", RetryAfterAdapter(retry, cooldown=handle, learn_rate=False))
-                sessions.append(session)
+            sessions = _workers_on(store, other_store)
             first, second = sessions
             try:
                 assert second.get(server.url + "/b", timeout=10).status_code == 200  # it knows the scope
@@ -814,6 +796,23 @@ FEED_DELIVERS = 3.0
 #: Seconds the adapter's test gives a change feed to deliver a cooldown (the package's
 #: Redis feed: under 10 ms on loopback).
 FEED_SETTLES = 0.5
+
+
+def _workers_on(*handles: Any) -> list[Any]:
+    """A requests Session per handle, each with its own adapter on it: one attempt per
+    call, waits up to 1 s, no learned rate (a worker of its own on that handle)."""
+    import requests
+
+    from ..adapter import RetryAfterAdapter
+    from ..retry import RetryAfterRetry
+
+    sessions = []
+    for handle in handles:
+        session = requests.Session()
+        retry = RetryAfterRetry(total=0, max_wait=1, raise_on_status=False)
+        session.mount("http://", RetryAfterAdapter(retry, cooldown=handle, learn_rate=False))
+        sessions.append(session)
+    return sessions
 
 
 def _eventually(condition: Callable[[], bool], seconds: float) -> bool:
