@@ -493,8 +493,8 @@ class AsyncFront(_Front):
         return self.flavour.module.AsyncHTTPTransport()
 
     def _published(self) -> None:
-        # Only a store behind the failure layer does I/O: a memory store is used on the loop.
-        self._blocking = self._plan.guard is not None
+        # A store kept in this process's memory is used on the loop; any other may block.
+        self._blocking = self._plan.blocking
 
     def _threads(self) -> ThreadPoolExecutor:
         pool = self._pool
