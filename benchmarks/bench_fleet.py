@@ -51,6 +51,7 @@ most 2 429s, no request early, wall within 1.22 x ideal in every run.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import multiprocessing
@@ -65,8 +66,6 @@ from lib import common as _common
 from lib import express as _express
 from lib import fleet as _fleet
 from lib.common import cell
-
-from retry_after_adapter.testing.redis import RedisServer, missing
 
 SHAPES = {
     "a": {"quota": 50, "window": 5.0, "items": 200, "deadline": 3.0},
@@ -112,7 +111,8 @@ def run_threads(
             make, server.url, list(range(shape["items"])), threads, str(os.getpid()), time_limit(shape)
         )
         fleet.prepare()
-        sampler = _fleet.RateSampler(make.store, scope_of(server.url)) if make.store is not None else None  # type: ignore[attr-defined]
+        scope = _common.scope_of(server.url)
+        sampler = _fleet.RateSampler(make.store, scope) if make.store is not None else None  # type: ignore[attr-defined]
         start_at = time.monotonic() + 0.05
         if sampler is not None:
             sampler.start(start_at)
@@ -138,13 +138,6 @@ def run_threads(
             ),
         ),
     )
-
-
-def scope_of(url: str) -> str:
-    """The adapter's default scope (the origin) of ``url``."""
-    from retry_after_adapter.scope import RequestInfo, origin_scope
-
-    return origin_scope(RequestInfo("GET", url, {}))
 
 
 def _with_rate(changes: list[Any], result: dict[str, Any]) -> dict[str, Any]:
@@ -207,7 +200,7 @@ def run_processes(
     sampler = None
     with throttle_server(shape, headers) as server:
         if store is not None and variant == "adapter":
-            sampler = _fleet.RateSampler(_fleet.make_store(store), scope_of(server.url))
+            sampler = _fleet.RateSampler(_fleet.make_store(store), _common.scope_of(server.url))
         procs = []
         for n, count in enumerate(split(threads, processes)):
             spec = {
@@ -402,16 +395,12 @@ def main() -> None:
     load_at_start = _common.loadavg()
 
     skipped: dict[str, str] = {}
-    redis_server: RedisServer | None = None
+    redis_server: _common.RedisServer | None = None
     workdir = tempfile.mkdtemp(prefix="bench-fleet-")
+    servers = contextlib.ExitStack()  # the redis-server, ended with the runs
     if "redis" in modes:
-        why = missing() or None
-        if why is None:
-            try:
-                redis_server = RedisServer(workdir).start()
-            except RuntimeError as exc:
-                why = str(exc)
-        if why is not None:
+        redis_server, why = servers.enter_context(_common.redis_server(workdir))
+        if redis_server is None:
             skipped["redis"] = why
             print(f"skipping the Redis runs: {why}", flush=True)
 
@@ -511,8 +500,7 @@ def main() -> None:
                         flush=True,
                     )
     finally:
-        if redis_server is not None:
-            redis_server.stop()
+        servers.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
     report: dict[str, Any] = {}

@@ -90,7 +90,6 @@ from lib.llm import (
     async_sdk_client,
     async_worker,
     http_client,
-    make_store,
     missing_sdks,
     process_main,
     run_threads,
@@ -123,7 +122,7 @@ def fleet_threads(
     """Threads in this process: on one client (``shared``), or each on its own client
     over its own transport, all on one store."""
     calls = shape["threads"] * shape["calls"]
-    one = make_store(store)
+    one = _common.open_store(store)
     https = [http_client(one) for _ in range(1 if shared else shape["threads"])]
     clients = [sdk_client(sdk, server.url, http) for http in https]
     start_at = time.monotonic() + 0.05
@@ -184,7 +183,7 @@ def fleet_async(sdk: str, shape: dict[str, Any], store: str | None, server: Any)
     tally = Tally()
 
     async def main() -> float:
-        one = make_store(store)
+        one = _common.open_store(store)
         transport = AsyncRetryAfterTransport(cooldown=one) if one is not None else None
         async with httpx2.AsyncClient(transport=transport) as http:
             client = async_sdk_client(sdk, server.url, http)

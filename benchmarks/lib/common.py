@@ -195,6 +195,34 @@ def rss_kib() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
+# -- the stores a benchmark runs on -------------------------------------------------------
+
+
+def open_store(kind: str | None, where: str = "", **options: Any) -> Any:
+    """A fresh cooldown store: ``memory``, ``sqlite`` (``where`` is the file's path) or
+    ``redis`` (``where`` is its URL); None for ``kind`` None (no store). ``options`` go
+    to the SQLite constructor or to ``RedisCooldownStore.from_url`` (``prefix``, ``push``,
+    socket timeouts in seconds)."""
+    import retry_after_adapter as raa
+
+    if kind is None:
+        return None
+    if kind == "memory":
+        return raa.MemoryCooldownStore()
+    if kind == "sqlite":
+        return raa.SQLiteCooldownStore(where, **options)
+    if kind == "redis":
+        return raa.RedisCooldownStore.from_url(where, **options)
+    raise ValueError(f"unknown store {kind!r}")
+
+
+def scope_of(url: str) -> str:
+    """The adapter's default scope (the origin) of ``url``."""
+    from retry_after_adapter.scope import RequestInfo, origin_scope
+
+    return origin_scope(RequestInfo("GET", url, {}))
+
+
 # -- a fast keep-alive server in its own process --------------------------------------------
 
 _OK_RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
