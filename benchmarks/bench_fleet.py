@@ -191,19 +191,14 @@ def run_processes(
     reserve: float,
     headers: str | None = None,
 ) -> dict[str, Any]:
-    ctx = multiprocessing.get_context("spawn")
-    messages = ctx.Queue()
-    start = ctx.Event()
-    start_value = ctx.Value("d", 0.0)
     items = list(range(shape["items"]))
     limit = time_limit(shape)
     sampler = None
     with throttle_server(shape, headers) as server:
         if store is not None and variant == "adapter":
             sampler = _fleet.RateSampler(_fleet.make_store(store), _common.scope_of(server.url))
-        procs = []
-        for n, count in enumerate(split(threads, processes)):
-            spec = {
+        specs = [
+            {
                 "variant": variant,
                 "deadline": shape["deadline"],
                 "store": store,
@@ -215,35 +210,19 @@ def run_processes(
                 "client": f"p{n}",
                 "time_limit": limit,
             }
-            proc = ctx.Process(
-                target=_fleet.process_main, args=(spec, messages, start, start_value), daemon=True
-            )
-            proc.start()
-            procs.append(proc)
+            for n, count in enumerate(split(threads, processes))
+        ]
         try:
-            ready = 0
-            while ready < processes:
-                message = messages.get(timeout=120)
-                if message[0] != "ready":
-                    raise RuntimeError(f"a fleet process failed: {message}")
-                ready += 1
-            start_value.value = time.monotonic() + 0.2
-            if sampler is not None:
-                sampler.start(start_value.value)
-            start.set()
-            results = []
-            while len(results) < processes:
-                message = messages.get(timeout=limit + 120)
-                if message[0] != "done":
-                    raise RuntimeError(f"a fleet process failed: {message}")
-                results.append(message[1])
+            start_at, results = _common.process_fleet(
+                multiprocessing.get_context("spawn"),
+                _fleet.process_main,
+                specs,
+                limit + 120,
+                on_start=sampler.start if sampler is not None else None,
+                join_timeout=30,
+            )
         finally:
             changes = sampler.stop() if sampler is not None else []
-            for proc in procs:
-                proc.join(30)
-                if proc.is_alive():
-                    proc.terminate()
-                    proc.join(10)
         data = _fleet.fetch_log(server.url)
         log = data["log"]
     calls = [c for r in results for c in r["calls"]]
@@ -263,7 +242,7 @@ def run_processes(
                 items=shape["items"],
                 processes=processes,
                 deadline=shape["deadline"],
-                start_at=start_value.value,
+                start_at=start_at,
                 done_at=done_at,
             ),
         ),

@@ -280,29 +280,22 @@ def measure(
     unmeasured rounds ran to settle."""
     sessions = {v.name: v.make() for v in chosen}
     names = list(sessions)
-
-    def rotation(r: int) -> list[str]:
-        return names[r % len(names) :] + names[: r % len(names)]
-
     for name in names:
         warm(sessions[name], url, warm_seconds, 500 if warm_seconds >= 1 else 20)
     settle_end = time.perf_counter() + settle_seconds
     settle_rounds = 0
     while time.perf_counter() < settle_end:
-        for name in rotation(settle_rounds):
+        for name in _common.rotation(names, settle_rounds):
             run_block(sessions[name], url, block)
         settle_rounds += 1
-    times: dict[str, list[float]] = {name: [] for name in names}
-    cpu: dict[str, list[float]] = {name: [] for name in names}
     for v in chosen:
         if v.operations is not None:
             v.operations.clear()
-    for r in range(rounds):
-        for name in rotation(r):
-            gc.collect()
-            wall, used = run_block(sessions[name], url, block)
-            times[name].append(wall)
-            cpu[name].append(used)
+    blocks = _common.paired_blocks(
+        names, lambda name: run_block(sessions[name], url, block), rounds, before=gc.collect
+    )
+    times = {name: [wall for wall, _ in kept] for name, kept in blocks.items()}
+    cpu = {name: [used for _, used in kept] for name, kept in blocks.items()}
     for session in sessions.values():
         session.close()
     result: dict[str, Any] = {}

@@ -141,35 +141,13 @@ def fleet_processes(
     process its own client, sharing ``store`` (None: the SDK alone)."""
     calls = shape["processes"] * shape["process_threads"] * shape["calls"]
     limit = time_limit(ideal_of(shape, calls))
-    messages, start, start_value = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
-    procs = []
-    for n in range(shape["processes"]):
-        spec = {"sdk": sdk, "url": server.url, "store": store, "threads": shape["process_threads"],
-                "calls": shape["calls"], "limit": limit, "name": f"p{n}"}  # fmt: skip
-        proc = ctx.Process(target=process_main, args=(spec, messages, start, start_value), daemon=True)
-        proc.start()
-        procs.append(proc)
-    results: list[dict[str, Any]] = []
-    try:
-        for _ in procs:
-            message = messages.get(timeout=120)
-            if message[0] != "ready":
-                raise RuntimeError(f"a fleet process failed: {message}")
-        start_value.value = time.monotonic() + 0.2
-        start.set()
-        end = start_value.value + limit + 60
-        while len(results) < len(procs):
-            message = messages.get(timeout=max(1.0, end - time.monotonic()))
-            if message[0] != "done":
-                raise RuntimeError(f"a fleet process failed: {message}")
-            results.append(message[1])
-    finally:
-        for proc in procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(10)
-    return outcome(shape, calls, start_value.value, results, server)
+    specs = [
+        {"sdk": sdk, "url": server.url, "store": store, "threads": shape["process_threads"],
+         "calls": shape["calls"], "limit": limit, "name": f"p{n}"}
+        for n in range(shape["processes"])
+    ]  # fmt: skip
+    start_at, results = _common.process_fleet(ctx, process_main, specs, limit + 60)
+    return outcome(shape, calls, start_at, results, server)
 
 
 def fleet_async(sdk: str, shape: dict[str, Any], store: str | None, server: Any) -> dict[str, Any]:

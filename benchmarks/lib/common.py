@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Self
@@ -193,6 +193,93 @@ def rss_kib() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+# -- paired runs -----------------------------------------------------------------------------
+
+
+def rotation(names: Sequence[str], r: int) -> list[str]:
+    """``names`` in round ``r``'s order: rotated by one every round, so that no variant
+    always runs first."""
+    k = r % len(names)
+    return [*names[k:], *names[:k]]
+
+
+def paired_blocks(
+    names: Sequence[str],
+    run_block: Callable[[str], object],
+    rounds: int,
+    *,
+    discard: int = 0,
+    before: Callable[[], object] | None = None,
+) -> dict[str, list[tuple[float, float]]]:
+    """Paired runs: each round one block of each variant (``run_block(name)``), in
+    :func:`rotation`'s order; the wall and CPU seconds (this process's) of each block,
+    by variant. The first ``discard`` rounds run unkept; ``before()`` runs ahead of each
+    block, untimed. A block's ratio to the baseline's block of the same round
+    (:func:`ratios`) is then free of the machine's drift from one round to the next."""
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for r in range(discard + rounds):
+        for name in rotation(names, r):
+            if before is not None:
+                before()
+            cpu, wall = time.process_time(), time.perf_counter()
+            run_block(name)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            if r >= discard:
+                times[name].append((wall, cpu))
+    return times
+
+
+# -- a fleet of processes started together -------------------------------------------------
+
+
+def process_fleet(
+    ctx: Any,
+    target: Callable[..., object],
+    specs: Sequence[dict[str, Any]],
+    results_within: float,
+    *,
+    on_start: Callable[[float], object] | None = None,
+    join_timeout: float = 10.0,
+) -> tuple[float, list[Any]]:
+    """Run one process of ``ctx`` (a multiprocessing context) per spec, as
+    ``target(spec, messages, start, start_value)``: each puts ``("ready", name)``, waits
+    for ``start`` and puts ``("done", result)`` (or ``("error", name, why)``). Once every
+    one is ready, ``start_value`` is set to a monotonic time 0.2 s ahead (handed to
+    ``on_start`` first) and they all start; returns that time and the results as they
+    came. A process not ready within 120 s, or results not all in ``results_within``
+    seconds of the start, raise; every process is joined on the way out (terminated past
+    ``join_timeout`` seconds)."""
+    messages, start, start_value = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
+    procs = []
+    results: list[Any] = []
+    try:
+        for spec in specs:
+            proc = ctx.Process(target=target, args=(spec, messages, start, start_value), daemon=True)
+            proc.start()
+            procs.append(proc)
+        for _ in procs:
+            message = messages.get(timeout=120)
+            if message[0] != "ready":
+                raise RuntimeError(f"a fleet process failed: {message}")
+        start_value.value = time.monotonic() + 0.2
+        if on_start is not None:
+            on_start(start_value.value)
+        start.set()
+        end = start_value.value + results_within
+        while len(results) < len(procs):
+            message = messages.get(timeout=max(1.0, end - time.monotonic()))
+            if message[0] != "done":
+                raise RuntimeError(f"a fleet process failed: {message}")
+            results.append(message[1])
+    finally:
+        for proc in procs:
+            proc.join(join_timeout)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(10)
+    return start_value.value, results
 
 
 # -- the stores a benchmark runs on -------------------------------------------------------
