@@ -24,9 +24,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from .common import cpu_seconds, ok_server, redis_server, summary
+from .common import cpu_seconds, ok_server, redis_cluster, redis_server, summary
 
 #: The quota every adapter has: it never binds.
 QUOTA_LIMIT = 10_000
@@ -597,3 +598,94 @@ def services(workdir: str) -> Iterator[tuple[Any, Any, str]]:
         finally:
             if redis is not None:
                 redis["client"].close()
+
+
+# -- the Redis servers of bench_scale.py ---------------------------------------------------------------------
+
+
+class Stores:
+    """The shared stores' servers: Redis and the cluster (either may be missing: why)."""
+
+    def __init__(self, redis: Any, redis_why: str, cluster: Any, cluster_why: str) -> None:
+        import redis as redis_py  # only when one of them runs
+
+        self.redis, self.cluster = redis, cluster
+        self.versions = {
+            "redis": getattr(redis, "version", None),
+            "cluster": getattr(cluster, "version", None),
+        }
+        self.skipped = {k: w for k, w in (("redis", redis_why), ("cluster", cluster_why)) if w}
+        self.clients = {
+            "redis": [redis_py.Redis(port=redis.port)] if redis else [],
+            "cluster": [redis_py.Redis(port=port) for port in cluster.ports] if cluster else [],
+        }
+        #: CPU seconds a second each kind's servers use with no client (their timers).
+        self.idle = {kind: self.idle_rate(kind) for kind, clients in self.clients.items() if clients}
+
+    def where(self, kind: str, workdir: str, run: int) -> Any:
+        if kind == "redis":
+            return self.redis.url
+        if kind == "cluster":
+            return self.cluster.ports[0]
+        return str(Path(workdir) / f"scale-{run}.db")
+
+    def cpu(self, kind: str) -> float:
+        """CPU seconds the servers of ``kind`` have used (``INFO cpu``: microseconds, where
+        ``/proc``'s ticks are 10 ms, too coarse for a paced run's few hundred requests)."""
+        total = 0.0
+        for client in self.clients.get(kind, []):
+            info = client.info("cpu")
+            total += float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+        return total
+
+    def idle_rate(self, kind: str, seconds: float = 2.0) -> float:
+        before = self.cpu(kind)
+        time.sleep(seconds)
+        return (self.cpu(kind) - before) / seconds
+
+    def empty(self, kind: str) -> None:
+        for client in self.clients.get(kind, []):
+            client.flushall()
+
+    def reset_stats(self, kind: str) -> None:
+        for client in self.clients.get(kind, []):
+            client.config_resetstat()
+
+    def commands(self, kind: str) -> int:
+        """Commands the Redis servers ran since the reset, the scripts' included (the
+        benchmark's own left out)."""
+        total = 0
+        for client in self.clients.get(kind, []):
+            for name, count in commandstats(client).items():
+                total += 0 if own_command(name) else count
+        return total
+
+    def close(self) -> None:
+        for clients in self.clients.values():
+            for client in clients:
+                client.close()
+
+
+@contextlib.contextmanager
+def stores(workdir: str, kinds: list[str]) -> Iterator[Stores | None]:
+    """The Redis and the Redis Cluster ``kinds`` asks for (None: neither runs)."""
+    with contextlib.ExitStack() as stack:
+        redis, why = (
+            stack.enter_context(redis_server(workdir))
+            if "redis" in kinds
+            else (None, "not asked for")
+        )
+        cluster, cwhy = (
+            stack.enter_context(redis_cluster(workdir))
+            if "cluster" in kinds
+            else (None, "not asked for")
+        )
+        if redis is None and cluster is None:
+            print(f"Redis rows skipped: {why}", file=sys.stderr)
+            yield None
+            return
+        kept = Stores(redis, why, cluster, cwhy)
+        try:
+            yield kept
+        finally:
+            kept.close()
