@@ -17,7 +17,6 @@ package's process-wide memory store (the floor: nothing can fail there).
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import shutil
 import subprocess
@@ -25,8 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -50,36 +48,6 @@ COOLDOWN = 5  # seconds: the Retry-After the server announces once armed
 GRACE = 0.5
 HUNG = "hung Redis: seconds per call (first call, then the next four)"
 CONTENTION = "SQLite contention: 8 processes x 16 threads doing only store operations"
-
-
-class Warnings(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.warnings = 0
-        self.recoveries = 0
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.WARNING or "recovered" in record.getMessage():
-            self.lines.append(record.getMessage()[:120])
-        if record.levelno >= logging.WARNING:
-            self.warnings += 1
-        elif "recovered" in record.getMessage():
-            self.recoveries += 1
-
-
-@contextmanager
-def counted_warnings() -> Iterator[Warnings]:
-    handler = Warnings()
-    logger = logging.getLogger("retry_after_adapter")
-    old = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old)
 
 
 class Fleet:
@@ -123,7 +91,7 @@ def inside_cooldown(server: CountingServer, store: Any, threads: int, fault: Cal
                     seconds: float, store_failure: str = "open") -> dict[str, Any]:  # fmt: skip
     """Warm the fleet, apply ``fault``, arm one 429, count what is sent inside it."""
     server.disarm()
-    with counted_warnings() as logs, Fleet(server.url, store, threads, store_failure) as fleet:
+    with _common.package_log() as logs, Fleet(server.url, store, threads, store_failure) as fleet:
         time.sleep(0.3)
         fault()
         time.sleep(0.1)
@@ -169,7 +137,7 @@ def restart_run(server: CountingServer, tmp: str, threads: int) -> dict[str, Any
         store = RedisCooldownStore.from_url(redis.url)
         scope = server.origin
         checker = RedisCooldownStore.from_url(redis.url)
-        with counted_warnings() as logs, Fleet(server.url, store, threads):
+        with _common.package_log() as logs, Fleet(server.url, store, threads):
             time.sleep(0.3)
             redis.kill()
             killed = time.monotonic()

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import platform
@@ -24,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -280,6 +282,51 @@ def process_fleet(
                 proc.terminate()
                 proc.join(10)
     return start_value.value, results
+
+
+# -- the package's log, counted -----------------------------------------------------------
+
+
+class PackageLog(logging.Handler):
+    """Counts the package's log records (INFO and up) while it is installed: by level
+    (``counts``), the warnings (WARNING and up) and the recovery lines apart; keeps the
+    first three records (``first``) and each warning or recovery line (``lines``)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.counts: Counter[str] = Counter()
+        self.first: list[str] = []
+        self.lines: list[str] = []
+        self.warnings = 0
+        self.recoveries = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        self.counts[record.levelname] += 1
+        if len(self.first) < 3:
+            self.first.append(f"{record.levelname}: {message}"[:300])
+        warning = record.levelno >= logging.WARNING
+        if warning or "recovered" in message:
+            self.lines.append(message[:120])
+        if warning:
+            self.warnings += 1
+        elif "recovered" in message:
+            self.recoveries += 1
+
+
+@contextlib.contextmanager
+def package_log() -> Iterator[PackageLog]:
+    """A :class:`PackageLog` on the package's logger (set to INFO meanwhile)."""
+    handler = PackageLog()
+    logger = logging.getLogger("retry_after_adapter")
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
 
 
 # -- the stores a benchmark runs on -------------------------------------------------------

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .common import cpu_seconds, ok_server, redis_cluster, redis_server, summary
+from .common import PackageLog, cpu_seconds, ok_server, open_store, redis_cluster, redis_server, summary
 
 #: The quota every adapter has: it never binds.
 QUOTA_LIMIT = 10_000
@@ -47,34 +47,30 @@ def _path_scope(request: Any) -> str:
 
 
 def _make_store(spec: dict[str, Any]) -> Any:
-    from retry_after_adapter import MemoryCooldownStore
-    from retry_after_adapter.cooldown import RedisCooldownStore, SQLiteCooldownStore
-
     kind = spec["store"]
     timeout = spec["timeout"]
-    if kind == "memory":
-        return MemoryCooldownStore()
-    if kind == "sqlite":
-        if timeout is None:
-            return SQLiteCooldownStore(spec["where"], push=spec["push"])
-        return SQLiteCooldownStore(spec["where"], push=spec["push"], timeout=timeout)
     if kind == "cluster":  # "where": the port of one of its nodes
         from redis.cluster import RedisCluster
+
+        from retry_after_adapter.cooldown import RedisCooldownStore
 
         wait = timeout or 0.1
         client = RedisCluster(
             host="127.0.0.1", port=spec["where"], socket_timeout=wait, socket_connect_timeout=wait
         )
         return RedisCooldownStore(client, prefix=spec["prefix"], push=spec["push"])
-    if timeout is None:
-        return RedisCooldownStore.from_url(spec["where"], prefix=spec["prefix"], push=spec["push"])
-    return RedisCooldownStore.from_url(
-        spec["where"],
-        prefix=spec["prefix"],
-        push=spec["push"],
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-    )
+    if kind == "memory":
+        return open_store(kind)
+    options: dict[str, Any] = {"push": spec["push"]}
+    if kind == "sqlite":
+        if timeout is not None:
+            options["timeout"] = timeout
+    else:
+        kind = "redis"
+        options["prefix"] = spec["prefix"]
+        if timeout is not None:
+            options.update(socket_timeout=timeout, socket_connect_timeout=timeout)
+    return open_store(kind, spec["where"], **options)
 
 
 def _session(spec: dict[str, Any], store: Any) -> Any:
@@ -93,20 +89,6 @@ def _session(spec: dict[str, Any], store: Any) -> Any:
     session = requests.Session()
     session.mount("http://", RetryAfterAdapter(max_retries=retry, **kwargs))
     return session
-
-
-class _Counting(logging.Handler):
-    """Counts the package's log records (INFO and up) and keeps the first few."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.counts: Counter[str] = Counter()
-        self.first: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.counts[record.levelname] += 1
-        if len(self.first) < 3:
-            self.first.append(f"{record.levelname}: {record.getMessage()}"[:300])
 
 
 def _thread(
@@ -181,7 +163,7 @@ def worker(index: int, commands: Any, results: Any, nice: int) -> None:
         spec = commands.get()
         if spec is None:
             return
-        handler = _Counting()
+        handler = PackageLog()
         logger.addHandler(handler)
         store = _make_store(spec)
         base = spec["url"]
