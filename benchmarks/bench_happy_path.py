@@ -96,7 +96,7 @@ from urllib3.util.timeout import Timeout
 
 from retry_after_adapter import MemoryCooldownStore, Quota, RetryAfterAdapter, RetryAfterRetry
 from retry_after_adapter.adapter import DEFAULT_STORE, RetryAfterResponse
-from retry_after_adapter.cooldown import Ask, RedisCooldownStore, SQLiteCooldownStore
+from retry_after_adapter.cooldown import Ask
 from retry_after_adapter.cooldown.guard import DEFAULT, guard_of
 from retry_after_adapter.engine import Call, admitted, drive
 
@@ -216,9 +216,9 @@ def stores(workdir: str, kinds: set[str]) -> Iterator[tuple[dict[str, Any], list
                 redis_url = server.url
         for key, kind, _admission, push in wanted:
             if kind == "SQLite":
-                made[key] = SQLiteCooldownStore(os.path.join(workdir, f"{key}.db"), push=push)
+                made[key] = _common.open_store("sqlite", os.path.join(workdir, f"{key}.db"), push=push)
             elif redis_url is not None:
-                made[key] = RedisCooldownStore.from_url(redis_url, prefix=f"bench-{key}:", push=push)
+                made[key] = _common.open_store("redis", redis_url, prefix=f"bench-{key}:", push=push)
         try:
             yield made, notes
         finally:

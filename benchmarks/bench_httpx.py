@@ -263,13 +263,9 @@ def fleet(shape: dict[str, Any], reps: int, stores: list[str]) -> tuple[Runs, li
 def _store(variant: str, workdir: str, rep: int, redis: Any) -> Any:
     """The store of a variant's run: a new SQLite file, or a new key prefix on Redis."""
     if variant.endswith("SQLite"):
-        from retry_after_adapter import SQLiteCooldownStore
-
-        return SQLiteCooldownStore(os.path.join(workdir, f"fleet-{rep}.db"))
+        return _common.open_store("sqlite", os.path.join(workdir, f"fleet-{rep}.db"))
     if variant.endswith("Redis"):
-        from retry_after_adapter import RedisCooldownStore
-
-        return RedisCooldownStore.from_url(redis.url, prefix=f"fleet{rep}:", socket_timeout=2.0)
+        return _common.open_store("redis", redis.url, prefix=f"fleet{rep}:", socket_timeout=2.0)
     return None
 
 
