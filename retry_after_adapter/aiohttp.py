@@ -27,7 +27,8 @@ has the shape of the async httpx transport's:
 - when the last attempt fails in transport, aiohttp's exception
   (``aiohttp.ClientConnectorError``, ``aiohttp.ServerDisconnectedError``...) is raised
   and carries the deferral when there is one;
-- ``raise_on_defer=True`` raises :class:`~retry_after_adapter.RetryDeferred` instead.
+- ``raise_on_defer=True`` raises :class:`~retry_after_adapter.RetryDeferred` instead
+  (:class:`DeferredClientError`, which aiohttp passes on unwrapped).
 
 A body is sent again only when aiohttp holds it whole (bytes, a string, JSON, a form):
 a file, a multipart writer or an async iterator is read as it is sent, so a call
@@ -67,7 +68,7 @@ from .retry import RetryAfterRetry
 from .scope import RequestInfo
 from .settings import Options, Settings, SharedSettings, as_retry_after_retry, local_parts, store_name
 
-__all__ = ["STORE_THREADS", "RetryAfterMiddleware"]
+__all__ = ["STORE_THREADS", "DeferredClientError", "RetryAfterMiddleware"]
 
 Handler = Callable[[ClientRequest], Awaitable[ClientResponse]]
 
@@ -213,7 +214,7 @@ class _Attempts:
     async def keep(self, response: ClientResponse, limit: int | None, seconds: float | None) -> bytes | None:
         """Read the body (at most ``limit`` bytes, within ``seconds``; past either the
         connection is dropped) and keep it readable (``read()``, ``text()``,
-        ``json()``); return it. Read whole, the connection goes back to the pool."""
+        ``json()``); return it. Read whole, the connection went back to the pool."""
         kept: bytes | None = response._body
         if kept is not None:
             return kept
@@ -238,10 +239,9 @@ class _Attempts:
         except (aiohttp.ClientError, asyncio.TimeoutError):
             pass  # a broken or slow body: what was read is kept, the connection dropped
         finally:
-            if whole:
-                response.release()
-            else:
-                response.close()
+            if not whole:
+                response.close()  # read whole, aiohttp gave the connection back itself
+                # (``release()`` would mark the body released: unreadable)
         data = b"".join(chunks)
         if limit is not None:
             data = data[:limit]
@@ -355,6 +355,13 @@ def _takes_stream_writer() -> bool:
 _STREAM_WRITER = _takes_stream_writer()
 
 
+class DeferredClientError(RetryDeferred, aiohttp.ClientError):
+    """The :class:`~retry_after_adapter.RetryDeferred` the middleware raises
+    (``raise_on_defer=True``, a deferred redirect): also an ``aiohttp.ClientError``, so
+    aiohttp hands it to the caller as it is (it wraps any other ``OSError`` in its
+    ``ClientOSError``)."""
+
+
 class RetryAfterMiddleware(StoreThreads, SharedSettings):
     """An aiohttp client middleware that obeys Retry-After exactly and shares cooldowns.
 
@@ -442,7 +449,7 @@ class RetryAfterMiddleware(StoreThreads, SharedSettings):
         self, request: Any, call: Call, deferral: Deferral, response: Any, limit: MaxRetryError | None
     ) -> RetryDeferred:
         reason = limit.reason if limit is not None else None
-        return RetryDeferred(deferral, response=response, request=request, reason=reason)
+        return DeferredClientError(deferral, response=response, request=request, reason=reason)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.max_retries!r}, cooldown={store_name(self.settings.cooldown)})"
