@@ -39,6 +39,7 @@ BENCHMARKS = {
     "scale": ("bench_scale.py", "scale.json"),
     "cold_start": ("bench_cold_start.py", "cold_start.json"),
     "httpx": ("bench_httpx.py", "bench_httpx.json"),
+    "aiohttp": ("bench_aiohttp.py", "bench_aiohttp.json"),
     "scenarios": ("bench_scenarios.py", "scenarios.json"),
     "workers": ("bench_workers.py", "workers.json"),
 }
@@ -141,6 +142,11 @@ def headline(name: str, doc: dict[str, Any]) -> str:
                 f"{max(r['early'] for r in results)}, wall <= {_common.fmt(worst)}"
             )
         return "; ".join(parts)
+    if name == "aiohttp":
+        return "; ".join(
+            f"{variant}: 429s <= {max(r['429'] for r in runs)}, early <= {max(r['early'] for r in runs)}"
+            for variant, runs in doc["runs"].items()
+        )
     return "see its table above"
 
 
