@@ -448,3 +448,56 @@ async def test_the_deferral_names_no_secret(server: ThrottleServer, clock: FakeC
     for response in (deferred, local):
         text = json.dumps(deferral_of(response).to_dict()) + repr(deferral_of(response))
         assert "hunter2" not in text and "sk-secret" not in text
+
+
+async def test_cost_reads_the_json_body_aiohttp_holds(server: ThrottleServer, clock: FakeClock):
+    from retry_after_adapter.cost import max_tokens
+
+    server.serve([Reply(200, body=b"{}")])
+    tokens = Quota(100, per=60, unit="tokens")
+    async with session(clock, max_wait=0, quota=tokens, cost=max_tokens) as client:
+        first = await client.post(server.url + "/v1/chat", json={"max_tokens": 60})
+        second = await client.post(server.url + "/v1/chat", json={"max_tokens": 60})
+    assert first.status == 200 and second.local is True
+    assert deferral_of(second).reason == "quota" and server.count() == 1
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("store_failure", ["open", "closed"])
+async def test_a_hung_redis_is_bounded_by_the_budget_and_never_blocks_the_loop(
+    black_hole: int, real_server: ThrottleServer, store_failure: str
+):
+    from retry_after_adapter import RedisCooldownStore
+
+    store = RedisCooldownStore.from_url(f"redis://127.0.0.1:{black_hole}/0")
+    real_server.serve([Reply(429, {"Retry-After": "1"})])
+    ticks = 0
+
+    async def ticker() -> None:  # runs only while the event loop is free
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    mw = RetryAfterMiddleware(RetryAfterRetry(total=3), cooldown=store, store_failure=store_failure)
+    async with aiohttp.ClientSession(middlewares=(mw,)) as client:
+        tick = asyncio.create_task(ticker())
+        took, reasons = [], []
+        for n in range(3):
+            started, before = time.monotonic(), ticks
+            with budget(deadline=0.3):
+                response = await client.get(real_server.url)
+                await response.read()
+            took.append(time.monotonic() - started)
+            reasons.append(deferral_of(response).reason)
+            if n == 0:
+                ticked = ticks - before
+        tick.cancel()
+    mw.close()
+    assert max(took) <= 0.35, took  # the deadline, plus 50 ms of scheduling
+    assert took[1] < 0.05 and took[2] < 0.05, took  # the breaker spared the next ones
+    assert ticked >= 5, (ticked, took)  # the loop ran on while the first call waited on the store
+    if store_failure == "open":
+        assert reasons == ["deadline"] * 3 and real_server.count() == 1
+    else:
+        assert reasons == ["cooldown-unknown"] * 3 and real_server.count() == 0
