@@ -73,8 +73,11 @@ __all__ = ["STORE_THREADS", "DeferredClientError", "RetryAfterMiddleware"]
 Handler = Callable[[ClientRequest], Awaitable[ClientResponse]]
 
 _REDIRECTS = frozenset((301, 302, 303, 307, 308))
-#: Failures after the request went out, which another attempt may heal.
-_BROKEN = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError)
+#: Failures no other attempt heals: a certificate or a fingerprint, an invalid URL.
+_FINAL = (aiohttp.ClientSSLError, aiohttp.ServerFingerprintMismatch, aiohttp.InvalidURL)
+#: Failures after the request went out (a reset, a disconnect, a broken body), which
+#: another attempt may heal.
+_BROKEN = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 #: ``allowed_methods`` that no method is in: the policy a call whose body cannot be sent
 #: again runs on, so no answer replays it (a POST's rule, for every method).
 _NO_METHOD = frozenset({"-"})
@@ -180,7 +183,7 @@ class _Attempts:
         the idempotency guard read), or None when another attempt cannot heal it (a
         certificate, an invalid URL, anything not a transport error). Nothing was sent
         on a connect failure or a connect timeout."""
-        if isinstance(exc, (aiohttp.ClientSSLError, aiohttp.InvalidURL)):
+        if isinstance(exc, _FINAL):
             return None
         if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
             return ConnectTimeoutError(type(exc).__name__)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -501,3 +503,31 @@ async def test_a_hung_redis_is_bounded_by_the_budget_and_never_blocks_the_loop(
         assert reasons == ["deadline"] * 3 and real_server.count() == 1
     else:
         assert reasons == ["cooldown-unknown"] * 3 and real_server.count() == 0
+
+
+def test_the_package_works_without_aiohttp():
+    script = (
+        "import sys; sys.modules['aiohttp'] = None\n"
+        "import retry_after_adapter, requests\n"
+        "s = requests.Session(); s.mount('http://', retry_after_adapter.RetryAfterAdapter())\n"
+        "try:\n"
+        "    import retry_after_adapter.aiohttp\n"
+        "except ImportError as e:\n"
+        "    print('extra:', e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'retry_after_adapter[aiohttp]'" in done.stdout
+
+
+async def test_a_reset_is_retried_for_a_get_and_raised_for_a_post(server: ThrottleServer, clock: FakeClock):
+    server.serve([Reply(action="reset"), Reply(200, body=b"back")])
+    async with session(clock, jitter=0, max_wait=60) as client:
+        async with client.get(server.url + "/g") as response:
+            assert response.status == 200 and await response.text() == "back"
+        sent = server.count()
+        server.serve([Reply(action="reset"), Reply(200)])  # (a new script: a new record)
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            await client.post(server.url + "/p", data=b"once")
+    assert sent == 2  # the GET sent again once
+    assert [seen.method for seen in server.seen] == ["POST"]  # a POST that may have been done: not again
