@@ -531,3 +531,18 @@ async def test_a_reset_is_retried_for_a_get_and_raised_for_a_post(server: Thrott
             await client.post(server.url + "/p", data=b"once")
     assert sent == 2  # the GET sent again once
     assert [seen.method for seen in server.seen] == ["POST"]  # a POST that may have been done: not again
+
+
+async def test_a_quota_wait_that_fits_is_waited_and_one_that_does_not_is_deferred(server: ThrottleServer, clock: FakeClock):
+    quota = Quota(2, per=10)
+    async with session(clock, jitter=0, max_wait=60, quota=quota) as client:
+        for i in range(6):
+            async with client.get(server.url + f"/{i}") as response:
+                assert response.status == 200 and response.local is False
+        with budget(max_wait=5):  # the next permit is 10 s away
+            held = await client.get(server.url + "/late")
+    # Never more than two in any 10 s of the clock: the waits were taken, not shortened.
+    times = [(seen.at - server.seen[0].at).total_seconds() for seen in server.seen]
+    assert len(times) == 6 and all(later - earlier >= 10 for earlier, later in zip(times, times[2:]))
+    assert len(clock.sleeps) == 2 and all(10 <= slept <= 10.5 for slept in clock.sleeps)
+    assert held.local is True and held.headers[LOCAL_HEADER] == "quota" and deferral_of(held).reason == "quota"
