@@ -33,7 +33,8 @@ has the shape of the async httpx transport's:
 A body is sent again only when aiohttp holds it whole (bytes, a string, JSON, a form):
 a file, a multipart writer or an async iterator is read as it is sent, so a call
 carrying one is never replayed (whatever its method); a wait after it is deferred, with
-the response. aiohttp follows redirects itself: each hop is a call of its own.
+the response. aiohttp follows redirects itself: each hop comes back through the
+middleware and continues the same call (its deadline, budget and counts).
 aiohttp's ``ClientTimeout(total=...)`` covers the whole call, waits included.
 """
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -78,6 +80,9 @@ _FINAL = (aiohttp.ClientSSLError, aiohttp.ServerFingerprintMismatch, aiohttp.Inv
 #: Failures after the request went out (a reset, a disconnect, a broken body), which
 #: another attempt may heal.
 _BROKEN = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
+#: The call the next hop of a followed redirect continues, with the timer aiohttp gives
+#: every hop of one ``session.request()`` (a hop runs in the task that set this).
+_HOP: ContextVar[tuple[Call, object] | None] = ContextVar("retry_after_adapter_aiohttp_hop", default=None)
 #: ``allowed_methods`` that no method is in: the policy a call whose body cannot be sent
 #: again runs on, so no answer replays it (a POST's rule, for every method).
 _NO_METHOD = frozenset({"-"})
@@ -403,16 +408,31 @@ class RetryAfterMiddleware(StoreThreads, SharedSettings):
                 "give it to aiohttp.ClientSession(middlewares=(...,))"
             )
         url = str(request.url)
-        call = self._call(self.max_retries, RequestInfo(request.method, url, request.headers), request)
-        if not replayable(request):
-            call.retry = self._sent_once()
-            call.progress.resendable = False
+        call = self._start(request, url)
         pool = self._threads() if self._blocking else None  # None: the steps run on the loop
         offload = self._offload if pool is not None else None
         attempts = _Attempts(request, handler, url, offload)
         outcome = await _adrive(call, attempts, steps(call, attempts), pool)
         result: ClientResponse = self._result(request, call, outcome)
         return result
+
+    def _start(self, request: ClientRequest, url: str) -> Call:
+        """The call ``request`` continues (the next hop of a redirect aiohttp follows:
+        its deadline, budget and counts go on), or a new one."""
+        info = RequestInfo(request.method, url, request.headers)
+        entry = _HOP.get()
+        if entry is not None:
+            _HOP.set(None)
+            if entry[1] is request._timer:
+                call = entry[0]
+                call.continue_on(self._plan, self._scope_fn(info))
+                call.progress.resendable = call.progress.resendable and replayable(request)
+                return call
+        call = self._call(self.max_retries, info, request)
+        if not replayable(request):
+            call.retry = self._sent_once()
+            call.progress.resendable = False
+        return call
 
     def _sent_once(self) -> RetryAfterRetry:
         """The policy a call whose body cannot be sent again runs on: ``max_retries``
@@ -446,6 +466,11 @@ class RetryAfterMiddleware(StoreThreads, SharedSettings):
             headers = CIMultiDict(response.headers)
             headers[SHOULD_RETRY] = "false"
             _set_headers(response, headers)
+        return response
+
+    def _finished(self, request: Any, call: Call, response: Any, outcome: Outcome[Any]) -> Any:
+        if outcome.redirect:
+            _HOP.set((call, request._timer))  # aiohttp follows it: the next hop continues this call
         return response
 
     def _deferred(

@@ -546,3 +546,19 @@ async def test_a_quota_wait_that_fits_is_waited_and_one_that_does_not_is_deferre
     assert len(times) == 6 and all(later - earlier >= 10 for earlier, later in zip(times, times[2:]))
     assert len(clock.sleeps) == 2 and all(10 <= slept <= 10.5 for slept in clock.sleeps)
     assert held.local is True and held.headers[LOCAL_HEADER] == "quota" and deferral_of(held).reason == "quota"
+
+
+async def test_redirect_hops_continue_one_call_and_its_deadline(server: ThrottleServer, clock: FakeClock):
+    server.serve([
+        Reply(503, {"Retry-After": "6"}), Reply(307, {"Location": "/next"}),
+        Reply(503, {"Retry-After": "6"}, b"again"), Reply(200),
+    ])  # fmt: skip
+    async with session(clock, jitter=0, max_wait=60) as client:
+        with budget(deadline=10):  # 6 s waited before the hop: another 6 s would end past it
+            response = await client.get(server.url + "/a")
+        assert response.status == 503 and await response.text() == "again"
+        assert deferral_of(response).reason == "deadline" and deferral_of(response).attempts == 3
+        # The next request of the same task is a call of its own.
+        async with client.get(server.url + "/b") as fresh:
+            assert fresh.status == 200
+    assert [seen.path for seen in server.seen] == ["/a", "/a", "/next", "/b"]
