@@ -212,12 +212,21 @@ class _Attempts:
         left = _left(timeout)
         if left is None:
             return await self.handler(request)
+        if _TIMEOUT is None:  # Python 3.10: a task of its own for the attempt
+            try:
+                return await asyncio.wait_for(self.handler(request), left)
+            except asyncio.TimeoutError as exc:
+                if isinstance(exc, aiohttp.ClientError):
+                    raise  # aiohttp's own read or connect timeout
+                raise aiohttp.ServerTimeoutError("the call's deadline ran out") from None
+        bound = _TIMEOUT(left)  # in this task: no task made per attempt
         try:
-            return await asyncio.wait_for(self.handler(request), left)
-        except asyncio.TimeoutError as exc:
-            if isinstance(exc, aiohttp.ClientError):
-                raise  # aiohttp's own read or connect timeout
-            raise aiohttp.ServerTimeoutError("the call's deadline ran out") from None
+            async with bound:
+                return await self.handler(request)
+        except asyncio.TimeoutError:
+            if bound.expired():
+                raise aiohttp.ServerTimeoutError("the call's deadline ran out") from None
+            raise  # aiohttp's own read or connect timeout
 
     async def keep(self, response: ClientResponse, limit: int | None, seconds: float | None) -> bytes | None:
         """Read the body (at most ``limit`` bytes, within ``seconds``; past either the
@@ -283,6 +292,10 @@ class _Attempts:
 
     def follow(self, response: Any, retry: Any) -> None:  # pragma: no cover
         raise AssertionError("aiohttp follows redirects itself")
+
+
+#: ``asyncio.timeout`` (Python 3.11+), or None.
+_TIMEOUT: Any = getattr(asyncio, "timeout", None)
 
 
 def _left(timeout: Any) -> float | None:
