@@ -1,6 +1,17 @@
-"""The aiohttp middleware against aiohttp-retry and retryhttp, side by side in one run.
+"""The aiohttp middleware against plain aiohttp, aiohttp-retry and retryhttp, side by side.
 
-An async fleet: 500 tasks in one process work through 200 items (one GET each) against
+1. Happy path, per GET (``--part happy``): one task sending GETs one after another
+   through a session with ``RetryAfterMiddleware(RetryAfterRetry(total=5,
+   backoff_factor=0.5, deadline=30))`` (the default memory store), against a plain
+   session, on the keep-alive ``200 ok`` server of the other benchmarks (its own
+   process). Each round every variant sends one block of ``--block`` GETs, in an order
+   rotated every round; a block's time over the plain block's of the same round is the
+   round's ratio, in wall time and in this process's CPU time (the steadier on a shared
+   machine). A second plain session is the control (A/A, ideally 1.000). No target: the
+   engine's own cost per call (what the async httpx transport adds too) against
+   aiohttp's, about a third of httpx's.
+
+2. Async fleet (``--part fleet``): 500 tasks in one process work through 200 items (one GET each) against
 the quota server (its own process; 50 per 5 s window, counted from the first request;
 quota headers ``RateLimit``/``RateLimit-Policy`` on every answer, ``Retry-After`` on
 each 429); an item is done on a 200, a deferred one re-queued for its ``eligible_at``
@@ -21,7 +32,7 @@ Counted as the fleet benchmark counts them (``lib.fleet.analyse``): 429s, early 
 goodput (items done a second) against what the server allowed (quota / window), wall
 against the ideal 15 s. Targets for ours: 0 early, <= 1 429, in every run.
 
-    python benchmarks/bench_aiohttp.py            # full: about 2 minutes
+    python benchmarks/bench_aiohttp.py            # full: about 6 minutes
     python benchmarks/bench_aiohttp.py --quick    # a few seconds
 """
 
@@ -178,6 +189,56 @@ async def _fleet_run(
     return {"start_at": start_at, "done_at": max(ends) if ends and done == items else None, "calls": calls}
 
 
+# -- happy path --------------------------------------------------------------------------------
+
+
+def happy(block: int, rounds: int) -> dict[str, Any]:
+    """Per variant: microseconds per GET (wall, and this process's CPU), and each
+    block's ratio to the plain session's block of the same round (wall, CPU)."""
+    from retry_after_adapter import RetryAfterRetry
+    from retry_after_adapter.aiohttp import RetryAfterMiddleware
+
+    async def run(url: str) -> dict[str, list[tuple[float, float]]]:
+        policy = RetryAfterRetry(total=5, backoff_factor=0.5, deadline=30)
+        middleware = RetryAfterMiddleware(policy)
+        sessions = {
+            "plain": aiohttp.ClientSession(),
+            "plain (control)": aiohttp.ClientSession(),
+            OURS: aiohttp.ClientSession(middlewares=(middleware,)),
+        }
+        names = list(sessions)
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+        for r in range(rounds + 2):  # the first two rounds warm up, not kept
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                session = sessions[name]
+                wall, cpu = time.perf_counter(), time.process_time()
+                for _ in range(block):
+                    async with session.get(url) as response:
+                        await response.read()
+                if r >= 2:
+                    times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
+        for session in sessions.values():
+            await session.close()
+        middleware.close()
+        return times
+
+    with _common.ok_server() as server:
+        times = asyncio.run(run(server.url + "/ok"))
+    base = times["plain"]
+    return {
+        name: {
+            "per_get_us": _common.summary([w / block * 1e6 for w, _ in values]),
+            "cpu_per_get_us": _common.summary([c / block * 1e6 for _, c in values]),
+            "ratio": _common.summary(_common.ratios([w for w, _ in values], [w for w, _ in base])),
+            "cpu_ratio": _common.summary(_common.ratios([c for _, c in values], [c for _, c in base])),
+        }
+        for name, values in times.items()
+    }
+
+
+# -- async fleet ---------------------------------------------------------------------------------
+
+
 Runs = dict[str, list[dict[str, Any]]]
 
 
@@ -244,23 +305,56 @@ def _rows(runs: Runs) -> list[list[Any]]:
 
 def main() -> None:
     p = _common.parser(__doc__ or "")
+    p.add_argument("--part", choices=("happy", "fleet", "all"), default="all")
+    p.add_argument("--block", type=int, help="GETs per block (default 50; quick 20)")
+    p.add_argument("--rounds", type=int, help="rounds (default 60; quick 4)")
     p.add_argument("--reps", type=int, help="fleet repetitions (default 3; quick 1)")
     p.add_argument("--stores", help="our middleware's stores: memory,sqlite (default both; quick memory)")
     args = p.parse_args()
     reps = args.reps or (1 if args.quick else 3)
+    block = args.block or (20 if args.quick else 50)
+    rounds = args.rounds or (4 if args.quick else 60)
     shape = QUICK_FLEET if args.quick else FLEET
     stores = (args.stores or ("memory" if args.quick else "memory,sqlite")).split(",")
-    runs = fleet(shape, reps, stores)
-    payload: dict[str, Any] = {"pid": os.getpid(), "aiohttp": aiohttp.__version__, "shape": shape}
-    payload["runs"] = runs
-    table = _common.table(
-        f"aiohttp async fleet: {shape['tasks']} tasks, quota {shape['quota']} per {shape['window']:g} s, "
-        f"{shape['items']} items, deadline {shape['deadline']:g} s (ours), quota headers, {reps} runs",
-        ["client", "429s", "early", "overruns", "items done (least)", "goodput / allowed", "wall s",
-         "wall / ideal"],
-        _rows(runs),
-    )
-    _common.finish("bench_aiohttp", payload, [table], args.out)
+    payload: dict[str, Any] = {"pid": os.getpid(), "aiohttp": aiohttp.__version__}
+    tables = []
+    if args.part in ("happy", "all"):
+        measured = happy(block, rounds)
+        payload["happy"] = measured
+        rows = [
+            [
+                name,
+                _common.fmt_summary(v["per_get_us"], 1),
+                _common.fmt_summary(v["cpu_per_get_us"], 1),
+                _common.fmt_summary(v["ratio"]),
+                _common.fmt_summary(v["cpu_ratio"]),
+            ]
+            for name, v in measured.items()
+        ]
+        tables.append(
+            _common.table(
+                f"aiohttp happy path, {block} GETs per block, {rounds} rounds",
+                ["session", "us per GET", "CPU us per GET", "ratio to plain (wall)", "ratio to plain (CPU)"],
+                rows,
+            )
+        )
+    if args.part in ("fleet", "all"):
+        runs = fleet(shape, reps, stores)
+        payload["shape"] = shape
+        payload["runs"] = runs
+        title = (
+            f"aiohttp async fleet: {shape['tasks']} tasks, quota {shape['quota']} per {shape['window']:g} s, "
+            f"{shape['items']} items, deadline {shape['deadline']:g} s (ours), quota headers, {reps} runs"
+        )
+        tables.append(
+            _common.table(
+                title,
+                ["client", "429s", "early", "overruns", "items done (least)", "goodput / allowed", "wall s",
+                 "wall / ideal"],
+                _rows(runs),
+            )
+        )
+    _common.finish("bench_aiohttp", payload, tables, args.out)
 
 
 if __name__ == "__main__":

@@ -143,10 +143,16 @@ def headline(name: str, doc: dict[str, Any]) -> str:
             )
         return "; ".join(parts)
     if name == "aiohttp":
-        return "; ".join(
+        parts = [
+            f"{variant} / plain per GET: {_common.fmt_summary(v['cpu_ratio'])} (CPU)"
+            for variant, v in doc.get("happy", {}).items()
+            if "RetryAfter" in variant
+        ]
+        parts += [
             f"{variant}: 429s <= {max(r['429'] for r in runs)}, early <= {max(r['early'] for r in runs)}"
-            for variant, runs in doc["runs"].items()
-        )
+            for variant, runs in doc.get("runs", {}).items()
+        ]
+        return "; ".join(parts)
     return "see its table above"
 
 

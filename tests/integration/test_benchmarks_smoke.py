@@ -305,6 +305,12 @@ def test_aiohttp_quick(tmp_path: Path) -> None:
     pytest.importorskip("aiohttp_retry")
     pytest.importorskip("retryhttp")
     doc = run_quick("bench_aiohttp.py", tmp_path)
+    variants = doc["happy"]
+    assert set(variants) == {"plain", "plain (control)", "RetryAfterMiddleware"}
+    assert variants["plain"]["ratio"]["median"] == 1.0
+    for entry in variants.values():
+        check_summary(entry["per_get_us"])
+        check_summary(entry["cpu_ratio"])
     runs = doc["runs"]
     assert set(runs) == {"RetryAfterMiddleware", "aiohttp-retry", "retryhttp"}
     for results in runs.values():
