@@ -262,7 +262,7 @@ def test_no_store_operation_of_a_blocking_store_runs_on_the_event_loop(server: T
         async with aiohttp.ClientSession(middlewares=(mw,)) as client:
             await (await client.get(server.url + "/warm")).read()
             loop_thread = threading.get_ident()
-            guard = mw._plan.guard
+            guard = mw._plan.store  # the failure layer around the SQLite store
             for name in ("settle", "release", "get", "admit", "answer", "extend"):
                 original = getattr(guard.inner, name, None)
                 if original is None:
