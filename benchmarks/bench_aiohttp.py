@@ -198,32 +198,32 @@ def happy(block: int, rounds: int) -> dict[str, Any]:
     from retry_after_adapter import RetryAfterRetry
     from retry_after_adapter.aiohttp import RetryAfterMiddleware
 
-    async def run(url: str) -> dict[str, list[tuple[float, float]]]:
-        policy = RetryAfterRetry(total=5, backoff_factor=0.5, deadline=30)
-        middleware = RetryAfterMiddleware(policy)
-        sessions = {
-            "plain": aiohttp.ClientSession(),
-            "plain (control)": aiohttp.ClientSession(),
-            OURS: aiohttp.ClientSession(middlewares=(middleware,)),
-        }
-        names = list(sessions)
-        times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
-        for r in range(rounds + 2):  # the first two rounds warm up, not kept
-            for name in names[r % len(names):] + names[: r % len(names)]:
-                session = sessions[name]
-                wall, cpu = time.perf_counter(), time.process_time()
-                for _ in range(block):
-                    async with session.get(url) as response:
-                        await response.read()
-                if r >= 2:
-                    times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
-        for session in sessions.values():
-            await session.close()
-        middleware.close()
-        return times
-
     with _common.ok_server() as server:
-        times = asyncio.run(run(server.url + "/ok"))
+        url = server.url + "/ok"
+        loop = asyncio.new_event_loop()
+        middleware = RetryAfterMiddleware(RetryAfterRetry(total=5, backoff_factor=0.5, deadline=30))
+
+        async def open_sessions() -> dict[str, aiohttp.ClientSession]:
+            return {
+                "plain": aiohttp.ClientSession(),
+                "plain (control)": aiohttp.ClientSession(),
+                OURS: aiohttp.ClientSession(middlewares=(middleware,)),
+            }
+
+        sessions = loop.run_until_complete(open_sessions())
+
+        async def one_block(session: aiohttp.ClientSession) -> None:
+            for _ in range(block):
+                async with session.get(url) as response:
+                    await response.read()
+
+        times = _common.paired_blocks(
+            list(sessions), lambda name: loop.run_until_complete(one_block(sessions[name])), rounds, discard=2
+        )
+        for session in sessions.values():
+            loop.run_until_complete(session.close())
+        loop.close()
+        middleware.close()
     base = times["plain"]
     return {
         name: {
@@ -245,22 +245,16 @@ Runs = dict[str, list[dict[str, Any]]]
 def fleet(shape: dict[str, Any], reps: int, stores: list[str]) -> Runs:
     """``reps`` runs of each client: ours on each of ``stores`` (memory, sqlite), and
     the two others; in an order rotated every run."""
-    ideal = (math.ceil(shape["items"] / shape["quota"]) - 1) * shape["window"]
-    time_limit = ideal + max(30.0, 3 * ideal)
+    time_limit = _fleet.time_limit(shape)
     variants = [OURS if kind == "memory" else f"{OURS}, SQLite" for kind in stores] + list(CLIENTS[1:])
     runs: Runs = {variant: [] for variant in variants}
     with tempfile.TemporaryDirectory() as workdir:
         for rep in range(reps):
-            for variant in variants[rep % len(variants):] + variants[: rep % len(variants)]:
+            for variant in _common.rotation(variants, rep):
                 store = None
                 if variant.endswith("SQLite"):
-                    from retry_after_adapter import SQLiteCooldownStore
-
-                    store = SQLiteCooldownStore(os.path.join(workdir, f"fleet-{rep}.db"))
-                server = _common.ServerProcess(
-                    _fleet.SERVER_MODULE, "--serve", str(shape["quota"]), str(shape["window"]), "ietf"
-                )
-                with server:
+                    store = _common.open_store("sqlite", os.path.join(workdir, f"fleet-{rep}.db"))
+                with _fleet.throttle_server(shape, "ietf") as server:
                     result = asyncio.run(_fleet_run(variant, server.url, shape, time_limit, store))
                     log = _fleet.fetch_log(server.url)["log"]
                 analysed = _fleet.analyse(
