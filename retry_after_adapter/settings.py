@@ -25,7 +25,7 @@ from .cooldown.memory import DEFAULT_STORE
 from .cooldown.weights import token_quota
 from .cost import FIXED, CostFunction, check_cost_option, cost_error, cost_of
 from .deferral import Deferral
-from .engine import Call, Outcome, Plan, current_override, refine_call
+from .engine import Call, Outcome, Plan, current_override, refine_call, refine_gemini
 from .errors import ConfigurationError, close_keyword, unknown_keyword
 from .observe import DecisionHook, as_hooks
 from .quota import Quota
@@ -486,6 +486,9 @@ class SharedSettings:
             call.progress.cost_from = settings.cost
         if self._plan.dialects.routes:
             refine_call(call, request.method, request.url)
+        url = request.url
+        if url and "odels/" in url:  # a Gemini model's path (one test on any other URL)
+            refine_gemini(call, url)
         if self._plan.replays and not isinstance(getattr(request, "body", None), (bytes, str, type(None))):
             call.progress.resendable = False  # a file, a generator: read once as it is sent
         return call
