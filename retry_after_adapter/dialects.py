@@ -85,6 +85,7 @@ __all__ = [
     "ANTHROPIC_KINDS",
     "EPOCH_MS_THRESHOLD",
     "EPOCH_THRESHOLD",
+    "GEMINI_MARK",
     "MAX_GO_DURATION",
     "MAX_VALUE",
     "MS_FIELDS",
@@ -106,6 +107,7 @@ __all__ = [
     "go_duration",
     "go_duration_latest",
     "google_rpc_error",
+    "google_status",
     "ietf_item",
     "is_global",
     "limit_field",
@@ -483,6 +485,8 @@ def not_processed(status: int | None, get: Getter, body: bytes | None = None) ->
 
 
 # ------------------------------------------------------------------------------ Gemini
+#: What separates a scope from a Gemini model's key (:func:`gemini_key`) in a refined scope.
+GEMINI_MARK = "|gemini:"
 #: The ``@type`` of the details of a ``google.rpc.Status`` read here.
 RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
 QUOTA_FAILURE = "type.googleapis.com/google.rpc.QuotaFailure"
@@ -800,3 +804,16 @@ def secondary_wait(streak: int) -> float:
     if streak <= 1:
         return SECONDARY_MIN
     return min(SECONDARY_MAX, SECONDARY_MIN * 2.0 ** min(streak - 1, 16))
+
+
+def google_status(delay: float, message: str) -> dict[str, Any]:
+    """A ``google.rpc.Status`` (JSON) of a 429 built here, as Google's clients read one:
+    ``RESOURCE_EXHAUSTED``, ``message``, and a ``RetryInfo`` whose ``retryDelay`` is
+    ``delay`` seconds rounded up to the millisecond (never a shorter wait)."""
+    millis = max(0, math.ceil(round(delay * 1000.0, 6)))
+    return {
+        "code": 429,
+        "message": message,
+        "status": "RESOURCE_EXHAUSTED",
+        "details": [{"@type": RETRY_INFO, "retryDelay": f"{millis // 1000}.{millis % 1000:03d}s"}],
+    }

@@ -25,6 +25,7 @@ from .cooldown.memory import DEFAULT_STORE
 from .cooldown.weights import token_quota
 from .cost import FIXED, CostFunction, check_cost_option, cost_error, cost_of
 from .deferral import Deferral
+from .dialects import GEMINI_MARK, google_status
 from .engine import Call, Outcome, Plan, current_override, refine_call, refine_gemini
 from .errors import ConfigurationError, close_keyword, unknown_keyword
 from .observe import DecisionHook, as_hooks
@@ -53,13 +54,24 @@ LOCAL_HEADER = "X-Local-Deferral"
 def local_parts(deferral: Deferral) -> tuple[dict[str, str], bytes]:
     """The headers and body of the 429 built here for a call deferred before sending:
     ``Retry-After`` is the whole seconds left (rounded up), the body the deferral's
-    JSON, and the :data:`LOCAL_HEADER` names the reason."""
+    JSON, and the :data:`LOCAL_HEADER` names the reason. A deferral of a Gemini model's
+    scope carries an ``error`` member too, a ``google.rpc.Status`` with a ``RetryInfo``
+    (``dialects.google_status``), as Google's clients read an error."""
     headers = {
         "Retry-After": str(max(0, math.ceil(deferral.delay))),
         "Content-Type": "application/json",
         LOCAL_HEADER: str(deferral.reason),
     }
-    return headers, json.dumps(deferral.to_dict()).encode("ascii")
+    data = deferral.to_dict()
+    if deferral.scope is not None and GEMINI_MARK in deferral.scope:
+        # Google's clients (the GenAI SDK) read a google.rpc.Status: what they raise
+        # then says RESOURCE_EXHAUSTED, why, and when (the deferral's fields stay).
+        message = (
+            f"deferred before sending ({deferral.reason}): nothing was sent; "
+            f"eligible at {data['eligible_at']}, in {deferral.delay:.3f} s"
+        )
+        data["error"] = google_status(deferral.delay, message)
+    return headers, json.dumps(data).encode("ascii")
 
 
 def store_name(store: object) -> str | None:

@@ -18,6 +18,7 @@ from .._compat import announces_quota, header_getter, response_header
 from ..cooldown.allowance import SAME_WINDOW
 from ..cooldown.freshness import INVALID_HEADER, SERVER_ERROR, SUCCESS, SUCCESS_EVERY, THROTTLED, TRANSPORT
 from ..dialects import (
+    GEMINI_MARK,
     MS_FIELDS,
     RESET_MARGIN,
     bucket_of,
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
     from .call import Call
 
 __all__ = [
-    "GEMINI_MARK",
     "learn_cooldown",
     "learn_retry_after",
     "learn_retry_info",
@@ -52,9 +52,6 @@ __all__ = [
     "refine_gemini",
     "wants_body",
 ]
-
-#: What separates a scope from a Gemini model's key in a refined scope.
-GEMINI_MARK = "|gemini:"
 
 #: No millisecond field: ``(None, None)``, one per ``MS_FIELDS``.
 _NO_MS = (None,) * len(MS_FIELDS)
