@@ -54,23 +54,25 @@ LOCAL_HEADER = "X-Local-Deferral"
 def local_parts(deferral: Deferral) -> tuple[dict[str, str], bytes]:
     """The headers and body of the 429 built here for a call deferred before sending:
     ``Retry-After`` is the whole seconds left (rounded up), the body the deferral's
-    JSON, and the :data:`LOCAL_HEADER` names the reason. A deferral of a Gemini model's
-    scope carries an ``error`` member too, a ``google.rpc.Status`` with a ``RetryInfo``
-    (``dialects.google_status``), as Google's clients read an error."""
+    JSON, and the :data:`LOCAL_HEADER` names the reason. For a deferral of a Gemini
+    model's scope the body is ``{"error": <google.rpc.Status>, "deferral": <its JSON>}``
+    (``dialects.google_status``: a ``RetryInfo`` never shorter than the wait), as
+    Google's clients read an error."""
     headers = {
         "Retry-After": str(max(0, math.ceil(deferral.delay))),
         "Content-Type": "application/json",
         LOCAL_HEADER: str(deferral.reason),
     }
-    data = deferral.to_dict()
+    data: dict[str, Any] = deferral.to_dict()
     if deferral.scope is not None and GEMINI_MARK in deferral.scope:
-        # Google's clients (the GenAI SDK) read a google.rpc.Status: what they raise
-        # then says RESOURCE_EXHAUSTED, why, and when (the deferral's fields stay).
+        # Google's clients (the GenAI SDK) read a google.rpc.Status from the top of the
+        # body: what they raise then says RESOURCE_EXHAUSTED, why and when; the
+        # deferral's JSON is its "deferral" member.
         message = (
             f"deferred before sending ({deferral.reason}): nothing was sent; "
             f"eligible at {data['eligible_at']}, in {deferral.delay:.3f} s"
         )
-        data["error"] = google_status(deferral.delay, message)
+        data = {"error": google_status(deferral.delay, message), "deferral": data}
     return headers, json.dumps(data).encode("ascii")
 
 
