@@ -313,3 +313,21 @@ def test_a_429_that_is_no_quota_refusal_is_not_replayed(real_server: ThrottleSer
     error = sdk_call(real_server.url, transport(asynchronous, MemoryCooldownStore()), asynchronous)
     assert isinstance(error, genai_errors.ClientError), repr(error)
     assert deferral_of(error).reason == "cooldown" and real_server.count() == 1
+
+
+def test_the_quota_servers_gemini_stand_in_names_its_wait_in_the_body() -> None:
+    from retry_after_adapter.dialects import google_rpc_error
+    from retry_after_adapter.testing import QuotaServer
+
+    with QuotaServer(1, 30, align="first", quota_headers="gemini") as stand_in, requests.Session() as plain:
+        url = stand_in.url + GEMINI_GENERATE
+        first = plain.post(url, data=b"{}", timeout=5)
+        assert first.status_code == 200 and first.json() == {
+            "candidates": [{"content": {"parts": [{"text": "ok"}], "role": "model"}, "finishReason": "STOP"}]
+        }
+        second = plain.post(url, data=b"{}", timeout=5)
+        assert second.status_code == 429 and "Retry-After" not in second.headers
+        found = google_rpc_error(second.content)
+        assert found is not None and found.quota_refused and found.models == ("gemini-2.0-flash",)
+        assert found.delay is not None and 25 < found.delay <= 30
+        assert stand_in.announcements[-1].until >= stand_in.arrivals[-1].at + timedelta(seconds=found.delay - 0.001)
