@@ -98,6 +98,7 @@ __all__ = [
     "Allowance",
     "GoogleError",
     "anthropic_allowances",
+    "body_needed",
     "bucket_key",
     "bucket_of",
     "count",
@@ -817,3 +818,16 @@ def google_status(delay: float, message: str) -> dict[str, Any]:
         "status": "RESOURCE_EXHAUSTED",
         "details": [{"@type": RETRY_INFO, "retryDelay": f"{millis // 1000}.{millis % 1000:03d}s"}],
     }
+
+
+def body_needed(status: int | None, get: Getter) -> bool:
+    """Whether an answer must have its body read before it is judged, whatever the
+    front end: a GitHub 403 that names no wait (:func:`wants_body`: its body tells a
+    secondary limit from a permission denied) or a 429 that names its wait only in a
+    JSON body (:func:`wants_google_body`, Gemini's). Never for any other status (a 200
+    costs one comparison). A front end reads that body bounded (at most
+    ``max_retry_body`` bytes, within the call's time), keeps it readable for its caller,
+    and hands the bytes to the judgement."""
+    if status == 429:
+        return wants_google_body(429, get)
+    return status == 403 and wants_body(403, get)

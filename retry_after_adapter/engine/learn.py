@@ -21,15 +21,14 @@ from ..dialects import (
     GEMINI_MARK,
     MS_FIELDS,
     RESET_MARGIN,
+    body_needed,
     bucket_of,
     gemini_key,
     github_secondary,
     google_rpc_error,
     is_global,
     secondary_wait,
-    wants_google_body,
 )
-from ..dialects import wants_body as wants_github_body
 from ..errors import CooldownUnavailable, InvalidRetryAfter
 from ..policy import TOO_LONG, Reason, beyond_bound
 from ..quota import QuotaHint, bound_hint, read_quota, refill_step
@@ -373,12 +372,7 @@ def wants_body(transport: Any, raw: Any) -> bool:
     apart (a GitHub 403 that names no wait; a 429 that names its wait in a JSON body
     only, as Gemini's does): the loop then reads and keeps it (bounded, as a retried
     body), so that it stays readable. Never when the caller streams the body."""
-    if transport.streams:
-        return False
-    status = raw.status
-    if status == 429:
-        return wants_google_body(429, lambda name: response_header(raw, name))
-    return wants_github_body(status, lambda name: response_header(raw, name))
+    return not transport.streams and body_needed(raw.status, lambda name: response_header(raw, name))
 
 
 def refine_gemini(call: Call, url: str | None) -> None:
