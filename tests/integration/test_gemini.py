@@ -220,6 +220,29 @@ def test_an_endless_json_429_is_read_only_up_to_max_retry_body(body_server: Any)
     assert sent < ENDLESS_BYTES // 4, sent  # dropped, not drained
 
 
+@pytest.mark.parametrize("front", ["requests", "httpx2"])
+def test_a_trickling_json_429_is_read_only_within_the_calls_time(body_server: Any, front: str) -> None:
+    """One byte every 50 ms, never ending: the 429 is read while the call has time
+    (``deadline=1``), then its connection dropped; the call is over in about a second."""
+    server = body_server(lambda index, path: Body(status=429, headers=JSON, kind="trickle"))
+    url = server.url + GEMINI_GENERATE
+    retry = RetryAfterRetry(total=2, deadline=1.0, raise_on_status=False)
+    started = time.monotonic()
+    if front == "requests":
+        s = requests.Session()
+        s.mount("http://", RetryAfterAdapter(retry))
+        response = s.post(url, data=b"{}", timeout=5)
+        content = response.content
+    else:
+        with httpx2.Client(transport=ra_httpx2.RetryAfterTransport(retry)) as c:
+            response = c.post(url, content=b"{}", timeout=5)
+            content = response.content
+    took = time.monotonic() - started
+    assert response.status_code == 429 and took < 2.0, took  # 1.0 s and a loaded machine's slack
+    assert set(content) <= {ord("x")} and len(content) <= 2.0 / 0.05 + 10
+    assert server.wait_done(1.0), server.snapshot()
+
+
 # -- the GenAI SDK ----------------------------------------------------------------------------
 def client(url: str, transport: Any, asynchronous: bool, flavour: str = "httpx2") -> Any:
     """``google.genai.Client`` on an httpx or httpx2 client with ``transport`` mounted."""
