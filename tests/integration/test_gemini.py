@@ -354,3 +354,32 @@ def test_the_quota_servers_gemini_stand_in_names_its_wait_in_the_body() -> None:
         assert found is not None and found.quota_refused and found.models == ("gemini-2.0-flash",)
         assert found.delay is not None and 25 < found.delay <= 30
         assert stand_in.announcements[-1].until >= stand_in.arrivals[-1].at + timedelta(seconds=found.delay - 0.001)
+
+
+def test_scope_credential_keeps_two_api_keys_apart_and_never_shows_them(server: ThrottleServer) -> None:
+    """Gemini's quotas are per project; an API key is a project's: ``scope="credential"``
+    keys on its hash (the key itself nowhere)."""
+    clock = FakeClock()
+    store = MemoryCooldownStore()
+    server.serve([throttled("30s"), ok()])
+    s = requests.Session()
+    s.mount("http://", RetryAfterAdapter(RetryAfterRetry(clock=clock, max_wait=1), cooldown=store, scope="credential"))
+    url = server.url + GEMINI_GENERATE
+    first = s.post(url, headers={"x-goog-api-key": API_KEY}, data=b"{}", timeout=5)
+    scope = deferral_of(first).scope
+    assert scope.startswith(f"http://127.0.0.1:{server.port}|sha256:") and scope.endswith("|gemini:gemini-2.0-flash")
+    assert API_KEY not in scope
+    assert local_deferral(s.post(url, headers={"x-goog-api-key": API_KEY}, data=b"{}", timeout=5)).reason == "cooldown"
+    other_project = s.post(url, headers={"x-goog-api-key": "AIzaOther-project-key"}, data=b"{}", timeout=5)
+    assert other_project.status_code == 200 and server.count() == 2
+
+
+@pytest.mark.clock_start(RECEIVED_AT)
+def test_a_violation_naming_another_model_holds_that_model_too(server: ThrottleServer, clock: FakeClock) -> None:
+    """An alias (``gemini-flash-latest``) counted against the model it names."""
+    store = MemoryCooldownStore()
+    server.serve([throttled("30s", model="gemini-2.0-flash"), ok()])
+    alias = "/v1beta/models/gemini-flash-latest:generateContent"
+    assert deferral_of(generate(session(clock, store), server, alias)).scope.endswith("|gemini:gemini-flash-latest")
+    held = local_deferral(generate(session(clock, store), server))  # gemini-2.0-flash
+    assert held.reason == "cooldown" and held.eligible_at == at(30) and server.count() == 1
