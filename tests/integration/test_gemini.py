@@ -165,10 +165,16 @@ def test_a_retry_delay_past_max_retry_after_is_not_obeyed(server: ThrottleServer
 
 
 @pytest.mark.clock_start(RECEIVED_AT)
-def test_the_api_key_in_the_query_is_never_in_a_scope_or_deferral(server: ThrottleServer, clock: FakeClock) -> None:
+def test_the_api_key_in_the_query_is_never_in_a_scope_deferral_or_log(
+    server: ThrottleServer, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="retry_after_adapter")
     server.serve([throttled("30s"), ok()])
     s = session(clock, MemoryCooldownStore())
     response = s.post(f"{server.url}{GEMINI_GENERATE}?key={API_KEY}", data=b"{}", timeout=5)
+    held = s.post(f"{server.url}{GEMINI_GENERATE}?key={API_KEY}", data=b"{}", timeout=5)
+    ours = "".join(r.getMessage() for r in caplog.records if r.name.startswith("retry_after_adapter"))
+    assert "defer" in ours and API_KEY not in ours and API_KEY not in held.text
     text = json.dumps(deferral_of(response).to_dict())
     assert deferral_of(response).scope.endswith("|gemini:gemini-2.0-flash") and API_KEY not in text
     assert "AIza" not in text
