@@ -3,7 +3,9 @@ Retry-After of a cooldown status advances the scope's shared cooldown, quota hea
 record what the server allows (nothing left: a cooldown until the reset), and the
 outcome is noted in the scope's freshness record. Providers' dialects refine it
 (``buckets``): a route's bucket refines its scope first, a global limit cools the
-unrefined scope, a GitHub secondary limit that names no wait cools it 60 s or more.
+unrefined scope, a GitHub secondary limit that names no wait cools it 60 s or more; a
+request to a Gemini model is scoped by the model, and its 429's wait is read from its
+body (``google.rpc.RetryInfo``) when no field names one.
 """
 
 from __future__ import annotations
