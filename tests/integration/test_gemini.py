@@ -389,3 +389,14 @@ def test_a_violation_naming_another_model_holds_that_model_too(server: ThrottleS
     assert deferral_of(generate(session(clock, store), server, alias)).scope.endswith("|gemini:gemini-flash-latest")
     held = local_deferral(generate(session(clock, store), server))  # gemini-2.0-flash
     assert held.reason == "cooldown" and held.eligible_at == at(30) and server.count() == 1
+
+
+def test_a_streamed_sdk_call_waits_the_429_and_streams_the_answer(real_server: ThrottleServer) -> None:
+    """``generate_content_stream`` (server-sent events, ``?alt=sse``): the 429 before the
+    stream is waited and the stream then read as the SDK reads it."""
+    event = b"data: " + json.dumps(ANSWER).encode() + b"\r\n\r\n"
+    real_server.serve([throttled("0.3s"), Reply(200, {"Content-Type": "text/event-stream"}, event)])
+    sdk = client(real_server.url, transport(False, MemoryCooldownStore()), False)
+    chunks = [chunk.text for chunk in sdk.models.generate_content_stream(model="gemini-2.0-flash", contents="hi")]
+    assert chunks == ["hi"] and real_server.count() == 2 and gap(real_server.seen) >= 0.3
+    assert real_server.seen[1].path.endswith(":streamGenerateContent?alt=sse")
