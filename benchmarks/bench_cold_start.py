@@ -20,53 +20,17 @@ stock in the same run.
 
 from __future__ import annotations
 
-import http.server
 import threading
 import time
 from typing import Any
 
 import requests
 from lib import common as _common
+from lib.servers import LatencyServer
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from retry_after_adapter import MemoryCooldownStore, RetryAfterAdapter, RetryAfterRetry
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        owner: Server = self.server.owner  # type: ignore[attr-defined]
-        with owner.lock:
-            owner.in_flight += 1
-            owner.most = max(owner.most, owner.in_flight)
-        time.sleep(owner.latency)
-        with owner.lock:
-            owner.in_flight -= 1
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-class Server:
-    def __init__(self, latency: float) -> None:
-        self.latency = latency
-        self.lock = threading.Lock()
-        self.in_flight = self.most = 0
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.owner = self  # type: ignore[attr-defined]
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def adapter_for(fleet: str) -> HTTPAdapter:
@@ -80,7 +44,7 @@ def adapter_for(fleet: str) -> HTTPAdapter:
 
 
 def burst(fleet: str, threads: int, requests_in_all: int, latency: float) -> dict[str, float]:
-    server = Server(latency)
+    server = LatencyServer(latency)
     adapter = adapter_for(fleet)
     left = [requests_in_all]
     answered: list[float] = []

@@ -17,7 +17,6 @@ package's process-wide memory store (the floor: nothing can fail there).
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import shutil
 import subprocess
@@ -25,14 +24,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import requests
 from lib import common as _common
+from lib.servers import CountingServer
 
 from retry_after_adapter import (
     RedisCooldownStore,
@@ -43,7 +41,6 @@ from retry_after_adapter import (
 )
 from retry_after_adapter.cooldown.memory import DEFAULT_STORE
 from retry_after_adapter.testing.ports import black_hole
-from retry_after_adapter.testing.redis import RedisServer, missing
 
 COOLDOWN = 5  # seconds: the Retry-After the server announces once armed
 #: Requests admitted before the 429 reached the store may still arrive this long after
@@ -51,116 +48,6 @@ COOLDOWN = 5  # seconds: the Retry-After the server announces once armed
 GRACE = 0.5
 HUNG = "hung Redis: seconds per call (first call, then the next four)"
 CONTENTION = "SQLite contention: 8 processes x 16 threads doing only store operations"
-
-
-class CountingServer:
-    """200 until armed; then one 429 with ``Retry-After: COOLDOWN``; counts what
-    arrives while that cooldown runs."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.armed = False
-        self.until = 0.0
-        self.fired_at = 0.0
-        self.inside = 0
-        self.inside_late = 0  # arrived more than GRACE after the 429 went out
-        self.total = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                now = time.monotonic()
-                with outer.lock:
-                    outer.total += 1
-                    if now < outer.until:
-                        outer.inside += 1
-                        outer.inside_late += now > outer.fired_at + GRACE
-                    fire = outer.armed
-                    if fire:
-                        outer.armed = False
-                        outer.until = now + COOLDOWN
-                        outer.fired_at = now
-                if fire:
-                    body = b"slow down"
-                    self.send_response(429)
-                    self.send_header("Retry-After", str(COOLDOWN))
-                else:
-                    body = b"ok"
-                    self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            request_queue_size = 128
-
-            def handle_error(self, request: Any, client_address: Any) -> None:
-                pass  # a client whose deadline passed hung up: not the server's problem
-
-        self.httpd = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/item"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def arm(self) -> None:
-        with self.lock:
-            self.armed = True
-            self.until = 0.0
-            self.inside = 0
-            self.inside_late = 0
-
-    def disarm(self) -> None:
-        """Forget an arm that never fired (nothing reached the server)."""
-        with self.lock:
-            self.armed = False
-
-    def wait_fired(self, timeout: float = 5.0) -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            with self.lock:
-                if not self.armed:
-                    return
-            time.sleep(0.005)
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-class Warnings(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.warnings = 0
-        self.recoveries = 0
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.WARNING or "recovered" in record.getMessage():
-            self.lines.append(record.getMessage()[:120])
-        if record.levelno >= logging.WARNING:
-            self.warnings += 1
-        elif "recovered" in record.getMessage():
-            self.recoveries += 1
-
-
-@contextmanager
-def counted_warnings() -> Iterator[Warnings]:
-    handler = Warnings()
-    logger = logging.getLogger("retry_after_adapter")
-    old = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old)
 
 
 class Fleet:
@@ -204,7 +91,7 @@ def inside_cooldown(server: CountingServer, store: Any, threads: int, fault: Cal
                     seconds: float, store_failure: str = "open") -> dict[str, Any]:  # fmt: skip
     """Warm the fleet, apply ``fault``, arm one 429, count what is sent inside it."""
     server.disarm()
-    with counted_warnings() as logs, Fleet(server.url, store, threads, store_failure) as fleet:
+    with _common.package_log() as logs, Fleet(server.url, store, threads, store_failure) as fleet:
         time.sleep(0.3)
         fault()
         time.sleep(0.1)
@@ -244,38 +131,40 @@ print(sent)
 def restart_run(server: CountingServer, tmp: str, threads: int) -> dict[str, Any]:
     """Redis killed; a 429 learned during the outage; Redis restarted (empty) 2.5 s
     after the kill while the fleet goes on; a second process starts at once."""
-    redis = RedisServer(tmp).start()
-    store = RedisCooldownStore.from_url(redis.url)
-    scope = f"http://127.0.0.1:{server.httpd.server_address[1]}"
-    checker = RedisCooldownStore.from_url(redis.url)
-    with counted_warnings() as logs, Fleet(server.url, store, threads):
-        time.sleep(0.3)
+    with _common.redis_server(tmp) as (redis, why):
+        if redis is None:
+            raise RuntimeError(f"no redis-server for the restart run: {why}")
+        store = RedisCooldownStore.from_url(redis.url)
+        scope = server.origin
+        checker = RedisCooldownStore.from_url(redis.url)
+        with _common.package_log() as logs, Fleet(server.url, store, threads):
+            time.sleep(0.3)
+            redis.kill()
+            killed = time.monotonic()
+            server.arm()
+            server.wait_fired()
+            time.sleep(max(0.0, killed + 2.5 - time.monotonic()))
+            redis.restart()
+            restarted = time.monotonic()
+            left = str(time.time() + server.until - time.monotonic())  # the cooldown's end, wall clock
+            second = subprocess.Popen(
+                [sys.executable, "-c", SECOND_PROCESS, redis.url, server.url, left],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            appeared = None
+            while time.monotonic() < server.until:
+                try:
+                    if checker.get(scope) is not None:
+                        appeared = time.monotonic() - restarted
+                        break
+                except Exception:
+                    pass
+                time.sleep(0.01)
+            out, _ = second.communicate(timeout=60)
+            inside = server.inside
         redis.kill()
-        killed = time.monotonic()
-        server.arm()
-        server.wait_fired()
-        time.sleep(max(0.0, killed + 2.5 - time.monotonic()))
-        redis.restart()
-        restarted = time.monotonic()
-        left = str(time.time() + server.until - time.monotonic())  # the cooldown's end, wall clock
-        second = subprocess.Popen(
-            [sys.executable, "-c", SECOND_PROCESS, redis.url, server.url, left],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        appeared = None
-        while time.monotonic() < server.until:
-            try:
-                if checker.get(scope) is not None:
-                    appeared = time.monotonic() - restarted
-                    break
-            except Exception:
-                pass
-            time.sleep(0.01)
-        out, _ = second.communicate(timeout=60)
-        inside = server.inside
-    redis.kill()
-    store.close()
+        store.close()
     return {
         "key_written_back_after_restart_s": appeared,
         "second_process_sent_inside": int(out.strip() or -1),
@@ -360,7 +249,7 @@ def main() -> None:
     seconds = 1.0 if args.quick else 3.0
     threads = 32
     results: dict[str, Any] = {}
-    server = CountingServer()
+    server = CountingServer(COOLDOWN, GRACE)
     tmp = tempfile.mkdtemp(prefix="faults-")
     try:
         DEFAULT_STORE.clear()
@@ -368,11 +257,13 @@ def main() -> None:
             server, DEFAULT_STORE, threads, lambda: None, seconds
         )
 
-        if not missing():
-            redis = RedisServer(tmp).start()
-            store = RedisCooldownStore.from_url(redis.url)
-            results["Redis killed, 32 threads"] = inside_cooldown(server, store, threads, redis.kill, seconds)
-            store.close()
+        with _common.redis_server(tmp) as (redis, _why):
+            if redis is not None:
+                store = RedisCooldownStore.from_url(redis.url)
+                killed = inside_cooldown(server, store, threads, redis.kill, seconds)
+                results["Redis killed, 32 threads"] = killed
+                store.close()
+        if redis is not None:
             results["Redis killed, restarted 2.5 s later"] = restart_run(server, tmp, threads)
 
         # A hung Redis: a port that accepts connections and never answers.

@@ -51,22 +51,18 @@ most 2 429s, no request early, wall within 1.22 x ideal in every run.
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import math
-import multiprocessing
 import os
 import shutil
 import statistics
 import tempfile
-import time
 from typing import Any
 
 from lib import common as _common
 from lib import express as _express
 from lib import fleet as _fleet
 from lib.common import cell
-
-from retry_after_adapter.testing.redis import RedisServer, missing
 
 SHAPES = {
     "a": {"quota": 50, "window": 5.0, "items": 200, "deadline": 3.0},
@@ -77,204 +73,6 @@ QUICK_SHAPES = {
     "b": {"quota": 20, "window": 1.0, "items": 40, "deadline": 3.0},
 }
 WALL_TARGET = 1.05
-
-
-def time_limit(shape: dict[str, Any]) -> float:
-    """Seconds a run may take before its workers stop (bounds every run)."""
-    ideal = (math.ceil(shape["items"] / shape["quota"]) - 1) * shape["window"]
-    return ideal + max(30.0, 3 * ideal)
-
-
-#: Where the real express server's npm packages are (``--express-modules``).
-EXPRESS_MODULES = _express.modules_dir(None)
-
-
-def throttle_server(shape: dict[str, Any], headers: str | None = None) -> Any:
-    """The quota server in its own process; ``headers``: the quota headers it sends
-    (None, "ietf", "x-ratelimit", "express": the emulation of express-rate-limit, or
-    "express-real": express-rate-limit itself, run with node)."""
-    if headers == "express-real":
-        return _express.ExpressServer(EXPRESS_MODULES, shape["quota"], shape["window"])
-    told = [headers] if headers else []
-    return _common.ServerProcess(
-        _fleet.SERVER_MODULE, "--serve", str(shape["quota"]), str(shape["window"]), *told
-    )
-
-
-def run_threads(
-    shape: dict[str, Any], variant: str, threads: int, reserve: float, headers: str | None = None
-) -> dict[str, Any]:
-    _fleet.install_send_stamp()
-    with throttle_server(shape, headers) as server:
-        told = (shape["quota"], shape["window"])
-        make = _fleet.session_factory(variant, shape["deadline"], ("memory", ""), reserve, told)
-        fleet = _fleet.Fleet(
-            make, server.url, list(range(shape["items"])), threads, str(os.getpid()), time_limit(shape)
-        )
-        fleet.prepare()
-        sampler = _fleet.RateSampler(make.store, scope_of(server.url)) if make.store is not None else None  # type: ignore[attr-defined]
-        start_at = time.monotonic() + 0.05
-        if sampler is not None:
-            sampler.start(start_at)
-        result = fleet.run(start_at)
-        changes = sampler.stop() if sampler is not None else []
-        data = _fleet.fetch_log(server.url)
-        log = data["log"]
-    return _with_server(
-        data,
-        _with_rate(
-            changes,
-            _fleet.analyse(
-                log,
-                result["calls"],
-                result["store_writes"],
-                quota=shape["quota"],
-                window=shape["window"],
-                items=shape["items"],
-                processes=1,
-                deadline=shape["deadline"],
-                start_at=result["start_at"],
-                done_at=result["done_at"] if result["done"] == shape["items"] else None,
-            ),
-        ),
-    )
-
-
-def scope_of(url: str) -> str:
-    """The adapter's default scope (the origin) of ``url``."""
-    from retry_after_adapter.scope import RequestInfo, origin_scope
-
-    return origin_scope(RequestInfo("GET", url, {}))
-
-
-def _with_rate(changes: list[Any], result: dict[str, Any]) -> dict[str, Any]:
-    result["rate_changes"] = changes
-    result["learned_rate"] = _fleet.describe_rate(changes)
-    return result
-
-
-def _with_server(data: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
-    """What the server itself saw beside the analysis: the most requests it had open at
-    once (from arrival to reply) and the connections it accepted (the real express
-    server says). For express-rate-limit, real or emulated (their store's times): how
-    long after each window's reset the next window's first request arrived (seconds),
-    and how many requests arrived before the reset the server had announced for the
-    window before theirs (a request sent before it: never, by the adapter's rules)."""
-    log = data["log"]
-    edges = sorted([(e["arrival"], 1) for e in log] + [(e["reply_at"], -1) for e in log])
-    open_now = most = 0
-    for _, step in edges:
-        open_now += step
-        most = max(most, open_now)
-    result["server_most_open"] = most
-    result["server_connections"] = data.get("sockets")
-    # (window, arrival, its window's reset, the reset announced), epoch seconds.
-    seen: list[tuple[int, float, float, int]] = []
-    if "epochs" in data:
-        seen = [(e["window"], *epochs) for e, epochs in zip(log, data["epochs"], strict=True)]
-    elif log and log[0].get("now_ms") is not None:
-        seen = [(e["window"], e["now_ms"] / 1000, e["reset_ms"] / 1000, int(e["reset"])) for e in log]
-    firsts: dict[int, tuple[float, float, int]] = {}
-    for window, arrival, reset, announced in sorted(seen, key=lambda s: s[1]):
-        firsts.setdefault(window, (arrival, reset, announced))
-    ordered = [firsts[k] for k in sorted(firsts)]
-    result["late_after_reset_s"] = [round(b[0] - a[1], 3) for a, b in itertools.pairwise(ordered)]
-    announced_before = {k: firsts[k - 1][2] for k in firsts if k - 1 in firsts}
-    early = sum(1 for window, arrival, _, _ in seen if arrival < announced_before.get(window, -math.inf))
-    result["before_announced_reset"] = early if seen else None
-    return result
-
-
-def split(total: int, parts: int) -> list[int]:
-    return [total // parts + (1 if n < total % parts else 0) for n in range(parts)]
-
-
-def run_processes(
-    shape: dict[str, Any],
-    variant: str,
-    store: tuple[str, str] | None,
-    processes: int,
-    threads: int,
-    reserve: float,
-    headers: str | None = None,
-) -> dict[str, Any]:
-    ctx = multiprocessing.get_context("spawn")
-    messages = ctx.Queue()
-    start = ctx.Event()
-    start_value = ctx.Value("d", 0.0)
-    items = list(range(shape["items"]))
-    limit = time_limit(shape)
-    sampler = None
-    with throttle_server(shape, headers) as server:
-        if store is not None and variant == "adapter":
-            sampler = _fleet.RateSampler(_fleet.make_store(store), scope_of(server.url))
-        procs = []
-        for n, count in enumerate(split(threads, processes)):
-            spec = {
-                "variant": variant,
-                "deadline": shape["deadline"],
-                "store": store,
-                "attempt_reserve": reserve,
-                "quota": (shape["quota"], shape["window"]),
-                "url": server.url,
-                "items": items[n::processes],
-                "threads": count,
-                "client": f"p{n}",
-                "time_limit": limit,
-            }
-            proc = ctx.Process(
-                target=_fleet.process_main, args=(spec, messages, start, start_value), daemon=True
-            )
-            proc.start()
-            procs.append(proc)
-        try:
-            ready = 0
-            while ready < processes:
-                message = messages.get(timeout=120)
-                if message[0] != "ready":
-                    raise RuntimeError(f"a fleet process failed: {message}")
-                ready += 1
-            start_value.value = time.monotonic() + 0.2
-            if sampler is not None:
-                sampler.start(start_value.value)
-            start.set()
-            results = []
-            while len(results) < processes:
-                message = messages.get(timeout=limit + 120)
-                if message[0] != "done":
-                    raise RuntimeError(f"a fleet process failed: {message}")
-                results.append(message[1])
-        finally:
-            changes = sampler.stop() if sampler is not None else []
-            for proc in procs:
-                proc.join(30)
-                if proc.is_alive():
-                    proc.terminate()
-                    proc.join(10)
-        data = _fleet.fetch_log(server.url)
-        log = data["log"]
-    calls = [c for r in results for c in r["calls"]]
-    writes = [w for r in results for w in r["store_writes"]]
-    complete = sum(r["done"] for r in results) == shape["items"]
-    done_at = max(r["done_at"] for r in results if r["done_at"] is not None) if complete else None
-    return _with_server(
-        data,
-        _with_rate(
-            changes,
-            _fleet.analyse(
-                log,
-                calls,
-                writes,
-                quota=shape["quota"],
-                window=shape["window"],
-                items=shape["items"],
-                processes=processes,
-                deadline=shape["deadline"],
-                start_at=start_value.value,
-                done_at=done_at,
-            ),
-        ),
-    )
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -402,16 +200,12 @@ def main() -> None:
     load_at_start = _common.loadavg()
 
     skipped: dict[str, str] = {}
-    redis_server: RedisServer | None = None
+    redis_server: _common.RedisServer | None = None
     workdir = tempfile.mkdtemp(prefix="bench-fleet-")
+    servers = contextlib.ExitStack()  # the redis-server, ended with the runs
     if "redis" in modes:
-        why = missing() or None
-        if why is None:
-            try:
-                redis_server = RedisServer(workdir).start()
-            except RuntimeError as exc:
-                why = str(exc)
-        if why is not None:
+        redis_server, why = servers.enter_context(_common.redis_server(workdir))
+        if redis_server is None:
             skipped["redis"] = why
             print(f"skipping the Redis runs: {why}", flush=True)
 
@@ -421,14 +215,13 @@ def main() -> None:
         p.error(f"--express: unknown server(s) {', '.join(unknown)}")
     express_versions = None
     if "real" in express_servers:
-        global EXPRESS_MODULES
         if args.npm_install:
             print(f"npm install {' '.join(_express.PACKAGES)} into {_express.CACHE_DIR}", flush=True)
             _express.npm_install()
-        EXPRESS_MODULES = _express.modules_dir(args.express_modules)
-        why = _express.unavailable(EXPRESS_MODULES)
+        _fleet.EXPRESS_MODULES = _express.modules_dir(args.express_modules)
+        why = _express.unavailable(_fleet.EXPRESS_MODULES)
         if why is None:
-            express_versions = _express.versions(EXPRESS_MODULES)
+            express_versions = _express.versions(_fleet.EXPRESS_MODULES)
             print(f"the real express server: {express_versions}", flush=True)
         else:
             skipped["express-rate-limit"] = why
@@ -477,17 +270,19 @@ def main() -> None:
             for rep in range(reps):
                 for n, (name, variant, how, headers) in enumerate(fleets):
                     if how == "threads":
-                        result = run_threads(shape, variant, threads, reserve, headers)
+                        result = _fleet.run_threads(shape, variant, threads, reserve, headers)
                     elif how == "processes":
-                        result = run_processes(shape, variant, None, processes, threads, reserve, headers)
+                        result = _fleet.run_processes(
+                            shape, variant, None, processes, threads, reserve, headers
+                        )
                     elif how == "sqlite":
                         path = os.path.join(workdir, f"cooldown-{shape_name}-{rep}-{n}.db")
-                        result = run_processes(
+                        result = _fleet.run_processes(
                             shape, variant, ("sqlite", path), processes, threads, reserve, headers
                         )
                     else:
                         assert redis_server is not None
-                        result = run_processes(
+                        result = _fleet.run_processes(
                             shape, variant, ("redis", redis_server.url), processes, threads, reserve, headers
                         )
                     runs[shape_name][name].append(result)
@@ -511,8 +306,7 @@ def main() -> None:
                         flush=True,
                     )
     finally:
-        if redis_server is not None:
-            redis_server.stop()
+        servers.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
     report: dict[str, Any] = {}

@@ -96,7 +96,7 @@ from urllib3.util.timeout import Timeout
 
 from retry_after_adapter import MemoryCooldownStore, Quota, RetryAfterAdapter, RetryAfterRetry
 from retry_after_adapter.adapter import DEFAULT_STORE, RetryAfterResponse
-from retry_after_adapter.cooldown import Ask, RedisCooldownStore, SQLiteCooldownStore
+from retry_after_adapter.cooldown import Ask
 from retry_after_adapter.cooldown.guard import DEFAULT, guard_of
 from retry_after_adapter.engine import Call, admitted, drive
 
@@ -216,9 +216,9 @@ def stores(workdir: str, kinds: set[str]) -> Iterator[tuple[dict[str, Any], list
                 redis_url = server.url
         for key, kind, _admission, push in wanted:
             if kind == "SQLite":
-                made[key] = SQLiteCooldownStore(os.path.join(workdir, f"{key}.db"), push=push)
+                made[key] = _common.open_store("sqlite", os.path.join(workdir, f"{key}.db"), push=push)
             elif redis_url is not None:
-                made[key] = RedisCooldownStore.from_url(redis_url, prefix=f"bench-{key}:", push=push)
+                made[key] = _common.open_store("redis", redis_url, prefix=f"bench-{key}:", push=push)
         try:
             yield made, notes
         finally:
@@ -280,29 +280,22 @@ def measure(
     unmeasured rounds ran to settle."""
     sessions = {v.name: v.make() for v in chosen}
     names = list(sessions)
-
-    def rotation(r: int) -> list[str]:
-        return names[r % len(names) :] + names[: r % len(names)]
-
     for name in names:
         warm(sessions[name], url, warm_seconds, 500 if warm_seconds >= 1 else 20)
     settle_end = time.perf_counter() + settle_seconds
     settle_rounds = 0
     while time.perf_counter() < settle_end:
-        for name in rotation(settle_rounds):
+        for name in _common.rotation(names, settle_rounds):
             run_block(sessions[name], url, block)
         settle_rounds += 1
-    times: dict[str, list[float]] = {name: [] for name in names}
-    cpu: dict[str, list[float]] = {name: [] for name in names}
     for v in chosen:
         if v.operations is not None:
             v.operations.clear()
-    for r in range(rounds):
-        for name in rotation(r):
-            gc.collect()
-            wall, used = run_block(sessions[name], url, block)
-            times[name].append(wall)
-            cpu[name].append(used)
+    blocks = _common.paired_blocks(
+        names, lambda name: run_block(sessions[name], url, block), rounds, before=gc.collect
+    )
+    times = {name: [wall for wall, _ in kept] for name, kept in blocks.items()}
+    cpu = {name: [used for _, used in kept] for name, kept in blocks.items()}
     for session in sessions.values():
         session.close()
     result: dict[str, Any] = {}

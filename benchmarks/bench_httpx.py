@@ -76,7 +76,7 @@ def happy(block: int, rounds: int) -> dict[str, Any]:
             for _ in range(block):
                 client.get(url)
 
-        sync_times = _rotate(sync, sync_block, rounds)
+        sync_times = _common.paired_blocks(list(sync), lambda name: sync_block(sync[name]), rounds, discard=2)
         for client in sync.values():
             client.close()
 
@@ -91,25 +91,13 @@ def happy(block: int, rounds: int) -> dict[str, Any]:
             for _ in range(block):
                 await client.get(url)
 
-        async_times = _rotate(clients, lambda client: loop.run_until_complete(async_block(client)), rounds)
+        async_times = _common.paired_blocks(
+            list(clients), lambda name: loop.run_until_complete(async_block(clients[name])), rounds, discard=2
+        )
         for async_client in clients.values():
             loop.run_until_complete(async_client.aclose())
         loop.close()
     return {"sync": _ratios(sync_times, block), "async": _ratios(async_times, block)}
-
-
-def _rotate(clients: dict[str, Any], run_block: Any, rounds: int) -> dict[str, list[tuple[float, float]]]:
-    """Each round, one block of each client, in an order rotated every round: the wall
-    and CPU seconds (this process's) of each block, the first two rounds not kept."""
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in clients}
-    names = list(clients)
-    for r in range(rounds + 2):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            wall, cpu = time.perf_counter(), time.process_time()
-            run_block(clients[name])
-            if r >= 2:
-                times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
-    return times
 
 
 def _ratios(times: dict[str, list[tuple[float, float]]], block: int) -> dict[str, Any]:
@@ -275,13 +263,9 @@ def fleet(shape: dict[str, Any], reps: int, stores: list[str]) -> tuple[Runs, li
 def _store(variant: str, workdir: str, rep: int, redis: Any) -> Any:
     """The store of a variant's run: a new SQLite file, or a new key prefix on Redis."""
     if variant.endswith("SQLite"):
-        from retry_after_adapter import SQLiteCooldownStore
-
-        return SQLiteCooldownStore(os.path.join(workdir, f"fleet-{rep}.db"))
+        return _common.open_store("sqlite", os.path.join(workdir, f"fleet-{rep}.db"))
     if variant.endswith("Redis"):
-        from retry_after_adapter import RedisCooldownStore
-
-        return RedisCooldownStore.from_url(redis.url, prefix=f"fleet{rep}:", socket_timeout=2.0)
+        return _common.open_store("redis", redis.url, prefix=f"fleet{rep}:", socket_timeout=2.0)
     return None
 
 

@@ -90,7 +90,6 @@ from lib.llm import (
     async_sdk_client,
     async_worker,
     http_client,
-    make_store,
     missing_sdks,
     process_main,
     run_threads,
@@ -123,7 +122,7 @@ def fleet_threads(
     """Threads in this process: on one client (``shared``), or each on its own client
     over its own transport, all on one store."""
     calls = shape["threads"] * shape["calls"]
-    one = make_store(store)
+    one = _common.open_store(store)
     https = [http_client(one) for _ in range(1 if shared else shape["threads"])]
     clients = [sdk_client(sdk, server.url, http) for http in https]
     start_at = time.monotonic() + 0.05
@@ -142,35 +141,13 @@ def fleet_processes(
     process its own client, sharing ``store`` (None: the SDK alone)."""
     calls = shape["processes"] * shape["process_threads"] * shape["calls"]
     limit = time_limit(ideal_of(shape, calls))
-    messages, start, start_value = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
-    procs = []
-    for n in range(shape["processes"]):
-        spec = {"sdk": sdk, "url": server.url, "store": store, "threads": shape["process_threads"],
-                "calls": shape["calls"], "limit": limit, "name": f"p{n}"}  # fmt: skip
-        proc = ctx.Process(target=process_main, args=(spec, messages, start, start_value), daemon=True)
-        proc.start()
-        procs.append(proc)
-    results: list[dict[str, Any]] = []
-    try:
-        for _ in procs:
-            message = messages.get(timeout=120)
-            if message[0] != "ready":
-                raise RuntimeError(f"a fleet process failed: {message}")
-        start_value.value = time.monotonic() + 0.2
-        start.set()
-        end = start_value.value + limit + 60
-        while len(results) < len(procs):
-            message = messages.get(timeout=max(1.0, end - time.monotonic()))
-            if message[0] != "done":
-                raise RuntimeError(f"a fleet process failed: {message}")
-            results.append(message[1])
-    finally:
-        for proc in procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(10)
-    return outcome(shape, calls, start_value.value, results, server)
+    specs = [
+        {"sdk": sdk, "url": server.url, "store": store, "threads": shape["process_threads"],
+         "calls": shape["calls"], "limit": limit, "name": f"p{n}"}
+        for n in range(shape["processes"])
+    ]  # fmt: skip
+    start_at, results = _common.process_fleet(ctx, process_main, specs, limit + 60)
+    return outcome(shape, calls, start_at, results, server)
 
 
 def fleet_async(sdk: str, shape: dict[str, Any], store: str | None, server: Any) -> dict[str, Any]:
@@ -184,7 +161,7 @@ def fleet_async(sdk: str, shape: dict[str, Any], store: str | None, server: Any)
     tally = Tally()
 
     async def main() -> float:
-        one = make_store(store)
+        one = _common.open_store(store)
         transport = AsyncRetryAfterTransport(cooldown=one) if one is not None else None
         async with httpx2.AsyncClient(transport=transport) as http:
             client = async_sdk_client(sdk, server.url, http)

@@ -76,137 +76,19 @@ threads, on Redis, a Redis Cluster and SQLite, is ``bench_scale.py``'s.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
 import sys
 import tempfile
-import time
-from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 from lib import common as _common
-from lib.load import (
-    QUOTA_LIMIT,
-    Fleet,
-    Monitor,
-    commandstats,
-    feed_command,
-    own_command,
-    prepare_sqlite,
-    ready,
-    reports,
-    start,
-)
+from lib.load import QUOTA_LIMIT, Fleet, prepare_sqlite, run_variant, services, summarise
 
 TRIPS_TARGET = 0.1
 THROUGHPUT_TARGET = 0.9
 #: The main table's stores: --only's keys and the names shown.
 MAIN_KEYS = {"memory": "memory", "sqlite": "SQLite", "redis": "Redis", "redis-nopush": "Redis, push=False"}
-
-
-# -- one run ---------------------------------------------------------------------------------
-
-
-def machine_cpu() -> tuple[float, float]:
-    """Busy and total CPU seconds of the whole machine (all cores) so far."""
-    with open("/proc/stat", encoding="ascii") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    tick = os.sysconf("SC_CLK_TCK")
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / tick, sum(fields[:8]) / tick
-
-
-def run_variant(
-    fleet: Fleet,
-    spec: dict[str, Any],
-    processes: int,
-    pids: dict[str, int],
-    redis: Any,
-    warm: float,
-    duration: float,
-) -> dict[str, Any]:
-    """Run ``spec`` on the first ``processes`` workers: warm-up, then the measured
-    window; what it measured."""
-    stuck_at_start = ready(fleet, spec, processes)
-    if stuck_at_start:
-        return {"stuck_workers": stuck_at_start, "requests": 0, "requests_per_s": 0.0}
-    monitor = None
-    if spec["store"] == "redis":
-        redis["client"].flushall()
-        monitor = Monitor(redis["port"])
-    t0, t1 = start(fleet, processes, warm, duration)
-    workers = [p.pid for p in fleet.procs[:processes]]
-    time.sleep(max(0.0, t0 - time.monotonic()))
-
-    def cpu() -> dict[str, float]:
-        out = {name: _common.cpu_seconds(pid) for name, pid in pids.items()}
-        out["clients"] = sum(_common.cpu_seconds(pid) for pid in workers)
-        out["this process"] = time.process_time()
-        out["machine busy"], out["machine total"] = machine_cpu()
-        return out
-
-    if monitor is not None:
-        redis["client"].config_resetstat()
-        monitor.since = time.time()
-    cpu_start = cpu()
-    time.sleep(max(0.0, t1 - time.monotonic()))
-    cpu_end = cpu()
-    stats = None
-    if monitor is not None:
-        monitor.until = time.time()
-        stats = commandstats(redis["client"])
-        monitor.drain()
-    done, stuck = reports(fleet, processes, t1)
-    if monitor is not None:
-        monitor.close()
-    ok = sum(d["ok"] for d in done)
-    used = {k: cpu_end[k] - cpu_start[k] for k in cpu_start}
-    ours = sum(v for k, v in used.items() if not k.startswith("machine"))
-    result: dict[str, Any] = {
-        "stuck_workers": stuck,
-        "requests": ok,
-        "requests_per_s": ok / duration,
-        "not_ok": sum(d["bad"] for d in done),
-        "log": dict(sum((Counter(d["log"]) for d in done), Counter())),
-        "log_first": [line for d in done for line in d["log_first"]][:3],
-        "store_failures": sum(d["failures"] for d in done),
-        "store_busy": sum(d["busy"] for d in done),
-        "store_outages": sum(d["outages"] for d in done),
-        "cpu_seconds": used,
-        "client_cpu_us_per_request": used["clients"] / ok * 1e6 if ok else None,
-        "http_server_cpu_us_per_request": used["http server"] / ok * 1e6 if ok else None,
-        "machine_busy_share": used["machine busy"] / used["machine total"] if used["machine total"] else None,
-        "other_cpu_share": (used["machine busy"] - ours) / used["machine total"]
-        if used["machine total"]
-        else None,
-    }
-    if "redis" in used:
-        result["redis_cpu_us_per_request"] = used["redis"] / ok * 1e6 if ok else None
-    if stats is not None and monitor is not None:
-        result["client_round_trips_per_request"] = sum(d.get("sent", 0) for d in done) / ok if ok else None
-        stats = {k: v for k, v in stats.items() if not own_command(k)}
-        trips = {k: v for k, v in monitor.clients.items() if not own_command(k)}
-        in_scripts = dict(monitor.scripts)
-        n_trips = sum(trips.values())
-        n_feed = sum(v for k, v in trips.items() if feed_command(k))
-        n_stats = sum(stats.values())
-        n_stats_feed = sum(v for k, v in stats.items() if feed_command(k))
-        result["redis"] = {
-            "commandstats": stats,
-            "round_trips": trips,
-            "run_by_scripts": in_scripts,
-            "commands_per_request": n_stats / ok if ok else None,
-            "commands_per_request_without_feed": (n_stats - n_stats_feed) / ok if ok else None,
-            "round_trips_per_request": n_trips / ok if ok else None,
-            "round_trips_per_request_without_feed": (n_trips - n_feed) / ok if ok else None,
-            # MONITOR and commandstats are two views of one thing: a check of the split.
-            "monitor_total_vs_commandstats": (n_trips + sum(in_scripts.values())) / n_stats
-            if n_stats
-            else None,
-        }
-    return result
 
 
 # -- the plan ------------------------------------------------------------------------------
@@ -245,75 +127,6 @@ def spec_of(
     else:
         raise ValueError(name)
     return spec
-
-
-def summarise(every: list[dict[str, Any]], memory_runs: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """Medians over a variant's runs (a run with a stuck worker is counted, not used);
-    the ratio to memory is each run's over the memory run of the same repetition."""
-    runs = [r for r in every if not r["stuck_workers"]]
-    out: dict[str, Any] = {
-        "requests_per_s": _common.summary([r["requests_per_s"] for r in runs]),
-        "client_cpu_us_per_request": _common.summary(
-            [r["client_cpu_us_per_request"] for r in runs if r["client_cpu_us_per_request"] is not None]
-        ),
-        "other_cpu_share": _common.summary(
-            [r["other_cpu_share"] for r in runs if r["other_cpu_share"] is not None]
-        ),
-        "not_ok": sum(r["not_ok"] for r in runs),
-        "store_failures": sum(r["store_failures"] for r in runs),
-        "store_busy": sum(r["store_busy"] for r in runs),
-        "stuck_runs": len(every) - len(runs),
-        "log": dict(sum((Counter(r["log"]) for r in runs), Counter())),
-        "runs": every,
-    }
-    if memory_runs is not None:
-        base = {m["rep"]: m["requests_per_s"] for m in memory_runs if not m["stuck_workers"]}
-        out["ratio_vs_memory"] = _common.summary(
-            [r["requests_per_s"] / base[r["rep"]] for r in runs if r["rep"] in base]
-        )
-    if runs and "redis" in runs[0]:
-        client_trips = [r.get("client_round_trips_per_request") for r in runs]
-        out["client_round_trips_per_request"] = _common.summary([t for t in client_trips if t is not None])
-        for key in (
-            "round_trips_per_request",
-            "round_trips_per_request_without_feed",
-            "commands_per_request",
-            "commands_per_request_without_feed",
-        ):
-            out[key] = _common.summary([r["redis"][key] for r in runs if r["redis"][key] is not None])
-        out["round_trips_per_request_by_command"] = {
-            command: statistics.median(
-                r["redis"]["round_trips"].get(command, 0) / r["requests"] for r in runs
-            )
-            for command in sorted({c for r in runs for c in r["redis"]["round_trips"]})
-        }
-        out["redis_cpu_us_per_request"] = _common.summary(
-            [r["redis_cpu_us_per_request"] for r in runs if r.get("redis_cpu_us_per_request") is not None]
-        )
-    return out
-
-
-@contextlib.contextmanager
-def services(workdir: str) -> Iterator[tuple[Any, Any, str]]:
-    """The HTTP server, and Redis (a dict with its url, port, pid, a client; or None and
-    why not)."""
-    with _common.ok_server() as server, _common.redis_server(workdir) as (redis_server, why):
-        redis = None
-        if redis_server is not None:
-            import redis as redis_py
-
-            redis = {
-                "url": redis_server.url,
-                "port": redis_server.port,
-                "pid": redis_server.pid,
-                "version": redis_server.version,
-                "client": redis_py.Redis(port=redis_server.port),
-            }
-        try:
-            yield server, redis, why
-        finally:
-            if redis is not None:
-                redis["client"].close()
 
 
 def fmt_or_dash(s: dict[str, Any] | None, digits: int) -> str:

@@ -38,7 +38,6 @@ from typing import Any
 
 from lib import common as _common
 
-from retry_after_adapter import RedisCooldownStore, SQLiteCooldownStore
 from retry_after_adapter.cooldown import Ask
 from retry_after_adapter.cooldown.guard import guard_of
 
@@ -57,14 +56,8 @@ for line in sys.stdin:
 """
 
 
-def make_store(kind: str, where: str, push: bool) -> Any:
-    if kind == "sqlite":
-        return SQLiteCooldownStore(where, push=push)
-    return RedisCooldownStore.from_url(where, prefix="push:", push=push)
-
-
 def trials(kind: str, where: str, count: int, push: bool) -> dict[str, Any]:
-    store = make_store(kind, where, push)
+    store = _common.open_store(kind, where, push=push, **({"prefix": "push:"} if kind == "redis" else {}))
     guard = guard_of(store)
     root = str(Path(__file__).resolve().parents[1])
     writer = subprocess.Popen(

@@ -64,7 +64,6 @@ The plot (``--plot``, default ``<out>/scale.svg``; needs matplotlib, ``pip insta
 from __future__ import annotations
 
 import bisect
-import contextlib
 import statistics
 import sys
 import tempfile
@@ -86,97 +85,6 @@ FLAT_RANGE = (8, 256)
 SHARED = {"redis": "Redis", "cluster": "Redis Cluster", "sqlite": "SQLite"}
 
 
-# -- the stores -------------------------------------------------------------------------------
-
-
-class Stores:
-    """The shared stores' servers: Redis and the cluster (either may be missing: why)."""
-
-    def __init__(self, redis: Any, redis_why: str, cluster: Any, cluster_why: str) -> None:
-        import redis as redis_py  # only when one of them runs
-
-        self.redis, self.cluster = redis, cluster
-        self.versions = {
-            "redis": getattr(redis, "version", None),
-            "cluster": getattr(cluster, "version", None),
-        }
-        self.skipped = {k: w for k, w in (("redis", redis_why), ("cluster", cluster_why)) if w}
-        self.clients = {
-            "redis": [redis_py.Redis(port=redis.port)] if redis else [],
-            "cluster": [redis_py.Redis(port=port) for port in cluster.ports] if cluster else [],
-        }
-        #: CPU seconds a second each kind's servers use with no client (their timers).
-        self.idle = {kind: self.idle_rate(kind) for kind, clients in self.clients.items() if clients}
-
-    def where(self, kind: str, workdir: str, run: int) -> Any:
-        if kind == "redis":
-            return self.redis.url
-        if kind == "cluster":
-            return self.cluster.ports[0]
-        return str(Path(workdir) / f"scale-{run}.db")
-
-    def cpu(self, kind: str) -> float:
-        """CPU seconds the servers of ``kind`` have used (``INFO cpu``: microseconds, where
-        ``/proc``'s ticks are 10 ms, too coarse for a paced run's few hundred requests)."""
-        total = 0.0
-        for client in self.clients.get(kind, []):
-            info = client.info("cpu")
-            total += float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-        return total
-
-    def idle_rate(self, kind: str, seconds: float = 2.0) -> float:
-        before = self.cpu(kind)
-        time.sleep(seconds)
-        return (self.cpu(kind) - before) / seconds
-
-    def empty(self, kind: str) -> None:
-        for client in self.clients.get(kind, []):
-            client.flushall()
-
-    def reset_stats(self, kind: str) -> None:
-        for client in self.clients.get(kind, []):
-            client.config_resetstat()
-
-    def commands(self, kind: str) -> int:
-        """Commands the Redis servers ran since the reset, the scripts' included (the
-        benchmark's own left out)."""
-        total = 0
-        for client in self.clients.get(kind, []):
-            for name, count in load.commandstats(client).items():
-                total += 0 if load.own_command(name) else count
-        return total
-
-    def close(self) -> None:
-        for clients in self.clients.values():
-            for client in clients:
-                client.close()
-
-
-@contextlib.contextmanager
-def stores(workdir: str, kinds: list[str]) -> Iterator[Stores | None]:
-    """The Redis and the Redis Cluster ``kinds`` asks for (None: neither runs)."""
-    with contextlib.ExitStack() as stack:
-        redis, why = (
-            stack.enter_context(_common.redis_server(workdir))
-            if "redis" in kinds
-            else (None, "not asked for")
-        )
-        cluster, cwhy = (
-            stack.enter_context(_common.redis_cluster(workdir))
-            if "cluster" in kinds
-            else (None, "not asked for")
-        )
-        if redis is None and cluster is None:
-            print(f"Redis rows skipped: {why}", file=sys.stderr)
-            yield None
-            return
-        kept = Stores(redis, why, cluster, cwhy)
-        try:
-            yield kept
-        finally:
-            kept.close()
-
-
 # -- one run ---------------------------------------------------------------------------------
 
 
@@ -186,7 +94,12 @@ def worst_window(arrivals: list[float], per: float) -> int:
 
 
 def run(
-    fleet: load.Fleet, spec: dict[str, Any], processes: int, kept: Stores | None, warm: float, duration: float
+    fleet: load.Fleet,
+    spec: dict[str, Any],
+    processes: int,
+    kept: load.Stores | None,
+    warm: float,
+    duration: float,
 ) -> dict[str, Any]:
     """One variant on the first ``processes`` workers: what it measured."""
     kind = spec["store"]
@@ -244,7 +157,12 @@ def spec_for(
 
 
 def binding_run(
-    fleet: load.Fleet, spec: dict[str, Any], processes: int, kept: Stores | None, warm: float, duration: float
+    fleet: load.Fleet,
+    spec: dict[str, Any],
+    processes: int,
+    kept: load.Stores | None,
+    warm: float,
+    duration: float,
 ) -> dict[str, Any]:
     """:func:`run` against a fresh ``QuotaServer``, and what that server saw."""
     with _common.ServerProcess("retry_after_adapter.demo", "--serve", str(BINDING_LIMIT), str(PER)) as server:
@@ -268,7 +186,7 @@ SECONDS = {"first": 0.0, "second": 1.0}
 
 
 def one_session(
-    fleet: load.Fleet, kind: str, url: str, kept: Stores, run_no: int, timeout: float | None, warm: float
+    fleet: load.Fleet, kind: str, url: str, kept: load.Stores, run_no: int, timeout: float | None, warm: float
 ) -> dict[str, Any]:
     """One Session of 8 threads, a quota and a cap that never bind, measured for one
     second from ``warm`` seconds after its first request."""
@@ -530,7 +448,7 @@ def main() -> None:
     with (
         tempfile.TemporaryDirectory(prefix="bench-scale-") as workdir,
         _common.ok_server() as server,
-        stores(workdir, kinds) as kept,
+        load.stores(workdir, kinds) as kept,
     ):
         for kind in ("redis", "cluster"):
             if kind in kinds and (kept is None or kind in kept.skipped):

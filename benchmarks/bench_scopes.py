@@ -76,16 +76,10 @@ PROBE = "probe-"
 
 
 def open_store(kind: str, where: str) -> Any:
-    from retry_after_adapter import MemoryCooldownStore, RedisCooldownStore, SQLiteCooldownStore
-
-    if kind == "memory":
-        return MemoryCooldownStore()
-    if kind == "sqlite":
-        return SQLiteCooldownStore(where)
+    if kind != "redis":
+        return _common.open_store(kind, where)
     # Timeouts for a loaded machine: the 0.1 s default is for outages, which this does not stage.
-    store = RedisCooldownStore.from_url(
-        where, prefix="scopes:", socket_timeout=2.0, socket_connect_timeout=2.0
-    )
+    store = _common.open_store(kind, where, prefix="scopes:", socket_timeout=2.0, socket_connect_timeout=2.0)
     store.client.flushdb()
     return store
 

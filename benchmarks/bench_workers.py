@@ -43,11 +43,9 @@ import requests
 from lib import common as _common
 
 from retry_after_adapter import (
-    MemoryCooldownStore,
     Quota,
     RetryAfterAdapter,
     RetryAfterRetry,
-    SQLiteCooldownStore,
     budget,
     deferral_of,
 )
@@ -65,14 +63,6 @@ QUICK_SHAPES = {
 POLL = 0.05
 #: Seconds after which a run stops, whatever is left (bounds every run).
 TIME_LIMIT = 90.0
-
-
-def make_store(kind: str, workdir: str) -> Any:
-    if kind == "memory":
-        return MemoryCooldownStore()
-    if kind == "sqlite":
-        return SQLiteCooldownStore(Path(tempfile.mkdtemp(dir=workdir)) / "quota.db")
-    raise ValueError(kind)
 
 
 def ideal(shape: dict[str, Any]) -> float:
@@ -165,7 +155,8 @@ def _jobs_work(shape: dict[str, Any], url: str, store: Any, quick: bool) -> list
 
 def run(program: str, shape: dict[str, Any], kind: str, workdir: str, quick: bool) -> dict[str, Any]:
     """One run of ``program`` on a fresh server and store."""
-    store = make_store(kind, workdir)
+    where = str(Path(tempfile.mkdtemp(dir=workdir)) / "quota.db") if kind == "sqlite" else ""
+    store = _common.open_store(kind, where)
     work = _queue_work if program == "queue" else _jobs_work
     try:
         with QuotaServer(shape["limit"], shape["per"], align="first") as server:

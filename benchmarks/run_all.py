@@ -39,6 +39,7 @@ BENCHMARKS = {
     "scale": ("bench_scale.py", "scale.json"),
     "cold_start": ("bench_cold_start.py", "cold_start.json"),
     "httpx": ("bench_httpx.py", "bench_httpx.json"),
+    "aiohttp": ("bench_aiohttp.py", "bench_aiohttp.json"),
     "scenarios": ("bench_scenarios.py", "scenarios.json"),
     "workers": ("bench_workers.py", "workers.json"),
 }
@@ -140,6 +141,17 @@ def headline(name: str, doc: dict[str, Any]) -> str:
                 f"fleet {variant}: 429s <= {max(r['429'] for r in results)}, early <= "
                 f"{max(r['early'] for r in results)}, wall <= {_common.fmt(worst)}"
             )
+        return "; ".join(parts)
+    if name == "aiohttp":
+        parts = [
+            f"{variant} / plain per GET: {_common.fmt_summary(v['cpu_ratio'])} (CPU)"
+            for variant, v in doc.get("happy", {}).items()
+            if "RetryAfter" in variant
+        ]
+        parts += [
+            f"{variant}: 429s <= {max(r['429'] for r in runs)}, early <= {max(r['early'] for r in runs)}"
+            for variant, runs in doc.get("runs", {}).items()
+        ]
         return "; ".join(parts)
     return "see its table above"
 

@@ -49,7 +49,7 @@ from .retry import RetryAfterRetry
 from .scope import RequestInfo
 from .settings import Options, Settings, SharedSettings, as_retry_after_retry, local_parts, store_name
 
-__all__ = ["AsyncFront", "Flavour", "SyncFront"]
+__all__ = ["AsyncFront", "Flavour", "StoreThreads", "SyncFront"]
 
 #: Where a call waits between redirect hops: httpx builds each hop's request with the
 #: same ``extensions`` dict.
@@ -480,21 +480,19 @@ class SyncFront(_Front):
             self.transport.close()
 
 
-class AsyncFront(_Front):
-    """The async transport of a flavour (see :class:`SyncFront`). Waits are awaited on
-    the policy's clock; a memory store is used on the loop, any other store from at
-    most :data:`STORE_THREADS` threads of this transport; a task cancelled while it
-    waits or while its attempt is on the wire gives back what it held first."""
+class StoreThreads:
+    """What an async front end (the httpx transports, the aiohttp middleware) keeps to
+    reach a blocking store off the event loop: at most :data:`STORE_THREADS` threads,
+    made at the first call that needs them (again in a forked child)."""
 
+    _plan: Any
+    _blocking = False
     _pool: ThreadPoolExecutor | None = None
     _pool_pid = 0
 
-    def _default_transport(self) -> Any:
-        return self.flavour.module.AsyncHTTPTransport()
-
     def _published(self) -> None:
-        # Only a store behind the failure layer does I/O: a memory store is used on the loop.
-        self._blocking = self._plan.guard is not None
+        # A store kept in this process's memory is used on the loop; any other may block.
+        self._blocking = self._plan.blocking
 
     def _threads(self) -> ThreadPoolExecutor:
         pool = self._pool
@@ -509,6 +507,21 @@ class AsyncFront(_Front):
     def _offload(self, fn: Callable[[], None]) -> Future[None]:
         return self._threads().submit(fn)
 
+    def _close_threads(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+
+class AsyncFront(StoreThreads, _Front):
+    """The async transport of a flavour (see :class:`SyncFront`). Waits are awaited on
+    the policy's clock; a memory store is used on the loop, any other store from at
+    most :data:`STORE_THREADS` threads of this transport; a task cancelled while it
+    waits or while its attempt is on the wire gives back what it held first."""
+
+    def _default_transport(self) -> Any:
+        return self.flavour.module.AsyncHTTPTransport()
+
     async def handle_async_request(self, request: Any) -> Any:
         url = str(request.url)
         call = self._start(request, url)
@@ -520,15 +533,14 @@ class AsyncFront(_Front):
     async def aclose(self) -> None:
         if self.transport is not None:
             await self.transport.aclose()
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False)
+        self._close_threads()
 
 
 async def _adrive(
-    call: Call, attempts: _AsyncAttempts, gen: Generator[Op, Any, Outcome[Any]], pool: Any
+    call: Call, attempts: Any, gen: Generator[Op, Any, Outcome[Any]], pool: Any
 ) -> Outcome[Any]:
-    """The async driver of the engine's steps, on the event loop: each wait awaited on
+    """The async driver of the engine's steps, on the event loop (``attempts``: an
+    :class:`_AsyncAttempts`, or the aiohttp middleware's, with the same coroutines): each wait awaited on
     the call's clock, each transport operation awaited, each store operation run here
     for a memory store or on ``pool`` (a blocking store), in the task's context. An
     error (a cancel) is thrown into the steps, which give back what they hold."""
@@ -569,7 +581,7 @@ async def _on_pool(pool: Any, context: contextvars.Context, call: Call, op: Stor
         raise
 
 
-async def _carry_out(call: Call, attempts: _AsyncAttempts, op: Op) -> Any:
+async def _carry_out(call: Call, attempts: Any, op: Op) -> Any:
     """One :data:`~.engine.ops.Op` of the engine that is neither a send nor a store
     step, awaited."""
     if isinstance(op, Sleep):

@@ -9,7 +9,8 @@ number). A cost outside that (negative, too large, a float, a bool) is a
 ConfigurationError naming the cost and where it came from (:func:`cost_origin`). The
 function is given the front end's own request: a
 ``requests.PreparedRequest`` (``RetryAfterAdapter``), an ``httpx.Request`` or
-``httpx2.Request`` (the transports), or a
+``httpx2.Request`` (the transports), an ``aiohttp.ClientRequest`` (the aiohttp
+middleware), or a
 :class:`~retry_after_adapter.scope.RequestInfo` with its ``body``
 (``RetryAfterPoolManager``).
 """
@@ -125,7 +126,9 @@ def _body(request: Any) -> Any:
             return request.content
         except Exception:  # a stream not read: no body at hand
             return None
-    return getattr(request, "body", None)
+    body = getattr(request, "body", None)
+    held = getattr(body, "_value", None)  # an aiohttp payload held whole (bytes, json=, a form)
+    return held if isinstance(held, bytes) and not isinstance(body, (bytes, str)) else body
 
 
 def max_tokens(request: Any) -> int | None:

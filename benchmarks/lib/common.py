@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import platform
@@ -24,7 +25,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Self
@@ -193,6 +195,166 @@ def rss_kib() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+# -- paired runs -----------------------------------------------------------------------------
+
+
+def rotation(names: Sequence[str], r: int) -> list[str]:
+    """``names`` in round ``r``'s order: rotated by one every round, so that no variant
+    always runs first."""
+    k = r % len(names)
+    return [*names[k:], *names[:k]]
+
+
+def paired_blocks(
+    names: Sequence[str],
+    run_block: Callable[[str], object],
+    rounds: int,
+    *,
+    discard: int = 0,
+    before: Callable[[], object] | None = None,
+) -> dict[str, list[tuple[float, float]]]:
+    """Paired runs: each round one block of each variant (``run_block(name)``), in
+    :func:`rotation`'s order; the wall and CPU seconds (this process's) of each block,
+    by variant. The first ``discard`` rounds run unkept; ``before()`` runs ahead of each
+    block, untimed. A block's ratio to the baseline's block of the same round
+    (:func:`ratios`) is then free of the machine's drift from one round to the next."""
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for r in range(discard + rounds):
+        for name in rotation(names, r):
+            if before is not None:
+                before()
+            cpu, wall = time.process_time(), time.perf_counter()
+            run_block(name)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            if r >= discard:
+                times[name].append((wall, cpu))
+    return times
+
+
+# -- a fleet of processes started together -------------------------------------------------
+
+
+def process_fleet(
+    ctx: Any,
+    target: Callable[..., object],
+    specs: Sequence[dict[str, Any]],
+    results_within: float,
+    *,
+    on_start: Callable[[float], object] | None = None,
+    join_timeout: float = 10.0,
+) -> tuple[float, list[Any]]:
+    """Run one process of ``ctx`` (a multiprocessing context) per spec, as
+    ``target(spec, messages, start, start_value)``: each puts ``("ready", name)``, waits
+    for ``start`` and puts ``("done", result)`` (or ``("error", name, why)``). Once every
+    one is ready, ``start_value`` is set to a monotonic time 0.2 s ahead (handed to
+    ``on_start`` first) and they all start; returns that time and the results as they
+    came. A process not ready within 120 s, or results not all in ``results_within``
+    seconds of the start, raise; every process is joined on the way out (terminated past
+    ``join_timeout`` seconds)."""
+    messages, start, start_value = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
+    procs = []
+    results: list[Any] = []
+    try:
+        for spec in specs:
+            proc = ctx.Process(target=target, args=(spec, messages, start, start_value), daemon=True)
+            proc.start()
+            procs.append(proc)
+        for _ in procs:
+            message = messages.get(timeout=120)
+            if message[0] != "ready":
+                raise RuntimeError(f"a fleet process failed: {message}")
+        start_value.value = time.monotonic() + 0.2
+        if on_start is not None:
+            on_start(start_value.value)
+        start.set()
+        end = start_value.value + results_within
+        while len(results) < len(procs):
+            message = messages.get(timeout=max(1.0, end - time.monotonic()))
+            if message[0] != "done":
+                raise RuntimeError(f"a fleet process failed: {message}")
+            results.append(message[1])
+    finally:
+        for proc in procs:
+            proc.join(join_timeout)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(10)
+    return start_value.value, results
+
+
+# -- the package's log, counted -----------------------------------------------------------
+
+
+class PackageLog(logging.Handler):
+    """Counts the package's log records (INFO and up) while it is installed: by level
+    (``counts``), the warnings (WARNING and up) and the recovery lines apart; keeps the
+    first three records (``first``) and each warning or recovery line (``lines``)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.counts: Counter[str] = Counter()
+        self.first: list[str] = []
+        self.lines: list[str] = []
+        self.warnings = 0
+        self.recoveries = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        self.counts[record.levelname] += 1
+        if len(self.first) < 3:
+            self.first.append(f"{record.levelname}: {message}"[:300])
+        warning = record.levelno >= logging.WARNING
+        if warning or "recovered" in message:
+            self.lines.append(message[:120])
+        if warning:
+            self.warnings += 1
+        elif "recovered" in message:
+            self.recoveries += 1
+
+
+@contextlib.contextmanager
+def package_log() -> Iterator[PackageLog]:
+    """A :class:`PackageLog` on the package's logger (set to INFO meanwhile)."""
+    handler = PackageLog()
+    logger = logging.getLogger("retry_after_adapter")
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+
+
+# -- the stores a benchmark runs on -------------------------------------------------------
+
+
+def open_store(kind: str | None, where: str = "", **options: Any) -> Any:
+    """A fresh cooldown store: ``memory``, ``sqlite`` (``where`` is the file's path) or
+    ``redis`` (``where`` is its URL); None for ``kind`` None (no store). ``options`` go
+    to the SQLite constructor or to ``RedisCooldownStore.from_url`` (``prefix``, ``push``,
+    socket timeouts in seconds)."""
+    import retry_after_adapter as raa
+
+    if kind is None:
+        return None
+    if kind == "memory":
+        return raa.MemoryCooldownStore()
+    if kind == "sqlite":
+        return raa.SQLiteCooldownStore(where, **options)
+    if kind == "redis":
+        return raa.RedisCooldownStore.from_url(where, **options)
+    raise ValueError(f"unknown store {kind!r}")
+
+
+def scope_of(url: str) -> str:
+    """The adapter's default scope (the origin) of ``url``."""
+    from retry_after_adapter.scope import RequestInfo, origin_scope
+
+    return origin_scope(RequestInfo("GET", url, {}))
 
 
 # -- a fast keep-alive server in its own process --------------------------------------------

@@ -19,7 +19,10 @@ from __future__ import annotations
 import bisect
 import contextlib
 import heapq
+import itertools
 import math
+import multiprocessing
+import os
 import statistics
 import threading
 import time
@@ -30,6 +33,9 @@ from typing import Any
 import requests
 
 from retry_after_adapter.testing.server import LOG_FIELDS as LOG_FIELDS
+
+from . import common as _common
+from . import express as _express
 
 # -- the throttling server: the project's one QuotaServer -----------------------------------
 
@@ -518,3 +524,177 @@ def describe_rate(changes: list[Any]) -> str:
         what = f"{limit}/{window:g} s" if limit else f"cap {cap}" if cap else "open"
         steps.append(f"{t:g} s: {what}")
     return "; ".join(steps) if steps else "-"
+
+
+# -- one run of bench_fleet.py: a fleet in threads or in processes -------------------------------------------
+
+
+def time_limit(shape: dict[str, Any]) -> float:
+    """Seconds a run may take before its workers stop (bounds every run)."""
+    ideal = (math.ceil(shape["items"] / shape["quota"]) - 1) * shape["window"]
+    return ideal + max(30.0, 3 * ideal)
+
+
+#: Where the real express server's npm packages are (``benchpy --express-modules`` sets it).
+EXPRESS_MODULES = _express.modules_dir(None)
+
+
+def throttle_server(shape: dict[str, Any], headers: str | None = None) -> Any:
+    """The quota server in its own process; ``headers``: the quota headers it sends
+    (None, "ietf", "x-ratelimit", "express": the emulation of express-rate-limit, or
+    "express-real": express-rate-limit itself, run with node)."""
+    if headers == "express-real":
+        return _express.ExpressServer(EXPRESS_MODULES, shape["quota"], shape["window"])
+    told = [headers] if headers else []
+    return _common.ServerProcess(
+        SERVER_MODULE, "--serve", str(shape["quota"]), str(shape["window"]), *told
+    )
+
+
+def run_threads(
+    shape: dict[str, Any], variant: str, threads: int, reserve: float, headers: str | None = None
+) -> dict[str, Any]:
+    install_send_stamp()
+    with throttle_server(shape, headers) as server:
+        told = (shape["quota"], shape["window"])
+        make = session_factory(variant, shape["deadline"], ("memory", ""), reserve, told)
+        fleet = Fleet(
+            make, server.url, list(range(shape["items"])), threads, str(os.getpid()), time_limit(shape)
+        )
+        fleet.prepare()
+        scope = _common.scope_of(server.url)
+        sampler = RateSampler(make.store, scope) if make.store is not None else None  # type: ignore[attr-defined]
+        start_at = time.monotonic() + 0.05
+        if sampler is not None:
+            sampler.start(start_at)
+        result = fleet.run(start_at)
+        changes = sampler.stop() if sampler is not None else []
+        data = fetch_log(server.url)
+        log = data["log"]
+    return _with_server(
+        data,
+        _with_rate(
+            changes,
+            analyse(
+                log,
+                result["calls"],
+                result["store_writes"],
+                quota=shape["quota"],
+                window=shape["window"],
+                items=shape["items"],
+                processes=1,
+                deadline=shape["deadline"],
+                start_at=result["start_at"],
+                done_at=result["done_at"] if result["done"] == shape["items"] else None,
+            ),
+        ),
+    )
+
+
+def _with_rate(changes: list[Any], result: dict[str, Any]) -> dict[str, Any]:
+    result["rate_changes"] = changes
+    result["learned_rate"] = describe_rate(changes)
+    return result
+
+
+def _with_server(data: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """What the server itself saw beside the analysis: the most requests it had open at
+    once (from arrival to reply) and the connections it accepted (the real express
+    server says). For express-rate-limit, real or emulated (their store's times): how
+    long after each window's reset the next window's first request arrived (seconds),
+    and how many requests arrived before the reset the server had announced for the
+    window before theirs (a request sent before it: never, by the adapter's rules)."""
+    log = data["log"]
+    edges = sorted([(e["arrival"], 1) for e in log] + [(e["reply_at"], -1) for e in log])
+    open_now = most = 0
+    for _, step in edges:
+        open_now += step
+        most = max(most, open_now)
+    result["server_most_open"] = most
+    result["server_connections"] = data.get("sockets")
+    # (window, arrival, its window's reset, the reset announced), epoch seconds.
+    seen: list[tuple[int, float, float, int]] = []
+    if "epochs" in data:
+        seen = [(e["window"], *epochs) for e, epochs in zip(log, data["epochs"], strict=True)]
+    elif log and log[0].get("now_ms") is not None:
+        seen = [(e["window"], e["now_ms"] / 1000, e["reset_ms"] / 1000, int(e["reset"])) for e in log]
+    firsts: dict[int, tuple[float, float, int]] = {}
+    for window, arrival, reset, announced in sorted(seen, key=lambda s: s[1]):
+        firsts.setdefault(window, (arrival, reset, announced))
+    ordered = [firsts[k] for k in sorted(firsts)]
+    result["late_after_reset_s"] = [round(b[0] - a[1], 3) for a, b in itertools.pairwise(ordered)]
+    announced_before = {k: firsts[k - 1][2] for k in firsts if k - 1 in firsts}
+    early = sum(1 for window, arrival, _, _ in seen if arrival < announced_before.get(window, -math.inf))
+    result["before_announced_reset"] = early if seen else None
+    return result
+
+
+def split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if n < total % parts else 0) for n in range(parts)]
+
+
+def run_processes(
+    shape: dict[str, Any],
+    variant: str,
+    store: tuple[str, str] | None,
+    processes: int,
+    threads: int,
+    reserve: float,
+    headers: str | None = None,
+) -> dict[str, Any]:
+    items = list(range(shape["items"]))
+    limit = time_limit(shape)
+    sampler = None
+    with throttle_server(shape, headers) as server:
+        if store is not None and variant == "adapter":
+            sampler = RateSampler(make_store(store), _common.scope_of(server.url))
+        specs = [
+            {
+                "variant": variant,
+                "deadline": shape["deadline"],
+                "store": store,
+                "attempt_reserve": reserve,
+                "quota": (shape["quota"], shape["window"]),
+                "url": server.url,
+                "items": items[n::processes],
+                "threads": count,
+                "client": f"p{n}",
+                "time_limit": limit,
+            }
+            for n, count in enumerate(split(threads, processes))
+        ]
+        try:
+            start_at, results = _common.process_fleet(
+                multiprocessing.get_context("spawn"),
+                process_main,
+                specs,
+                limit + 120,
+                on_start=sampler.start if sampler is not None else None,
+                join_timeout=30,
+            )
+        finally:
+            changes = sampler.stop() if sampler is not None else []
+        data = fetch_log(server.url)
+        log = data["log"]
+    calls = [c for r in results for c in r["calls"]]
+    writes = [w for r in results for w in r["store_writes"]]
+    complete = sum(r["done"] for r in results) == shape["items"]
+    done_at = max(r["done_at"] for r in results if r["done_at"] is not None) if complete else None
+    return _with_server(
+        data,
+        _with_rate(
+            changes,
+            analyse(
+                log,
+                calls,
+                writes,
+                quota=shape["quota"],
+                window=shape["window"],
+                items=shape["items"],
+                processes=processes,
+                deadline=shape["deadline"],
+                start_at=start_at,
+                done_at=done_at,
+            ),
+        ),
+    )

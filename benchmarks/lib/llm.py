@@ -12,6 +12,8 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
+from .common import open_store
+
 SDKS = ("openai", "anthropic")
 
 
@@ -69,21 +71,6 @@ def http_client(store: Any) -> Any:
     from retry_after_adapter.httpx2 import RetryAfterTransport
 
     return httpx2.Client(transport=RetryAfterTransport(cooldown=store))
-
-
-def make_store(kind: str | None, where: str = "") -> Any:
-    """None (the SDK alone), or a cooldown store: memory, sqlite (path), redis (URL)."""
-    if kind is None:
-        return None
-    import retry_after_adapter as raa
-
-    if kind == "memory":
-        return raa.MemoryCooldownStore()
-    if kind == "sqlite":
-        return raa.SQLiteCooldownStore(where)
-    if kind == "redis":
-        return raa.RedisCooldownStore.from_url(where)
-    raise ValueError(f"unknown store {kind!r}")
 
 
 def wait_after(error: Exception, now: datetime | None = None) -> tuple[float, bool]:
@@ -229,7 +216,7 @@ def process_main(spec: dict[str, Any], messages: Any, start: Any, start_value: A
     """A fleet process: its own SDK client (over a transport on the shared store, or
     plain), ``spec["threads"]`` workers on it, from the start the parent sets."""
     try:
-        store = make_store(*spec["store"]) if spec["store"] else None
+        store = open_store(*spec["store"]) if spec["store"] else None
         http = http_client(store)
         client = sdk_client(spec["sdk"], spec["url"], http)
         messages.put(("ready", spec["name"]))

@@ -18,11 +18,16 @@ import queue
 import re
 import signal
 import socket
+import statistics
 import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+from .common import PackageLog, cpu_seconds, ok_server, open_store, redis_cluster, redis_server, summary
 
 #: The quota every adapter has: it never binds.
 QUOTA_LIMIT = 10_000
@@ -42,34 +47,30 @@ def _path_scope(request: Any) -> str:
 
 
 def _make_store(spec: dict[str, Any]) -> Any:
-    from retry_after_adapter import MemoryCooldownStore
-    from retry_after_adapter.cooldown import RedisCooldownStore, SQLiteCooldownStore
-
     kind = spec["store"]
     timeout = spec["timeout"]
-    if kind == "memory":
-        return MemoryCooldownStore()
-    if kind == "sqlite":
-        if timeout is None:
-            return SQLiteCooldownStore(spec["where"], push=spec["push"])
-        return SQLiteCooldownStore(spec["where"], push=spec["push"], timeout=timeout)
     if kind == "cluster":  # "where": the port of one of its nodes
         from redis.cluster import RedisCluster
+
+        from retry_after_adapter.cooldown import RedisCooldownStore
 
         wait = timeout or 0.1
         client = RedisCluster(
             host="127.0.0.1", port=spec["where"], socket_timeout=wait, socket_connect_timeout=wait
         )
         return RedisCooldownStore(client, prefix=spec["prefix"], push=spec["push"])
-    if timeout is None:
-        return RedisCooldownStore.from_url(spec["where"], prefix=spec["prefix"], push=spec["push"])
-    return RedisCooldownStore.from_url(
-        spec["where"],
-        prefix=spec["prefix"],
-        push=spec["push"],
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-    )
+    if kind == "memory":
+        return open_store(kind)
+    options: dict[str, Any] = {"push": spec["push"]}
+    if kind == "sqlite":
+        if timeout is not None:
+            options["timeout"] = timeout
+    else:
+        kind = "redis"
+        options["prefix"] = spec["prefix"]
+        if timeout is not None:
+            options.update(socket_timeout=timeout, socket_connect_timeout=timeout)
+    return open_store(kind, spec["where"], **options)
 
 
 def _session(spec: dict[str, Any], store: Any) -> Any:
@@ -88,20 +89,6 @@ def _session(spec: dict[str, Any], store: Any) -> Any:
     session = requests.Session()
     session.mount("http://", RetryAfterAdapter(max_retries=retry, **kwargs))
     return session
-
-
-class _Counting(logging.Handler):
-    """Counts the package's log records (INFO and up) and keeps the first few."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.counts: Counter[str] = Counter()
-        self.first: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.counts[record.levelname] += 1
-        if len(self.first) < 3:
-            self.first.append(f"{record.levelname}: {record.getMessage()}"[:300])
 
 
 def _thread(
@@ -176,7 +163,7 @@ def worker(index: int, commands: Any, results: Any, nice: int) -> None:
         spec = commands.get()
         if spec is None:
             return
-        handler = _Counting()
+        handler = PackageLog()
         logger.addHandler(handler)
         store = _make_store(spec)
         base = spec["url"]
@@ -421,3 +408,266 @@ def prepare_sqlite(spec: dict[str, Any]) -> None:
         from retry_after_adapter.cooldown import SQLiteCooldownStore
 
         SQLiteCooldownStore(spec["where"]).close()
+
+
+# -- one measured run (bench_load.py) ------------------------------------------------------------------------
+
+
+def machine_cpu() -> tuple[float, float]:
+    """Busy and total CPU seconds of the whole machine (all cores) so far."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / tick, sum(fields[:8]) / tick
+
+
+def run_variant(
+    fleet: Fleet,
+    spec: dict[str, Any],
+    processes: int,
+    pids: dict[str, int],
+    redis: Any,
+    warm: float,
+    duration: float,
+) -> dict[str, Any]:
+    """Run ``spec`` on the first ``processes`` workers: warm-up, then the measured
+    window; what it measured."""
+    stuck_at_start = ready(fleet, spec, processes)
+    if stuck_at_start:
+        return {"stuck_workers": stuck_at_start, "requests": 0, "requests_per_s": 0.0}
+    monitor = None
+    if spec["store"] == "redis":
+        redis["client"].flushall()
+        monitor = Monitor(redis["port"])
+    t0, t1 = start(fleet, processes, warm, duration)
+    workers = [p.pid for p in fleet.procs[:processes]]
+    time.sleep(max(0.0, t0 - time.monotonic()))
+
+    def cpu() -> dict[str, float]:
+        out = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        out["clients"] = sum(cpu_seconds(pid) for pid in workers)
+        out["this process"] = time.process_time()
+        out["machine busy"], out["machine total"] = machine_cpu()
+        return out
+
+    if monitor is not None:
+        redis["client"].config_resetstat()
+        monitor.since = time.time()
+    cpu_start = cpu()
+    time.sleep(max(0.0, t1 - time.monotonic()))
+    cpu_end = cpu()
+    stats = None
+    if monitor is not None:
+        monitor.until = time.time()
+        stats = commandstats(redis["client"])
+        monitor.drain()
+    done, stuck = reports(fleet, processes, t1)
+    if monitor is not None:
+        monitor.close()
+    ok = sum(d["ok"] for d in done)
+    used = {k: cpu_end[k] - cpu_start[k] for k in cpu_start}
+    ours = sum(v for k, v in used.items() if not k.startswith("machine"))
+    result: dict[str, Any] = {
+        "stuck_workers": stuck,
+        "requests": ok,
+        "requests_per_s": ok / duration,
+        "not_ok": sum(d["bad"] for d in done),
+        "log": dict(sum((Counter(d["log"]) for d in done), Counter())),
+        "log_first": [line for d in done for line in d["log_first"]][:3],
+        "store_failures": sum(d["failures"] for d in done),
+        "store_busy": sum(d["busy"] for d in done),
+        "store_outages": sum(d["outages"] for d in done),
+        "cpu_seconds": used,
+        "client_cpu_us_per_request": used["clients"] / ok * 1e6 if ok else None,
+        "http_server_cpu_us_per_request": used["http server"] / ok * 1e6 if ok else None,
+        "machine_busy_share": used["machine busy"] / used["machine total"] if used["machine total"] else None,
+        "other_cpu_share": (used["machine busy"] - ours) / used["machine total"]
+        if used["machine total"]
+        else None,
+    }
+    if "redis" in used:
+        result["redis_cpu_us_per_request"] = used["redis"] / ok * 1e6 if ok else None
+    if stats is not None and monitor is not None:
+        result["client_round_trips_per_request"] = sum(d.get("sent", 0) for d in done) / ok if ok else None
+        stats = {k: v for k, v in stats.items() if not own_command(k)}
+        trips = {k: v for k, v in monitor.clients.items() if not own_command(k)}
+        in_scripts = dict(monitor.scripts)
+        n_trips = sum(trips.values())
+        n_feed = sum(v for k, v in trips.items() if feed_command(k))
+        n_stats = sum(stats.values())
+        n_stats_feed = sum(v for k, v in stats.items() if feed_command(k))
+        result["redis"] = {
+            "commandstats": stats,
+            "round_trips": trips,
+            "run_by_scripts": in_scripts,
+            "commands_per_request": n_stats / ok if ok else None,
+            "commands_per_request_without_feed": (n_stats - n_stats_feed) / ok if ok else None,
+            "round_trips_per_request": n_trips / ok if ok else None,
+            "round_trips_per_request_without_feed": (n_trips - n_feed) / ok if ok else None,
+            # MONITOR and commandstats are two views of one thing: a check of the split.
+            "monitor_total_vs_commandstats": (n_trips + sum(in_scripts.values())) / n_stats
+            if n_stats
+            else None,
+        }
+    return result
+
+
+def summarise(every: list[dict[str, Any]], memory_runs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Medians over a variant's runs (a run with a stuck worker is counted, not used);
+    the ratio to memory is each run's over the memory run of the same repetition."""
+    runs = [r for r in every if not r["stuck_workers"]]
+    out: dict[str, Any] = {
+        "requests_per_s": summary([r["requests_per_s"] for r in runs]),
+        "client_cpu_us_per_request": summary(
+            [r["client_cpu_us_per_request"] for r in runs if r["client_cpu_us_per_request"] is not None]
+        ),
+        "other_cpu_share": summary(
+            [r["other_cpu_share"] for r in runs if r["other_cpu_share"] is not None]
+        ),
+        "not_ok": sum(r["not_ok"] for r in runs),
+        "store_failures": sum(r["store_failures"] for r in runs),
+        "store_busy": sum(r["store_busy"] for r in runs),
+        "stuck_runs": len(every) - len(runs),
+        "log": dict(sum((Counter(r["log"]) for r in runs), Counter())),
+        "runs": every,
+    }
+    if memory_runs is not None:
+        base = {m["rep"]: m["requests_per_s"] for m in memory_runs if not m["stuck_workers"]}
+        out["ratio_vs_memory"] = summary(
+            [r["requests_per_s"] / base[r["rep"]] for r in runs if r["rep"] in base]
+        )
+    if runs and "redis" in runs[0]:
+        client_trips = [r.get("client_round_trips_per_request") for r in runs]
+        out["client_round_trips_per_request"] = summary([t for t in client_trips if t is not None])
+        for key in (
+            "round_trips_per_request",
+            "round_trips_per_request_without_feed",
+            "commands_per_request",
+            "commands_per_request_without_feed",
+        ):
+            out[key] = summary([r["redis"][key] for r in runs if r["redis"][key] is not None])
+        out["round_trips_per_request_by_command"] = {
+            command: statistics.median(
+                r["redis"]["round_trips"].get(command, 0) / r["requests"] for r in runs
+            )
+            for command in sorted({c for r in runs for c in r["redis"]["round_trips"]})
+        }
+        out["redis_cpu_us_per_request"] = summary(
+            [r["redis_cpu_us_per_request"] for r in runs if r.get("redis_cpu_us_per_request") is not None]
+        )
+    return out
+
+
+@contextlib.contextmanager
+def services(workdir: str) -> Iterator[tuple[Any, Any, str]]:
+    """The HTTP server, and Redis (a dict with its url, port, pid, a client; or None and
+    why not)."""
+    with ok_server() as server, redis_server(workdir) as (started, why):
+        redis = None
+        if started is not None:
+            import redis as redis_py
+
+            redis = {
+                "url": started.url,
+                "port": started.port,
+                "pid": started.pid,
+                "version": started.version,
+                "client": redis_py.Redis(port=started.port),
+            }
+        try:
+            yield server, redis, why
+        finally:
+            if redis is not None:
+                redis["client"].close()
+
+
+# -- the Redis servers of bench_scale.py ---------------------------------------------------------------------
+
+
+class Stores:
+    """The shared stores' servers: Redis and the cluster (either may be missing: why)."""
+
+    def __init__(self, redis: Any, redis_why: str, cluster: Any, cluster_why: str) -> None:
+        import redis as redis_py  # only when one of them runs
+
+        self.redis, self.cluster = redis, cluster
+        self.versions = {
+            "redis": getattr(redis, "version", None),
+            "cluster": getattr(cluster, "version", None),
+        }
+        self.skipped = {k: w for k, w in (("redis", redis_why), ("cluster", cluster_why)) if w}
+        self.clients = {
+            "redis": [redis_py.Redis(port=redis.port)] if redis else [],
+            "cluster": [redis_py.Redis(port=port) for port in cluster.ports] if cluster else [],
+        }
+        #: CPU seconds a second each kind's servers use with no client (their timers).
+        self.idle = {kind: self.idle_rate(kind) for kind, clients in self.clients.items() if clients}
+
+    def where(self, kind: str, workdir: str, run: int) -> Any:
+        if kind == "redis":
+            return self.redis.url
+        if kind == "cluster":
+            return self.cluster.ports[0]
+        return str(Path(workdir) / f"scale-{run}.db")
+
+    def cpu(self, kind: str) -> float:
+        """CPU seconds the servers of ``kind`` have used (``INFO cpu``: microseconds, where
+        ``/proc``'s ticks are 10 ms, too coarse for a paced run's few hundred requests)."""
+        total = 0.0
+        for client in self.clients.get(kind, []):
+            info = client.info("cpu")
+            total += float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+        return total
+
+    def idle_rate(self, kind: str, seconds: float = 2.0) -> float:
+        before = self.cpu(kind)
+        time.sleep(seconds)
+        return (self.cpu(kind) - before) / seconds
+
+    def empty(self, kind: str) -> None:
+        for client in self.clients.get(kind, []):
+            client.flushall()
+
+    def reset_stats(self, kind: str) -> None:
+        for client in self.clients.get(kind, []):
+            client.config_resetstat()
+
+    def commands(self, kind: str) -> int:
+        """Commands the Redis servers ran since the reset, the scripts' included (the
+        benchmark's own left out)."""
+        total = 0
+        for client in self.clients.get(kind, []):
+            for name, count in commandstats(client).items():
+                total += 0 if own_command(name) else count
+        return total
+
+    def close(self) -> None:
+        for clients in self.clients.values():
+            for client in clients:
+                client.close()
+
+
+@contextlib.contextmanager
+def stores(workdir: str, kinds: list[str]) -> Iterator[Stores | None]:
+    """The Redis and the Redis Cluster ``kinds`` asks for (None: neither runs)."""
+    with contextlib.ExitStack() as stack:
+        redis, why = (
+            stack.enter_context(redis_server(workdir))
+            if "redis" in kinds
+            else (None, "not asked for")
+        )
+        cluster, cwhy = (
+            stack.enter_context(redis_cluster(workdir))
+            if "cluster" in kinds
+            else (None, "not asked for")
+        )
+        if redis is None and cluster is None:
+            print(f"Redis rows skipped: {why}", file=sys.stderr)
+            yield None
+            return
+        kept = Stores(redis, why, cluster, cwhy)
+        try:
+            yield kept
+        finally:
+            kept.close()

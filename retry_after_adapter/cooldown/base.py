@@ -660,15 +660,38 @@ class Replaceable(ABC):
         """Why the data was last found replaced, in a few words for a log ("": never)."""
 
 
-class InProcess(ABC):
-    """A store kept in this process's memory (the memory store): it cannot fail, so the
-    failure layer does not wrap it, and a scope's cooldown is read from it without an
-    operation (not in :data:`CAPABILITIES`: it asks nothing of the adapter)."""
+class LocalCopy(ABC):
+    """A store whose cooldowns this process also holds in its own memory (the memory
+    store; the failure layer's local copy): a scope's cooldown is read without an
+    operation, right before an attempt goes out (not in :data:`CAPABILITIES`: a store
+    of one's own is given one by the failure layer)."""
 
     @abstractmethod
     def cooldown_reader(self) -> Callable[[str], datetime | None]:
         """A function that reads a scope's stored cooldown (may be past; None: none)
         from memory, with no lock and no store operation: called before attempts."""
+
+
+class InProcess(LocalCopy):
+    """A store kept in this process's memory (the memory store): it cannot fail, so the
+    failure layer does not wrap it, and its operations never block (an async front end
+    runs them on the event loop). Not in :data:`CAPABILITIES`: it asks nothing of the
+    adapter."""
+
+
+class CallBudgets(ABC):
+    """A store whose operations each call bounds by its own deadline and failure policy
+    (the failure layer): the engine asks it for a view of itself per call, with the
+    store's interface, and talks to that view only. Not in :data:`CAPABILITIES`: a
+    store of one's own declares its bound with :class:`Bounded` instead."""
+
+    @abstractmethod
+    def for_call(
+        self, deadline: float | None, monotonic: Callable[[], float], fail_closed: bool
+    ) -> PartwiseStore:
+        """The store as one call sees it: each operation bounded by ``deadline`` (on
+        ``monotonic``, seconds; None: none), and, when the store is down, failing closed
+        (``CooldownUnavailable``) or answering from the local copy (open)."""
 
 
 class FailureLayers:

@@ -51,10 +51,14 @@ from .base import (
     FAILURE_LAYERS,
     Admission,
     Ask,
+    CallBudgets,
+    Changed,
+    Feed,
     Forgetful,
     Hold,
     InProcess,
     LeaseRenewal,
+    LocalCopy,
     PartwiseStore,
     Replaceable,
     Weighed,
@@ -139,11 +143,12 @@ def _local_answer_allowed(budget: StoreBudget | None) -> None:
         raise CooldownUnavailable("the shared cooldown store is unavailable")
 
 
-class StoreGuard(PartwiseStore):
+class StoreGuard(PartwiseStore, LocalCopy, CallBudgets):
     """The failure layer of one store object in this process (see the module).
 
     Each operation takes the calling call's :class:`StoreBudget` (``budget=``; None:
-    no deadline, fail open)."""
+    no deadline, fail open); a call talks to it through :meth:`for_call`, a view with
+    the store's own interface and the call's budget bound."""
 
     def __init__(self, inner: PartwiseStore, owner: object = None) -> None:
         self.inner = inner
@@ -209,6 +214,15 @@ class StoreGuard(PartwiseStore):
     @property
     def capabilities(self) -> frozenset[type]:
         return self.inner.capabilities
+
+    def for_call(
+        self, deadline: float | None, monotonic: Callable[[], float], fail_closed: bool
+    ) -> PartwiseStore:
+        return GuardedCall(self, deadline, monotonic, fail_closed)
+
+    def cooldown_reader(self) -> Callable[[str], datetime | None]:
+        """The local copy's ``get``: what this process read from the store or learned."""
+        return self.local.get
 
     # -- what the breaker and the write-back report ------------------------------------
     @property
@@ -714,6 +728,88 @@ class StoreGuard(PartwiseStore):
 
 def _no_guard() -> None:
     return None
+
+
+class GuardedCall(StoreBudget, PartwiseStore):
+    """The failure layer as one call sees it (:meth:`StoreGuard.for_call`): the store's
+    interface, each operation given the call's budget, which this view is (one object
+    per call: its deadline, its failure policy, whether an operation of it failed).
+    It owns nothing: closing it closes nothing, and it has no feed."""
+
+    __slots__ = ("guard",)
+
+    def __init__(
+        self, guard: StoreGuard, deadline: float | None, monotonic: Callable[[], float], fail_closed: bool
+    ) -> None:
+        StoreBudget.__init__(self, deadline, monotonic, fail_closed)
+        self.guard = guard
+
+    @property
+    def capabilities(self) -> frozenset[type]:
+        return self.guard.capabilities
+
+    @property
+    def rate_kinds(self) -> bool:  # type: ignore[override]
+        return self.guard.rate_kinds
+
+    def admit(self, ask: Ask) -> Admission:
+        return self.guard.admit(ask, self)
+
+    def get(self, scope: str) -> datetime | None:
+        return self.guard.get(scope, self)
+
+    def extend(self, scope: str, until: datetime) -> datetime:
+        return self.guard.extend(scope, until, self)
+
+    def settle(
+        self, scope: str, limit: int, per: float, expires: datetime, now: datetime | None = None,
+        exact: bool = False,
+    ) -> None:
+        self.guard.settle(scope, limit, per, expires, now, exact, self)
+
+    def settle_weighed(self, scope: str, weighed: Weighed, now: datetime | None = None) -> None:
+        self.guard.settle_weighed(scope, weighed, now, self)
+
+    def allow(
+        self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,
+        limit: int | None = None, window: float | None = None,
+    ) -> None:
+        self.guard.allow(scope, remaining, until, now, seq, limit, window, self)
+
+    def rate_answer(
+        self, scope: str, epoch: int | None, until: datetime | None, now: datetime, probe: bool | None = None
+    ) -> None:
+        self.guard.rate_answer(scope, epoch, until, now, probe, self)
+
+    def rate_of(self, scope: str) -> Rate | None:
+        return self.guard.rate_of(scope)
+
+    def release(self, scope: str, token: str) -> None:
+        self.guard.release(scope, token)
+
+    def note(self, scope: str, outcome: str, at: datetime) -> None:
+        self.guard.note(scope, outcome, at, self)
+
+    def freshness(self, scope: str) -> Freshness | None:
+        return self.guard.freshness(scope)
+
+    def freshness_entries(self) -> dict[str, Freshness]:
+        return self.guard.freshness_entries()
+
+    def entries(self) -> dict[str, datetime]:
+        return self.guard.entries()
+
+    def holds(self, now: datetime | None = None) -> dict[str, list[Hold]]:
+        return self.guard.holds(now)
+
+    def delete(self, scope: str) -> bool:
+        return self.guard.delete(scope)
+
+    def feed(self, changed: Changed) -> Feed | None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"GuardedCall({self.guard!r})"
 
 
 # ------------------------------------------------------------------ one guard per store

@@ -33,7 +33,7 @@ from .plan import NO_PLAN, Plan
 from .state import NOTHING_HEARD, Heard, Policy, Progress, Terms, Ticket
 
 if TYPE_CHECKING:
-    from ..cooldown.guard import StoreBudget
+    from ..cooldown.base import PartwiseStore
     from .meters import Meter
 
 __all__ = ["MIN_ATTEMPT_TIMEOUT", "Call", "terms_of"]
@@ -63,7 +63,6 @@ class Call:
 
     # Slots, every one set in __init__: a slot read is the cheapest attribute read.
     __slots__ = (
-        "budget",
         "clock",
         "cooldown",
         "heard",
@@ -73,6 +72,7 @@ class Call:
         "progress",
         "retry",
         "scope",
+        "store",
         "terms",
         "ticket",
     )
@@ -106,8 +106,8 @@ class Call:
         self.ticket = Ticket()
         if override is not None:
             self._override(override)
-        #: What the call may spend on a guarded store, and how it fails (None: no guard).
-        self.budget: StoreBudget | None = plan.budget(self) if plan.guard is not None else None
+        #: The store as this call talks to it (None: none): see ``Plan.store_for``.
+        self.store: PartwiseStore | None = plan.store_for(self)
         #: The scope's meter in this process, for quota headers (None: not counted).
         self.meter: Meter | None = plan.meter(scope) if policy.quota_headers else None
 
@@ -117,7 +117,7 @@ class Call:
         moved = plan is not self.plan or scope != self.scope
         if plan is not self.plan:
             self.plan = plan
-            self.budget = plan.budget(self) if plan.guard is not None else None
+            self.store = plan.store_for(self)
         self.scope = scope
         if moved:
             self.meter = plan.meter(scope) if self.policy.quota_headers else None

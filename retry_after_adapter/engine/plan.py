@@ -22,11 +22,13 @@ from .. import _forksafe
 from ..cooldown.base import (
     Allowances,
     Ask,
+    CallBudgets,
     FreshnessLog,
     InProcess,
     Learn,
     LearnedRate,
     Lease,
+    LocalCopy,
     PartwiseStore,
     QuotaLogs,
     Weigh,
@@ -34,7 +36,6 @@ from ..cooldown.base import (
     Weights,
     token_scope,
 )
-from ..cooldown.guard import StoreBudget, StoreGuard
 from ..cooldown.weights import token_quota
 from ..cost import cost_error
 from ..quota import Quota
@@ -96,17 +97,11 @@ def _opens(store: PartwiseStore | None, quota: Quota | None) -> bool:
     )
 
 
-def _cooldown_reader(
-    store: PartwiseStore | None, guard: StoreGuard | None
-) -> Callable[[str], datetime | None] | None:
-    """How a scope's cooldown is read without a store operation: the failure layer's
-    local copy of a shared store, or a memory store's own table (a dict read: the
-    cooldown its admission read as it granted, and since); None: not at all."""
-    if guard is not None:
-        return guard.local.get
-    if isinstance(store, InProcess):
-        return store.cooldown_reader()
-    return None
+def _cooldown_reader(store: PartwiseStore | None) -> Callable[[str], datetime | None] | None:
+    """How a scope's cooldown is read without a store operation: the store's copy in
+    this process's memory (a memory store's own table; the failure layer's local copy
+    of a shared store), or None: not at all."""
+    return store.cooldown_reader() if isinstance(store, LocalCopy) else None
 
 
 class Plan:
@@ -115,10 +110,10 @@ class Plan:
     __slots__ = (
         "allows",
         "asked",
+        "blocking",
         "cooldown_of",
         "dialects",
         "fail_closed",
-        "guard",
         "learns",
         "limit",
         "margin",
@@ -127,6 +122,7 @@ class Plan:
         "notes",
         "opens",
         "per",
+        "per_call",
         "rate_kinds",
         "release_slot",
         "replays",
@@ -151,9 +147,13 @@ class Plan:
         replays: bool = False,
     ) -> None:
         self.store = store
-        #: The store when it is behind the failure layer (each operation then gets the
-        #: call's budget), else None.
-        self.guard = store if isinstance(store, StoreGuard) else None
+        #: How a call gets its view of the store (``CallBudgets.for_call``: bounded by
+        #: the call's deadline, failing as the adapter says), or None: calls talk to the
+        #: store itself (see :meth:`store_for`).
+        self.per_call = store.for_call if isinstance(store, CallBudgets) else None
+        #: Whether a store operation may block (any store not kept in this process's
+        #: memory): an async front end runs it off the event loop.
+        self.blocking = store is not None and not isinstance(store, InProcess)
         self.fail_closed = fail_closed
         #: The quota as the store takes it (limit and per None: no quota).
         self.limit = quota.limit if quota is not None else None
@@ -188,7 +188,7 @@ class Plan:
         self.release_slot: Callable[[str, str], None] | None = store.release if store is not None else None
         #: The scope's cooldown as this process knows it, without a store operation (see
         #: :func:`_cooldown_reader`); bound once.
-        self.cooldown_of = _cooldown_reader(store, self.guard)
+        self.cooldown_of = _cooldown_reader(store)
         #: What providers' dialects taught this adapter: routes refined by their
         #: bucket, secondary-limit streaks (bounded, in memory; see ``buckets``).
         self.dialects = Dialects()
@@ -198,10 +198,14 @@ class Plan:
         self.replays = replays
 
     # -- per call ------------------------------------------------------------------
-    def budget(self, call: CallState) -> StoreBudget:
-        """What ``call`` may spend on a guarded store (see :attr:`guard`)."""
+    def store_for(self, call: CallState) -> PartwiseStore | None:
+        """The store as ``call`` talks to it: a view bounded by the call's deadline and
+        failing as the adapter says (see :attr:`per_call`), else the store itself."""
+        per_call = self.per_call
+        if per_call is None:
+            return self.store
         end = None if call.terms.deadline is None else call.progress.start + call.terms.deadline
-        return StoreBudget(end, call.clock.monotonic, self.fail_closed)
+        return per_call(end, call.clock.monotonic, self.fail_closed)
 
     def meter(self, scope: str | None) -> Meter | None:
         """The scope's meter in this process (None: no store, no scope)."""
@@ -215,8 +219,8 @@ class Plan:
         quota permit, one of the server's announced allowance and a concurrency slot
         taken, as the plan needs), else when to ask again (``call.cooldown`` holds the
         scope's cooldown; ``call.ticket.slot_busy`` says only a slot was missing). May raise
-        CooldownUnavailable (a guarded store failing closed)."""
-        store = self.store
+        CooldownUnavailable (a shared store failing closed)."""
+        store = call.store
         assert store is not None and call.scope is not None
         # A real clock is read by the store itself as it grants (inside its lock): a
         # permit's time is then its grant's, however long the lock took.
@@ -236,8 +240,7 @@ class Plan:
         fields["weigh"] = weigh
         ask = _new(Ask)
         _set(ask, "__dict__", fields)
-        guard = self.guard
-        answer = store.admit(ask) if guard is None else guard.admit(ask, call.budget)
+        answer = store.admit(ask)
         if answer.oversized and weigh is not None:
             limit = f"the server's announced token limit of {answer.oversized}"
             raise cost_error(weigh.cost, call.progress.cost_from, limit)
@@ -367,14 +370,15 @@ class Plan:
         ticket = call.ticket
         expires, ticket.permit = ticket.permit, None
         exact, ticket.permit_open = ticket.permit_open, False
+        store, scope = call.store, call.scope
         assert expires is not None and self.per is not None and self.limit is not None
-        assert self.store is not None
+        assert store is not None and scope is not None
         now = call.clock.now()
         if not exact and (expires - now).total_seconds() >= self.per:
             return  # the stored end already covers the answer
         at = None if call.policy.real_clock else now
         try:
-            self._on_store(self.store.settle, call, call.scope, self.limit, self.per, expires, at, exact)
+            store.settle(scope, self.limit, self.per, expires, at, exact)
         except Exception as exc:  # the permit still counts until its stored end
             log.debug("settling a quota permit failed: %s", type(exc).__name__)
 
@@ -384,34 +388,34 @@ class Plan:
         (one more store operation), as a quota permit that is not open does."""
         ticket = call.ticket
         expires, ticket.weighed = ticket.weighed, None
-        tokens = self.tokens
-        assert expires is not None and tokens is not None and self.store is not None
+        tokens, store, scope = self.tokens, call.store, call.scope
+        assert expires is not None and tokens is not None and store is not None and scope is not None
         if call.clock.monotonic() - ticket.admitted_at <= tokens.margin:
             return  # its stored end already covers the arrival
         now = call.clock.now()
         weighed = Weighed(call.progress.cost, tokens.limit, tokens.per, expires)
         at = None if call.policy.real_clock else now
         try:
-            self._on_store(self.store.settle_weighed, call, call.scope, weighed, at)
+            store.settle_weighed(scope, weighed, at)
         except Exception as exc:  # the permit still counts until its stored end
             log.debug("settling a token permit failed: %s", type(exc).__name__)
 
     # -- the slow path and news ---------------------------------------------------
     def read_cooldown(self, call: CallState) -> datetime | None:
         """The scope's stored cooldown (no store: the call's own). May raise
-        CooldownUnavailable (a guarded store failing closed)."""
-        if self.store is None or call.scope is None:
+        CooldownUnavailable (a shared store failing closed)."""
+        if call.store is None or call.scope is None:
             return call.cooldown
-        call.cooldown = self._on_store(self.store.get, call, call.scope)
+        call.cooldown = call.store.get(call.scope)
         return call.cooldown
 
     def learn(self, call: CallState, until: datetime) -> None:
         """Advance the scope's shared cooldown to ``until`` (later wins); never raises
         for a store that fails (the failure layer keeps it)."""
-        if self.store is None or call.scope is None:
+        if call.store is None or call.scope is None:
             call.cooldown = until if call.cooldown is None or until > call.cooldown else call.cooldown
             return
-        call.cooldown = self._on_store(self.store.extend, call, call.scope, until)
+        call.cooldown = call.store.extend(call.scope, until)
 
     def rate_answer(self, call: CallState, until: datetime | None) -> None:
         """Tell the scope's learned rate how the attempt was answered: well (``until``
@@ -421,7 +425,7 @@ class Plan:
         ticket = call.ticket
         if until is None and not ticket.rate_report:
             return
-        if not self.learns or self.store is None or call.scope is None:
+        if not self.learns or call.store is None or call.scope is None:
             return
         # A throttle says which kind of attempt it refused (a probe reports its answers)
         # to a store that reads it: with several threads a probe may overtake a known send.
@@ -430,15 +434,15 @@ class Plan:
         ticket.rate_report = False  # once per attempt
         try:
             now = call.clock.now()
-            self._on_store(self.store.rate_answer, call, call.scope, ticket.rate_epoch, until, now, *kind)
+            call.store.rate_answer(call.scope, ticket.rate_epoch, until, now, *kind)
         except Exception as exc:
             log.debug("telling the learned rate failed: %s", type(exc).__name__)
 
     def allow(self, call: CallState, *args: Any) -> None:
         """Record the server's announced allowance (``Store.allow``'s arguments after
         the scope)."""
-        if self.allows and self.store is not None and call.scope is not None:
-            self._on_store(self.store.allow, call, call.scope, *args)
+        if self.allows and call.store is not None and call.scope is not None:
+            call.store.allow(call.scope, *args)
 
     def allow_tokens(
         self, call: CallState, remaining: int, until: datetime, now: datetime, limit: int | None
@@ -446,25 +450,19 @@ class Plan:
         """Record the server's announced token allowance (kept as the allowance of the
         scope's ``token_scope``: what every worker's declared costs are weighed against),
         as of the attempt's cost counted (``Ticket.token_seq``; None: as of now)."""
-        if self.weighs and self.store is not None and call.scope is not None:
+        if self.weighs and call.store is not None and call.scope is not None:
             tokens, seq = token_scope(call.scope), call.ticket.token_seq
-            self._on_store(self.store.allow, call, tokens, remaining, until, now, seq, limit)
+            call.store.allow(tokens, remaining, until, now, seq, limit)
 
     def note(self, call: CallState, outcome: str) -> None:
         """Note an attempt's outcome in the scope's freshness record; never raises
         (freshness is news, never a reason to fail a call)."""
-        if not self.notes or self.store is None or call.scope is None:
+        if not self.notes or call.store is None or call.scope is None:
             return
         try:
-            self._on_store(self.store.note, call, call.scope, outcome, call.clock.now())
+            call.store.note(call.scope, outcome, call.clock.now())
         except Exception as exc:
             log.debug("noting freshness failed: %s", type(exc).__name__)
-
-    def _on_store(self, operation: Callable[..., Any], call: CallState, *args: Any) -> Any:
-        """``operation(*args)``, with the call's budget when the store is guarded."""
-        if self.guard is not None:
-            return operation(*args, budget=call.budget)
-        return operation(*args)
 
 
 #: The plan of a call made without a store (a policy used alone).

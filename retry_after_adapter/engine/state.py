@@ -23,7 +23,7 @@ from ..deferral import Deferral
 from ..observe import DecisionHook
 
 if TYPE_CHECKING:
-    from ..cooldown.guard import StoreBudget
+    from ..cooldown.base import PartwiseStore
 
 __all__ = ["NOTHING_HEARD", "CallState", "Heard", "Policy", "Progress", "Slot", "Terms", "Ticket"]
 
@@ -175,7 +175,7 @@ class Progress:
 class CallState(Protocol):
     """What the plan (``engine.plan``) reads and writes of a call (an
     ``engine.call.Call``): its scope, its cooldown as last read, its attempt's ticket,
-    what it has spent and may spend, its clock, its policy and its store budget."""
+    what it has spent and may spend, its clock, its policy and the store as it talks to it."""
 
     scope: str | None
     cooldown: datetime | None
@@ -184,4 +184,4 @@ class CallState(Protocol):
     terms: Terms
     clock: Clock
     policy: Policy
-    budget: StoreBudget | None
+    store: PartwiseStore | None

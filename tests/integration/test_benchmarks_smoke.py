@@ -301,6 +301,25 @@ def test_httpx_quick(tmp_path: Path) -> None:
             assert result["requests"] >= result["items"]
 
 
+def test_aiohttp_quick(tmp_path: Path) -> None:
+    pytest.importorskip("aiohttp_retry")
+    pytest.importorskip("retryhttp")
+    doc = run_quick("bench_aiohttp.py", tmp_path)
+    variants = doc["happy"]
+    assert set(variants) == {"plain", "plain (control)", "RetryAfterMiddleware"}
+    assert variants["plain"]["ratio"]["median"] == 1.0
+    for entry in variants.values():
+        check_summary(entry["per_get_us"])
+        check_summary(entry["cpu_ratio"])
+    runs = doc["runs"]
+    assert set(runs) == {"RetryAfterMiddleware", "aiohttp-retry", "retryhttp"}
+    for results in runs.values():
+        for result in results:
+            assert result["items_done"] == result["items"] == doc["shape"]["items"]
+            assert result["requests"] >= result["items"] and result["goodput_over_allowed"] > 0
+    assert all(result["early"] == 0 for result in runs["RetryAfterMiddleware"])
+
+
 @pytest.mark.slow
 def test_llm_fleet_quick(tmp_path: Path) -> None:
     # The fleet part only: the instructions part runs under valgrind for minutes.

@@ -578,7 +578,7 @@ def test_no_store_operation_of_a_blocking_store_runs_on_the_event_loop(server: T
         async with httpx.AsyncClient(transport=transport) as client:
             await client.get(server.url + "/warm")
             loop_thread = threading.get_ident()
-            guard = transport._plan.guard
+            guard = transport._plan.store
             for name in ("settle", "release", "get", "admit", "answer"):
                 original = getattr(guard.inner, name)
 
