@@ -400,3 +400,24 @@ def test_a_streamed_sdk_call_waits_the_429_and_streams_the_answer(real_server: T
     chunks = [chunk.text for chunk in sdk.models.generate_content_stream(model="gemini-2.0-flash", contents="hi")]
     assert chunks == ["hi"] and real_server.count() == 2 and gap(real_server.seen) >= 0.3
     assert real_server.seen[1].path.endswith(":streamGenerateContent?alt=sse")
+
+
+def test_the_aiohttp_middleware_reads_the_same_body(real_server: ThrottleServer) -> None:
+    """The body hook is the engine's, whatever the front end: through aiohttp's client
+    middleware a RetryInfo of 0.3 s is waited, one of 30 s deferred (body readable)."""
+    aiohttp = pytest.importorskip("aiohttp")
+    from retry_after_adapter.aiohttp import RetryAfterMiddleware
+
+    async def post(store: Any) -> tuple[int, bytes, Any]:
+        middleware = RetryAfterMiddleware(RetryAfterRetry(total=3, max_wait=5), cooldown=store)
+        async with aiohttp.ClientSession(middlewares=(middleware,)) as s:
+            async with s.post(real_server.url + GEMINI_GENERATE, data=b"{}") as response:
+                return response.status, await response.read(), deferral_of(response)
+
+    real_server.serve([throttled("0.3s"), ok()])
+    status, body, deferral = asyncio.run(post(MemoryCooldownStore()))
+    assert status == 200 and deferral is None and gap(real_server.seen) >= 0.3
+    real_server.serve([throttled("30s"), ok()])
+    status, body, deferral = asyncio.run(post(MemoryCooldownStore()))
+    assert status == 429 and json.loads(body) == json.loads(gemini_429("30s"))
+    assert deferral.reason == "max_wait" and deferral.scope.endswith("|gemini:gemini-2.0-flash")
