@@ -46,18 +46,32 @@ adapter then does):
 - **What a 429 means** (:func:`not_processed`): OpenAI's and Anthropic's 429 is a
   request their rate limits refused before any work on it, which their own SDKs send
   again after the wait whatever its method. The answer is recognised by the fields only
-  these providers send (:data:`UNPROCESSED_FIELDS`), not by the host.
+  these providers send (:data:`UNPROCESSED_FIELDS`), not by the host; Gemini's by its
+  body: a ``RESOURCE_EXHAUSTED`` status naming the quota that refused it.
 - **Anthropic**: ``anthropic-ratelimit-<kind>-{limit,remaining,reset}`` for requests,
   tokens, input and output tokens (:func:`anthropic_allowances`), each reset an RFC 3339
   time (:func:`rfc3339_epoch`), measured against the response's ``Date`` or receipt.
   An :class:`Allowance` per kind; :func:`~retry_after_adapter.quota.from_allowances`
   makes the quota hint of them (token figures are kept; the `tokens` kind is what
   declared costs are admitted against).
+- **Gemini** (Google's Generative Language API, and Vertex AI): a 429
+  ``RESOURCE_EXHAUSTED`` names its wait in its JSON body, not in a field: a
+  ``google.rpc.RetryInfo`` detail's ``retryDelay``, a protobuf Duration in JSON
+  (:func:`proto_duration`: ``"2s"``, ``"37.5s"``), and which quotas refused it, a
+  ``google.rpc.QuotaFailure`` detail's violations (``quotaId``, ``quotaDimensions``
+  ``model`` and ``location``). :func:`google_rpc_error` reads such a body;
+  :func:`wants_google_body` says when a 429 is to be read at all (no wait in its
+  fields, a JSON body). Gemini's quotas are per project and per model: a request whose
+  path names a model in Google's form (``/v1beta/models/gemini-2.0-flash:generateContent``,
+  ``.../projects/p/locations/l/publishers/google/models/m:predict``) is keyed by it
+  (:func:`gemini_key`). The API key (``x-goog-api-key``, ``?key=``) is never part of
+  a key: the project is the caller's scope.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from collections.abc import Callable
@@ -71,6 +85,7 @@ __all__ = [
     "ANTHROPIC_KINDS",
     "EPOCH_MS_THRESHOLD",
     "EPOCH_THRESHOLD",
+    "GEMINI_MARK",
     "MAX_GO_DURATION",
     "MAX_VALUE",
     "MS_FIELDS",
@@ -81,14 +96,19 @@ __all__ = [
     "SECONDARY_MIN",
     "UNPROCESSED_FIELDS",
     "Allowance",
+    "GoogleError",
     "anthropic_allowances",
+    "body_needed",
     "bucket_key",
     "bucket_of",
     "count",
     "epoch_seconds",
+    "gemini_key",
     "github_secondary",
     "go_duration",
     "go_duration_latest",
+    "google_rpc_error",
+    "google_status",
     "ietf_item",
     "is_global",
     "limit_field",
@@ -97,6 +117,7 @@ __all__ = [
     "not_processed",
     "openai_allowances",
     "precise_wait",
+    "proto_duration",
     "reset_seconds",
     "rfc3339_epoch",
     "rfc3339_latest",
@@ -105,6 +126,7 @@ __all__ = [
     "sf_field",
     "should_retry",
     "wants_body",
+    "wants_google_body",
 ]
 
 #: ``get(name)``: a response's header value (repeated fields joined by ", "), or None.
@@ -446,16 +468,201 @@ UNPROCESSED_FIELDS = (
 )
 
 
-def not_processed(status: int | None, get: Getter) -> bool:
+def not_processed(status: int | None, get: Getter, body: bytes | None = None) -> bool:
     """Whether an answer says, by its provider's documented contract, that the request
     was not processed, so that sending it again after the wait cannot do its work twice:
     a 429 of OpenAI (or Azure OpenAI) or Anthropic, whose rate limits refuse a request
     before any work on it (their SDKs send any request again after one, a POST too).
-    Recognised by a field of :data:`UNPROCESSED_FIELDS`; a 503 (an overloaded or
-    failing server) is no such answer, nor is a 429 of any other API."""
+    Recognised by a field of :data:`UNPROCESSED_FIELDS`; or a 429 of Google's APIs
+    (Gemini) whose ``body`` (when it was read) is a ``RESOURCE_EXHAUSTED`` error naming
+    the quota that refused it (:attr:`GoogleError.quota_refused`). A 503 (an overloaded
+    or failing server) is no such answer, nor is a 429 of any other API."""
     if status != 429:
         return False
-    return any(get(name) is not None for name in UNPROCESSED_FIELDS)
+    if any(get(name) is not None for name in UNPROCESSED_FIELDS):
+        return True
+    found = google_rpc_error(body) if body else None
+    return found is not None and found.quota_refused
+
+
+# ------------------------------------------------------------------------------ Gemini
+#: What separates a scope from a Gemini model's key (:func:`gemini_key`) in a refined scope.
+GEMINI_MARK = "|gemini:"
+#: The ``@type`` of the details of a ``google.rpc.Status`` read here.
+RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
+QUOTA_FAILURE = "type.googleapis.com/google.rpc.QuotaFailure"
+#: protobuf's own range: a Duration is at most 315,576,000,000 s (10,000 years).
+MAX_PROTO_DURATION = 315_576_000_000
+#: A body longer than this (bytes) is not parsed for a wait (a Google error is a few
+#: hundred bytes; :data:`~retry_after_adapter.body.DEFAULT_MAX_RETRY_BODY` bounds what is read).
+MAX_GOOGLE_BODY = 64 * 1024
+#: Violations of a ``QuotaFailure`` read (Google sends one to three).
+MAX_VIOLATIONS = 16
+#: What a quota id or a model name may be to be kept (as Google names them:
+#: ``GenerateRequestsPerMinutePerProjectPerModel-FreeTier``, ``gemini-2.0-flash``,
+#: ``models/gemini-1.5-pro-002``): anything else is dropped, never shown or keyed.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@/\-]{0,127}", re.ASCII).fullmatch
+# A protobuf Duration's JSON form (proto3 JSON mapping): seconds with 0, 3, 6 or 9
+# fractional digits and an "s"; the mapping's parsers accept 1 to 9 digits, as read here.
+_PROTO_DURATION = re.compile(r"([0-9]{1,12})(?:\.([0-9]{1,9}))?s", re.ASCII).fullmatch
+
+
+def proto_duration(raw: object) -> float | None:
+    """A protobuf ``Duration`` in its JSON form (``"2s"``, ``"37.5s"``, ``"0.000000001s"``)
+    as a wait in **seconds**; None for anything else: never 0 for bad input.
+
+    ASCII digits, an optional ``.`` and 1 to 9 fractional digits, and a lowercase ``s``:
+    no sign (a negative wait is not a wait), no space, no exponent, no other unit, not a
+    JSON number, nothing past :data:`MAX_PROTO_DURATION` (protobuf's own range) nor
+    longer than :data:`MAX_VALUE` characters. A fraction is kept to the nanosecond, as
+    written. A long but valid value is left to the policy's ``max_retry_after``."""
+    if not isinstance(raw, str) or len(raw) > MAX_VALUE:
+        return None
+    m = _PROTO_DURATION(raw)
+    if m is None:
+        return None
+    whole, fraction = m.group(1), m.group(2)
+    seconds = int(whole)
+    if seconds > MAX_PROTO_DURATION or (seconds == MAX_PROTO_DURATION and fraction and int(fraction)):
+        return None
+    return seconds + (int(fraction) / 10 ** len(fraction) if fraction else 0.0)
+
+
+@dataclass(frozen=True)
+class GoogleError:
+    """What a Google API error body (a ``google.rpc.Status`` in JSON: ``{"error":
+    {"code", "status", "message", "details"}}``) says of a rate limit.
+
+    - ``status``: its canonical code's name (``"RESOURCE_EXHAUSTED"``), or None.
+    - ``retry_delay``: the ``RetryInfo`` detail's ``retryDelay`` as sent (None: no
+      ``RetryInfo``); ``delay`` its seconds (:func:`proto_duration`), None when it cannot
+      be read; ``invalid``: a ``RetryInfo`` was sent but says no valid wait (malformed,
+      missing, repeated), which stops a call as an invalid Retry-After does.
+    - ``quota_ids``: the ``QuotaFailure`` violations' ``quotaId``s (well formed ones).
+    - ``models``: the models those violations name (``quotaDimensions.model``).
+    - ``project_wide``: a violation names a quota that is not per model (no model
+      dimension, and ``PerModel`` nowhere in its id): it holds back every model.
+    """
+
+    status: str | None
+    retry_delay: str | None = None
+    delay: float | None = None
+    invalid: bool = False
+    quota_ids: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+    project_wide: bool = False
+    quota_failure: bool = False
+
+    @property
+    def quota_refused(self) -> bool:
+        """A quota refused the request (``RESOURCE_EXHAUSTED`` with a ``QuotaFailure``
+        or a ``RetryInfo``): Google's APIs check quotas before any work on a request, so
+        it was not processed (Google's own clients retry it, a POST too)."""
+        return self.status == "RESOURCE_EXHAUSTED" and (self.quota_failure or self.retry_delay is not None)
+
+
+def _name(value: object) -> str | None:
+    return value if isinstance(value, str) and _NAME(value) is not None else None
+
+
+def google_rpc_error(body: bytes | None) -> GoogleError | None:
+    """The rate-limit parts of a Google API error ``body`` (see :class:`GoogleError`),
+    or None when it is not one: not JSON, not ``{"error": {...}}`` (a list of one, as a
+    streamed answer sends it, is read too), longer than :data:`MAX_GOOGLE_BODY`. Never
+    raises. A ``RetryInfo`` sent more than once, or whose ``retryDelay`` is not a
+    Duration string, is ``invalid`` (as a repeated or malformed Retry-After is)."""
+    if not body or len(body) > MAX_GOOGLE_BODY:
+        return None
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    error = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(error, dict):
+        return None
+    status = error.get("status") if isinstance(error.get("status"), str) else None
+    details = error.get("details")
+    if not isinstance(details, list):
+        return GoogleError(status)
+    delays: list[object] = []
+    quota_ids: list[str] = []
+    models: list[str] = []
+    project_wide = quota_failure = False
+    for detail in details[:MAX_VIOLATIONS * 4]:
+        if not isinstance(detail, dict):
+            continue
+        kind = detail.get("@type")
+        if kind == RETRY_INFO:
+            delays.append(detail.get("retryDelay"))
+        elif kind == QUOTA_FAILURE:
+            quota_failure = True
+            violations = detail.get("violations")
+            for violation in violations[:MAX_VIOLATIONS] if isinstance(violations, list) else ():
+                if not isinstance(violation, dict):
+                    continue
+                quota_id = _name(violation.get("quotaId"))
+                dimensions = violation.get("quotaDimensions")
+                model = _name(dimensions.get("model")) if isinstance(dimensions, dict) else None
+                if quota_id is not None and quota_id not in quota_ids:
+                    quota_ids.append(quota_id)
+                if model is not None and model not in models:
+                    models.append(model)
+                if model is None and (quota_id is None or "PerModel" not in quota_id):
+                    project_wide = True
+    if not delays:
+        return GoogleError(status, quota_ids=tuple(quota_ids), models=tuple(models),
+                           project_wide=project_wide, quota_failure=quota_failure)
+    raw = delays[0]
+    delay = proto_duration(raw) if len(delays) == 1 else None
+    shown = raw if isinstance(raw, str) and len(raw) <= MAX_VALUE and raw.isprintable() else "?"
+    return GoogleError(
+        status, shown, delay, delay is None, tuple(quota_ids), tuple(models), project_wide, quota_failure
+    )
+
+
+def wants_google_body(status: int | None, get: Getter) -> bool:
+    """Whether a 429's body is to be read for a wait: it names none in its fields (no
+    ``Retry-After``, no millisecond field) and its body is JSON (a Google API error
+    body, :func:`google_rpc_error`). Never for any other status: a 200 costs nothing."""
+    if status != 429 or get("Retry-After") is not None or any(get(name) is not None for name in MS_FIELDS):
+        return False
+    kind = get("Content-Type")
+    return kind is not None and kind.split(";", 1)[0].strip(" \t").lower() == "application/json"
+
+
+# ``[/v1|/v1beta|...][/projects/P/locations/L/publishers/X]/models/M:verb`` (Google's
+# custom method form, AIP-136); a tuned model is ``tunedModels/M``.
+_GEMINI_PATH = re.compile(
+    r"(?:/[A-Za-z0-9_.\-]+)*?"
+    r"(?:/projects/([A-Za-z0-9_.\-]{1,64})/locations/([A-Za-z0-9_.\-]{1,64})/publishers/[A-Za-z0-9_.\-]{1,64})?"
+    r"/(models|tunedModels)/([A-Za-z0-9][A-Za-z0-9_.@\-]{0,127}):[A-Za-z]{1,64}",
+    re.ASCII,
+).fullmatch
+
+
+def gemini_key(path: str) -> str | None:
+    """The quota key of a request to Google's Gemini (or Vertex AI) model API, from its
+    ``path`` (or its whole URL; the query and user info are left out): ``gemini:<model>`` for
+    ``/v1beta/models/gemini-2.0-flash:generateContent``, ``gemini:<project>/<location>/<model>``
+    for Vertex AI's ``/v1/projects/p/locations/l/publishers/google/models/m:predict``
+    (its quotas are per project, region and model), ``gemini:tunedModels/<model>`` for a
+    tuned model; None for any other path (a request not of a model). Costs one
+    substring test for a path without ``models/`` or ``Models/``."""
+    if "odels/" not in path:
+        return None
+    if "://" in path:
+        rest = path.partition("://")[2]
+        slash = rest.find("/")
+        path = rest[slash:] if slash >= 0 else "/"
+    path = path.split("?", 1)[0].split("#", 1)[0]
+    m = _GEMINI_PATH(path)
+    if m is None:
+        return None
+    project, location, kind, model = m.group(1, 2, 3, 4)
+    name = model if kind == "models" else f"tunedModels/{model}"
+    return f"gemini:{project}/{location}/{name}" if project else f"gemini:{name}"
 
 
 # ------------------------------------------------------------------- Structured Fields
@@ -598,3 +805,29 @@ def secondary_wait(streak: int) -> float:
     if streak <= 1:
         return SECONDARY_MIN
     return min(SECONDARY_MAX, SECONDARY_MIN * 2.0 ** min(streak - 1, 16))
+
+
+def google_status(delay: float, message: str) -> dict[str, Any]:
+    """A ``google.rpc.Status`` (JSON) of a 429 built here, as Google's clients read one:
+    ``RESOURCE_EXHAUSTED``, ``message``, and a ``RetryInfo`` whose ``retryDelay`` is
+    ``delay`` seconds rounded up to the millisecond (never a shorter wait)."""
+    millis = max(0, math.ceil(round(delay * 1000.0, 6)))
+    return {
+        "code": 429,
+        "message": message,
+        "status": "RESOURCE_EXHAUSTED",
+        "details": [{"@type": RETRY_INFO, "retryDelay": f"{millis // 1000}.{millis % 1000:03d}s"}],
+    }
+
+
+def body_needed(status: int | None, get: Getter) -> bool:
+    """Whether an answer must have its body read before it is judged, whatever the
+    front end: a GitHub 403 that names no wait (:func:`wants_body`: its body tells a
+    secondary limit from a permission denied) or a 429 that names its wait only in a
+    JSON body (:func:`wants_google_body`, Gemini's). Never for any other status (a 200
+    costs one comparison). A front end reads that body bounded (at most
+    ``max_retry_body`` bytes, within the call's time), keeps it readable for its caller,
+    and hands the bytes to the judgement."""
+    if status == 429:
+        return wants_google_body(429, get)
+    return status == 403 and wants_body(403, get)

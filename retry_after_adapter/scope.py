@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-_SECRET_HEADERS = ("Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key")
+_SECRET_HEADERS = ("Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key", "X-Goog-Api-Key")
 
 #: ``callable(request) -> str``: the request has ``.url`` and ``.headers``.
 ScopeFunction = Callable[[Any], str]
@@ -109,7 +109,8 @@ def hash_scope(text: str) -> str:
 
 
 def credential_scope(request: Any) -> str:
-    """Origin plus a hash of the request's credential (Authorization, or API key header).
+    """Origin plus a hash of the request's credential (Authorization, or API key header:
+    ``X-Api-Key``, ``Api-Key``, Google's ``X-Goog-Api-Key``).
 
     For providers whose quota is per account or per credential.
     """

@@ -25,7 +25,8 @@ from .cooldown.memory import DEFAULT_STORE
 from .cooldown.weights import token_quota
 from .cost import FIXED, CostFunction, check_cost_option, cost_error, cost_of
 from .deferral import Deferral
-from .engine import Call, Outcome, Plan, current_override, refine_call
+from .dialects import GEMINI_MARK, google_status
+from .engine import Call, Outcome, Plan, current_override, refine_call, refine_gemini
 from .errors import ConfigurationError, close_keyword, unknown_keyword
 from .observe import DecisionHook, as_hooks
 from .quota import Quota
@@ -53,13 +54,26 @@ LOCAL_HEADER = "X-Local-Deferral"
 def local_parts(deferral: Deferral) -> tuple[dict[str, str], bytes]:
     """The headers and body of the 429 built here for a call deferred before sending:
     ``Retry-After`` is the whole seconds left (rounded up), the body the deferral's
-    JSON, and the :data:`LOCAL_HEADER` names the reason."""
+    JSON, and the :data:`LOCAL_HEADER` names the reason. For a deferral of a Gemini
+    model's scope the body is ``{"error": <google.rpc.Status>, "deferral": <its JSON>}``
+    (``dialects.google_status``: a ``RetryInfo`` never shorter than the wait), as
+    Google's clients read an error."""
     headers = {
         "Retry-After": str(max(0, math.ceil(deferral.delay))),
         "Content-Type": "application/json",
         LOCAL_HEADER: str(deferral.reason),
     }
-    return headers, json.dumps(deferral.to_dict()).encode("ascii")
+    data: dict[str, Any] = deferral.to_dict()
+    if deferral.scope is not None and GEMINI_MARK in deferral.scope:
+        # Google's clients (the GenAI SDK) read a google.rpc.Status from the top of the
+        # body: what they raise then says RESOURCE_EXHAUSTED, why and when; the
+        # deferral's JSON is its "deferral" member.
+        message = (
+            f"deferred before sending ({deferral.reason}): nothing was sent; "
+            f"eligible at {data['eligible_at']}, in {deferral.delay:.3f} s"
+        )
+        data = {"error": google_status(deferral.delay, message), "deferral": data}
+    return headers, json.dumps(data).encode("ascii")
 
 
 def store_name(store: object) -> str | None:
@@ -486,6 +500,9 @@ class SharedSettings:
             call.progress.cost_from = settings.cost
         if self._plan.dialects.routes:
             refine_call(call, request.method, request.url)
+        url = request.url
+        if url and "odels/" in url:  # a Gemini model's path (one test on any other URL)
+            refine_gemini(call, url)
         if self._plan.replays and not isinstance(getattr(request, "body", None), (bytes, str, type(None))):
             call.progress.resendable = False  # a file, a generator: read once as it is sent
         return call

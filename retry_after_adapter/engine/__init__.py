@@ -35,7 +35,7 @@ from __future__ import annotations
 # policy's stock-loop mode and the settings: what they import of it, nothing more.
 from .admission import STORE_STEPS, admitted, carry_out_store, drive, wait_until
 from .call import MIN_ATTEMPT_TIMEOUT, Call
-from .learn import refine_call
+from .learn import refine_call, refine_gemini
 from .loop import SINGLE_ATTEMPT, Outcome, judge_redirect, run, steps
 from .ops import Close, Follow, Keep, Op, Send, Sleep, StoreOp
 from .override import budget, current_override
@@ -71,6 +71,7 @@ __all__ = [
     "judge_redirect",
     "plan_wait",
     "refine_call",
+    "refine_gemini",
     "run",
     "steps",
     "wait_until",

@@ -3,7 +3,9 @@ Retry-After of a cooldown status advances the scope's shared cooldown, quota hea
 record what the server allows (nothing left: a cooldown until the reset), and the
 outcome is noted in the scope's freshness record. Providers' dialects refine it
 (``buckets``): a route's bucket refines its scope first, a global limit cools the
-unrefined scope, a GitHub secondary limit that names no wait cools it 60 s or more.
+unrefined scope, a GitHub secondary limit that names no wait cools it 60 s or more; a
+request to a Gemini model is scoped by the model, and its 429's wait is read from its
+body (``google.rpc.RetryInfo``) when no field names one.
 """
 
 from __future__ import annotations
@@ -17,12 +19,23 @@ from typing import TYPE_CHECKING, Any
 from .._compat import announces_quota, header_getter, response_header
 from ..cooldown.allowance import SAME_WINDOW
 from ..cooldown.freshness import INVALID_HEADER, SERVER_ERROR, SUCCESS, SUCCESS_EVERY, THROTTLED, TRANSPORT
-from ..dialects import MS_FIELDS, RESET_MARGIN, bucket_of, github_secondary, is_global, secondary_wait
-from ..dialects import wants_body as wants_github_body
+from ..dialects import (
+    GEMINI_MARK,
+    MS_FIELDS,
+    RESET_MARGIN,
+    body_needed,
+    bucket_of,
+    gemini_key,
+    github_secondary,
+    google_rpc_error,
+    is_global,
+    secondary_wait,
+)
 from ..errors import CooldownUnavailable, InvalidRetryAfter
 from ..policy import TOO_LONG, Reason, beyond_bound
 from ..quota import QuotaHint, bound_hint, read_quota, refill_step
 from .buckets import MARK, base_scope
+from .state import Heard
 
 if TYPE_CHECKING:
     from .call import Call
@@ -30,12 +43,14 @@ if TYPE_CHECKING:
 __all__ = [
     "learn_cooldown",
     "learn_retry_after",
+    "learn_retry_info",
     "learn_route",
     "learn_secondary",
     "note",
     "outcome_class",
     "read_quota_headers",
     "refine_call",
+    "refine_gemini",
     "wants_body",
 ]
 
@@ -67,6 +82,46 @@ def learn_retry_after(call: Call, response: Any, status: int | None) -> tuple[fl
             # A throttle: the learned rate hears (a 429's wait of 0 backs it off).
             call.plan.rate_answer(call, parsed.eligible_at)
     return parsed.delay, None
+
+
+def learn_retry_info(
+    call: Call, status: int | None, body: bytes | None
+) -> tuple[float | None, Reason | None]:
+    """A 429's wait named in its Google API error body (Gemini's ``google.rpc.RetryInfo``
+    ``retryDelay``), in seconds (None: none), and the reason it was rejected (None: not
+    rejected): a ``RetryInfo`` that cannot be read is an invalid Retry-After (it stops
+    under ``on_invalid="stop"``), a wait beyond ``max_retry_after`` one too long. A
+    valid one is learned as a Retry-After's is: on the model's scope, and on the
+    project's (the unrefined scope) when a violated quota is not per model; on every
+    model the violations name besides the request's own. The raw ``retryDelay`` is what
+    a deferral shows as its ``retry_after``."""
+    found = google_rpc_error(body) if status == 429 else None
+    if found is None or found.retry_delay is None:
+        return None, None
+    call.heard = Heard(call.heard.status, found.retry_delay, None)
+    if found.invalid or found.delay is None:
+        return None, Reason.INVALID_RETRY_AFTER
+    if beyond_bound(found.delay, call.policy.max_retry_after):
+        return None, Reason.RETRY_AFTER_TOO_LONG
+    now = call.clock.now()
+    try:
+        until = now + timedelta(seconds=found.delay)
+    except OverflowError:  # pragma: no cover - bounded by max_retry_after above
+        return None, Reason.RETRY_AFTER_TOO_LONG
+    scope = call.scope
+    if status in call.policy.cooldown_statuses:
+        call.plan.learn(call, until)
+        if scope is not None and GEMINI_MARK in scope:
+            base, _, key = scope.partition(GEMINI_MARK)
+            prefix = key.rpartition("/")[0] + "/" if "/" in key and not key.startswith("tunedModels/") else ""
+            for model in found.models:
+                other = f"{base}{GEMINI_MARK}{prefix}{model.removeprefix('models/')}"
+                if other != scope:
+                    _on_scope(call, other, until)
+            if found.project_wide:
+                _on_scope(call, base, until)
+        call.plan.rate_answer(call, until)
+    return found.delay, None
 
 
 def read_quota_headers(
@@ -271,20 +326,7 @@ def refine_call(call: Call, method: str | None, url: str | None) -> None:
     refined = dialects.refine(scope, method, url)
     if refined == scope:
         return
-    call.continue_on(call.plan, refined)
-    kept = call.cooldown
-    call.scope = scope
-    try:
-        until = call.plan.read_cooldown(call)
-    except CooldownUnavailable:
-        until = None
-    finally:
-        call.scope = refined
-        call.cooldown = kept
-    if until is None or until <= call.clock.now():
-        return
-    if call.progress.not_before is None or until > call.progress.not_before:
-        call.progress.not_before = until
+    _hold_for_base(call, scope, refined)
 
 
 def learn_route(call: Call, get: Callable[[str], str | None], method: str | None, url: str | None) -> None:
@@ -328,7 +370,41 @@ def learn_secondary(call: Call, response: Any, status: int | None, body: bytes |
 
 
 def wants_body(transport: Any, raw: Any) -> bool:
-    """Whether the body of the answer ``raw`` (a 403) must be read to be told apart (a
-    GitHub 403 that names no wait): the loop then reads and keeps it (bounded, as a
-    retried body), so that it stays readable. Never when the caller streams the body."""
-    return not transport.streams and wants_github_body(403, lambda name: response_header(raw, name))
+    """Whether the body of the answer ``raw`` (a 403 or a 429) must be read to be told
+    apart (a GitHub 403 that names no wait; a 429 that names its wait in a JSON body
+    only, as Gemini's does): the loop then reads and keeps it (bounded, as a retried
+    body), so that it stays readable. Never when the caller streams the body."""
+    return not transport.streams and body_needed(raw.status, lambda name: response_header(raw, name))
+
+
+def refine_gemini(call: Call, url: str | None) -> None:
+    """Before the first attempt: a request to a Gemini model (its path names one in
+    Google's form, ``dialects.gemini_key``) is admitted under its scope refined by the
+    model (Gemini's quotas are per project and model), held back by a running cooldown
+    of the unrefined scope (a quota of the whole project; read once here). A store that
+    cannot be read now holds nothing back."""
+    scope = call.scope
+    if scope is None or url is None or GEMINI_MARK in scope:
+        return
+    key = gemini_key(url)
+    if key is None:
+        return
+    _hold_for_base(call, scope, f"{scope}|{key}")
+
+
+def _hold_for_base(call: Call, scope: str, refined: str) -> None:
+    """Move the call to ``refined``, held back by ``scope``'s running cooldown (one read)."""
+    call.continue_on(call.plan, refined)
+    kept = call.cooldown
+    call.scope = scope
+    try:
+        until = call.plan.read_cooldown(call)
+    except CooldownUnavailable:
+        until = None
+    finally:
+        call.scope = refined
+        call.cooldown = kept
+    if until is None or until <= call.clock.now():
+        return
+    if call.progress.not_before is None or until > call.progress.not_before:
+        call.progress.not_before = until

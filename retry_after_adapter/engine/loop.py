@@ -190,8 +190,9 @@ def steps(call: Call, transport: Attempts[R]) -> Generator[Op, Any, Outcome[R]]:
 
 def _body_tells(transport: Attempts[Any], raw: Any) -> bool:
     """Whether the answer is a 403 whose body tells whether it is GitHub's secondary
-    limit (see ``buckets.wants_body``)."""
-    return raw is not None and getattr(raw, "status", None) == 403 and wants_body(transport, raw)
+    limit, or a 429 whose body names its wait (Gemini's; see ``learn.wants_body``).
+    Any other status (a 200) is not looked at further."""
+    return raw is not None and getattr(raw, "status", None) in (403, 429) and wants_body(transport, raw)
 
 
 def send(

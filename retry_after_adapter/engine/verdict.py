@@ -32,7 +32,15 @@ from ..policy import (
     out_of_attempts,
     retried_status,
 )
-from .learn import learn_retry_after, learn_route, learn_secondary, note, outcome_class, read_quota_headers
+from .learn import (
+    learn_retry_after,
+    learn_retry_info,
+    learn_route,
+    learn_secondary,
+    note,
+    outcome_class,
+    read_quota_headers,
+)
 from .state import NOTHING_HEARD, Heard
 
 if TYPE_CHECKING:
@@ -121,7 +129,7 @@ def judge(
     if not decided and error is None and status is not None and _plainly_final(call.retry, method, status):
         return _happy(call, method, url, response, status)
     server_delay, invalid = _learn(call, method, url, response, status, error, body)
-    final = _final(call, method, response, status, error, server_delay, decided)
+    final = _final(call, method, response, status, error, server_delay, decided, body)
     if final is not None:
         return final
     if response is not None and should_retry(lambda name: response_header(response, name)) is False:
@@ -196,6 +204,8 @@ def _learn(
         learn_route(call, lambda name: response_header(response, name), method, url)  # first: the bucket's
     if response is not None and policy.respect_retry_after_header:
         server_delay, invalid = learn_retry_after(call, response, status)
+        if body is not None and server_delay is None and invalid is None:
+            server_delay, invalid = learn_retry_info(call, status, body)  # a wait in the body (Gemini's)
     if status == 429 and server_delay is None:
         # A throttle without a usable wait (none, invalid, or not read): the learned
         # rate backs off (never 0).
@@ -225,6 +235,7 @@ def _final(
     error: Exception | None,
     server_delay: float | None,
     decided: bool,
+    body: bytes | None = None,
 ) -> Verdict | None:
     """A redirect to follow, or an answer no rule retries; None: judge further."""
     if error is not None:
@@ -233,19 +244,19 @@ def _final(
         return Verdict(REDIRECT, server_delay=server_delay)
     if not decided and not call.retry.is_retry(method or "GET", status or 0, server_delay is not None):
         if server_delay is not None and method is not None and not call.retry._is_method_retryable(method):
-            if _unprocessed(call, status, response):
+            if _unprocessed(call, status, response, body):
                 return None  # judged further as an idempotent request: replayed after the wait
             return _not_replayed(call, server_delay)
         return Verdict(RETURN, server_delay=server_delay)
     return None
 
 
-def _unprocessed(call: Call, status: int | None, response: Any) -> bool:
+def _unprocessed(call: Call, status: int | None, response: Any, body: bytes | None) -> bool:
     """Whether a request the policy does not replay (a POST) may be replayed after this
     answer's wait: the front end replays such requests (``replay_unprocessed``), its
     body can be sent again, the policy would retry the status for an idempotent
     request, and the answer's provider documents it as not processed (a 429 of OpenAI
-    or Anthropic, ``dialects.not_processed``)."""
+    or Anthropic, or Gemini's quota refusal in ``body``: ``dialects.not_processed``)."""
     retry = call.retry
     return (
         call.plan.replays
@@ -256,7 +267,7 @@ def _unprocessed(call: Call, status: int | None, response: Any) -> bool:
             retry_after_statuses=Retry.RETRY_AFTER_STATUS_CODES,
             honours_retry_after=bool(retry.total and retry.respect_retry_after_header),
         )
-        and not_processed(status, lambda name: response_header(response, name))
+        and not_processed(status, lambda name: response_header(response, name), body)
     )
 
 

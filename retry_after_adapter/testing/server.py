@@ -27,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ..clock import Clock, SystemClock
+from ..dialects import google_status
 from ..errors import ConfigurationError
 from ..header import format_http_date
 
@@ -57,7 +58,7 @@ ALIGNS = ("epoch", "first")
 #: What a :class:`QuotaServer` says of its quota on every response (``quota_headers``):
 #: nothing, the IETF fields, GitHub's and Discord's ``X-RateLimit-*``, or
 #: express-rate-limit's (v7 and v8, its default MemoryStore and legacy headers).
-QUOTA_HEADERS = (None, "ietf", "x-ratelimit", "express", "openai", "anthropic")
+QUOTA_HEADERS = (None, "ietf", "x-ratelimit", "express", "openai", "anthropic", "gemini")
 #: The LLM APIs' stand-ins: what they answer, as JSON (a model list, a rate-limit error).
 _LLM_OK = json.dumps(
     {"object": "list", "data": [], "has_more": False, "first_id": None, "last_id": None}
@@ -65,6 +66,29 @@ _LLM_OK = json.dumps(
 _LLM_THROTTLED = json.dumps(
     {"type": "error", "error": {"type": "rate_limit_error", "message": "Rate limit reached for requests"}}
 ).encode()
+#: Gemini's stand-in: a generated answer, and its 429 (filled in per answer).
+_GEMINI_OK = json.dumps(
+    {"candidates": [{"content": {"parts": [{"text": "ok"}], "role": "model"}, "finishReason": "STOP"}]}
+).encode()
+_GEMINI_JSON = {"Content-Type": "application/json; charset=UTF-8"}
+
+
+def _gemini_throttled(quota: int, left: float, path: str) -> bytes:
+    """Gemini's 429 body: a ``google.rpc.Status`` naming the quota (per project and
+    model: the model of ``path``) and the wait (``RetryInfo``, to the millisecond, up)."""
+    model = path.split("/models/", 1)[-1].split(":", 1)[0] if "/models/" in path else ""
+    status = google_status(left, "You exceeded your current quota, please check your plan and billing")
+    violation = {
+        "quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
+        "quotaId": "GenerateRequestsPerMinutePerProjectPerModel",
+        "quotaDimensions": {"location": "global", **({"model": model} if model else {})},
+        "quotaValue": str(quota),
+    }
+    failure = {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [violation]}
+    status["details"].insert(0, failure)
+    return json.dumps({"error": status}).encode()
+
+
 #: Node's http server (express mode): the keep-alive timeout it announces
 #: (``Keep-Alive: timeout=5``), and the idle time after which it closes a connection:
 #: that plus ``HTTP_SERVER_KEEP_ALIVE_TIMEOUT_BUFFER`` (1 s), counted from the end of
@@ -218,6 +242,11 @@ class QuotaServer:
       (``anthropic-ratelimit-requests-{limit,remaining,reset}``, the reset an RFC 3339
       time): these two answer JSON, an empty model list or a rate-limit error, as the
       OpenAI and Anthropic SDKs read them (with ``tokens``, the tokens kind too); or
+      ``"gemini"``: nothing in the fields; a 429 names its wait (the time to the
+      window's reset, to the millisecond, rounded up) in a JSON ``google.rpc.Status``
+      body (``RESOURCE_EXHAUSTED``, a ``QuotaFailure`` per project and the path's
+      model, a ``RetryInfo``), as Gemini does, and a 200 a generated answer the GenAI
+      SDK reads (a window: Gemini counts requests per minute); or
       ``"express"``: express-rate-limit (v7 and v8, checked against 8.7.5 on express
       5 and Node 20) with its default ``MemoryStore`` and legacy headers, exactly: each
       client (its IP address) has its own window, which starts at its first request at
@@ -395,6 +424,8 @@ class QuotaServer:
                 told = self._announce(stamp, left)
                 if self.quota_headers in ("openai", "anthropic"):
                     return 200, {**told, "Content-Type": "application/json"}, _LLM_OK, date
+                if self.quota_headers == "gemini":
+                    return 200, dict(_GEMINI_JSON), _GEMINI_OK, date
                 return 200, told, b"ok " + path.encode("utf-8", "replace") + b"\n", date
             delay = max(1, math.ceil(left))
             if self.form == "seconds":
@@ -406,9 +437,13 @@ class QuotaServer:
                 value = format_http_date(until)
             if self.quota_headers == "openai":  # retry-after-ms: the reset itself
                 until = now + timedelta(milliseconds=max(1, math.ceil(left * 1000)))
+            if self.quota_headers == "gemini":  # the wait in the body, to the millisecond
+                until = now + timedelta(milliseconds=max(1, math.ceil(left * 1000)))
             self.announcements.append(Announcement(now, until))
             self.arrivals.append(Arrival(now, sent_at, path, 429, early))
             self._record(get, mono, 429, delay, index)
+            if self.quota_headers == "gemini":
+                return 429, dict(_GEMINI_JSON), _gemini_throttled(self.quota, left, path), date
             body = f"quota of {self.quota} requests per {self.window:g} s exhausted\n".encode()
             told = {"Retry-After": value, **self._announce(stamp, left)}
             if self.quota_headers in ("openai", "anthropic"):
@@ -550,7 +585,7 @@ class QuotaServer:
         """The quota headers of a response decided at epoch ``stamp``, ``left`` seconds
         before the window resets (the lock is held)."""
         kind = self.quota_headers
-        if kind is None:
+        if kind is None or kind == "gemini":  # Gemini announces nothing in its fields
             return {}
         remaining = self.quota - self._used
         kinds = [("requests", self.quota, remaining)]
@@ -618,7 +653,7 @@ def _check_shape(window: object, form: object, align: object, quota_headers: obj
         raise ConfigurationError("windows from the first request announce delay-seconds only")
     if quota_headers not in QUOTA_HEADERS:
         raise ConfigurationError(
-            "quota_headers must be None, 'ietf', 'x-ratelimit', 'express', 'openai' or 'anthropic'"
+            "quota_headers must be None, 'ietf', 'x-ratelimit', 'express', 'openai', 'anthropic' or 'gemini'"
         )
 
 

@@ -12,6 +12,7 @@ replay tests (``tests/integration/test_dialects.py``), where a real server sends
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -56,6 +57,47 @@ AZURE_REQUEST = {"api-key": "t0k3n-azure", "Content-Type": "application/json"}
 ANTHROPIC_REQUEST = {"x-api-key": "sk-ant-t0k3n", "anthropic-version": "2023-06-01", "content-type": "application/json"}
 CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"
+GEMINI_DOCS = "https://ai.google.dev/gemini-api/docs/rate-limits"
+GEMINI_ERRORS = "https://cloud.google.com/apis/design/errors#error_details"
+#: The GenAI SDK's request (its API key in a field; ``?key=`` is the REST alternative).
+GEMINI_REQUEST = {
+    "x-goog-api-key": "AIzaT0k3n-gemini",
+    "x-goog-api-client": "google-genai-sdk/3.6.1 gl-python/3.11.7",
+    "Content-Type": "application/json",
+}
+GEMINI_GENERATE = "/v1beta/models/gemini-2.0-flash:generateContent"
+#: What Google's front end sends with a Gemini error (no Retry-After, no quota field).
+GEMINI_HEADERS = {
+    "Content-Type": "application/json; charset=UTF-8",
+    "Vary": "Origin, X-Origin, Referer",
+    "Server": "scaffolding on HTTPServer2",
+    "X-XSS-Protection": "0",
+    "X-Frame-Options": "SAMEORIGIN",
+    "X-Content-Type-Options": "nosniff",
+    "Server-Timing": "gfet4t7; dur=218",
+}
+
+
+def gemini_429(retry_delay: str = "37.5s", model: str | None = "gemini-2.0-flash",
+               quota_id: str = "GenerateRequestsPerMinutePerProjectPerModel-FreeTier") -> bytes:
+    """Gemini's 429 body as the API sends it (a ``google.rpc.Status``): the quota
+    violated (its id, model and location), a Help link, and the wait (``RetryInfo``)."""
+    dimensions = {"location": "global", **({"model": model} if model is not None else {})}
+    return (
+        b'{\n  "error": {\n    "code": 429,\n    "message": "You exceeded your current quota, please check '
+        b'your plan and billing details. For more information on this error, head to: '
+        b'https://ai.google.dev/gemini-api/docs/rate-limits.",\n    "status": "RESOURCE_EXHAUSTED",\n'
+        b'    "details": [\n      {\n        "@type": "type.googleapis.com/google.rpc.QuotaFailure",\n'
+        b'        "violations": [\n          {\n            "quotaMetric": '
+        b'"generativelanguage.googleapis.com/generate_content_free_tier_requests",\n'
+        b'            "quotaId": "' + quota_id.encode() + b'",\n            "quotaDimensions": '
+        + json.dumps(dimensions).encode() + b',\n            "quotaValue": "15"\n          }\n        ]\n'
+        b'      },\n      {\n        "@type": "type.googleapis.com/google.rpc.Help",\n        "links": [\n'
+        b'          {\n            "description": "Learn more about Gemini API quotas",\n'
+        b'            "url": "https://ai.google.dev/gemini-api/docs/rate-limits"\n          }\n        ]\n'
+        b'      },\n      {\n        "@type": "type.googleapis.com/google.rpc.RetryInfo",\n'
+        b'        "retryDelay": "' + retry_delay.encode() + b'"\n      }\n    ]\n  }\n}\n'
+    )
 AZURE_CHAT = "/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21"
 
 SECONDARY_BODY = (
@@ -330,6 +372,21 @@ EXCHANGES: list[Exchange] = [
         b'{"type": "error", "error": {"type": "rate_limit_error", "message": "Number of request tokens has '
         b'exceeded your per-minute rate limit"}}',
         ANTHROPIC_DOCS,
+    ),
+    # -- Gemini: the wait and the quota in the JSON body, nothing in the fields -----------------
+    Exchange(
+        "gemini-429-per-model", "POST", GEMINI_GENERATE, GEMINI_REQUEST, 429, GEMINI_HEADERS, None,
+        gemini_429("37.5s"), GEMINI_DOCS, ("the wait is RetryInfo's retryDelay, a protobuf Duration",),
+    ),
+    Exchange(
+        "gemini-429-project", "POST", GEMINI_GENERATE, GEMINI_REQUEST, 429, GEMINI_HEADERS, None,
+        gemini_429("2s", model=None, quota_id="GenerateRequestsPerDayPerProject"), GEMINI_ERRORS,
+        ("a quota of the whole project: no model dimension",),
+    ),
+    Exchange(
+        "gemini-200", "POST", GEMINI_GENERATE, GEMINI_REQUEST, 200, {"Content-Type": "application/json; charset=UTF-8"},
+        None, b'{"candidates": [{"content": {"parts": [{"text": "hi"}], "role": "model"}, "finishReason": "STOP"}]}',
+        GEMINI_DOCS,
     ),
     # -- X-RateLimit-Reset in epoch milliseconds ---------------------------------------------
     Exchange(
