@@ -421,3 +421,40 @@ def test_the_aiohttp_middleware_reads_the_same_body(real_server: ThrottleServer)
     status, body, deferral = asyncio.run(post(MemoryCooldownStore()))
     assert status == 429 and json.loads(body) == json.loads(gemini_429("30s"))
     assert deferral.reason == "max_wait" and deferral.scope.endswith("|gemini:gemini-2.0-flash")
+
+
+def test_the_sdk_on_its_aiohttp_client_waits_the_429_and_shares_what_does_not_fit(
+    real_server: ThrottleServer, store_url: str
+) -> None:
+    """``HttpOptions(aiohttp_client=...)``: the SDK's async calls on an aiohttp session
+    with the middleware mounted. RetryInfo's 1.2 s is waited (to within 50 ms at the
+    server) and the POST sent again; a wait that does not fit is the server's own 429
+    error with its deferral, and a second session of the same store sends nothing."""
+    aiohttp = pytest.importorskip("aiohttp")
+    from retry_after_adapter.aiohttp import RetryAfterMiddleware
+
+    async def call(store: Any, max_wait: float) -> Any:
+        middleware = RetryAfterMiddleware(RetryAfterRetry(total=3, max_wait=max_wait), cooldown=store)
+        async with aiohttp.ClientSession(middlewares=(middleware,)) as session:
+            options = genai_types.HttpOptions(base_url=real_server.url, aiohttp_client=session)
+            sdk = genai.Client(api_key=API_KEY, http_options=options)
+            try:
+                return await sdk.aio.models.generate_content(model="gemini-2.0-flash", contents="hi")
+            except Exception as error:  # judged below
+                return error
+
+    real_server.serve([throttled("1.2s"), ok()])
+    result = asyncio.run(call(MemoryCooldownStore(), 10))
+    assert not isinstance(result, Exception), repr(result)
+    assert result.text == "hi" and [s.method for s in real_server.seen] == ["POST", "POST"]
+    assert 1.2 <= gap(real_server.seen) <= 1.25 + 0.1, gap(real_server.seen)
+
+    real_server.serve([throttled("1.2s"), ok()])
+    error = asyncio.run(call(store_from_url(store_url), 0.5))
+    assert isinstance(error, genai_errors.ClientError) and error.code == 429, repr(error)
+    deferral = deferral_of(error)
+    assert deferral is not None and deferral.reason == "max_wait"
+    held = asyncio.run(call(store_from_url(store_url), 0.5))
+    assert isinstance(held, genai_errors.ClientError) and held.code == 429, repr(held)
+    assert held.message.startswith("deferred before sending (cooldown)")
+    assert real_server.count() == 1  # the second session sent nothing into the quota
