@@ -91,6 +91,11 @@ _CAUSES: tuple[tuple[str, bool, tuple[str, ...]], ...] = (
 )
 
 
+#: Every cause :func:`failure_cause` names besides a class name: a fixed set, for
+#: metric attributes that must stay bounded (anything else counts as another cause).
+FAILURE_CAUSES: frozenset[str] = frozenset({what for what, _, _ in _CAUSES} | {"TLS handshake timed out"})
+
+
 def failure_cause(exc: BaseException) -> tuple[str, bool]:
     """What a store failure was, in a few words, and whether it is a misconfiguration
     that will not heal by itself (see :data:`_CAUSES`): read off the exception, else
