@@ -16,6 +16,11 @@ writes a result marked skipped.
 
     python benchmarks/bench_instructions.py             # 300 GETs, 3 repeats (a few minutes)
     python benchmarks/bench_instructions.py --quick     # 20 GETs, 1 repeat
+    python benchmarks/bench_instructions.py --otel      # also the adapters with the OpenTelemetry hook
+
+``--otel`` adds each adapter variant with ``retry_after_adapter.otel.instrument()``
+attached, on the SDK's meter and tracer providers (needs opentelemetry-sdk); target:
+within 2 % of the same variant without it (``OTEL_TARGET``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ from lib import common as _common
 TARGET = 1.03
 ADMISSION_TARGET = 1.05
 VARIANTS = ("stock", "adapter", "adapter + Quota + max_concurrency")
+#: With ``--otel``: each adapter variant with the OpenTelemetry hook attached.
+OTEL = " + OTel hook"
+OTEL_VARIANTS = tuple(variant + OTEL for variant in VARIANTS[1:])
+OTEL_TARGET = 1.02
 #: The fewest warm-up GETs of a variant: past the cold start of the learned rate, whose
 #: cap is lifted after about 500 good answers.
 WARM_UP = 600
@@ -45,12 +54,22 @@ def child(variant: str, n: int, url: str, warm_up: int = WARM_UP) -> None:
     from retry_after_adapter import Quota, RetryAfterAdapter
 
     session = requests.Session()
+    hooks: Any = None
+    if variant.endswith(OTEL):
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+
+        from retry_after_adapter.otel import instrument
+
+        variant = variant[: -len(OTEL)]
+        hooks = instrument(MeterProvider(metric_readers=[InMemoryMetricReader()]), TracerProvider())
     if variant == "stock":
         adapter: HTTPAdapter = HTTPAdapter()
     elif variant == "adapter":
-        adapter = RetryAfterAdapter(learn_rate=warm_up >= WARM_UP)
+        adapter = RetryAfterAdapter(learn_rate=warm_up >= WARM_UP, on_decision=hooks)
     else:
-        adapter = RetryAfterAdapter(quota=Quota(1_000_000, per=1.0), max_concurrency=8)
+        adapter = RetryAfterAdapter(quota=Quota(1_000_000, per=1.0), max_concurrency=8, on_decision=hooks)
     session.mount("http://", adapter)
 
     def get(count: int, _: int) -> int:
@@ -77,21 +96,23 @@ def main() -> None:
     parser = _common.parser(__doc__ or "")
     parser.add_argument("--rounds", type=int, default=300, help="measured GETs per variant (default 300)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of every variant (default 3)")
+    parser.add_argument("--otel", action="store_true", help="also the adapters with the OpenTelemetry hook")
     args = parser.parse_args()
+    variants = VARIANTS + OTEL_VARIANTS if args.otel else VARIANTS
     n, repeats = (20, 1) if args.quick else (args.rounds, args.repeats)
     payload: dict[str, Any] = {"settings": {"gets": n, "repeats": repeats}}
     if shutil.which("valgrind") is None:
         payload["skipped"] = "valgrind is not installed"
         _common.finish("instructions", payload, ["skipped: valgrind is not installed"], args.out)
         return
-    per_get: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    per_get: dict[str, list[float]] = {variant: [] for variant in variants}
     with _common.ok_server() as server:
         for _ in range(repeats):
-            for variant in VARIANTS:
+            for variant in variants:
                 per_get[variant].append(measure(variant, n, server.url, 20 if args.quick else WARM_UP) / n)
-    ratios = {variant: _common.ratios(per_get[variant], per_get["stock"]) for variant in VARIANTS}
-    payload["instructions_per_get"] = {variant: _common.summary(per_get[variant]) for variant in VARIANTS}
-    payload["ratio_vs_stock"] = {variant: _common.summary(ratios[variant]) for variant in VARIANTS}
+    ratios = {variant: _common.ratios(per_get[variant], per_get["stock"]) for variant in variants}
+    payload["instructions_per_get"] = {variant: _common.summary(per_get[variant]) for variant in variants}
+    payload["ratio_vs_stock"] = {variant: _common.summary(ratios[variant]) for variant in variants}
     adapter = payload["ratio_vs_stock"]["adapter"]["median"]
     admission = payload["ratio_vs_stock"][VARIANTS[2]]["median"]
     payload.update(
@@ -108,10 +129,22 @@ def main() -> None:
             _common.fmt(payload["instructions_per_get"][variant]["median"] / 1e6, 4) + " M",
             _common.fmt_summary(payload["ratio_vs_stock"][variant], 4),
         )
-        for variant in VARIANTS
+        for variant in variants
     ]
     title = f"Instructions per GET ({n} warm GETs, {repeats} repeats; median [min-max])"
     tables = [_common.table(title, ("variant", "per GET", "ratio"), rows)]
+    if args.otel:
+        hooked = {
+            variant: _common.summary(_common.ratios(per_get[variant + OTEL], per_get[variant]))
+            for variant in VARIANTS[1:]
+        }
+        payload["otel_ratio_vs_without"] = hooked
+        payload.update(
+            otel_target_ratio=OTEL_TARGET,
+            otel_meets_target=all(s["median"] <= OTEL_TARGET for s in hooked.values()),
+        )
+        rows = [(variant, _common.fmt_summary(hooked[variant], 4)) for variant in VARIANTS[1:]]
+        tables.append(_common.table("With the OpenTelemetry hook / without", ("variant", "ratio"), rows))
     _common.finish("instructions", payload, tables, args.out)
 
 
