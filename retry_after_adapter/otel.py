@@ -79,8 +79,9 @@ WAIT_BUCKETS: tuple[float, ...] = (
 _ADMISSION_REASONS = frozenset(
     {Reason.COOLDOWN, Reason.QUOTA, Reason.RATE, Reason.CONCURRENCY, Reason.COOLDOWN_UNKNOWN}
 )
-_DEFER_REASONS = frozenset(map(str, DEFER_REASONS))
-_WAIT_REASONS = frozenset(WAIT_REASONS)
+#: Plain strings by value (a :class:`Reason` looks its value up): what an attribute holds.
+_DEFER_REASONS = {str(reason): str(reason) for reason in DEFER_REASONS}
+_WAIT_REASONS = {reason: reason for reason in WAIT_REASONS}
 #: The largest number of seconds put in an attribute (a far-future Retry-After defers).
 _MAX_SECONDS = 1e15
 
@@ -179,7 +180,7 @@ class OTelHook:
         if reason is None:
             why = "backoff" if record.server_delay is None else "retry_after"
         else:
-            why = reason if reason in _WAIT_REASONS else OTHER
+            why = _WAIT_REASONS.get(reason, OTHER)
         wait = _seconds(record.wait)
         attributes = dict(origin_attributes(record.scope))
         attributes[_REASON] = why
@@ -198,7 +199,7 @@ class OTelHook:
 
     def _deferral(self, record: DecisionRecord) -> None:
         reason = record.reason
-        why = reason if reason in _DEFER_REASONS else OTHER
+        why = _DEFER_REASONS.get(reason, OTHER) if reason is not None else OTHER
         attributes = dict(origin_attributes(record.scope))
         attributes[_REASON] = why
         self.deferrals.add(1, attributes)

@@ -257,6 +257,7 @@ def test_no_secret_reaches_an_attribute_an_event_or_a_log_record_at_debug(
         for point in points:
             assert set(point.attributes) <= METRIC_KEYS, (name, point.attributes)
             for key, value in point.attributes.items():
+                assert type(value) in (str, int), (key, value)  # plain values, not enums
                 if key in ("retry_after.reason", "retry_after.outcome"):
                     assert value in REASONS | set(ADMISSION_OUTCOMES)
             exported.append(f"{name} {dict(point.attributes)}")
@@ -393,3 +394,66 @@ def test_without_a_span_or_a_provider_the_hook_costs_nothing_and_says_nothing(
             close()
     finally:
         hook.close()
+
+
+def prometheus_names(otel: OTel) -> tuple[set[str], set[str]]:
+    """The series and label names Prometheus gives what the hook exported, under the
+    default translation (dots to underscores, the unit ``s`` as ``_seconds``, curly
+    annotations dropped, ``_total`` on counters, a histogram's three series)."""
+    series: set[str] = set()
+    labels = {"le"}
+    data = otel.reader.get_metrics_data()
+    assert data is not None
+    for metric in data.resource_metrics[0].scope_metrics[0].metrics:
+        name = metric.name.replace(".", "_") + ("_seconds" if metric.unit == "s" else "")
+        if type(metric.data).__name__ == "Histogram":
+            series.update(name + suffix for suffix in ("_bucket", "_sum", "_count"))
+        else:
+            series.add(name + "_total")
+        for point in metric.data.data_points:
+            labels.update(key.replace(".", "_") for key in point.attributes)
+    return series, labels
+
+
+def test_the_dashboard_and_the_docs_query_what_the_hook_exports(
+    server: ThrottleServer, real_server: ThrottleServer, clock: FakeClock, otel: OTel
+) -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    from retry_after_adapter import RedisCooldownStore
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    # Every metric at least once: a wait, a deferral, an admission deferred, an outage.
+    get, close = client("requests", clock, MemoryCooldownStore(), otel.hook, max_wait=10)
+    server.serve([Reply(429, {"Retry-After": "1"}), Reply(429, {"Retry-After": "60"})])
+    try:
+        assert get(server.url + "/") == 429
+        assert get(server.url + "/") == 429
+    finally:
+        close()
+    with closed_port() as port:
+        session = requests.Session()
+        down = RedisCooldownStore.from_url(f"redis://127.0.0.1:{port}/0")
+        session.mount("http://", RetryAfterAdapter(RetryAfterRetry(total=0), cooldown=down, on_decision=otel.hook))
+        try:
+            session.get(real_server.url + "/")
+        finally:
+            session.close()
+    series, labels = prometheus_names(otel)
+    assert len(series) == 6, series
+
+    dashboard = json.loads((docs / "grafana" / "retry-after-adapter.json").read_text(encoding="utf-8"))
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    page = (docs / "observability.md").read_text(encoding="utf-8")
+    [promql] = re.findall(r"^```promql\n(.*?)^```", page, re.S | re.M)
+    assert [line for line in promql.splitlines() if not line.startswith("#")] == exprs
+    for expr in exprs:
+        for name in re.findall(r"\b(retry_after_\w+_(?:total|bucket|sum|count))\b", expr):
+            assert name in series, (name, series)
+        for group in re.findall(r"by \(([^)]*)\)", expr):
+            for label in (part.strip() for part in group.split(",")):
+                assert label in labels, (label, labels)
+    mentioned = set(re.findall(r"\b(retry_after_\w+_(?:total|bucket|sum))\b", " ".join(exprs)))
+    assert {s for s in series if not s.endswith("_count")} == mentioned  # every metric has a panel
