@@ -34,6 +34,7 @@ stops.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from functools import lru_cache
@@ -119,22 +120,26 @@ def _seconds(value: object) -> float:
     return float(min(max(value, 0.0), _MAX_SECONDS))
 
 
-class _StoreFailures(logging.Handler):
-    """Counts the store failure layer's outage warnings (records with ``store`` and
-    ``cause``) by their cause, from a fixed set."""
+class _StoreFailures(logging.Filter):
+    """Counts the store failure layer's outage warnings (records of the package's logger
+    with ``store`` and ``cause``) by their cause, from a fixed set. A filter on the
+    logger, not a handler: it lets every record through, and an application without
+    logging set up still sees the warnings on stderr (a handler would silence them)."""
 
     def __init__(self, counter: Any) -> None:
-        super().__init__(logging.WARNING)
+        super().__init__()
         self.counter = counter
 
-    def emit(self, record: logging.LogRecord) -> None:
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
         cause = getattr(record, "cause", None)
         if cause is None or getattr(record, "store", None) is None:
-            return
-        try:
+            return True
+        # A metric never fails the store's own handling (nor the log line being written).
+        with contextlib.suppress(Exception):
             self.counter.add(1, {"retry_after.cause": cause if cause in FAILURE_CAUSES else OTHER})
-        except Exception:  # a metric never fails the store's own handling
-            self.handleError(record)
+        return True
 
 
 class OTelHook:
@@ -164,8 +169,8 @@ class OTelHook:
         )
         #: Whether span events and the resend count are written.
         self.spans = spans
-        self._handler: _StoreFailures | None = _StoreFailures(self.store_failures)
-        log.addHandler(self._handler)
+        self._filter: _StoreFailures | None = _StoreFailures(self.store_failures)
+        log.addFilter(self._filter)
 
     def __call__(self, record: DecisionRecord) -> None:
         """Record one decision (the ``on_decision`` hook protocol)."""
@@ -214,9 +219,9 @@ class OTelHook:
 
     def close(self) -> None:
         """Stop counting store failures (idempotent)."""
-        handler, self._handler = self._handler, None
-        if handler is not None:
-            log.removeHandler(handler)
+        counting, self._filter = self._filter, None
+        if counting is not None:
+            log.removeFilter(counting)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(spans={self.spans})"

@@ -457,3 +457,30 @@ def test_the_dashboard_and_the_docs_query_what_the_hook_exports(
                 assert label in labels, (label, labels)
     mentioned = set(re.findall(r"\b(retry_after_\w+_(?:total|bucket|sum))\b", " ".join(exprs)))
     assert {s for s in series if not s.endswith("_count")} == mentioned  # every metric has a panel
+
+
+def test_an_application_without_logging_still_sees_the_outage_warning(tmp_path: Any) -> None:
+    """The hook counts store outages without a log handler of its own: one would stop
+    Python's last-resort handler from printing the warning where nothing is set up."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "app.py"
+    script.write_text(
+        "import requests\n"
+        "from retry_after_adapter import RedisCooldownStore, RetryAfterAdapter, RetryAfterRetry\n"
+        "from retry_after_adapter.otel import instrument\n"
+        "from retry_after_adapter.testing import QuotaServer\n"
+        "from retry_after_adapter.testing.ports import closed_port\n"
+        "hook = instrument()\n"
+        "with QuotaServer(quota=10, window=60) as server, closed_port() as port:\n"
+        "    store = RedisCooldownStore.from_url(f'redis://127.0.0.1:{port}/0')\n"
+        "    session = requests.Session()\n"
+        "    session.mount('http://', RetryAfterAdapter(RetryAfterRetry(total=0), cooldown=store, on_decision=hook))\n"
+        "    assert session.get(server.url + '/').status_code == 200\n"
+        "    session.close()\n",
+        encoding="utf-8",
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "cooldown store RedisCooldownStore failed: connection refused" in proc.stderr
