@@ -3,8 +3,8 @@ metric reader and span exporter: the metrics are there with bounded attributes, 
 current span gets its events and ``http.request.resend_count``, and no credential,
 query or path reaches any exported attribute, event or log record at DEBUG.
 
-Real loopback servers, the real requests adapter, urllib3 pool manager and httpx
-transports (sync and async); the FakeClock makes every wait instant.
+Real loopback servers, the real requests adapter, urllib3 pool manager and httpx and
+httpx2 transports (sync and async); the FakeClock makes every wait instant.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from retry_after_adapter.testing.ports import closed_port
 from ..conftest import remove_log_redaction
 from ..servers import Reply, ThrottleServer
 
-FRONTS = ("requests", "urllib3", "httpx", "httpx-async")
+FRONTS = ("requests", "urllib3", "httpx", "httpx-async", "httpx2", "httpx2-async")
 
 #: Every attribute key a metric point may carry, and the values of the fixed sets.
 METRIC_KEYS = {"retry_after.reason", "retry_after.outcome", "retry_after.cause", "server.address", "server.port"}
@@ -115,14 +115,20 @@ def client(
     if front == "urllib3":
         manager = RetryAfterPoolManager(retries=retry, cooldown=store, on_decision=hook, **kw)
         return (lambda url, headers=None: manager.request("GET", url, headers=headers).status), manager.clear
-    if front == "httpx":
-        sync = httpx.Client(transport=RetryAfterTransport(retry, cooldown=store, on_decision=hook, **kw))
+    library, transports = httpx, (RetryAfterTransport, AsyncRetryAfterTransport)
+    if front.startswith("httpx2"):
+        library = pytest.importorskip("httpx2")
+        from retry_after_adapter import httpx2 as ours
+
+        transports = (ours.RetryAfterTransport, ours.AsyncRetryAfterTransport)
+    if not front.endswith("-async"):
+        sync = library.Client(transport=transports[0](retry, cooldown=store, on_decision=hook, **kw))
         return (lambda url, headers=None: sync.get(url, headers=headers).status_code), sync.close
-    transport = AsyncRetryAfterTransport(retry, cooldown=store, on_decision=hook, **kw)
+    transport = transports[1](retry, cooldown=store, on_decision=hook, **kw)
 
     def get(url: str, headers: dict[str, str] | None = None) -> int:
         async def one() -> int:
-            async with httpx.AsyncClient(transport=transport) as session:
+            async with library.AsyncClient(transport=transport) as session:
                 return (await session.get(url, headers=headers)).status_code
 
         return asyncio.run(one())
