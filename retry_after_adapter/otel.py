@@ -95,12 +95,13 @@ log = logging.getLogger("retry_after_adapter")
 @lru_cache(maxsize=256)
 def origin_attributes(scope: str | None) -> tuple[tuple[str, Any], ...]:
     """``server.address`` and ``server.port`` of a scope that is an origin
-    (``scheme://host:port``); nothing for a hashed scope, a name, or anything with user
+    (``scheme://host:port``, or the ``"credential"`` scope's origin before its ``|`` and
+    hash, which is left out); nothing for a hashed scope, a name, or anything with user
     info, a path, a query or a fragment (only an origin is ever read)."""
     if not scope or "://" not in scope:
         return ()
     try:
-        parts = urlsplit(scope)
+        parts = urlsplit(scope.split("|", 1)[0])
         port = parts.port
     except ValueError:
         return ()

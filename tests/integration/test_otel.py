@@ -286,6 +286,10 @@ def test_only_an_origin_gives_server_attributes() -> None:
         ("server.address", "api.example.com"),
         ("server.port", 443),
     )
+    assert origin_attributes("https://api.example.com:443|sha256:0123456789abcdef0123456789abcdef") == (
+        ("server.address", "api.example.com"),
+        ("server.port", 443),
+    )
     assert origin_attributes("http://[::1]:8080") == (("server.address", "::1"), ("server.port", 8080))
     assert origin_attributes("https://api.example.com") == (
         ("server.address", "api.example.com"),
@@ -299,6 +303,7 @@ def test_only_an_origin_gives_server_attributes() -> None:
         "https://user:pw@api.example.com:443",
         "https://api.example.com:443/v1/items",
         "https://api.example.com:443?token=x",
+        "https://user:pw@api.example.com:443|sha256:0123",
         "https://api.example.com:443#frag",
         "ftp://api.example.com:21",
         "https://api.example.com:99999",
@@ -490,3 +495,15 @@ def test_an_application_without_logging_still_sees_the_outage_warning(tmp_path: 
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "cooldown store RedisCooldownStore failed: connection refused" in proc.stderr
+
+
+def test_the_credential_scope_gives_its_origin_and_nothing_of_the_credential(
+    server: ThrottleServer, clock: FakeClock, otel: OTel
+) -> None:
+    get, close = client("requests", clock, MemoryCooldownStore(), otel.hook, max_wait=1, scope="credential")
+    server.serve([Reply(429, {"Retry-After": "30"})])
+    try:
+        assert get(server.url + "/", {"Authorization": f"Bearer {TOKEN}"}) == 429
+    finally:
+        close()
+    assert otel.counts("retry_after.deferrals") == {frozenset({*origin(server), ("retry_after.reason", "max_wait")}): 1}
