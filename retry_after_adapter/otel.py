@@ -12,7 +12,8 @@ Metrics (instrumentation scope ``retry_after_adapter``):
 - ``retry_after.wait.duration`` (histogram, seconds): each wait before an attempt, by
   ``retry_after.reason``: ``retry_after`` (a server's Retry-After), ``backoff`` (a retry
   the server gave no wait for), or what held an admission back (``cooldown``,
-  ``quota``, ``rate``, ``concurrency``);
+  ``quota``, ``rate``; ``concurrency`` is in the set, but a wait for a slot is made of
+  short looks that are no decision, so only its deferral is seen);
 - ``retry_after.admissions`` (counter, ``{admission}``): admissions held back, by
   ``retry_after.outcome`` (``waited``: let through after a wait; ``deferred``: not let
   through within the budget, nothing sent) and ``retry_after.reason``;
