@@ -2,8 +2,9 @@
 
 :func:`instrument` returns an ``on_decision`` hook (an :class:`OTelHook`) for any front
 end (``RetryAfterRetry``, ``RetryAfterAdapter``, ``RetryAfterPoolManager``, the httpx
-and httpx2 transports). It needs only ``opentelemetry-api`` (the ``[otel]`` extra): the
-application configures the SDK and its exporters, as with any instrumentation.
+and httpx2 transports, the aiohttp middleware). It needs only ``opentelemetry-api``
+(the ``[otel]`` extra): the application configures the SDK and its exporters, as with
+any instrumentation.
 
 Metrics (instrumentation scope ``retry_after_adapter``):
 
