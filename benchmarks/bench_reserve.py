@@ -67,6 +67,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=40, help="quota and server limit per 1 s (default 40)")
     p.add_argument("--duration", type=float, help="measured seconds (default 8; quick 3)")
     p.add_argument("--warm", type=float, default=1.5, help="unmeasured seconds first (default 1.5)")
+    p.add_argument("--margin", type=float, help="the quota's margin, s (default: Quota's)")
     p.add_argument("--reps", type=int, default=1, help="repetitions (default 1)")
     p.add_argument("--store-timeout", type=float, default=3.0, help="store timeouts, s (default 3)")
     p.add_argument("--worker-nice", type=int, default=5, help="niceness of the worker processes (default 5)")
@@ -91,6 +92,7 @@ def main() -> None:
                     "redis", "", threads, kept.where("redis", workdir, rep), rep, args.store_timeout or None,
                     args.limit, 0.0,
                 )
+                spec["margin"] = args.margin
                 result = binding_run(fleet, spec, processes, kept, args.warm, duration, args.limit)
                 runs.append(result)
                 shown = ", ".join(f"{k} {v:.3g}" for k, v in result.items() if isinstance(v, (int, float)))

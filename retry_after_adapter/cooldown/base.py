@@ -115,6 +115,10 @@ class Admission:
       quota) stops counting as stored, or None (see :class:`Weigh`); ``token_seq``:
       the announced token allowance's count after this attempt's cost, less one (None:
       none counted): an answer's token figure holds as of it, as ``seq`` for requests.
+    - ``reserved``: a reservation (``Ask.reserve_by``, :class:`Reservations`): the
+      permit (``permit``) is granted at this later time, on the store's clock; the
+      attempt is sent then, without asking again (``not_before`` is None). None: a
+      grant for now, or a refusal.
     """
 
     cooldown: datetime | None
@@ -132,6 +136,7 @@ class Admission:
     rate_report: bool = False
     weighed: datetime | None = None
     token_seq: int | None = None
+    reserved: datetime | None = None
 
 
 #: The admission of an attempt that took nothing, on a scope with no cooldown stored
@@ -328,6 +333,12 @@ class Ask:
       or a token quota governs the attempt.
     - ``weigh``: the attempt's cost in tokens (:class:`Weigh`, :class:`Weights`; None:
       no cost declared).
+    - ``reserve_by``: the latest time (aware UTC) the attempt may be sent at (its
+      budget's end: ``max_wait``, the deadline), or None: admitted now or refused. A
+      store with :class:`Reservations` that cannot grant the quota's permit now, but
+      could at a time no later than this, grants it for then in the same operation
+      (``Admission.reserved``); only for an attempt that asks for a quota permit and
+      nothing else that could refuse it (no slot, no cost, no announced allowance).
     """
 
     scope: str
@@ -341,6 +352,7 @@ class Ask:
     lease: Lease | None = None
     learn: Learn | None = None
     weigh: Weigh | None = None
+    reserve_by: datetime | None = None
 
 
 class Permit(NamedTuple):
@@ -499,6 +511,21 @@ class QuotaLogs(ABC):  # noqa: B024 - a capability declared by type; its work is
     exactly when ``Permit.exact`` says so (earlier than stored too). Every store of this
     type settles exactly: the engine takes a short quota's permits open on that promise
     (counted longer until their answer), and the conformance kit checks it."""
+
+
+class Reservations(ABC):  # noqa: B024 - a capability declared by type; its work is admit's
+    """``admit`` reserves a quota permit (:class:`QuotaLogs`) for a later time when
+    none is free now (``Ask.reserve_by``): at the earliest time ``t`` (no earlier than
+    the present, no later than ``reserve_by``) at which fewer than the limit of the
+    quota's permits count, counting the permits already reserved for later as counting
+    from now (so reservations are granted in the order asked), an open permit as
+    ending at its grant + per + margin or at the present + per if later (as
+    :func:`free_at`); the permit is taken in the same operation to count from ``t`` for
+    ``per + margin`` (+ ``opened``), and ``Admission.reserved`` is ``t``. A refusal's
+    ``not_before`` is the reservation it would have got. A reservation not used is given
+    back by an exact settle answered ``per`` before the present (its permit then ends
+    now); one never given back counts until its stored end: it costs throughput, never
+    the quota."""
 
 
 class Leases(ABC):  # noqa: B024 - a capability declared by type; its work is admit's
@@ -723,6 +750,7 @@ FAILURE_LAYERS = FailureLayers()
 #: Every capability mixin, in the order the docs list them.
 CAPABILITIES: tuple[type, ...] = (
     QuotaLogs, Leases, Allowances, Weights, LearnedRate, FreshnessLog, Listing, ChangeFeed, LeaseRenewal,
+    Reservations,
 )
 
 

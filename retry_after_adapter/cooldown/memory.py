@@ -25,6 +25,7 @@ from .base import (
     Lease,
     LeaseRenewal,
     PartwiseStore,
+    Reservations,
     Weigh,
     Weighed,
     Weights,
@@ -559,7 +560,7 @@ _FRESHNESS_KEPT = timedelta(seconds=FRESHNESS_KEPT)
 _ALLOWANCE_KEPT = timedelta(seconds=ALLOWANCE_KEPT)
 
 
-class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, InProcess):
+class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, Reservations, InProcess):
     """Cooldowns shared by every thread of one process.
 
     ``get`` is one dict lookup, without the lock (a single dict read is atomic).
@@ -762,10 +763,38 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, I
             cooldown = self._until.get(scope)
             if cooldown is not None and cooldown > now:
                 return Admission(cooldown=cooldown, not_before=cooldown)
-            return self._admit_locked(
+            answer = self._admit_locked(
                 scope, now, cooldown, limit, ask.per, lease, ask.margin, ask.batch, ask.hold, learn,
                 ask.opened, weigh,
             )
+            reserve_by = ask.reserve_by
+            if answer.not_before is None or reserve_by is None or answer.not_before > reserve_by:
+                return answer
+            if limit is None or lease is not None or weigh is not None or scope in self._allowance:
+                return answer  # refused by more than the quota's permit: no reservation
+            per, margin, opened = ask.per, ask.margin, ask.opened
+            return self._reserve_locked(scope, now, cooldown, limit, per, margin, opened, reserve_by)
+
+    def _reserve_locked(
+        self, scope: str, now: datetime, cooldown: datetime | None, limit: int, per: float | None,
+        margin: float, opened: float, reserve_by: datetime,
+    ) -> Admission:
+        """(Lock held, no cooldown running, a quota permit alone asked for and refused
+        now.) A reservation at the earliest time a permit is free, if that is no later
+        than ``reserve_by``, else the refusal until then (see :class:`Reservations`)."""
+        at = (now - _EPOCH) // _US
+        key = _quota_key(limit, per, margin + opened)
+        start = self._permit_refused(scope, key, limit, at)
+        if start is None:
+            start = at  # (not refused after all: the same lock is held)
+        if start > _micros(reserve_by):
+            return Admission(cooldown=cooldown, not_before=_as_datetime(start))
+        expected = start + _quota_key(limit, per, margin)[2] if opened > 0 else 0
+        self._take_permit(scope, key, start + key[2], expected)
+        return Admission(
+            cooldown=cooldown, not_before=None, permit=_as_datetime(start + key[2]),
+            reserved=_as_datetime(start),
+        )
 
     def _admit_locked(
         self, scope: str, now: datetime, cooldown: datetime | None, limit: int | None,

@@ -19,10 +19,12 @@ from ..policy import admit as admit_decision
 from .call import MIN_ATTEMPT_TIMEOUT
 from .ops import (
     ADMIT,
+    GIVE_BACK,
     READ_COOLDOWN,
     Admit,
     Close,
     Follow,
+    GiveBack,
     Judge,
     Keep,
     Op,
@@ -86,7 +88,34 @@ def admitted(call: Call) -> Generator[Op, Any, bool]:
     except BaseException:
         yield Settle(None, None)  # nothing is sent: its slot back, its permit settled
         raise
+    if not_before is None and call.ticket.reserved is not None:
+        return (yield from _hold_reservation(call))
     return not_before is None
+
+
+def _hold_reservation(call: Call) -> Generator[Op, Any, bool]:
+    """The store reserved the attempt's permit for a later time (``ticket.reserved``):
+    sleep until then (cancellable) and go, without asking again (True). A cancel, or a
+    wake later than the quota's margin past the reserved time (the permit's count at
+    the server would no longer be covered), gives the reservation back, unused (one
+    store operation), and the call looks again (False)."""
+    ticket = call.ticket
+    reserved = ticket.reserved
+    assert reserved is not None
+    left = call.seconds_until(reserved)
+    call.emit(Decision(RETRY, left, Reason.QUOTA))
+    try:
+        slept = yield Sleep(left)
+    except BaseException:
+        yield GIVE_BACK
+        raise
+    late = (call.clock.now() - reserved).total_seconds() > call.plan.margin
+    if not slept or late:
+        yield GIVE_BACK
+        return False
+    ticket.reserved = None
+    ticket.admitted_at = call.clock.monotonic()  # sent now: the permit's margin runs from here
+    return True
 
 
 def _take(call: Call) -> Generator[Op, Any, datetime | None]:
@@ -100,6 +129,10 @@ def _take(call: Call) -> Generator[Op, Any, datetime | None]:
     except BaseException:
         yield Settle(None, None)  # nothing is sent: its slot back, its permit settled
         raise
+    if not_before is None and call.ticket.reserved is not None:
+        reserved = call.ticket.reserved
+        if not (yield from _hold_reservation(call)):
+            return reserved  # given back unused: look again (a cancel defers first)
     return not_before
 
 
@@ -358,6 +391,10 @@ def _read_cooldown(call: Call, op: ReadCooldown) -> datetime | None:
     return call.plan.read_cooldown(call)
 
 
+def _give_back(call: Call, op: GiveBack) -> None:
+    call.plan.give_back(call)
+
+
 #: Each store step's work, by its type (one dictionary look-up a step, no chain of
 #: type tests): what :func:`drive` and the async driver carry out on a store's behalf.
 STORE_STEPS: dict[type[Any], Callable[[Call, Any], Any]] = {
@@ -365,6 +402,7 @@ STORE_STEPS: dict[type[Any], Callable[[Call, Any], Any]] = {
     Settle: _settle,
     Judge: _judge,
     ReadCooldown: _read_cooldown,
+    GiveBack: _give_back,
 }
 
 

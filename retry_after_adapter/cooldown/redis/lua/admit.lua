@@ -22,6 +22,8 @@
 -- none counted), 0 and when its token permit stops counting (-1: none). A cost above
 -- the announced token allowance's whole limit is refused for good: two more numbers,
 -- -3 and that limit (the wait is its reset, or now).
+-- ARGV[22]: a reservation's latest time (ms; -1: none, see base.Reservations): a
+-- reservation's reply is a grant's eight numbers, then -4 and the reserved time.
 -- Returns {cooldown or -1, -1 when admitted or when to ask again, the admission number
 -- or -1, 1 when only a slot was missing, when the permit taken stops counting or -1,
 -- the extra permits taken (each counting hold ms longer), the extra admissions of the
@@ -226,7 +228,25 @@ if ARGV[12] == '1' and counts == 0 and rec == nil and not weighs then
 end
 if counts > 0 then
   local refused = take_permit(KEYS[2], now, counts, limit, ARGV[4], false, KEYS[6], now + per)
-  if refused >= 0 then return {cooldown, refused, -1, 0, -1, 0, 0, -1} end
+  if refused >= 0 then
+    -- A reservation (base.Reservations): the permit taken for when it is free, if that
+    -- is no later than ARGV[22] and the quota alone refused (no slot, no tokens, no
+    -- announced allowance); it counts from then, open as any permit of the quota.
+    local by = tonumber(ARGV[22]) or -1
+    if by < 0 or refused > by or slots > 0 or rec ~= nil or weighs then
+      return {cooldown, refused, -1, 0, -1, 0, 0, -1}
+    end
+    local ends = refused + counts
+    redis.call('ZADD', KEYS[2], ends, ARGV[4])
+    local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', KEYS[2], tonumber(last[2]) + 1000)
+    if opened > 0 then
+      redis.call('ZADD', KEYS[6], ends, string.format('%d', ends - opened) .. ':' .. ARGV[4])
+      local lastopen = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
+      redis.call('PEXPIREAT', KEYS[6], tonumber(lastopen[2]) + 1000)
+    end
+    return {cooldown, -1, -1, 0, ends, 0, 0, -1, -4, refused}
+  end
 end
 if slots > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
