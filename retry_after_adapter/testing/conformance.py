@@ -45,6 +45,11 @@ What is checked:
   an announced token allowance is spent by costs; tokens are taken all or nothing with
   the rest, exactly under eight racing threads; a late answer moves a token permit
   later; a cost above the token quota is refused) and ``FreshnessLog`` (later wins);
+- **reservations**, when the store carries ``Reservations``: a permit refused now is
+  reserved for the earliest time one is free, in the order asked, within
+  ``reserve_by`` (past it, the refusal names the reservation it would get and takes
+  nothing); a reservation given back frees its place; eight threads racing
+  reservations never put more than the limit in any window;
 - **admission atomic in every order**, for each of ``QuotaLogs`` (a quota's one
   permit), ``Leases`` (the one slot), ``Allowances`` (an allowance's last request) and
   ``Weights`` (a token quota's tokens): two admissions, the first paused at each line of
@@ -102,6 +107,7 @@ from ..cooldown.base import (
     Listing,
     Permit,
     QuotaLogs,
+    Reservations,
     Store,
     Weigh,
     Weights,
@@ -441,6 +447,82 @@ class StoreContract(TokenContract):
         assert quota.admit(Ask(
             scope=scope, now=answered + timedelta(seconds=1), limit=1, per=1.0
         )).not_before is None
+
+    def test_a_reservation_is_granted_in_order_for_when_a_permit_is_free(self, store: Any) -> None:
+        """``Reservations``: a quota's permit refused now is reserved, in the same
+        admission, for the earliest time one is free counting the reservations already
+        made (each counting ``per + margin`` from its time), while that is no later
+        than ``reserve_by``; past it, the refusal says the reservation it would have
+        got, and takes nothing."""
+        quota = self.carrying(store, QuotaLogs, Reservations)
+        now, scope = now_ms(), self.s("reserve")
+        second = timedelta(seconds=1)
+        by = now + 5 * second
+
+        def ask(reserve_by: datetime | None = by) -> Admission:
+            return quota.admit(Ask(scope=scope, now=now, limit=2, per=1.0, reserve_by=reserve_by))
+
+        granted = [ask(), ask()]
+        assert all(g.not_before is None and g.reserved is None for g in granted), granted
+        reserved = [ask() for _ in range(4)]
+        assert [r.reserved for r in reserved] == [now + second] * 2 + [now + 2 * second] * 2, reserved
+        assert all(r.not_before is None and r.permit == r.reserved + second for r in reserved if r.reserved)
+        refused = ask(now + 2500 * timedelta(milliseconds=1))
+        assert refused.reserved is None and refused.not_before == now + 3 * second, refused
+        assert ask(None).not_before == now + 3 * second  # the refusal took nothing
+        later = ask()
+        assert later.reserved == now + 3 * second and later.not_before is None, later
+
+    def test_a_reservation_given_back_frees_its_place(self, store: Any) -> None:
+        """``Reservations``: a reservation not used is given back by its exact settle
+        answered ``per`` before now (it then ends now): the last one's place is the
+        next reservation's."""
+        quota = self.carrying(store, QuotaLogs, Reservations)
+        now, scope = now_ms(), self.s("give-back")
+        second = timedelta(seconds=1)
+        ask = Ask(scope=scope, now=now, limit=1, per=1.0, opened=10.0, reserve_by=now + 5 * second)
+        assert quota.admit(ask).reserved is None
+        first = quota.admit(ask)
+        second_one = quota.admit(ask)
+        assert first.reserved == now + second and second_one.reserved == now + 2 * second, (first, second_one)
+        assert second_one.permit is not None
+        given_back = Permit(1, 1.0, second_one.permit, exact=True)
+        quota.answer(Answer(scope=scope, now=now - second, permit=given_back))
+        assert quota.admit(ask).reserved == now + 2 * second  # its place, taken again
+
+    def test_reservations_racing_never_exceed_the_quota(self, store: Any) -> None:
+        """``Reservations``: eight threads each reserve six open permits of a quota of 3
+        per second: in any second (from each grant's time, ``per + margin`` long) at
+        most 3 are granted, and the reservations are packed (the last within 16
+        seconds: 48 / 3)."""
+        quota = self.carrying(store, QuotaLogs, Reservations)
+        now, scope = now_ms(), self.s("reserve-race")
+        times: list[datetime] = []
+        lock = threading.Lock()
+        start = threading.Barrier(8)
+
+        def race() -> None:
+            start.wait()
+            for _ in range(6):
+                answer = quota.admit(Ask(
+                    scope=scope, now=now, limit=3, per=1.0, margin=0.05, opened=10.0,
+                    reserve_by=now + timedelta(seconds=60),
+                ))
+                assert answer.not_before is None, answer
+                with lock:
+                    times.append(answer.reserved or now)
+
+        threads = [threading.Thread(target=race) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        times.sort()
+        assert len(times) == 48
+        window = timedelta(seconds=1.05)
+        worst = max(sum(1 for t in times if start_at <= t < start_at + window) for start_at in times)
+        assert worst <= 3, f"{type(store).__name__} granted {worst} permits within one window of a quota of 3"
+        assert times[-1] <= now + timedelta(seconds=16 * 1.05 + 0.1), times[-1]
 
     def test_a_slot_is_held_all_or_nothing_and_given_back(self, store: Any) -> None:
         slots = self.carrying(store, Leases)

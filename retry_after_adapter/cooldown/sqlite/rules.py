@@ -90,7 +90,7 @@ def peek(conn: sqlite3.Connection, scope: str, fixed: datetime | None, learn: bo
 def admit_locked(
     conn: sqlite3.Connection, scope: str, now: datetime, limit: int | None, quota: QuotaLog | None,
     lease: Lease | None, batch: int = 1, hold: float = 0.0, learn: Learn | None = None,
-    weigh: Weigh | None = None,
+    weigh: Weigh | None = None, reserve_by: datetime | None = None,
 ) -> Admission:
     """The whole admission at ``now``: held back by a running cooldown or an announced
     allowance used up, by the attempt's tokens (``weigh``) that do not fit, by the
@@ -117,11 +117,30 @@ def admit_locked(
         return _admit_rate(conn, scope, now_ms, cooldown, lease, learn)
     refused = _refused(conn, scope, quota, limit, lease, now_ms, cooldown)
     if refused is not None:
-        return refused
+        alone = quota is not None and lease is None and record is None and weigh is None
+        if reserve_by is None or not alone:
+            return refused  # no reservation asked for, or refused by more than the permit
+        return _reserve(conn, scope, cooldown, quota, refused, reserve_by)  # type: ignore[arg-type]
     answer = _grant(conn, scope, now, cooldown, rolled, limit, quota, batch, hold)
     if tokens is None or weigh is None:
         return answer
     return with_weighed(answer, *take_locked(conn, scope, weigh, now, tokens))
+
+
+def _reserve(
+    conn: sqlite3.Connection, scope: str, cooldown: datetime | None, quota: QuotaLog, refused: Admission,
+    reserve_by: datetime,
+) -> Admission:
+    """The quota's permit alone refused: a reservation at the earliest time it is free,
+    if that is no later than ``reserve_by``, else the refusal (see ``base.Reservations``)."""
+    start = refused.not_before
+    assert start is not None
+    if start > reserve_by:
+        return refused
+    start_ms = to_epoch_ms(start)
+    end_ms = start_ms + quota[1]
+    take_permit(conn, scope, quota[0], end_ms, start_ms + quota[2] if quota[2] else 0)
+    return Admission(cooldown=cooldown, not_before=None, permit=from_epoch_ms(end_ms), reserved=start)
 
 
 def _announced(
