@@ -51,6 +51,10 @@ def binding_run(
     result["throttled"] = sum(1 for entry in log if entry["status"] == 429)
     result["worst_window"] = bench_scale.worst_window(arrivals, PER)
     result["goodput_vs_allowed"] = result.get("requests_per_s", 0.0) / (limit / PER)
+    # How far apart the arrivals ``limit`` apart are (per at best): its quartiles.
+    spacing = sorted(b - a for a, b in zip(arrivals, arrivals[limit:], strict=False))
+    if spacing:
+        result["spacing_s"] = [spacing[len(spacing) * q // 4] for q in (1, 2, 3)]
     return result
 
 
