@@ -339,6 +339,9 @@ class Ask:
       could at a time no later than this, grants it for then in the same operation
       (``Admission.reserved``); only for an attempt that asks for a quota permit and
       nothing else that could refuse it (no slot, no cost, no announced allowance).
+    - ``held``: the stored end of a reservation the attempt holds (``Admission.permit``
+      of a reservation, at or after its time): given back in the same operation, before
+      the admission is decided again (:class:`Reservations`); None: none.
     """
 
     scope: str
@@ -353,6 +356,7 @@ class Ask:
     learn: Learn | None = None
     weigh: Weigh | None = None
     reserve_by: datetime | None = None
+    held: datetime | None = None
 
 
 class Permit(NamedTuple):
@@ -522,10 +526,14 @@ class Reservations(ABC):  # noqa: B024 - a capability declared by type; its work
     ending at its grant + per + margin or at the present + per if later (as
     :func:`free_at`); the permit is taken in the same operation to count from ``t`` for
     ``per + margin`` (+ ``opened``), and ``Admission.reserved`` is ``t``. A refusal's
-    ``not_before`` is the reservation it would have got. A reservation not used is given
-    back by an exact settle answered ``per`` before the present (its permit then ends
-    now); one never given back counts until its stored end: it costs throughput, never
-    the quota."""
+    ``not_before`` is the reservation it would have got. At its time the holder asks
+    once more with ``Ask.held`` (its permit's stored end): that permit is given back
+    and the admission decided again in the same operation, so a permit the reservation
+    counted on that was answered late (its request may have arrived late) holds it back
+    as it holds any attempt; on time, it is granted at once. A reservation not used is
+    given back by an exact settle answered ``per`` before the present (its permit then
+    ends now); one never given back counts until its stored end: it costs throughput,
+    never the quota."""
 
 
 class Leases(ABC):  # noqa: B024 - a capability declared by type; its work is admit's

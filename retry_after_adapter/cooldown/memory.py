@@ -763,6 +763,10 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
             cooldown = self._until.get(scope)
             if cooldown is not None and cooldown > now:
                 return Admission(cooldown=cooldown, not_before=cooldown)
+            if ask.held is not None and limit is not None:
+                key = _quota_key(limit, ask.per, 0.0)
+                if self._kept_locked(scope, key, limit, _micros(ask.held), (now - _EPOCH) // _US):
+                    return Admission(cooldown=cooldown, not_before=None, permit=ask.held)
             answer = self._admit_locked(
                 scope, now, cooldown, limit, ask.per, lease, ask.margin, ask.batch, ask.hold, learn,
                 ask.opened, weigh,
@@ -774,6 +778,35 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
                 return answer  # refused by more than the quota's permit: no reservation
             per, margin, opened = ask.per, ask.margin, ask.opened
             return self._reserve_locked(scope, now, cooldown, limit, per, margin, opened, reserve_by)
+
+    def _kept_locked(
+        self, scope: str, key: tuple[int, int, int, timedelta], limit: int, end: int, at: int
+    ) -> bool:
+        """(Lock held; times in microseconds.) A reservation's holder asks at its time
+        (``Ask.held``: its permit stored to end at ``end``): True when it goes now, its
+        permit kept as it is (fewer than ``limit`` others count at ``at``, leaving out
+        the open permits reserved after it: they counted on it); else its permit is
+        given back (False; the admission is decided again)."""
+        log = self._permits.get(scope, {}).get(key[:2])
+        if not log:
+            return False
+        while log and log[0] <= at:
+            log.popleft()
+        opened = self._opened.get(scope, {}).get(key[:2]) or {}
+        index = bisect.bisect_left(log, end)
+        if index >= len(log) or log[index] != end:
+            return False  # (given back or lapsed meanwhile)
+        mine = opened.get(end)
+        expected = mine[-1] if mine else end
+        after = sum(1 for stored, ends in opened.items() if stored > at for when in ends if when > expected)
+        if len(log) - 1 - after < limit:
+            return True
+        del log[index]
+        if mine:
+            mine.pop()
+            if not mine:
+                del opened[end]
+        return False
 
     def _reserve_locked(
         self, scope: str, now: datetime, cooldown: datetime | None, limit: int, per: float | None,

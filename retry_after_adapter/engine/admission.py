@@ -89,39 +89,47 @@ def admitted(call: Call) -> Generator[Op, Any, bool]:
         yield Settle(None, None)  # nothing is sent: its slot back, its permit settled
         raise
     if not_before is None and call.ticket.reserved is not None:
-        return (yield from _hold_reservation(call))
+        try:
+            return (yield from _hold_reservation(call)) is None
+        except CooldownUnavailable:
+            return False  # (its reservation counts until its stored end)
     return not_before is None
 
 
-def _hold_reservation(call: Call) -> Generator[Op, Any, bool]:
+def _hold_reservation(call: Call) -> Generator[Op, Any, datetime | None]:
     """The store reserved the attempt's permit for a later time (``ticket.reserved``):
-    sleep until then (cancellable) and go, without asking again (True). A cancel, or a
-    wake later than the quota's margin past the reserved time (the permit's count at
-    the server would no longer be covered), gives the reservation back, unused (one
-    store operation), and the call looks again (False)."""
+    sleep until then (cancellable), then ask once more holding it (``Ask.held``: given
+    back and decided again in the same operation, so that a permit it counted on that
+    was answered late holds it back): None when the attempt may go now, else when to
+    look again (nothing held). A cancel gives the reservation back, unused (one store
+    operation)."""
     ticket = call.ticket
-    reserved = ticket.reserved
-    assert reserved is not None
-    left = call.seconds_until(reserved)
-    call.emit(Decision(RETRY, left, Reason.QUOTA))
-    try:
-        slept = yield Sleep(left)
-    except BaseException:
-        yield GIVE_BACK
-        raise
-    late = (call.clock.now() - reserved).total_seconds() > call.plan.margin
-    if not slept or late:
-        yield GIVE_BACK
-        return False
-    ticket.reserved = None
-    ticket.admitted_at = call.clock.monotonic()  # sent now: the permit's margin runs from here
-    return True
+    for _ in range(MAX_ROUNDS):
+        reserved = ticket.reserved
+        if reserved is None:
+            return None
+        left = call.seconds_until(reserved)
+        call.emit(Decision(RETRY, left, Reason.QUOTA))
+        try:
+            slept = yield Sleep(left)
+        except BaseException:
+            yield GIVE_BACK
+            raise
+        if not slept:
+            yield GIVE_BACK
+            return reserved
+        ticket.held, ticket.permit, ticket.reserved = ticket.permit, None, None
+        not_before = yield from _take(call, False)
+        if not_before is not None:
+            return not_before
+    yield GIVE_BACK
+    return call.clock.now()
 
 
-def _take(call: Call) -> Generator[Op, Any, datetime | None]:
-    """One admission from the store (:class:`~.ops.Admit`): None when admitted, else
-    when to ask again. Anything else thrown in while it ran (a cancel) gives back what
-    it took first."""
+def _take(call: Call, hold: bool = True) -> Generator[Op, Any, datetime | None]:
+    """One admission from the store (:class:`~.ops.Admit`): None when admitted (a
+    reservation slept on first, when ``hold``), else when to ask again. Anything else
+    thrown in while it ran (a cancel) gives back what it took first."""
     try:
         not_before: datetime | None = yield ADMIT
     except (CooldownUnavailable, GeneratorExit):
@@ -129,10 +137,8 @@ def _take(call: Call) -> Generator[Op, Any, datetime | None]:
     except BaseException:
         yield Settle(None, None)  # nothing is sent: its slot back, its permit settled
         raise
-    if not_before is None and call.ticket.reserved is not None:
-        reserved = call.ticket.reserved
-        if not (yield from _hold_reservation(call)):
-            return reserved  # given back unused: look again (a cancel defers first)
+    if hold and not_before is None and call.ticket.reserved is not None:
+        return (yield from _hold_reservation(call))  # (a cancel defers at the next look)
     return not_before
 
 

@@ -248,6 +248,8 @@ class Plan:
         fields["weigh"] = weigh
         if self.reserves:
             fields["reserve_by"] = self._reserve_by(call)
+            if ticket.held is not None:
+                fields["held"], ticket.held = ticket.held, None
         ask = _new(Ask)
         _set(ask, "__dict__", fields)
         guard = self.guard

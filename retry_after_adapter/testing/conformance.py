@@ -490,6 +490,32 @@ class StoreContract(TokenContract):
         quota.answer(Answer(scope=scope, now=now - second, permit=given_back))
         assert quota.admit(ask).reserved == now + 2 * second  # its place, taken again
 
+    def test_a_reservation_asked_again_at_its_time_goes_unless_a_permit_ran_late(self, store: Any) -> None:
+        """``Reservations``: the holder asks again at its reservation's time holding it
+        (``Ask.held``): granted at once when the permit it counted on was answered in
+        time; held back, and reserved again for ``per`` after the present, while that
+        permit is still unanswered (its request may arrive late)."""
+        quota = self.carrying(store, QuotaLogs, Reservations)
+        now, scope = now_ms(), self.s("held")
+        second, by = timedelta(seconds=1), now + timedelta(seconds=30)
+        ask = Ask(scope=scope, now=now, limit=1, per=1.0, opened=10.0, reserve_by=by)
+        first = quota.admit(ask)
+        assert first.permit is not None and first.reserved is None
+        held = quota.admit(ask)
+        assert held.reserved == now + second and held.permit is not None, held
+        answered = now + timedelta(milliseconds=10)
+        quota.answer(Answer(scope=scope, now=answered, permit=Permit(1, 1.0, first.permit, exact=True)))
+        again = quota.admit(replace(ask, now=held.reserved + timedelta(milliseconds=20), held=held.permit))
+        assert again.not_before is None and again.reserved is None and again.permit is not None, again
+        # The next one counts on ``again``, which is never answered: at its time it waits.
+        late = quota.admit(replace(ask, now=held.reserved + timedelta(milliseconds=20)))
+        assert late.reserved is not None and late.permit is not None, late
+        at = late.reserved + timedelta(milliseconds=20)
+        retried = quota.admit(replace(ask, now=at, held=late.permit))
+        assert retried.reserved is not None and retried.reserved >= at + second - timedelta(milliseconds=2), (
+            retried, at
+        )
+
     def test_reservations_racing_never_exceed_the_quota(self, store: Any) -> None:
         """``Reservations``: eight threads each reserve six open permits of a quota of 3
         per second: in any second (from each grant's time, ``per + margin`` long) at

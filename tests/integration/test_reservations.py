@@ -4,9 +4,10 @@ while its threads sleep on reservations, and the async httpx transport on a memo
 store, each against a loopback ``QuotaServer`` that logs every arrival.
 
 A call that cannot be admitted now but whose wait fits its budget is given a permit
-for a later time in the same store operation: it sleeps until then and sends without
-asking again, so a binding quota costs about one admission per request, and waiters
-are served in the order they asked.
+for a later time in the same store operation: it sleeps until then and asks once more
+holding it (granted at once unless a permit it counted on was answered late), so a
+binding quota costs about two admissions per request, and waiters are served in the
+order they asked.
 """
 
 from __future__ import annotations
@@ -50,14 +51,14 @@ def child(*args: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_processes_on_one_store_keep_a_binding_quota_at_one_admission_per_request(
+def test_processes_on_one_store_keep_a_binding_quota_asking_about_twice_per_request(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """Three processes of four threads each send flat out through ``Quota(6, per=1)``
     for 3 s against a server allowing 6 a second: no second at the server holds more
-    than 6, none is refused, the store is asked at most 1.5 times per request (most
-    waits are reservations), and the longest wait is at most a window longer than the
-    median (served in order)."""
+    than 6, none is refused, the store is asked at most 2.5 times per request (a
+    reservation, and once more at its time: asking again on every wake, about 6), and
+    the longest wait is at most a window longer than the median (served in order)."""
     where = where_for(kind, tmp_path, request)
     with QuotaServer(LIMIT, PER, align="first") as server:
         procs = [child("fleet", kind, where, "fleet:", server.url + "/", "4", "3", QUOTA) for _ in range(3)]
@@ -78,7 +79,7 @@ def test_processes_on_one_store_keep_a_binding_quota_at_one_admission_per_reques
     )
     assert statuses == {200}, statuses
     assert worst <= LIMIT
-    assert admits / len(waits) <= 1.5
+    assert admits / len(waits) <= 2.5
     assert reserved >= len(waits) / 2
     assert max(waits) <= statistics.median(waits) + PER + MARGIN + 0.5
 
@@ -136,7 +137,7 @@ def counted_memory_store() -> tuple[MemoryCooldownStore, list[int]]:
 def test_async_calls_sleep_on_their_reservations() -> None:
     """Twelve httpx async tasks on one memory store through ``Quota(4, per=0.5)``
     against a server allowing 4 per 0.5 s: no window over 4, none refused, at most
-    1.25 admissions per request (each waiter asks once)."""
+    2.5 admissions per request (a reservation, and once more at its time)."""
     store, counts = counted_memory_store()
     assert Reservations in store.capabilities
     quota = Quota(4, per=0.5, margin=0.1)
@@ -152,7 +153,7 @@ def test_async_calls_sleep_on_their_reservations() -> None:
         worst = worst_window(server, 0.5)
     assert statuses == [200] * 12
     assert worst <= 4
-    assert counts[0] <= 12 * 1.25, counts
+    assert counts[0] <= 12 * 2.5, counts
 
 
 def test_a_task_cancelled_while_it_sleeps_on_its_reservation_gives_it_back() -> None:

@@ -174,6 +174,7 @@ def admit_args(ask: Ask, when: datetime, together: bool) -> list[str]:
     else:
         args += [0, 0, 0, ""]
     args += [-1 if ask.reserve_by is None else now_epoch_ms(ask.reserve_by)]  # (rounded down)
+    args += [-1 if ask.held is None else to_epoch_ms(ask.held)]
     return [str(arg) for arg in args]
 
 

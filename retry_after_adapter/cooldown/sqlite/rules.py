@@ -90,7 +90,7 @@ def peek(conn: sqlite3.Connection, scope: str, fixed: datetime | None, learn: bo
 def admit_locked(
     conn: sqlite3.Connection, scope: str, now: datetime, limit: int | None, quota: QuotaLog | None,
     lease: Lease | None, batch: int = 1, hold: float = 0.0, learn: Learn | None = None,
-    weigh: Weigh | None = None, reserve_by: datetime | None = None,
+    weigh: Weigh | None = None, reserve_by: datetime | None = None, held: datetime | None = None,
 ) -> Admission:
     """The whole admission at ``now``: held back by a running cooldown or an announced
     allowance used up, by the attempt's tokens (``weigh``) that do not fit, by the
@@ -103,9 +103,9 @@ def admit_locked(
     cooldown = from_epoch_ms(int(rows[0][0])) if rows else None
     if cooldown is not None and cooldown > now:
         return Admission(cooldown=cooldown, not_before=cooldown)
-    record, rolled, held = _announced(conn, scope, now)
-    if held is not None:
-        return Admission(cooldown=cooldown, not_before=held)
+    record, rolled, spent = _announced(conn, scope, now)
+    if spent is not None:
+        return Admission(cooldown=cooldown, not_before=spent)
     tokens = None
     if weigh is not None:
         tokens, wait = weigh_locked(conn, scope, weigh, now)
@@ -115,6 +115,10 @@ def admit_locked(
             return too_large(cooldown, tokens, now)
     if learn is not None and quota is None and record is None and tokens is None:
         return _admit_rate(conn, scope, now_ms, cooldown, lease, learn)
+    if held is not None and quota is not None and limit is not None and kept(
+        conn, scope, quota[0], limit, to_epoch_ms(held), now_ms
+    ):
+        return Admission(cooldown=cooldown, not_before=None, permit=held)
     refused = _refused(conn, scope, quota, limit, lease, now_ms, cooldown)
     if refused is not None:
         alone = quota is not None and lease is None and record is None and weigh is None
@@ -125,6 +129,46 @@ def admit_locked(
     if tokens is None or weigh is None:
         return answer
     return with_weighed(answer, *take_locked(conn, scope, weigh, now, tokens))
+
+
+def kept(conn: sqlite3.Connection, scope: str, quota: str, limit: int, end_ms: int, now_ms: int) -> bool:
+    """(In an immediate transaction.) A reservation's holder asks at its time
+    (``Ask.held``: its permit stored to end at ``end_ms``): True when it goes now, its
+    permit kept (fewer than ``limit`` others count at ``now_ms``, leaving out the open
+    permits reserved after it); else its permit is given back (False)."""
+    conn.execute(
+        "DELETE FROM permit_log WHERE scope = ? AND quota = ? AND expires_ms <= ?", (scope, quota, now_ms)
+    )
+    conn.execute(
+        "DELETE FROM open_permit WHERE scope = ? AND quota = ? AND expires_ms <= ?", (scope, quota, now_ms)
+    )
+    count = int(conn.execute(
+        "SELECT count(*) FROM permit_log WHERE scope = ? AND quota = ?", (scope, quota)
+    ).fetchall()[0][0])
+    mine = conn.execute(
+        "SELECT expected_ms FROM open_permit WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1",
+        (scope, quota, end_ms),
+    ).fetchall()
+    present = conn.execute(
+        "SELECT 1 FROM permit_log WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1",
+        (scope, quota, end_ms),
+    ).fetchall()
+    if not present:
+        return False
+    expected = int(mine[0][0]) if mine else end_ms
+    after = int(conn.execute(
+        "SELECT count(*) FROM open_permit WHERE scope = ? AND quota = ? AND expected_ms > ?",
+        (scope, quota, expected),
+    ).fetchall()[0][0])
+    if count - 1 - after < limit:
+        return True
+    for table in ("permit_log", "open_permit"):
+        conn.execute(
+            f"DELETE FROM {table} WHERE rowid = (SELECT rowid FROM {table} "  # noqa: S608 - a fixed name
+            "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
+            (scope, quota, end_ms),
+        )
+    return False
 
 
 def _reserve(

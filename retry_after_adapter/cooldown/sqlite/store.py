@@ -218,6 +218,7 @@ class SQLiteCooldownStore(
         scope, now, limit, lease, learn = ask.scope, ask.now, ask.limit, ask.lease, ask.learn
         weigh, batch, hold = ask.weigh, ask.batch, ask.hold
         reserve_by = None if ask.reserve_by is None else check_until(ask.reserve_by)
+        held = None if ask.held is None else check_until(ask.held)
         check_scope(scope)
         fixed = None if now is None else check_until(now)
         quota = quota_of(limit, ask.per, ask.margin, ask.opened) if limit is not None else None
@@ -231,7 +232,7 @@ class SQLiteCooldownStore(
             with immediate(conn):
                 at = fixed or datetime.now(timezone.utc)  # the lock is ours: the grant's time
                 return admit_locked(
-                    conn, scope, at, limit, quota, lease, batch, hold, learn, weigh, reserve_by
+                    conn, scope, at, limit, quota, lease, batch, hold, learn, weigh, reserve_by, held
                 )
 
         return self._run(admit)

@@ -23,7 +23,8 @@
 -- the announced token allowance's whole limit is refused for good: two more numbers,
 -- -3 and that limit (the wait is its reset, or now).
 -- ARGV[22]: a reservation's latest time (ms; -1: none, see base.Reservations): a
--- reservation's reply is a grant's eight numbers, then -4 and the reserved time.
+-- reservation's reply is a grant's eight numbers, then -4 and the reserved time;
+-- ARGV[23]: the end (ms) of a reservation held, given back first (-1: none).
 -- Returns {cooldown or -1, -1 when admitted or when to ask again, the admission number
 -- or -1, 1 when only a slot was missing, when the permit taken stops counting or -1,
 -- the extra permits taken (each counting hold ms longer), the extra admissions of the
@@ -102,6 +103,7 @@ local function weighed_refused(key, now, cost, limit)
 end
 local now = tonumber(ARGV[1])
 local cooldown = -1
+
 if ARGV[5] == '1' then
   local stored = tonumber(redis.call('GET', KEYS[1]))
   if stored ~= nil then
@@ -225,6 +227,30 @@ if ARGV[12] == '1' and counts == 0 and rec == nil and not weighs then
     rate_save(KEYS[5], r, tonumber(ARGV[15]))
   end
   return {cooldown, -1, -1, 0, -1, 0, 0, -1, r.ep, 1, cold}
+end
+local held = tonumber(ARGV[23]) or -1
+if counts > 0 and held >= 0 then
+  -- A reservation's holder asking at its time (base.Ask.held): it goes now, its permit
+  -- kept, while fewer than the limit others count, leaving out the open permits
+  -- reserved after it (they counted on it); else its permit is given back first.
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+  local mine = redis.call('ZRANGEBYSCORE', KEYS[2], held, held, 'LIMIT', 0, 1)
+  if #mine > 0 then
+    local minopen = redis.call('ZRANGEBYSCORE', KEYS[6], held, held, 'LIMIT', 0, 1)
+    local expected = held
+    if #minopen > 0 then expected = tonumber(string.match(minopen[1], '^(%d+):')) end
+    local after = 0
+    local opened = redis.call('ZRANGE', KEYS[6], 0, -1)
+    for i = 1, #opened do
+      if tonumber(string.match(opened[i], '^(%d+):')) > expected then after = after + 1 end
+    end
+    if redis.call('ZCARD', KEYS[2]) - 1 - after < limit then
+      return {cooldown, -1, -1, 0, held, 0, 0, -1}
+    end
+    redis.call('ZREM', KEYS[2], mine[1])
+    if #minopen > 0 then redis.call('ZREM', KEYS[6], minopen[1]) end
+  end
 end
 if counts > 0 then
   local refused = take_permit(KEYS[2], now, counts, limit, ARGV[4], false, KEYS[6], now + per)
