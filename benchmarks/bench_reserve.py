@@ -19,15 +19,28 @@ Measured over ``--duration`` seconds (default 8) after ``--warm`` (default 1.5):
 
 Figures are medians over ``--reps`` runs (the worst window: the worst of them).
 
+Side by side with the field (``--field``, default on; ``--field-processes``, default
+1,2,4,8,16, each of ``--threads`` threads, ``--field-duration`` seconds): the same
+binding quota and server, each thread looping "wait for the limiter, then one GET"
+with its own limiter on the same Redis: this package (a Session with the quota on a
+``RedisCooldownStore``), throttled-py's GCRA (its ``RedisStore``, wait mode:
+``Throttled(timeout=...)``) and pyrate-limiter's ``RedisBucket`` (a sliding log,
+``try_acquire(blocking=True)``). Per admitted request: Redis round trips (counted at
+the clients as above), Redis commands and CPU; the server's worst 1 s window; goodput;
+and each request's wait before it went, p50 and p99, beyond the ideal wait of a fair
+queue (threads / quota seconds, what a thread waits in turn with every thread busy).
+
     python benchmarks/bench_reserve.py              # about 12 s a repetition
     python benchmarks/bench_reserve.py --quick      # 2 processes x 8 threads, 3 s
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -58,6 +71,170 @@ def binding_run(
     return result
 
 
+# -- the field: the same binding quota through other limiters ------------------------------
+
+FIELD = ("retry_after_adapter", "throttled-py GCRA", "pyrate-limiter")
+
+
+def _limiter(name: str, redis_url: str, limit: int, key: str) -> Any:
+    """``acquire()``: wait for ``name``'s limiter, True when admitted (a session for
+    this package: its GET waits itself)."""
+    if name == "throttled-py GCRA":
+        from throttled import RateLimiterType, RedisStore, Throttled, rate_limiter
+
+        throttle = Throttled(
+            key=key, using=RateLimiterType.GCRA.value, quota=rate_limiter.per_sec(limit),
+            store=RedisStore(server=redis_url), timeout=30,
+        )
+        return lambda: not throttle.limit(key, timeout=30).limited
+    if name == "pyrate-limiter":
+        import redis
+        from pyrate_limiter import Duration, Limiter, Rate, RedisBucket
+
+        bucket = RedisBucket.init([Rate(limit, Duration.SECOND)], redis.Redis.from_url(redis_url), key)
+        limiter = Limiter(bucket)
+        return lambda: bool(limiter.try_acquire(key, blocking=True, timeout=30))
+    return None
+
+
+def _field_process(
+    name: str, redis_url: str, url: str, limit: int, threads: int, window: tuple[float, float], out: Any
+) -> None:
+    """One process of the field's fleet: ``threads`` threads until ``window`` ends
+    (monotonic); reports admitted requests, their waits and Redis round trips."""
+    import requests
+
+    load._count_round_trips()
+    load._WINDOW[:] = list(window)
+    t0, t1 = window
+    acquire = _limiter(name, redis_url, limit, "bench-reserve-field")
+    store = None
+    if acquire is None:
+        from retry_after_adapter import Quota, RedisCooldownStore, RetryAfterAdapter, RetryAfterRetry
+
+        store = RedisCooldownStore.from_url(redis_url, prefix="bench-reserve-field:")
+    waits: list[float] = []
+    counts = [0, 0]  # 200s in the window, others
+    lock = threading.Lock()
+
+    def run() -> None:
+        session = requests.Session()
+        if store is not None:
+            retry = RetryAfterRetry(total=0, max_wait=30, deadline=40)
+            session.mount("http://", RetryAfterAdapter(retry, cooldown=store, quota=Quota(limit, per=PER)))
+        time.sleep(max(0.0, t0 - 1.0 - time.monotonic()))
+        while time.monotonic() < t1:
+            started = time.monotonic()
+            if acquire is not None and not acquire():
+                continue
+            went = time.monotonic()
+            try:
+                ok = session.get(url, timeout=30).status_code == 200
+            except Exception:
+                ok = False
+            done = time.monotonic()
+            wait = (went if acquire is not None else done) - started
+            with lock:
+                if t0 <= done < t1:
+                    counts[0 if ok else 1] += 1
+                    if ok:
+                        waits.append(wait)
+
+    workers = [threading.Thread(target=run, daemon=True) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(t1 - time.monotonic() + 45)
+    out.put({"ok": counts[0], "bad": counts[1], "waits": waits, "sent": load._SENT[0]})
+
+
+def field_run(
+    name: str, kept: bench_scale.Stores, processes: int, threads: int, limit: int, warm: float,
+    duration: float,
+) -> dict[str, Any]:
+    """One library's fleet against a fresh server: what it measured."""
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    kept.empty("redis")
+    with _common.ServerProcess("retry_after_adapter.demo", "--serve", str(limit), str(PER)) as server:
+        start = time.monotonic() + 2.0 + 0.1 * processes  # the processes start meanwhile
+        window = (start + warm, start + warm + duration)
+        procs = [
+            context.Process(
+                target=_field_process,
+                args=(name, kept.redis.url, server.url + "/", limit, threads, window, out),
+                daemon=True,
+            )
+            for _ in range(processes)
+        ]
+        for proc in procs:
+            proc.start()
+        time.sleep(max(0.0, window[0] - time.monotonic()))
+        kept.reset_stats("redis")
+        cpu0 = kept.cpu("redis")
+        time.sleep(max(0.0, window[1] - time.monotonic()))
+        cpu1 = kept.cpu("redis")
+        commands = kept.commands("redis")
+        reports = [out.get(timeout=90) for _ in procs]
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+        log = fetch_log(server.url)["log"]
+    ok = sum(r["ok"] for r in reports)
+    waits = sorted(w for r in reports for w in r["waits"])
+    ideal = processes * threads / limit * PER
+    arrivals = sorted(entry["arrival"] for entry in log)
+    result: dict[str, Any] = {
+        "requests_per_s": ok / duration,
+        "goodput_vs_allowed": ok / duration / (limit / PER),
+        "not_ok": sum(r["bad"] for r in reports),
+        "throttled": sum(1 for entry in log if entry["status"] == 429),
+        "worst_window": bench_scale.worst_window(arrivals, PER),
+        "ideal_wait_s": ideal,
+    }
+    if ok:
+        result["round_trips_per_request"] = sum(r["sent"] for r in reports) / ok
+        result["commands_per_request"] = commands / ok
+        busy = max(0.0, cpu1 - cpu0 - kept.idle["redis"] * duration)
+        result["redis_cpu_us_per_request"] = busy / ok * 1e6
+    if waits:
+        result["wait_beyond_ideal_p50_s"] = waits[len(waits) // 2] - ideal
+        result["wait_beyond_ideal_p99_s"] = waits[int(0.99 * (len(waits) - 1))] - ideal
+    return result
+
+
+FIELD_KEYS = (
+    "round_trips_per_request", "commands_per_request", "redis_cpu_us_per_request", "worst_window",
+    "goodput_vs_allowed", "wait_beyond_ideal_p50_s", "wait_beyond_ideal_p99_s",
+)
+
+
+def field_table(rows: dict[str, dict[int, dict[str, Any]]], limit: int, threads: int, duration: float) -> str:
+    headers = [
+        "limiter", "processes", "round trips/req", "Redis commands/req", "Redis CPU us/req",
+        "worst 1 s window; 429s", "goodput / allowed", "wait beyond ideal p50; p99 (s)",
+    ]
+    lines = []
+    for name, by_size in rows.items():
+        for processes, r in sorted(by_size.items()):
+            lines.append([
+                name, f"{processes} x {threads}",
+                bench_scale.cell(r.get("round_trips_per_request"), 2),
+                bench_scale.cell(r.get("commands_per_request"), 1),
+                bench_scale.cell(r.get("redis_cpu_us_per_request"), 0),
+                f"{r.get('worst_window')}/{limit}; {r.get('throttled')}",
+                bench_scale.cell(r.get("goodput_vs_allowed"), 2),
+                f"{bench_scale.cell(r.get('wait_beyond_ideal_p50_s'), 2)}; "
+                f"{bench_scale.cell(r.get('wait_beyond_ideal_p99_s'), 2)}",
+            ])
+    title = (
+        f"The field on one Redis: Quota({limit}, per=1) shared, a server allowing {limit} per 1 s, "
+        f"{duration:g} s each"
+    )
+    return _common.table(title, headers, lines)
+
+
 KEYS = (
     "round_trips_per_request", "commands_per_request", "redis_cpu_us_per_request",
     "goodput_vs_allowed", "requests_per_s", "not_ok", "store_failures",
@@ -75,6 +252,9 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=1, help="repetitions (default 1)")
     p.add_argument("--store-timeout", type=float, default=3.0, help="store timeouts, s (default 3)")
     p.add_argument("--worker-nice", type=int, default=5, help="niceness of the worker processes (default 5)")
+    p.add_argument("--field", default=",".join(FIELD), help="limiters side by side ('' for none)")
+    p.add_argument("--field-processes", help="processes of the field's runs (default 1,2,4,8,16; quick 1)")
+    p.add_argument("--field-duration", type=float, help="seconds measured per field run (default 6; quick 2)")
     args = p.parse_args()
     processes = args.processes or (2 if args.quick else 4)
     threads = args.threads or (8 if args.quick else 16)
@@ -103,6 +283,18 @@ def main() -> None:
                 print(f"  run {rep + 1}: {shown}", file=sys.stderr, flush=True)
         finally:
             fleet.close()
+        field: dict[str, dict[int, dict[str, Any]]] = {}
+        names = [n.strip() for n in args.field.split(",") if n.strip()]
+        sizes = [int(x) for x in (args.field_processes or ("1" if args.quick else "1,2,4,8,16")).split(",")]
+        field_duration = args.field_duration or (2.0 if args.quick else 6.0)
+        for size in sizes:
+            for name in names:
+                if name not in FIELD:
+                    p.error(f"--field: known limiters are {', '.join(FIELD)}")
+                result = field_run(name, kept, size, threads, args.limit, args.warm, field_duration)
+                field.setdefault(name, {})[size] = result
+                shown = ", ".join(f"{k} {v:.3g}" for k, v in result.items() if isinstance(v, (int, float)))
+                print(f"  {name}, {size} x {threads}: {shown}", file=sys.stderr, flush=True)
     good = [r for r in runs if not r.get("stuck_workers")]
     row: dict[str, Any] = {
         key: statistics.median(vals) if (vals := [r[key] for r in good if r.get(key) is not None]) else None
@@ -133,8 +325,12 @@ def main() -> None:
         },
         "binding": row,
         "runs": runs,
+        "field": {name: {str(size): r for size, r in by_size.items()} for name, by_size in field.items()},
     }
-    _common.finish("reserve", payload, [_common.table(title, headers, [cells])], args.out)
+    tables = [_common.table(title, headers, [cells])]
+    if field:
+        tables.append(field_table(field, args.limit, threads, field_duration))
+    _common.finish("reserve", payload, tables, args.out)
 
 
 if __name__ == "__main__":
