@@ -30,8 +30,9 @@ the clients as above), Redis commands and CPU; the server's worst 1 s window; go
 and each request's wait before it went, p50 and p99, beyond the ideal wait of a fair
 queue (threads / quota seconds, what a thread waits in turn with every thread busy).
 
-    python benchmarks/bench_reserve.py              # about 12 s a repetition
-    python benchmarks/bench_reserve.py --quick      # 2 processes x 8 threads, 3 s
+    python benchmarks/bench_reserve.py              # about 4 minutes: 4 x 16, then the field at 1-16 x 16
+    python benchmarks/bench_reserve.py --field ""   # this package alone, about 15 s a repetition
+    python benchmarks/bench_reserve.py --quick      # 2 processes x 8 threads, 3 s; the field at 1 x 8, 2 s
 """
 
 from __future__ import annotations
