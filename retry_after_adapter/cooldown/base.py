@@ -517,6 +517,11 @@ class QuotaLogs(ABC):  # noqa: B024 - a capability declared by type; its work is
     (counted longer until their answer), and the conformance kit checks it."""
 
 
+#: Seconds after which a reservation's holder held back by a permit not yet answered
+#: asks again (see :class:`Reservations`): its answer's settle may be on its way.
+RECHECK = 0.25
+
+
 class Reservations(ABC):  # noqa: B024 - a capability declared by type; its work is admit's
     """``admit`` reserves a quota permit (:class:`QuotaLogs`) for a later time when
     none is free now (``Ask.reserve_by``): at the earliest time ``t`` (no earlier than
@@ -527,10 +532,14 @@ class Reservations(ABC):  # noqa: B024 - a capability declared by type; its work
     :func:`free_at`); the permit is taken in the same operation to count from ``t`` for
     ``per + margin`` (+ ``opened``), and ``Admission.reserved`` is ``t``. A refusal's
     ``not_before`` is the reservation it would have got. At its time the holder asks
-    once more with ``Ask.held`` (its permit's stored end): that permit is given back
-    and the admission decided again in the same operation, so a permit the reservation
-    counted on that was answered late (its request may have arrived late) holds it back
-    as it holds any attempt; on time, it is granted at once. A reservation not used is
+    once more with ``Ask.held`` (its permit's stored end), keeping its permit: it goes
+    at once (``Admission.reserved`` None) when fewer than the limit of the others
+    count, leaving out the open permits reserved for later than it (they counted on
+    it: each of them asks the same before it goes); else it is told when to ask again
+    (``reserved``: when the earliest of them could end, an unanswered one's within
+    :data:`RECHECK`), so a permit it counted on that was answered late (its request may
+    have arrived late) holds it back as it holds any attempt. Past ``reserve_by`` its
+    permit is given back and the admission decided again. A reservation not used is
     given back by an exact settle answered ``per`` before the present (its permit then
     ends now); one never given back counts until its stored end: it costs throughput,
     never the quota."""

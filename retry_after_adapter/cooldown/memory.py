@@ -17,6 +17,7 @@ from .. import _forksafe
 from ..errors import ConfigurationError
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance, roll
 from .base import (
+    RECHECK,
     Admission,
     Ask,
     Hold,
@@ -189,6 +190,8 @@ def _window_micros(per: float) -> int:
     return micros
 
 
+#: ``base.RECHECK`` in microseconds.
+_RECHECK_US = round(RECHECK * 1_000_000)
 #: ``rate.PROBE_RECHECK`` in microseconds.
 _PROBE_RECHECK_US = round(PROBE_RECHECK * 1_000_000)
 
@@ -765,8 +768,12 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
                 return Admission(cooldown=cooldown, not_before=cooldown)
             if ask.held is not None and limit is not None:
                 key = _quota_key(limit, ask.per, 0.0)
-                if self._kept_locked(scope, key, limit, _micros(ask.held), (now - _EPOCH) // _US):
-                    return Admission(cooldown=cooldown, not_before=None, permit=ask.held)
+                at = (now - _EPOCH) // _US
+                by = None if ask.reserve_by is None else _micros(ask.reserve_by)
+                wait = self._kept_locked(scope, key, limit, _micros(ask.held), at, by)
+                if wait is not None:
+                    reserved = None if wait <= at else _as_datetime(wait)
+                    return Admission(cooldown=cooldown, not_before=None, permit=ask.held, reserved=reserved)
             answer = self._admit_locked(
                 scope, now, cooldown, limit, ask.per, lease, ask.margin, ask.batch, ask.hold, learn,
                 ask.opened, weigh,
@@ -780,33 +787,54 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
             return self._reserve_locked(scope, now, cooldown, limit, per, margin, opened, reserve_by)
 
     def _kept_locked(
-        self, scope: str, key: tuple[int, int, int, timedelta], limit: int, end: int, at: int
-    ) -> bool:
+        self, scope: str, key: tuple[int, int, int, timedelta], limit: int, end: int, at: int,
+        by: int | None,
+    ) -> int | None:
         """(Lock held; times in microseconds.) A reservation's holder asks at its time
-        (``Ask.held``: its permit stored to end at ``end``): True when it goes now, its
-        permit kept as it is (fewer than ``limit`` others count at ``at``, leaving out
-        the open permits reserved after it: they counted on it); else its permit is
-        given back (False; the admission is decided again)."""
+        (``Ask.held``: its permit stored to end at ``end``), its permit kept: ``at`` when
+        it goes now (fewer than ``limit`` others count, leaving out the open permits
+        reserved for later than it: they counted on it), else when to ask again (the
+        earliest such permit could end, an unanswered one asked about again within
+        :data:`~.base.RECHECK`), if no later than ``by``. Else its permit is given back
+        (None; the admission is decided again)."""
         log = self._permits.get(scope, {}).get(key[:2])
         if not log:
-            return False
+            return None
         while log and log[0] <= at:
             log.popleft()
         opened = self._opened.get(scope, {}).get(key[:2]) or {}
         index = bisect.bisect_left(log, end)
         if index >= len(log) or log[index] != end:
-            return False  # (given back or lapsed meanwhile)
-        mine = opened.get(end)
-        expected = mine[-1] if mine else end
-        after = sum(1 for stored, ends in opened.items() if stored > at for when in ends if when > expected)
-        if len(log) - 1 - after < limit:
-            return True
+            return None  # (given back or lapsed meanwhile)
+        pending = {stored: list(ends) for stored, ends in opened.items() if stored > at}
+        mine = pending.get(end)
+        expected = mine.pop() if mine else end
+        ends: list[int] = []
+        skipped = False
+        for stored in log:
+            if stored == end and not skipped:
+                skipped = True  # its own
+                continue
+            waiting = pending.get(stored)
+            if not waiting:
+                ends.append(stored)
+                continue
+            when = waiting.pop()
+            if when <= expected:  # reserved no later than it: counts
+                ends.append(min(max(when, at + key[1]), at + _RECHECK_US))
+        if len(ends) < limit:
+            return at
+        ends.sort()
+        wait = ends[len(ends) - limit]
+        if by is None or wait <= by:
+            return wait
         del log[index]
-        if mine:
-            mine.pop()
-            if not mine:
+        own = opened.get(end)
+        if own:
+            own.remove(expected if expected in own else own[-1])
+            if not own:
                 del opened[end]
-        return False
+        return None
 
     def _reserve_locked(
         self, scope: str, now: datetime, cooldown: datetime | None, limit: int, per: float | None,

@@ -93,6 +93,7 @@ from typing import Any
 import pytest
 
 from ..cooldown.base import (
+    RECHECK,
     Admission,
     Allowances,
     Announced,
@@ -492,29 +493,35 @@ class StoreContract(TokenContract):
 
     def test_a_reservation_asked_again_at_its_time_goes_unless_a_permit_ran_late(self, store: Any) -> None:
         """``Reservations``: the holder asks again at its reservation's time holding it
-        (``Ask.held``): granted at once when the permit it counted on was answered in
-        time; held back, and reserved again for ``per`` after the present, while that
-        permit is still unanswered (its request may arrive late)."""
+        (``Ask.held``): granted at once, its permit kept, when the permit it counted on
+        was answered in time; while that permit is unanswered, told to ask again within
+        ``RECHECK`` (its permit kept); once it is answered late, told to wait for that
+        answer + per (its request may have arrived late)."""
         quota = self.carrying(store, QuotaLogs, Reservations)
         now, scope = now_ms(), self.s("held")
-        second, by = timedelta(seconds=1), now + timedelta(seconds=30)
-        ask = Ask(scope=scope, now=now, limit=1, per=1.0, opened=10.0, reserve_by=by)
+        second, ms = timedelta(seconds=1), timedelta(milliseconds=1)
+        ask = Ask(scope=scope, now=now, limit=1, per=1.0, opened=10.0, reserve_by=now + 30 * second)
         first = quota.admit(ask)
         assert first.permit is not None and first.reserved is None
         held = quota.admit(ask)
         assert held.reserved == now + second and held.permit is not None, held
-        answered = now + timedelta(milliseconds=10)
-        quota.answer(Answer(scope=scope, now=answered, permit=Permit(1, 1.0, first.permit, exact=True)))
-        again = quota.admit(replace(ask, now=held.reserved + timedelta(milliseconds=20), held=held.permit))
-        assert again.not_before is None and again.reserved is None and again.permit is not None, again
-        # The next one counts on ``again``, which is never answered: at its time it waits.
-        late = quota.admit(replace(ask, now=held.reserved + timedelta(milliseconds=20)))
+        quota.answer(Answer(scope=scope, now=now + 10 * ms, permit=Permit(1, 1.0, first.permit, exact=True)))
+        at = held.reserved + 20 * ms
+        again = quota.admit(replace(ask, now=at, held=held.permit))
+        assert again.not_before is None and again.reserved is None and again.permit == held.permit, again
+        # The next one counts on ``again``, still unanswered at its time: asked again soon.
+        late = quota.admit(replace(ask, now=at))
         assert late.reserved is not None and late.permit is not None, late
-        at = late.reserved + timedelta(milliseconds=20)
-        retried = quota.admit(replace(ask, now=at, held=late.permit))
-        assert retried.reserved is not None and retried.reserved >= at + second - timedelta(milliseconds=2), (
-            retried, at
-        )
+        then = late.reserved + 20 * ms
+        retried = quota.admit(replace(ask, now=then, held=late.permit))
+        assert retried.permit == late.permit and retried.reserved is not None, retried
+        assert then < retried.reserved <= then + timedelta(seconds=RECHECK) + ms, (retried, then)
+        # ``again`` is answered late: its request counts until that answer + per.
+        answered = then + 100 * ms
+        quota.answer(Answer(scope=scope, now=answered, permit=Permit(1, 1.0, held.permit, exact=True)))
+        waits = quota.admit(replace(ask, now=answered, held=late.permit))
+        assert waits.reserved is not None and waits.reserved >= answered + second - ms, (waits, answered)
+        assert quota.admit(replace(ask, now=answered + second, held=late.permit)).reserved is None
 
     def test_reservations_racing_never_exceed_the_quota(self, store: Any) -> None:
         """``Reservations``: eight threads each reserve six open permits of a quota of 3

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from ...errors import ConfigurationError
 from .._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from ..allowance import Allowance, admit_allowance, admit_more
-from ..base import Admission, Learn, Lease, Weigh, Weighed, extra_permits, free_at, token_scope
+from ..base import RECHECK, Admission, Learn, Lease, Weigh, Weighed, extra_permits, free_at, token_scope
 from ..rate import OPEN_KEPT, PROBE_RECHECK, RATE_KEPT, Rate, fresh_rate, rate_from_row, rate_row, roll_rate
 from ..weights import NO_ALLOWANCE, check_fits, oversized, too_large, weighed_free_at, with_weighed
 from .file import RATE_COLUMNS
@@ -115,10 +115,12 @@ def admit_locked(
             return too_large(cooldown, tokens, now)
     if learn is not None and quota is None and record is None and tokens is None:
         return _admit_rate(conn, scope, now_ms, cooldown, lease, learn)
-    if held is not None and quota is not None and limit is not None and kept(
-        conn, scope, quota[0], limit, to_epoch_ms(held), now_ms
-    ):
-        return Admission(cooldown=cooldown, not_before=None, permit=held)
+    if held is not None and quota is not None and limit is not None:
+        by_ms = None if reserve_by is None else now_epoch_ms(reserve_by)
+        again = kept(conn, scope, quota, limit, to_epoch_ms(held), now_ms, by_ms)
+        if again is not None:
+            reserved = None if again <= now_ms else from_epoch_ms(again)
+            return Admission(cooldown=cooldown, not_before=None, permit=held, reserved=reserved)
     refused = _refused(conn, scope, quota, limit, lease, now_ms, cooldown)
     if refused is not None:
         alone = quota is not None and lease is None and record is None and weigh is None
@@ -131,44 +133,56 @@ def admit_locked(
     return with_weighed(answer, *take_locked(conn, scope, weigh, now, tokens))
 
 
-def kept(conn: sqlite3.Connection, scope: str, quota: str, limit: int, end_ms: int, now_ms: int) -> bool:
+def kept(
+    conn: sqlite3.Connection, scope: str, quota: QuotaLog, limit: int, end_ms: int, now_ms: int,
+    by_ms: int | None,
+) -> int | None:
     """(In an immediate transaction.) A reservation's holder asks at its time
-    (``Ask.held``: its permit stored to end at ``end_ms``): True when it goes now, its
-    permit kept (fewer than ``limit`` others count at ``now_ms``, leaving out the open
-    permits reserved after it); else its permit is given back (False)."""
+    (``Ask.held``: its permit stored to end at ``end_ms``), its permit kept: ``now_ms``
+    when it goes now, else when to ask again, if no later than ``by_ms`` (see
+    ``MemoryCooldownStore._kept_locked``); else its permit is given back (None)."""
+    name, per_ms = quota[0], quota[3]
     conn.execute(
-        "DELETE FROM permit_log WHERE scope = ? AND quota = ? AND expires_ms <= ?", (scope, quota, now_ms)
+        "DELETE FROM permit_log WHERE scope = ? AND quota = ? AND expires_ms <= ?", (scope, name, now_ms)
     )
     conn.execute(
-        "DELETE FROM open_permit WHERE scope = ? AND quota = ? AND expires_ms <= ?", (scope, quota, now_ms)
+        "DELETE FROM open_permit WHERE scope = ? AND quota = ? AND expires_ms <= ?", (scope, name, now_ms)
     )
-    count = int(conn.execute(
-        "SELECT count(*) FROM permit_log WHERE scope = ? AND quota = ?", (scope, quota)
-    ).fetchall()[0][0])
-    mine = conn.execute(
-        "SELECT expected_ms FROM open_permit WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1",
-        (scope, quota, end_ms),
-    ).fetchall()
-    present = conn.execute(
-        "SELECT 1 FROM permit_log WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1",
-        (scope, quota, end_ms),
-    ).fetchall()
-    if not present:
-        return False
-    expected = int(mine[0][0]) if mine else end_ms
-    after = int(conn.execute(
-        "SELECT count(*) FROM open_permit WHERE scope = ? AND quota = ? AND expected_ms > ?",
-        (scope, quota, expected),
-    ).fetchall()[0][0])
-    if count - 1 - after < limit:
-        return True
+    log = [int(row[0]) for row in conn.execute(
+        "SELECT expires_ms FROM permit_log WHERE scope = ? AND quota = ?", (scope, name)
+    ).fetchall()]
+    if end_ms not in log:
+        return None  # (given back or lapsed meanwhile)
+    pending: dict[int, list[int]] = {}
+    for stored, when in conn.execute(
+        "SELECT expires_ms, expected_ms FROM open_permit WHERE scope = ? AND quota = ?", (scope, name)
+    ).fetchall():
+        pending.setdefault(int(stored), []).append(int(when))
+    mine = pending.get(end_ms)
+    expected = mine.pop() if mine else end_ms
+    log.remove(end_ms)
+    ends = []
+    for stored in log:
+        waiting = pending.get(stored)
+        if not waiting:
+            ends.append(stored)
+            continue
+        when = waiting.pop()
+        if when <= expected:  # reserved no later than it: counts
+            ends.append(min(max(when, now_ms + per_ms), now_ms + round(RECHECK * 1000)))
+    if len(ends) < limit:
+        return now_ms
+    ends.sort()
+    wait = ends[len(ends) - limit]
+    if by_ms is None or wait <= by_ms:
+        return wait
     for table in ("permit_log", "open_permit"):
         conn.execute(
             f"DELETE FROM {table} WHERE rowid = (SELECT rowid FROM {table} "  # noqa: S608 - a fixed name
             "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
-            (scope, quota, end_ms),
+            (scope, name, end_ms),
         )
-    return False
+    return None
 
 
 def _reserve(

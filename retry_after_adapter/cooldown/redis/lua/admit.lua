@@ -33,6 +33,10 @@
 -- answer is to be told, 1 when the slot was taken as the probe's token (a known send's
 -- too, when probes follow it in its epoch).
 
+-- base.RECHECK in ms: when a reservation's holder held back by an unanswered permit
+-- asks again at the latest.
+local RECHECK = 250
+
 -- When a permit of a full permit set (count >= limit) is free at the earliest: once
 -- count - limit + 1 stopped counting, an open permit counted as ending at its grant +
 -- per + margin, or at floor (now + per) if later (base.free_at).
@@ -230,26 +234,53 @@ if ARGV[12] == '1' and counts == 0 and rec == nil and not weighs then
 end
 local held = tonumber(ARGV[23]) or -1
 if counts > 0 and held >= 0 then
-  -- A reservation's holder asking at its time (base.Ask.held): it goes now, its permit
-  -- kept, while fewer than the limit others count, leaving out the open permits
-  -- reserved after it (they counted on it); else its permit is given back first.
+  -- A reservation's holder asking at its time (base.Ask.held), its permit kept: it goes
+  -- now while fewer than the limit others count, leaving out the open permits reserved
+  -- for later than it (they counted on it); else it is told when to ask again (the
+  -- earliest such permit could end; an unanswered one's within RECHECK ms), if no
+  -- later than ARGV[22]; else its permit is given back and the admission decided again.
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
   redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
   local mine = redis.call('ZRANGEBYSCORE', KEYS[2], held, held, 'LIMIT', 0, 1)
   if #mine > 0 then
-    local minopen = redis.call('ZRANGEBYSCORE', KEYS[6], held, held, 'LIMIT', 0, 1)
-    local expected = held
-    if #minopen > 0 then expected = tonumber(string.match(minopen[1], '^(%d+):')) end
-    local after = 0
-    local opened = redis.call('ZRANGE', KEYS[6], 0, -1)
-    for i = 1, #opened do
-      if tonumber(string.match(opened[i], '^(%d+):')) > expected then after = after + 1 end
+    local pending, own, expected = {}, nil, held
+    local opened = redis.call('ZRANGE', KEYS[6], 0, -1, 'WITHSCORES')
+    for i = 1, #opened, 2 do
+      local stored = tonumber(opened[i + 1])
+      local when = tonumber(string.match(opened[i], '^(%d+):'))
+      if own == nil and stored == held then
+        own, expected = opened[i], when
+      else
+        local list = pending[stored]
+        if list == nil then list = {}; pending[stored] = list end
+        list[#list + 1] = when
+      end
     end
-    if redis.call('ZCARD', KEYS[2]) - 1 - after < limit then
-      return {cooldown, -1, -1, 0, held, 0, 0, -1}
+    local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+    local ends, skipped = {}, false
+    for i = 1, #all, 2 do
+      local stored = tonumber(all[i + 1])
+      if stored == held and not skipped then
+        skipped = true
+      else
+        local list = pending[stored]
+        if list == nil or #list == 0 then
+          ends[#ends + 1] = stored
+        else
+          local when = table.remove(list)
+          if when <= expected then
+            ends[#ends + 1] = math.min(math.max(when, now + per), now + RECHECK)
+          end
+        end
+      end
     end
+    if #ends < limit then return {cooldown, -1, -1, 0, held, 0, 0, -1} end
+    table.sort(ends)
+    local again = ends[#ends - limit + 1]
+    local by = tonumber(ARGV[22]) or -1
+    if by < 0 or again <= by then return {cooldown, -1, -1, 0, held, 0, 0, -1, -4, again} end
     redis.call('ZREM', KEYS[2], mine[1])
-    if #minopen > 0 then redis.call('ZREM', KEYS[6], minopen[1]) end
+    if own ~= nil then redis.call('ZREM', KEYS[6], own) end
   end
 end
 if counts > 0 then
