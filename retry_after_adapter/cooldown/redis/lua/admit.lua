@@ -35,7 +35,7 @@
 
 -- base.RECHECK in ms: when a reservation's holder held back by an unanswered permit
 -- asks again at the latest.
-local RECHECK = 250
+local RECHECK = 1000
 
 -- When a permit of a full permit set (count >= limit) is free at the earliest: once
 -- count - limit + 1 stopped counting, an open permit counted as ending at its grant +
