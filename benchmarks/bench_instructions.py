@@ -1,5 +1,6 @@
 """Happy-path overhead in CPU instructions per GET: stock ``HTTPAdapter`` vs
-``RetryAfterAdapter``, alone and with a ``Quota`` and ``max_concurrency`` that never bind.
+``RetryAfterAdapter``, alone and with a ``Quota`` and ``max_concurrency`` that never bind,
+and with that ``Quota`` alone (the path on which a refused permit would be reserved).
 
 Wall-clock ratios on a small shared machine drift by a few percent between runs (see
 ``bench_happy_path.py``'s A/A control); instruction counts do not. Each variant runs in
@@ -34,7 +35,7 @@ from lib import common as _common
 
 TARGET = 1.03
 ADMISSION_TARGET = 1.05
-VARIANTS = ("stock", "adapter", "adapter + Quota + max_concurrency")
+VARIANTS = ("stock", "adapter", "adapter + Quota + max_concurrency", "adapter + Quota")
 #: With ``--otel``: each adapter variant with the OpenTelemetry hook attached.
 OTEL = " + OTel hook"
 OTEL_VARIANTS = tuple(variant + OTEL for variant in VARIANTS[1:])
@@ -68,6 +69,8 @@ def child(variant: str, n: int, url: str, warm_up: int = WARM_UP) -> None:
         adapter: HTTPAdapter = HTTPAdapter()
     elif variant == "adapter":
         adapter = RetryAfterAdapter(learn_rate=warm_up >= WARM_UP, on_decision=hooks)
+    elif variant == "adapter + Quota":  # no cap: a refused permit would be reserved
+        adapter = RetryAfterAdapter(quota=Quota(1_000_000, per=1.0), on_decision=hooks)
     else:
         adapter = RetryAfterAdapter(quota=Quota(1_000_000, per=1.0), max_concurrency=8, on_decision=hooks)
     session.mount("http://", adapter)

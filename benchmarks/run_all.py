@@ -37,6 +37,7 @@ BENCHMARKS = {
     "scopes": ("bench_scopes.py", "scopes.json"),
     "load": ("bench_load.py", "load.json"),
     "scale": ("bench_scale.py", "scale.json"),
+    "reserve": ("bench_reserve.py", "reserve.json"),
     "cold_start": ("bench_cold_start.py", "cold_start.json"),
     "httpx": ("bench_httpx.py", "bench_httpx.json"),
     "aiohttp": ("bench_aiohttp.py", "bench_aiohttp.json"),

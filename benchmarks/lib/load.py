@@ -81,7 +81,8 @@ def _session(spec: dict[str, Any], store: Any) -> Any:
     retry = RetryAfterRetry(total=5, backoff_factor=0.5, status_forcelist=(429, 502, 503, 504), deadline=30)
     kwargs: dict[str, Any] = {"cooldown": store}
     if spec["quota"]:
-        kwargs["quota"] = Quota(spec.get("limit", QUOTA_LIMIT), per=spec.get("per", 1.0))
+        margin = {} if spec.get("margin") is None else {"margin": spec["margin"]}
+        kwargs["quota"] = Quota(spec.get("limit", QUOTA_LIMIT), per=spec.get("per", 1.0), **margin)
     if spec.get("max_concurrency"):
         kwargs["max_concurrency"] = spec["max_concurrency"]
     if spec["scopes"] > 0:

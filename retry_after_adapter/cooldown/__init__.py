@@ -3,7 +3,8 @@
 - :class:`Store`: the core every store implements (``get``, ``extend``, ``admit`` of
   one :class:`Ask`, ``answer`` of one :class:`Answer`), and one mixin per capability
   (:class:`QuotaLogs`, :class:`Leases`, :class:`Allowances`, :class:`LearnedRate`,
-  :class:`FreshnessLog`, :class:`Listing`, :class:`ChangeFeed`, :class:`LeaseRenewal`;
+  :class:`FreshnessLog`, :class:`Listing`, :class:`ChangeFeed`, :class:`LeaseRenewal`,
+  :class:`Reservations`;
   see ``base``), and :class:`Bounded` for a store that bounds each of its own
   operations. A store of 0.x (an object with ``get`` and ``extend`` that is no
   ``Store``) is refused with a message that says what to change.
@@ -48,6 +49,7 @@ from .base import (
     QuotaLogs,
     RateOutcome,
     Replaceable,
+    Reservations,
     Store,
     Weigh,
     Weighed,
@@ -93,6 +95,7 @@ __all__ = [
     "RateOutcome",
     "RedisCooldownStore",
     "Replaceable",
+    "Reservations",
     "SQLiteCooldownStore",
     "Store",
     "Weigh",

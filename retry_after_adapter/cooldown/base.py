@@ -115,6 +115,10 @@ class Admission:
       quota) stops counting as stored, or None (see :class:`Weigh`); ``token_seq``:
       the announced token allowance's count after this attempt's cost, less one (None:
       none counted): an answer's token figure holds as of it, as ``seq`` for requests.
+    - ``reserved``: a reservation (``Ask.reserve_by``, :class:`Reservations`): the
+      permit (``permit``) is granted at this later time, on the store's clock; the
+      attempt is sent then, without asking again (``not_before`` is None). None: a
+      grant for now, or a refusal.
     """
 
     cooldown: datetime | None
@@ -132,6 +136,7 @@ class Admission:
     rate_report: bool = False
     weighed: datetime | None = None
     token_seq: int | None = None
+    reserved: datetime | None = None
 
 
 #: The admission of an attempt that took nothing, on a scope with no cooldown stored
@@ -328,6 +333,15 @@ class Ask:
       or a token quota governs the attempt.
     - ``weigh``: the attempt's cost in tokens (:class:`Weigh`, :class:`Weights`; None:
       no cost declared).
+    - ``reserve_by``: the latest time (aware UTC) the attempt may be sent at (its
+      budget's end: ``max_wait``, the deadline), or None: admitted now or refused. A
+      store with :class:`Reservations` that cannot grant the quota's permit now, but
+      could at a time no later than this, grants it for then in the same operation
+      (``Admission.reserved``); only for an attempt that asks for a quota permit and
+      nothing else that could refuse it (no slot, no cost, no announced allowance).
+    - ``held``: the stored end of a reservation the attempt holds (``Admission.permit``
+      of a reservation, at or after its time): given back in the same operation, before
+      the admission is decided again (:class:`Reservations`); None: none.
     """
 
     scope: str
@@ -341,6 +355,8 @@ class Ask:
     lease: Lease | None = None
     learn: Learn | None = None
     weigh: Weigh | None = None
+    reserve_by: datetime | None = None
+    held: datetime | None = None
 
 
 class Permit(NamedTuple):
@@ -499,6 +515,36 @@ class QuotaLogs(ABC):  # noqa: B024 - a capability declared by type; its work is
     exactly when ``Permit.exact`` says so (earlier than stored too). Every store of this
     type settles exactly: the engine takes a short quota's permits open on that promise
     (counted longer until their answer), and the conformance kit checks it."""
+
+
+#: Seconds after which a reservation's holder held back by a permit not yet answered
+#: asks again at the latest (see :class:`Reservations`): its answer's settle may be on
+#: its way. Not sooner: with 256 threads on 2 cores, 0.25 s had most holders asking
+#: every quarter second while answers came late, and the store fell behind.
+RECHECK = 1.0
+
+
+class Reservations(ABC):  # noqa: B024 - a capability declared by type; its work is admit's
+    """``admit`` reserves a quota permit (:class:`QuotaLogs`) for a later time when
+    none is free now (``Ask.reserve_by``): at the earliest time ``t`` (no earlier than
+    the present, no later than ``reserve_by``) at which fewer than the limit of the
+    quota's permits count, counting the permits already reserved for later as counting
+    from now (so reservations are granted in the order asked), an open permit as
+    ending at its grant + per + margin or at the present + per if later (as
+    :func:`free_at`); the permit is taken in the same operation to count from ``t`` for
+    ``per + margin`` (+ ``opened``), and ``Admission.reserved`` is ``t``. A refusal's
+    ``not_before`` is the reservation it would have got. At its time the holder asks
+    once more with ``Ask.held`` (its permit's stored end), keeping its permit: it goes
+    at once (``Admission.reserved`` None) when fewer than the limit of the others
+    count, leaving out the open permits reserved for later than it (they counted on
+    it: each of them asks the same before it goes); else it is told when to ask again
+    (``reserved``: when the earliest of them could end, an unanswered one's within
+    :data:`RECHECK`), so a permit it counted on that was answered late (its request may
+    have arrived late) holds it back as it holds any attempt. Past ``reserve_by`` its
+    permit is given back and the admission decided again. A reservation not used is
+    given back by an exact settle answered ``per`` before the present (its permit then
+    ends now); one never given back counts until its stored end: it costs throughput,
+    never the quota."""
 
 
 class Leases(ABC):  # noqa: B024 - a capability declared by type; its work is admit's
@@ -746,6 +792,7 @@ FAILURE_LAYERS = FailureLayers()
 #: Every capability mixin, in the order the docs list them.
 CAPABILITIES: tuple[type, ...] = (
     QuotaLogs, Leases, Allowances, Weights, LearnedRate, FreshnessLog, Listing, ChangeFeed, LeaseRenewal,
+    Reservations,
 )
 
 

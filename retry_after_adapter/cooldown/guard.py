@@ -416,8 +416,9 @@ class StoreGuard(PartwiseStore, LocalCopy, CallBudgets):
             return self._local_admit(ask, budget)
         near = self.near
         # An attempt that weighs tokens is admitted by the store itself (a batch holds
-        # permits and admissions, not tokens).
-        if near is None or self.breaker.is_down or weigh is not None:
+        # permits and admissions, not tokens), as is a reservation's holder asking again
+        # (the permit it holds is given back in the same operation).
+        if near is None or self.breaker.is_down or weigh is not None or ask.held is not None:
             return self._admit_store(ask, budget, present)
         if learn is not None and lease is not None and not near.cooldowns.unrated(scope):
             # The learned rate may cap the slot too: the store takes it (a slot held here

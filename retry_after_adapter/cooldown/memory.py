@@ -17,6 +17,7 @@ from .. import _forksafe
 from ..errors import ConfigurationError
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance, roll
 from .base import (
+    RECHECK,
     Admission,
     Ask,
     Hold,
@@ -25,6 +26,7 @@ from .base import (
     Lease,
     LeaseRenewal,
     PartwiseStore,
+    Reservations,
     Weigh,
     Weighed,
     Weights,
@@ -188,6 +190,8 @@ def _window_micros(per: float) -> int:
     return micros
 
 
+#: ``base.RECHECK`` in microseconds.
+_RECHECK_US = round(RECHECK * 1_000_000)
 #: ``rate.PROBE_RECHECK`` in microseconds.
 _PROBE_RECHECK_US = round(PROBE_RECHECK * 1_000_000)
 
@@ -559,7 +563,7 @@ _FRESHNESS_KEPT = timedelta(seconds=FRESHNESS_KEPT)
 _ALLOWANCE_KEPT = timedelta(seconds=ALLOWANCE_KEPT)
 
 
-class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, InProcess):
+class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, Reservations, InProcess):
     """Cooldowns shared by every thread of one process.
 
     ``get`` is one dict lookup, without the lock (a single dict read is atomic).
@@ -762,10 +766,96 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, I
             cooldown = self._until.get(scope)
             if cooldown is not None and cooldown > now:
                 return Admission(cooldown=cooldown, not_before=cooldown)
-            return self._admit_locked(
+            if ask.held is not None and limit is not None:
+                key = _quota_key(limit, ask.per, 0.0)
+                at = (now - _EPOCH) // _US
+                by = None if ask.reserve_by is None else _micros(ask.reserve_by)
+                wait = self._kept_locked(scope, key, limit, _micros(ask.held), at, by)
+                if wait is not None:
+                    reserved = None if wait <= at else _as_datetime(wait)
+                    return Admission(cooldown=cooldown, not_before=None, permit=ask.held, reserved=reserved)
+            answer = self._admit_locked(
                 scope, now, cooldown, limit, ask.per, lease, ask.margin, ask.batch, ask.hold, learn,
                 ask.opened, weigh,
             )
+            reserve_by = ask.reserve_by
+            if answer.not_before is None or reserve_by is None or answer.not_before > reserve_by:
+                return answer
+            if limit is None or lease is not None or weigh is not None or scope in self._allowance:
+                return answer  # refused by more than the quota's permit: no reservation
+            per, margin, opened = ask.per, ask.margin, ask.opened
+            return self._reserve_locked(scope, now, cooldown, limit, per, margin, opened, reserve_by)
+
+    def _kept_locked(
+        self, scope: str, key: tuple[int, int, int, timedelta], limit: int, end: int, at: int,
+        by: int | None,
+    ) -> int | None:
+        """(Lock held; times in microseconds.) A reservation's holder asks at its time
+        (``Ask.held``: its permit stored to end at ``end``), its permit kept: ``at`` when
+        it goes now (fewer than ``limit`` others count, leaving out the open permits
+        reserved for later than it: they counted on it), else when to ask again (the
+        earliest such permit could end, an unanswered one asked about again within
+        :data:`~.base.RECHECK`), if no later than ``by``. Else its permit is given back
+        (None; the admission is decided again)."""
+        log = self._permits.get(scope, {}).get(key[:2])
+        if not log:
+            return None
+        while log and log[0] <= at:
+            log.popleft()
+        opened = self._opened.get(scope, {}).get(key[:2]) or {}
+        index = bisect.bisect_left(log, end)
+        if index >= len(log) or log[index] != end:
+            return None  # (given back or lapsed meanwhile)
+        pending = {stored: list(ends) for stored, ends in opened.items() if stored > at}
+        mine = pending.get(end)
+        expected = mine.pop() if mine else end
+        ends: list[int] = []
+        skipped = False
+        for stored in log:
+            if stored == end and not skipped:
+                skipped = True  # its own
+                continue
+            waiting = pending.get(stored)
+            if not waiting:
+                ends.append(stored)
+                continue
+            when = waiting.pop()
+            if when <= expected:  # reserved no later than it: counts
+                ends.append(min(max(when, at + key[1]), at + _RECHECK_US))
+        if len(ends) < limit:
+            return at
+        ends.sort()
+        wait = ends[len(ends) - limit]
+        if by is None or wait <= by:
+            return wait
+        del log[index]
+        own = opened.get(end)
+        if own:
+            own.remove(expected if expected in own else own[-1])
+            if not own:
+                del opened[end]
+        return None
+
+    def _reserve_locked(
+        self, scope: str, now: datetime, cooldown: datetime | None, limit: int, per: float | None,
+        margin: float, opened: float, reserve_by: datetime,
+    ) -> Admission:
+        """(Lock held, no cooldown running, a quota permit alone asked for and refused
+        now.) A reservation at the earliest time a permit is free, if that is no later
+        than ``reserve_by``, else the refusal until then (see :class:`Reservations`)."""
+        at = (now - _EPOCH) // _US
+        key = _quota_key(limit, per, margin + opened)
+        start = self._permit_refused(scope, key, limit, at)
+        if start is None:
+            start = at  # (not refused after all: the same lock is held)
+        if start > _micros(reserve_by):
+            return Admission(cooldown=cooldown, not_before=_as_datetime(start))
+        expected = start + _quota_key(limit, per, margin)[2] if opened > 0 else 0
+        self._take_permit(scope, key, start + key[2], expected)
+        return Admission(
+            cooldown=cooldown, not_before=None, permit=_as_datetime(start + key[2]),
+            reserved=_as_datetime(start),
+        )
 
     def _admit_locked(
         self, scope: str, now: datetime, cooldown: datetime | None, limit: int | None,

@@ -19,10 +19,12 @@ from ..policy import admit as admit_decision
 from .call import MIN_ATTEMPT_TIMEOUT
 from .ops import (
     ADMIT,
+    GIVE_BACK,
     READ_COOLDOWN,
     Admit,
     Close,
     Follow,
+    GiveBack,
     Judge,
     Keep,
     Op,
@@ -86,13 +88,48 @@ def admitted(call: Call) -> Generator[Op, Any, bool]:
     except BaseException:
         yield Settle(None, None)  # nothing is sent: its slot back, its permit settled
         raise
+    if not_before is None and call.ticket.reserved is not None:
+        try:
+            return (yield from _hold_reservation(call)) is None
+        except CooldownUnavailable:
+            return False  # (its reservation counts until its stored end)
     return not_before is None
 
 
-def _take(call: Call) -> Generator[Op, Any, datetime | None]:
-    """One admission from the store (:class:`~.ops.Admit`): None when admitted, else
-    when to ask again. Anything else thrown in while it ran (a cancel) gives back what
-    it took first."""
+def _hold_reservation(call: Call) -> Generator[Op, Any, datetime | None]:
+    """The store reserved the attempt's permit for a later time (``ticket.reserved``):
+    sleep until then (cancellable), then ask once more holding it (``Ask.held``: given
+    back and decided again in the same operation, so that a permit it counted on that
+    was answered late holds it back): None when the attempt may go now, else when to
+    look again (nothing held). A cancel gives the reservation back, unused (one store
+    operation)."""
+    ticket = call.ticket
+    for _ in range(MAX_ROUNDS):
+        reserved = ticket.reserved
+        if reserved is None:
+            return None
+        left = call.seconds_until(reserved)
+        call.emit(Decision(RETRY, left, Reason.QUOTA))
+        try:
+            slept = yield Sleep(left)
+        except BaseException:
+            yield GIVE_BACK
+            raise
+        if not slept:
+            yield GIVE_BACK
+            return reserved
+        ticket.held, ticket.permit, ticket.reserved = ticket.permit, None, None
+        not_before = yield from _take(call, False)
+        if not_before is not None:
+            return not_before
+    yield GIVE_BACK
+    return call.clock.now()
+
+
+def _take(call: Call, hold: bool = True) -> Generator[Op, Any, datetime | None]:
+    """One admission from the store (:class:`~.ops.Admit`): None when admitted (a
+    reservation slept on first, when ``hold``), else when to ask again. Anything else
+    thrown in while it ran (a cancel) gives back what it took first."""
     try:
         not_before: datetime | None = yield ADMIT
     except (CooldownUnavailable, GeneratorExit):
@@ -100,6 +137,8 @@ def _take(call: Call) -> Generator[Op, Any, datetime | None]:
     except BaseException:
         yield Settle(None, None)  # nothing is sent: its slot back, its permit settled
         raise
+    if hold and not_before is None and call.ticket.reserved is not None:
+        return (yield from _hold_reservation(call))  # (a cancel defers at the next look)
     return not_before
 
 
@@ -358,6 +397,10 @@ def _read_cooldown(call: Call, op: ReadCooldown) -> datetime | None:
     return call.plan.read_cooldown(call)
 
 
+def _give_back(call: Call, op: GiveBack) -> None:
+    call.plan.give_back(call)
+
+
 #: Each store step's work, by its type (one dictionary look-up a step, no chain of
 #: type tests): what :func:`drive` and the async driver carry out on a store's behalf.
 STORE_STEPS: dict[type[Any], Callable[[Call, Any], Any]] = {
@@ -365,6 +408,7 @@ STORE_STEPS: dict[type[Any], Callable[[Call, Any], Any]] = {
     Settle: _settle,
     Judge: _judge,
     ReadCooldown: _read_cooldown,
+    GiveBack: _give_back,
 }
 
 

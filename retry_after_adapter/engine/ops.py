@@ -22,6 +22,7 @@ blocking store cannot hold up others, as the async transports do on their thread
   (``Plan.admit_once``); answered None when admitted, else when to ask again;
   ``CooldownUnavailable`` thrown back when the store fails and the call fails closed.
 - :class:`ReadCooldown`: the scope's stored cooldown (``Plan.read_cooldown``).
+- :class:`GiveBack`: a reservation not used goes back (``Plan.give_back``).
 - :class:`Settle`: the attempt is over (``response``; None when it failed or was not
   sent): its permit settled, its slot given back now or through ``on_done``.
 - :class:`Judge`: what the answer teaches learned and shared, then the verdict
@@ -45,10 +46,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ADMIT",
+    "GIVE_BACK",
     "READ_COOLDOWN",
     "Admit",
     "Close",
     "Follow",
+    "GiveBack",
     "Judge",
     "Keep",
     "Op",
@@ -110,9 +113,15 @@ class ReadCooldown:
     """Read the scope's cooldown from the store."""
 
 
-#: The two store steps without arguments, made once.
+@dataclass(slots=True)
+class GiveBack:
+    """Give the attempt's reservation back unused (``Plan.give_back``)."""
+
+
+#: The store steps without arguments, made once.
 ADMIT = Admit()
 READ_COOLDOWN = ReadCooldown()
+GIVE_BACK = GiveBack()
 
 
 @dataclass(slots=True)
@@ -139,7 +148,7 @@ class Judge:
 
 
 #: A store operation the engine asks of its driver.
-StoreOp = Admit | ReadCooldown | Settle | Judge
+StoreOp = Admit | ReadCooldown | Settle | Judge | GiveBack
 #: One thing the engine asks of its driver.
 Op = Sleep | Send | Keep | Close | Follow | StoreOp
 #: A piece of the engine written once for every driver: a generator of :data:`Op`.

@@ -15,7 +15,7 @@ import itertools
 import logging
 import secrets
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from .. import _forksafe
@@ -31,6 +31,7 @@ from ..cooldown.base import (
     LocalCopy,
     PartwiseStore,
     QuotaLogs,
+    Reservations,
     Weigh,
     Weighed,
     Weights,
@@ -60,6 +61,10 @@ log = logging.getLogger("retry_after_adapter")
 #: are not taken open. A refusal never waits for it: the store counts an open permit
 #: as ending at its grant + per + margin, or when its answer could end it (``free_at``).
 OPEN_FOR = 10.0
+
+#: The longest reservation (seconds ahead) a call with neither ``max_wait`` nor a
+#: deadline asks for (see :class:`~..cooldown.base.Reservations`).
+RESERVE_MOST = 3600.0
 
 
 def _new_tokens() -> Iterator[str]:
@@ -126,6 +131,7 @@ class Plan:
         "rate_kinds",
         "release_slot",
         "replays",
+        "reserves",
         "slots",
         "store",
         "tokens",
@@ -166,6 +172,12 @@ class Plan:
         #: taken open or not), each attempt's own set on a copy (see ``admit_once``).
         opened = OPEN_FOR if self.limit is not None and self.opens else 0.0
         self.asked = vars(Ask(scope="", limit=self.limit, per=self.per, margin=self.margin, opened=opened))
+        #: Whether a refused quota permit is reserved for later in the same operation
+        #: (``Ask.reserve_by``): a store with Reservations, a quota, no cap and no
+        #: ``max_waiting`` (a reservation's sleeper waits without a queue's place).
+        self.reserves = (
+            self.limit is not None and slots is None and max_waiting is None and _carries(store, Reservations)
+        )
         #: The concurrency cap: slots per scope, each a lease of ``ttl`` seconds at most.
         self.slots = slots
         self.ttl = ttl
@@ -238,6 +250,10 @@ class Plan:
         fields = self.asked.copy()
         fields["scope"], fields["now"], fields["lease"], fields["learn"] = call.scope, now, lease, learn
         fields["weigh"] = weigh
+        if self.reserves:
+            fields["reserve_by"] = self._reserve_by(call)
+            if ticket.held is not None:
+                fields["held"], ticket.held = ticket.held, None
         ask = _new(Ask)
         _set(ask, "__dict__", fields)
         answer = store.admit(ask)
@@ -252,6 +268,7 @@ class Plan:
         ticket.rate_held = answer.by_rate
         # Only a configured quota's permit is settled (the learned rate counts sends, no permit).
         ticket.permit = answer.permit if self.limit is not None else None
+        ticket.reserved = answer.reserved
         ticket.rate_epoch = answer.rate_epoch
         ticket.rate_report = answer.rate_report
         if weigh is not None:
@@ -263,6 +280,34 @@ class Plan:
             elif answer.token is not None:
                 ticket.lease_token = answer.token  # a slot of the learned rate's probes
         return not_before
+
+    def _reserve_by(self, call: CallState) -> datetime | None:
+        """The latest time the attempt may be sent at, for a reservation: within
+        ``max_wait`` and before the deadline less ``attempt_reserve`` (None: no time
+        left to wait)."""
+        terms = call.terms
+        most = RESERVE_MOST if terms.max_wait is None else terms.max_wait
+        if terms.deadline is not None:
+            elapsed = call.clock.monotonic() - call.progress.start
+            most = min(most, terms.deadline - elapsed - call.policy.attempt_reserve)
+        if most <= 0:
+            return None
+        return call.clock.now() + timedelta(seconds=most)
+
+    def give_back(self, call: CallState) -> None:
+        """The attempt's reservation (``ticket.reserved``) will not be used: nothing was
+        sent, so its permit is settled exactly as answered ``per`` before now (it ends
+        now); one store operation. Never raises (unsent, it costs throughput only)."""
+        ticket = call.ticket
+        expires, ticket.permit, ticket.reserved = ticket.permit, None, None
+        ticket.permit_open = False
+        if expires is None or self.store is None or self.per is None or self.limit is None:
+            return
+        at = call.clock.now() - timedelta(seconds=self.per)
+        try:
+            self._on_store(self.store.settle, call, call.scope, self.limit, self.per, expires, at, True)
+        except Exception as exc:  # it counts until its stored end: throughput, not the quota
+            log.debug("giving a reservation back failed: %s", type(exc).__name__)
 
     def _new_tokens(self) -> tuple[Lease | None, Learn | None]:
         """A concurrency slot to take (with the cap) and the learned rate's probe (when

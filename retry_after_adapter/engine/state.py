@@ -101,6 +101,12 @@ class Ticket:
     #: That permit is an open one: it counts until its answer settles it (see
     #: ``Plan.answered``).
     permit_open = False
+    #: The permit is a reservation: the attempt goes at this time (wall clock), not
+    #: before, without asking again (None: it goes now; see ``Plan.give_back``).
+    reserved: datetime | None = None
+    #: The stored end of the reservation held while asking again at its time
+    #: (``Ask.held``; None: none).
+    held: datetime | None = None
     #: The admission number of the attempt on the wire, for quota headers.
     admission: int | None = None
     #: The learned rate's epoch the attempt on the wire was admitted in (None: no

@@ -45,6 +45,11 @@ What is checked:
   an announced token allowance is spent by costs; tokens are taken all or nothing with
   the rest, exactly under eight racing threads; a late answer moves a token permit
   later; a cost above the token quota is refused) and ``FreshnessLog`` (later wins);
+- **reservations**, when the store carries ``Reservations``: a permit refused now is
+  reserved for the earliest time one is free, in the order asked, within
+  ``reserve_by`` (past it, the refusal names the reservation it would get and takes
+  nothing); a reservation given back frees its place; eight threads racing
+  reservations never put more than the limit in any window;
 - **admission atomic in every order**, for each of ``QuotaLogs`` (a quota's one
   permit), ``Leases`` (the one slot), ``Allowances`` (an allowance's last request) and
   ``Weights`` (a token quota's tokens): two admissions, the first paused at each line of
@@ -88,6 +93,7 @@ from typing import Any
 import pytest
 
 from ..cooldown.base import (
+    RECHECK,
     Admission,
     Allowances,
     Announced,
@@ -102,6 +108,7 @@ from ..cooldown.base import (
     Listing,
     Permit,
     QuotaLogs,
+    Reservations,
     Store,
     Weigh,
     Weights,
@@ -441,6 +448,114 @@ class StoreContract(TokenContract):
         assert quota.admit(Ask(
             scope=scope, now=answered + timedelta(seconds=1), limit=1, per=1.0
         )).not_before is None
+
+    def test_a_reservation_is_granted_in_order_for_when_a_permit_is_free(self, store: Any) -> None:
+        """``Reservations``: a quota's permit refused now is reserved, in the same
+        admission, for the earliest time one is free counting the reservations already
+        made (each counting ``per + margin`` from its time), while that is no later
+        than ``reserve_by``; past it, the refusal says the reservation it would have
+        got, and takes nothing."""
+        quota = self.carrying(store, QuotaLogs, Reservations)
+        now, scope = now_ms(), self.s("reserve")
+        second = timedelta(seconds=1)
+        by = now + 5 * second
+
+        def ask(reserve_by: datetime | None = by) -> Admission:
+            return quota.admit(Ask(scope=scope, now=now, limit=2, per=1.0, reserve_by=reserve_by))
+
+        granted = [ask(), ask()]
+        assert all(g.not_before is None and g.reserved is None for g in granted), granted
+        reserved = [ask() for _ in range(4)]
+        assert [r.reserved for r in reserved] == [now + second] * 2 + [now + 2 * second] * 2, reserved
+        assert all(r.not_before is None and r.permit == r.reserved + second for r in reserved if r.reserved)
+        refused = ask(now + 2500 * timedelta(milliseconds=1))
+        assert refused.reserved is None and refused.not_before == now + 3 * second, refused
+        assert ask(None).not_before == now + 3 * second  # the refusal took nothing
+        later = ask()
+        assert later.reserved == now + 3 * second and later.not_before is None, later
+
+    def test_a_reservation_given_back_frees_its_place(self, store: Any) -> None:
+        """``Reservations``: a reservation not used is given back by its exact settle
+        answered ``per`` before now (it then ends now): the last one's place is the
+        next reservation's."""
+        quota = self.carrying(store, QuotaLogs, Reservations)
+        now, scope = now_ms(), self.s("give-back")
+        second = timedelta(seconds=1)
+        ask = Ask(scope=scope, now=now, limit=1, per=1.0, opened=10.0, reserve_by=now + 5 * second)
+        assert quota.admit(ask).reserved is None
+        first = quota.admit(ask)
+        second_one = quota.admit(ask)
+        assert first.reserved == now + second and second_one.reserved == now + 2 * second, (first, second_one)
+        assert second_one.permit is not None
+        given_back = Permit(1, 1.0, second_one.permit, exact=True)
+        quota.answer(Answer(scope=scope, now=now - second, permit=given_back))
+        assert quota.admit(ask).reserved == now + 2 * second  # its place, taken again
+
+    def test_a_reservation_asked_again_at_its_time_goes_unless_a_permit_ran_late(self, store: Any) -> None:
+        """``Reservations``: the holder asks again at its reservation's time holding it
+        (``Ask.held``): granted at once, its permit kept, when the permit it counted on
+        was answered in time; while that permit is unanswered, told to ask again within
+        ``RECHECK`` (its permit kept); once it is answered late, told to wait for that
+        answer + per (its request may have arrived late)."""
+        quota = self.carrying(store, QuotaLogs, Reservations)
+        now, scope = now_ms(), self.s("held")
+        second, ms = timedelta(seconds=1), timedelta(milliseconds=1)
+        ask = Ask(scope=scope, now=now, limit=1, per=1.0, opened=10.0, reserve_by=now + 30 * second)
+        first = quota.admit(ask)
+        assert first.permit is not None and first.reserved is None
+        held = quota.admit(ask)
+        assert held.reserved == now + second and held.permit is not None, held
+        quota.answer(Answer(scope=scope, now=now + 10 * ms, permit=Permit(1, 1.0, first.permit, exact=True)))
+        at = held.reserved + 20 * ms
+        again = quota.admit(replace(ask, now=at, held=held.permit))
+        assert again.not_before is None and again.reserved is None and again.permit == held.permit, again
+        # The next one counts on ``again``, still unanswered at its time: asked again soon.
+        late = quota.admit(replace(ask, now=at))
+        assert late.reserved is not None and late.permit is not None, late
+        then = late.reserved + 20 * ms
+        retried = quota.admit(replace(ask, now=then, held=late.permit))
+        assert retried.permit == late.permit and retried.reserved is not None, retried
+        assert then < retried.reserved <= then + timedelta(seconds=RECHECK) + ms, (retried, then)
+        # ``again`` is answered late: its request counts until that answer + per.
+        answered = then + 100 * ms
+        quota.answer(Answer(scope=scope, now=answered, permit=Permit(1, 1.0, held.permit, exact=True)))
+        waits = quota.admit(replace(ask, now=answered, held=late.permit))
+        assert waits.reserved is not None and waits.reserved >= answered + second - ms, (waits, answered)
+        assert quota.admit(replace(ask, now=answered + second, held=late.permit)).reserved is None
+
+    def test_reservations_racing_never_exceed_the_quota(self, store: Any) -> None:
+        """``Reservations``: eight threads each reserve six open permits of a quota of 3
+        per second: in any second (from each grant's time, ``per + margin`` long) at
+        most 3 are granted, and the reservations are packed (the last within 16
+        seconds: 48 / 3)."""
+        quota = self.carrying(store, QuotaLogs, Reservations)
+        now, scope = now_ms(), self.s("reserve-race")
+        times: list[datetime] = []
+        lock = threading.Lock()
+        start = threading.Barrier(8)
+
+        def race() -> None:
+            start.wait()
+            for _ in range(6):
+                answer = quota.admit(Ask(
+                    scope=scope, now=now, limit=3, per=1.0, margin=0.05, opened=10.0,
+                    reserve_by=now + timedelta(seconds=60),
+                ))
+                assert answer.not_before is None, answer
+                with lock:
+                    times.append(answer.reserved or now)
+
+        threads = [threading.Thread(target=race) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        times.sort()
+        assert len(times) == 48
+        window = timedelta(seconds=1.05)
+        worst = max(sum(1 for t in times if start_at <= t < start_at + window) for start_at in times)
+        assert worst <= 3, f"{type(store).__name__} granted {worst} permits within one window of a quota of 3"
+        assert times[-1] <= now + timedelta(seconds=16 * 1.05 + 0.1), times[-1]
 
     def test_a_slot_is_held_all_or_nothing_and_given_back(self, store: Any) -> None:
         slots = self.carrying(store, Leases)

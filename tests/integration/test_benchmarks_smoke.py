@@ -69,7 +69,7 @@ def test_instructions_quick(tmp_path: Path) -> None:
         assert doc["skipped"] == "valgrind is not installed"
         return
     per_get = doc["instructions_per_get"]
-    assert set(per_get) == {"stock", "adapter", "adapter + Quota + max_concurrency"}
+    assert set(per_get) == {"stock", "adapter", "adapter + Quota + max_concurrency", "adapter + Quota"}
     for variant, s in per_get.items():
         check_summary(s, 1)
         assert 1e5 < s["median"] < 1e8, (variant, s)  # a GET is a few million instructions
@@ -215,6 +215,18 @@ def test_scale_quick(tmp_path: Path) -> None:
                 assert flat[kind]["commands_per_request"] >= flat[kind]["round_trips_per_request"]
     plotted = (tmp_path / "plot" / "scale.svg").exists()
     assert plotted == any(note.startswith("plot:") for note in doc["notes"])
+
+
+@pytest.mark.slow
+def test_reserve_quick(tmp_path: Path, redis_binary: str) -> None:
+    doc = run_quick("bench_reserve.py", tmp_path, "--duration", "1.5", "--warm", "0.5")
+    assert doc["benchmark"] == "reserve"
+    limit = doc["settings"]["limit"]
+    row = doc["binding"]
+    # The bound, at the server: no window of 1 s ever held more than the quota.
+    assert 0 < row["worst_window"] <= limit and row["throttled"] == 0, row
+    assert row["round_trips_per_request"] > 0  # counted at the clients
+    assert row["commands_per_request"] >= row["round_trips_per_request"]
 
 
 @pytest.mark.slow

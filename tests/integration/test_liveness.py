@@ -356,6 +356,12 @@ async def test_async_tasks_refused_by_a_quota_are_told_its_window(server: Thrott
     assert all(int(r.headers["Retry-After"]) <= 3 for r in responses if r.status_code == 429)
 
 
+#: ``max_waiting`` for the rounds' tests: a call counted among a scope's waiters is not
+#: given a reserved place (``Plan.reserves``), so it looks again at each wake, as any
+#: waiter does on a store without ``Reservations``: the rounds are what is tested.
+UNRESERVED = 1000
+
+
 class RivalClock(FakeClock):
     """A FakeClock on which, each time a call sleeps (the first ``turns`` times), a rival
     worker takes every permit of ``quota`` that freed meanwhile, right as the sleeper
@@ -397,11 +403,32 @@ def test_a_call_that_waited_every_round_looks_again_before_it_defers(server: Thr
     decisions: list[DecisionRecord] = []
     retry = RetryAfterRetry(total=2, deadline=60, max_wait=60, clock=clock, on_decision=decisions.append)
     session = requests.Session()
-    session.mount("http://", RetryAfterAdapter(max_retries=retry, cooldown=store, quota=quota))
+    session.mount("http://", RetryAfterAdapter(
+        max_retries=retry, cooldown=store, quota=quota, max_waiting=UNRESERVED
+    ))  # fmt: skip
     response = session.get(server.url)
     assert deferral_of(response) is None and response.status_code == 200
     assert server.count() == 1 and clock.taken == 2 * MAX_ROUNDS
     assert [d.action for d in decisions] == ["retry"] * MAX_ROUNDS
+
+
+def test_a_call_that_reserves_its_place_is_not_overtaken_by_a_rival(server: ThrottleServer) -> None:
+    """The same rival, and a call that reserves (the defaults: no ``max_waiting``): its
+    first look reserves the first permit to free; the rival finds none at its wake, and
+    the call goes after that one wait, confirmed at its time."""
+    store = MemoryCooldownStore()
+    quota = Quota(2, per=1.0)
+    scope = origin_scope(RequestInfo("GET", server.url, {}))
+    clock = RivalClock(store, scope, quota, turns=MAX_ROUNDS - 1)
+    clock.take()
+    decisions: list[DecisionRecord] = []
+    retry = RetryAfterRetry(total=2, deadline=60, max_wait=60, clock=clock, on_decision=decisions.append)
+    session = requests.Session()
+    session.mount("http://", RetryAfterAdapter(max_retries=retry, cooldown=store, quota=quota))
+    response = session.get(server.url)
+    assert deferral_of(response) is None and response.status_code == 200
+    assert server.count() == 1 and [d.action for d in decisions] == ["retry"]
+    assert clock.monotonic() - 1000.0 <= quota.window + 0.01  # one wait: its place
 
 
 async def test_an_async_call_that_waited_every_round_looks_again_before_it_defers(server: ThrottleServer) -> None:
@@ -415,7 +442,7 @@ async def test_an_async_call_that_waited_every_round_looks_again_before_it_defer
     clock = RivalClock(store, scope, quota, turns=MAX_ROUNDS - 1)
     clock.take()
     retry = RetryAfterRetry(total=2, deadline=60, max_wait=60, clock=clock)
-    transport = AsyncRetryAfterTransport(retry, cooldown=store, quota=quota)
+    transport = AsyncRetryAfterTransport(retry, cooldown=store, quota=quota, max_waiting=UNRESERVED)
     async with httpx.AsyncClient(transport=transport) as client:
         response = await client.get(server.url)
     assert deferral_of(response) is None and response.status_code == 200
@@ -435,7 +462,9 @@ def test_a_call_out_of_rounds_is_told_when_the_earliest_permit_frees(server: Thr
     clock.take()
     retry = RetryAfterRetry(total=2, deadline=60, max_wait=10, clock=clock)
     session = requests.Session()
-    session.mount("http://", RetryAfterAdapter(max_retries=retry, cooldown=store, quota=quota))
+    session.mount("http://", RetryAfterAdapter(
+        max_retries=retry, cooldown=store, quota=quota, max_waiting=UNRESERVED
+    ))  # fmt: skip
     response = session.get(server.url)
     deferral = deferral_of(response)
     assert deferral is not None and deferral.reason == "quota" and server.count() == 0

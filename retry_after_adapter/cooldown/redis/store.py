@@ -33,6 +33,7 @@ from ..base import (
     Hold,
     LeaseRenewal,
     PartwiseStore,
+    Reservations,
     Weighed,
     Weights,
     check_scope,
@@ -273,7 +274,9 @@ def _restore(url: str, prefix: str, client_kwargs: dict[str, Any]) -> RedisCoold
     return RedisCooldownStore.from_url(url, prefix=prefix, **client_kwargs)
 
 
-class RedisCooldownStore(RedisListing, PartwiseStore, Weights, Bounded, Forgetful, LeaseRenewal):
+class RedisCooldownStore(
+    RedisListing, PartwiseStore, Weights, Bounded, Forgetful, LeaseRenewal, Reservations
+):
     """Cooldowns shared by every process on every machine through Redis or Valkey.
 
     ``client`` is any synchronous redis-py compatible client: ``redis.Redis``,

@@ -96,6 +96,8 @@ def admission_of(reply: Any, stored: datetime | None, together: bool, learn: Lea
             units_until=until, weighed=_ms_or_none(int(reply[11])),
             token_seq=rated[1] if rated[1] >= 0 else None,
         )
+    if rated[:1] == [-4]:  # a reservation (base.Reservations): the permit counts from then
+        return Admission(cooldown=known, not_before=None, permit=end, reserved=from_epoch_ms(rated[1]))
     if rated[:1] == [-3]:  # a cost above the announced token limit (weights.oversized)
         return Admission(cooldown=known, not_before=from_epoch_ms(wait), oversized=rated[1])
     if rated:
@@ -171,6 +173,8 @@ def admit_args(ask: Ask, when: datetime, together: bool) -> list[str]:
         args += [weigh.cost, weigh.limit, counts, secrets.token_hex(8)]
     else:
         args += [0, 0, 0, ""]
+    args += [-1 if ask.reserve_by is None else now_epoch_ms(ask.reserve_by)]  # (rounded down)
+    args += [-1 if ask.held is None else to_epoch_ms(ask.held)]
     return [str(arg) for arg in args]
 
 

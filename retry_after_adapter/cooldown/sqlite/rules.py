@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from ...errors import ConfigurationError
 from .._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from ..allowance import Allowance, admit_allowance, admit_more
-from ..base import Admission, Learn, Lease, Weigh, Weighed, extra_permits, free_at, token_scope
+from ..base import RECHECK, Admission, Learn, Lease, Weigh, Weighed, extra_permits, free_at, token_scope
 from ..rate import OPEN_KEPT, PROBE_RECHECK, RATE_KEPT, Rate, fresh_rate, rate_from_row, rate_row, roll_rate
 from ..weights import NO_ALLOWANCE, check_fits, oversized, too_large, weighed_free_at, with_weighed
 from .file import RATE_COLUMNS
@@ -90,7 +90,7 @@ def peek(conn: sqlite3.Connection, scope: str, fixed: datetime | None, learn: bo
 def admit_locked(
     conn: sqlite3.Connection, scope: str, now: datetime, limit: int | None, quota: QuotaLog | None,
     lease: Lease | None, batch: int = 1, hold: float = 0.0, learn: Learn | None = None,
-    weigh: Weigh | None = None,
+    weigh: Weigh | None = None, reserve_by: datetime | None = None, held: datetime | None = None,
 ) -> Admission:
     """The whole admission at ``now``: held back by a running cooldown or an announced
     allowance used up, by the attempt's tokens (``weigh``) that do not fit, by the
@@ -103,9 +103,9 @@ def admit_locked(
     cooldown = from_epoch_ms(int(rows[0][0])) if rows else None
     if cooldown is not None and cooldown > now:
         return Admission(cooldown=cooldown, not_before=cooldown)
-    record, rolled, held = _announced(conn, scope, now)
-    if held is not None:
-        return Admission(cooldown=cooldown, not_before=held)
+    record, rolled, spent = _announced(conn, scope, now)
+    if spent is not None:
+        return Admission(cooldown=cooldown, not_before=spent)
     tokens = None
     if weigh is not None:
         tokens, wait = weigh_locked(conn, scope, weigh, now)
@@ -115,13 +115,90 @@ def admit_locked(
             return too_large(cooldown, tokens, now)
     if learn is not None and quota is None and record is None and tokens is None:
         return _admit_rate(conn, scope, now_ms, cooldown, lease, learn)
+    if held is not None and quota is not None and limit is not None:
+        by_ms = None if reserve_by is None else now_epoch_ms(reserve_by)
+        again = kept(conn, scope, quota, limit, to_epoch_ms(held), now_ms, by_ms)
+        if again is not None:
+            reserved = None if again <= now_ms else from_epoch_ms(again)
+            return Admission(cooldown=cooldown, not_before=None, permit=held, reserved=reserved)
     refused = _refused(conn, scope, quota, limit, lease, now_ms, cooldown)
     if refused is not None:
-        return refused
+        alone = quota is not None and lease is None and record is None and weigh is None
+        if reserve_by is None or not alone:
+            return refused  # no reservation asked for, or refused by more than the permit
+        return _reserve(conn, scope, cooldown, quota, refused, reserve_by)  # type: ignore[arg-type]
     answer = _grant(conn, scope, now, cooldown, rolled, limit, quota, batch, hold)
     if tokens is None or weigh is None:
         return answer
     return with_weighed(answer, *take_locked(conn, scope, weigh, now, tokens))
+
+
+def kept(
+    conn: sqlite3.Connection, scope: str, quota: QuotaLog, limit: int, end_ms: int, now_ms: int,
+    by_ms: int | None,
+) -> int | None:
+    """(In an immediate transaction.) A reservation's holder asks at its time
+    (``Ask.held``: its permit stored to end at ``end_ms``), its permit kept: ``now_ms``
+    when it goes now, else when to ask again, if no later than ``by_ms`` (see
+    ``MemoryCooldownStore._kept_locked``); else its permit is given back (None)."""
+    name, per_ms = quota[0], quota[3]
+    conn.execute(
+        "DELETE FROM permit_log WHERE scope = ? AND quota = ? AND expires_ms <= ?", (scope, name, now_ms)
+    )
+    conn.execute(
+        "DELETE FROM open_permit WHERE scope = ? AND quota = ? AND expires_ms <= ?", (scope, name, now_ms)
+    )
+    log = [int(row[0]) for row in conn.execute(
+        "SELECT expires_ms FROM permit_log WHERE scope = ? AND quota = ?", (scope, name)
+    ).fetchall()]
+    if end_ms not in log:
+        return None  # (given back or lapsed meanwhile)
+    pending: dict[int, list[int]] = {}
+    for stored, when in conn.execute(
+        "SELECT expires_ms, expected_ms FROM open_permit WHERE scope = ? AND quota = ?", (scope, name)
+    ).fetchall():
+        pending.setdefault(int(stored), []).append(int(when))
+    mine = pending.get(end_ms)
+    expected = mine.pop() if mine else end_ms
+    log.remove(end_ms)
+    ends = []
+    for stored in log:
+        waiting = pending.get(stored)
+        if not waiting:
+            ends.append(stored)
+            continue
+        when = waiting.pop()
+        if when <= expected:  # reserved no later than it: counts
+            ends.append(min(max(when, now_ms + per_ms), now_ms + round(RECHECK * 1000)))
+    if len(ends) < limit:
+        return now_ms
+    ends.sort()
+    wait = ends[len(ends) - limit]
+    if by_ms is None or wait <= by_ms:
+        return wait
+    for table in ("permit_log", "open_permit"):
+        conn.execute(
+            f"DELETE FROM {table} WHERE rowid = (SELECT rowid FROM {table} "  # noqa: S608 - a fixed name
+            "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
+            (scope, name, end_ms),
+        )
+    return None
+
+
+def _reserve(
+    conn: sqlite3.Connection, scope: str, cooldown: datetime | None, quota: QuotaLog, refused: Admission,
+    reserve_by: datetime,
+) -> Admission:
+    """The quota's permit alone refused: a reservation at the earliest time it is free,
+    if that is no later than ``reserve_by``, else the refusal (see ``base.Reservations``)."""
+    start = refused.not_before
+    assert start is not None
+    if start > reserve_by:
+        return refused
+    start_ms = to_epoch_ms(start)
+    end_ms = start_ms + quota[1]
+    take_permit(conn, scope, quota[0], end_ms, start_ms + quota[2] if quota[2] else 0)
+    return Admission(cooldown=cooldown, not_before=None, permit=from_epoch_ms(end_ms), reserved=start)
 
 
 def _announced(

@@ -36,6 +36,7 @@ from ..base import (
     LeaseRenewal,
     PartwiseStore,
     Replaceable,
+    Reservations,
     Weighed,
     Weights,
     check_scope,
@@ -125,7 +126,9 @@ _SET_LATER = (
 )
 
 
-class SQLiteCooldownStore(SQLiteFile, PartwiseStore, Weights, Bounded, LeaseRenewal, Replaceable):
+class SQLiteCooldownStore(
+    SQLiteFile, PartwiseStore, Weights, Bounded, LeaseRenewal, Reservations, Replaceable
+):
     """Cooldowns shared by every process and thread on one host through a SQLite file.
 
     ``path`` is the database file (created when missing; its directory must exist). A
@@ -214,6 +217,8 @@ class SQLiteCooldownStore(SQLiteFile, PartwiseStore, Weights, Bounded, LeaseRene
         permit's time is when it is granted."""
         scope, now, limit, lease, learn = ask.scope, ask.now, ask.limit, ask.lease, ask.learn
         weigh, batch, hold = ask.weigh, ask.batch, ask.hold
+        reserve_by = None if ask.reserve_by is None else check_until(ask.reserve_by)
+        held = None if ask.held is None else check_until(ask.held)
         check_scope(scope)
         fixed = None if now is None else check_until(now)
         quota = quota_of(limit, ask.per, ask.margin, ask.opened) if limit is not None else None
@@ -226,7 +231,9 @@ class SQLiteCooldownStore(SQLiteFile, PartwiseStore, Weights, Bounded, LeaseRene
                     return peeked
             with immediate(conn):
                 at = fixed or datetime.now(timezone.utc)  # the lock is ours: the grant's time
-                return admit_locked(conn, scope, at, limit, quota, lease, batch, hold, learn, weigh)
+                return admit_locked(
+                    conn, scope, at, limit, quota, lease, batch, hold, learn, weigh, reserve_by, held
+                )
 
         return self._run(admit)
 

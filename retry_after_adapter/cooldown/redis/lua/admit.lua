@@ -22,6 +22,9 @@
 -- none counted), 0 and when its token permit stops counting (-1: none). A cost above
 -- the announced token allowance's whole limit is refused for good: two more numbers,
 -- -3 and that limit (the wait is its reset, or now).
+-- ARGV[22]: a reservation's latest time (ms; -1: none, see base.Reservations): a
+-- reservation's reply is a grant's eight numbers, then -4 and the reserved time;
+-- ARGV[23]: the end (ms) of a reservation held, given back first (-1: none).
 -- Returns {cooldown or -1, -1 when admitted or when to ask again, the admission number
 -- or -1, 1 when only a slot was missing, when the permit taken stops counting or -1,
 -- the extra permits taken (each counting hold ms longer), the extra admissions of the
@@ -29,6 +32,10 @@
 -- the learned rate, three more: its epoch (or, refused, -1), 1 when a probe's good
 -- answer is to be told, 1 when the slot was taken as the probe's token (a known send's
 -- too, when probes follow it in its epoch).
+
+-- base.RECHECK in ms: when a reservation's holder held back by an unanswered permit
+-- asks again at the latest.
+local RECHECK = 1000
 
 -- When a permit of a full permit set (count >= limit) is free at the earliest: once
 -- count - limit + 1 stopped counting, an open permit counted as ending at its grant +
@@ -100,6 +107,7 @@ local function weighed_refused(key, now, cost, limit)
 end
 local now = tonumber(ARGV[1])
 local cooldown = -1
+
 if ARGV[5] == '1' then
   local stored = tonumber(redis.call('GET', KEYS[1]))
   if stored ~= nil then
@@ -224,9 +232,78 @@ if ARGV[12] == '1' and counts == 0 and rec == nil and not weighs then
   end
   return {cooldown, -1, -1, 0, -1, 0, 0, -1, r.ep, 1, cold}
 end
+local held = tonumber(ARGV[23]) or -1
+if counts > 0 and held >= 0 then
+  -- A reservation's holder asking at its time (base.Ask.held), its permit kept: it goes
+  -- now while fewer than the limit others count, leaving out the open permits reserved
+  -- for later than it (they counted on it); else it is told when to ask again (the
+  -- earliest such permit could end; an unanswered one's within RECHECK ms), if no
+  -- later than ARGV[22]; else its permit is given back and the admission decided again.
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+  local mine = redis.call('ZRANGEBYSCORE', KEYS[2], held, held, 'LIMIT', 0, 1)
+  if #mine > 0 then
+    local pending, own, expected = {}, nil, held
+    local opened = redis.call('ZRANGE', KEYS[6], 0, -1, 'WITHSCORES')
+    for i = 1, #opened, 2 do
+      local stored = tonumber(opened[i + 1])
+      local when = tonumber(string.match(opened[i], '^(%d+):'))
+      if own == nil and stored == held then
+        own, expected = opened[i], when
+      else
+        local list = pending[stored]
+        if list == nil then list = {}; pending[stored] = list end
+        list[#list + 1] = when
+      end
+    end
+    local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+    local ends, skipped = {}, false
+    for i = 1, #all, 2 do
+      local stored = tonumber(all[i + 1])
+      if stored == held and not skipped then
+        skipped = true
+      else
+        local list = pending[stored]
+        if list == nil or #list == 0 then
+          ends[#ends + 1] = stored
+        else
+          local when = table.remove(list)
+          if when <= expected then
+            ends[#ends + 1] = math.min(math.max(when, now + per), now + RECHECK)
+          end
+        end
+      end
+    end
+    if #ends < limit then return {cooldown, -1, -1, 0, held, 0, 0, -1} end
+    table.sort(ends)
+    local again = ends[#ends - limit + 1]
+    local by = tonumber(ARGV[22]) or -1
+    if by < 0 or again <= by then return {cooldown, -1, -1, 0, held, 0, 0, -1, -4, again} end
+    redis.call('ZREM', KEYS[2], mine[1])
+    if own ~= nil then redis.call('ZREM', KEYS[6], own) end
+  end
+end
 if counts > 0 then
   local refused = take_permit(KEYS[2], now, counts, limit, ARGV[4], false, KEYS[6], now + per)
-  if refused >= 0 then return {cooldown, refused, -1, 0, -1, 0, 0, -1} end
+  if refused >= 0 then
+    -- A reservation (base.Reservations): the permit taken for when it is free, if that
+    -- is no later than ARGV[22] and the quota alone refused (no slot, no tokens, no
+    -- announced allowance); it counts from then, open as any permit of the quota.
+    local by = tonumber(ARGV[22]) or -1
+    if by < 0 or refused > by or slots > 0 or rec ~= nil or weighs then
+      return {cooldown, refused, -1, 0, -1, 0, 0, -1}
+    end
+    local ends = refused + counts
+    redis.call('ZADD', KEYS[2], ends, ARGV[4])
+    local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', KEYS[2], tonumber(last[2]) + 1000)
+    if opened > 0 then
+      redis.call('ZADD', KEYS[6], ends, string.format('%d', ends - opened) .. ':' .. ARGV[4])
+      local lastopen = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
+      redis.call('PEXPIREAT', KEYS[6], tonumber(lastopen[2]) + 1000)
+    end
+    return {cooldown, -1, -1, 0, ends, 0, 0, -1, -4, refused}
+  end
 end
 if slots > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
