@@ -301,11 +301,12 @@ class Plan:
         ticket = call.ticket
         expires, ticket.permit, ticket.reserved = ticket.permit, None, None
         ticket.permit_open = False
-        if expires is None or self.store is None or self.per is None or self.limit is None:
+        store, scope = call.store, call.scope
+        if expires is None or store is None or scope is None or self.per is None or self.limit is None:
             return
         at = call.clock.now() - timedelta(seconds=self.per)
         try:
-            self._on_store(self.store.settle, call, call.scope, self.limit, self.per, expires, at, True)
+            store.settle(scope, self.limit, self.per, expires, at, True)
         except Exception as exc:  # it counts until its stored end: throughput, not the quota
             log.debug("giving a reservation back failed: %s", type(exc).__name__)
 
