@@ -165,6 +165,7 @@ def _admit_rounds(call: Call) -> Steps:
         except CooldownUnavailable:
             return call.defer(Decision(DEFER, UNKNOWN_COOLDOWN_RETRY, Reason.COOLDOWN_UNKNOWN))
         if until is None:
+            _slot_waited(call)
             return None
         if why is Reason.CONCURRENCY or (why is Reason.RATE and call.ticket.slot_busy):
             # Only a slot is missing (the cap's, or a probe's): look again shortly (not a round).
@@ -286,6 +287,16 @@ def _defer_after_rounds(call: Call, until: datetime, why: Reason) -> Deferral:
     soonest = call.clock.now() + timedelta(seconds=MIN_ATTEMPT_TIMEOUT)
     until = max(until, soonest)
     return call.defer(Decision(DEFER, call.seconds_until(until), why), until=until)
+
+
+def _slot_waited(call: Call) -> None:
+    """Admitted after looking for a slot (:func:`_wait_for_slot`): one decision says how
+    long it waited (seconds, the looks' sleeps added up), as a wait for a cooldown or a
+    permit is said before it is slept; the looks themselves are not decisions."""
+    waited = call.ticket.slot_waited
+    if waited > 0.0:
+        call.ticket.slot_waited = 0.0  # said once
+        call.emit(Decision(RETRY, waited, Reason.CONCURRENCY))
 
 
 def _wait_for_slot(call: Call, busy_until: datetime, why: Reason) -> Steps:

@@ -525,3 +525,35 @@ def test_the_credential_scope_gives_its_origin_and_nothing_of_the_credential(
     finally:
         close()
     assert otel.counts("retry_after.deferrals") == {frozenset({*origin(server), ("retry_after.reason", "max_wait")}): 1}
+
+
+def test_a_wait_for_a_concurrency_slot_is_one_wait_of_its_length(server: ThrottleServer, otel: OTel) -> None:
+    """``max_concurrency=1`` and two GETs: the second looks for the slot every 50 ms while
+    the first is on the wire (held there about 0.3 s), then goes. Its looks are not
+    decisions, but its admission is one wait (reason ``concurrency``) of the time it
+    looked, on the real clock."""
+    import threading
+    import time
+
+    gate = threading.Event()
+    server.serve([Reply(200, gate=gate), Reply(200)])
+    session = requests.Session()
+    session.mount(
+        "http://",
+        RetryAfterAdapter(RetryAfterRetry(total=2, max_wait=5), cooldown=MemoryCooldownStore(),
+                          max_concurrency=1, on_decision=otel.hook),
+    )
+    first = threading.Thread(target=lambda: session.get(server.url + "/first"))
+    first.start()
+    deadline = time.monotonic() + 5
+    while server.count() < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    threading.Timer(0.3, gate.set).start()
+    assert session.get(server.url + "/second").status_code == 200
+    first.join(5)
+    waits = [p for p in otel.points()["retry_after.wait.duration"]
+             if dict(p.attributes)["retry_after.reason"] == "concurrency"]
+    assert len(waits) == 1 and waits[0].count == 1 and 0.2 <= waits[0].sum <= 3.0, waits
+    waited = otel.counts("retry_after.admissions")
+    assert waited == {frozenset({*origin(server), ("retry_after.reason", "concurrency"),
+                                 ("retry_after.outcome", "waited")}): 1}
