@@ -78,6 +78,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
+from urllib.parse import urlsplit
 
 import http_sf
 
@@ -107,6 +108,7 @@ __all__ = [
     "github_secondary",
     "go_duration",
     "go_duration_latest",
+    "google_client",
     "google_rpc_error",
     "google_status",
     "ietf_item",
@@ -640,6 +642,32 @@ _GEMINI_PATH = re.compile(
     r"/(models|tunedModels)/([A-Za-z0-9][A-Za-z0-9_.@\-]{0,127}):[A-Za-z]{1,64}",
     re.ASCII,
 ).fullmatch
+
+
+#: The headers Google's clients send: the GenAI SDK's API key and its client tag.
+_GOOGLE_HEADERS = frozenset({"x-goog-api-key", "x-goog-api-client"})
+
+
+def google_client(headers: Any, url: str) -> bool:
+    """Whether a request is a Google client's (so a model named in its path is one of
+    Gemini's, whose quotas are per model): it carries an ``x-goog-api-key`` or
+    ``x-goog-api-client`` header (``headers``: any mapping of names, any case; None:
+    none), its API key in the query (``key=``, as Google's REST examples send it), or it
+    goes to a ``googleapis.com`` host. Only names are read, never a value."""
+    if headers is not None:
+        try:
+            if any(str(name).lower() in _GOOGLE_HEADERS for name in headers):
+                return True
+        except (AttributeError, TypeError):
+            pass
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:
+        return False
+    if host == "googleapis.com" or host.endswith(".googleapis.com"):
+        return True
+    return any(item.partition("=")[0] == "key" for item in parts.query.split("&"))
 
 
 def gemini_key(path: str) -> str | None:

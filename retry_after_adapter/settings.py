@@ -25,7 +25,7 @@ from .cooldown.memory import DEFAULT_STORE
 from .cooldown.weights import token_quota
 from .cost import FIXED, CostFunction, check_cost_option, cost_error, cost_of
 from .deferral import Deferral
-from .dialects import GEMINI_MARK, google_status
+from .dialects import GEMINI_MARK, google_client, google_status
 from .engine import Call, Outcome, Plan, current_override, refine_call, refine_gemini
 from .errors import ConfigurationError, close_keyword, unknown_keyword
 from .observe import DecisionHook, as_hooks
@@ -486,6 +486,26 @@ class SharedSettings:
         scope = self._scope_fn(RequestInfo("GET", target, {})) if "://" in target else target
         return store.freshness(scope)
 
+    #: Whether a store operation made here would block an event loop (an async front end
+    #: on a store not kept in memory: see ``StoreThreads``): what a call reads before its
+    #: first attempt is then read from this process's copy.
+    _blocking = False
+
+    def _refines_models(self, request: Any, url: str) -> bool:
+        """Whether a request naming a model in its path (``models/<m>:<verb>``) is
+        admitted per model, as Gemini's quotas are: only a Google client's request (its
+        ``x-goog-api-key`` or ``x-goog-api-client`` header, or a ``googleapis.com``
+        host), on a built-in scope (a scope of your own is used as you made it), and
+        with no configured ``Quota`` or ``max_concurrency`` (they bind the scope as
+        configured, not each model)."""
+        plan = self._plan
+        if plan.limit is not None or plan.slots is not None:
+            return False
+        scope = self.settings.scope
+        if scope is not None and not isinstance(scope, str):
+            return False
+        return google_client(getattr(request, "headers", None), url)
+
     def _call(self, policy: RetryAfterRetry, request: Any, original: Any = None) -> Call:
         """A new call of ``request`` under ``policy`` and the enclosing ``budget()``
         (scoped by its route's bucket once the route reported one); its cost in tokens
@@ -499,10 +519,10 @@ class SharedSettings:
             call.progress.cost = cost_of(settings.cost, request if original is None else original)
             call.progress.cost_from = settings.cost
         if self._plan.dialects.routes:
-            refine_call(call, request.method, request.url)
+            refine_call(call, request.method, request.url, self._blocking)
         url = request.url
-        if url and "odels/" in url:  # a Gemini model's path (one test on any other URL)
-            refine_gemini(call, url)
+        if url and "odels/" in url and self._refines_models(request, url):  # (one test on any other URL)
+            refine_gemini(call, url, self._blocking)
         if self._plan.replays and not isinstance(getattr(request, "body", None), (bytes, str, type(None))):
             call.progress.resendable = False  # a file, a generator: read once as it is sent
         return call

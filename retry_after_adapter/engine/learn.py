@@ -315,10 +315,11 @@ def _on_scope(call: Call, scope: str, until: datetime) -> None:
         call.cooldown = kept
 
 
-def refine_call(call: Call, method: str | None, url: str | None) -> None:
+def refine_call(call: Call, method: str | None, url: str | None, local_only: bool = False) -> None:
     """Before the first attempt: when the call's route has reported a bucket, admit it
     under the refined scope, held back by a running global cooldown of the unrefined
-    one (read once here). A store that cannot be read now holds nothing back."""
+    one (read once here; ``local_only``: from this process's copy, no store operation,
+    as on an event loop). A store that cannot be read now holds nothing back."""
     scope = call.scope
     dialects = call.plan.dialects
     if scope is None or not dialects.routes:
@@ -326,7 +327,7 @@ def refine_call(call: Call, method: str | None, url: str | None) -> None:
     refined = dialects.refine(scope, method, url)
     if refined == scope:
         return
-    _hold_for_base(call, scope, refined)
+    _hold_for_base(call, scope, refined, local_only)
 
 
 def learn_route(call: Call, get: Callable[[str], str | None], method: str | None, url: str | None) -> None:
@@ -377,33 +378,40 @@ def wants_body(transport: Any, raw: Any) -> bool:
     return not transport.streams and body_needed(raw.status, lambda name: response_header(raw, name))
 
 
-def refine_gemini(call: Call, url: str | None) -> None:
+def refine_gemini(call: Call, url: str | None, local_only: bool = False) -> None:
     """Before the first attempt: a request to a Gemini model (its path names one in
     Google's form, ``dialects.gemini_key``) is admitted under its scope refined by the
     model (Gemini's quotas are per project and model), held back by a running cooldown
-    of the unrefined scope (a quota of the whole project; read once here). A store that
-    cannot be read now holds nothing back."""
+    of the unrefined scope (a quota of the whole project; read once here, or from this
+    process's copy with ``local_only``). A store that cannot be read now holds nothing
+    back."""
     scope = call.scope
     if scope is None or url is None or GEMINI_MARK in scope:
         return
     key = gemini_key(url)
     if key is None:
         return
-    _hold_for_base(call, scope, f"{scope}|{key}")
+    _hold_for_base(call, scope, f"{scope}|{key}", local_only)
 
 
-def _hold_for_base(call: Call, scope: str, refined: str) -> None:
-    """Move the call to ``refined``, held back by ``scope``'s running cooldown (one read)."""
+def _hold_for_base(call: Call, scope: str, refined: str, local_only: bool) -> None:
+    """Move the call to ``refined``, held back by ``scope``'s running cooldown: one
+    store read, or (``local_only``: an async front end on a store that may block, whose
+    event loop must not wait for it) this process's copy, no store operation."""
     call.continue_on(call.plan, refined)
-    kept = call.cooldown
-    call.scope = scope
-    try:
-        until = call.plan.read_cooldown(call)
-    except CooldownUnavailable:
-        until = None
-    finally:
-        call.scope = refined
-        call.cooldown = kept
+    if local_only:
+        reader = call.plan.cooldown_of
+        until = reader(scope) if reader is not None else None
+    else:
+        kept = call.cooldown
+        call.scope = scope
+        try:
+            until = call.plan.read_cooldown(call)
+        except CooldownUnavailable:
+            until = None
+        finally:
+            call.scope = refined
+            call.cooldown = kept
     if until is None or until <= call.clock.now():
         return
     if call.progress.not_before is None or until > call.progress.not_before:

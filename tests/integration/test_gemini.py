@@ -325,7 +325,13 @@ def test_a_wait_that_does_not_fit_is_a_clear_error_and_every_client_of_the_store
     assert held is not None and held.reason == "cooldown" and held.eligible_at >= answered
     s = requests.Session()
     s.mount("http://", RetryAfterAdapter(RetryAfterRetry(max_wait=0.1), cooldown=store_from_url(store_url)))
-    plain = local_deferral(s.post(real_server.url + "/v1beta/models/gemini-2.0-flash:generateContent", data=b"{}"))
+    plain = local_deferral(
+        s.post(
+            real_server.url + "/v1beta/models/gemini-2.0-flash:generateContent",
+            data=b"{}",
+            headers={"x-goog-api-key": API_KEY},  # a Google client's request, made with requests
+        )
+    )
     assert plain.reason == "cooldown" and plain.eligible_at >= answered
     assert real_server.count() == 1  # nobody sent into the quota
     text = caplog.text + json.dumps([d.to_dict() for d in (deferral, held, plain)]) + str(other)
@@ -411,7 +417,7 @@ def test_the_aiohttp_middleware_reads_the_same_body(real_server: ThrottleServer)
     async def post(store: Any) -> tuple[int, bytes, Any]:
         middleware = RetryAfterMiddleware(RetryAfterRetry(total=3, max_wait=5), cooldown=store)
         async with aiohttp.ClientSession(middlewares=(middleware,)) as s:
-            async with s.post(real_server.url + GEMINI_GENERATE, data=b"{}") as response:
+            async with s.post(real_server.url + GEMINI_GENERATE, data=b"{}", headers={"x-goog-api-key": API_KEY}) as response:
                 return response.status, await response.read(), deferral_of(response)
 
     real_server.serve([throttled("0.3s"), ok()])
@@ -458,3 +464,65 @@ def test_the_sdk_on_its_aiohttp_client_waits_the_429_and_shares_what_does_not_fi
     assert isinstance(held, genai_errors.ClientError) and held.code == 429, repr(held)
     assert held.message.startswith("deferred before sending (cooldown)")
     assert real_server.count() == 1  # the second session sent nothing into the quota
+
+
+def test_a_configured_quota_binds_the_scope_not_each_model(real_server: ThrottleServer) -> None:
+    """``Quota(2, per=60)`` is the scope's, whatever model each request names: four
+    models' requests of a Google client send 2 (0.15's first Gemini dialect admitted
+    each model under its own quota: 4 and more). A request of another client naming a
+    model in its path is not a Gemini one: its scope stays the origin."""
+    from retry_after_adapter import Quota
+
+    real_server.serve([ok()] * 8)
+    s = requests.Session()
+    s.mount("http://", RetryAfterAdapter(RetryAfterRetry(max_wait=0.1), cooldown=MemoryCooldownStore(),
+                                         quota=Quota(2, per=60)))
+    statuses = []
+    for model in ("gemini-2.0-flash", "gemini-2.5-pro", "gemini-2.5-flash", "gemma-3"):
+        url = f"{real_server.url}/v1beta/models/{model}:generateContent"
+        statuses.append(s.post(url, data=b"{}", headers={"x-goog-api-key": API_KEY}).status_code)
+    assert real_server.count() == 2 and statuses.count(200) == 2, statuses
+    held = s.post(real_server.url + GEMINI_GENERATE, data=b"{}", headers={"x-goog-api-key": API_KEY})
+    assert local_deferral(held).reason == "quota" and local_deferral(held).scope == real_server.url
+
+    plain = requests.Session()
+    plain.mount("http://", RetryAfterAdapter(RetryAfterRetry(total=0), cooldown=MemoryCooldownStore()))
+    real_server.serve([throttled("30s")])
+    other = plain.post(real_server.url + "/api/models/bert:predict", data=b"{}")  # no Google client
+    assert deferral_of(other) is not None and deferral_of(other).scope == real_server.url
+
+
+def test_an_async_gemini_call_reads_no_store_on_the_event_loop(real_server: ThrottleServer, tmp_path: Any) -> None:
+    """Before its first attempt a Gemini call is held back by its project's cooldown:
+    on an async transport over SQLite that is read from this process's copy, not the
+    store, so the event loop never waits for the file (every store operation runs on
+    the transport's threads)."""
+    import threading
+
+    from retry_after_adapter import SQLiteCooldownStore
+
+    real_server.serve([ok(), ok()])
+    made = transport(True, SQLiteCooldownStore(tmp_path / "gemini.db"))
+    on_loop: list[str] = []
+
+    async def main() -> None:
+        loop_thread = threading.get_ident()
+        inner = made._plan.store.inner
+        for name in ("get", "admit", "settle", "note"):
+            original = getattr(inner, name)
+
+            def watched(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+                if threading.get_ident() == loop_thread:
+                    on_loop.append(_name)
+                return _original(*args, **kwargs)
+
+            setattr(inner, name, watched)
+        async with httpx2.AsyncClient(transport=made) as session:
+            for _ in range(2):
+                response = await session.post(
+                    real_server.url + GEMINI_GENERATE, content=b"{}", headers={"x-goog-api-key": API_KEY}
+                )
+                assert response.status_code == 200
+
+    asyncio.run(main())
+    assert on_loop == [] and real_server.count() == 2
