@@ -770,10 +770,13 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
                 key = _quota_key(limit, ask.per, 0.0)
                 at = (now - _EPOCH) // _US
                 by = None if ask.reserve_by is None else _micros(ask.reserve_by)
-                wait = self._kept_locked(scope, key, limit, _micros(ask.held), at, by)
-                if wait is not None:
+                span = _quota_key(limit, ask.per, ask.margin + ask.opened)[2]
+                kept = self._kept_locked(scope, key, limit, _micros(ask.held), at, by, span)
+                if kept is not None:
+                    wait, end = kept
                     reserved = None if wait <= at else _as_datetime(wait)
-                    return Admission(cooldown=cooldown, not_before=None, permit=ask.held, reserved=reserved)
+                    permit = ask.held if end is None else _as_datetime(end)
+                    return Admission(cooldown=cooldown, not_before=None, permit=permit, reserved=reserved)
             answer = self._admit_locked(
                 scope, now, cooldown, limit, ask.per, lease, ask.margin, ask.batch, ask.hold, learn,
                 ask.opened, weigh,
@@ -788,15 +791,17 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
 
     def _kept_locked(
         self, scope: str, key: tuple[int, int, int, timedelta], limit: int, end: int, at: int,
-        by: int | None,
-    ) -> int | None:
+        by: int | None, span: int,
+    ) -> tuple[int, int | None] | None:
         """(Lock held; times in microseconds.) A reservation's holder asks at its time
-        (``Ask.held``: its permit stored to end at ``end``), its permit kept: ``at`` when
-        it goes now (fewer than ``limit`` others count, leaving out the open permits
-        reserved for later than it: they counted on it), else when to ask again (the
-        earliest such permit could end, an unanswered one asked about again within
-        :data:`~.base.RECHECK`), if no later than ``by``. Else its permit is given back
-        (None; the admission is decided again)."""
+        (``Ask.held``: its permit stored to end at ``end``), its permit kept: ``(at,
+        new end)`` when it goes now (fewer than ``limit`` others count, leaving out the
+        open permits reserved for later than it: they counted on it), its permit then
+        counting ``span`` from now, as one granted now would (it goes later than its
+        place: the server counts it from its arrival, not its place), else ``(when to
+        ask again, None)`` (the earliest such permit could end, an unanswered one asked
+        about again within :data:`~.base.RECHECK`), if no later than ``by``. Else its
+        permit is given back (None; the admission is decided again)."""
         log = self._permits.get(scope, {}).get(key[:2])
         if not log:
             return None
@@ -823,11 +828,11 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
             if when <= expected:  # reserved no later than it: counts
                 ends.append(min(max(when, at + key[1]), at + _RECHECK_US))
         if len(ends) < limit:
-            return at
+            return at, self._restamped(scope, key, log, index, end, at + span)
         ends.sort()
         wait = ends[len(ends) - limit]
         if by is None or wait <= by:
-            return wait
+            return wait, None
         del log[index]
         own = opened.get(end)
         if own:
@@ -835,6 +840,27 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
             if not own:
                 del opened[end]
         return None
+
+    def _restamped(
+        self, scope: str, key: tuple[int, int, int, timedelta], log: collections.deque[int], index: int,
+        end: int, new_end: int,
+    ) -> int:
+        """(Lock held; times in microseconds.) The held permit stored to end at ``end``
+        (``log[index]``) counts until ``new_end`` if that is later (an open one's expected
+        end moved as much): its end now."""
+        if new_end <= end:
+            return end
+        del log[index]
+        bisect.insort(log, new_end)
+        opened = self._opened.get(scope, {}).get(key[:2])
+        if opened:
+            own = opened.get(end)
+            if own:
+                expected = own.pop()
+                if not own:
+                    del opened[end]
+                opened.setdefault(new_end, []).append(expected + (new_end - end))
+        return new_end
 
     def _reserve_locked(
         self, scope: str, now: datetime, cooldown: datetime | None, limit: int, per: float | None,

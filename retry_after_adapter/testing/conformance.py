@@ -508,7 +508,9 @@ class StoreContract(TokenContract):
         quota.answer(Answer(scope=scope, now=now + 10 * ms, permit=Permit(1, 1.0, first.permit, exact=True)))
         at = held.reserved + 20 * ms
         again = quota.admit(replace(ask, now=at, held=held.permit))
-        assert again.not_before is None and again.reserved is None and again.permit == held.permit, again
+        # It goes 20 ms after its place: its permit counts from now, as one granted now.
+        assert again.not_before is None and again.reserved is None, again
+        assert again.permit == held.permit + 20 * ms, again
         # The next one counts on ``again``, still unanswered at its time: asked again soon.
         late = quota.admit(replace(ask, now=at))
         assert late.reserved is not None and late.permit is not None, late
@@ -518,10 +520,29 @@ class StoreContract(TokenContract):
         assert then < retried.reserved <= then + timedelta(seconds=RECHECK) + ms, (retried, then)
         # ``again`` is answered late: its request counts until that answer + per.
         answered = then + 100 * ms
-        quota.answer(Answer(scope=scope, now=answered, permit=Permit(1, 1.0, held.permit, exact=True)))
+        quota.answer(Answer(scope=scope, now=answered, permit=Permit(1, 1.0, again.permit, exact=True)))
         waits = quota.admit(replace(ask, now=answered, held=late.permit))
         assert waits.reserved is not None and waits.reserved >= answered + second - ms, (waits, answered)
         assert quota.admit(replace(ask, now=answered + second, held=late.permit)).reserved is None
+
+    def test_a_reservation_taken_late_counts_from_when_it_goes(self, store: Any) -> None:
+        """``Reservations``: a holder that goes long after its place (told to ask again,
+        or asleep on a busy machine) counts a whole window from when it goes: with a
+        quota of 1 per 20 s whose permits are not open, the next caller is refused until
+        then, not from the reservation's place (its request arrives when it goes)."""
+        quota = self.carrying(store, QuotaLogs, Reservations)
+        now, scope = now_ms(), self.s("late")
+        second = timedelta(seconds=1)
+        ask = Ask(scope=scope, now=now, limit=1, per=20.0, margin=0.5, reserve_by=now + 60 * second)
+        assert quota.admit(ask).permit is not None
+        place = quota.admit(ask)
+        assert place.reserved == now + 20.5 * second and place.permit is not None, place
+        went = now + 38 * second
+        goes = quota.admit(replace(ask, now=went, held=place.permit))
+        assert goes.not_before is None and goes.reserved is None, goes
+        assert goes.permit is not None and goes.permit >= went + 20.5 * second, goes
+        after = quota.admit(replace(ask, now=now + 41.5 * second, reserve_by=None))
+        assert after.not_before is not None and after.not_before >= went + 20 * second, after
 
     def test_reservations_racing_never_exceed_the_quota(self, store: Any) -> None:
         """``Reservations``: eight threads each reserve six open permits of a quota of 3

@@ -263,15 +263,22 @@ class _Slot:
         self.generation = generation
 
 
-#: Connections a forked child inherited: referenced forever and never closed in the child
-#: (closing could checkpoint the parent's WAL or drop locks the parent relies on).
+#: Connections never closed here: a forked child's inherited ones (closing could
+#: checkpoint the parent's WAL or drop locks the parent relies on), and at exit those of
+#: threads still running (see ``_release``). Referenced forever.
 _INHERITED: list[sqlite3.Connection] = []
 
 
-def _release(store_ref: weakref.ref[SQLiteFile], conn: sqlite3.Connection, pid: int) -> None:
+def _release(store_ref: weakref.ref[SQLiteFile], conn: sqlite3.Connection, pid: int, owner: int) -> None:
     """A thread that used a store has ended (or the store is gone): close its connection,
-    unless this is a forked child, where the connection belongs to the parent."""
+    unless this is a forked child, where the connection belongs to the parent, or the
+    interpreter is exiting while the thread that owns it (``owner``, a daemon thread of
+    the failure layer) still runs: closing it under that thread's statement would free
+    what SQLite is using (the process ends, and the file with it)."""
     if os.getpid() != pid:
+        _INHERITED.append(conn)
+        return
+    if owner != threading.get_ident() and any(thread.ident == owner for thread in threading.enumerate()):
         _INHERITED.append(conn)
         return
     store = store_ref()
@@ -412,7 +419,7 @@ class SQLiteFile:
             if self._ident is None:
                 self._ident, self._version = _file_state(self._path)
         slot = _Slot(conn, pid, self._full_busy_ms, generation)
-        weakref.finalize(slot, _release, weakref.ref(self), conn, pid)
+        weakref.finalize(slot, _release, weakref.ref(self), conn, pid, threading.get_ident())
         self._local.slot = slot
         return slot
 

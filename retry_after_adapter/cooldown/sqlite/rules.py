@@ -117,10 +117,12 @@ def admit_locked(
         return _admit_rate(conn, scope, now_ms, cooldown, lease, learn)
     if held is not None and quota is not None and limit is not None:
         by_ms = None if reserve_by is None else now_epoch_ms(reserve_by)
-        again = kept(conn, scope, quota, limit, to_epoch_ms(held), now_ms, by_ms)
-        if again is not None:
+        kept_at = kept(conn, scope, quota, limit, to_epoch_ms(held), now_ms, by_ms)
+        if kept_at is not None:
+            again, end_ms = kept_at
             reserved = None if again <= now_ms else from_epoch_ms(again)
-            return Admission(cooldown=cooldown, not_before=None, permit=held, reserved=reserved)
+            permit = held if end_ms is None else from_epoch_ms(end_ms)
+            return Admission(cooldown=cooldown, not_before=None, permit=permit, reserved=reserved)
     refused = _refused(conn, scope, quota, limit, lease, now_ms, cooldown)
     if refused is not None:
         alone = quota is not None and lease is None and record is None and weigh is None
@@ -136,10 +138,11 @@ def admit_locked(
 def kept(
     conn: sqlite3.Connection, scope: str, quota: QuotaLog, limit: int, end_ms: int, now_ms: int,
     by_ms: int | None,
-) -> int | None:
+) -> tuple[int, int | None] | None:
     """(In an immediate transaction.) A reservation's holder asks at its time
-    (``Ask.held``: its permit stored to end at ``end_ms``), its permit kept: ``now_ms``
-    when it goes now, else when to ask again, if no later than ``by_ms`` (see
+    (``Ask.held``: its permit stored to end at ``end_ms``), its permit kept: ``(now_ms,
+    new end)`` when it goes now (its permit then counting from now, as one granted now
+    would), else ``(when to ask again, None)``, if no later than ``by_ms`` (see
     ``MemoryCooldownStore._kept_locked``); else its permit is given back (None)."""
     name, per_ms = quota[0], quota[3]
     conn.execute(
@@ -171,11 +174,28 @@ def kept(
         if when <= expected:  # reserved no later than it: counts
             ends.append(min(max(when, now_ms + per_ms), now_ms + round(RECHECK * 1000)))
     if len(ends) < limit:
-        return now_ms
+        new_end = now_ms + quota[1]
+        if new_end <= end_ms:
+            return now_ms, end_ms
+        for table in ("permit_log", "open_permit"):
+            row = conn.execute(
+                f"SELECT rowid FROM {table} WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1",  # noqa: S608
+                (scope, name, end_ms),
+            ).fetchone()
+            if row is None:
+                continue  # (not an open permit)
+            if table == "permit_log":
+                conn.execute("UPDATE permit_log SET expires_ms = ? WHERE rowid = ?", (new_end, row[0]))
+            else:
+                conn.execute(
+                    "UPDATE open_permit SET expires_ms = ?, expected_ms = expected_ms + ? WHERE rowid = ?",
+                    (new_end, new_end - end_ms, row[0]),
+                )
+        return now_ms, new_end
     ends.sort()
     wait = ends[len(ends) - limit]
     if by_ms is None or wait <= by_ms:
-        return wait
+        return wait, None
     for table in ("permit_log", "open_permit"):
         conn.execute(
             f"DELETE FROM {table} WHERE rowid = (SELECT rowid FROM {table} "  # noqa: S608 - a fixed name

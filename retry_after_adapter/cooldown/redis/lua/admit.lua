@@ -274,7 +274,23 @@ if counts > 0 and held >= 0 then
         end
       end
     end
-    if #ends < limit then return {cooldown, -1, -1, 0, held, 0, 0, -1} end
+    if #ends < limit then
+      -- It goes now, later than its place: its permit counts from now, as one granted
+      -- now would (the server counts it from its arrival), its open entry moved as much.
+      local restamp = now + counts
+      if restamp <= held then return {cooldown, -1, -1, 0, held, 0, 0, -1} end
+      redis.call('ZADD', KEYS[2], restamp, mine[1])
+      local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+      redis.call('PEXPIREAT', KEYS[2], tonumber(last[2]) + 1000)
+      if own ~= nil then
+        redis.call('ZREM', KEYS[6], own)
+        local moved = expected + (restamp - held)
+        redis.call('ZADD', KEYS[6], restamp, string.format('%d', moved) .. ':' .. string.match(own, '^%d+:(.*)$'))
+        local lastopen = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
+        redis.call('PEXPIREAT', KEYS[6], tonumber(lastopen[2]) + 1000)
+      end
+      return {cooldown, -1, -1, 0, restamp, 0, 0, -1}
+    end
     table.sort(ends)
     local again = ends[#ends - limit + 1]
     local by = tonumber(ARGV[22]) or -1
