@@ -54,7 +54,7 @@ PER = 1.0
 
 
 def binding_run(
-    fleet: load.Fleet, spec: dict[str, Any], processes: int, kept: bench_scale.Stores, warm: float,
+    fleet: load.Fleet, spec: dict[str, Any], processes: int, kept: load.Stores, warm: float,
     duration: float, limit: int,
 ) -> dict[str, Any]:
     """One run against a fresh ``QuotaServer`` allowing ``limit`` per second, and what it saw."""
@@ -150,7 +150,7 @@ def _field_process(
 
 
 def field_run(
-    name: str, kept: bench_scale.Stores, processes: int, threads: int, limit: int, warm: float,
+    name: str, kept: load.Stores, processes: int, threads: int, limit: int, warm: float,
     duration: float,
 ) -> dict[str, Any]:
     """One library's fleet against a fresh server: what it measured."""
@@ -264,7 +264,7 @@ def main() -> None:
         p.error("counts must be at least 1, --duration positive")
     runs: list[dict[str, Any]] = []
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="bench-reserve-") as workdir, bench_scale.stores(
+    with tempfile.TemporaryDirectory(prefix="bench-reserve-") as workdir, load.stores(
         workdir, ["redis"]
     ) as kept:
         if kept is None or "redis" in kept.skipped:
