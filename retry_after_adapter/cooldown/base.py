@@ -117,8 +117,9 @@ class Admission:
       none counted): an answer's token figure holds as of it, as ``seq`` for requests.
     - ``reserved``: a reservation (``Ask.reserve_by``, :class:`Reservations`): the
       permit (``permit``) is granted at this later time, on the store's clock; the
-      attempt is sent then, without asking again (``not_before`` is None). None: a
-      grant for now, or a refusal.
+      caller sleeps until then and asks once more holding it (``Ask.held``), which
+      goes at once unless a permit it counted on was answered late (``not_before`` is
+      None). None: a grant for now, or a refusal.
     """
 
     cooldown: datetime | None
