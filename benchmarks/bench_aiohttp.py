@@ -39,13 +39,11 @@ against the ideal 15 s. Targets for ours: 0 early, <= 1 429, in every run.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import os
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
 from typing import Any
 
 import aiohttp
@@ -125,68 +123,9 @@ class _Client:
 async def _fleet_run(
     variant: str, url: str, shape: dict[str, Any], time_limit: float, store: Any = None
 ) -> dict[str, Any]:
-    """The fleet: ``tasks`` workers take items from one queue; a deferred item comes back
-    to it at its ``eligible_at`` (a timer on the loop, so a waiting item costs no task),
-    any other failure at once. Ends when every item is done or at ``time_limit``."""
-    from retry_after_adapter import budget
-
+    """The async fleet (``lib.fleet.async_items``) on one client of ``variant``."""
     client = _Client(variant, shape, store)
-    loop = asyncio.get_running_loop()
-    items = shape["items"]
-    ready: asyncio.Queue[tuple[int, Any] | None] = asyncio.Queue()
-    start_at = time.monotonic()
-    for n in range(items):
-        ready.put_nowait((n, None))
-    done = 0
-    calls: list[dict[str, Any]] = []
-    finished = asyncio.Event()
-
-    def back(item: int, deferral: Any, eligible: float) -> None:
-        when = loop.time() + max(0.0, eligible - time.monotonic())
-        loop.call_at(when, ready.put_nowait, (item, deferral))
-
-    async def worker() -> None:
-        nonlocal done
-        while True:
-            taken = await ready.get()
-            if taken is None:
-                return
-            item, resume = taken
-            start = time.monotonic()
-            deferral = status = None
-            try:
-                with budget(resume=resume) if resume is not None else contextlib.nullcontext():
-                    status, deferral = await client.get(f"{url}/item/{item}", {"X-Item": str(item)})
-                outcome = "ok" if status == 200 else ("deferred" if deferral is not None else "failed")
-            except Exception as exc:  # the competitors' last error (a 429 raised, a reset)
-                deferral = getattr(exc, "deferral", None)
-                outcome = "failed:" + type(exc).__name__
-            end = time.monotonic()
-            call = {"item": item, "start": start, "end": end, "outcome": outcome, "status": status}
-            calls.append(call)
-            if outcome == "ok":
-                done += 1
-                if done == items:
-                    finished.set()
-                continue
-            eligible = end
-            if deferral is not None:
-                eligible = end + (deferral.eligible_at - datetime.now(timezone.utc)).total_seconds()
-                call["reason"], call["eligible"] = str(deferral.reason), eligible
-            back(item, deferral, eligible)
-
-    workers = [asyncio.create_task(worker()) for _ in range(shape["tasks"])]
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(finished.wait(), time_limit)
-    for _ in workers:
-        ready.put_nowait(None)
-    for task in workers:  # past the time limit, calls still running are cut short
-        if not finished.is_set():
-            task.cancel()
-    await asyncio.gather(*workers, return_exceptions=True)
-    await client.close()
-    ends = [c["end"] for c in calls if c["outcome"] == "ok"]
-    return {"start_at": start_at, "done_at": max(ends) if ends and done == items else None, "calls": calls}
+    return await _fleet.async_items(client.get, client.close, url, shape, time_limit)
 
 
 # -- happy path --------------------------------------------------------------------------------

@@ -34,12 +34,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import os
 import tempfile
 import time
-from datetime import datetime, timezone
 from typing import Any
 
 import httpx
@@ -151,70 +149,14 @@ def _client(variant: str, shape: dict[str, Any], store: Any = None) -> httpx.Asy
 async def _fleet_run(
     variant: str, url: str, shape: dict[str, Any], time_limit: float, store: Any = None
 ) -> dict[str, Any]:
-    """The fleet: ``tasks`` workers take items from one queue; a deferred item comes back
-    to it at its ``eligible_at`` (a timer on the loop, so a waiting item costs no task),
-    any other failure at once. Ends when every item is done or at ``time_limit``."""
-    from retry_after_adapter import budget
-
+    """The async fleet (``lib.fleet.async_items``) on one client of ``variant``."""
     client = _client(variant, shape, store)
-    loop = asyncio.get_running_loop()
-    items = shape["items"]
-    ready: asyncio.Queue[tuple[int, Any] | None] = asyncio.Queue()
-    start_at = time.monotonic()
-    for n in range(items):
-        ready.put_nowait((n, None))
-    done = 0
-    calls: list[dict[str, Any]] = []
-    finished = asyncio.Event()
 
-    def back(item: int, deferral: Any, eligible: float) -> None:
-        when = loop.time() + max(0.0, eligible - time.monotonic())
-        loop.call_at(when, ready.put_nowait, (item, deferral))
+    async def get(target: str, headers: dict[str, str]) -> tuple[int | None, Any]:
+        response = await client.get(target, headers=headers)
+        return response.status_code, getattr(response, "deferral", None)
 
-    async def worker() -> None:
-        nonlocal done
-        while True:
-            taken = await ready.get()
-            if taken is None:
-                return
-            item, resume = taken
-            start = time.monotonic()
-            deferral = status = None
-            try:
-                with budget(resume=resume) if resume is not None else contextlib.nullcontext():
-                    response = await client.get(f"{url}/item/{item}", headers={"X-Item": str(item)})
-                status = response.status_code
-                deferral = getattr(response, "deferral", None)
-                outcome = "ok" if status == 200 else ("deferred" if deferral is not None else "failed")
-            except httpx.HTTPError as exc:
-                deferral = getattr(exc, "deferral", None)
-                outcome = "failed:" + type(exc).__name__
-            end = time.monotonic()
-            call = {"item": item, "start": start, "end": end, "outcome": outcome, "status": status}
-            calls.append(call)
-            if outcome == "ok":
-                done += 1
-                if done == items:
-                    finished.set()
-                continue
-            eligible = end
-            if deferral is not None:
-                eligible = end + (deferral.eligible_at - datetime.now(timezone.utc)).total_seconds()
-                call["reason"], call["eligible"] = str(deferral.reason), eligible
-            back(item, deferral, eligible)
-
-    workers = [asyncio.create_task(worker()) for _ in range(shape["tasks"])]
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(finished.wait(), time_limit)
-    for _ in workers:
-        ready.put_nowait(None)
-    for task in workers:  # past the time limit, calls still running are cut short
-        if not finished.is_set():
-            task.cancel()
-    await asyncio.gather(*workers, return_exceptions=True)
-    await client.aclose()
-    ends = [c["end"] for c in calls if c["outcome"] == "ok"]
-    return {"start_at": start_at, "done_at": max(ends) if ends and done == items else None, "calls": calls}
+    return await _fleet.async_items(get, client.aclose, url, shape, time_limit)
 
 
 Runs = dict[str, list[dict[str, Any]]]

@@ -16,6 +16,7 @@ process and item. ``GET /__log`` returns that log as JSON. All times are
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import contextlib
 import heapq
@@ -26,7 +27,7 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -698,3 +699,76 @@ def run_processes(
             ),
         ),
     )
+
+
+async def async_items(
+    get: Callable[[str, dict[str, str]], Awaitable[tuple[int | None, Any]]],
+    close: Callable[[], Awaitable[None]],
+    url: str,
+    shape: dict[str, Any],
+    time_limit: float,
+) -> dict[str, Any]:
+    """An async fleet: ``shape["tasks"]`` workers take ``shape["items"]`` items from one
+    queue, each a GET of ``url/item/<n>`` by ``get(url, headers)`` (its status and
+    deferral); a deferred item comes back to the queue at its ``eligible_at`` (a timer
+    on the loop, so a waiting item costs no task), any other failure at once. Ends when
+    every item is done or at ``time_limit`` seconds, then ``close()``; each call's start,
+    end (monotonic seconds) and outcome."""
+    from retry_after_adapter import budget
+
+    loop = asyncio.get_running_loop()
+    items = shape["items"]
+    ready: asyncio.Queue[tuple[int, Any] | None] = asyncio.Queue()
+    start_at = time.monotonic()
+    for n in range(items):
+        ready.put_nowait((n, None))
+    done = 0
+    calls: list[dict[str, Any]] = []
+    finished = asyncio.Event()
+
+    def back(item: int, deferral: Any, eligible: float) -> None:
+        when = loop.time() + max(0.0, eligible - time.monotonic())
+        loop.call_at(when, ready.put_nowait, (item, deferral))
+
+    async def worker() -> None:
+        nonlocal done
+        while True:
+            taken = await ready.get()
+            if taken is None:
+                return
+            item, resume = taken
+            start = time.monotonic()
+            deferral = status = None
+            try:
+                with budget(resume=resume) if resume is not None else contextlib.nullcontext():
+                    status, deferral = await get(f"{url}/item/{item}", {"X-Item": str(item)})
+                outcome = "ok" if status == 200 else ("deferred" if deferral is not None else "failed")
+            except Exception as exc:  # the competitors' last error (a 429 raised, a reset)
+                deferral = getattr(exc, "deferral", None)
+                outcome = "failed:" + type(exc).__name__
+            end = time.monotonic()
+            call = {"item": item, "start": start, "end": end, "outcome": outcome, "status": status}
+            calls.append(call)
+            if outcome == "ok":
+                done += 1
+                if done == items:
+                    finished.set()
+                continue
+            eligible = end
+            if deferral is not None:
+                eligible = end + (deferral.eligible_at - datetime.now(timezone.utc)).total_seconds()
+                call["reason"], call["eligible"] = str(deferral.reason), eligible
+            back(item, deferral, eligible)
+
+    workers = [asyncio.create_task(worker()) for _ in range(shape["tasks"])]
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(finished.wait(), time_limit)
+    for _ in workers:
+        ready.put_nowait(None)
+    for task in workers:  # past the time limit, calls still running are cut short
+        if not finished.is_set():
+            task.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
+    await close()
+    ends = [c["end"] for c in calls if c["outcome"] == "ok"]
+    return {"start_at": start_at, "done_at": max(ends) if ends and done == items else None, "calls": calls}
