@@ -218,7 +218,7 @@ def _kept(flavour: Flavour, response: Any, data: bytes, limit: int | None) -> by
     return data
 
 
-class _Once:
+class Once:
     """``release`` called once, however often the stream is closed."""
 
     __slots__ = ("release",)
@@ -236,7 +236,7 @@ class _SyncBody:
     """A response's stream that gives the call's slot back once closed (a flavour's
     ``SyncBody`` is this and its own ``SyncByteStream``)."""
 
-    def __init__(self, stream: Any, done: _Once) -> None:
+    def __init__(self, stream: Any, done: Once) -> None:
         self._stream = stream
         self._done = done
 
@@ -279,7 +279,7 @@ class _SyncAttempts(_Attempts):
         if response.is_closed:
             release()
             return
-        response.stream = self.flavour.SyncBody(response.stream, _Once(release))
+        response.stream = self.flavour.SyncBody(response.stream, Once(release))
 
     @staticmethod
     def close(response: Any) -> None:
@@ -290,7 +290,7 @@ class _AsyncBody:
     """:class:`_SyncBody` for async streams."""
 
     def __init__(
-        self, stream: Any, done: _Once, offload: Callable[[Callable[[], None]], Future[None]] | None
+        self, stream: Any, done: Once, offload: Callable[[Callable[[], None]], Future[None]] | None
     ) -> None:
         # ``offload(fn)`` hands ``fn`` to the store's threads without waiting for it: a
         # cancel landing in ``aclose`` must not drop the slot's release.
@@ -351,7 +351,7 @@ class _AsyncAttempts(_Attempts):
         if response.is_closed:
             release()  # here, in the step (on the store's thread when it blocks)
             return
-        response.stream = self.flavour.AsyncBody(response.stream, _Once(release), self.offload)
+        response.stream = self.flavour.AsyncBody(response.stream, Once(release), self.offload)
 
     @staticmethod
     async def close(response: Any) -> None:
@@ -528,7 +528,7 @@ class AsyncFront(StoreThreads, _Front):
         pool = self._threads() if self._blocking else None  # None: the steps run on the loop
         offload = self._offload if pool is not None else None
         attempts = _AsyncAttempts(self.flavour, self._transport(), request, url, offload)
-        return self._result(request, call, await _adrive(call, attempts, steps(call, attempts), pool))
+        return self._result(request, call, await drive_async(call, attempts, steps(call, attempts), pool))
 
     async def aclose(self) -> None:
         if self.transport is not None:
@@ -536,7 +536,7 @@ class AsyncFront(StoreThreads, _Front):
         self._close_threads()
 
 
-async def _adrive(
+async def drive_async(
     call: Call, attempts: Any, gen: Generator[Op, Any, Outcome[Any]], pool: Any
 ) -> Outcome[Any]:
     """The async driver of the engine's steps, on the event loop (``attempts``: an

@@ -60,7 +60,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, ProtocolError, ReadTimeoutError
 from yarl import URL
 
-from ._httpx_family import SHOULD_RETRY, STORE_THREADS, StoreThreads, _adrive, _Once
+from ._httpx_family import SHOULD_RETRY, STORE_THREADS, Once, StoreThreads, drive_async
 from .deferral import Deferral
 from .deferred import RetryDeferred
 from .engine import Call, Outcome, steps
@@ -270,7 +270,7 @@ class _Attempts:
         closed (its body read, ``release()``, ``close()``, leaving ``async with``);
         at once when it is already. Called on the store's thread for a blocking store:
         the connection is looked at on the loop."""
-        once = _Once(release)
+        once = Once(release)
         offload = self.offload
         done: Callable[[], Any] = once if offload is None else (lambda: offload(once))
 
@@ -425,7 +425,7 @@ class RetryAfterMiddleware(StoreThreads, SharedSettings):
         pool = self._threads() if self._blocking else None  # None: the steps run on the loop
         offload = self._offload if pool is not None else None
         attempts = _Attempts(request, handler, url, offload)
-        outcome = await _adrive(call, attempts, steps(call, attempts), pool)
+        outcome = await drive_async(call, attempts, steps(call, attempts), pool)
         result: ClientResponse = self._result(request, call, outcome)
         return result
 
