@@ -307,7 +307,10 @@ def _left(timeout: Any) -> float | None:
 
 
 class _NoProtocol:
-    """The protocol a local response's stream reports to: nothing is on the wire."""
+    """The protocol a local response's stream reports to: nothing is on the wire
+    (aiohttp 3.12 reads ``_reading_paused`` at the stream's end)."""
+
+    _reading_paused = False
 
     def pause_reading(self) -> None: ...
 
