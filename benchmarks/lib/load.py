@@ -272,9 +272,11 @@ def script_names() -> dict[bytes, str]:
 
 
 class Monitor:
-    """Counts the commands Redis runs between the wall-clock times :attr:`since` and
-    :attr:`until` (as Redis stamps them), by who sent them: a client (a round trip) or
-    a Lua script (``[0 lua]`` in ``MONITOR``'s lines)."""
+    """Counts the commands Redis runs between two ``INFO commandstats`` (as ``MONITOR``
+    shows them, in the order Redis runs them: exactly what the difference of those two
+    commandstats counts), by who sent them: a client (a round trip) or a Lua script
+    (``[0 lua]`` in ``MONITOR``'s lines). (A window of wall-clock stamps around a reset
+    of the stats missed what ran between a stamp and its command on a busy machine.)"""
 
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
@@ -282,8 +284,7 @@ class Monitor:
         reply = self.sock.recv(5)
         if reply != b"+OK\r\n":
             raise RuntimeError(f"MONITOR refused: {reply!r}")
-        self.since = math.inf
-        self.until = math.inf
+        self.counting = False
         self.clients: Counter[str] = Counter()
         self.scripts: Counter[str] = Counter()
         self.received = time.monotonic()  # when the last chunk came
@@ -308,16 +309,18 @@ class Monitor:
             data = rest + chunk
             cut = data.rfind(b"\n") + 1
             data, rest = data[:cut], data[cut:]
-            since, until = self.since, self.until
-            for stamp, source, command, first in _LINE.findall(data):
-                if since <= float(stamp) < until:
-                    name = command.decode().lower()
-                    if source == b"lua":
-                        self.scripts[name] += 1
-                    else:
-                        if name == "evalsha":
-                            name += " " + self.names.get(first, "(another script)")
-                        self.clients[name] += 1
+            for _, source, command, first in _LINE.findall(data):
+                name = command.decode().lower()
+                if name == "info" and first.lower() == b"commandstats":
+                    self.counting = not self.counting  # from the first to the second
+                elif not self.counting:
+                    continue
+                elif source == b"lua":
+                    self.scripts[name] += 1
+                else:
+                    if name == "evalsha":
+                        name += " " + self.names.get(first, "(another script)")
+                    self.clients[name] += 1
 
     def drain(self, quiet: float = 0.05, longest: float = 2.0) -> None:
         """Wait until nothing came for ``quiet`` seconds (what was sent has been read)."""
@@ -332,10 +335,14 @@ class Monitor:
         self._thread.join(timeout=2)
 
 
-def commandstats(client: Any) -> dict[str, int]:
-    """Calls per command since the last reset (script-run commands included)."""
+def commandstats(client: Any, since: dict[str, int] | None = None) -> dict[str, int]:
+    """Calls per command (script-run commands included): since the last reset, or since
+    the counts ``since`` (an earlier result)."""
     stats = client.info("commandstats")
-    return {name.removeprefix("cmdstat_"): int(entry["calls"]) for name, entry in stats.items()}
+    calls = {name.removeprefix("cmdstat_"): int(entry["calls"]) for name, entry in stats.items()}
+    if since is None:
+        return calls
+    return {name: count - since.get(name, 0) for name, count in calls.items()}
 
 
 def own_command(command: str) -> bool:
@@ -453,15 +460,13 @@ def run_variant(
         return out
 
     if monitor is not None:
-        redis["client"].config_resetstat()
-        monitor.since = time.time()
+        base = commandstats(redis["client"])  # the monitor counts from this command...
     cpu_start = cpu()
     time.sleep(max(0.0, t1 - time.monotonic()))
     cpu_end = cpu()
     stats = None
     if monitor is not None:
-        monitor.until = time.time()
-        stats = commandstats(redis["client"])
+        stats = commandstats(redis["client"], base)  # ...to this one
         monitor.drain()
     done, stuck = reports(fleet, processes, t1)
     if monitor is not None:
