@@ -54,6 +54,8 @@ class Deferral:
     - ``clock_skew``: seconds, local receipt time minus the server's Date, or None.
     - ``started_at``: aware UTC time of the job's first attempt (for lifetime caps).
     - ``history``: the earlier deferrals of the job, oldest first.
+    - ``priority``: the call's place among waiters of its scope
+      (``budget(priority=...)``; 0: ordinary).
     """
 
     eligible_at: datetime
@@ -67,6 +69,7 @@ class Deferral:
     clock_skew: float | None = None
     started_at: datetime | None = None
     history: tuple[Deferral, ...] = field(default=(), repr=False)
+    priority: int = 0
 
     def __post_init__(self) -> None:
         _check_aware("eligible_at", self.eligible_at)
@@ -86,7 +89,8 @@ class Deferral:
         return (*self.history, replace(self, history=()))
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (stable, versioned): times as ISO 8601 UTC strings."""
+        """A JSON-ready dict (stable, versioned): times as ISO 8601 UTC strings;
+        ``priority`` only when it is not 0."""
         return {
             "version": FORMAT_VERSION,
             "eligible_at": _iso(self.eligible_at),
@@ -100,7 +104,7 @@ class Deferral:
             "clock_skew": self.clock_skew,
             "started_at": None if self.started_at is None else _iso(self.started_at),
             "history": [entry._flat_dict() for entry in self.history],
-        }
+        } | ({"priority": self.priority} if self.priority else {})
 
     def _flat_dict(self) -> dict[str, Any]:
         data = self.to_dict()
@@ -146,6 +150,7 @@ class Deferral:
                 retry_after=data.get("retry_after"),
                 clock_skew=data.get("clock_skew"),
                 started_at=None if started is None else _parse_iso("started_at", started),
+                priority=data.get("priority", 0),
             )
         except KeyError as missing:
             raise InvalidDeferral(f"missing field {missing.args[0]!r}") from None
@@ -173,6 +178,8 @@ def _check_numbers(deferral: Deferral) -> None:
         raise InvalidDeferral("attempts must be an int >= 0")
     if not (isinstance(deferral.deferrals, int) and deferral.deferrals >= 1):
         raise InvalidDeferral("deferrals must be an int >= 1")
+    if not _integer(deferral.priority):
+        raise InvalidDeferral("priority must be an int")
 
 
 def _string(value: object) -> bool:

@@ -60,7 +60,8 @@ class DecisionRecord:
     ``reason`` a :class:`Reason` (None for a plain retry); ``wait`` is in seconds;
     ``attempt`` counts requests sent in the job so far; ``status`` is the last HTTP
     status or None after a transport error; ``server_delay`` is the parsed Retry-After
-    in seconds, or None.
+    in seconds, or None; ``priority`` is the call's (``budget(priority=...)``; 0:
+    ordinary).
     """
 
     action: str
@@ -70,6 +71,7 @@ class DecisionRecord:
     status: int | None
     attempt: int
     server_delay: float | None = None
+    priority: int = 0
 
 
 DecisionHook = Callable[[DecisionRecord], None]
@@ -98,6 +100,7 @@ def emit(
     status: int | None,
     attempt: int,
     server_delay: float | None = None,
+    priority: int = 0,
 ) -> None:
     """Log one decision and hand it to ``hooks`` (a failing hook never fails the call)."""
     if decision.action == DEFER or log.isEnabledFor(logging.DEBUG):
@@ -130,6 +133,7 @@ def emit(
         status=status,
         attempt=attempt,
         server_delay=server_delay,
+        priority=priority,
     )
     for hook in hooks:
         try:

@@ -22,7 +22,8 @@ Metrics (instrumentation scope ``retry_after_adapter``):
   by ``retry_after.cause`` (:data:`~retry_after_adapter.errors.FAILURE_CAUSES`).
 
 The first three also carry ``server.address`` and ``server.port`` when the scope is an
-origin (the default scope); a hashed scope gives neither. On the span current when a
+origin (the default scope); a hashed scope gives neither; and ``retry_after.priority``
+(an int) for a call of a priority other than 0 (``budget(priority=...)``). On the span current when a
 decision is made (the HTTP instrumentation's, or the caller's own): an event
 ``retry_after.wait`` per wait, ``retry_after.deferral`` per deferral, and
 ``http.request.resend_count`` (OpenTelemetry's HTTP conventions) before each resend.
@@ -89,6 +90,7 @@ _WAIT_REASONS = {reason: reason for reason in WAIT_REASONS}
 _MAX_SECONDS = 1e15
 
 _REASON = "retry_after.reason"
+_PRIORITY = "retry_after.priority"
 _RESEND_COUNT = "http.request.resend_count"
 
 log = logging.getLogger("retry_after_adapter")
@@ -192,6 +194,8 @@ class OTelHook:
         wait = _seconds(record.wait)
         attributes = dict(origin_attributes(record.scope))
         attributes[_REASON] = why
+        if record.priority:
+            attributes[_PRIORITY] = record.priority
         self.waits.record(wait, attributes)
         if reason is not None:
             self.admissions.add(1, {**attributes, "retry_after.outcome": "waited"})
@@ -210,6 +214,8 @@ class OTelHook:
         why = _DEFER_REASONS.get(reason, OTHER) if reason is not None else OTHER
         attributes = dict(origin_attributes(record.scope))
         attributes[_REASON] = why
+        if record.priority:
+            attributes[_PRIORITY] = record.priority
         self.deferrals.add(1, attributes)
         if reason in _ADMISSION_REASONS:
             self.admissions.add(1, {**attributes, "retry_after.outcome": "deferred"})

@@ -4,10 +4,11 @@
   one :class:`Ask`, ``answer`` of one :class:`Answer`), and one mixin per capability
   (:class:`QuotaLogs`, :class:`Leases`, :class:`Allowances`, :class:`LearnedRate`,
   :class:`FreshnessLog`, :class:`Listing`, :class:`ChangeFeed`, :class:`LeaseRenewal`,
-  :class:`Reservations`;
-  see ``base``), and :class:`Bounded` for a store that bounds each of its own
-  operations. A store of 0.x (an object with ``get`` and ``extend`` that is no
-  ``Store``) is refused with a message that says what to change.
+  :class:`Reservations`, whose rules every store shares: :class:`Mark`,
+  :func:`placing_ends`, :func:`holder_ends`, :func:`paced`; see ``base``), and
+  :class:`Bounded` for a store that bounds each of its own operations. A store of
+  0.x (an object with ``get`` and ``extend`` that is no ``Store``) is refused with a
+  message that says what to change.
 - :class:`MemoryCooldownStore`: the threads of one process.
 - :class:`SQLiteCooldownStore`: the processes of one host, through one SQLite file.
 - :class:`RedisCooldownStore`: processes on any number of hosts, through Redis or Valkey
@@ -44,6 +45,7 @@ from .base import (
     LeaseRenewal,
     Leases,
     Listing,
+    Mark,
     PartwiseStore,
     Permit,
     QuotaLogs,
@@ -56,6 +58,9 @@ from .base import (
     Weights,
     check_scope,
     check_until,
+    holder_ends,
+    paced,
+    placing_ends,
     renamed,
     token_scope,
 )
@@ -88,6 +93,7 @@ __all__ = [
     "LeaseRenewal",
     "Leases",
     "Listing",
+    "Mark",
     "MemoryCooldownStore",
     "PartwiseStore",
     "Permit",
@@ -103,6 +109,9 @@ __all__ = [
     "Weights",
     "check_scope",
     "check_until",
+    "holder_ends",
+    "paced",
+    "placing_ends",
     "store_from_url",
     "token_scope",
 ]

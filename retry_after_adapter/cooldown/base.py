@@ -35,7 +35,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
@@ -343,6 +343,9 @@ class Ask:
     - ``held``: the stored end of a reservation the attempt holds (``Admission.permit``
       of a reservation, at or after its time): given back in the same operation, before
       the admission is decided again (:class:`Reservations`); None: none.
+    - ``priority``: the attempt's place among waiters of the scope (an int, higher
+      first; 0: ordinary): a reservation is placed ahead of every waiting one of a
+      lower priority (:class:`Reservations`).
     """
 
     scope: str
@@ -358,6 +361,7 @@ class Ask:
     weigh: Weigh | None = None
     reserve_by: datetime | None = None
     held: datetime | None = None
+    priority: int = 0
 
 
 class Permit(NamedTuple):
@@ -527,25 +531,142 @@ RECHECK = 1.0
 
 class Reservations(ABC):  # noqa: B024 - a capability declared by type; its work is admit's
     """``admit`` reserves a quota permit (:class:`QuotaLogs`) for a later time when
-    none is free now (``Ask.reserve_by``): at the earliest time ``t`` (no earlier than
-    the present, no later than ``reserve_by``) at which fewer than the limit of the
-    quota's permits count, counting the permits already reserved for later as counting
-    from now (so reservations are granted in the order asked), an open permit as
-    ending at its grant + per + margin or at the present + per if later (as
-    :func:`free_at`); the permit is taken in the same operation to count from ``t`` for
-    ``per + margin`` (+ ``opened``), and ``Admission.reserved`` is ``t``. A refusal's
-    ``not_before`` is the reservation it would have got. At its time the holder asks
-    once more with ``Ask.held`` (its permit's stored end), keeping its permit: it goes
-    at once (``Admission.reserved`` None) when fewer than the limit of the others
-    count, leaving out the open permits reserved for later than it (they counted on
-    it: each of them asks the same before it goes); else it is told when to ask again
-    (``reserved``: when the earliest of them could end, an unanswered one's within
-    :data:`RECHECK`), so a permit it counted on that was answered late (its request may
-    have arrived late) holds it back as it holds any attempt. Past ``reserve_by`` its
-    permit is given back and the admission decided again. A reservation not used is
-    given back by an exact settle answered ``per`` before the present (its permit then
-    ends now); one never given back counts until its stored end: it costs throughput,
-    never the quota."""
+    none is free now (``Ask.reserve_by``), and keeps a *waiting* mark beside it (its
+    stored end and ``Ask.priority``) until its holder goes or gives it back.
+
+    - **Placing** (an ask of priority ``p``): the earliest time ``t`` (no earlier than
+      the present, no later than ``reserve_by``) at which fewer than the limit of the
+      quota's permits count, counting every permit but the waiting ones of a priority
+      below ``p`` (:func:`placing_ends`), the waiting ones kept counting as from now (so
+      each priority is served in the order asked, and ahead of every lower one), an
+      open permit as ending at its grant + per + margin or at the present + per if
+      later (as :func:`free_at`), and, for a quota whose ``per`` is under
+      :data:`PACE_UNDER`, no earlier than ``per / limit`` after the latest place
+      waiting at ``p`` or higher (:func:`paced`: permits freed in a burst are spent
+      spread out, so a later priority call finds one free within ``per / limit``).
+      At ``t`` = the present it is granted at once (no reservation); else the permit
+      is taken in the same operation to count from ``t`` for ``per + margin`` (+
+      ``opened``), marked waiting with its priority and place, and
+      ``Admission.reserved`` is ``t``. A refusal's ``not_before`` is the reservation it would have got.
+    - **Going** (at its time the holder asks once more with ``Ask.held``, its permit's
+      stored end, and its ``Ask.priority``): it goes at once (``Admission.reserved``
+      None, its waiting mark dropped) when fewer than the limit of the others count
+      (:func:`holder_ends`): every permit sent (an unanswered one as ending within
+      :data:`RECHECK`), and the waiting ones ahead of it (a higher priority, or the same
+      one reserved no later); the waiting ones behind it count on it and are left out.
+      Else it keeps its place and is told when to ask again (``reserved``: when the
+      earliest counted could end), so a waiting one ahead of it, or a permit answered
+      late (its request may have arrived late), holds it back as it holds any attempt.
+      Past ``reserve_by`` its permit is given back and the admission decided again.
+    - **Giving back:** a reservation not used is given back by an exact settle answered
+      ``per`` before the present (its permit then ends now, its waiting mark goes); one
+      never given back counts until its stored end: it costs throughput, never the
+      quota."""
+
+
+class Mark(NamedTuple):
+    """A reservation's mark (see :class:`Reservations`), kept beside its permit until
+    the permit's stored end: the ``rank`` (``Ask.priority``) it was placed with, its
+    ``place`` (when its holder may send, in the store's unit of time), and whether it
+    was ``sent`` (its holder went; a priority call granted at once too), or still
+    waits."""
+
+    rank: int
+    place: int
+    sent: bool = False
+
+
+def placing_ends(
+    log: Sequence[int], marks: dict[int, list[Mark]], priority: int
+) -> tuple[list[int], list[int]]:
+    """For placing a reservation of ``priority`` (see :class:`Reservations`): the
+    stored ends of the quota's ``log`` that count (ascending, as ``log``), and those
+    left out (the waiting ones of a lower priority). ``marks``: stored end -> the
+    marks with that end. Times in any one unit."""
+    lower = {end: sum(1 for m in ms if not m.sent and m.rank < priority) for end, ms in marks.items()}
+    if not any(lower.values()):
+        return list(log), []
+    kept: list[int] = []
+    out: list[int] = []
+    for end in log:
+        if lower.get(end, 0) > 0:
+            lower[end] -= 1
+            out.append(end)
+        else:
+            kept.append(end)
+    return kept, out
+
+
+#: Seconds: a quota whose ``per`` is shorter has its reservations paced (:func:`paced`);
+#: a longer one's waiters go as soon as permits free, all at once if they free so (an
+#: hour's quota spread over its hour would hold a burst's tail back for most of it).
+PACE_UNDER = 10.0
+
+
+def paced(start: int, marks: Iterable[Mark], priority: int, interval: int) -> int:
+    """A reservation of ``priority``'s place: no earlier than ``start`` (when a permit is
+    free), nor than ``interval`` (the quota's per / limit) after the latest place of
+    the reservations marked at ``priority`` or higher (waiting or sent), so the quota's
+    permits are spent spread out, not in the bursts they freed in. Times in any one
+    unit."""
+    last = max((m.place for m in marks if m.rank >= priority), default=None)
+    return start if last is None else max(start, last + interval)
+
+
+def free_in(log: Sequence[int], opened: dict[int, list[int]], limit: int, floor: int) -> int | None:
+    """None when fewer than ``limit`` of the quota's ``log`` (its stored ends, ascending,
+    those ended dropped) count, else when a permit is free at the earliest
+    (:func:`free_at`; ``opened``: stored end -> when each open permit with it would end
+    had it been answered in time; ``floor``: the present + per). Times in any one unit."""
+    count = len(log)
+    if count < limit:
+        return None
+    expected = [when for ends in opened.values() for when in ends]
+    if not expected:
+        return log[count - limit]
+    skip = {end: len(ends) for end, ends in opened.items()}
+    closed: list[int] = []
+    for end in log:
+        if skip.get(end, 0) > 0:
+            skip[end] -= 1
+        else:
+            closed.append(end)
+            if len(closed) > count - limit:
+                break
+    return free_at(closed, expected, limit, count, floor)
+
+
+def holder_ends(
+    others: Sequence[int], pending: dict[int, list[int]], marks: dict[int, list[Mark]], mine: Mark,
+    expected: int, floor: int, recheck: int,
+) -> list[int]:
+    """For a reservation's holder (marked ``mine``; its permit, if open, would end at
+    ``expected`` had it been answered in time) asking at its time: the ends of the
+    ``others`` (the quota's other stored ends) that count against it (see
+    :class:`Reservations`). Left out, as they count on it: a waiting one behind it (a
+    lower priority, or the same one placed later), one sent from a later place of its
+    priority or a lower one, and an open one unmarked granted after its place (its
+    expected end later). Counted: every other, an open one (``pending``: stored end ->
+    when each would end had it been answered in time) as ending at that time or at
+    ``floor`` (the present + per) if later, and within ``recheck`` (the present +
+    :data:`RECHECK`) at the latest. The lists of ``pending`` and ``marks`` are consumed.
+    Times in any one unit."""
+    ends: list[int] = []
+    rank, place = mine.rank, mine.place
+    for stored in others:
+        found = marks.get(stored)
+        mark = found.pop() if found else None
+        opens = pending.get(stored)
+        when = opens.pop() if opens else None
+        if mark is not None:
+            if not mark.sent and (mark.rank < rank or (mark.rank == rank and mark.place > place)):
+                continue  # waiting behind it
+            if mark.sent and mark.rank <= rank and mark.place > place:
+                continue  # sent from a later place: it counted on this one
+        elif when is not None and when > expected:
+            continue  # granted after its place: it counted on this one
+        ends.append(stored if when is None else min(max(when, floor), recheck))
+    return ends
 
 
 class Leases(ABC):  # noqa: B024 - a capability declared by type; its work is admit's

@@ -17,6 +17,7 @@ from .. import _forksafe
 from ..errors import ConfigurationError
 from .allowance import ALLOWANCE_KEPT, Allowance, admit_allowance, admit_more, merge_allowance, roll
 from .base import (
+    PACE_UNDER,
     RECHECK,
     Admission,
     Ask,
@@ -25,6 +26,7 @@ from .base import (
     Learn,
     Lease,
     LeaseRenewal,
+    Mark,
     PartwiseStore,
     Reservations,
     Weigh,
@@ -35,6 +37,9 @@ from .base import (
     check_until,
     extra_permits,
     free_at,
+    holder_ends,
+    paced,
+    placing_ends,
     token_scope,
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, last_noted, merge_note
@@ -102,6 +107,14 @@ def _freshness_ended(record: Freshness, stale: datetime) -> bool:
     less ``FRESHNESS_KEPT``): news no longer."""
     noted = last_noted(record)
     return noted is None or noted <= stale
+
+
+def _drop_one(marks: dict[int, list[Mark]], end: int, mark: Mark) -> None:
+    """Drop one reservation's mark stored to end at ``end`` (see ``_marks``)."""
+    found = marks[end]
+    found.remove(mark)
+    if not found:
+        del marks[end]
 
 
 def _closed_ends(log: collections.deque[int], opened: dict[int, list[int]], k: int) -> list[int]:
@@ -192,6 +205,7 @@ def _window_micros(per: float) -> int:
 
 #: ``base.RECHECK`` in microseconds.
 _RECHECK_US = round(RECHECK * 1_000_000)
+_PACE_UNDER_US = round(PACE_UNDER * 1_000_000)
 #: ``rate.PROBE_RECHECK`` in microseconds.
 _PROBE_RECHECK_US = round(PROBE_RECHECK * 1_000_000)
 
@@ -592,6 +606,9 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
         #: each counts until as stored -> when each would end had it been answered in
         #: time (its grant + per + margin), a few per scope (the attempts in flight).
         self._opened: dict[str, dict[tuple[int, ...], dict[int, list[int]]]] = {}
+        #: Reservations' marks (see ``base.Reservations``, ``base.Mark``), per scope and
+        #: quota: the end each permit is stored to -> the marks of those stored so.
+        self._marks: dict[str, dict[tuple[int, ...], dict[int, list[Mark]]]] = {}
         #: Concurrency leases: per scope, token -> when the lease expires (microseconds).
         self._leases: dict[str, dict[str, int]] = {}
         #: What servers announced, per scope (see ``Allowance``).
@@ -771,7 +788,7 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
                 at = (now - _EPOCH) // _US
                 by = None if ask.reserve_by is None else _micros(ask.reserve_by)
                 span = _quota_key(limit, ask.per, ask.margin + ask.opened)[2]
-                kept = self._kept_locked(scope, key, limit, _micros(ask.held), at, by, span)
+                kept = self._kept_locked(scope, key, limit, _micros(ask.held), at, by, span, ask.priority)
                 if kept is not None:
                     wait, end = kept
                     reserved = None if wait <= at else _as_datetime(wait)
@@ -786,22 +803,21 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
                 return answer
             if limit is None or lease is not None or weigh is not None or scope in self._allowance:
                 return answer  # refused by more than the quota's permit: no reservation
-            per, margin, opened = ask.per, ask.margin, ask.opened
-            return self._reserve_locked(scope, now, cooldown, limit, per, margin, opened, reserve_by)
+            per, margin, opened, rank = ask.per, ask.margin, ask.opened, ask.priority
+            return self._reserve_locked(scope, now, cooldown, limit, per, margin, opened, reserve_by, rank)
 
     def _kept_locked(
         self, scope: str, key: tuple[int, int, int, timedelta], limit: int, end: int, at: int,
-        by: int | None, span: int,
+        by: int | None, span: int, priority: int = 0,
     ) -> tuple[int, int | None] | None:
-        """(Lock held; times in microseconds.) A reservation's holder asks at its time
-        (``Ask.held``: its permit stored to end at ``end``), its permit kept: ``(at,
-        new end)`` when it goes now (fewer than ``limit`` others count, leaving out the
-        open permits reserved for later than it: they counted on it), its permit then
-        counting ``span`` from now, as one granted now would (it goes later than its
-        place: the server counts it from its arrival, not its place), else ``(when to
-        ask again, None)`` (the earliest such permit could end, an unanswered one asked
-        about again within :data:`~.base.RECHECK`), if no later than ``by``. Else its
-        permit is given back (None; the admission is decided again)."""
+        """(Lock held; times in microseconds.) A reservation's holder of ``priority``
+        asks at its time (``Ask.held``: its permit stored to end at ``end``), its permit
+        kept: ``(at, new end)`` when it goes now (fewer than ``limit`` others count:
+        ``base.holder_ends``), its permit then counting ``span`` from now, as one
+        granted now would (it goes later than its place: the server counts it from its
+        arrival, not its place), and waiting no more; else ``(when to ask again, None)``
+        (the earliest counted could end), if no later than ``by``. Else its permit is
+        given back (None; the admission is decided again)."""
         log = self._permits.get(scope, {}).get(key[:2])
         if not log:
             return None
@@ -811,35 +827,43 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
         index = bisect.bisect_left(log, end)
         if index >= len(log) or log[index] != end:
             return None  # (given back or lapsed meanwhile)
+        marks = self._marks_of(scope, key, at)
+        found = [m for m in marks.get(end, ()) if not m.sent]
+        mark = next((m for m in found if m.rank == priority), found[-1]) if found else None
+        if mark is not None:
+            _drop_one(marks, end, mark)
         pending = {stored: list(ends) for stored, ends in opened.items() if stored > at}
         mine = pending.get(end)
         expected = mine.pop() if mine else end
-        ends: list[int] = []
-        skipped = False
-        for stored in log:
-            if stored == end and not skipped:
-                skipped = True  # its own
-                continue
-            waiting = pending.get(stored)
-            if not waiting:
-                ends.append(stored)
-                continue
-            when = waiting.pop()
-            if when <= expected:  # reserved no later than it: counts
-                ends.append(min(max(when, at + key[1]), at + _RECHECK_US))
+        others = [stored for i, stored in enumerate(log) if i != index]
+        own = mark or Mark(priority, end - span)
+        copies = {stored: list(ms) for stored, ms in marks.items()}
+        ends = holder_ends(others, pending, copies, own, expected, at + key[1], at + _RECHECK_US)
         if len(ends) < limit:
-            return at, self._restamped(scope, key, log, index, end, at + span)
+            new_end = self._restamped(scope, key, log, index, end, at + span)
+            marks.setdefault(new_end, []).append(own._replace(sent=True))  # sent from its place
+            return at, new_end
         ends.sort()
         wait = ends[len(ends) - limit]
         if by is None or wait <= by:
+            if mark is not None:
+                marks.setdefault(end, []).append(mark)  # still waiting
             return wait, None
         del log[index]
-        own = opened.get(end)
-        if own:
-            own.remove(expected if expected in own else own[-1])
-            if not own:
+        opens = opened.get(end)
+        if opens:
+            opens.pop()
+            if not opens:
                 del opened[end]
         return None
+
+    def _marks_of(self, scope: str, key: tuple[Any, ...], at: int) -> dict[int, list[Mark]]:
+        """(Lock held; ``at`` in microseconds.) The quota's reservations' marks (see
+        ``_marks``), those stored to end by ``at`` dropped (their permits did)."""
+        marks = self._marks.setdefault(scope, {}).setdefault(key[:2], {})
+        for stored in [stored for stored in marks if stored <= at]:
+            del marks[stored]
+        return marks
 
     def _restamped(
         self, scope: str, key: tuple[int, int, int, timedelta], log: collections.deque[int], index: int,
@@ -864,20 +888,39 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
 
     def _reserve_locked(
         self, scope: str, now: datetime, cooldown: datetime | None, limit: int, per: float | None,
-        margin: float, opened: float, reserve_by: datetime,
+        margin: float, opened: float, reserve_by: datetime, priority: int = 0,
     ) -> Admission:
         """(Lock held, no cooldown running, a quota permit alone asked for and refused
-        now.) A reservation at the earliest time a permit is free, if that is no later
-        than ``reserve_by``, else the refusal until then (see :class:`Reservations`)."""
+        now.) A reservation of ``priority`` at the earliest time a permit is free,
+        counting no waiting reservation of a lower priority (granted now when that is
+        now), if that is no later than ``reserve_by``, else the refusal until then (see
+        :class:`~.base.Reservations`)."""
         at = (now - _EPOCH) // _US
         key = _quota_key(limit, per, margin + opened)
         start = self._permit_refused(scope, key, limit, at)
+        marks = self._marks_of(scope, key, at)
+        if marks and start is not None:
+            log = self._permits[scope][key[:2]]
+            counted, out = placing_ends(log, marks, priority)
+            if out:
+                opens = self._opened.get(scope, {}).get(key[:2]) or {}
+                open_ends = {end: list(ends) for end, ends in opens.items()}
+                for end in out:
+                    if open_ends.get(end):
+                        open_ends[end].pop()
+                start = _permit_free_at(collections.deque(counted), open_ends, limit, at, key[1])
         if start is None:
             start = at  # (not refused after all: the same lock is held)
+        if marks and key[1] < _PACE_UNDER_US:
+            start = paced(start, (m for ms in marks.values() for m in ms), priority, key[1] // limit)
         if start > _micros(reserve_by):
             return Admission(cooldown=cooldown, not_before=_as_datetime(start))
         expected = start + _quota_key(limit, per, margin)[2] if opened > 0 else 0
         self._take_permit(scope, key, start + key[2], expected)
+        if start <= at:  # granted at once, ahead of the lower waiting ones: sent, marked so
+            marks.setdefault(start + key[2], []).append(Mark(priority, start, sent=True))
+            return Admission(cooldown=cooldown, not_before=None, permit=_as_datetime(start + key[2]))
+        marks.setdefault(start + key[2], []).append(Mark(priority, start))
         return Admission(
             cooldown=cooldown, not_before=None, permit=_as_datetime(start + key[2]),
             reserved=_as_datetime(start),
@@ -997,6 +1040,10 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
                 opened[old].pop()
                 if not opened[old]:
                     del opened[old]
+            if exact:  # a reservation given back: waiting no more
+                marks = self._marks.get(scope, {}).get(key[:2])
+                if marks and old in marks:
+                    _drop_one(marks, old, marks[old][-1])
             if new == old or (new < old and not exact):
                 return  # the stored end already covers the answer
             logs = self._permits.get(scope)
@@ -1111,6 +1158,7 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
             self._heap.clear()
             self._permits.clear()
             self._opened.clear()
+            self._marks.clear()
             self._leases.clear()
             self._allowance.clear()
             self._fresh.clear()
@@ -1134,6 +1182,7 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
                 self._allowance.pop(token_scope(scope), None),
                 self._tokens.delete(scope) or None,
                 self._opened.pop(scope, None) and None,
+                self._marks.pop(scope, None) and None,
                 self._leases.pop(scope, None),
                 self._rates.pop(scope, None),
             ]

@@ -61,6 +61,10 @@ UNKNOWN_COOLDOWN_RETRY = 1.0
 #: once its waits add up to more than ``max_wait``: while they fit, the call waits its
 #: turn (a provider's bucket gives one request a step, and every waiter wakes for it).
 MAX_ROUNDS = 16
+#: Seconds after which a priority call (``budget(priority=N)``, N > 0) held back at its
+#: reservation's time asks again at the latest: the few calls that may jump the queue
+#: do not sleep a window on an answer that comes a few milliseconds later.
+PRIORITY_RECHECK = 0.05
 #: The most looks in any case (waits of next to nothing must end too).
 MOST_ROUNDS = 8 * MAX_ROUNDS
 #: Seconds between looks for a free concurrency slot while waiting for one.
@@ -104,11 +108,15 @@ def _hold_reservation(call: Call) -> Generator[Op, Any, datetime | None]:
     look again (nothing held). A cancel gives the reservation back, unused (one store
     operation)."""
     ticket = call.ticket
-    for _ in range(MAX_ROUNDS):
+    for rounds in range(MAX_ROUNDS):
         reserved = ticket.reserved
         if reserved is None:
             return None
         left = call.seconds_until(reserved)
+        if rounds and call.progress.priority > 0:
+            # Held back at its place, most often by a permit whose answer is on its way:
+            # a priority call looks again soon rather than when that permit could end.
+            left = min(left, PRIORITY_RECHECK)
         call.emit(Decision(RETRY, left, Reason.QUOTA))
         try:
             slept = yield Sleep(left)

@@ -133,6 +133,8 @@ class Call:
         )
         if override.cost is not None:
             self.progress.cost = override.cost
+        if override.priority:
+            self.progress.priority = override.priority
             self.progress.cost_from = BUDGET
         resume = override.resume
         if resume is None:
@@ -223,6 +225,7 @@ class Call:
             status=self.heard.status,
             attempt=self.progress.attempts,
             server_delay=server_delay,
+            priority=self.progress.priority,
         )
 
     def defer(
@@ -252,6 +255,7 @@ class Call:
             clock_skew=self.heard.skew,
             started_at=self.progress.started_at,
             history=self.progress.history,
+            priority=self.progress.priority,
         )
         policy = self.policy
         limit = lifetime_limit(

@@ -38,6 +38,8 @@ class Override:
     resume: Deferral | None = None
     #: The calls' cost in tokens (None: the front end's ``cost=`` decides).
     cost: int | None = None
+    #: The calls' place among waiters of their scope (None: 0, ordinary).
+    priority: int | None = None
 
 
 _OVERRIDE: contextvars.ContextVar[Override | None] = contextvars.ContextVar(
@@ -53,6 +55,7 @@ def budget(
     cancel: Event | None = None,
     resume: Deferral | None = None,
     cost: int | None = None,
+    priority: int | None = None,
 ) -> Iterator[None]:
     """Override the retry budget of every call made inside the ``with`` block.
 
@@ -67,6 +70,10 @@ def budget(
     - ``cost``: what each call costs in tokens (an int >= 0), weighed against a token
       quota (``Quota(..., unit="tokens")``) and the server's announced token
       allowance; it takes the place of the front end's ``cost=``.
+    - ``priority``: the calls' place among the calls waiting on a shared quota of
+      their scope (an int; higher first; 0 by default): a call that waits for a
+      permit is placed ahead of every waiting call of a lower priority, across
+      processes sharing the store (a store with reservations: memory, SQLite, Redis).
 
     Unset arguments keep the value of an enclosing ``budget`` or of the policy.
     """
@@ -80,6 +87,8 @@ def budget(
         raise ConfigurationError("resume must be a Deferral (use Deferral.from_dict on stored JSON)")
     if cost is not None:
         cost = check_cost(cost, BUDGET)
+    if priority is not None and (type(priority) is not int or not -(2**31) <= priority < 2**31):
+        raise ConfigurationError(f"priority must be an int from -2**31 to 2**31 - 1, not {priority!r}")
     outer = _OVERRIDE.get() or Override()
     merged = Override(
         deadline=deadline if not isinstance(deadline, _Unset) else outer.deadline,
@@ -87,6 +96,7 @@ def budget(
         cancel=cancel if cancel is not None else outer.cancel,
         resume=resume if resume is not None else outer.resume,
         cost=cost if cost is not None else outer.cost,
+        priority=priority if priority is not None else outer.priority,
     )
     token = _OVERRIDE.set(merged)
     try:

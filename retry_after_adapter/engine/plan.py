@@ -252,6 +252,8 @@ class Plan:
         fields["weigh"] = weigh
         if self.reserves:
             fields["reserve_by"] = self._reserve_by(call)
+            if call.progress.priority:
+                fields["priority"] = call.progress.priority
             if ticket.held is not None:
                 fields["held"], ticket.held = ticket.held, None
         ask = _new(Ask)

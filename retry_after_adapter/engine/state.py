@@ -172,6 +172,9 @@ class Progress:
     #: and where it came from (the ``cost=`` option or ``cost.BUDGET``), for an error.
     cost = 0
     cost_from: object = None
+    #: The call's place among waiters of its scope (``budget(priority=...)``; 0:
+    #: ordinary): sent with each reservation (``Ask.priority``).
+    priority = 0
     #: Whether the request can be sent again as it is: False for a body read once as it
     #: is sent (a generator, a file), which nothing makes a replay of (set by the front
     #: end; read only when a provider's answer would let a POST be replayed).

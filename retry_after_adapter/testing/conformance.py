@@ -48,7 +48,10 @@ What is checked:
 - **reservations**, when the store carries ``Reservations``: a permit refused now is
   reserved for the earliest time one is free, in the order asked, within
   ``reserve_by`` (past it, the refusal names the reservation it would get and takes
-  nothing); a reservation given back frees its place; eight threads racing
+  nothing), paced ``per / limit`` apart under ``PACE_UNDER`` and not past it; a
+  reservation given back frees its place; holders go at their places (those reserved
+  after them left out); a higher ``priority`` is placed ahead of lower waiting ones,
+  which then wait for it; eight threads racing
   reservations never put more than the limit in any window;
 - **admission atomic in every order**, for each of ``QuotaLogs`` (a quota's one
   permit), ``Leases`` (the one slot), ``Allowances`` (an allowance's last request) and
@@ -452,7 +455,8 @@ class StoreContract(TokenContract):
     def test_a_reservation_is_granted_in_order_for_when_a_permit_is_free(self, store: Any) -> None:
         """``Reservations``: a quota's permit refused now is reserved, in the same
         admission, for the earliest time one is free counting the reservations already
-        made (each counting ``per + margin`` from its time), while that is no later
+        made (each counting ``per + margin`` from its time), ``per / limit`` after the
+        one before (paced: ``per`` is under ``PACE_UNDER``), while that is no later
         than ``reserve_by``; past it, the refusal says the reservation it would have
         got, and takes nothing."""
         quota = self.carrying(store, QuotaLogs, Reservations)
@@ -466,7 +470,8 @@ class StoreContract(TokenContract):
         granted = [ask(), ask()]
         assert all(g.not_before is None and g.reserved is None for g in granted), granted
         reserved = [ask() for _ in range(4)]
-        assert [r.reserved for r in reserved] == [now + second] * 2 + [now + 2 * second] * 2, reserved
+        places = [now + second, now + 1.5 * second, now + 2 * second, now + 2.5 * second]
+        assert [r.reserved for r in reserved] == places, reserved
         assert all(r.not_before is None and r.permit == r.reserved + second for r in reserved if r.reserved)
         refused = ask(now + 2500 * timedelta(milliseconds=1))
         assert refused.reserved is None and refused.not_before == now + 3 * second, refused
@@ -543,6 +548,70 @@ class StoreContract(TokenContract):
         assert goes.permit is not None and goes.permit >= went + 20.5 * second, goes
         after = quota.admit(replace(ask, now=now + 41.5 * second, reserve_by=None))
         assert after.not_before is not None and after.not_before >= went + 20 * second, after
+
+    def test_holders_of_permits_not_open_go_at_their_places(self, store: Any) -> None:
+        """``Reservations``: with a quota whose permits are not open, holders go at their
+        places (the reservations made after them count on them and are left out), and
+        one asking before its place waits for it."""
+        quota = self.carrying(store, QuotaLogs, Reservations)
+        now, scope = now_ms(), self.s("places")
+        second = timedelta(seconds=1)
+        ask = Ask(scope=scope, now=now, limit=2, per=1.0, reserve_by=now + 5 * second)
+        assert all(quota.admit(ask).reserved is None for _ in range(2))
+        places = [quota.admit(ask) for _ in range(4)]
+        assert [p.reserved for p in places] == [now + k * second / 2 for k in (2, 3, 4, 5)], places
+        for place in places[:2]:
+            assert place.reserved is not None
+            goes = quota.admit(replace(ask, now=place.reserved, held=place.permit))
+            assert goes.not_before is None and goes.reserved is None, (place, goes)
+        early = quota.admit(replace(ask, now=now + 1.5 * second, held=places[2].permit))
+        assert early.reserved is not None and early.reserved >= now + 2 * second, early
+
+    def test_reservations_of_a_long_quota_are_not_paced(self, store: Any) -> None:
+        """``Reservations``: a quota whose ``per`` is ``PACE_UNDER`` or longer reserves
+        each waiter the earliest place a permit frees, all together when they free
+        together (an hour's quota spread over its hour would hold them back)."""
+        quota = self.carrying(store, QuotaLogs, Reservations)
+        now, scope = now_ms(), self.s("long")
+        ask = Ask(scope=scope, now=now, limit=3, per=60.0, reserve_by=now + timedelta(seconds=90))
+        assert all(quota.admit(ask).reserved is None for _ in range(3))
+        places = [quota.admit(ask).reserved for _ in range(3)]
+        assert places == [now + timedelta(seconds=60)] * 3, places
+
+    def test_a_priority_reservation_goes_ahead_of_lower_waiting_ones(self, store: Any) -> None:
+        """``Reservations``: a reservation of a higher ``priority`` is placed ahead of the
+        waiting ones of a lower priority (granted at once when that leaves a permit free
+        now); at their time they count it and wait for the next place, and it leaves
+        them out; the quota is never exceeded."""
+        quota = self.carrying(store, QuotaLogs, Reservations)
+        now, scope = now_ms(), self.s("priority")
+        second, half = timedelta(seconds=1), timedelta(milliseconds=500)
+        ask = Ask(scope=scope, now=now, limit=2, per=1.0, reserve_by=now + 9 * second)
+        assert quota.admit(ask).reserved is None
+        assert quota.admit(replace(ask, now=now + half)).reserved is None
+        ordinary = [quota.admit(replace(ask, now=now + half)) for _ in range(2)]
+        assert [o.reserved for o in ordinary] == [now + second, now + second + half], ordinary
+        urgent = quota.admit(replace(ask, now=now + half, priority=1))
+        assert urgent.reserved == now + second and urgent.permit is not None, urgent
+        at = now + second
+        bumped = quota.admit(replace(ask, now=at, held=ordinary[0].permit))
+        assert bumped.reserved == now + second + half and bumped.not_before is None, bumped
+        goes = quota.admit(replace(ask, now=at, held=urgent.permit, priority=1))
+        assert goes.not_before is None and goes.reserved is None, goes
+        then = now + second + half
+        first = quota.admit(replace(ask, now=then, held=ordinary[0].permit))
+        assert first.not_before is None and first.reserved is None, first
+        second_one = quota.admit(replace(ask, now=then, held=ordinary[1].permit))
+        assert second_one.reserved is not None and second_one.reserved >= now + 2 * second, second_one
+        # A priority call when only a waiting ordinary reservation fills the window: at once.
+        alone = replace(ask, scope=self.s("priority-now"), limit=1)
+        assert quota.admit(alone).reserved is None
+        place = quota.admit(alone)
+        assert place.reserved == now + second and place.permit is not None, place
+        at_once = quota.admit(replace(alone, now=at, priority=1))
+        assert at_once.not_before is None and at_once.reserved is None, at_once
+        waits = quota.admit(replace(alone, now=at, held=place.permit))
+        assert waits.reserved is not None and waits.reserved >= at + second, waits
 
     def test_reservations_racing_never_exceed_the_quota(self, store: Any) -> None:
         """``Reservations``: eight threads each reserve six open permits of a quota of 3

@@ -135,6 +135,9 @@ def exercise(store: Any, scope: str, opened_rate: bool = False) -> None:
     assert granted.not_before is None and granted.permit is not None and granted.extra == 2
     store.settle(scope, 5, 60.0, granted.permit, after + timedelta(seconds=5))
     assert store.admit(Ask(scope=scope, now=after, limit=5, per=2.0, opened=10.0)).not_before is None  # left open
+    placed = Ask(scope=scope, now=after, limit=1, per=3.0, opened=10.0, reserve_by=after + timedelta(seconds=9))
+    assert store.admit(placed).reserved is None
+    assert store.admit(placed).reserved is not None  # waiting
     store.allow(scope, 10, after + timedelta(seconds=60), after, None, 100, 60.0)
     store.allow(token_scope(scope), 1000, after + timedelta(seconds=60), after, None, 10_000, 60.0)
     weighed = store.admit(Ask(scope=scope, now=after, weigh=Weigh(10, 500, 60.0, 0.05)))

@@ -137,7 +137,17 @@ def test_the_example_in_the_docs_is_exactly_what_to_dict_writes():
 def test_the_docs_field_table_lists_every_field():
     text = RESUME_DOC.read_text(encoding="utf-8")
     documented = re.findall(r"^\| `(\w+)` \|", text, re.M)
-    assert documented == list(chain_of_three().to_dict())
+    assert documented == list(replace(chain_of_three(), priority=2).to_dict())
+
+
+def test_a_priority_is_written_only_when_set_and_read_back():
+    plain = chain_of_three()
+    assert "priority" not in plain.to_dict()
+    urgent = replace(plain, priority=-3)
+    assert urgent.to_dict()["priority"] == -3
+    assert Deferral.from_dict(urgent.to_dict()) == urgent
+    with pytest.raises(InvalidDeferral, match="priority must be an int"):
+        Deferral.from_dict({**plain.to_dict(), "priority": "high"})
 
 
 def test_times_are_normalised_to_utc():

@@ -51,6 +51,7 @@ from .wire import (
     RATE_KEY,
     SCRIPTS,
     TOKENS_KEY,
+    WAIT_SUFFIX,
     admission_of,
     admit_args,
     as_redis_url,
@@ -204,7 +205,7 @@ class RedisListing:
             live = self._client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
             weight = sum(int(text_of(member).rsplit(":", 1)[1]) for member, _ in live)
             return Hold("tokens", from_epoch_ms(int(live[0][1])), limit) if weight >= limit else None
-        if name.startswith("quota:") and not name.endswith(OPEN_SUFFIX):
+        if name.startswith("quota:") and not name.endswith((OPEN_SUFFIX, WAIT_SUFFIX)):
             limit = int(name[len("quota:") :].split("/", 1)[0])
             live = self._client.zrangebyscore(key, f"({now_ms}", "+inf", withscores=True)
             if len(live) >= limit:
@@ -516,6 +517,7 @@ class RedisCooldownStore(
         if weighs:
             check_fits(weigh.cost, weigh.limit, weigh.per)  # type: ignore[union-attr]
         keys += [self.token_key(scope, weigh.limit, weigh.per) if weighs else allowance]  # type: ignore[union-attr]
+        keys += [self.quota_key(scope, limit, per, WAIT_SUFFIX) if quota else allowance]  # type: ignore[arg-type]
         try:
             reply = self._admit_script(keys=keys, args=admit_args(ask, when, together))
         except Exception as exc:
@@ -607,7 +609,8 @@ class RedisCooldownStore(
             secrets.token_hex(8),
             "1" if exact else "0",
         ]
-        return [key, self.quota_key(scope, limit, per, OPEN_SUFFIX)], args
+        waiting = self.quota_key(scope, limit, per, WAIT_SUFFIX)
+        return [key, self.quota_key(scope, limit, per, OPEN_SUFFIX), waiting], args
 
     def allow(
         self, scope: str, remaining: int, until: datetime, now: datetime, seq: int | None = None,

@@ -23,6 +23,8 @@ from ..rate import RATE_KEPT, Rate, rate_from_row
 RATE_KEY = "learned-rate"
 RATE_FIELDS = ("cap", "lim", "win", "ep", "st", "base", "sn", "ok", "gr", "gc", "qt", "pr", "fl")
 OPEN_SUFFIX = ":open"
+#: The suffix of a quota's reservations not yet used (``base.Reservations``).
+WAIT_SUFFIX = ":wait"
 TOKENS_KEY = "allowance:tokens"
 
 
@@ -174,7 +176,7 @@ def admit_args(ask: Ask, when: datetime, together: bool) -> list[str]:
     else:
         args += [0, 0, 0, ""]
     args += [-1 if ask.reserve_by is None else now_epoch_ms(ask.reserve_by)]  # (rounded down)
-    args += [-1 if ask.held is None else to_epoch_ms(ask.held)]
+    args += [-1 if ask.held is None else to_epoch_ms(ask.held), int(ask.priority)]
     return [str(arg) for arg in args]
 
 

@@ -67,6 +67,14 @@ _PERMIT_SCHEMA = (
     "CREATE INDEX IF NOT EXISTS open_permit_scope ON open_permit (scope, quota, expires_ms)",
     # The sweep of any scope's open permits that ran out (never a scan of the table).
     "CREATE INDEX IF NOT EXISTS open_permit_expires ON open_permit (expires_ms)",
+    # Reservations not yet used (``base.Reservations``), beside their row of permit_log:
+    # its end, the priority it was placed with, its place, and whether it was sent;
+    # deleted when given back or ended.
+    "CREATE TABLE IF NOT EXISTS reservation (scope TEXT NOT NULL, quota TEXT NOT NULL, "
+    "expires_ms INTEGER NOT NULL, priority INTEGER NOT NULL, place_ms INTEGER NOT NULL, "
+    "sent INTEGER NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS reservation_scope ON reservation (scope, quota, expires_ms)",
+    "CREATE INDEX IF NOT EXISTS reservation_expires ON reservation (expires_ms)",
     # Token permits (a ``Quota(..., unit="tokens")``): one row per permit, its cost in
     # tokens and when it stops counting (its grant + per + margin), per scope and quota.
     "CREATE TABLE IF NOT EXISTS token_log (scope TEXT NOT NULL, quota TEXT NOT NULL, "

@@ -19,7 +19,23 @@ from datetime import datetime, timezone
 from ...errors import ConfigurationError
 from .._ms import from_epoch_ms, now_epoch_ms, to_epoch_ms, window_ms
 from ..allowance import Allowance, admit_allowance, admit_more
-from ..base import RECHECK, Admission, Learn, Lease, Weigh, Weighed, extra_permits, free_at, token_scope
+from ..base import (
+    PACE_UNDER,
+    RECHECK,
+    Admission,
+    Learn,
+    Lease,
+    Mark,
+    Weigh,
+    Weighed,
+    extra_permits,
+    free_at,
+    free_in,
+    holder_ends,
+    paced,
+    placing_ends,
+    token_scope,
+)
 from ..rate import OPEN_KEPT, PROBE_RECHECK, RATE_KEPT, Rate, fresh_rate, rate_from_row, rate_row, roll_rate
 from ..weights import NO_ALLOWANCE, check_fits, oversized, too_large, weighed_free_at, with_weighed
 from .file import RATE_COLUMNS
@@ -91,6 +107,7 @@ def admit_locked(
     conn: sqlite3.Connection, scope: str, now: datetime, limit: int | None, quota: QuotaLog | None,
     lease: Lease | None, batch: int = 1, hold: float = 0.0, learn: Learn | None = None,
     weigh: Weigh | None = None, reserve_by: datetime | None = None, held: datetime | None = None,
+    priority: int = 0,
 ) -> Admission:
     """The whole admission at ``now``: held back by a running cooldown or an announced
     allowance used up, by the attempt's tokens (``weigh``) that do not fit, by the
@@ -117,7 +134,7 @@ def admit_locked(
         return _admit_rate(conn, scope, now_ms, cooldown, lease, learn)
     if held is not None and quota is not None and limit is not None:
         by_ms = None if reserve_by is None else now_epoch_ms(reserve_by)
-        kept_at = kept(conn, scope, quota, limit, to_epoch_ms(held), now_ms, by_ms)
+        kept_at = kept(conn, scope, quota, limit, to_epoch_ms(held), now_ms, by_ms, priority)
         if kept_at is not None:
             again, end_ms = kept_at
             reserved = None if again <= now_ms else from_epoch_ms(again)
@@ -128,7 +145,7 @@ def admit_locked(
         alone = quota is not None and lease is None and record is None and weigh is None
         if reserve_by is None or not alone:
             return refused  # no reservation asked for, or refused by more than the permit
-        return _reserve(conn, scope, cooldown, quota, refused, reserve_by)  # type: ignore[arg-type]
+        return _reserve(conn, scope, cooldown, quota, limit, refused, reserve_by, now_ms, priority)  # type: ignore[arg-type]
     answer = _grant(conn, scope, now, cooldown, rolled, limit, quota, batch, hold)
     if tokens is None or weigh is None:
         return answer
@@ -137,13 +154,14 @@ def admit_locked(
 
 def kept(
     conn: sqlite3.Connection, scope: str, quota: QuotaLog, limit: int, end_ms: int, now_ms: int,
-    by_ms: int | None,
+    by_ms: int | None, priority: int = 0,
 ) -> tuple[int, int | None] | None:
-    """(In an immediate transaction.) A reservation's holder asks at its time
-    (``Ask.held``: its permit stored to end at ``end_ms``), its permit kept: ``(now_ms,
-    new end)`` when it goes now (its permit then counting from now, as one granted now
-    would), else ``(when to ask again, None)``, if no later than ``by_ms`` (see
-    ``MemoryCooldownStore._kept_locked``); else its permit is given back (None)."""
+    """(In an immediate transaction.) A reservation's holder of ``priority`` asks at
+    its time (``Ask.held``: its permit stored to end at ``end_ms``), its permit kept:
+    ``(now_ms, new end)`` when it goes now (its permit then counting from now, as one
+    granted now would, and waiting no more), else ``(when to ask again, None)``, if no
+    later than ``by_ms`` (see ``MemoryCooldownStore._kept_locked``); else its permit is
+    given back (None)."""
     name, per_ms = quota[0], quota[3]
     conn.execute(
         "DELETE FROM permit_log WHERE scope = ? AND quota = ? AND expires_ms <= ?", (scope, name, now_ms)
@@ -152,7 +170,7 @@ def kept(
         "DELETE FROM open_permit WHERE scope = ? AND quota = ? AND expires_ms <= ?", (scope, name, now_ms)
     )
     log = [int(row[0]) for row in conn.execute(
-        "SELECT expires_ms FROM permit_log WHERE scope = ? AND quota = ?", (scope, name)
+        "SELECT expires_ms FROM permit_log WHERE scope = ? AND quota = ? ORDER BY expires_ms", (scope, name)
     ).fetchall()]
     if end_ms not in log:
         return None  # (given back or lapsed meanwhile)
@@ -161,20 +179,26 @@ def kept(
         "SELECT expires_ms, expected_ms FROM open_permit WHERE scope = ? AND quota = ?", (scope, name)
     ).fetchall():
         pending.setdefault(int(stored), []).append(int(when))
+    marks, rows = _marks(conn, scope, name, now_ms)
     mine = pending.get(end_ms)
     expected = mine.pop() if mine else end_ms
+    waiting = [m for m in marks.get(end_ms, ()) if not m.sent]
+    own = next((m for m in waiting if m.rank == priority), waiting[-1]) if waiting else None
+    if own is not None:
+        marks[end_ms].remove(own)
     log.remove(end_ms)
-    ends = []
-    for stored in log:
-        waiting = pending.get(stored)
-        if not waiting:
-            ends.append(stored)
-            continue
-        when = waiting.pop()
-        if when <= expected:  # reserved no later than it: counts
-            ends.append(min(max(when, now_ms + per_ms), now_ms + round(RECHECK * 1000)))
+    recheck = now_ms + round(RECHECK * 1000)
+    mark = own or Mark(priority, end_ms - quota[1])
+    ends = holder_ends(log, pending, marks, mark, expected, now_ms + per_ms, recheck)
     if len(ends) < limit:
-        new_end = now_ms + quota[1]
+        new_end = max(now_ms + quota[1], end_ms)
+        # Sent from its place: marked so, its mark moved with its end.
+        rowid = rows.get((end_ms, mark)) if own is not None else None
+        if rowid is not None:
+            conn.execute("UPDATE reservation SET expires_ms = ?, sent = 1 WHERE rowid = ?", (new_end, rowid))
+        else:
+            row = (scope, name, new_end, mark.rank, mark.place)
+            conn.execute("INSERT INTO reservation VALUES (?, ?, ?, ?, ?, 1)", row)
         if new_end <= end_ms:
             return now_ms, end_ms
         for table in ("permit_log", "open_permit"):
@@ -196,7 +220,7 @@ def kept(
     wait = ends[len(ends) - limit]
     if by_ms is None or wait <= by_ms:
         return wait, None
-    for table in ("permit_log", "open_permit"):
+    for table in ("permit_log", "open_permit", "reservation"):
         conn.execute(
             f"DELETE FROM {table} WHERE rowid = (SELECT rowid FROM {table} "  # noqa: S608 - a fixed name
             "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
@@ -205,19 +229,68 @@ def kept(
     return None
 
 
+def _marks(
+    conn: sqlite3.Connection, scope: str, name: str, now_ms: int
+) -> tuple[dict[int, list[Mark]], dict[tuple[int, Mark], int]]:
+    """The quota ``name``'s reservations' marks (``base.Mark``) by their permits' end,
+    and a rowid for each (end, mark) (those ended by ``now_ms`` deleted, any scope's)."""
+    conn.execute("DELETE FROM reservation WHERE expires_ms <= ?", (now_ms,))
+    marks: dict[int, list[Mark]] = {}
+    rows: dict[tuple[int, Mark], int] = {}
+    for rowid, stored, rank, place, sent in conn.execute(
+        "SELECT rowid, expires_ms, priority, place_ms, sent FROM reservation WHERE scope = ? AND quota = ?",
+        (scope, name),
+    ).fetchall():
+        mark = Mark(int(rank), int(place), bool(sent))
+        marks.setdefault(int(stored), []).append(mark)
+        rows[(int(stored), mark)] = int(rowid)
+    return marks, rows
+
+
 def _reserve(
-    conn: sqlite3.Connection, scope: str, cooldown: datetime | None, quota: QuotaLog, refused: Admission,
-    reserve_by: datetime,
+    conn: sqlite3.Connection, scope: str, cooldown: datetime | None, quota: QuotaLog, limit: int,
+    refused: Admission, reserve_by: datetime, now_ms: int, priority: int = 0,
 ) -> Admission:
-    """The quota's permit alone refused: a reservation at the earliest time it is free,
-    if that is no later than ``reserve_by``, else the refusal (see ``base.Reservations``)."""
+    """The quota's permit alone refused: a reservation of ``priority`` at the earliest
+    time a permit is free counting no waiting reservation of a lower priority (granted
+    now when that is now), if that is no later than ``reserve_by``, else the refusal
+    (see ``base.Reservations``)."""
     start = refused.not_before
     assert start is not None
+    name = quota[0]
+    waiting, _ = _marks(conn, scope, name, now_ms)
+    if waiting:
+        log = [int(row[0]) for row in conn.execute(
+            "SELECT expires_ms FROM permit_log WHERE scope = ? AND quota = ? ORDER BY expires_ms",
+            (scope, name),
+        ).fetchall()]
+        counted, out = placing_ends(log, waiting, priority)
+        if out:
+            opened: dict[int, list[int]] = {}
+            for stored, when in conn.execute(
+                "SELECT expires_ms, expected_ms FROM open_permit WHERE scope = ? AND quota = ?", (scope, name)
+            ).fetchall():
+                opened.setdefault(int(stored), []).append(int(when))
+            for end in out:
+                if opened.get(end):
+                    opened[end].pop()
+            opened = {end: ends for end, ends in opened.items() if ends}
+            free = free_in(counted, opened, limit, now_ms + quota[3])
+            start = from_epoch_ms(now_ms if free is None else max(free, now_ms))
+    if waiting and quota[3] < PACE_UNDER * 1000:
+        marks = (m for ms in waiting.values() for m in ms)
+        start = from_epoch_ms(paced(to_epoch_ms(start), marks, priority, quota[3] // limit))
     if start > reserve_by:
-        return refused
+        return Admission(cooldown=cooldown, not_before=start)
     start_ms = to_epoch_ms(start)
     end_ms = start_ms + quota[1]
-    take_permit(conn, scope, quota[0], end_ms, start_ms + quota[2] if quota[2] else 0)
+    take_permit(conn, scope, name, end_ms, start_ms + quota[2] if quota[2] else 0)
+    sent = start_ms <= now_ms  # granted at once, ahead of the lower waiting ones: marked sent
+    conn.execute(
+        "INSERT INTO reservation VALUES (?, ?, ?, ?, ?, ?)", (scope, name, end_ms, priority, start_ms, sent)
+    )
+    if sent:
+        return Admission(cooldown=cooldown, not_before=None, permit=from_epoch_ms(end_ms))
     return Admission(cooldown=cooldown, not_before=None, permit=from_epoch_ms(end_ms), reserved=start)
 
 

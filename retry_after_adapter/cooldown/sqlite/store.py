@@ -102,7 +102,9 @@ _FRESH = (
     "LEFT JOIN cooldown c ON c.scope = f.scope"
 )
 #: Every table with rows of a scope (``delete`` lifts them all).
-_SCOPE_TABLES = ("cooldown", "allowance", "permit_log", "open_permit", "lease", "learned_rate", "token_log")
+_SCOPE_TABLES = (
+    "cooldown", "allowance", "permit_log", "open_permit", "reservation", "lease", "learned_rate", "token_log",
+)
 
 
 def _freshness_row(row: tuple[object, ...]) -> Freshness:
@@ -216,7 +218,7 @@ class SQLiteCooldownStore(
         ``now`` None: the real present, read once the transaction holds the lock, so a
         permit's time is when it is granted."""
         scope, now, limit, lease, learn = ask.scope, ask.now, ask.limit, ask.lease, ask.learn
-        weigh, batch, hold = ask.weigh, ask.batch, ask.hold
+        weigh, batch, hold, rank = ask.weigh, ask.batch, ask.hold, ask.priority
         reserve_by = None if ask.reserve_by is None else check_until(ask.reserve_by)
         held = None if ask.held is None else check_until(ask.held)
         check_scope(scope)
@@ -232,7 +234,7 @@ class SQLiteCooldownStore(
             with immediate(conn):
                 at = fixed or datetime.now(timezone.utc)  # the lock is ours: the grant's time
                 return admit_locked(
-                    conn, scope, at, limit, quota, lease, batch, hold, learn, weigh, reserve_by, held
+                    conn, scope, at, limit, quota, lease, batch, hold, learn, weigh, reserve_by, held, rank
                 )
 
         return self._run(admit)
@@ -570,12 +572,13 @@ def _settle_locked(conn: sqlite3.Connection, args: _Settle, new: int) -> None:
     """(In an immediate transaction.) One settle: an open permit open no more, and the
     permit's end moved to ``new`` (put back if it expired meanwhile)."""
     scope, quota, _, old, _, exact = args
-    if exact:  # an open permit's answer: open no more
-        conn.execute(
-            "DELETE FROM open_permit WHERE rowid = (SELECT rowid FROM open_permit "
-            "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
-            (scope, quota, old),
-        )
+    if exact:  # an open permit's answer: open no more (a reservation given back: waiting no more)
+        for table in ("open_permit", "reservation"):
+            conn.execute(
+                f"DELETE FROM {table} WHERE rowid = (SELECT rowid FROM {table} "  # noqa: S608 - a fixed name
+                "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
+                (scope, quota, old),
+            )
     if new == old:
         return
     moved = conn.execute(

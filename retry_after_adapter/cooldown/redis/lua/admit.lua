@@ -24,7 +24,10 @@
 -- -3 and that limit (the wait is its reset, or now).
 -- ARGV[22]: a reservation's latest time (ms; -1: none, see base.Reservations): a
 -- reservation's reply is a grant's eight numbers, then -4 and the reserved time;
--- ARGV[23]: the end (ms) of a reservation held, given back first (-1: none).
+-- ARGV[23]: the end (ms) of a reservation held, given back first (-1: none);
+-- ARGV[24]: the attempt's priority (base.Ask.priority); KEYS[9] the quota's
+-- reservations' marks (base.Mark; a sorted set: score = the permit's stored end,
+-- member = "<priority>:<place>:<w, waiting, or s, sent>:<member>").
 -- Returns {cooldown or -1, -1 when admitted or when to ask again, the admission number
 -- or -1, 1 when only a slot was missing, when the permit taken stops counting or -1,
 -- the extra permits taken (each counting hold ms longer), the extra admissions of the
@@ -36,6 +39,8 @@
 -- base.RECHECK in ms: when a reservation's holder held back by an unanswered permit
 -- asks again at the latest.
 local RECHECK = 1000
+-- base.PACE_UNDER in ms.
+local PACE_UNDER = 10000
 
 -- When a permit of a full permit set (count >= limit) is free at the earliest: once
 -- count - limit + 1 stopped counting, an open permit counted as ending at its grant +
@@ -64,6 +69,57 @@ local function free_at(key, okey, now, count, limit, floor)
     elseif closed < k then
       closed = closed + 1
       ends[#ends + 1] = tonumber(first[i + 1])
+    end
+  end
+  table.sort(ends)
+  return ends[math.min(k, #ends)]
+end
+
+-- For a reservation of priority prio: when a permit is free at the earliest counting
+-- no waiting reservation (wkey) of a lower priority (base.placing_ends, base.free_in):
+-- nil when none is lower (the count unchanged), now when one is free now.
+local function placed_free(key, okey, wkey, now, limit, prio, floor)
+  local marks = redis.call('ZRANGE', wkey, 0, -1, 'WITHSCORES')
+  local lower, any = {}, false
+  for i = 1, #marks, 2 do
+    local rank, flag = string.match(marks[i], '^(%-?%d+):%d+:(%a):')
+    if flag == 'w' and tonumber(rank) < prio then
+      lower[marks[i + 1]] = (lower[marks[i + 1]] or 0) + 1
+      any = true
+    end
+  end
+  if not any then return nil end
+  local all = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+  local log, out = {}, {}
+  for i = 2, #all, 2 do
+    if (lower[all[i]] or 0) > 0 then
+      lower[all[i]] = lower[all[i]] - 1
+      out[all[i]] = (out[all[i]] or 0) + 1
+    else
+      log[#log + 1] = all[i]
+    end
+  end
+  if #log < limit then return now end
+  local k = #log - limit + 1
+  local skip, ends = {}, {}
+  local opened = redis.call('ZRANGE', okey, 0, -1, 'WITHSCORES')
+  for i = 1, #opened, 2 do
+    local e = opened[i + 1]
+    if (out[e] or 0) > 0 then
+      out[e] = out[e] - 1
+    else
+      skip[e] = (skip[e] or 0) + 1
+      ends[#ends + 1] = math.max(tonumber(string.match(opened[i], '^(%d+):')), floor)
+    end
+  end
+  if #ends == 0 then return tonumber(log[k]) end
+  local closed = 0
+  for _, e in ipairs(log) do
+    if (skip[e] or 0) > 0 then
+      skip[e] = skip[e] - 1
+    elseif closed < k then
+      closed = closed + 1
+      ends[#ends + 1] = tonumber(e)
     end
   end
   table.sort(ends)
@@ -233,14 +289,16 @@ if ARGV[12] == '1' and counts == 0 and rec == nil and not weighs then
   return {cooldown, -1, -1, 0, -1, 0, 0, -1, r.ep, 1, cold}
 end
 local held = tonumber(ARGV[23]) or -1
+local prio = tonumber(ARGV[24]) or 0
 if counts > 0 and held >= 0 then
   -- A reservation's holder asking at its time (base.Ask.held), its permit kept: it goes
-  -- now while fewer than the limit others count, leaving out the open permits reserved
-  -- for later than it (they counted on it); else it is told when to ask again (the
-  -- earliest such permit could end; an unanswered one's within RECHECK ms), if no
-  -- later than ARGV[22]; else its permit is given back and the admission decided again.
+  -- now while fewer than the limit others count (base.holder_ends), marked sent;
+  -- else it is told when to ask again (the earliest counted could end; an unanswered
+  -- one's within RECHECK ms), if no later than ARGV[22]; else its permit is given back
+  -- and the admission decided again.
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
   redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)
   local mine = redis.call('ZRANGEBYSCORE', KEYS[2], held, held, 'LIMIT', 0, 1)
   if #mine > 0 then
     local pending, own, expected = {}, nil, held
@@ -256,6 +314,30 @@ if counts > 0 and held >= 0 then
         list[#list + 1] = when
       end
     end
+    local marks, mark = {}, nil
+    local all_marks = redis.call('ZRANGE', KEYS[9], 0, -1, 'WITHSCORES')
+    for i = 1, #all_marks, 2 do
+      local stored = tonumber(all_marks[i + 1])
+      local rank, place, flag = string.match(all_marks[i], '^(%-?%d+):(%d+):(%a):')
+      local m = {rank = tonumber(rank), place = tonumber(place), sent = flag == 's', member = all_marks[i]}
+      if stored == held and not m.sent and (mark == nil or m.rank == prio) then
+        if mark ~= nil then
+          local list = marks[stored]
+          if list == nil then list = {}; marks[stored] = list end
+          list[#list + 1] = mark
+        end
+        mark = m
+      else
+        local list = marks[stored]
+        if list == nil then list = {}; marks[stored] = list end
+        list[#list + 1] = m
+      end
+    end
+    local rank, place = prio, held - counts
+    if mark ~= nil then rank, place = mark.rank, mark.place end
+    -- base.holder_ends: left out, as they count on it, a waiting one behind it, one sent
+    -- from a later place at its priority or a lower one, and an unmarked open one
+    -- granted after its place.
     local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
     local ends, skipped = {}, false
     for i = 1, #all, 2 do
@@ -263,12 +345,25 @@ if counts > 0 and held >= 0 then
       if stored == held and not skipped then
         skipped = true
       else
+        local found, m = marks[stored], nil
+        if found ~= nil and #found > 0 then m = table.remove(found) end
         local list = pending[stored]
-        if list == nil or #list == 0 then
-          ends[#ends + 1] = stored
-        else
-          local when = table.remove(list)
-          if when <= expected then
+        local when = nil
+        if list ~= nil and #list > 0 then when = table.remove(list) end
+        local out = false
+        if m ~= nil then
+          if not m.sent then
+            out = m.rank < rank or (m.rank == rank and m.place > place)
+          else
+            out = m.rank <= rank and m.place > place
+          end
+        elseif when ~= nil then
+          out = when > expected
+        end
+        if not out then
+          if when == nil then
+            ends[#ends + 1] = stored
+          else
             ends[#ends + 1] = math.min(math.max(when, now + per), now + RECHECK)
           end
         end
@@ -277,7 +372,12 @@ if counts > 0 and held >= 0 then
     if #ends < limit then
       -- It goes now, later than its place: its permit counts from now, as one granted
       -- now would (the server counts it from its arrival), its open entry moved as much.
-      local restamp = now + counts
+      -- Sent from its place: marked so, its mark moved with its end.
+      if mark ~= nil then redis.call('ZREM', KEYS[9], mark.member) end
+      local restamp = math.max(now + counts, held)
+      redis.call('ZADD', KEYS[9], restamp, string.format('%d:%d:s:', rank, place) .. ARGV[4])
+      local lastmark = redis.call('ZRANGE', KEYS[9], -1, -1, 'WITHSCORES')
+      redis.call('PEXPIREAT', KEYS[9], tonumber(lastmark[2]) + 1000)
       if restamp <= held then return {cooldown, -1, -1, 0, held, 0, 0, -1} end
       redis.call('ZADD', KEYS[2], restamp, mine[1])
       local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
@@ -297,6 +397,7 @@ if counts > 0 and held >= 0 then
     if by < 0 or again <= by then return {cooldown, -1, -1, 0, held, 0, 0, -1, -4, again} end
     redis.call('ZREM', KEYS[2], mine[1])
     if own ~= nil then redis.call('ZREM', KEYS[6], own) end
+    if mark ~= nil then redis.call('ZREM', KEYS[9], mark.member) end
   end
 end
 if counts > 0 then
@@ -306,9 +407,24 @@ if counts > 0 then
     -- is no later than ARGV[22] and the quota alone refused (no slot, no tokens, no
     -- announced allowance); it counts from then, open as any permit of the quota.
     local by = tonumber(ARGV[22]) or -1
-    if by < 0 or refused > by or slots > 0 or rec ~= nil or weighs then
+    if by < 0 or slots > 0 or rec ~= nil or weighs then
       return {cooldown, refused, -1, 0, -1, 0, 0, -1}
     end
+    redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', now)
+    local free = placed_free(KEYS[2], KEYS[6], KEYS[9], now, limit, prio, now + per)
+    if free ~= nil then refused = math.max(free, now) end
+    -- A quota whose per is under base.PACE_UNDER: no earlier than per / limit after
+    -- the latest place waiting at prio or higher (base.paced): permits freed in a
+    -- burst are spent spread out.
+    local marks = {}
+    if per < PACE_UNDER then marks = redis.call('ZRANGE', KEYS[9], 0, -1) end
+    for _, m in ipairs(marks) do
+      local rank, place = string.match(m, '^(%-?%d+):(%d+):%a:')
+      if tonumber(rank) >= prio then
+        refused = math.max(refused, tonumber(place) + math.floor(per / limit))
+      end
+    end
+    if refused > by then return {cooldown, refused, -1, 0, -1, 0, 0, -1} end
     local ends = refused + counts
     redis.call('ZADD', KEYS[2], ends, ARGV[4])
     local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
@@ -318,6 +434,13 @@ if counts > 0 then
       local lastopen = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
       redis.call('PEXPIREAT', KEYS[6], tonumber(lastopen[2]) + 1000)
     end
+    -- Marked: waiting, or sent when granted at once (ahead of lower waiting ones).
+    local flag = 'w'
+    if refused <= now then flag = 's' end
+    redis.call('ZADD', KEYS[9], ends, string.format('%d:%d:%s:', prio, refused, flag) .. ARGV[4])
+    local lastmark = redis.call('ZRANGE', KEYS[9], -1, -1, 'WITHSCORES')
+    redis.call('PEXPIREAT', KEYS[9], tonumber(lastmark[2]) + 1000)
+    if refused <= now then return {cooldown, -1, -1, 0, ends, 0, 0, -1} end
     return {cooldown, -1, -1, 0, ends, 0, 0, -1, -4, refused}
   end
 end

@@ -1,8 +1,9 @@
--- KEYS[1] = a quota's permit set, KEYS[2] = its open permits; ARGV[1] = the quota's per
+-- KEYS[1] = a quota's permit set, KEYS[2] = its open permits, KEYS[3] = its
+-- reservations not yet used (admit.lua's KEYS[9]); ARGV[1] = the quota's per
 -- (ms), then four arguments per settle, settled in that order: the answer's time (ms,
 -- rounded up), the permit's stored expiry (ms), a member for it should it be gone and
 -- "1" for an exact settle (an open permit's answer: its entry among the open permits
--- goes). Each such permit (any one with that expiry; put back if it expired meanwhile)
+-- goes, and a reservation given back waits no more). Each such permit (any one with that expiry; put back if it expired meanwhile)
 -- counts until at least the answer + per (exactly, earlier too, when exact); the key
 -- lives as long as its last permit. Returns how many permits moved. (A settle is not to
 -- be written twice: a batch's open permits share their expiry, and a second write would
@@ -16,6 +17,10 @@ for i = 2, #ARGV, 4 do
   if exact then
     local open = redis.call('ZRANGEBYSCORE', KEYS[2], old, old, 'LIMIT', 0, 1)
     if #open > 0 then redis.call('ZREM', KEYS[2], open[1]) end
+    if KEYS[3] ~= nil then
+      local mark = redis.call('ZRANGEBYSCORE', KEYS[3], old, old, 'LIMIT', 0, 1)
+      if #mark > 0 then redis.call('ZREM', KEYS[3], mark[1]) end
+    end
   end
   if new > old or (new < old and exact) then
     local found = redis.call('ZRANGEBYSCORE', KEYS[1], old, old, 'LIMIT', 0, 1)
