@@ -782,6 +782,8 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
                 now = datetime.now(timezone.utc)  # the grant's time: the lock is ours
             cooldown = self._until.get(scope)
             if cooldown is not None and cooldown > now:
+                if ask.held is not None and limit is not None:  # its place is moot: given back
+                    self._give_back_locked(scope, _quota_key(limit, ask.per, 0.0), _micros(ask.held))
                 return Admission(cooldown=cooldown, not_before=cooldown)
             if ask.held is not None and limit is not None:
                 key = _quota_key(limit, ask.per, 0.0)
@@ -849,13 +851,27 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
             if mark is not None:
                 marks.setdefault(end, []).append(mark)  # still waiting
             return wait, None
-        del log[index]
-        opens = opened.get(end)
-        if opens:
-            opens.pop()
-            if not opens:
-                del opened[end]
+        self._give_back_locked(scope, key, end)
         return None
+
+    def _give_back_locked(self, scope: str, key: tuple[Any, ...], end: int) -> None:
+        """(Lock held; ``end`` in microseconds.) A reservation stored to end at ``end``
+        is given back: one permit with that end goes, with its open entry and its
+        waiting mark."""
+        log = self._permits.get(scope, {}).get(key[:2])
+        if log:
+            index = bisect.bisect_left(log, end)
+            if index < len(log) and log[index] == end:
+                del log[index]
+        opened = self._opened.get(scope, {}).get(key[:2])
+        if opened and opened.get(end):
+            opened[end].pop()
+            if not opened[end]:
+                del opened[end]
+        marks = self._marks.get(scope, {}).get(key[:2])
+        waiting = [m for m in marks.get(end, ()) if not m.sent] if marks else []
+        if marks and waiting:
+            _drop_one(marks, end, waiting[-1])
 
     def _marks_of(self, scope: str, key: tuple[Any, ...], at: int) -> dict[int, list[Mark]]:
         """(Lock held; ``at`` in microseconds.) The quota's reservations' marks (see

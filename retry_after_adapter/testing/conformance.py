@@ -50,8 +50,9 @@ What is checked:
   ``reserve_by`` (past it, the refusal names the reservation it would get and takes
   nothing), paced ``per / limit`` apart under ``PACE_UNDER`` and not past it; a
   reservation given back frees its place; holders go at their places (those reserved
-  after them left out); a higher ``priority`` is placed ahead of lower waiting ones,
-  which then wait for it; eight threads racing
+  after them left out; one refused by a cooldown gives its place back); a higher
+  ``priority`` is placed ahead of lower waiting ones, which then wait for it; eight
+  threads racing
   reservations never put more than the limit in any window;
 - **admission atomic in every order**, for each of ``QuotaLogs`` (a quota's one
   permit), ``Leases`` (the one slot), ``Allowances`` (an allowance's last request) and
@@ -566,6 +567,24 @@ class StoreContract(TokenContract):
             assert goes.not_before is None and goes.reserved is None, (place, goes)
         early = quota.admit(replace(ask, now=now + 1.5 * second, held=places[2].permit))
         assert early.reserved is not None and early.reserved >= now + 2 * second, early
+
+    def test_a_holder_refused_by_a_cooldown_gives_its_place_back(self, store: Any) -> None:
+        """``Reservations``: a holder asking at its place while a cooldown runs is
+        refused until the cooldown ends, and its place is given back in the same
+        operation (it is moot), so the next caller after the cooldown is not held back
+        by it."""
+        quota = self.carrying(store, QuotaLogs, Reservations)
+        now, scope = now_ms(), self.s("cooled")
+        second = timedelta(seconds=1)
+        ask = Ask(scope=scope, now=now, limit=1, per=1.0, reserve_by=now + 5 * second)
+        assert quota.admit(ask).reserved is None
+        place = quota.admit(ask)
+        assert place.reserved == now + second and place.permit is not None, place
+        quota.extend(scope, now + 1.5 * second)
+        refused = quota.admit(replace(ask, now=now + second, held=place.permit))
+        assert refused.not_before == now + 1.5 * second and refused.permit is None, refused
+        after = quota.admit(replace(ask, now=now + 1.5 * second, reserve_by=None))
+        assert after.not_before is None and after.permit is not None, after
 
     def test_reservations_of_a_long_quota_are_not_paced(self, store: Any) -> None:
         """``Reservations``: a quota whose ``per`` is ``PACE_UNDER`` or longer reserves

@@ -119,6 +119,8 @@ def admit_locked(
     rows = conn.execute(SELECT_UNTIL, (scope,)).fetchall()
     cooldown = from_epoch_ms(int(rows[0][0])) if rows else None
     if cooldown is not None and cooldown > now:
+        if held is not None and quota is not None:  # its place is moot: given back
+            _give_back(conn, scope, quota[0], to_epoch_ms(held))
         return Admission(cooldown=cooldown, not_before=cooldown)
     record, rolled, spent = _announced(conn, scope, now)
     if spent is not None:
@@ -220,13 +222,24 @@ def kept(
     wait = ends[len(ends) - limit]
     if by_ms is None or wait <= by_ms:
         return wait, None
-    for table in ("permit_log", "open_permit", "reservation"):
+    _give_back(conn, scope, name, end_ms)
+    return None
+
+
+def _give_back(conn: sqlite3.Connection, scope: str, name: str, end_ms: int) -> None:
+    """A reservation of the quota ``name`` stored to end at ``end_ms`` is given back:
+    one row with that end of each of its tables goes (its mark: a waiting one)."""
+    for table in ("permit_log", "open_permit"):
         conn.execute(
             f"DELETE FROM {table} WHERE rowid = (SELECT rowid FROM {table} "  # noqa: S608 - a fixed name
             "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
             (scope, name, end_ms),
         )
-    return None
+    conn.execute(
+        "DELETE FROM reservation WHERE rowid = (SELECT rowid FROM reservation "
+        "WHERE scope = ? AND quota = ? AND expires_ms = ? AND sent = 0 LIMIT 1)",
+        (scope, name, end_ms),
+    )
 
 
 def _marks(

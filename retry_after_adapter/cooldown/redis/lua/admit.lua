@@ -167,7 +167,17 @@ local cooldown = -1
 if ARGV[5] == '1' then
   local stored = tonumber(redis.call('GET', KEYS[1]))
   if stored ~= nil then
-    if stored > now then return {stored, stored, -1, 0, -1, 0, 0, -1} end
+    if stored > now then
+      -- A reservation's holder refused by a cooldown: its place is moot, given back.
+      local gone = tonumber(ARGV[23]) or -1
+      if gone >= 0 and tonumber(ARGV[2]) > 0 then
+        for _, k in ipairs({KEYS[2], KEYS[6], KEYS[9]}) do
+          local found = redis.call('ZRANGEBYSCORE', k, gone, gone, 'LIMIT', 0, 1)
+          if #found > 0 then redis.call('ZREM', k, found[1]) end
+        end
+      end
+      return {stored, stored, -1, 0, -1, 0, 0, -1}
+    end
     cooldown = stored
   end
 end
