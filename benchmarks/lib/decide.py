@@ -20,7 +20,8 @@ threads, as an application holds one; pyrate-limiter's one a thread, see
   ``RedisBucket``.
 
 A refusal is a decision as much as a grant: on a binding quota most are refusals
-(nobody waits or reserves: every limiter's non-blocking check). Each phase measures,
+(nobody waits or reserves: every limiter's non-blocking check), and what was admitted a
+second says whether the quota held. Each phase measures,
 after a short warm-up, the decisions made within its window, the client processes' CPU
 (all threads) and Redis round trips (each write of redis-py's connections, counted at
 the clients, a pipeline once), and the Redis server's CPU and commands (``INFO cpu``,
@@ -111,6 +112,18 @@ def _decider(name: str, url: str, limit: int, key: str, shared: dict[str, Any]) 
     return engine
 
 
+def _store_down(shared: dict[str, Any]) -> bool:
+    """Whether this process's failure layer of our store holds the store down (then
+    the engine's local copy decides alone: failing open, each process counting apart)."""
+    store = shared.get("store")
+    if store is None:
+        return False
+    from retry_after_adapter.cooldown.base import FAILURE_LAYERS
+
+    guard = FAILURE_LAYERS.find(store)
+    return bool(guard is not None and guard.breaker.is_down)
+
+
 def _worker(name: str, url: str, inbox: Any, outbox: Any, index: int) -> None:
     """A worker process: runs each phase its inbox sends, reports each; None ends it."""
     load._count_round_trips()
@@ -170,6 +183,7 @@ def _worker(name: str, url: str, inbox: Any, outbox: Any, index: int) -> None:
             "client_cpu_s": cpu1 - cpu0,
             "round_trips": load._SENT[0],
             "stuck": sum(w.is_alive() for w in workers),
+            "store_down": _store_down(shared),
         }))
     for limiter in shared.get("close", []):
         with contextlib.suppress(Exception):
@@ -249,6 +263,8 @@ class Fleet:
         result: dict[str, Any] = {
             "decisions_per_s": made / duration,
             "admitted_share": sum(r["admitted"] for r in reports.values()) / made if made else None,
+            "admitted_per_s": sum(r["admitted"] for r in reports.values()) / duration,
+            "store_down": sum(r["store_down"] for r in reports.values()),
             "failures": sum(r["failures"] for r in reports.values()),
             "stuck_threads": sum(r["stuck"] for r in reports.values()),
         }

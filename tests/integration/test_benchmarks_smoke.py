@@ -251,6 +251,7 @@ def test_reserve_decisions_quick(tmp_path: Path, redis_binary: str) -> None:
             assert finite(cell["redis_cpu_us_per_decision"]) and cell["client_cpu_us_per_decision"] > 0
             if mode.startswith("binding") and name != "Redis INCRBY":
                 assert cell["admitted_share"] < 0.2, (name, cell)
+                assert cell["admitted_per_s"] <= 4 * doc["settings"]["decisions"]["limits"]["binding"], cell
             else:
                 assert cell["admitted_share"] == 1.0, (name, mode, cell)
     assert rows["retry_after_adapter engine"]["open 1 x 2"]["round_trips_per_decision"] < 0.5
