@@ -30,9 +30,26 @@ the clients as above), Redis commands and CPU; the server's worst 1 s window; go
 and each request's wait before it went, p50 and p99, beyond the ideal wait of a fair
 queue (threads / quota seconds, what a thread waits in turn with every thread busy).
 
-    python benchmarks/bench_reserve.py              # about 4 minutes: 4 x 16, then the field at 1-16 x 16
-    python benchmarks/bench_reserve.py --field ""   # this package alone, about 15 s a repetition
-    python benchmarks/bench_reserve.py --quick      # 2 processes x 8 threads, 3 s; the field at 1 x 8, 2 s
+Decisions per second (``--decisions``, default on; ``lib.decide``): each limiter's
+admission alone, flat out, no HTTP in the way, against the same Redis: Redis ``INCRBY``
+(the floor), this package's engine (the store's failure layer with its near copy, as
+the engine calls it, each admitted permit settled as its answer would), its
+``RedisCooldownStore.admit`` alone (one script a decision), throttled-py's GCRA
+(``Throttled.limit``) and pyrate-limiter (``try_acquire(blocking=False)``), each with
+``--decisions-threads`` threads (default 1,4,16) in ``--decisions-processes`` processes
+(default 1,4), on a quota no decision reaches and on a binding ``Quota(40, per=1)``
+(nearly all refused): decisions per second, Redis CPU, client CPU and round trips a
+decision, the Redis script's microseconds a call; on the binding quota, the most admitted
+in a second of any repetition (the quota held: 40), and how many of our processes' failure
+layers held the store down at a phase's end (failing open: each process counting alone).
+``--decisions-duration`` seconds measured a phase (default 1), medians of
+``--decisions-reps`` (default 3), the limiters' phases alternating.
+
+    python benchmarks/bench_reserve.py              # about 10 minutes: 4 x 16, the field, the decisions
+    python benchmarks/bench_reserve.py --field "" --decisions ""  # this package alone, 15 s a repetition
+    python benchmarks/bench_reserve.py --decisions-only  # decisions per second alone, about 6 minutes
+    python benchmarks/bench_reserve.py --quick      # 2 processes x 8 threads, 3 s; the field at 1 x 8, 2 s;
+                                                    # the decisions at 1 x 2, 0.3 s (about 45 s in all)
 """
 
 from __future__ import annotations
@@ -47,7 +64,7 @@ from typing import Any
 
 import bench_scale
 from lib import common as _common
-from lib import load
+from lib import decide, load
 from lib.fleet import fetch_log
 
 PER = 1.0
@@ -236,6 +253,92 @@ def field_table(rows: dict[str, dict[int, dict[str, Any]]], limit: int, threads:
     return _common.table(title, headers, lines)
 
 
+# -- decisions per second: each limiter's admission alone, flat out ----------------------
+
+DECISION_KEYS = (
+    "decisions_per_s", "redis_cpu_us_per_decision", "client_cpu_us_per_decision",
+    "round_trips_per_decision", "commands_per_decision", "script_usec_per_call", "admitted_share",
+    "admitted_per_s",
+)
+
+
+def decisions(
+    kept: load.Stores, names: list[str], sizes: list[int], threads: list[int], reps: int, duration: float,
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each limiter's decisions per second and their cost (``lib.decide``), per mode
+    and ``processes x threads``: medians over ``reps`` phases, each phase's figures
+    kept ("runs"). The limiters' phases alternate (each repetition in another order),
+    so that what else the machine runs weighs on each alike."""
+    rows: dict[str, dict[str, dict[str, Any]]] = {}
+    for processes in sizes if names else []:
+        fleets: dict[str, decide.Fleet] = {}
+        try:
+            for name in names:
+                fleets[name] = decide.Fleet(name, kept.redis.url, processes)
+            for rep in range(reps):
+                for mode, limit in decide.MODES.items():
+                    for count in threads:
+                        turn = rep % len(names)
+                        for name in names[turn:] + names[:turn]:
+                            key = f"bench-decide-{mode}-{processes}-{count}-{rep}"
+                            setup = 0.3 + 0.05 * processes * count / 4
+                            result = fleets[name].phase(kept, limit, count, key, setup, 0.3, duration)
+                            cell = rows.setdefault(name, {}).setdefault(f"{mode} {processes} x {count}", {})
+                            cell.setdefault("runs", []).append(result)
+                            shown = ", ".join(
+                                f"{k} {v:.3g}" for k, v in result.items() if isinstance(v, (int, float))
+                            )
+                            where = f"{name}, {mode}, {processes} x {count}"
+                            print(f"  {where}: {shown or result}", file=sys.stderr, flush=True)
+        finally:
+            for fleet in fleets.values():
+                fleet.close()
+    rows = {name: rows[name] for name in names if name in rows}
+    for by_size in rows.values():
+        for cell in by_size.values():
+            good = [r for r in cell["runs"] if "error" not in r]
+            for key in DECISION_KEYS:
+                vals = [r[key] for r in good if r.get(key) is not None]
+                cell[key] = statistics.median(vals) if vals else None
+            cell["admitted_per_s_most"] = max((r["admitted_per_s"] for r in good), default=None)
+            cell["store_down"] = sum(r["store_down"] for r in good)
+            if len(good) < len(cell["runs"]):
+                cell["errors"] = [r["error"] for r in cell["runs"] if "error" in r]
+    return rows
+
+
+def decisions_table(rows: dict[str, dict[str, dict[str, Any]]], duration: float, reps: int) -> str:
+    cost = "Redis CPU us; client CPU us; round trips a decision"
+    headers = [
+        "limiter", "processes x threads", "open: decisions/s", cost, "binding: decisions/s", cost,
+        "binding: admitted/s, most", "failing open",
+    ]
+    lines = []
+    for name, by_size in rows.items():
+        sizes = sorted(
+            {size.split(" ", 1)[1] for size in by_size}, key=lambda s: tuple(int(x) for x in s.split(" x "))
+        )
+        for size in sizes:
+            line = [name, size]
+            for mode in decide.MODES:
+                r = by_size.get(f"{mode} {size}", {})
+                line.append(bench_scale.cell(r.get("decisions_per_s"), 0))
+                line.append(
+                    f"{bench_scale.cell(r.get('redis_cpu_us_per_decision'), 0)}; "
+                    f"{bench_scale.cell(r.get('client_cpu_us_per_decision'), 0)}; "
+                    f"{bench_scale.cell(r.get('round_trips_per_decision'), 2)}"
+                )
+            binding = by_size.get(f"binding {size}", {})
+            line.append(bench_scale.cell(binding.get("admitted_per_s_most"), 0))
+            line.append(sum(by_size.get(f"{mode} {size}", {}).get("store_down", 0) for mode in decide.MODES))
+            lines.append(line)
+    title = (
+        f"Decisions per second on one Redis, flat out: open = Quota({decide.MODES['open']}, per=1), "
+        f"binding = Quota({decide.MODES['binding']}, per=1); {duration:g} s each, median of {reps}"
+    )
+    return _common.table(title, headers, lines)
+
+
 KEYS = (
     "round_trips_per_request", "commands_per_request", "redis_cpu_us_per_request",
     "goodput_vs_allowed", "requests_per_s", "not_ok", "store_failures",
@@ -256,13 +359,40 @@ def main() -> None:
     p.add_argument("--field", default=",".join(FIELD), help="limiters side by side ('' for none)")
     p.add_argument("--field-processes", help="processes of the field's runs (default 1,2,4,8,16; quick 1)")
     p.add_argument("--field-duration", type=float, help="seconds measured per field run (default 6; quick 2)")
+    p.add_argument(
+        "--decisions", default=",".join(decide.LIMITERS),
+        help="limiters whose decisions per second are measured ('' for none)",
+    )
+    p.add_argument("--decisions-only", action="store_true", help="measure decisions per second alone")
+    p.add_argument("--decisions-processes", help="processes of the decisions' phases (default 1,4; quick 1)")
+    p.add_argument("--decisions-threads", help="threads a process in those (default 1,4,16; quick 2)")
+    p.add_argument("--decisions-duration", type=float, help="seconds measured a phase (default 1; quick 0.3)")
+    p.add_argument("--decisions-reps", type=int, help="repetitions of each phase (default 3; quick 1)")
     args = p.parse_args()
     processes = args.processes or (2 if args.quick else 4)
     threads = args.threads or (8 if args.quick else 16)
     duration = args.duration or (3.0 if args.quick else 8.0)
     if min(processes, threads, args.reps, args.limit) < 1 or duration <= 0:
         p.error("counts must be at least 1, --duration positive")
+    decided_names = [n.strip() for n in args.decisions.split(",") if n.strip()]
+    for name in decided_names:
+        if name not in decide.LIMITERS:
+            p.error(f"--decisions: known limiters are {', '.join(decide.LIMITERS)}")
+    decided_sizes = [int(x) for x in (args.decisions_processes or ("1" if args.quick else "1,4")).split(",")]
+    thread_counts = args.decisions_threads or ("2" if args.quick else "1,4,16")
+    decided_threads = [int(x) for x in thread_counts.split(",")]
+    decided_duration = args.decisions_duration or (0.3 if args.quick else 1.0)
+    decided_reps = args.decisions_reps or (1 if args.quick else 3)
+    if min(decided_sizes + decided_threads + [decided_reps]) < 1 or decided_duration <= 0:
+        p.error("the decisions' counts must be at least 1, --decisions-duration positive")
     runs: list[dict[str, Any]] = []
+    field: dict[str, dict[int, dict[str, Any]]] = {}
+    names = [] if args.decisions_only else [n.strip() for n in args.field.split(",") if n.strip()]
+    for name in names:
+        if name not in FIELD:
+            p.error(f"--field: known limiters are {', '.join(FIELD)}")
+    sizes = [int(x) for x in (args.field_processes or ("1" if args.quick else "1,2,4,8,16")).split(",")]
+    field_duration = args.field_duration or (2.0 if args.quick else 6.0)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-reserve-") as workdir, load.stores(
         workdir, ["redis"]
@@ -270,67 +400,75 @@ def main() -> None:
         if kept is None or "redis" in kept.skipped:
             print("no Redis: nothing to measure", file=sys.stderr)
             return
-        fleet = load.Fleet(processes, args.worker_nice)
+        fleet = load.Fleet(processes, args.worker_nice) if not args.decisions_only else None
         try:
-            for rep in range(args.reps):
+            for rep in range(0 if fleet is None else args.reps):
                 spec = bench_scale.spec_for(
                     "redis", "", threads, kept.where("redis", workdir, rep), rep, args.store_timeout or None,
                     args.limit, 0.0,
                 )
                 spec["margin"] = args.margin
+                assert fleet is not None
                 result = binding_run(fleet, spec, processes, kept, args.warm, duration, args.limit)
                 runs.append(result)
                 shown = ", ".join(f"{k} {v:.3g}" for k, v in result.items() if isinstance(v, (int, float)))
                 print(f"  run {rep + 1}: {shown}", file=sys.stderr, flush=True)
         finally:
-            fleet.close()
-        field: dict[str, dict[int, dict[str, Any]]] = {}
-        names = [n.strip() for n in args.field.split(",") if n.strip()]
-        sizes = [int(x) for x in (args.field_processes or ("1" if args.quick else "1,2,4,8,16")).split(",")]
-        field_duration = args.field_duration or (2.0 if args.quick else 6.0)
-        for size in sizes:
+            if fleet is not None:
+                fleet.close()
+        for size in sizes if names else []:
             for name in names:
-                if name not in FIELD:
-                    p.error(f"--field: known limiters are {', '.join(FIELD)}")
                 result = field_run(name, kept, size, threads, args.limit, args.warm, field_duration)
                 field.setdefault(name, {})[size] = result
                 shown = ", ".join(f"{k} {v:.3g}" for k, v in result.items() if isinstance(v, (int, float)))
                 print(f"  {name}, {size} x {threads}: {shown}", file=sys.stderr, flush=True)
+        decided = decisions(
+            kept, decided_names, decided_sizes, decided_threads, decided_reps, decided_duration
+        )
+    tables = []
+    row: dict[str, Any] = {}
     good = [r for r in runs if not r.get("stuck_workers")]
-    row: dict[str, Any] = {
-        key: statistics.median(vals) if (vals := [r[key] for r in good if r.get(key) is not None]) else None
-        for key in KEYS
-    }
-    row["worst_window"] = max((r["worst_window"] for r in good), default=None)
-    row["throttled"] = sum(r["throttled"] for r in good)
-    title = (
-        f"Binds: Quota({args.limit}, per=1) shared by {processes} x {threads} on one Redis, a server "
-        f"allowing {args.limit} per 1 s; {duration:g} s, median of {len(good)}"
-    )
-    headers = [
-        "round trips/req", "Redis commands/req", "Redis CPU us/req", "worst 1 s window; 429s",
-        "goodput / allowed",
-    ]
-    cells = [
-        bench_scale.cell(row["round_trips_per_request"], 2),
-        bench_scale.cell(row["commands_per_request"], 1),
-        bench_scale.cell(row["redis_cpu_us_per_request"], 0),
-        f"{bench_scale.cell(row['worst_window'], 0)}/{args.limit}; {row['throttled']}",
-        bench_scale.cell(row["goodput_vs_allowed"], 2),
-    ]
+    if good:
+        for key in KEYS:
+            vals = [r[key] for r in good if r.get(key) is not None]
+            row[key] = statistics.median(vals) if vals else None
+        row["worst_window"] = max(r["worst_window"] for r in good)
+        row["throttled"] = sum(r["throttled"] for r in good)
+        title = (
+            f"Binds: Quota({args.limit}, per=1) shared by {processes} x {threads} on one Redis, a server "
+            f"allowing {args.limit} per 1 s; {duration:g} s, median of {len(good)}"
+        )
+        headers = [
+            "round trips/req", "Redis commands/req", "Redis CPU us/req", "worst 1 s window; 429s",
+            "goodput / allowed",
+        ]
+        cells = [
+            bench_scale.cell(row["round_trips_per_request"], 2),
+            bench_scale.cell(row["commands_per_request"], 1),
+            bench_scale.cell(row["redis_cpu_us_per_request"], 0),
+            f"{bench_scale.cell(row['worst_window'], 0)}/{args.limit}; {row['throttled']}",
+            bench_scale.cell(row["goodput_vs_allowed"], 2),
+        ]
+        tables.append(_common.table(title, headers, [cells]))
+    if field:
+        tables.append(field_table(field, args.limit, threads, field_duration))
+    if decided:
+        tables.append(decisions_table(decided, decided_duration, decided_reps))
     payload = {
         "settings": {
             "processes": processes, "threads": threads, "limit": args.limit, "per_s": PER,
             "duration_s": duration, "warm_s": args.warm, "reps": args.reps,
+            "decisions": {
+                "processes": decided_sizes, "threads": decided_threads, "duration_s": decided_duration,
+                "reps": decided_reps, "limits": decide.MODES,
+            },
             "took_s": round(time.monotonic() - started),
         },
         "binding": row,
         "runs": runs,
         "field": {name: {str(size): r for size, r in by_size.items()} for name, by_size in field.items()},
+        "decisions": decided,
     }
-    tables = [_common.table(title, headers, [cells])]
-    if field:
-        tables.append(field_table(field, args.limit, threads, field_duration))
     _common.finish("reserve", payload, tables, args.out)
 
 

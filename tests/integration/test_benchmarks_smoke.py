@@ -219,14 +219,43 @@ def test_scale_quick(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_reserve_quick(tmp_path: Path, redis_binary: str) -> None:
-    doc = run_quick("bench_reserve.py", tmp_path, "--duration", "1.5", "--warm", "0.5")
+    doc = run_quick("bench_reserve.py", tmp_path, "--duration", "1.5", "--warm", "0.5", "--decisions", "")
     assert doc["benchmark"] == "reserve"
+    assert doc["decisions"] == {}
     limit = doc["settings"]["limit"]
     row = doc["binding"]
     # The bound, at the server: no window of 1 s ever held more than the quota.
     assert 0 < row["worst_window"] <= limit and row["throttled"] == 0, row
     assert row["round_trips_per_request"] > 0  # counted at the clients
     assert row["commands_per_request"] >= row["round_trips_per_request"]
+
+
+@pytest.mark.slow
+def test_reserve_decisions_quick(tmp_path: Path, redis_binary: str) -> None:
+    """Decisions per second alone: every limiter decides on the open and the binding
+    quota, one round trip a decision at most (our engine: fewer, its near copy's
+    batches), and the binding quota refuses nearly all."""
+    doc = run_quick("bench_reserve.py", tmp_path, "--decisions-only", "--decisions-duration", "0.3")
+    assert doc["binding"] == {} and doc["field"] == {}
+    rows = doc["decisions"]
+    assert list(rows) == [
+        "Redis INCRBY", "retry_after_adapter engine", "retry_after_adapter store", "throttled-py GCRA",
+        "pyrate-limiter",
+    ]
+    for name, cells in rows.items():
+        assert set(cells) == {"open 1 x 2", "binding 1 x 2"}, (name, cells)
+        for mode, cell in cells.items():
+            assert "errors" not in cell, (name, mode, cell)
+            assert cell["decisions_per_s"] > 0, (name, mode, cell)
+            assert 0 < cell["round_trips_per_decision"] <= 1.2, (name, mode, cell)
+            assert finite(cell["redis_cpu_us_per_decision"]) and cell["client_cpu_us_per_decision"] > 0
+            if mode.startswith("binding") and name != "Redis INCRBY":
+                assert cell["admitted_share"] < 0.2, (name, cell)
+                assert cell["admitted_per_s"] <= 4 * doc["settings"]["decisions"]["limits"]["binding"], cell
+            else:
+                assert cell["admitted_share"] == 1.0, (name, mode, cell)
+    assert rows["retry_after_adapter engine"]["open 1 x 2"]["round_trips_per_decision"] < 0.5
+    assert rows["retry_after_adapter store"]["open 1 x 2"]["script_usec_per_call"] > 0
 
 
 @pytest.mark.slow
