@@ -167,3 +167,18 @@ def test_a_store_that_does_not_answer_in_time_is_named_a_timeout(caplog: pytest.
         assert "failed: timed out" in line and "misconfiguration" not in line, line
     finally:
         store.released.set()
+
+
+@pytest.mark.redis
+def test_an_unknown_redis_client_option_is_a_configuration_error_naming_it() -> None:
+    """redis-py keeps a keyword its connections do not take until it connects, then
+    fails with a TypeError that would read as an outage ("timed out"): the store refuses
+    it when built, naming it; options redis-py takes go through."""
+    from retry_after_adapter.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="unknown Redis client option timeout"):
+        RedisCooldownStore.from_url("redis://127.0.0.1:1/0", timeout=30)
+    with pytest.raises(ConfigurationError, match="options retry_on_timout, timeout"):
+        RedisCooldownStore.from_url("redis://127.0.0.1:1/0", timeout=30, retry_on_timout=True)
+    store = RedisCooldownStore.from_url("redis://127.0.0.1:1/0", health_check_interval=5, max_connections=4)
+    store.close()

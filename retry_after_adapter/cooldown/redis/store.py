@@ -12,6 +12,7 @@ time; only :meth:`RedisCooldownStore.from_url` does, when called.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import secrets
 from collections.abc import Sequence
@@ -266,6 +267,27 @@ _INSTALL_HINT = "pip install 'retry_after_adapter[redis]' (from a checkout: pip 
 
 
 
+def _unknown_options(client: Any) -> list[str]:
+    """The keyword arguments a client's connections were given that its connection
+    class takes under no name (redis-py keeps them until it connects, and then fails
+    with a TypeError a store would report as an outage); [] when that cannot be told."""
+    try:
+        pool = client.connection_pool
+        given = set(pool.connection_kwargs)
+        known: set[str] = set()
+        closed = False  # a class of the chain that takes no **kwargs: the names are all
+        for klass in pool.connection_class.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is None or klass is object:
+                continue
+            params = inspect.signature(init).parameters.values()
+            known.update(p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+            closed = closed or not any(p.kind is p.VAR_KEYWORD for p in params)
+    except Exception:  # another client's shape: left to redis-py
+        return []
+    return sorted(given - known) if closed else []
+
+
 def _present(now: datetime | None) -> datetime:
     """``now`` checked, or this host's present."""
     return datetime.now(timezone.utc) if now is None else check_until(now)
@@ -404,6 +426,12 @@ class RedisCooldownStore(
             raise ConfigurationError(
                 f"invalid Redis cooldown URL {redact_url(url)!r}: {scrub(str(exc), url_secrets(url))}"
             ) from None
+        unknown = _unknown_options(client)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown Redis client option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+                "(redis-py's connections take no such keyword)"
+            )
         store = cls(client, prefix=prefix, push=push)
         options = dict(
             client_kwargs, socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout
