@@ -22,6 +22,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TypeVar
+from urllib.request import pathname2url
 
 from ... import _forksafe
 from ...errors import ConfigurationError, CooldownStoreError, failure_cause
@@ -121,7 +122,8 @@ _PERMIT_SCHEMA = (
     "BEGIN DELETE FROM change WHERE seq <= NEW.seq - 1024; END",  # CHANGES_KEPT
 )
 
-_HEADER = b"SQLite format 3\x00"
+#: SQLite's primary result code for a file that is not a database (SQLITE_NOTADB).
+_NOTADB = 26
 
 
 def _file_state(path: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
@@ -135,14 +137,30 @@ def _file_state(path: str) -> tuple[tuple[int, int] | None, tuple[int, int] | No
 
 
 def _looks_like_sqlite(path: str) -> bool:
-    """Whether ``path`` is empty (SQLite writes its header on first use) or starts with
-    the SQLite header."""
+    """Whether ``path`` is empty (SQLite writes its header on first use) or begins as a
+    SQLite database, as SQLite reads the file itself (not its WAL: ``immutable``).
+
+    Read through a SQLite connection of its own, never a file descriptor of ours:
+    closing any descriptor of the file drops every POSIX lock this process holds on it
+    (the locks SQLite's connections in every thread rely on), after which another
+    process's last connection, closing, checkpoints and deletes the WAL and the
+    shared-memory index under this process's feet: two processes then count permits
+    apart (over their quota) and their checkpoints corrupt the file. SQLite closes its
+    own descriptor only once no connection of the process holds a lock on the file.
+    Only SQLite's verdict "not a database" counts; any other error (the file gone
+    again, a checkpoint half written) is for the next operation to meet."""
+    uri = "file:" + pathname2url(path) + "?mode=ro&immutable=1"
     try:
-        with open(path, "rb") as f:
-            head = f.read(len(_HEADER))
-    except OSError:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error:
         return True  # gone again: the next operation notices
-    return head == b"" or head == _HEADER
+    try:
+        conn.execute("PRAGMA schema_version").fetchall()
+    except sqlite3.Error as exc:
+        return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) != _NOTADB
+    finally:
+        conn.close()
+    return True
 
 
 @contextlib.contextmanager
