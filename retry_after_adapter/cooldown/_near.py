@@ -565,11 +565,13 @@ class PermitBatches:
         """A permit of the batch, if one is left to spend at ``present``: its end. While
         another thread takes the quota's next batch, this one waits for it (no longer
         than that thread's claim, nor ``wait`` seconds: what its call has left), rather
-        than asking the store for a permit of its own."""
+        than asking the store for a permit of its own. None too when this thread is to
+        take the next batch ahead (see :meth:`_ahead`; only a caller that may wait,
+        ``wait`` > 0, which then asks the store for a batch)."""
         key = (scope, limit, per, margin)
         started = time.monotonic()
         with self._lock:
-            if self._ahead(key, present, started):
+            if wait > 0 and self._ahead(key, present, started):
                 return None  # this thread takes the next batch: the others spend what is left
             permits = self._take(key, present)
             while permits is None:
