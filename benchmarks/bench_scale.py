@@ -68,12 +68,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from lib import common as _common
 from lib import load
+from lib.common import cpu_seconds
 from lib.fleet import fetch_log
 
 NEVER_LIMIT = load.QUOTA_LIMIT
@@ -110,13 +112,16 @@ def run(
     if redis_kind:
         kept.empty(kind)
     t0, t1 = load.start(fleet, processes, warm, duration)
+    workers = [proc.pid for proc in fleet.procs[:processes]]
     time.sleep(max(0.0, t0 - time.monotonic()))
     if redis_kind:
         kept.reset_stats(kind)
     cpu0 = kept.cpu(kind) if redis_kind else 0.0
+    clients0 = sum(cpu_seconds(pid) for pid in workers)
     time.sleep(max(0.0, t1 - time.monotonic()))
     cpu1 = kept.cpu(kind) if redis_kind else 0.0
-    commands = kept.commands(kind) if redis_kind else None
+    clients1 = sum(cpu_seconds(pid) for pid in workers)
+    commands = kept.commands_by_name(kind) if redis_kind else {}
     done, stuck = load.reports(fleet, processes, t1)
     ok = sum(d["ok"] for d in done)
     result: dict[str, Any] = {
@@ -126,9 +131,15 @@ def run(
         "store_failures": sum(d["failures"] for d in done),
         "log_first": [line for d in done for line in d["log_first"]][:3],
     }
+    if ok:
+        # The worker processes' CPU (every thread's), per request answered in the window.
+        result["client_cpu_us_per_request"] = (clients1 - clients0) / ok * 1e6
     if redis_kind and ok:
         result["round_trips_per_request"] = sum(d["sent"] for d in done) / ok
-        result["commands_per_request"] = (commands or 0) / ok
+        result["commands_per_request"] = sum(commands.values()) / ok
+        sent_by: Counter[str] = sum((Counter(d.get("sent_by", {})) for d in done), Counter())
+        result["round_trips_per_request_by_kind"] = {k: n / ok for k, n in sorted(sent_by.items())}
+        result["commands_per_request_by_name"] = {k: n / ok for k, n in sorted(commands.items())}
         # Less what the servers use with no client at all (their timers), over the window.
         busy = max(0.0, cpu1 - cpu0 - kept.idle[kind] * duration)
         result["redis_cpu_us_per_request"] = busy / ok * 1e6
@@ -288,6 +299,79 @@ def _cost_headers(kind: str) -> list[str]:
     return [f"{name} round trips/req", f"{name} CPU us/req", f"{name} failures"]
 
 
+def ranged(s: dict[str, Any], key: str, digits: int) -> str:
+    """A median with its range over the repetitions: ``0.036 [0.034-0.041]``."""
+    span = s.get("ranges", {}).get(key)
+    if s.get(key) is None or span is None or span[0] == span[1]:
+        return cell(s.get(key), digits)
+    return f"{cell(s[key], digits)} [{cell(span[0], digits)}-{cell(span[1], digits)}]"
+
+
+def shares(per: dict[str, float], shown: int = 8) -> str:
+    """``name 0.012, ...``: the largest ``shown`` of a breakdown per request, the rest added up."""
+    ranked = sorted(per.items(), key=lambda kv: -kv[1])
+    parts = [f"{name} {value:.3g}" for name, value in ranked[:shown] if value]
+    rest = sum(value for _, value in ranked[shown:])
+    return ", ".join(parts + ([f"others {rest:.3g}"] if rest else [])) or "-"
+
+
+def breakdown(flat: Rows, kinds: list[str], reps: int) -> list[str]:
+    """Flat out on Redis and the cluster: each cost with its range, and what the round
+    trips carried and which commands Redis ran, per request."""
+    out = []
+    for kind in [k for k in kinds if k != "sqlite"]:
+        rows, what = [], []
+        for (p, t), row in _by_size(flat):
+            s, memory = row.get(kind), row.get("memory", {})
+            if not s:
+                continue
+            size = f"{p} x {t} = {p * t}"
+            rows.append(
+                [
+                    size,
+                    ranged(s, "ratio_vs_memory", 2),
+                    ranged(s, "round_trips_per_request", 3),
+                    ranged(s, "commands_per_request", 2),
+                    f"{ranged(s, 'client_cpu_us_per_request', 0)} "
+                    f"({cell(memory.get('client_cpu_us_per_request'), 0)})",
+                    ranged(s, "redis_cpu_us_per_request", 0),
+                ]
+            )
+            what.append(
+                [
+                    size,
+                    shares(s.get("round_trips_per_request_by_kind", {})),
+                    shares(s.get("commands_per_request_by_name", {})),
+                ]
+            )
+        if not rows:
+            continue
+        name = SHARED[kind]
+        out.append(
+            _common.table(
+                f"Flat out, {name}: median [min-max] of {reps}",
+                [
+                    "processes x threads = workers",
+                    f"{name} / memory",
+                    "round trips/req (at the clients)",
+                    "commands/req (commandstats, the scripts' own included)",
+                    "client CPU us/req (memory's)",
+                    "Redis CPU us/req",
+                ],
+                rows,
+            )
+        )
+        out.append(
+            _common.table(
+                f"Flat out, {name}, per request (medians): what the round trips carried (a write's "
+                "first command, an EVALSHA by its script; + a pipeline) and the commands Redis ran",
+                ["processes x threads = workers", "round trips by what", "commands by name"],
+                what,
+            )
+        )
+    return out
+
+
 def tables(loads: dict[str, Rows], kinds: list[str], reps: int, pace: float) -> list[str]:
     out = []
     flat, paced, binding = loads.get("flat", {}), loads.get("paced", {}), loads.get("binding", {})
@@ -308,6 +392,7 @@ def tables(loads: dict[str, Rows], kinds: list[str], reps: int, pace: float) -> 
                 f"Flat out: Quota({NEVER_LIMIT}, per=1) never binds; median of {reps}", headers, rows
             )
         )
+    out += breakdown(flat, kinds, reps)
     if paced:
         rows = [
             [f"{p} x {t} = {p * t}"]
@@ -363,6 +448,22 @@ def tables(loads: dict[str, Rows], kinds: list[str], reps: int, pace: float) -> 
 
 
 COST_KEYS = ("round_trips_per_request", "redis_cpu_us_per_request")
+#: The figures whose range over the repetitions is kept beside their median.
+RANGED = (
+    "requests_per_s",
+    "round_trips_per_request",
+    "commands_per_request",
+    "redis_cpu_us_per_request",
+    "client_cpu_us_per_request",
+)
+#: A run's breakdowns, kept as medians per name: round trips by what they carried
+#: (counted at the clients), and Redis commands by command (``INFO commandstats``).
+BY = ("round_trips_per_request_by_kind", "commands_per_request_by_name")
+
+
+def range_of(runs: list[dict[str, Any]], key: str) -> list[float] | None:
+    values = [r[key] for r in runs if not r.get("stuck_workers") and r.get(key) is not None]
+    return [min(values), max(values)] if values else None
 
 
 def summarise(runs: dict[tuple[int, int, str], list[dict[str, Any]]]) -> Rows:
@@ -372,6 +473,7 @@ def summarise(runs: dict[tuple[int, int, str], list[dict[str, Any]]]) -> Rows:
         "round_trips_per_request",
         "commands_per_request",
         "redis_cpu_us_per_request",
+        "client_cpu_us_per_request",
         "goodput_vs_allowed",
         "not_ok",
         "store_failures",
@@ -380,6 +482,17 @@ def summarise(runs: dict[tuple[int, int, str], list[dict[str, Any]]]) -> Rows:
     for (p, t, kind), every in runs.items():
         s: dict[str, Any] = {key: median_of(every, key) for key in keys}
         s["stuck_runs"] = sum(1 for r in every if r.get("stuck_workers"))
+        #: Each figure's min and max over the repetitions (the medians above).
+        s["ranges"] = {key: range_of(every, key) for key in RANGED if range_of(every, key)}
+        for by in BY:
+            names = sorted({name for r in every if not r.get("stuck_workers") for name in r.get(by, {})})
+            if names:
+                s[by] = {
+                    name: statistics.median(
+                        r.get(by, {}).get(name, 0.0) for r in every if not r.get("stuck_workers")
+                    )
+                    for name in names
+                }
         if kind != "memory" and (p, t, "memory") in runs:
             base = {
                 r["rep"]: r["requests_per_s"] for r in runs[(p, t, "memory")] if not r.get("stuck_workers")
@@ -390,6 +503,8 @@ def summarise(runs: dict[tuple[int, int, str], list[dict[str, Any]]]) -> Rows:
                 if r["rep"] in base and not r.get("stuck_workers")
             ]
             s["ratio_vs_memory"] = statistics.median(ratios) if ratios else None
+            if ratios:
+                s["ranges"]["ratio_vs_memory"] = [min(ratios), max(ratios)]
         if "worst_window" in every[0]:  # the worst of every run: the bound is for each
             s["worst_window"] = max(r["worst_window"] for r in every if "worst_window" in r)
             s["throttled"] = sum(r["throttled"] for r in every if "throttled" in r)

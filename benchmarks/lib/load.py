@@ -125,25 +125,58 @@ def _thread(
 
 #: This worker's writes to Redis within the measured window (``_WINDOW``, monotonic).
 _SENT = [0]
+#: ... by what each carried (see :func:`round_trip_kind`).
+_SENT_BY: Counter[str] = Counter()
 
 
 _WINDOW = [math.inf, math.inf]
+#: The head of a packed command: its name and, an ``EVALSHA``'s, the script's SHA1.
+_HEAD = re.compile(rb"\*[0-9]+\r\n\$[0-9]+\r\n([A-Za-z]+)\r\n(?:\$40\r\n([0-9a-f]{40}))?")
+_NAMES: dict[bytes, str] = {}
+
+
+def round_trip_kind(packed: Any) -> str:
+    """What a write to Redis carries, named by its first command (an ``EVALSHA`` by its
+    script: ``evalsha settle``; a pipeline by its first command, with ``+`` when it
+    carries more than one): as the benchmarks' tables break round trips down."""
+    if isinstance(packed, list | tuple):
+        chunks = [bytes(chunk) for chunk in packed]
+    else:
+        chunks = [packed.encode() if isinstance(packed, str) else bytes(packed)]
+    head = _HEAD.match(chunks[0]) if chunks else None
+    if head is None:
+        return "(other)"
+    name = head.group(1).decode().lower()
+    if head.group(2) is not None:
+        if not _NAMES:
+            _NAMES.update(script_names())
+        name += " " + _NAMES.get(head.group(2), "(another script)")
+    # A pipeline's commands are packed one after the other: a second array header.
+    data = b"".join(chunks)
+    more = sum(1 for _ in _ARRAY.finditer(data)) > 1
+    return name + (" +" if more else "")
+
+
+#: An array header at the start of a packed command (one per command of a pipeline; a
+#: bulk string's content could look the same, which would only mark a write ``+``).
+_ARRAY = re.compile(rb"(?:^|\r\n)\*[0-9]+\r\n\$")
 
 
 def _count_round_trips() -> None:
     """Count each write this process sends to Redis within the measured window: one
     per round trip (a pipeline of many commands is one write; MONITOR shows each
-    command of it apart)."""
+    command of it apart), and by what it carries."""
     try:
         from redis import connection
     except ImportError:
         return
     send = connection.AbstractConnection.send_packed_command
 
-    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
         if _WINDOW[0] <= time.monotonic() < _WINDOW[1]:
             _SENT[0] += 1
-        return send(self, *args, **kwargs)
+            _SENT_BY[round_trip_kind(command)] += 1
+        return send(self, command, *args, **kwargs)
 
     connection.AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
 
@@ -176,6 +209,7 @@ def worker(index: int, commands: Any, results: Any, nice: int) -> None:
         results.put(("ready", index))
         start_at, t0, t1 = commands.get()
         _SENT[0], _WINDOW[:] = 0, [t0, t1]
+        _SENT_BY.clear()
         outs = [[0, 0] for _ in sessions]
         # Paced (``pace`` GETs a second in the process): each thread's share, spread.
         every = len(sessions) / spec["pace"] if spec.get("pace") else 0.0
@@ -212,6 +246,7 @@ def worker(index: int, commands: Any, results: Any, nice: int) -> None:
                     "log": dict(handler.counts),
                     "log_first": handler.first,
                     "sent": _SENT[0],
+                    "sent_by": dict(_SENT_BY),
                     **health,
                 },
             )
@@ -642,11 +677,16 @@ class Stores:
     def commands(self, kind: str) -> int:
         """Commands the Redis servers ran since the reset, the scripts' included (the
         benchmark's own left out)."""
-        total = 0
+        return sum(self.commands_by_name(kind).values())
+
+    def commands_by_name(self, kind: str) -> dict[str, int]:
+        """:meth:`commands` by command (every node's added up, on the cluster)."""
+        total: Counter[str] = Counter()
         for client in self.clients.get(kind, []):
             for name, count in commandstats(client).items():
-                total += 0 if own_command(name) else count
-        return total
+                if not own_command(name) and count:
+                    total[name] += count
+        return dict(total)
 
     def close(self) -> None:
         for clients in self.clients.values():

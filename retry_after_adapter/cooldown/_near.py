@@ -20,7 +20,11 @@ without a store round trip while nothing has changed (owned by the failure layer
   most :data:`BATCH_TARGET` permits (``hold`` at most a tenth of ``per``, half of
   ``per`` for open permits); while one
   thread takes the next batch, the others wait for it rather than each asking for a permit. What is not
-  spent in time lapses, and a process that dies loses at most its batch.
+  spent in time lapses, and a process that dies loses at most its batch. Once threads
+  of the process have waited so for a quota's batch, the next one is taken ahead
+  (:data:`AHEAD`): when what is left would run out (or its hold end) within twice the
+  time the last batch took to come, one thread asks for the next batch while the others
+  spend what is left, and the new batch is spent after it.
   An open permit (a quota whose ``per + margin`` is shorter than ``OPEN_FOR``, on a
   store that settles exactly: see ``Plan.answered``) is batched too: each permit of the
   batch is open in the store (counting ``OPEN_FOR`` longer) until the answer of the
@@ -102,6 +106,10 @@ UNIT_HOLD = 0.1
 #: Seconds the other threads ask for single permits while one takes a batch (or until
 #: its answer comes).
 REFILL_WAIT = 0.2
+#: A quota's next batch is taken ahead (once threads waited for one) when what is left
+#: of the batch would be spent, or its hold end, within this many times the last
+#: batch's time to come (its store operation, on this process's monotonic clock).
+AHEAD = 2.0
 #: Seconds the reaper thread stays with nothing to give back before it ends.
 REAPER_LINGER = 1.0
 #: Seconds a slot given back waits in the process for another attempt of its scope.
@@ -147,7 +155,10 @@ class _Permits:
     """One quota's batch of permits in this process (or a scope's admissions of an
     announced allowance, numbered from ``seq``), and its recent rate."""
 
-    __slots__ = ("count", "early", "end", "open", "rate", "refilling", "seq", "since", "spend_by", "spent")
+    __slots__ = (
+        "asked", "claimant", "claimed", "count", "early", "end", "full", "latency", "next", "open", "rate",
+        "refilling", "seq", "since", "spend_by", "spent", "waited",
+    )
 
     def __init__(self, now: datetime) -> None:
         self.count = 0  # permits left to spend
@@ -166,6 +177,30 @@ class _Permits:
         #: The batch's permits are open (see ``Plan.answered``): those not spent are
         #: given back (``PermitBatches.give_back_permits``), else they would count ``OPEN_FOR`` longer.
         self.open = False
+        #: The thread that claimed the batch being taken (``threading.get_ident()``) and
+        #: when (time.monotonic()), and the permits it asked for; how long (seconds) the
+        #: last batch took to come, and whether the store granted all it asked for (the
+        #: quota had room for it: else none is taken ahead, a refusal would defer the
+        #: thread taking it while the batch still had permits).
+        self.claimant = 0
+        self.claimed = 0.0
+        self.asked = 0
+        self.latency = 0.0
+        self.full = False
+        #: Threads waited for a batch of this quota: the next ones are taken ahead.
+        self.waited = False
+        #: A batch taken ahead, spent once this one is (its count, end, spend-by time
+        #: and whether open).
+        self.next: tuple[int, datetime, datetime, bool] | None = None
+
+    def advance(self, present: datetime) -> bool:
+        """(Lock held; the batch is spent or past its spend-by time.) The batch taken
+        ahead becomes the one spent, if one was and it may be spent at ``present``."""
+        queued, self.next = self.next, None
+        if queued is None:
+            return False
+        self.count, self.end, self.spend_by, self.open = queued
+        return present < queued[2]
 
 
 def _sizing_rate(permits: _Permits, longest: float, opened: bool, per: float | None) -> tuple[float, float]:
@@ -407,8 +442,14 @@ class PermitBatches:
         """The store refused the attempt: the permit :meth:`spend` gave goes back."""
         with self._lock:
             batch = self._permits.get((scope, limit, per, margin))
-            if batch is not None and batch.end == permit:
+            if batch is None:
+                return
+            if batch.end == permit:
                 batch.count += 1
+                batch.spent -= 1
+            elif batch.next is not None and batch.next[1] == permit:  # (spent from it meanwhile)
+                count, end, spend_by, opened = batch.next
+                batch.next = (count + 1, end, spend_by, opened)
                 batch.spent -= 1
 
     def batch(
@@ -431,19 +472,33 @@ class PermitBatches:
             key, longest, most = (scope, 0, 0.0, 0.0), UNIT_HOLD, BATCH_TARGET
         permits = self._permits.get(key)
         if permits is None or not self._fresh():
+            self._unclaim(permits)
             return 1, 0.0
         rate, longest = _sizing_rate(permits, longest, opened, per)
         size = batch_size(rate, longest, opened, most)
         if size < 2:
+            self._unclaim(permits)
             return 1, 0.0
         now = time.monotonic()
+        me = threading.get_ident()
         with self._lock:
-            if permits.refilling > now:
+            if permits.refilling > now and permits.claimant != me:
                 return 1, 0.0  # another thread is taking this quota's batch
             if claim:
                 permits.refilling = now + REFILL_WAIT
+                permits.claimant, permits.claimed, permits.asked = me, now, size
         # Whole milliseconds: every store keeps the extras' end exactly as computed here.
         return size, math.floor(min(longest, 1.5 * size / rate) * 1000) / 1000
+
+    def _unclaim(self, permits: _Permits | None) -> None:
+        """No batch after all: a claim this thread made ahead (see :meth:`spend`) ends,
+        and the threads waiting for it go on."""
+        if permits is None or permits.claimant != threading.get_ident():
+            return
+        with self._lock:
+            if permits.claimant == threading.get_ident():
+                permits.refilling, permits.claimant = 0.0, 0
+                self._refilled.notify_all()
 
     def took(
         self, scope: str, present: datetime, answer: Admission, limit: int | None, per: float | None,
@@ -455,13 +510,25 @@ class PermitBatches:
         with self._lock:
             if limit is not None and per is not None and answer.permit is not None:
                 permits = self._count(scope, limit, per, margin, present)
-                permits.refilling = 0.0
+                if permits.claimant == threading.get_ident():
+                    permits.latency = time.monotonic() - permits.claimed
+                    permits.full = answer.extra + 1 >= permits.asked
+                permits.refilling, permits.claimant = 0.0, 0
                 self._refilled.notify_all()
                 if answer.extra > 0:
-                    self._lapse((scope, limit, per, margin), permits)  # the batch it replaces
-                    permits.count, permits.open = answer.extra, opened
-                    permits.end = answer.permit + timedelta(seconds=hold)
-                    permits.spend_by = present + timedelta(seconds=hold)
+                    key = (scope, limit, per, margin)
+                    batch = (
+                        answer.extra, answer.permit + timedelta(seconds=hold),
+                        present + timedelta(seconds=hold), opened,
+                    )
+                    if permits.next is not None:  # two taken ahead: the older is spent first
+                        self._lapse(key, permits)
+                        permits.advance(present)
+                    if permits.count > 0 and permits.spend_by is not None and present < permits.spend_by:
+                        permits.next = batch  # taken ahead: spent after what is left
+                    else:
+                        self._lapse(key, permits)  # the batch it replaces
+                        permits.count, permits.end, permits.spend_by, permits.open = batch
             if answer.seq is not None:
                 units = self._count(scope, 0, 0.0, 0.0, present)
                 units.refilling = 0.0
@@ -498,21 +565,53 @@ class PermitBatches:
         """A permit of the batch, if one is left to spend at ``present``: its end. While
         another thread takes the quota's next batch, this one waits for it (no longer
         than that thread's claim, nor ``wait`` seconds: what its call has left), rather
-        than asking the store for a permit of its own."""
+        than asking the store for a permit of its own. None too when this thread is to
+        take the next batch ahead (see :meth:`_ahead`; only a caller that may wait,
+        ``wait`` > 0, which then asks the store for a batch)."""
         key = (scope, limit, per, margin)
         started = time.monotonic()
         with self._lock:
+            if wait > 0 and self._ahead(key, present, started):
+                return None  # this thread takes the next batch: the others spend what is left
             permits = self._take(key, present)
             while permits is None:
                 batch = self._permits.get(key)
                 now = time.monotonic()
                 if batch is None or batch.refilling <= now or now - started >= wait:
                     break
+                batch.waited = True
                 self._refilled.wait(min(batch.refilling - now, started + wait - now))
                 permits = self._take(key, present + timedelta(seconds=time.monotonic() - started))
             end = None if permits is None else permits.end
         self.give_lapsed()
         return end
+
+    def _ahead(self, key: _Quota, present: datetime, now: float) -> bool:
+        """(Lock held.) Whether this thread takes the quota's next batch ahead (claimed
+        for it): threads have waited for one before, the last one was granted whole,
+        none is being taken or waits taken ahead, and what is left would be spent (at
+        the rate a batch is sized to), or its hold end, within :data:`AHEAD` times the
+        last batch's time to come."""
+        permits = self._permits.get(key)
+        if (
+            permits is None
+            or not permits.waited
+            or not permits.full
+            or not permits.latency
+            or permits.next is not None
+            or permits.refilling > now
+            or permits.count <= 0
+            or permits.spend_by is None
+            or present >= permits.spend_by
+        ):
+            return False
+        rate = permits.rate or permits.early
+        lead = AHEAD * permits.latency
+        if permits.count > rate * lead and (permits.spend_by - present).total_seconds() > lead:
+            return False
+        permits.refilling = now + REFILL_WAIT
+        permits.claimant, permits.claimed = threading.get_ident(), now
+        return True
 
     def refilled(self, scope: str, limit: int | None, per: float | None, margin: float) -> None:
         """The thread that claimed the quota's next batch is done (granted or not): the
@@ -530,11 +629,15 @@ class PermitBatches:
         the batch, or None when none is left to spend (past its spend-by time, the
         rest lapse in the store)."""
         permits = self._permits.get(key)
-        if permits is None or permits.count <= 0 or permits.spend_by is None:
+        if permits is None:
             return None
-        if present >= permits.spend_by:
+        if permits.count <= 0 or permits.spend_by is None or present >= permits.spend_by:
             self._lapse(key, permits)
-            return None
+            if not permits.advance(present):  # (a batch taken ahead, if any, is spent now)
+                self._lapse(key, permits)
+                return None
+            if permits.count <= 0:
+                return None
         permits.count -= 1
         self._count(*key, present)
         return permits
@@ -554,6 +657,11 @@ class PermitBatches:
             permits = self._permits.get(key)
             if permits is not None and permits.end == end:
                 self._lapse(key, permits)
+            elif permits is not None and permits.next is not None and permits.next[1] == end:
+                count, _, _, opened = permits.next
+                permits.next = None
+                if count > 0 and opened:
+                    self._lapsed.append((key, end, count))
         self.give_lapsed()
 
     def give_lapsed(self) -> None:

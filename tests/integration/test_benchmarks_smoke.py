@@ -213,6 +213,13 @@ def test_scale_quick(tmp_path: Path) -> None:
             if kind != "sqlite" and not flat[kind]["store_failures"]:
                 assert flat[kind]["round_trips_per_request"] > 0  # counted at the clients
                 assert flat[kind]["commands_per_request"] >= flat[kind]["round_trips_per_request"]
+                # Broken down (one repetition: its breakdown adds up to its figure).
+                by_kind = flat[kind]["round_trips_per_request_by_kind"]
+                assert sum(by_kind.values()) == pytest.approx(flat[kind]["round_trips_per_request"])
+                assert any(name.startswith("evalsha ") for name in by_kind), by_kind
+                by_name = flat[kind]["commands_per_request_by_name"]
+                assert sum(by_name.values()) == pytest.approx(flat[kind]["commands_per_request"])
+            assert flat[kind]["client_cpu_us_per_request"] > 0
     plotted = (tmp_path / "plot" / "scale.svg").exists()
     assert plotted == any(note.startswith("plot:") for note in doc["notes"])
 
