@@ -38,6 +38,7 @@ BENCHMARKS = {
     "load": ("bench_load.py", "load.json"),
     "scale": ("bench_scale.py", "scale.json"),
     "reserve": ("bench_reserve.py", "reserve.json"),
+    "priority": ("bench_priority.py", "priority.json"),
     "cold_start": ("bench_cold_start.py", "cold_start.json"),
     "httpx": ("bench_httpx.py", "bench_httpx.json"),
     "aiohttp": ("bench_aiohttp.py", "bench_aiohttp.json"),
@@ -154,6 +155,13 @@ def headline(name: str, doc: dict[str, Any]) -> str:
             for variant, runs in doc.get("runs", {}).items()
         ]
         return "; ".join(parts)
+    if name == "priority":
+        return "; ".join(
+            f"{kind}: priority wait median {_common.fmt(row['priority_median_s'])} s, longest "
+            f"{_common.fmt(row['priority_max_s'])} s (<= 0.08, < 0.5); ordinary "
+            f"{_common.fmt(row['ordinary_median_s'])} s; worst second {row['worst_window']}"
+            for kind, row in doc.get("rows", {}).items()
+        )
     return "see its table above"
 
 

@@ -633,3 +633,17 @@ def test_tokens_quick(tmp_path: Path) -> None:
             if name.startswith(("transport", "the same")):
                 # The target: at most one 429, nothing early, every call done.
                 assert run["429"] <= 1 and run["early"] == 0, (name, run)
+
+
+@pytest.mark.slow
+def test_priority_quick(tmp_path: Path) -> None:
+    """Priority calls beside a saturated fleet on memory and SQLite: they are measured,
+    served, and the server never sees more than the quota in a second."""
+    doc = run_quick("bench_priority.py", tmp_path, "--duration", "2", "--warm", "1")
+    assert doc["benchmark"] == "priority"
+    limit = doc["settings"]["limit"]
+    assert set(doc["rows"]) == {"memory", "sqlite"}
+    for kind, row in doc["rows"].items():
+        assert row["priority_calls"] > 0 and row["priority_median_s"] is not None, (kind, row)
+        assert 0 < row["worst_window"] <= limit and row["throttled"] == 0, (kind, row)
+        assert row["goodput_vs_allowed"] > 0, (kind, row)
