@@ -44,17 +44,13 @@ local PACE_UNDER = 10000
 
 -- When a permit of a full permit set (count >= limit) is free at the earliest: once
 -- count - limit + 1 stopped counting, an open permit counted as ending at its grant +
--- per + margin, or at floor (now + per) if later (base.free_at). Only the k open
--- permits stored to end first are read (a quota's whole open set costs its size in
--- Redis CPU on every refusal: 0.4 ms at 250); any other counts as ending at its stored
--- end, never earlier than it could, so the time found is never earlier than the exact
--- one (the same when every open permit is open as long, as one process's are).
+-- per + margin, or at floor (now + per) if later (base.free_at).
 local function free_at(key, okey, now, count, limit, floor)
   local k = count - limit + 1
   local opened = {}
   if okey ~= nil then
     redis.call('ZREMRANGEBYSCORE', okey, '-inf', now)
-    opened = redis.call('ZRANGE', okey, 0, k - 1, 'WITHSCORES')
+    opened = redis.call('ZRANGE', okey, 0, -1, 'WITHSCORES')
   end
   if #opened == 0 then
     local edge = redis.call('ZRANGE', key, k - 1, k - 1, 'WITHSCORES')
