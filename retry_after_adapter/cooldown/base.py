@@ -638,34 +638,42 @@ def free_in(log: Sequence[int], opened: dict[int, list[int]], limit: int, floor:
 
 def holder_ends(
     others: Sequence[int], pending: dict[int, list[int]], marks: dict[int, list[Mark]], mine: Mark,
-    expected: int, floor: int, recheck: int,
+    expected: int, now: int, per: int, recheck: int,
 ) -> list[int]:
     """For a reservation's holder (marked ``mine``; its permit, if open, would end at
-    ``expected`` had it been answered in time) asking at its time: the ends of the
+    ``expected`` had it been answered in time) asking at ``now``: the ends of the
     ``others`` (the quota's other stored ends) that count against it (see
     :class:`Reservations`). Left out, as they count on it: a waiting one behind it (a
-    lower priority, or the same one placed later), one sent from a later place of its
+    lower priority, or the same one placed later), one sent from a later place at its
     priority or a lower one, and an open one unmarked granted after its place (its
     expected end later). Counted: every other, an open one (``pending``: stored end ->
     when each would end had it been answered in time) as ending at that time or at
-    ``floor`` (the present + per) if later, and within ``recheck`` (the present +
-    :data:`RECHECK`) at the latest. The lists of ``pending`` and ``marks`` are consumed.
-    Times in any one unit."""
+    ``now + per`` if later, within ``recheck`` (the present + :data:`RECHECK`) at the
+    latest; a waiting one ahead of it whose place has passed as going no earlier than
+    now (its ends moved as much: held back, it goes late). The lists of ``pending``
+    and ``marks`` are consumed. Times in any one unit."""
     ends: list[int] = []
     rank, place = mine.rank, mine.place
+    floor = now + per
     for stored in others:
         found = marks.get(stored)
         mark = found.pop() if found else None
         opens = pending.get(stored)
         when = opens.pop() if opens else None
+        late = 0
         if mark is not None:
-            if not mark.sent and (mark.rank < rank or (mark.rank == rank and mark.place > place)):
-                continue  # waiting behind it
-            if mark.sent and mark.rank <= rank and mark.place > place:
+            if not mark.sent:
+                if mark.rank < rank or (mark.rank == rank and mark.place > place):
+                    continue  # waiting behind it
+                late = max(0, now - mark.place)
+            elif mark.rank <= rank and mark.place > place:
                 continue  # sent from a later place: it counted on this one
         elif when is not None and when > expected:
             continue  # granted after its place: it counted on this one
-        ends.append(stored if when is None else min(max(when, floor), recheck))
+        if when is None:
+            ends.append(stored + late)
+        else:
+            ends.append(min(max(when + late, floor), recheck))
     return ends
 
 

@@ -453,7 +453,10 @@ class StoreGuard(PartwiseStore, LocalCopy, CallBudgets):
         try:
             answer = self._admit_store(missing, budget, present)
             if answer.not_before is None:
-                if renewed and answer.permit is not None:  # before another thread spends one
+                # Before another thread spends one. Not a reservation's: its holder's
+                # confirmation moves its permit (a renewal moving it first would orphan
+                # it, open and unanswered: counted by every holder for seconds).
+                if renewed and answer.permit is not None and answer.reserved is None:
                     self._opened(near, scope, rest, per, margin, answer, hold, ask.opened)
                 ttl = lease.ttl if lease is not None else None
                 near.took(scope, present, answer, epoch, rest, per, margin, hold, rest_lease, opened, ttl)

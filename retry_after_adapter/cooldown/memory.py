@@ -840,7 +840,7 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
         others = [stored for i, stored in enumerate(log) if i != index]
         own = mark or Mark(priority, end - span)
         copies = {stored: list(ms) for stored, ms in marks.items()}
-        ends = holder_ends(others, pending, copies, own, expected, at + key[1], at + _RECHECK_US)
+        ends = holder_ends(others, pending, copies, own, expected, at, key[1], at + _RECHECK_US)
         if len(ends) < limit:
             new_end = self._restamped(scope, key, log, index, end, at + span)
             marks.setdefault(new_end, []).append(own._replace(sent=True))  # sent from its place

@@ -191,7 +191,7 @@ def kept(
     log.remove(end_ms)
     recheck = now_ms + round(RECHECK * 1000)
     mark = own or Mark(priority, end_ms - quota[1])
-    ends = holder_ends(log, pending, marks, mark, expected, now_ms + per_ms, recheck)
+    ends = holder_ends(log, pending, marks, mark, expected, now_ms, per_ms, recheck)
     if len(ends) < limit:
         new_end = max(now_ms + quota[1], end_ms)
         # Sent from its place: marked so, its mark moved with its end.

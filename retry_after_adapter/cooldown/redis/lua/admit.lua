@@ -360,10 +360,12 @@ if counts > 0 and held >= 0 then
         local list = pending[stored]
         local when = nil
         if list ~= nil and #list > 0 then when = table.remove(list) end
-        local out = false
+        local out, late = false, 0
         if m ~= nil then
           if not m.sent then
             out = m.rank < rank or (m.rank == rank and m.place > place)
+            -- Ahead of it and past its place: it goes no earlier than now.
+            late = math.max(0, now - m.place)
           else
             out = m.rank <= rank and m.place > place
           end
@@ -372,9 +374,9 @@ if counts > 0 and held >= 0 then
         end
         if not out then
           if when == nil then
-            ends[#ends + 1] = stored
+            ends[#ends + 1] = stored + late
           else
-            ends[#ends + 1] = math.min(math.max(when, now + per), now + RECHECK)
+            ends[#ends + 1] = math.min(math.max(when + late, now + per), now + RECHECK)
           end
         end
       end
