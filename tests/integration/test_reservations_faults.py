@@ -14,6 +14,7 @@ fleet sent), and that no call and no process hangs (bounded time).
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 import os
@@ -136,23 +137,26 @@ def fleet_run(
     threads: int,
     seconds: float,
     failure: str = "open",
-    during: Callable[[], None] | None = None,
+    during: Callable[[Callable[[], object]], None] | None = None,
+    late: int = 0,
     prefix: str = "faults:",
 ) -> Run:
     """``processes`` fleet processes of ``threads`` threads each on the store of
     ``kind`` at ``where`` send to ``server`` for ``seconds``; ``during`` runs once they
-    have started (it breaks something). Every process must end within the calls'
-    deadline after sending stops (no call, and no process, hangs)."""
+    have started (it breaks something), given a function that starts ``late`` more
+    such processes (started and ready already: they begin at once). Every process must
+    end within the calls' deadline after its sending stops (no call, and no process,
+    hangs)."""
     url = server.url + "/"
     procs = [
         child("fleet", kind, where, prefix, url, str(threads), str(seconds), QUOTA, failure)
-        for _ in range(processes)
+        for _ in range(processes + late)
     ]
     try:
         ready(procs)
-        started = go(procs)
+        started = go(procs[:processes])
         if during is not None:
-            during()
+            during(functools.partial(go, procs[processes:]))
         got = reports(procs, seconds + DEADLINE + 20)  # (+20: a loaded machine's slack)
     finally:
         for proc in procs:
@@ -167,14 +171,18 @@ def fleet_run(
 
 
 # ============================================================ a Redis restarted mid-run
-#: Seconds Redis stays down: stopped (SIGTERM: it writes its append-only file and
-#: exits) as the fleet's second window of sends reaches the server, while their answers
-#: are on their way, and started again on the same port this long after.
-OUTAGE = 0.5
+#: Seconds Redis stays down: stopped (SIGTERM: with ``appendonly`` it writes its file
+#: and exits) once the fleet's second window of sends has reached the server, while
+#: their answers' settles wait to be written (up to 0.25 s, coalesced), and started
+#: again on the same port this long after.
+OUTAGE = 0.3
 RESTART_SECONDS = 6.0
-#: After the restart: the two seconds from one second on must have this share of what
-#: the quota allows served (the fleet has recovered).
+#: From a second after the restart, for three seconds, at least this share of what the
+#: quota allows must be served (the fleet has recovered).
 RECOVERED = 0.6
+#: The most one call may take: its deadline, and half as much again for a loaded
+#: machine (a call past it has hung).
+LONGEST = DEADLINE * 1.5
 
 
 @dataclass
@@ -183,15 +191,21 @@ class Restarted:
     down: float  # epoch seconds: when the stop began
     up: float  # epoch seconds: when the restarted server answered
 
+    def recovered(self) -> int:
+        """The server's 200s in the three seconds from a second after the restart."""
+        return self.run.served(self.up + 1, self.up + 4)
+
 
 @pytest.fixture(scope="module")
 def restarted(
     redis_binary: str, redis_module: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[[str], Restarted]]:
-    """``restarted(data)``: one run (made once per module) of 4 processes x 8 threads on
-    a Redis of their own, with ``store_failure="closed"``, the Redis stopped and started
-    again mid-run; ``data`` "kept" (``appendonly yes``: what the store held comes back)
-    or "lost" (no persistence: it comes back empty)."""
+    """``restarted(data)``: one run (made once per module) of 4 processes x 8 threads
+    on a Redis of their own, failing closed (``store_failure="closed"``: nothing is
+    sent while the store is down), the Redis stopped and started again mid-run; then a
+    fifth process of 8 threads starts sending on it, as a worker started (or
+    reconnected) just after the restart would. ``data``: "kept" (``appendonly yes``:
+    what the store held comes back) or "lost" (no persistence: it comes back empty)."""
     made: dict[str, Restarted] = {}
 
     def run(data: str) -> Restarted:
@@ -201,19 +215,22 @@ def restarted(
         redis = RedisServer(tmp_path_factory.mktemp(f"redis-{data}"), extra, binary=redis_binary).start()
         times: list[float] = []
 
-        def restart() -> None:
+        def restart(newcomer: Callable[[], object]) -> None:
             ends = time.monotonic() + START
-            while server.stats().requests <= LIMIT and time.monotonic() < ends:
-                time.sleep(0.002)  # until the second window's first send arrives
+            while server.stats().requests < 2 * LIMIT and time.monotonic() < ends:
+                time.sleep(0.002)  # until the second window's sends have all arrived
             times.append(time.time())
             redis.stop(keep_workdir=True)
             time.sleep(OUTAGE)
             redis.restart()  # same port
             times.append(time.time())
+            newcomer()
 
         try:
             with QuotaServer(LIMIT, PER, align="first") as server:
-                fleet = fleet_run(server, "redis", redis.url, 4, 8, RESTART_SECONDS, "closed", restart)
+                fleet = fleet_run(
+                    server, "redis", redis.url, 4, 8, RESTART_SECONDS, "closed", restart, late=1
+                )
         finally:
             redis.stop()
         made[data] = Restarted(fleet, times[0], times[1])
@@ -227,17 +244,16 @@ def report_restart(data: str, r: Restarted) -> None:
     print(
         f"\nredis restart, data {data}: down {r.down - run.started:.2f}-{r.up - run.started:.2f} s after the "
         f"start; worst window {run.worst()}/{LIMIT} (across the restart {run.worst(r.down - PER, r.up + PER)}); "
-        f"served {run.served(0, float('inf'))}, {run.served(r.up + 1, r.up + 3)} in the 2 s from 1 s after "
-        f"the restart; goodput {run.goodput():.2f}; longest call {run.longest():.2f} s; {run.statuses()}"
+        f"served {run.served(0, float('inf'))}, {r.recovered()} in the 3 s from 1 s after the restart; "
+        f"goodput {run.goodput():.2f}; longest call {run.longest():.2f} s; {run.statuses()}"
     )
 
 
 LOST = (
-    "permits and reservations lost with a Redis restarted without persistence are not "
-    "taken again: calls asking the empty store are granted beside what the old one "
-    "granted in the same second (limits.md: turn on appendonly if that matters); not "
-    "strict: whether a grant of the empty store meets the old one's second depends on "
-    "when each process's breaker lets it ask again (21 and 22 of 20 seen, 20 too)"
+    "the permits a Redis restarted without persistence granted before it went down are "
+    "not in the empty store that comes back (a process holds them, unanswered or "
+    "reserved, but writes back only cooldowns and allowances: limits.md), so a worker "
+    "asking it then is granted a whole quota more in the same second"
 )
 UNSETTLED = (
     "the exact settles of the answers that came back while Redis was down are dropped, "
@@ -247,18 +263,20 @@ UNSETTLED = (
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize("data", ["kept", pytest.param("lost", marks=pytest.mark.xfail(reason=LOST))])
+@pytest.mark.parametrize(
+    "data", ["kept", pytest.param("lost", marks=pytest.mark.xfail(strict=True, reason=LOST))]
+)
 def test_a_redis_restart_mid_run_never_lets_a_second_at_the_server_exceed_the_quota(
     data: str, restarted: Callable[[str], Restarted]
 ) -> None:
     """4 processes x 8 threads reserve on one Redis through ``Quota(20, per=1)``,
-    failing closed; Redis is stopped as their second window of sends arrives and
-    started again 0.5 s later on the same port: no second at the server holds more
-    than 20 arrivals, across the restart too, and no call takes longer than its
-    deadline (no process hangs)."""
+    failing closed; Redis is stopped once their second window of sends has arrived
+    and started again 0.3 s later on the same port, and a fifth process starts sending:
+    no second at the server holds more than 20 arrivals, across the restart too, and
+    no call hangs (each ends within its deadline, give or take a loaded machine)."""
     r = restarted(data)
     report_restart(data, r)
-    assert r.run.longest() <= DEADLINE + 1.0
+    assert r.run.longest() <= LONGEST
     assert r.run.worst() <= LIMIT
 
 
@@ -269,11 +287,11 @@ def test_a_redis_restart_mid_run_never_lets_a_second_at_the_server_exceed_the_qu
 def test_a_fleet_reserving_on_a_restarted_redis_is_served_at_the_quota_s_pace_a_second_later(
     data: str, restarted: Callable[[str], Restarted]
 ) -> None:
-    """The same run: from a second after Redis answers again, the fleet is served at
-    least 0.6 of what the quota allows (it recovers, within seconds)."""
+    """The same run: in the three seconds from a second after Redis answers again, the
+    fleet is served at least 0.6 of what the quota allows (it has recovered)."""
     r = restarted(data)
     report_restart(data, r)
-    assert r.run.served(r.up + 1, r.up + 3) >= RECOVERED * LIMIT * 2 / PER
+    assert r.recovered() >= RECOVERED * LIMIT * 3 / PER
 
 
 # ============================================================ the Redis Cluster
@@ -294,7 +312,7 @@ def test_processes_reserving_on_a_redis_cluster_keep_a_binding_quota(
         f"{run.longest():.2f} s; {run.statuses()}"
     )
     assert run.worst() <= LIMIT
-    assert run.longest() <= DEADLINE + 1.0
+    assert run.longest() <= LONGEST
     assert all(status == 200 for _, status in run.arrivals)
     assert run.goodput() >= 0.7
     assert run.reserved > 0
@@ -340,5 +358,5 @@ def test_a_binding_quota_holds_with_every_core_busy(
     )
     assert run.worst() <= LIMIT
     assert all(status == 200 for _, status in run.arrivals)
-    assert run.longest() <= DEADLINE + 1.0
+    assert run.longest() <= LONGEST
     assert run.goodput() >= 0.5
