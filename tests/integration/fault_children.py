@@ -32,17 +32,25 @@ def shared(kind: str, where: str, prefix: str) -> tuple[Any, list[int]]:
 
 
 def fleet(
-    kind: str, where: str, prefix: str, url: str, threads: str, seconds: str, quota: str, failure: str
+    kind: str,
+    where: str,
+    prefix: str,
+    url: str,
+    threads: str,
+    seconds: str,
+    quota: str,
+    failure: str,
+    options: str = "{}",
 ) -> None:
     """``threads`` threads, each with its own Session on ``Quota(limit, per, margin)``
-    (``quota``: "limit,per,margin") and ``store_failure=failure`` ("open" or
-    "closed"), GET ``url`` until ``seconds`` have passed, each call under a deadline
-    of 10 s, from the line the test writes on stdin once each process has printed
-    ``ready``: one JSON line with each GET's ``[start, end, status, reason]`` (epoch
-    seconds; ``reason`` the deferral's, or "" without one; status 0 for an exception, whose
-    class ``reason`` names first; a deferred call's thread sleeps until the deferral is
-    eligible, at least 0.01 s and at most 1 s, as a queue's worker would),
-    the store's admissions and reservations, and the most seconds one call took."""
+    (``quota``: "limit,per,margin"), ``store_failure=failure`` ("open" or "closed")
+    and the adapter's other arguments that ``options`` (JSON) gives, GET ``url`` for
+    ``seconds``, each call under a deadline of 10 s, from the line the test writes on
+    stdin once each process has printed ``ready``. A deferred call's thread sleeps
+    until the deferral is eligible (at least 0.01 s, at most 1 s), as a queue's worker
+    would. One JSON line: each GET's ``[start, end, status, reason]`` (epoch seconds;
+    ``reason`` the deferral's, or ""; status 0 for an exception, whose class
+    ``reason`` names first), and the store's admissions and reservations."""
     limit, per, margin = quota.split(",")
     store, counts = shared(kind, where, prefix)
     calls: list[tuple[float, float, int, str]] = []
@@ -56,7 +64,7 @@ def fleet(
         retry = RetryAfterRetry(total=0, max_wait=30, deadline=10)
         adapter = RetryAfterAdapter(
             retry, cooldown=store, quota=Quota(int(limit), per=float(per), margin=float(margin)),
-            learn_rate=False, store_failure=failure,
+            learn_rate=False, store_failure=failure, **json.loads(options),
         )  # fmt: skip
         s.mount("http://", adapter)
         while time.monotonic() < end:
