@@ -333,6 +333,11 @@ def test_a_redis_restart_mid_run_never_lets_a_second_at_the_server_exceed_the_qu
     assert r.run.longest() <= LONGEST
     if data == "kept":
         quota_kept(r.run)
+    second = r.run.arrivals[LIMIT][0]  # the second window's first arrival
+    if data == "lost" and r.up > second + PER - 0.3:
+        pytest.skip(
+            f"Redis took {r.up - r.down:.2f} s to stop and start: no sends of the newcomer could meet that window"
+        )
     assert r.run.worst() <= LIMIT, r.run.crowded()
 
 
