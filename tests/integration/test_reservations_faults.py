@@ -229,9 +229,9 @@ def test_processes_on_one_redis_keep_a_binding_quota(options: str, redis_client:
 
 # ============================================================ a Redis restarted mid-run
 #: Seconds Redis stays down: stopped (SIGTERM: with ``appendonly`` it writes its file
-#: and exits) once the fleet's second window of sends has reached the server, while
-#: their answers' settles wait to be written (up to 0.25 s, coalesced), and started
-#: again on the same port this long after.
+#: and exits) once two windows' worth of the fleet's sends have reached the server,
+#: while the last ones' settles wait to be written (up to 0.25 s, coalesced), and
+#: started again on the same port this long after.
 OUTAGE = 0.3
 RESTART_SECONDS = 6.0
 #: From a second after the restart, for three seconds, at least this share of what the
@@ -272,7 +272,7 @@ def restarted(
         def restart(newcomer: Callable[[], object]) -> None:
             ends = time.monotonic() + START
             while server.stats().requests < 2 * LIMIT and time.monotonic() < ends:
-                time.sleep(0.002)  # until the second window's sends have all arrived
+                time.sleep(0.002)  # until two windows' worth of sends have arrived
             times.append(time.time())
             redis.stop(keep_workdir=True)
             time.sleep(OUTAGE)
@@ -295,11 +295,12 @@ def restarted(
 
 def report_restart(data: str, r: Restarted) -> None:
     run = r.run
+    down, up, across = r.down - run.started, r.up - run.started, run.worst(r.down - PER, r.up + PER)
     print(
-        f"\nredis restart, data {data}: down {r.down - run.started:.2f}-{r.up - run.started:.2f} s after the "
-        f"start; worst window {run.worst()}/{LIMIT} (across the restart {run.worst(r.down - PER, r.up + PER)}); "
-        f"served {run.served(0, float('inf'))}, {r.recovered()} in the 3 s from 1 s after the restart; "
-        f"goodput {run.goodput():.2f}; longest call {run.longest():.2f} s; {run.statuses()}"
+        f"\nredis restart, data {data}: down {down:.2f}-{up:.2f} s after the start; worst window "
+        f"{run.worst()}/{LIMIT} (across the restart {across}); served {run.served(0, float('inf'))}, "
+        f"{r.recovered()} in the 3 s from 1 s after the restart; goodput {run.goodput():.2f}; "
+        f"longest call {run.longest():.2f} s; {run.statuses()}"
     )
 
 
@@ -309,10 +310,12 @@ LOST = (
     "reserved, but writes back only cooldowns and allowances: limits.md), so a worker "
     "asking it then is granted a whole quota more in the same second"
 )
+#: Seen in most runs with the data kept (0-28 served of the 36 asked before the
+#: priorities' marks, 24-38 since).
 UNSETTLED = (
     "the exact settles of the answers that came back while Redis was down are dropped, "
     "not tried again (guard.settle, _coalesce.flush): their open permits count 10 s past "
-    "per + margin in the restored store and hold the whole fleet back that long"
+    "per + margin in the restored store and hold the fleet back that long"
 )
 
 
@@ -324,8 +327,8 @@ def test_a_redis_restart_mid_run_never_lets_a_second_at_the_server_exceed_the_qu
     data: str, restarted: Callable[[str], Restarted]
 ) -> None:
     """4 processes x 8 threads reserve on one Redis through ``Quota(20, per=1)``,
-    failing closed; Redis is stopped once their second window of sends has arrived
-    and started again 0.3 s later on the same port, and a fifth process starts sending:
+    failing closed; Redis is stopped once two windows' worth of sends (40) have
+    arrived and started again 0.3 s later on the same port, and a fifth process starts sending:
     no second at the server holds more than 20 arrivals, across the restart too, and
     no call hangs (each ends within its deadline, give or take a loaded machine)."""
     r = restarted(data)
@@ -333,18 +336,14 @@ def test_a_redis_restart_mid_run_never_lets_a_second_at_the_server_exceed_the_qu
     assert r.run.longest() <= LONGEST
     if data == "kept":
         quota_kept(r.run)
-    second = r.run.arrivals[LIMIT][0]  # the second window's first arrival
-    if data == "lost" and r.up > second + PER - 0.3:
-        pytest.skip(
-            f"Redis took {r.up - r.down:.2f} s to stop and start: no sends of the newcomer could meet that window"
-        )
+    if data == "lost" and r.up - r.down > PER - 0.4:
+        # The newcomer's sends come too late to meet the window that went on at the stop.
+        pytest.skip(f"Redis took {r.up - r.down:.2f} s to stop and start again")
     assert r.run.worst() <= LIMIT, r.run.crowded()
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize(
-    "data", [pytest.param("kept", marks=pytest.mark.xfail(strict=True, reason=UNSETTLED)), "lost"]
-)
+@pytest.mark.parametrize("data", ["kept", "lost"])
 def test_a_fleet_reserving_on_a_restarted_redis_is_served_at_the_quota_s_pace_a_second_later(
     data: str, restarted: Callable[[str], Restarted]
 ) -> None:
@@ -352,6 +351,8 @@ def test_a_fleet_reserving_on_a_restarted_redis_is_served_at_the_quota_s_pace_a_
     fleet is served at least 0.6 of what the quota allows (it has recovered)."""
     r = restarted(data)
     report_restart(data, r)
+    if data == "kept" and r.recovered() < RECOVERED * LIMIT * 3 / PER:
+        pytest.xfail(f"{UNSETTLED}: {r.recovered()} served in the 3 s from 1 s after the restart")
     assert r.recovered() >= RECOVERED * LIMIT * 3 / PER
 
 
