@@ -183,26 +183,6 @@ def fleet_run(
     return Run(arrivals, calls, started, seconds, reserved, admits)
 
 
-#: Seen on a loaded 2-core machine (load average 17-24 from other work), without any
-#: fault: 4 processes x 8 threads reserving on one Redis through ``Quota(20, per=1)``
-#: put 21-24 arrivals in one second at the server in 6 runs of 9 (the Cluster 2 of 8);
-#: the same fleet with ``max_waiting`` (no reservations) 20 in each of 6.
-OVERSHOOT = (
-    "a reservation's holder is let go beside permits of the window before it whose "
-    "requests reached the server late (0.4-0.9 s after the window's first), so a second "
-    "at the server holds more than the quota"
-)
-
-
-def quota_kept(run: Run) -> None:
-    """No second at the server held more than ``LIMIT``; where one did, the test is an
-    expected failure of :data:`OVERSHOOT` (intermittent: it needs a late arrival), with
-    the figures, its other checks having passed."""
-    worst = run.worst()
-    if worst > LIMIT:
-        pytest.xfail(f"{OVERSHOOT}: worst second {worst}/{LIMIT}: {run.crowded()}")
-
-
 # ============================================================ one Redis, no fault
 @pytest.mark.redis
 @pytest.mark.parametrize("options", ["{}", '{"max_waiting": 1000}'], ids=["reservations", "no-reservations"])
@@ -210,7 +190,10 @@ def test_processes_on_one_redis_keep_a_binding_quota(options: str, redis_client:
     """4 processes x 8 threads on one Redis through ``Quota(20, per=1)`` for 4 s, with
     reservations (the default) and without (``max_waiting`` set: a refused call waits
     and asks again): no second at the server holds more than 20 arrivals, the server
-    refused none, the fleet is served (goodput at least 0.6) and no call hangs."""
+    refused none, the fleet is served (goodput at least 0.6) and no call hangs. (Before
+    reservations kept a mark beside their permit, 6 runs of 9 with reservations had a
+    second of 21-24 on a loaded machine, the ones without none; the goodputs printed
+    compare the two.)"""
     with QuotaServer(LIMIT, PER, align="first") as server:
         run = fleet_run(server, "redis", redis_url, 4, 8, 4.0, options=options)
     print(
@@ -222,7 +205,6 @@ def test_processes_on_one_redis_keep_a_binding_quota(options: str, redis_client:
     assert run.goodput() >= 0.6
     if options == "{}":
         assert run.reserved > 0
-        quota_kept(run)
     assert run.worst() <= LIMIT, run.crowded()
     assert all(status == 200 for _, status in run.arrivals)
 
@@ -334,8 +316,6 @@ def test_a_redis_restart_mid_run_never_lets_a_second_at_the_server_exceed_the_qu
     r = restarted(data)
     report_restart(data, r)
     assert r.run.longest() <= LONGEST
-    if data == "kept":
-        quota_kept(r.run)
     if data == "lost" and r.up - r.down > PER - 0.4:
         # The newcomer's sends come too late to meet the window that went on at the stop.
         pytest.skip(f"Redis took {r.up - r.down:.2f} s to stop and start again")
@@ -376,7 +356,6 @@ def test_processes_reserving_on_a_redis_cluster_keep_a_binding_quota(
     assert run.longest() <= LONGEST
     assert run.goodput() >= 0.7
     assert run.reserved > 0
-    quota_kept(run)
     assert run.worst() <= LIMIT, run.crowded()
     assert all(status == 200 for _, status in run.arrivals)
 
