@@ -281,7 +281,7 @@ def check_until(until: object) -> datetime:
 #: keys, hash fields and sorted-set members, the change channel's messages): it changes
 #: whenever a table, column, key or field is added, removed or changes meaning.
 #: ``docs/store-format.md`` documents this version, and is updated with it.
-STORE_FORMAT = 1
+STORE_FORMAT = 2
 
 #: The suffix of the scope a scope's announced token allowance is kept under (an
 #: allowance of that scope, announced and merged as a requests one is; see
@@ -537,8 +537,9 @@ class Reservations(ABC):  # noqa: B024 - a capability declared by type; its work
     - **Placing** (an ask of priority ``p``): the earliest time ``t`` (no earlier than
       the present, no later than ``reserve_by``) at which fewer than the limit of the
       quota's permits count, counting every permit but the waiting ones of a priority
-      below ``p`` (:func:`placing_ends`), the waiting ones kept counting as from now (so
-      each priority is served in the order asked, and ahead of every lower one), an
+      below ``p`` whose place is still to come (:func:`placing_ends`), the waiting ones
+      kept counting as from now (so each priority is served in the order asked, and
+      ahead of every lower one), an
       open permit as ending at its grant + per + margin or at the present + per if
       later (as :func:`free_at`), and, for a quota whose ``per`` is under
       :data:`PACE_UNDER`, no earlier than ``per / limit`` after the latest place
@@ -576,14 +577,32 @@ class Mark(NamedTuple):
     sent: bool = False
 
 
+def settled_mark(marks: Sequence[Mark], answered: int) -> Mark | None:
+    """Which of the marks of a permit's stored end an exact settle answered at
+    ``answered`` ends (see :class:`Reservations`): a waiting one whose place is still
+    after the answer (a reservation given back: answered ``per`` before the present,
+    before it could go), else a sent one (its answer), else none (an unmarked permit's
+    answer). Times in any one unit."""
+    waiting = [m for m in marks if not m.sent and m.place > answered]
+    if waiting:
+        return waiting[-1]
+    sent = [m for m in marks if m.sent]
+    return sent[-1] if sent else None
+
+
 def placing_ends(
-    log: Sequence[int], marks: dict[int, list[Mark]], priority: int
+    log: Sequence[int], marks: dict[int, list[Mark]], priority: int, now: int
 ) -> tuple[list[int], list[int]]:
-    """For placing a reservation of ``priority`` (see :class:`Reservations`): the
-    stored ends of the quota's ``log`` that count (ascending, as ``log``), and those
-    left out (the waiting ones of a lower priority). ``marks``: stored end -> the
-    marks with that end. Times in any one unit."""
-    lower = {end: sum(1 for m in ms if not m.sent and m.rank < priority) for end, ms in marks.items()}
+    """For placing a reservation of ``priority`` at ``now`` (see :class:`Reservations`):
+    the stored ends of the quota's ``log`` that count (ascending, as ``log``), and
+    those left out: the waiting ones of a lower priority whose place is still to come.
+    One whose place has come is counted: its holder may go at any moment, and others
+    granted since counted on it. ``marks``: stored end -> the marks with that end.
+    Times in any one unit."""
+    lower = {
+        end: sum(1 for m in ms if not m.sent and m.rank < priority and m.place > now)
+        for end, ms in marks.items()
+    }
     if not any(lower.values()):
         return list(log), []
     kept: list[int] = []

@@ -40,6 +40,7 @@ from .base import (
     holder_ends,
     paced,
     placing_ends,
+    settled_mark,
     token_scope,
 )
 from .freshness import FRESHNESS_KEPT, Freshness, check_outcome, last_noted, merge_note
@@ -851,13 +852,13 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
             if mark is not None:
                 marks.setdefault(end, []).append(mark)  # still waiting
             return wait, None
-        self._give_back_locked(scope, key, end)
+        self._give_back_locked(scope, key, end, mark=False)  # (its mark: dropped above)
         return None
 
-    def _give_back_locked(self, scope: str, key: tuple[Any, ...], end: int) -> None:
+    def _give_back_locked(self, scope: str, key: tuple[Any, ...], end: int, mark: bool = True) -> None:
         """(Lock held; ``end`` in microseconds.) A reservation stored to end at ``end``
-        is given back: one permit with that end goes, with its open entry and its
-        waiting mark."""
+        is given back: one permit with that end goes, with its open entry and (``mark``)
+        one waiting mark with that end."""
         log = self._permits.get(scope, {}).get(key[:2])
         if log:
             index = bisect.bisect_left(log, end)
@@ -868,7 +869,7 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
             opened[end].pop()
             if not opened[end]:
                 del opened[end]
-        marks = self._marks.get(scope, {}).get(key[:2])
+        marks = self._marks.get(scope, {}).get(key[:2]) if mark else None
         waiting = [m for m in marks.get(end, ()) if not m.sent] if marks else []
         if marks and waiting:
             _drop_one(marks, end, waiting[-1])
@@ -917,7 +918,7 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
         marks = self._marks_of(scope, key, at)
         if marks and start is not None:
             log = self._permits[scope][key[:2]]
-            counted, out = placing_ends(log, marks, priority)
+            counted, out = placing_ends(log, marks, priority, at)
             if out:
                 opens = self._opened.get(scope, {}).get(key[:2]) or {}
                 open_ends = {end: list(ends) for end, ends in opens.items()}
@@ -1056,10 +1057,11 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
                 opened[old].pop()
                 if not opened[old]:
                     del opened[old]
-            if exact:  # a reservation given back: waiting no more
+            if exact:  # a reservation given back, or a sent one answered: its mark goes
                 marks = self._marks.get(scope, {}).get(key[:2])
-                if marks and old in marks:
-                    _drop_one(marks, old, marks[old][-1])
+                mark = settled_mark(marks[old], at) if marks and old in marks else None
+                if marks and mark is not None:
+                    _drop_one(marks, old, mark)
             if new == old or (new < old and not exact):
                 return  # the stored end already covers the answer
             logs = self._permits.get(scope)

@@ -568,6 +568,26 @@ class StoreContract(TokenContract):
         early = quota.admit(replace(ask, now=now + 1.5 * second, held=places[2].permit))
         assert early.reserved is not None and early.reserved >= now + 2 * second, early
 
+    def test_a_priority_call_counts_a_lower_holder_whose_place_has_come(self, store: Any) -> None:
+        """``Reservations``: a higher ``priority`` leaves out only the lower waiting ones
+        whose place is still to come. Past its place a holder may go at any moment, and
+        a permit granted since counted on it: with ``Quota(2, per=60)``, a holder due at
+        60 s but late, an open grant at 60.6 s that counted it, and a priority call at
+        60.7 s, at most two of the three are let through."""
+        quota = self.carrying(store, QuotaLogs, Reservations)
+        now, scope = now_ms(), self.s("due")
+        s = timedelta(seconds=1)
+        ask = Ask(scope=scope, now=now, limit=2, per=60.0, reserve_by=now + 120 * s)
+        assert quota.admit(ask).reserved is None
+        assert quota.admit(replace(ask, now=now + 0.5 * s)).reserved is None
+        held = quota.admit(replace(ask, now=now + s))
+        assert held.reserved == now + 60 * s and held.permit is not None, held
+        other = quota.admit(replace(ask, now=now + 60.6 * s, opened=10.0, reserve_by=None))
+        urgent = quota.admit(replace(ask, now=now + 60.7 * s, priority=1))
+        late = quota.admit(replace(ask, now=now + 60.8 * s, held=held.permit))
+        went = [a for a in (other, urgent, late) if a.not_before is None and a.reserved is None]
+        assert len(went) <= 2, (other, urgent, late)
+
     def test_a_holder_refused_by_a_cooldown_gives_its_place_back(self, store: Any) -> None:
         """``Reservations``: a holder asking at its place while a cooldown runs is
         refused until the cooldown ends, and its place is given back in the same
@@ -622,15 +642,20 @@ class StoreContract(TokenContract):
         assert first.not_before is None and first.reserved is None, first
         second_one = quota.admit(replace(ask, now=then, held=ordinary[1].permit))
         assert second_one.reserved is not None and second_one.reserved >= now + 2 * second, second_one
-        # A priority call when only a waiting ordinary reservation fills the window: at once.
+        # A priority call when only an ordinary reservation whose place is still to come
+        # fills the window (the one before it given back): at once; that one then waits.
         alone = replace(ask, scope=self.s("priority-now"), limit=1)
         assert quota.admit(alone).reserved is None
-        place = quota.admit(alone)
-        assert place.reserved == now + second and place.permit is not None, place
-        at_once = quota.admit(replace(alone, now=at, priority=1))
+        first, place = quota.admit(alone), quota.admit(alone)
+        assert first.reserved == now + second and place.reserved == now + 2 * second, (first, place)
+        assert first.permit is not None and place.permit is not None
+        given_back = Permit(1, 1.0, first.permit, exact=True)
+        quota.answer(Answer(scope=alone.scope, now=now - half, permit=given_back))
+        later = now + 1.2 * second
+        at_once = quota.admit(replace(alone, now=later, priority=1))
         assert at_once.not_before is None and at_once.reserved is None, at_once
-        waits = quota.admit(replace(alone, now=at, held=place.permit))
-        assert waits.reserved is not None and waits.reserved >= at + second, waits
+        waits = quota.admit(replace(alone, now=now + 2 * second, held=place.permit))
+        assert waits.reserved is not None and waits.reserved >= later + second, waits
 
     def test_reservations_racing_never_exceed_the_quota(self, store: Any) -> None:
         """``Reservations``: eight threads each reserve six open permits of a quota of 3

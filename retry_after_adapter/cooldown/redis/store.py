@@ -428,9 +428,10 @@ class RedisCooldownStore(
             ) from None
         unknown = _unknown_options(client)
         if unknown:
+            hint = " (a timeout: socket_timeout= and socket_connect_timeout=)" if "timeout" in unknown else ""
             raise ConfigurationError(
                 f"unknown Redis client option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
-                "(redis-py's connections take no such keyword)"
+                f"(redis-py's connections take no such keyword){hint}"
             )
         store = cls(client, prefix=prefix, push=push)
         options = dict(

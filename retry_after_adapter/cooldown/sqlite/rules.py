@@ -277,7 +277,7 @@ def _reserve(
             "SELECT expires_ms FROM permit_log WHERE scope = ? AND quota = ? ORDER BY expires_ms",
             (scope, name),
         ).fetchall()]
-        counted, out = placing_ends(log, waiting, priority)
+        counted, out = placing_ends(log, waiting, priority, now_ms)
         if out:
             opened: dict[int, list[int]] = {}
             for stored, when in conn.execute(

@@ -34,6 +34,7 @@ from ..base import (
     Feed,
     Hold,
     LeaseRenewal,
+    Mark,
     PartwiseStore,
     Replaceable,
     Reservations,
@@ -41,6 +42,7 @@ from ..base import (
     Weights,
     check_scope,
     check_until,
+    settled_mark,
     token_scope,
 )
 from ..freshness import FRESHNESS_KEPT, Freshness, check_outcome, merge_note
@@ -572,13 +574,23 @@ def _settle_locked(conn: sqlite3.Connection, args: _Settle, new: int) -> None:
     """(In an immediate transaction.) One settle: an open permit open no more, and the
     permit's end moved to ``new`` (put back if it expired meanwhile)."""
     scope, quota, _, old, _, exact = args
-    if exact:  # an open permit's answer: open no more (a reservation given back: waiting no more)
-        for table in ("open_permit", "reservation"):
-            conn.execute(
-                f"DELETE FROM {table} WHERE rowid = (SELECT rowid FROM {table} "  # noqa: S608 - a fixed name
-                "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
-                (scope, quota, old),
-            )
+    if exact:  # an open permit's answer: open no more
+        conn.execute(
+            "DELETE FROM open_permit WHERE rowid = (SELECT rowid FROM open_permit "
+            "WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1)",
+            (scope, quota, old),
+        )
+        # A reservation given back, or a sent one answered: its mark goes (``base.settled_mark``).
+        answered = new - args.per_ms
+        rows = conn.execute(
+            "SELECT rowid, priority, place_ms, sent FROM reservation "
+            "WHERE scope = ? AND quota = ? AND expires_ms = ?",
+            (scope, quota, old),
+        ).fetchall()
+        marks = {Mark(int(rank), int(place), bool(sent)): int(rowid) for rowid, rank, place, sent in rows}
+        mark = settled_mark(list(marks), answered)
+        if mark is not None:
+            conn.execute("DELETE FROM reservation WHERE rowid = ?", (marks[mark],))
     if new == old:
         return
     moved = conn.execute(

@@ -76,14 +76,15 @@ local function free_at(key, okey, now, count, limit, floor)
 end
 
 -- For a reservation of priority prio: when a permit is free at the earliest counting
--- no waiting reservation (wkey) of a lower priority (base.placing_ends, base.free_in):
+-- no waiting reservation (wkey) of a lower priority whose place is still to come
+-- (base.placing_ends, base.free_in):
 -- nil when none is lower (the count unchanged), now when one is free now.
 local function placed_free(key, okey, wkey, now, limit, prio, floor)
   local marks = redis.call('ZRANGE', wkey, 0, -1, 'WITHSCORES')
   local lower, any = {}, false
   for i = 1, #marks, 2 do
-    local rank, flag = string.match(marks[i], '^(%-?%d+):%d+:(%a):')
-    if flag == 'w' and tonumber(rank) < prio then
+    local rank, place, flag = string.match(marks[i], '^(%-?%d+):(%d+):(%a):')
+    if flag == 'w' and tonumber(rank) < prio and tonumber(place) > now then
       lower[marks[i + 1]] = (lower[marks[i + 1]] or 0) + 1
       any = true
     end
@@ -171,9 +172,12 @@ if ARGV[5] == '1' then
       -- A reservation's holder refused by a cooldown: its place is moot, given back.
       local gone = tonumber(ARGV[23]) or -1
       if gone >= 0 and tonumber(ARGV[2]) > 0 then
-        for _, k in ipairs({KEYS[2], KEYS[6], KEYS[9]}) do
+        for _, k in ipairs({KEYS[2], KEYS[6]}) do
           local found = redis.call('ZRANGEBYSCORE', k, gone, gone, 'LIMIT', 0, 1)
           if #found > 0 then redis.call('ZREM', k, found[1]) end
+        end
+        for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[9], gone, gone)) do
+          if string.match(m, '^%-?%d+:%d+:w:') then redis.call('ZREM', KEYS[9], m); break end
         end
       end
       return {stored, stored, -1, 0, -1, 0, 0, -1}
