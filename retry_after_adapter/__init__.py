@@ -76,7 +76,7 @@ _WHERE: dict[str, str] = {
     "store_from_url": ".cooldown",
 }
 
-__version__ = "0.15.0"
+__version__ = "0.16.0"
 
 __all__ = [
     "Clock",

@@ -62,8 +62,9 @@ UNKNOWN_COOLDOWN_RETRY = 1.0
 #: turn (a provider's bucket gives one request a step, and every waiter wakes for it).
 MAX_ROUNDS = 16
 #: Seconds after which a priority call (``budget(priority=N)``, N > 0) held back at its
-#: reservation's time asks again at the latest: the few calls that may jump the queue
-#: do not sleep a window on an answer that comes a few milliseconds later.
+#: reservation's time asks again at the latest the first time (twice as long each time
+#: after): the few calls that may jump the queue do not sleep a window on an answer
+#: that comes a few milliseconds later.
 PRIORITY_RECHECK = 0.05
 #: The most looks in any case (waits of next to nothing must end too).
 MOST_ROUNDS = 8 * MAX_ROUNDS
@@ -115,8 +116,9 @@ def _hold_reservation(call: Call) -> Generator[Op, Any, datetime | None]:
         left = call.seconds_until(reserved)
         if rounds and call.progress.priority > 0:
             # Held back at its place, most often by a permit whose answer is on its way:
-            # a priority call looks again soon rather than when that permit could end.
-            left = min(left, PRIORITY_RECHECK)
+            # a priority call looks again soon rather than when that permit could end,
+            # sooner first (50 ms, then twice as long each time: its rounds are counted).
+            left = min(left, PRIORITY_RECHECK * 2 ** (rounds - 1))
         call.emit(Decision(RETRY, left, Reason.QUOTA))
         try:
             slept = yield Sleep(left)

@@ -133,9 +133,9 @@ class Call:
         )
         if override.cost is not None:
             self.progress.cost = override.cost
+            self.progress.cost_from = BUDGET
         if override.priority:
             self.progress.priority = override.priority
-            self.progress.cost_from = BUDGET
         resume = override.resume
         if resume is None:
             return

@@ -71,9 +71,14 @@ def budget(
       quota (``Quota(..., unit="tokens")``) and the server's announced token
       allowance; it takes the place of the front end's ``cost=``.
     - ``priority``: the calls' place among the calls waiting on a shared quota of
-      their scope (an int; higher first; 0 by default): a call that waits for a
-      permit is placed ahead of every waiting call of a lower priority, across
-      processes sharing the store (a store with reservations: memory, SQLite, Redis).
+      their scope (an int from -2**31 to 2**31 - 1; higher first; 0 by default, a
+      negative one after the ordinary calls): a call that waits for a permit is
+      placed ahead of every waiting call of a lower priority, across processes
+      sharing the store (a store with reservations: memory, SQLite, Redis). It still
+      waits for the next permit to free.
+
+    Like every ``budget`` limit it applies to the calls of the current thread or
+    task: a thread started inside the block does not inherit it (a context variable).
 
     Unset arguments keep the value of an enclosing ``budget`` or of the policy.
     """

@@ -183,22 +183,12 @@ def fleet_run(
     return Run(arrivals, calls, started, seconds, reserved, admits)
 
 
-#: Measured on one Redis, 4 processes x 8 threads, ``Quota(20, per=1)``: goodput
-#: 0.79-0.95 with reservations up to the change that reads only the first ``k`` open
-#: permits in a refusal (admit.lua), 0.35-0.47 from it on (calls deferred at their 10 s
-#: deadline; the Cluster 0.42-0.55); without reservations 1.00.
-FAR = (
-    "a refused admission that reads only the k open permits stored to end first counts "
-    "every other open permit as ending at its stored end (per + margin + 10 s): "
-    "reservations are placed seconds later than the permits end, and the fleet waits"
-)
-
-
 def served_enough(run: Run, least: float) -> None:
-    """The fleet's goodput is at least ``least``; where it is not, an expected failure
-    of :data:`FAR` with the figures (every other check of the test comes first)."""
-    if run.goodput() < least:
-        pytest.xfail(f"{FAR}: goodput {run.goodput():.2f} < {least}, {run.statuses()}")
+    """The fleet's goodput is at least ``least`` (every other check of the test comes
+    first). With reservations it is about ``per / (per + margin)``: 0.8 at this
+    margin of 0.25 s (a place is ``per + margin`` after the one it follows); it fell to
+    0.35-0.47 when a refusal read only the first open permits (reverted)."""
+    assert run.goodput() >= least, f"goodput {run.goodput():.2f} < {least}, {run.statuses()}"
 
 
 # ============================================================ one Redis, no fault
