@@ -178,8 +178,8 @@ def _check_numbers(deferral: Deferral) -> None:
         raise InvalidDeferral("attempts must be an int >= 0")
     if not (isinstance(deferral.deferrals, int) and deferral.deferrals >= 1):
         raise InvalidDeferral("deferrals must be an int >= 1")
-    if not _integer(deferral.priority):
-        raise InvalidDeferral("priority must be an int")
+    if not (_integer(deferral.priority) and -(2**31) <= deferral.priority < 2**31):
+        raise InvalidDeferral("priority must be an int from -2**31 to 2**31 - 1")
 
 
 def _string(value: object) -> bool:

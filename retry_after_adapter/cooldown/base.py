@@ -567,7 +567,8 @@ class Reservations(ABC):  # noqa: B024 - a capability declared by type; its work
 
 class Mark(NamedTuple):
     """A reservation's mark (see :class:`Reservations`), kept beside its permit until
-    the permit's stored end: the ``rank`` (``Ask.priority``) it was placed with, its
+    the permit's stored end, or until an exact settle ends it (:func:`settled_mark`):
+    the ``rank`` (``Ask.priority``) it was placed with, its
     ``place`` (when its holder may send, in the store's unit of time), and whether it
     was ``sent`` (its holder went; a priority call granted at once too), or still
     waits."""

@@ -196,4 +196,4 @@ def test_processes_with_a_priority_caller_keep_every_caller_moving(
     assert {status for report in reports for _, status in report} == {200}
     assert worst <= LIMIT, worst
     assert statistics.median(urgent) < 0.3, urgent
-    assert max(ordinary) < 7.0, sorted(ordinary)[-5:]
+    assert max(ordinary) < 8.0, sorted(ordinary)[-5:]  # (3.3 x the 2.4 s turn; 15 s before)

@@ -271,13 +271,13 @@ def _reserve(
     start = refused.not_before
     assert start is not None
     name = quota[0]
-    waiting, _ = _marks(conn, scope, name, now_ms)
-    if waiting:
+    marks, _ = _marks(conn, scope, name, now_ms)
+    if marks:
         log = [int(row[0]) for row in conn.execute(
             "SELECT expires_ms FROM permit_log WHERE scope = ? AND quota = ? ORDER BY expires_ms",
             (scope, name),
         ).fetchall()]
-        counted, out = placing_ends(log, waiting, priority, now_ms)
+        counted, out = placing_ends(log, marks, priority, now_ms)
         if out:
             opened: dict[int, list[int]] = {}
             for stored, when in conn.execute(
@@ -290,9 +290,9 @@ def _reserve(
             opened = {end: ends for end, ends in opened.items() if ends}
             free = free_in(counted, opened, limit, now_ms + quota[3])
             start = from_epoch_ms(now_ms if free is None else max(free, now_ms))
-    if waiting and quota[3] < PACE_UNDER * 1000:
-        marks = (m for ms in waiting.values() for m in ms)
-        start = from_epoch_ms(paced(to_epoch_ms(start), marks, priority, quota[3] // limit))
+    if marks and quota[3] < PACE_UNDER * 1000:
+        every = (m for ms in marks.values() for m in ms)
+        start = from_epoch_ms(paced(to_epoch_ms(start), every, priority, quota[3] // limit))
     if start > reserve_by:
         return Admission(cooldown=cooldown, not_before=start)
     start_ms = to_epoch_ms(start)
