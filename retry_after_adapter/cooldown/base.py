@@ -537,9 +537,8 @@ class Reservations(ABC):  # noqa: B024 - a capability declared by type; its work
     - **Placing** (an ask of priority ``p``): the earliest time ``t`` (no earlier than
       the present, no later than ``reserve_by``) at which fewer than the limit of the
       quota's permits count, counting every permit but the waiting ones of a priority
-      below ``p`` whose place is still to come (:func:`placing_ends`), the waiting ones
-      kept counting as from now (so each priority is served in the order asked, and
-      ahead of every lower one), an
+      below ``p`` (:func:`placing_ends`), the waiting ones kept counting as from now (so
+      each priority is served in the order asked, and ahead of every lower one), an
       open permit as ending at its grant + per + margin or at the present + per if
       later (as :func:`free_at`), and, for a quota whose ``per`` is under
       :data:`PACE_UNDER`, no earlier than ``per / limit`` after the latest place
@@ -580,10 +579,11 @@ class Mark(NamedTuple):
 
 def settled_mark(marks: Sequence[Mark], answered: int) -> Mark | None:
     """Which of the marks of a permit's stored end an exact settle answered at
-    ``answered`` ends (see :class:`Reservations`): a waiting one whose place is still
-    after the answer (a reservation given back: answered ``per`` before the present,
-    before it could go), else a sent one (its answer), else none (an unmarked permit's
-    answer). Times in any one unit."""
+    ``answered`` is about (see :class:`Reservations`): a waiting one whose place is
+    still after the answer (a reservation given back, answered ``per`` before the
+    present, before it could go: the mark goes), else a sent one (its answer: the mark
+    moves with its permit's end), else none (an unmarked permit's answer). Times in any
+    one unit."""
     waiting = [m for m in marks if not m.sent and m.place > answered]
     if waiting:
         return waiting[-1]
@@ -594,16 +594,12 @@ def settled_mark(marks: Sequence[Mark], answered: int) -> Mark | None:
 def placing_ends(
     log: Sequence[int], marks: dict[int, list[Mark]], priority: int, now: int
 ) -> tuple[list[int], list[int]]:
-    """For placing a reservation of ``priority`` at ``now`` (see :class:`Reservations`):
-    the stored ends of the quota's ``log`` that count (ascending, as ``log``), and
-    those left out: the waiting ones of a lower priority whose place is still to come.
-    One whose place has come is counted: its holder may go at any moment, and others
-    granted since counted on it. ``marks``: stored end -> the marks with that end.
-    Times in any one unit."""
-    lower = {
-        end: sum(1 for m in ms if not m.sent and m.rank < priority and m.place > now)
-        for end, ms in marks.items()
-    }
+    """For placing a reservation of ``priority`` (see :class:`Reservations`): the
+    stored ends of the quota's ``log`` that count (ascending, as ``log``), and those
+    left out: the waiting ones of a lower priority (each of them, going, then counts
+    every permit sent: see :func:`holder_ends`). ``marks``: stored end -> the marks with
+    that end. ``now`` is the present (unused; the same unit). Times in any one unit."""
+    lower = {end: sum(1 for m in ms if not m.sent and m.rank < priority) for end, ms in marks.items()}
     if not any(lower.values()):
         return list(log), []
     kept: list[int] = []
@@ -664,10 +660,12 @@ def holder_ends(
     ``expected`` had it been answered in time) asking at ``now``: the ends of the
     ``others`` (the quota's other stored ends) that count against it (see
     :class:`Reservations`). Left out, as they count on it: a waiting one behind it (a
-    lower priority, or the same one placed later), one sent from a later place at its
-    priority or a lower one, and an open one unmarked granted after its place (its
-    expected end later). Counted: every other, an open one (``pending``: stored end ->
-    when each would end had it been answered in time) as ending at that time or at
+    lower priority, or the same one placed later), and, unless a permit of a higher
+    priority is among the others (it may have been placed leaving this one out), one
+    sent from a later place at its priority or a lower one and an open one unmarked
+    granted after its place (its expected end later). Counted: every other, an open
+    one (``pending``: stored end -> when each would end had it been answered in time)
+    as ending at that time or at
     ``now + per`` if later, within ``recheck`` (the present + :data:`RECHECK`) at the
     latest; a waiting one ahead of it whose place has passed as going no earlier than
     now (its ends moved as much: held back, it goes late). The lists of ``pending``
@@ -675,6 +673,9 @@ def holder_ends(
     ends: list[int] = []
     rank, place = mine.rank, mine.place
     floor = now + per
+    # A higher priority among them may have been placed leaving this one out: then
+    # what counted on this one may not be left out (it and the higher one could both go).
+    overtaken = any(m.rank > rank for stored in set(others) for m in marks.get(stored, ()))
     for stored in others:
         found = marks.get(stored)
         mark = found.pop() if found else None
@@ -686,9 +687,9 @@ def holder_ends(
                 if mark.rank < rank or (mark.rank == rank and mark.place > place):
                     continue  # waiting behind it
                 late = max(0, now - mark.place)
-            elif mark.rank <= rank and mark.place > place:
+            elif mark.rank <= rank and mark.place > place and not overtaken:
                 continue  # sent from a later place: it counted on this one
-        elif when is not None and when > expected:
+        elif when is not None and when > expected and not overtaken:
             continue  # granted after its place: it counted on this one
         if when is None:
             ends.append(stored + late)

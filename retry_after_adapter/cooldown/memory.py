@@ -1057,11 +1057,13 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
                 opened[old].pop()
                 if not opened[old]:
                     del opened[old]
-            if exact:  # a reservation given back, or a sent one answered: its mark goes
+            if exact:  # a reservation given back (its mark goes), or a sent one answered
                 marks = self._marks.get(scope, {}).get(key[:2])
                 mark = settled_mark(marks[old], at) if marks and old in marks else None
                 if marks and mark is not None:
                     _drop_one(marks, old, mark)
+                    if mark.sent and new > at:  # (its mark moves with its end)
+                        marks.setdefault(new, []).append(mark)
             if new == old or (new < old and not exact):
                 return  # the stored end already covers the answer
             logs = self._permits.get(scope)

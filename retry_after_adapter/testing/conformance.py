@@ -568,12 +568,12 @@ class StoreContract(TokenContract):
         early = quota.admit(replace(ask, now=now + 1.5 * second, held=places[2].permit))
         assert early.reserved is not None and early.reserved >= now + 2 * second, early
 
-    def test_a_priority_call_counts_a_lower_holder_whose_place_has_come(self, store: Any) -> None:
-        """``Reservations``: a higher ``priority`` leaves out only the lower waiting ones
-        whose place is still to come. Past its place a holder may go at any moment, and
-        a permit granted since counted on it: with ``Quota(2, per=60)``, a holder due at
-        60 s but late, an open grant at 60.6 s that counted it, and a priority call at
-        60.7 s, at most two of the three are let through."""
+    def test_a_late_holder_overtaken_by_a_priority_counts_every_permit_sent(self, store: Any) -> None:
+        """``Reservations``: a higher ``priority`` leaves the lower waiting ones out, so a
+        lower holder with a higher one among the permits counts every permit sent (what
+        counted on it too): with ``Quota(2, per=60)``, a holder due at 60 s but late, an
+        open grant at 60.6 s that counted it, and a priority call at 60.7 s granted at
+        once leaving it out, at most two of the three are let through."""
         quota = self.carrying(store, QuotaLogs, Reservations)
         now, scope = now_ms(), self.s("due")
         s = timedelta(seconds=1)

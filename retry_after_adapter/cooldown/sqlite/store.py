@@ -589,7 +589,9 @@ def _settle_locked(conn: sqlite3.Connection, args: _Settle, new: int) -> None:
         ).fetchall()
         marks = {Mark(int(rank), int(place), bool(sent)): int(rowid) for rowid, rank, place, sent in rows}
         mark = settled_mark(list(marks), answered)
-        if mark is not None:
+        if mark is not None and mark.sent:  # answered: its mark moves with its end
+            conn.execute("UPDATE reservation SET expires_ms = ? WHERE rowid = ?", (new, marks[mark]))
+        elif mark is not None:  # given back
             conn.execute("DELETE FROM reservation WHERE rowid = ?", (marks[mark],))
     if new == old:
         return

@@ -76,15 +76,14 @@ local function free_at(key, okey, now, count, limit, floor)
 end
 
 -- For a reservation of priority prio: when a permit is free at the earliest counting
--- no waiting reservation (wkey) of a lower priority whose place is still to come
--- (base.placing_ends, base.free_in):
+-- no waiting reservation (wkey) of a lower priority (base.placing_ends, base.free_in):
 -- nil when none is lower (the count unchanged), now when one is free now.
 local function placed_free(key, okey, wkey, now, limit, prio, floor)
   local marks = redis.call('ZRANGE', wkey, 0, -1, 'WITHSCORES')
   local lower, any = {}, false
   for i = 1, #marks, 2 do
-    local rank, place, flag = string.match(marks[i], '^(%-?%d+):(%d+):(%a):')
-    if flag == 'w' and tonumber(rank) < prio and tonumber(place) > now then
+    local rank, flag = string.match(marks[i], '^(%-?%d+):%d+:(%a):')
+    if flag == 'w' and tonumber(rank) < prio then
       lower[marks[i + 1]] = (lower[marks[i + 1]] or 0) + 1
       any = true
     end
@@ -349,10 +348,18 @@ if counts > 0 and held >= 0 then
     end
     local rank, place = prio, held - counts
     if mark ~= nil then rank, place = mark.rank, mark.place end
-    -- base.holder_ends: left out, as they count on it, a waiting one behind it, one sent
-    -- from a later place at its priority or a lower one, and an unmarked open one
-    -- granted after its place.
+    -- base.holder_ends: left out, as they count on it, a waiting one behind it, and
+    -- unless overtaken one sent from a later place at its priority or a lower one and
+    -- an unmarked open one granted after its place.
     local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+    -- A higher priority among them may have been placed leaving this one out: then
+    -- what counted on this one may not be left out.
+    local overtaken = false
+    for i = 2, #all, 2 do
+      for _, m in ipairs(marks[tonumber(all[i])] or {}) do
+        if m.rank > rank then overtaken = true end
+      end
+    end
     local ends, skipped = {}, false
     for i = 1, #all, 2 do
       local stored = tonumber(all[i + 1])
@@ -371,10 +378,10 @@ if counts > 0 and held >= 0 then
             -- Ahead of it and past its place: it goes no earlier than now.
             late = math.max(0, now - m.place)
           else
-            out = m.rank <= rank and m.place > place
+            out = m.rank <= rank and m.place > place and not overtaken
           end
         elseif when ~= nil then
-          out = when > expected
+          out = when > expected and not overtaken
         end
         if not out then
           if when == nil then

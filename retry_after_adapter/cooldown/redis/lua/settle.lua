@@ -18,8 +18,8 @@ for i = 2, #ARGV, 4 do
     local open = redis.call('ZRANGEBYSCORE', KEYS[2], old, old, 'LIMIT', 0, 1)
     if #open > 0 then redis.call('ZREM', KEYS[2], open[1]) end
     if KEYS[3] ~= nil then
-      -- base.settled_mark: a waiting mark whose place is after the answer (given back),
-      -- else a sent one (answered).
+      -- base.settled_mark: a waiting mark whose place is after the answer (given back:
+      -- it goes), else a sent one (answered: it moves with its permit's end).
       local answered, waiting, sent = tonumber(ARGV[i]), nil, nil
       for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], old, old)) do
         local place, flag = string.match(m, '^%-?%d+:(%d+):(%a):')
@@ -27,7 +27,7 @@ for i = 2, #ARGV, 4 do
         if flag == 's' then sent = m end
       end
       if waiting ~= nil then redis.call('ZREM', KEYS[3], waiting)
-      elseif sent ~= nil then redis.call('ZREM', KEYS[3], sent) end
+      elseif sent ~= nil then redis.call('ZADD', KEYS[3], new, sent) end  -- moves with its end
     end
   end
   if new > old or (new < old and exact) then
