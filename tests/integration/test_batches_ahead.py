@@ -12,15 +12,13 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from contextlib import closing
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from retry_after_adapter import FakeClock, SQLiteCooldownStore
 from retry_after_adapter.cooldown import Ask
-from retry_after_adapter.cooldown._near import AHEAD, PermitBatches
-from retry_after_adapter.cooldown.guard import guard_of
+from retry_after_adapter.cooldown._near import AHEAD
+from tests.integration.test_near_copy import PermitLog
 
 SCOPE = "ahead"
 LIMIT = 10_000
@@ -30,35 +28,13 @@ RATE = 200
 MS = timedelta(milliseconds=1)
 
 
-class Permits:
-    """The store, its failure layer, the near copy's batches, a FakeClock, and the
-    permit rows the store writes (counted by a trigger of the test's own)."""
+class Permits(PermitLog):
+    """The store (a lock held 5 s at most), its failure layer, the near copy's batches,
+    a FakeClock, and the permit rows the store writes (``test_near_copy.PermitLog``)."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.store = SQLiteCooldownStore(path, timeout=5)
-        self.guard = guard_of(self.store)
-        near = self.guard.near
-        assert near is not None
-        self.batches: PermitBatches = near.permits
-        self.clock = FakeClock()
-        with closing(sqlite3.connect(path, timeout=5)) as db, db:
-            db.execute("CREATE TABLE test_permits (expires_ms INTEGER)")
-            db.execute(
-                "CREATE TRIGGER test_permits AFTER INSERT ON permit_log "
-                "BEGIN INSERT INTO test_permits VALUES (NEW.expires_ms); END"
-            )
-
-    def written(self) -> int:
-        with closing(sqlite3.connect(self.path, timeout=5)) as db:
-            return int(db.execute("SELECT count(*) FROM test_permits").fetchone()[0])
-
-    def counting_until(self, end: datetime) -> int:
-        ms = int((end - datetime(1970, 1, 1, tzinfo=UTC)) / MS)
-        with closing(sqlite3.connect(self.path, timeout=5)) as db:
-            return int(
-                db.execute("SELECT count(*) FROM permit_log WHERE expires_ms = ?", (ms,)).fetchone()[0]
-            )
+        super().__init__(path, timeout=5)
+        self.batches = self.near
 
     def admit(self) -> Any:
         answer = self.guard.admit(Ask(scope=SCOPE, now=self.clock.now(), limit=LIMIT, per=PER, margin=MARGIN))

@@ -768,9 +768,9 @@ class PermitLog:
     and a trigger of the test's own that counts the permit rows the store writes (one
     store operation writes a batch's rows at once)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, **options: Any) -> None:
         self.path = path
-        self.store = SQLiteCooldownStore(path)
+        self.store = SQLiteCooldownStore(path, **options)
         self.guard = guard_of(self.store)
         near = self.guard.near
         assert near is not None
