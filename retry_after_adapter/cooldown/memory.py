@@ -36,7 +36,7 @@ from .base import (
     check_scope,
     check_until,
     extra_permits,
-    free_at,
+    free_in,
     holder_ends,
     paced,
     placing_ends,
@@ -118,22 +118,8 @@ def _drop_one(marks: dict[int, list[Mark]], end: int, mark: Mark) -> None:
         del marks[end]
 
 
-def _closed_ends(log: collections.deque[int], opened: dict[int, list[int]], k: int) -> list[int]:
-    """The earliest ``k`` ends of ``log`` (ascending) that are not open permits'."""
-    skip = {end: len(ends) for end, ends in opened.items()}
-    closed: list[int] = []
-    for end in log:
-        if skip.get(end, 0) > 0:
-            skip[end] -= 1
-            continue
-        closed.append(end)
-        if len(closed) >= k:
-            break
-    return closed
-
-
 def _permit_free_at(
-    log: collections.deque[int], opened: dict[int, list[int]] | None, limit: int, at: int, per: int
+    log: Sequence[int], opened: dict[int, list[int]] | None, limit: int, at: int, per: int
 ) -> int | None:
     """None when a permit of a quota of ``limit`` per ``per`` is free at ``at``, else the
     earliest time one could be, by the quota's ``log`` (when each permit stops counting,
@@ -145,13 +131,7 @@ def _permit_free_at(
     if opened:
         for end in [end for end in opened if end <= at]:
             del opened[end]  # never answered (its worker stopped): it ran out
-    if len(log) < limit:
-        return None
-    if not opened:
-        return log[-limit]
-    expected = [when for ends in opened.values() for when in ends]
-    closed = _closed_ends(log, opened, len(log) - limit + 1)
-    return free_at(closed, expected, limit, len(log), at + per)
+    return free_in(log, opened or {}, limit, at + per)
 
 
 def _move_permit(log: collections.deque[int], old: int, new: int) -> None:
@@ -925,7 +905,7 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
                 for end in out:
                     if open_ends.get(end):
                         open_ends[end].pop()
-                start = _permit_free_at(collections.deque(counted), open_ends, limit, at, key[1])
+                start = _permit_free_at(counted, open_ends, limit, at, key[1])
         if start is None:
             start = at  # (not refused after all: the same lock is held)
         if marks and key[1] < _PACE_UNDER_US:
