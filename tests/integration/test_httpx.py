@@ -432,9 +432,10 @@ async def test_async_hung_redis_is_bounded_by_the_budget_and_the_breaker_without
     # cores busy), which would let a call overrun its 0.3 s deadline by 90 ms unseen.
     assert max(took) <= 0.35, took
     assert took[1] < 0.05 and took[2] < 0.05, took  # the breaker spared the next ones
-    # The loop ran on while the first call waited on the store (0.2 s: about 20 ticks
-    # of 10 ms on an idle machine; a blocked loop would give none).
-    assert ticked >= 5, (ticked, took)
+    # The loop ran on while the first call waited on the store (about 0.1 s: some 10
+    # ticks of 10 ms on an idle machine, 4 with every core busy; a blocked loop gives
+    # none).
+    assert ticked >= 2, (ticked, took)
     if store_failure == "open":
         assert reasons == ["deadline"] * 3 and real_server.count() == 1
     else:
