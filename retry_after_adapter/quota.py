@@ -87,6 +87,12 @@ HeaderGetter = Callable[[str], "str | None"]
 UNITS = ("requests", "tokens")
 
 
+def _shown(value: object) -> str:
+    """``value`` as an error shows it: its repr, cut to 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 @dataclass(frozen=True)
 class Quota:
     """At most ``limit`` requests (``unit="tokens"``: tokens) sent in any interval of
@@ -120,21 +126,23 @@ class Quota:
 
     def __post_init__(self) -> None:
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
-            raise ConfigurationError("Quota limit must be an int >= 1")
+            raise ConfigurationError(f"Quota limit must be an int >= 1, not {_shown(self.limit)}")
         if (
             isinstance(self.per, bool)
             or not isinstance(self.per, (int, float))
             or not (math.isfinite(self.per) and self.per > 0)
         ):
-            raise ConfigurationError("Quota per must be a finite number of seconds > 0")
+            shown = _shown(self.per)
+            raise ConfigurationError(f"Quota per must be a finite number of seconds > 0, not {shown}")
         if (
             isinstance(self.margin, bool)
             or not isinstance(self.margin, (int, float))
             or not (math.isfinite(self.margin) and self.margin >= 0)
         ):
-            raise ConfigurationError("Quota margin must be a finite number of seconds >= 0")
+            shown = _shown(self.margin)
+            raise ConfigurationError(f"Quota margin must be a finite number of seconds >= 0, not {shown}")
         if self.unit not in UNITS:
-            raise ConfigurationError(f"Quota unit must be 'requests' or 'tokens', not {self.unit!r}")
+            raise ConfigurationError(f"Quota unit must be 'requests' or 'tokens', not {_shown(self.unit)}")
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from retry_after_adapter import ConfigurationError, Quota
 from retry_after_adapter.header import MAX_COUNT, MAX_SECONDS
 from retry_after_adapter.quota import QuotaHint, bound_hint, read_quota
 
@@ -135,3 +138,20 @@ def test_a_bound_is_let_go_with_time_and_a_stepped_clock_starts_it_again() -> No
     other = ServerClock()
     other.observe(1000.0, None, 10.0)
     assert other.bounds == (990.0, 10.0, float("inf"), 10.0)
+
+
+@pytest.mark.parametrize(
+    ("given", "names"),
+    [
+        ({"limit": 0, "per": 1}, "Quota limit must be an int >= 1, not 0"),
+        ({"limit": "40", "per": 1}, "Quota limit must be an int >= 1, not '40'"),
+        ({"limit": 1, "per": float("inf")}, "Quota per must be a finite number of seconds > 0, not inf"),
+        ({"limit": 1, "per": 1, "margin": -0.5}, "Quota margin must be a finite number of seconds >= 0, not -0.5"),
+        ({"limit": 1, "per": 1, "unit": "x" * 80}, "Quota unit must be 'requests' or 'tokens', not 'xxx"),
+    ],
+)
+def test_a_bad_quota_is_refused_with_the_value_given(given: dict[str, Any], names: str) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        Quota(**given)
+    assert str(raised.value).startswith(names)
+    assert len(str(raised.value)) < 120  # a long value is cut, not echoed whole
