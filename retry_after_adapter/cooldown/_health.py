@@ -328,13 +328,19 @@ class Breaker:
         if self._announce():
             name = self.name
             cause, lasting = _cause_of(exc)
+            closed = budget is not None and budget.fail_closed
             log.warning(
-                "cooldown store %s failed: %s (%s)%s; cooldowns are kept in this process and "
-                "written back when it recovers; it is skipped for %.3g s at a time until then",
+                "cooldown store %s failed: %s (%s)%s; %s; it is skipped for %.3g s at a time until then",
                 name,
                 cause,
                 type(exc).__name__,
                 "; this looks like a misconfiguration, which will not heal by itself" if lasting else "",
+                # What the call that noticed it does (an adapter's store_failure): the
+                # next calls of an adapter of the other kind do theirs.
+                "calls that fail closed (store_failure='closed') are deferred with reason "
+                "cooldown-unknown until it recovers"
+                if closed
+                else "cooldowns are kept in this process and written back when it recovers",
                 BREAKER_FIRST,
                 extra={"store": name, "error": type(exc).__name__, "cause": cause, "lasting": lasting},
             )

@@ -114,17 +114,22 @@ def test_store_outage_fails_open_keeps_the_cooldown_locally_and_warns_once(serve
     assert raised_deferral.reason == "cooldown"
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
+    assert "cooldowns are kept in this process" in warnings[0].getMessage()
     assert server.count() == 1  # serve() reset the count: only the 429, nothing after it
 
 
-def test_store_outage_fail_closed_defers_with_cooldown_unknown(server, clock):
+def test_store_outage_fail_closed_defers_with_cooldown_unknown(server, clock, caplog):
     store = FlakyStore()
     s = session(clock, store, store_failure="closed")
     server.serve([Reply(200)])
     assert s.get(server.url).status_code == 200
     store.failing = True
-    raised_deferral = local_deferral(s.get(server.url))
+    with caplog.at_level(logging.WARNING, logger="retry_after_adapter"):
+        raised_deferral = local_deferral(s.get(server.url))
     assert raised_deferral.reason == "cooldown-unknown"
+    # The warning says what these calls do, not what failing open would.
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "deferred with reason cooldown-unknown" in warning and "kept in this process" not in warning
     assert server.count() == 1
     store.failing = False
     # The breaker skips the store for its back-off; then one probe finds it healthy.
