@@ -88,9 +88,23 @@ UNITS = ("requests", "tokens")
 
 
 def _shown(value: object) -> str:
-    """``value`` as an error shows it: its repr, cut to 40 characters."""
-    text = repr(value)
+    """``value`` as an error shows it: its repr, cut to 40 characters (its type alone
+    when it has no repr to give, such as an int too long to write out)."""
+    try:
+        text = repr(value)
+    except Exception:
+        name = type(value).__name__
+        return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _finite(value: float) -> bool:
+    """Whether ``value`` (an int or a float) is a finite number (an int too large for a
+    float is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -130,14 +144,14 @@ class Quota:
         if (
             isinstance(self.per, bool)
             or not isinstance(self.per, (int, float))
-            or not (math.isfinite(self.per) and self.per > 0)
+            or not (_finite(self.per) and self.per > 0)
         ):
             shown = _shown(self.per)
             raise ConfigurationError(f"Quota per must be a finite number of seconds > 0, not {shown}")
         if (
             isinstance(self.margin, bool)
             or not isinstance(self.margin, (int, float))
-            or not (math.isfinite(self.margin) and self.margin >= 0)
+            or not (_finite(self.margin) and self.margin >= 0)
         ):
             shown = _shown(self.margin)
             raise ConfigurationError(f"Quota margin must be a finite number of seconds >= 0, not {shown}")

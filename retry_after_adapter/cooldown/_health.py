@@ -68,6 +68,22 @@ _REFUSED_VALUES = (ConfigurationError, ValueError, TypeError, OverflowError)
 log = logging.getLogger("retry_after_adapter")
 
 
+#: What calls do during an outage, as its warning says it: by the store_failure of the
+#: call that noticed it (True: closed), or both when no call did (a read for a report,
+#: a write in the background); calls of an adapter of the other kind do theirs.
+_OUTAGE_DOES: dict[bool | None, str] = {
+    False: "cooldowns are kept in this process and written back when it recovers",
+    True: (
+        "calls that fail closed (store_failure='closed') are deferred with reason cooldown-unknown "
+        "until it recovers"
+    ),
+    None: (
+        "cooldowns are kept in this process and written back when it recovers, and calls that fail closed "
+        "(store_failure='closed') are deferred with reason cooldown-unknown meanwhile"
+    ),
+}
+
+
 class StoreBudget:
     """What one call may spend on store operations, and how it fails.
 
@@ -328,19 +344,14 @@ class Breaker:
         if self._announce():
             name = self.name
             cause, lasting = _cause_of(exc)
-            closed = budget is not None and budget.fail_closed
+            what = _OUTAGE_DOES[None if budget is None else budget.fail_closed]
             log.warning(
                 "cooldown store %s failed: %s (%s)%s; %s; it is skipped for %.3g s at a time until then",
                 name,
                 cause,
                 type(exc).__name__,
                 "; this looks like a misconfiguration, which will not heal by itself" if lasting else "",
-                # What the call that noticed it does (an adapter's store_failure): the
-                # next calls of an adapter of the other kind do theirs.
-                "calls that fail closed (store_failure='closed') are deferred with reason "
-                "cooldown-unknown until it recovers"
-                if closed
-                else "cooldowns are kept in this process and written back when it recovers",
+                what,
                 BREAKER_FIRST,
                 extra={"store": name, "error": type(exc).__name__, "cause": cause, "lasting": lasting},
             )

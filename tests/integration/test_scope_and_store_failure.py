@@ -138,6 +138,18 @@ def test_store_outage_fail_closed_defers_with_cooldown_unknown(server, clock, ca
     assert s.get(server.url).status_code == 200
 
 
+def test_an_outage_noticed_by_no_call_warns_what_either_kind_of_call_does(clock, caplog):
+    # A read for a report or a write in the background has no call's store_failure:
+    # its warning says what calls that fail open and calls that fail closed do.
+    breaker = guard_of(FlakyStore()).breaker
+    breaker.monotonic = clock.monotonic
+    with caplog.at_level(logging.WARNING, logger="retry_after_adapter"):
+        breaker.failed(CooldownStoreError("store unreachable"), None)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "cooldowns are kept in this process" in warning
+    assert "calls that fail closed (store_failure='closed') are deferred" in warning
+
+
 def test_recovered_store_is_used_again(server, clock):
     store = FlakyStore()
     s = session(clock, store)

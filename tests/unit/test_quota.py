@@ -148,6 +148,8 @@ def test_a_bound_is_let_go_with_time_and_a_stepped_clock_starts_it_again() -> No
         ({"limit": 1, "per": float("inf")}, "Quota per must be a finite number of seconds > 0, not inf"),
         ({"limit": 1, "per": 1, "margin": -0.5}, "Quota margin must be a finite number of seconds >= 0, not -0.5"),
         ({"limit": 1, "per": 1, "unit": "x" * 80}, "Quota unit must be 'requests' or 'tokens', not 'xxx"),
+        ({"limit": -(10**5000), "per": 1}, "Quota limit must be an int >= 1, not an int"),
+        ({"limit": 1, "per": 10**400}, "Quota per must be a finite number of seconds > 0, not 1000"),
     ],
 )
 def test_a_bad_quota_is_refused_with_the_value_given(given: dict[str, Any], names: str) -> None:
