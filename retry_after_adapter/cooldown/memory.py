@@ -771,7 +771,10 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
                 at = (now - _EPOCH) // _US
                 by = None if ask.reserve_by is None else _micros(ask.reserve_by)
                 span = _quota_key(limit, ask.per, ask.margin + ask.opened)[2]
-                kept = self._kept_locked(scope, key, limit, _micros(ask.held), at, by, span, ask.priority)
+                expects = _quota_key(limit, ask.per, ask.margin)[2]
+                kept = self._kept_locked(
+                    scope, key, limit, _micros(ask.held), at, by, span, ask.priority, expects
+                )
                 if kept is not None:
                     wait, end = kept
                     reserved = None if wait <= at else _as_datetime(wait)
@@ -791,7 +794,7 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
 
     def _kept_locked(
         self, scope: str, key: tuple[int, int, int, timedelta], limit: int, end: int, at: int,
-        by: int | None, span: int, priority: int = 0,
+        by: int | None, span: int, priority: int = 0, expects: int = 0,
     ) -> tuple[int, int | None] | None:
         """(Lock held; times in microseconds.) A reservation's holder of ``priority``
         asks at its time (``Ask.held``: its permit stored to end at ``end``), its permit
@@ -800,7 +803,8 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
         granted now would (it goes later than its place: the server counts it from its
         arrival, not its place), and waiting no more; else ``(when to ask again, None)``
         (the earliest counted could end), if no later than ``by``. Else its permit is
-        given back (None; the admission is decided again)."""
+        given back (None; the admission is decided again). Going, an open permit is
+        expected to end ``expects`` (per + margin) after ``at``, as one granted then."""
         log = self._permits.get(scope, {}).get(key[:2])
         if not log:
             return None
@@ -823,7 +827,7 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
         copies = {stored: list(ms) for stored, ms in marks.items()}
         ends = holder_ends(others, pending, copies, own, expected, at, key[1], at + _RECHECK_US)
         if len(ends) < limit:
-            new_end = self._restamped(scope, key, log, index, end, at + span)
+            new_end = self._restamped(scope, key, log, index, end, at + span, at + (expects or span))
             marks.setdefault(new_end, []).append(own._replace(sent=True))  # sent from its place
             return at, new_end
         ends.sort()
@@ -864,23 +868,26 @@ class MemoryCooldownStore(RateAdmission, PartwiseStore, Weights, LeaseRenewal, R
 
     def _restamped(
         self, scope: str, key: tuple[int, int, int, timedelta], log: collections.deque[int], index: int,
-        end: int, new_end: int,
+        end: int, new_end: int, new_expected: int,
     ) -> int:
         """(Lock held; times in microseconds.) The held permit stored to end at ``end``
-        (``log[index]``) counts until ``new_end`` if that is later (an open one's expected
-        end moved as much): its end now."""
+        (``log[index]``) counts until ``new_end`` if that is later, and an open one is
+        expected to end at ``new_expected`` if that is later (not moved as much as its
+        stored end: the holder's ask may keep it open longer or shorter than the
+        reservation did, a batch's OPEN_LIFE against an attempt's OPEN_FOR): its end now."""
+        opened = self._opened.get(scope, {}).get(key[:2])
+        own = opened.get(end) if opened else None
         if new_end <= end:
+            if own:
+                own[-1] = max(own[-1], new_expected)
             return end
         del log[index]
         bisect.insort(log, new_end)
-        opened = self._opened.get(scope, {}).get(key[:2])
-        if opened:
-            own = opened.get(end)
-            if own:
-                expected = own.pop()
-                if not own:
-                    del opened[end]
-                opened.setdefault(new_end, []).append(expected + (new_end - end))
+        if opened and own:
+            expected = own.pop()
+            if not own:
+                del opened[end]
+            opened.setdefault(new_end, []).append(max(expected, new_expected))
         return new_end
 
     def _reserve_locked(

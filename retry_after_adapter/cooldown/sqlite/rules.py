@@ -201,8 +201,10 @@ def kept(
         else:
             row = (scope, name, new_end, mark.rank, mark.place)
             conn.execute("INSERT INTO reservation VALUES (?, ?, ?, ?, ?, 1)", row)
-        if new_end <= end_ms:
-            return now_ms, end_ms
+        # An open one is expected to end per + margin after now, as one granted now (not
+        # moved as much as its stored end: this ask may keep it open longer or shorter
+        # than the reservation did, a batch's OPEN_LIFE against an attempt's OPEN_FOR).
+        expects = now_ms + (quota[2] or quota[1])
         for table in ("permit_log", "open_permit"):
             row = conn.execute(
                 f"SELECT rowid FROM {table} WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1",  # noqa: S608
@@ -214,8 +216,9 @@ def kept(
                 conn.execute("UPDATE permit_log SET expires_ms = ? WHERE rowid = ?", (new_end, row[0]))
             else:
                 conn.execute(
-                    "UPDATE open_permit SET expires_ms = ?, expected_ms = expected_ms + ? WHERE rowid = ?",
-                    (new_end, new_end - end_ms, row[0]),
+                    "UPDATE open_permit SET expires_ms = ?, expected_ms = MAX(expected_ms, ?) "
+                    "WHERE rowid = ?",
+                    (new_end, expects, row[0]),
                 )
         return now_ms, new_end
     ends.sort()

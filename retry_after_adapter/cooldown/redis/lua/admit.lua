@@ -401,13 +401,22 @@ if counts > 0 and held >= 0 then
       redis.call('ZADD', KEYS[9], restamp, string.format('%d:%d:s:', rank, place) .. ARGV[4])
       local lastmark = redis.call('ZRANGE', KEYS[9], -1, -1, 'WITHSCORES')
       redis.call('PEXPIREAT', KEYS[9], tonumber(lastmark[2]) + 1000)
-      if restamp <= held then return {cooldown, -1, -1, 0, held, 0, 0, -1} end
+      -- An open one is expected to end per + margin after now, as one granted now (not
+      -- moved as much as its stored end: this ask may keep it open longer or shorter
+      -- than the reservation did, a batch's OPEN_LIFE against an attempt's OPEN_FOR).
+      local moved = math.max(expected, now + counts - tonumber(ARGV[16]))
+      if restamp <= held then
+        if own ~= nil and moved > expected then
+          redis.call('ZREM', KEYS[6], own)
+          redis.call('ZADD', KEYS[6], held, string.format('%d', moved) .. ':' .. string.match(own, '^%d+:(.*)$'))
+        end
+        return {cooldown, -1, -1, 0, held, 0, 0, -1}
+      end
       redis.call('ZADD', KEYS[2], restamp, mine[1])
       local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
       redis.call('PEXPIREAT', KEYS[2], tonumber(last[2]) + 1000)
       if own ~= nil then
         redis.call('ZREM', KEYS[6], own)
-        local moved = expected + (restamp - held)
         redis.call('ZADD', KEYS[6], restamp, string.format('%d', moved) .. ':' .. string.match(own, '^%d+:(.*)$'))
         local lastopen = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
         redis.call('PEXPIREAT', KEYS[6], tonumber(lastopen[2]) + 1000)
