@@ -550,16 +550,20 @@ class StoreContract(TokenContract):
         after = quota.admit(replace(ask, now=now + 41.5 * second, reserve_by=None))
         assert after.not_before is not None and after.not_before >= went + 20 * second, after
 
-    def test_a_late_holder_s_open_permit_is_expected_to_end_as_late_as_it_went(self, store: Any) -> None:
+    @pytest.mark.parametrize(("reserved_open", "held_open"), [(1.0, 10.0), (10.0, 1.0)])
+    def test_a_late_holder_s_open_permit_is_expected_to_end_as_late_as_it_went(
+        self, store: Any, reserved_open: float, held_open: float
+    ) -> None:
         """``Reservations``: a holder going 20 ms after its place has its open permit
-        expected to end 20 ms later, however long each ask keeps an unanswered permit
-        open (``Ask.opened``: a batch's 1 s, an attempt's 10 s): refused meanwhile, a
-        caller is told when that expected end comes, not seconds later (the
-        difference of the two opens added to it held a binding quota's fleet back)."""
+        expected to end per + margin after it went, however long each ask keeps an
+        unanswered permit open (``Ask.opened``: a batch's 1 s, an attempt's 10 s, the
+        holder's longer or shorter): refused meanwhile, a caller is told when that
+        expected end comes, not seconds later (the difference of the two opens added
+        to it held a binding quota's fleet back) nor earlier."""
         quota = self.carrying(store, QuotaLogs, Reservations)
-        now, scope = now_ms(), self.s("late-open")
+        now, scope = now_ms(), self.s(f"late-open-{reserved_open:g}")
         ms, second = timedelta(milliseconds=1), timedelta(seconds=1)
-        ask = Ask(scope=scope, now=now, limit=1, per=1.0, margin=0.05, opened=1.0)
+        ask = Ask(scope=scope, now=now, limit=1, per=1.0, margin=0.05, opened=reserved_open)
         ask = replace(ask, reserve_by=now + 5 * second)
         first = quota.admit(ask)
         assert first.permit is not None and first.reserved is None, first
@@ -567,12 +571,12 @@ class StoreContract(TokenContract):
         assert place.reserved is not None and place.permit is not None, place
         quota.answer(Answer(scope=scope, now=now + 10 * ms, permit=Permit(1, 1.0, first.permit, exact=True)))
         went = place.reserved + 20 * ms
-        goes = quota.admit(replace(ask, now=went, held=place.permit, opened=10.0))
+        goes = quota.admit(replace(ask, now=went, held=place.permit, opened=held_open))
         assert goes.not_before is None and goes.reserved is None, goes
-        refused = quota.admit(replace(ask, now=went + 30 * ms, opened=10.0, reserve_by=None))
-        # Never before it could have arrived + per; not the 9 s the opens differ by.
+        refused = quota.admit(replace(ask, now=went + 30 * ms, opened=held_open, reserve_by=None))
+        # Not before per + margin after it went; not the 9 s the opens differ by.
         assert refused.not_before is not None, refused
-        assert went + second <= refused.not_before <= went + second + 60 * ms, (refused, went)
+        assert went + 1050 * ms <= refused.not_before <= went + 1060 * ms, (refused, went)
 
     def test_holders_of_permits_not_open_go_at_their_places(self, store: Any) -> None:
         """``Reservations``: with a quota whose permits are not open, holders go at their

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import sqlite3
 from contextlib import closing
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,23 @@ def test_every_redis_key_a_scope_leaves_has_a_ttl(redis_client: Any) -> None:
     assert store.acquire("plain", 5, 60.0) is None  # now None: the store's own present
     # Per scope its cooldown, permits, leases, allowance and freshness; "plain"'s permits.
     assert int(redis_client.dbsize()) == 3 * 5 + 1
+    assert keys_without_ttl(redis_client) == []
+
+
+@pytest.mark.redis
+def test_a_reservation_s_keys_keep_a_ttl_when_its_holder_goes_late(redis_client: Any) -> None:
+    # The holder keeps its permit open shorter than its reservation did (an attempt's
+    # 1 s against 10 s): its open entry is rewritten in place, its key's life kept.
+    store = RedisCooldownStore(redis_client, prefix="scopes:")
+    now = datetime.now(UTC)
+    ask = Ask(scope="late", now=now, limit=1, per=1.0, margin=0.05, opened=10.0, reserve_by=now + timedelta(seconds=5))
+    first = store.admit(ask)
+    place = store.admit(ask)
+    assert first.permit is not None and place.reserved is not None and place.permit is not None
+    store.settle("late", 1, 1.0, first.permit, now + timedelta(milliseconds=10), exact=True)
+    went = place.reserved + timedelta(milliseconds=20)
+    goes = store.admit(replace(ask, now=went, held=place.permit, opened=1.0))
+    assert goes.not_before is None and goes.permit == place.permit  # its stored end kept
     assert keys_without_ttl(redis_client) == []
 
 

@@ -204,7 +204,8 @@ def kept(
         # An open one is expected to end per + margin after now, as one granted now (not
         # moved as much as its stored end: this ask may keep it open longer or shorter
         # than the reservation did, a batch's OPEN_LIFE against an attempt's OPEN_FOR).
-        expects = now_ms + (quota[2] or quota[1])
+        # (now_ms is rounded down: a millisecond more, never before a grant's)
+        expects = now_ms + 1 + (quota[2] or quota[1])
         for table in ("permit_log", "open_permit"):
             row = conn.execute(
                 f"SELECT rowid FROM {table} WHERE scope = ? AND quota = ? AND expires_ms = ? LIMIT 1",  # noqa: S608

@@ -409,6 +409,9 @@ if counts > 0 and held >= 0 then
         if own ~= nil and moved > expected then
           redis.call('ZREM', KEYS[6], own)
           redis.call('ZADD', KEYS[6], held, string.format('%d', moved) .. ':' .. string.match(own, '^%d+:(.*)$'))
+          -- (a ZREM of its last member deleted the key: it lives past its last one again)
+          local lastopen = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
+          redis.call('PEXPIREAT', KEYS[6], tonumber(lastopen[2]) + 1000)
         end
         return {cooldown, -1, -1, 0, held, 0, 0, -1}
       end
