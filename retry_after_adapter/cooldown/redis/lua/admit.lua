@@ -126,6 +126,13 @@ local function placed_free(key, okey, wkey, now, limit, prio, floor)
   return ends[math.min(k, #ends)]
 end
 
+-- A sorted set lives a second past its last member's score (ms): never less than its
+-- longest entry (another worker's may count longer: another margin, hold or open).
+local function past_last(key)
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', key, tonumber(last[2]) + 1000)
+end
+
 -- One quota's permits on a permit set (a sorted set, score = when a permit stops
 -- counting: its grant + per + margin, epoch ms): drops the permits that stopped
 -- counting; -1 when fewer than the limit remain (one is taken when take is true; the
@@ -138,8 +145,7 @@ local function take_permit(key, now, counts, limit, member, take, okey, floor)
   end
   if take then
     redis.call('ZADD', key, now + counts, member)
-    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', key, tonumber(last[2]) + 1000)
+    past_last(key)
   end
   return -1
 end
@@ -399,8 +405,7 @@ if counts > 0 and held >= 0 then
       if mark ~= nil then redis.call('ZREM', KEYS[9], mark.member) end
       local restamp = math.max(now + counts, held)
       redis.call('ZADD', KEYS[9], restamp, string.format('%d:%d:s:', rank, place) .. ARGV[4])
-      local lastmark = redis.call('ZRANGE', KEYS[9], -1, -1, 'WITHSCORES')
-      redis.call('PEXPIREAT', KEYS[9], tonumber(lastmark[2]) + 1000)
+      past_last(KEYS[9])
       -- An open one is expected to end per + margin after now, as one granted now (not
       -- moved as much as its stored end: this ask may keep it open longer or shorter
       -- than the reservation did, a batch's OPEN_LIFE against an attempt's OPEN_FOR).
@@ -410,19 +415,16 @@ if counts > 0 and held >= 0 then
           redis.call('ZREM', KEYS[6], own)
           redis.call('ZADD', KEYS[6], held, string.format('%d', moved) .. ':' .. string.match(own, '^%d+:(.*)$'))
           -- (a ZREM of its last member deleted the key: it lives past its last one again)
-          local lastopen = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
-          redis.call('PEXPIREAT', KEYS[6], tonumber(lastopen[2]) + 1000)
+          past_last(KEYS[6])
         end
         return {cooldown, -1, -1, 0, held, 0, 0, -1}
       end
       redis.call('ZADD', KEYS[2], restamp, mine[1])
-      local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-      redis.call('PEXPIREAT', KEYS[2], tonumber(last[2]) + 1000)
+      past_last(KEYS[2])
       if own ~= nil then
         redis.call('ZREM', KEYS[6], own)
         redis.call('ZADD', KEYS[6], restamp, string.format('%d', moved) .. ':' .. string.match(own, '^%d+:(.*)$'))
-        local lastopen = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
-        redis.call('PEXPIREAT', KEYS[6], tonumber(lastopen[2]) + 1000)
+        past_last(KEYS[6])
       end
       return {cooldown, -1, -1, 0, restamp, 0, 0, -1}
     end
@@ -462,19 +464,16 @@ if counts > 0 then
     if refused > by then return {cooldown, refused, -1, 0, -1, 0, 0, -1} end
     local ends = refused + counts
     redis.call('ZADD', KEYS[2], ends, ARGV[4])
-    local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', KEYS[2], tonumber(last[2]) + 1000)
+    past_last(KEYS[2])
     if opened > 0 then
       redis.call('ZADD', KEYS[6], ends, string.format('%d', ends - opened) .. ':' .. ARGV[4])
-      local lastopen = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
-      redis.call('PEXPIREAT', KEYS[6], tonumber(lastopen[2]) + 1000)
+      past_last(KEYS[6])
     end
     -- Marked: waiting, or sent when granted at once (ahead of lower waiting ones).
     local flag = 'w'
     if refused <= now then flag = 's' end
     redis.call('ZADD', KEYS[9], ends, string.format('%d:%d:%s:', prio, refused, flag) .. ARGV[4])
-    local lastmark = redis.call('ZRANGE', KEYS[9], -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', KEYS[9], tonumber(lastmark[2]) + 1000)
+    past_last(KEYS[9])
     if refused <= now then return {cooldown, -1, -1, 0, ends, 0, 0, -1} end
     return {cooldown, -1, -1, 0, ends, 0, 0, -1, -4, refused}
   end
@@ -500,8 +499,7 @@ if counts > 0 then
   if opened > 0 then
     -- An open permit: its grant + per + margin kept beside it, until it is settled.
     redis.call('ZADD', KEYS[6], permit, string.format('%d', permit - opened) .. ':' .. ARGV[4])
-    local lastopen = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', KEYS[6], tonumber(lastopen[2]) + 1000)  -- its longest open permit
+    past_last(KEYS[6])  -- its longest open permit
   end
   local batch = tonumber(ARGV[10])
   if batch > 1 then
@@ -517,14 +515,12 @@ if counts > 0 then
       end
     end
     if extra > 0 and opened > 0 then
-      local lastopen = redis.call('ZRANGE', KEYS[6], -1, -1, 'WITHSCORES')
-      redis.call('PEXPIREAT', KEYS[6], tonumber(lastopen[2]) + 1000)
+      past_last(KEYS[6])
     end
     if extra > 0 then
       -- The set lives a second past its longest permit (another worker's may count
       -- longer than this batch: another margin or hold).
-      local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-      redis.call('PEXPIREAT', KEYS[2], tonumber(last[2]) + 1000)
+      past_last(KEYS[2])
     end
   end
 end
@@ -539,8 +535,7 @@ if weighs then
   if tlimit > 0 then
     wend = now + tonumber(ARGV[20])
     redis.call('ZADD', KEYS[8], wend, ARGV[21] .. ':' .. cost)
-    local last = redis.call('ZRANGE', KEYS[8], -1, -1, 'WITHSCORES')
-    redis.call('PEXPIREAT', KEYS[8], tonumber(last[2]) + 1000)
+    past_last(KEYS[8])
   end
 end
 local function granted(reply)
